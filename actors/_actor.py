@@ -1,0 +1,270 @@
+"""Actors and the references callers hold to them."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import outcome
+import trio
+
+from ._errors import ActorDead, CallTimeout, InboxFull
+from ._util import single_leaf
+
+__all__ = ["Actor", "ActorRef", "ActorStatistics"]
+
+logger = logging.getLogger("actors")
+
+
+@dataclass(frozen=True)
+class ActorStatistics:
+    name: str
+    inbox_used: int
+    inbox_size: float
+    messages_handled: int
+    restarts: int
+    alive: bool
+
+
+class _Reply:
+    """One-shot reply slot for a ``call``."""
+
+    __slots__ = ("event", "result")
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.result: outcome.Outcome | None = None
+
+    def set(self, result: outcome.Outcome) -> None:
+        if self.result is None:
+            self.result = result
+            self.event.set()
+
+
+class _Envelope:
+    __slots__ = ("msg", "reply")
+
+    def __init__(self, msg: Any, reply: _Reply | None):
+        self.msg = msg
+        self.reply = reply
+
+
+class ActorRef:
+    """What callers hold. Stable across supervisor restarts of the actor."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._actor: Actor | None = None
+        self._incarnations = 0
+        self._messages_handled = 0
+        self._inbox_size: float = 0
+
+    def __repr__(self) -> str:
+        state = "alive" if self.alive else "dead"
+        return f"<ActorRef {self.name!r} {state}>"
+
+    # -- incarnation management (used by Actor.run) -------------------------
+    def _attach(self, actor: Actor) -> None:
+        self._actor = actor
+        self._incarnations += 1
+        self._inbox_size = actor.inbox_size
+
+    def _detach(self, actor: Actor) -> None:
+        if self._actor is actor:
+            self._actor = None
+
+    def _live(self) -> Actor:
+        actor = self._actor
+        if actor is None or actor._stopping:
+            raise ActorDead(self.name)
+        return actor
+
+    # -- public API ---------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        actor = self._actor
+        return actor is not None and not actor._stopping
+
+    @property
+    def restarts(self) -> int:
+        return max(0, self._incarnations - 1)
+
+    def statistics(self) -> ActorStatistics:
+        actor = self._actor
+        used = actor._send.statistics().current_buffer_used if actor is not None else 0
+        return ActorStatistics(
+            name=self.name,
+            inbox_used=used,
+            inbox_size=self._inbox_size,
+            messages_handled=self._messages_handled,
+            restarts=self.restarts,
+            alive=self.alive,
+        )
+
+    async def call(self, msg: Any, timeout: float | None = 30.0) -> Any:
+        """Send ``msg`` and wait for ``handle``'s return value.
+
+        Raises the exception ``handle`` raised (same object), ``CallTimeout``
+        after ``timeout`` seconds (None: wait forever), or ``ActorDead`` if
+        the actor is not running or dies before replying.
+        """
+        actor = self._live()
+        reply = _Reply()
+        actor._pending.add(reply)
+        try:
+            deadline = math.inf if timeout is None else trio.current_time() + timeout
+            with trio.move_on_at(deadline) as scope:
+                try:
+                    await actor._send.send(_Envelope(msg, reply))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    raise ActorDead(self.name) from None
+                await reply.event.wait()
+            if reply.result is None:
+                assert scope.cancelled_caught
+                raise CallTimeout(self.name, timeout)  # type: ignore[arg-type]
+        finally:
+            actor._pending.discard(reply)
+        return reply.result.unwrap()
+
+    async def cast(self, msg: Any) -> None:
+        """Fire-and-forget; waits for inbox room (backpressure)."""
+        actor = self._live()
+        try:
+            await actor._send.send(_Envelope(msg, None))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise ActorDead(self.name) from None
+
+    def cast_nowait(self, msg: Any) -> None:
+        """Fire-and-forget; raises ``InboxFull`` instead of waiting."""
+        actor = self._live()
+        try:
+            actor._send.send_nowait(_Envelope(msg, None))
+        except trio.WouldBlock:
+            raise InboxFull(self.name) from None
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise ActorDead(self.name) from None
+
+
+class Actor:
+    """Base class: override ``handle`` (and optionally ``on_start`` / ``on_stop``).
+
+    One instance is one incarnation: supervisors call the child factory again
+    for every restart. Run standalone with ``ref = await nursery.start(actor.run)``.
+    """
+
+    inbox_size: float = 16
+
+    def __init__(self, *, name: str | None = None, inbox_size: float | None = None):
+        self._explicit_name = name is not None
+        self.name: str = name if name is not None else type(self).__name__
+        if inbox_size is not None:
+            self.inbox_size = inbox_size
+        if self.inbox_size < 0:
+            raise ValueError("inbox_size must be >= 0")
+        self.nursery: trio.Nursery | None = None
+        self._ref = ActorRef(self.name)
+        self._ran = False
+        self._stopping = False
+        self._closed = False
+        self._pending: set[_Reply] = set()
+        self._wait_scope: trio.CancelScope | None = None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r}>"
+
+    # -- hooks ----------------------------------------------------------------
+    async def on_start(self) -> None:
+        """Runs before the actor is reported started; ``self.nursery`` is available."""
+
+    async def handle(self, msg: Any) -> Any:
+        """Handle one message; the return value is the reply to ``call``."""
+        raise NotImplementedError(f"{type(self).__name__}.handle")
+
+    async def on_stop(self) -> None:
+        """Runs on orderly shutdown (not after a crash)."""
+
+    # -- public ---------------------------------------------------------------
+    @property
+    def ref(self) -> ActorRef:
+        return self._ref
+
+    def stop(self) -> None:
+        """Finish the current message, then stop normally."""
+        self._stopping = True
+        if self._wait_scope is not None:
+            self._wait_scope.cancel()
+
+    async def run(self, *, task_status: trio.TaskStatus[ActorRef] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run this incarnation until it stops (returns) or crashes (raises)."""
+        if self._ran:
+            raise RuntimeError(f"{self!r} already ran; create a new instance per incarnation")
+        self._ran = True
+        self._send, self._recv = trio.open_memory_channel[_Envelope](self.inbox_size)
+        ref = self._ref
+        crash: BaseException | None = None
+        try:
+            try:
+                async with trio.open_nursery() as nursery:
+                    self.nursery = nursery
+                    await self.on_start()
+                    ref._attach(self)  # from here on the ref reaches this incarnation
+                    logger.debug("actor %s started", self.name)
+                    task_status.started(ref)
+                    await self._serve()
+                    self._close_inbox()
+                    await self.on_stop()
+                    logger.debug("actor %s stopped", self.name)
+                    nursery.cancel_scope.cancel()
+            except BaseExceptionGroup as eg:
+                crash = single_leaf(eg)
+                if crash is None:
+                    if eg.split(trio.Cancelled)[1] is not None:
+                        logger.error("actor %s crashed", self.name, exc_info=eg)
+                    raise
+        finally:
+            self._close_inbox()
+        if crash is not None:
+            logger.error("actor %s crashed: %r", self.name, crash, exc_info=crash)
+            raise crash
+
+    # -- internals ------------------------------------------------------------
+    async def _serve(self) -> None:
+        while not self._stopping:
+            env: _Envelope | None = None
+            with trio.CancelScope() as scope:
+                self._wait_scope = scope
+                try:
+                    env = await self._recv.receive()
+                finally:
+                    self._wait_scope = None
+            if env is None:
+                continue
+            await self._dispatch(env)
+
+    async def _dispatch(self, env: _Envelope) -> None:
+        reply = env.reply
+        try:
+            result = await self.handle(env.msg)
+        except Exception as exc:
+            if reply is not None:
+                self._pending.discard(reply)
+                reply.set(outcome.Error(exc))
+            raise
+        finally:
+            self._ref._messages_handled += 1
+        if reply is not None:
+            reply.set(outcome.Value(result))
+
+    def _close_inbox(self) -> None:
+        """Detach from the ref, close the inbox and fail every pending call."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stopping = True
+        self._ref._detach(self)
+        self._recv.close()
+        pending, self._pending = self._pending, set()
+        for reply in pending:
+            reply.set(outcome.Error(ActorDead(self.name)))

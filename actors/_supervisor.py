@@ -1,0 +1,370 @@
+"""OTP-style supervisors built from trio nurseries."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Literal, Union
+
+import trio
+
+from ._actor import Actor, ActorRef
+from ._budget import RestartBudget
+from ._errors import SupervisorEscalation
+from ._util import single_leaf
+
+__all__ = ["ChildSpec", "Supervisor", "open_supervisor"]
+
+logger = logging.getLogger("actors")
+
+Restart = Literal["permanent", "transient", "temporary"]
+Strategy = Literal["one_for_one", "one_for_all"]
+
+#: Orderly-stop grace period for actor children when ChildSpec.shutdown is None.
+DEFAULT_ACTOR_SHUTDOWN = 5.0
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """How a supervisor starts and restarts one child.
+
+    ``factory`` is called for every (re)start and returns a fresh ``Actor`` or
+    ``Supervisor``. ``restart``: "permanent" (always restarted), "transient"
+    (restarted only after a crash) or "temporary" (never restarted; removed
+    when it ends). ``shutdown``: seconds to wait for an orderly stop before
+    cancelling the child (None: 5s for actors, forever for supervisors).
+    """
+
+    name: str
+    factory: Callable[[], Union[Actor, "Supervisor"]]
+    restart: Restart = "permanent"
+    shutdown: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.restart not in ("permanent", "transient", "temporary"):
+            raise ValueError(f"invalid restart type {self.restart!r}")
+
+
+class _Child:
+    __slots__ = ("spec", "ref", "instance", "done", "scope")
+
+    def __init__(self, spec: ChildSpec):
+        self.spec = spec
+        self.ref: ActorRef | None = None
+        self.instance: Actor | Supervisor | None = None
+        self.done: trio.Event | None = None
+        self.scope: trio.CancelScope | None = None
+
+
+class _StartedProxy:
+    """Forwards task_status.started() and remembers that it happened."""
+
+    def __init__(self, task_status: trio.TaskStatus):
+        self._task_status = task_status
+        self.started_called = False
+
+    def started(self, value=None) -> None:
+        self.started_called = True
+        self._task_status.started(value)
+
+
+_SHUTDOWN = object()
+
+
+class Supervisor:
+    """Starts children in order, restarts them per ``strategy``, stops them in reverse."""
+
+    def __init__(
+        self,
+        name: str,
+        children: Sequence[ChildSpec] = (),
+        *,
+        strategy: Strategy = "one_for_one",
+        intensity: int = 3,
+        period: float = 5.0,
+    ):
+        if strategy not in ("one_for_one", "one_for_all"):
+            raise ValueError(f"invalid strategy {strategy!r}")
+        names = [spec.name for spec in children]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate child names in supervisor {name!r}: {names}")
+        self.name = name
+        self.strategy = strategy
+        self._specs = list(children)
+        self._budget = RestartBudget(intensity, period)
+        self._children: list[_Child] = []
+        self._nursery: trio.Nursery | None = None
+        self._lock: trio.Lock | None = None
+        self._events_send: trio.MemorySendChannel | None = None
+        self._events_recv: trio.MemoryReceiveChannel | None = None
+        self._ran = False
+        self._running = False
+        self._shutdown_requested = False
+        self._done = trio.Event()
+
+    def __repr__(self) -> str:
+        return f"<Supervisor {self.name!r} children={self.children()}>"
+
+    # -- introspection --------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self._running and not self._shutdown_requested
+
+    def children(self) -> list[str]:
+        return [child.spec.name for child in self._children]
+
+    def ref(self, name: str) -> ActorRef | Supervisor:
+        """The child's ActorRef (stable across restarts), or the nested Supervisor."""
+        child = self._find(name)
+        if child.ref is not None:
+            return child.ref
+        if child.instance is not None:
+            return child.instance  # a nested Supervisor
+        raise KeyError(f"child {name!r} of supervisor {self.name!r} is not running")
+
+    def _find(self, name: str) -> _Child:
+        for child in self._children:
+            if child.spec.name == name:
+                return child
+        raise KeyError(f"supervisor {self.name!r} has no child {name!r}")
+
+    # -- lifecycle ------------------------------------------------------------
+    async def run(self, *, task_status: trio.TaskStatus[Supervisor] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the tree until shutdown (returns) or escalation (raises SupervisorEscalation)."""
+        if self._ran:
+            raise RuntimeError(f"{self!r} already ran; create a new instance per incarnation")
+        self._ran = True
+        self._lock = trio.Lock()
+        self._events_send, self._events_recv = trio.open_memory_channel(math.inf)
+        escalation: SupervisorEscalation | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                try:
+                    async with self._lock:
+                        for spec in self._specs:
+                            child = _Child(spec)
+                            self._children.append(child)
+                            try:
+                                await self._start_instance(child)
+                            except Exception as exc:
+                                logger.warning(
+                                    "supervisor %s: child %s failed to start: %r",
+                                    self.name, spec.name, exc,
+                                )
+                                await self._handle_exit(child, None, exc)
+                    self._running = True
+                    logger.debug("supervisor %s started", self.name)
+                    task_status.started(self)
+                    await self._loop()
+                except SupervisorEscalation as exc:
+                    escalation = exc
+                finally:
+                    self._running = False
+                    await self._stop_all()
+                    nursery.cancel_scope.cancel()
+        finally:
+            self._running = False
+            self._done.set()
+        if escalation is not None:
+            raise escalation
+        logger.debug("supervisor %s stopped", self.name)
+
+    def shutdown(self) -> None:
+        """Request an orderly shutdown (children stop in reverse start order)."""
+        self._shutdown_requested = True
+        if self._events_send is not None:
+            self._events_send.send_nowait(_SHUTDOWN)
+
+    async def aclose(self) -> None:
+        """Orderly shutdown; returns once the supervisor has stopped."""
+        self.shutdown()
+        if self._ran:
+            await self._done.wait()
+
+    async def start_child(self, spec: ChildSpec) -> ActorRef | Supervisor:
+        """Add and start a child; returns its ref. A start failure is raised here."""
+        if not self._running or self._lock is None:
+            raise RuntimeError(f"supervisor {self.name!r} is not running")
+        async with self._lock:
+            if not self._running:
+                raise RuntimeError(f"supervisor {self.name!r} is shutting down")
+            if any(child.spec.name == spec.name for child in self._children):
+                raise ValueError(f"supervisor {self.name!r} already has a child {spec.name!r}")
+            child = _Child(spec)
+            self._children.append(child)
+            try:
+                await self._start_instance(child)
+            except BaseException:
+                self._children.remove(child)
+                raise
+        return self.ref(spec.name)
+
+    async def stop_child(self, name: str) -> None:
+        """Stop a child orderly (on_stop runs) and remove it."""
+        if self._lock is None:
+            raise RuntimeError(f"supervisor {self.name!r} is not running")
+        async with self._lock:
+            child = self._find(name)
+            await self._stop_instance(child)
+            self._children.remove(child)
+
+    # -- internals ------------------------------------------------------------
+    async def _loop(self) -> None:
+        assert self._events_recv is not None and self._lock is not None
+        if self._shutdown_requested:
+            return
+        async for event in self._events_recv:
+            if event is _SHUTDOWN:
+                return
+            child, instance, exc = event
+            async with self._lock:
+                await self._handle_exit(child, instance, exc)
+
+    async def _start_instance(self, child: _Child) -> None:
+        assert self._nursery is not None
+        instance = child.spec.factory()
+        if isinstance(instance, Actor):
+            if child.ref is None:
+                child.ref = ActorRef(child.spec.name)
+            if not instance._explicit_name:
+                instance.name = child.spec.name
+            instance._ref = child.ref
+        elif not isinstance(instance, Supervisor):
+            raise TypeError(
+                f"factory of child {child.spec.name!r} returned {instance!r}, "
+                "expected an Actor or Supervisor"
+            )
+        child.instance = instance
+        child.done = trio.Event()
+        try:
+            await self._nursery.start(self._child_task, child, instance, child.done)
+        except BaseException:
+            child.instance = None
+            raise
+
+    async def _child_task(self, child: _Child, instance, done: trio.Event, task_status) -> None:
+        proxy = _StartedProxy(task_status)
+        exc: Exception | None = None
+        try:
+            with trio.CancelScope() as scope:
+                child.scope = scope
+                await instance.run(task_status=proxy)
+        except Exception as e:
+            if not proxy.started_called:
+                raise  # reported to whoever called nursery.start()
+            exc = e
+        finally:
+            done.set()
+        assert self._events_send is not None
+        self._events_send.send_nowait((child, instance, exc))
+
+    async def _handle_exit(self, child: _Child, instance, exc: Exception | None) -> None:
+        """A child ended (instance None: it failed to start). Apply the restart strategy."""
+        if child not in self._children or (instance is not None and child.instance is not instance):
+            return  # stale event: we stopped this incarnation deliberately
+        child.instance = None
+        name = child.spec.name
+        if exc is None:
+            logger.info("supervisor %s: child %s exited normally", self.name, name)
+        else:
+            logger.warning("supervisor %s: child %s crashed: %r", self.name, name, exc)
+        restart = child.spec.restart
+        if restart == "temporary" or (restart == "transient" and exc is None):
+            self._children.remove(child)
+            return
+        while True:
+            if not self._budget.record(trio.current_time()):
+                logger.error(
+                    "supervisor %s: more than %d restarts within %ss, giving up",
+                    self.name, self._budget.intensity, self._budget.period,
+                )
+                raise SupervisorEscalation(self.name, exc) from exc
+            try:
+                if self.strategy == "one_for_one":
+                    logger.info("supervisor %s: restarting child %s", self.name, name)
+                    await self._start_instance(child)
+                else:
+                    logger.info(
+                        "supervisor %s: restarting all children (one_for_all, after %s)",
+                        self.name, name,
+                    )
+                    for other in reversed(list(self._children)):
+                        if other is not child:
+                            await self._stop_instance(other)
+                    self._children = [
+                        c for c in self._children
+                        if c is child or c.spec.restart != "temporary"
+                    ]
+                    for c in list(self._children):
+                        if c.instance is None:
+                            await self._start_instance(c)
+                return
+            except Exception as start_exc:
+                logger.warning(
+                    "supervisor %s: restart of %s failed: %r", self.name, name, start_exc
+                )
+                exc = start_exc
+
+    async def _stop_instance(self, child: _Child) -> None:
+        instance, done = child.instance, child.done
+        if instance is None or done is None:
+            return
+        child.instance = None  # marks the coming exit event as expected
+        if isinstance(instance, Actor):
+            instance.stop()
+            grace = DEFAULT_ACTOR_SHUTDOWN if child.spec.shutdown is None else child.spec.shutdown
+        else:
+            instance.shutdown()
+            grace = math.inf if child.spec.shutdown is None else child.spec.shutdown
+        with trio.move_on_after(grace):
+            await done.wait()
+        if not done.is_set():
+            logger.warning(
+                "supervisor %s: child %s did not stop within %ss; cancelling it",
+                self.name, child.spec.name, grace,
+            )
+            if child.scope is not None:
+                child.scope.cancel()
+            await done.wait()
+
+    async def _stop_all(self) -> None:
+        assert self._lock is not None
+        async with self._lock:
+            for child in reversed(list(self._children)):
+                await self._stop_instance(child)
+            self._children.clear()
+
+
+@asynccontextmanager
+async def open_supervisor(
+    name: str,
+    children: Sequence[ChildSpec] = (),
+    *,
+    strategy: Strategy = "one_for_one",
+    intensity: int = 3,
+    period: float = 5.0,
+) -> AsyncIterator[Supervisor]:
+    """Start a supervision tree for the duration of the ``async with`` block.
+
+    Leaving the block normally shuts the tree down in order (reverse start
+    order, on_stop runs). A single failure (e.g. ``SupervisorEscalation`` or
+    an exception from the block) is raised as itself, not wrapped in an
+    ExceptionGroup.
+    """
+    sup = Supervisor(name, children, strategy=strategy, intensity=intensity, period=period)
+    leaf: BaseException | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sup.run)
+            yield sup
+            sup.shutdown()
+    except BaseExceptionGroup as eg:
+        leaf = single_leaf(eg)
+        if leaf is None:
+            raise
+    if leaf is not None:
+        raise leaf

@@ -1,0 +1,266 @@
+"""Standalone actors and ActorRef semantics."""
+
+import pytest
+import trio
+import trio.testing
+
+import actors
+from actors_helpers import Boom, Echo
+
+
+async def test_call_returns_reply():
+    async with trio.open_nursery() as nursery:
+        ref = await nursery.start(Echo(name="echo").run)
+        assert isinstance(ref, actors.ActorRef)
+        assert ref.name == "echo" and ref.alive
+        assert await ref.call("hello") == "hello"
+        assert await ref.call({"x": 1}, timeout=None) == {"x": 1}
+        assert await ref.call("stop") == "stopping"
+    assert not ref.alive
+
+
+async def test_exception_in_handle_reaches_caller_as_same_object():
+    actor = Echo(name="e")
+    with pytest.RaisesGroup(Boom):
+        async with trio.open_nursery() as nursery:
+            ref = await nursery.start(actor.run)
+            with pytest.raises(Boom) as info:
+                await ref.call("crash")
+            assert info.value is actor.raised[0]
+            await trio.sleep_forever()  # the actor crash cancels us
+    assert not ref.alive
+
+
+async def test_call_to_never_started_actor_is_dead():
+    ref = Echo(name="idle").ref
+    assert not ref.alive
+    with pytest.raises(actors.ActorDead) as info:
+        await ref.call("x")
+    assert info.value.name == "idle"
+    with pytest.raises(actors.ActorDead):
+        await ref.cast("x")
+    with pytest.raises(actors.ActorDead):
+        ref.cast_nowait("x")
+
+
+async def test_call_to_stopped_actor_raises_fast(autojump_clock):
+    log = []
+    async with trio.open_nursery() as nursery:
+        ref = await nursery.start(Echo(name="s", log=log).run)
+        await ref.call("stop")
+    assert log == [("start", "s"), ("stop", "s")]
+    t0 = trio.current_time()
+    with pytest.raises(actors.ActorDead):
+        await ref.call("x", timeout=None)
+    assert trio.current_time() == t0
+
+
+async def test_stop_fails_queued_calls_with_actor_dead():
+    gate = trio.Event()
+    results = {}
+    async with trio.open_nursery() as nursery:
+        actor = Echo(name="q")
+        ref = await nursery.start(actor.run)
+
+        async def caller(key, msg):
+            try:
+                results[key] = await ref.call(msg)
+            except actors.ActorDead as exc:
+                results[key] = exc
+
+        nursery.start_soon(caller, "first", ("wait", gate))
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(caller, "stopper", "stop")
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(caller, "queued", "late")
+        await trio.testing.wait_all_tasks_blocked()
+        gate.set()
+    assert results["first"] == "waited"
+    assert results["stopper"] == "stopping"
+    assert isinstance(results["queued"], actors.ActorDead)
+
+
+async def test_crash_gives_failing_caller_the_exception_and_queued_callers_actor_dead():
+    gate = trio.Event()
+    results = {}
+    actor = Echo(name="c")
+
+    async def caller(ref, key, msg):
+        try:
+            results[key] = await ref.call(msg)
+        except Exception as exc:
+            results[key] = exc
+
+    with pytest.RaisesGroup(Boom):
+        async with trio.open_nursery() as nursery:
+            ref = await nursery.start(actor.run)
+            nursery.start_soon(caller, ref, "first", ("wait", gate))
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(caller, ref, "crasher", "crash")
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.start_soon(caller, ref, "queued", "late")
+            await trio.testing.wait_all_tasks_blocked()
+            gate.set()
+    assert results["first"] == "waited"
+    assert results["crasher"] is actor.raised[0]
+    assert isinstance(results["queued"], actors.ActorDead)
+
+
+class Watcher(actors.Actor):
+    """Owns a background task in self.nursery that crashes on demand."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.trigger = trio.Event()
+
+    async def on_start(self):
+        self.nursery.start_soon(self._watch)
+
+    async def _watch(self):
+        await self.trigger.wait()
+        raise Boom("watcher")
+
+    async def handle(self, msg):
+        if msg == "hang":
+            await trio.sleep_forever()
+        if msg == "self-cast":
+            await self.ref.cast("from-self")
+            return "ok"
+        return msg
+
+
+async def test_pending_call_gets_actor_dead_when_background_task_crashes():
+    actor = Watcher(name="w")
+    outcome = []
+
+    async def caller(ref):
+        try:
+            await ref.call("hang", timeout=None)
+        except actors.ActorDead as exc:
+            outcome.append(exc)
+
+    with pytest.RaisesGroup(pytest.RaisesExc(Boom, match="watcher")):
+        async with trio.open_nursery() as nursery:
+            ref = await nursery.start(actor.run)
+            # shield the caller from the nursery's crash-cancel to see what it gets
+            async def shielded():
+                with trio.CancelScope(shield=True):
+                    await caller(ref)
+            nursery.start_soon(shielded)
+            await trio.testing.wait_all_tasks_blocked()
+            actor.trigger.set()
+    assert len(outcome) == 1 and outcome[0].name == "w"
+
+
+async def test_call_timeout_at_exact_virtual_time(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        actor = Echo(name="slow")
+        ref = await nursery.start(actor.run)
+        t0 = trio.current_time()
+        with pytest.raises(actors.CallTimeout) as info:
+            await ref.call(("sleep", 100), timeout=2.5)
+        assert isinstance(info.value, trio.TooSlowError)
+        assert trio.current_time() - t0 == 2.5
+        actor.stop()
+
+
+async def test_bounded_inbox_cast_nowait_raises_inbox_full():
+    gate = trio.Event()
+    async with trio.open_nursery() as nursery:
+        actor = Echo(name="small", inbox_size=2)
+        ref = await nursery.start(actor.run)
+        ref.cast_nowait(("wait", gate))  # taken straight into handle
+        await trio.testing.wait_all_tasks_blocked()
+        ref.cast_nowait(1)
+        ref.cast_nowait(2)
+        with pytest.raises(actors.InboxFull):
+            ref.cast_nowait(3)
+        stats = ref.statistics()
+        assert stats.inbox_used == 2 and stats.inbox_size == 2
+
+        # cast waits for room (backpressure)
+        sent = trio.Event()
+
+        async def blocked_cast():
+            await ref.cast(4)
+            sent.set()
+
+        nursery.start_soon(blocked_cast)
+        await trio.testing.wait_all_tasks_blocked()
+        assert not sent.is_set()
+        gate.set()
+        await sent.wait()
+        assert await ref.call("done") == "done"
+        actor.stop()
+
+
+async def test_inbox_size_class_attribute_and_override():
+    class Big(Echo):
+        inbox_size = 100
+
+    assert Big().inbox_size == 100
+    assert Big(inbox_size=3).inbox_size == 3
+    assert Echo().inbox_size == 16
+    with pytest.raises(ValueError):
+        Echo(inbox_size=-1)
+
+
+async def test_self_ref_and_statistics():
+    async with trio.open_nursery() as nursery:
+        actor = Watcher(name="me")
+        ref = await nursery.start(actor.run)
+        assert actor.ref is ref
+        assert await ref.call("self-cast") == "ok"
+        assert await ref.call("x") == "x"
+        stats = ref.statistics()
+        assert stats == actors.ActorStatistics(
+            name="me", inbox_used=0, inbox_size=16, messages_handled=3, restarts=0, alive=True
+        )
+        with pytest.raises(Exception):
+            stats.name = "other"  # frozen
+        actor.stop()
+
+
+async def test_actor_instance_runs_once():
+    actor = Echo()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(actor.run)
+        actor.stop()
+    with pytest.raises(RuntimeError):
+        await actor.run()
+
+
+class FailingStart(actors.Actor):
+    async def on_start(self):
+        raise Boom("start")
+
+    async def handle(self, msg):
+        return msg
+
+
+async def test_on_start_failure_is_raised_from_start():
+    actor = FailingStart(name="fs")
+    async with trio.open_nursery() as nursery:
+        with pytest.raises(Boom, match="start"):
+            await nursery.start(actor.run)
+    assert not actor.ref.alive
+
+
+async def test_ref_not_alive_during_on_start_and_stop_from_on_start():
+    seen = []
+
+    class Quits(actors.Actor):
+        async def on_start(self):
+            seen.append(self.ref.alive)
+            self.stop()
+
+        async def handle(self, msg):
+            return msg
+
+        async def on_stop(self):
+            seen.append("on_stop")
+
+    async with trio.open_nursery() as nursery:
+        ref = await nursery.start(Quits().run)
+    assert seen == [False, "on_stop"]
+    assert not ref.alive
