@@ -1,0 +1,155 @@
+"""On-disk job directory format shared by the keeper and the runner.
+
+Stdlib only: this module is imported by the forkserver/keeper process, which
+must stay small (see docs/keeper.md).
+
+Job directory ``<state>/jobs/<job_id>/``:
+
+- ``spec.json``    written by the runner (atomically) before spawning
+- ``keeper.json``  written by the keeper right after the job was spawned
+- ``output.log``   append-only framed records: ``<BI`` (stream, length) + data
+- ``status.json``  written by the keeper after the job exited and output drained
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "KEEPER_FILE",
+    "OUTPUT_FILE",
+    "RECORD_HEADER",
+    "SPEC_FILE",
+    "STATUS_FILE",
+    "STDERR",
+    "STDOUT",
+    "STREAM_NAMES",
+    "JobDirError",
+    "encode_record",
+    "read_json",
+    "read_keeper",
+    "read_records",
+    "read_spec",
+    "read_status",
+    "write_json_atomic",
+]
+
+SPEC_FILE = "spec.json"
+KEEPER_FILE = "keeper.json"
+OUTPUT_FILE = "output.log"
+STATUS_FILE = "status.json"
+
+STDOUT = 1
+STDERR = 2
+STREAM_NAMES = {STDOUT: "stdout", STDERR: "stderr"}
+
+#: Record header: stream byte (1=stdout, 2=stderr) and payload length.
+RECORD_HEADER = struct.Struct("<BI")
+
+
+class JobDirError(Exception):
+    """A job directory file exists but is corrupt or unreadable."""
+
+    def __init__(self, path: str | os.PathLike[str], message: str) -> None:
+        self.path = Path(path)
+        super().__init__(f"{self.path}: {message}")
+
+
+def encode_record(stream: int, data: bytes) -> bytes:
+    """One framed ``output.log`` record (header + data)."""
+    return RECORD_HEADER.pack(stream, len(data)) + data
+
+
+def read_records(
+    path: str | os.PathLike[str], offset: int = 0
+) -> tuple[list[tuple[str, bytes]], int]:
+    """Complete records of ``output.log`` from byte ``offset``.
+
+    Returns ``([(stream_name, data), ...], new_offset)``.  A partially written
+    trailing record is not returned; ``new_offset`` points at its start so the
+    next call picks it up once complete.  A missing file reads as empty.
+    """
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            buf = f.read()
+    except FileNotFoundError:
+        return [], offset
+    records: list[tuple[str, bytes]] = []
+    pos = 0
+    hsize = RECORD_HEADER.size
+    end = len(buf)
+    while end - pos >= hsize:
+        stream, length = RECORD_HEADER.unpack_from(buf, pos)
+        name = STREAM_NAMES.get(stream)
+        if name is None:
+            raise JobDirError(path, f"bad record stream byte {stream} at offset {offset + pos}")
+        if end - pos - hsize < length:
+            break
+        start = pos + hsize
+        records.append((name, bytes(buf[start : start + length])))
+        pos = start + length
+    return records, offset + pos
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, fsync: bool = False) -> None:
+    """Write ``obj`` as JSON to ``path`` via a temp file + rename.
+
+    Readers see either the old file, no file, or the complete new file.
+    ``fsync=True`` also flushes the data to disk before the rename.
+    """
+    path = os.fspath(path)
+    d, base = os.path.split(path)
+    tmp = os.path.join(d, f".{base}.{os.getpid()}.tmp")
+    data = json.dumps(obj, separators=(",", ":")).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            n = os.write(fd, view)
+            view = view[n:]
+        if fsync:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+
+
+def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """Parse a JSON object file; None if absent, JobDirError if corrupt."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise JobDirError(path, f"unreadable: {exc}") from exc
+    try:
+        obj = json.loads(data)
+    except ValueError as exc:
+        raise JobDirError(path, f"corrupt JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise JobDirError(path, f"expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def read_spec(job_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    return read_json(os.path.join(job_dir, SPEC_FILE))
+
+
+def read_keeper(job_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    return read_json(os.path.join(job_dir, KEEPER_FILE))
+
+
+def read_status(job_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    return read_json(os.path.join(job_dir, STATUS_FILE))

@@ -1,0 +1,433 @@
+"""The per-job keeper: owns one job's output and records its exit durably.
+
+A keeper is forked by the forkserver (``motor.execution.forkserver``) and runs
+``run_keeper(job_dir)``.  It never talks to the runner: everything it knows
+comes from ``spec.json`` and everything it reports goes into the job directory
+(see ``motor.execution.joblog`` and docs/keeper.md).  So the runner daemon can
+die and be restarted while the keeper and its job keep running.
+
+Stdlib only: it runs inside the small forkserver process.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import signal
+import sys
+import time
+from typing import Any
+
+from motor.execution.joblog import (
+    KEEPER_FILE,
+    OUTPUT_FILE,
+    STATUS_FILE,
+    STDERR,
+    STDOUT,
+    encode_record,
+    read_spec,
+    write_json_atomic,
+)
+
+__all__ = ["proc_create_time", "run_keeper", "main"]
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+READ_CHUNK = 65536
+#: After the job's main process exited and its process group was SIGKILLed,
+#: how long to keep draining pipes that are still held open (by a process that
+#: escaped the process group) before giving up on them.
+DRAIN_TIMEOUT_S = 5.0
+DEFAULT_KILL_GRACE_S = 10.0
+SPAWN_FAILED_EXIT_CODE = 127
+
+# Reset to default in the job (Python ignores SIGPIPE/SIGXFSZ; the keeper
+# ignores SIGINT/SIGHUP and handles SIGTERM/SIGCHLD).
+_SIGDEF = frozenset(
+    s
+    for s in (
+        signal.SIGHUP,
+        signal.SIGINT,
+        signal.SIGQUIT,
+        signal.SIGTERM,
+        signal.SIGPIPE,
+        signal.SIGCHLD,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+        signal.SIGALRM,
+        signal.SIGXFSZ,
+        signal.SIGTSTP,
+        signal.SIGTTIN,
+        signal.SIGTTOU,
+    )
+)
+
+
+_btime: float | None = None
+
+
+def _boot_time() -> float:
+    # psutil re-reads btime each call; it only moves when the wall clock is
+    # stepped, so one read per keeper process is enough (and /proc/stat is
+    # not cheap on big hosts).
+    global _btime
+    if _btime is not None:
+        return _btime
+    with open("/proc/stat", "rb") as f:
+        for line in f:
+            if line.startswith(b"btime"):
+                _btime = float(line.strip().split()[1])
+                return _btime
+    raise RuntimeError("btime not found in /proc/stat")
+
+
+def proc_create_time(pid: int) -> float:
+    """Creation time of ``pid`` in seconds since the epoch.
+
+    Computed exactly like ``psutil.Process(pid).create_time()`` on Linux
+    (starttime ticks / CLK_TCK + btime), so the runner can compare the floats.
+    Works for zombies.  Raises OSError (FileNotFoundError) if the pid is gone.
+    """
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        data = f.read()
+    fields = data[data.rfind(b")") + 2 :].split()
+    return float(fields[19]) / CLOCK_TICKS + _boot_time()
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _resolve_executable(cmd0: str, env: dict[str, str]) -> str:
+    """Find ``cmd0`` like execvp would, but on the *job's* PATH."""
+    if "/" in cmd0:
+        return cmd0
+    path = env.get("PATH", os.defpath)
+    denied: str | None = None
+    for d in path.split(os.pathsep):
+        cand = os.path.join(d or ".", cmd0)
+        if os.path.isfile(cand):
+            if os.access(cand, os.X_OK):
+                return cand
+            denied = denied or cand
+    if denied is not None:
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), denied)
+    raise FileNotFoundError(errno.ENOENT, "command not found", cmd0)
+
+
+class _SpawnFailed(Exception):
+    pass
+
+
+class _Keeper:
+    def __init__(self, job_dir: str) -> None:
+        self.job_dir = os.path.abspath(job_dir)
+        self.cancel_requested = False
+        self.out_fd = -1
+        self.output_error: str | None = None
+        self.keeper_json_error: str | None = None
+        self.started_at_ms = _now_ms()
+
+    # -- plumbing ---------------------------------------------------------
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.cancel_requested = True
+
+    def _write_record(self, stream: int, data: bytes) -> None:
+        if self.output_error is not None:
+            return
+        if self.out_fd < 0:
+            # Created on first output: a silent job costs no file creation
+            # (readers treat a missing output.log as empty).
+            try:
+                self.out_fd = os.open(
+                    os.path.join(self.job_dir, OUTPUT_FILE),
+                    os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                    0o644,
+                )
+            except OSError as exc:
+                self.output_error = f"cannot open {OUTPUT_FILE}: {exc}"
+                return
+        view = memoryview(encode_record(stream, data))
+        try:
+            while view:
+                n = os.write(self.out_fd, view)
+                view = view[n:]
+        except OSError as exc:
+            # Keep draining the pipes (else the job blocks) but stop logging.
+            self.output_error = f"writing {OUTPUT_FILE} failed: {exc}"
+
+    def _write_status(self, **fields: Any) -> None:
+        ended = _now_ms()
+        status = {
+            "exit_code": None,
+            "signal": None,
+            "reason": None,
+            "detail": None,
+            "started_at_ms": self.started_at_ms,
+            "ended_at_ms": ended,
+            "wall_time_ms": max(0, ended - self.started_at_ms),
+            "cpu_time_ms": 0,
+        }
+        status.update(fields)
+        # Atomic (tmp + rename), not fsynced: it must survive the runner
+        # dying, not the host (which takes the job down with it).
+        write_json_atomic(os.path.join(self.job_dir, STATUS_FILE), status)
+
+    def _spawn_failed(self, detail: str) -> int:
+        self._write_record(STDERR, f"motor keeper: {detail}\n".encode(errors="replace"))
+        self._write_status(
+            exit_code=SPAWN_FAILED_EXIT_CODE, reason="spawn_failed", detail=detail
+        )
+        return 0
+
+    # -- main -------------------------------------------------------------
+
+    def run(self) -> int:
+        try:
+            os.setsid()
+        except OSError:
+            pass  # already a session/group leader (e.g. run by hand)
+        for s in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+            signal.signal(s, signal.SIG_IGN)
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        # The forkserver blocks SIGTERM around fork() so that a SIGTERM sent
+        # as soon as our pid is known is not lost; handlers are in place now.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGCHLD})
+
+        try:
+            pid, out_r, err_r, spec = self._spawn()
+        except _SpawnFailed as exc:
+            return self._spawn_failed(str(exc))
+        if pid is None:  # cancelled before spawning
+            self._write_status(reason="cancelled", detail="cancelled before the job was spawned")
+            return 0
+        try:
+            return self._supervise(pid, out_r, err_r, wake_r, spec)
+        except Exception as exc:  # keeper bug: never leave the job unattended
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+            self._write_status(detail=f"keeper error: {exc!r}")
+            return 1
+
+    def _spawn(self) -> tuple[int | None, int, int, dict[str, Any]]:
+        try:
+            spec = read_spec(self.job_dir)
+        except Exception as exc:
+            raise _SpawnFailed(f"bad spec: {exc}") from None
+        if spec is None:
+            raise _SpawnFailed(f"missing {os.path.join(self.job_dir, 'spec.json')}")
+        command = spec.get("command")
+        if (
+            not isinstance(command, list)
+            or not command
+            or not all(isinstance(a, str) for a in command)
+        ):
+            raise _SpawnFailed(f"bad spec: command must be a non-empty list of strings, got {command!r}")
+        env = spec.get("env")
+        if env is None:
+            env = dict(os.environ)
+        cwd = spec.get("cwd")
+        if cwd:
+            try:
+                os.chdir(cwd)
+            except OSError as exc:
+                raise _SpawnFailed(f"cannot use cwd {cwd!r}: {exc.strerror}") from None
+        cpus = spec.get("cpus")
+        if spec.get("pin") and cpus:
+            try:
+                os.sched_setaffinity(0, cpus)
+            except (OSError, ValueError, TypeError) as exc:
+                raise _SpawnFailed(f"cannot pin to cpus {cpus!r}: {exc}") from None
+        me = str(os.getpid()).encode()
+        for procs in spec.get("cgroup_procs") or ():
+            try:
+                fd = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    os.write(fd, me)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise _SpawnFailed(f"cannot join cgroup via {procs!r}: {exc.strerror}") from None
+        if self.cancel_requested:
+            return None, -1, -1, spec
+
+        cmd0 = command[0]
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        self.started_at_ms = _now_ms()
+        try:
+            exe = _resolve_executable(cmd0, env)
+            pid = os.posix_spawn(
+                exe,
+                command,
+                env,
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, out_w, 1),
+                    (os.POSIX_SPAWN_DUP2, err_w, 2),
+                ],
+                setpgroup=0,
+                setsigdef=_SIGDEF,
+                setsigmask=(),
+            )
+        except OSError as exc:
+            for fd in (out_r, out_w, err_r, err_w):
+                os.close(fd)
+            what = exc.strerror or str(exc)
+            raise _SpawnFailed(f"cannot execute {cmd0!r}: {what}") from None
+        except (ValueError, TypeError) as exc:  # e.g. NUL bytes, non-str env
+            for fd in (out_r, out_w, err_r, err_w):
+                os.close(fd)
+            raise _SpawnFailed(f"cannot execute {cmd0!r}: {exc}") from None
+        os.close(out_w)
+        os.close(err_w)
+        me_pid = os.getpid()
+        try:
+            write_json_atomic(
+                os.path.join(self.job_dir, KEEPER_FILE),
+                {
+                    "keeper_pid": me_pid,
+                    "keeper_create_time": proc_create_time(me_pid),
+                    "job_pid": pid,
+                    "job_create_time": proc_create_time(pid),
+                    "started_at_ms": self.started_at_ms,
+                },
+            )
+        except OSError as exc:  # e.g. disk full: still supervise the job
+            self.keeper_json_error = f"cannot write {KEEPER_FILE}: {exc}"
+        return pid, out_r, err_r, spec
+
+    def _supervise(
+        self, pid: int, out_r: int, err_r: int, wake_r: int, spec: dict[str, Any]
+    ) -> int:
+        start = time.monotonic()
+        timeout_s = spec.get("timeout_s")
+        grace = spec.get("kill_grace_s")
+        grace = DEFAULT_KILL_GRACE_S if grace is None else float(grace)
+        timeout_at = start + float(timeout_s) if timeout_s is not None else None
+        streams = {out_r: STDOUT, err_r: STDERR}
+        reason: str | None = None
+        kill_at: float | None = None
+        exited = False
+        wait_status = 0
+        rusage = None
+        drain_until = 0.0
+
+        def killpg(sig: int) -> None:
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                pass
+
+        while True:
+            now = time.monotonic()
+            if not exited:
+                # Peek without reaping: while the zombie leader exists its
+                # process group id cannot be reused, so killpg is safe.
+                info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+                if info is not None:
+                    exited = True
+                    killpg(signal.SIGKILL)  # leftover background processes
+                    _, wait_status, rusage = os.wait4(pid, 0)
+                    drain_until = now + DRAIN_TIMEOUT_S
+            if not exited:
+                if reason is None:
+                    if self.cancel_requested:
+                        reason = "cancelled"
+                    elif timeout_at is not None and now >= timeout_at:
+                        reason = "timed_out"
+                    if reason is not None:
+                        killpg(signal.SIGTERM)
+                        kill_at = now + grace
+                if kill_at is not None and now >= kill_at:
+                    killpg(signal.SIGKILL)
+                    kill_at = None
+            elif not streams or now >= drain_until:
+                break
+
+            deadlines = []
+            if exited:
+                deadlines.append(drain_until)
+            else:
+                if reason is None and timeout_at is not None:
+                    deadlines.append(timeout_at)
+                if kill_at is not None:
+                    deadlines.append(kill_at)
+            wait = max(0.0, min(deadlines) - now) if deadlines else None
+            ready, _, _ = select.select([*streams, wake_r], [], [], wait)
+            for fd in ready:
+                if fd == wake_r:
+                    try:
+                        while os.read(wake_r, 512):
+                            pass
+                    except BlockingIOError:
+                        pass
+                    continue
+                data = os.read(fd, READ_CHUNK)
+                if data:
+                    self._write_record(streams[fd], data)
+                else:
+                    os.close(fd)
+                    del streams[fd]
+
+        details = []
+        if streams:
+            details.append(
+                "output pipes still open %.0fs after the job exited (a process escaped "
+                "the job's process group); output may be truncated" % DRAIN_TIMEOUT_S
+            )
+            for fd in streams:
+                os.close(fd)
+        if self.keeper_json_error:
+            details.append(self.keeper_json_error)
+        if self.output_error:
+            details.append(self.output_error)
+        if reason == "timed_out":
+            details.insert(0, f"timed out after {float(timeout_s):g}s")
+        exit_code = os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else None
+        sig = os.WTERMSIG(wait_status) if os.WIFSIGNALED(wait_status) else None
+        cpu_ms = round((rusage.ru_utime + rusage.ru_stime) * 1000) if rusage else 0
+        self._write_status(
+            exit_code=exit_code,
+            signal=sig,
+            reason=reason,
+            detail="; ".join(details) or None,
+            cpu_time_ms=cpu_ms,
+        )
+        return 0
+
+
+def run_keeper(job_dir: str) -> int:
+    """Run one job described by ``<job_dir>/spec.json`` to completion.
+
+    Calls ``os.setsid()``, installs its signal handlers, spawns the job, writes
+    ``keeper.json``, ``output.log`` and finally ``status.json``.  Returns the
+    keeper's exit code (0 once status.json is written).  Meant to be called in
+    a freshly forked process whose stdio points at /dev/null.
+    """
+    return _Keeper(job_dir).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m motor.execution.keeper JOB_DIR``: run a keeper by hand (debugging)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m motor.execution.keeper JOB_DIR", file=sys.stderr)
+        return 2
+    return run_keeper(argv[0])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

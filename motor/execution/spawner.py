@@ -1,0 +1,319 @@
+"""Trio side of job execution: the forkserver client and keeper identity helpers.
+
+``open_spawner()`` starts the forkserver (``python .../motor/execution/forkserver.py``)
+and ``Spawner.spawn(job_dir)`` asks it to fork a keeper for a job directory
+whose ``spec.json`` is already written.  Keepers outlive both the forkserver
+and the runner; the runner finds them again through ``keeper.json`` and
+checks their identity with ``process_alive`` (pid + create time).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import psutil
+import trio
+
+__all__ = [
+    "CREATE_TIME_TOLERANCE_S",
+    "KeeperHandle",
+    "Spawner",
+    "SpawnerError",
+    "cancel_keeper",
+    "open_spawner",
+    "process_alive",
+    "wait_process_exit",
+]
+
+#: Create times are whole clock ticks (10 ms) plus the boot time, which moves
+#: when the wall clock is stepped; compare with this tolerance.
+CREATE_TIME_TOLERANCE_S = 1.0
+#: How long one spawn request may take before the forkserver is presumed hung.
+SPAWN_TIMEOUT_S = 30.0
+STARTUP_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 5.0
+
+
+class SpawnerError(Exception):
+    """The forkserver failed or died; the spawn may or may not have happened."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeeperHandle:
+    pid: int
+    create_time: float
+
+
+# -- process identity ------------------------------------------------------
+
+
+def process_alive(pid: int, create_time: float, *, tolerance: float = CREATE_TIME_TOLERANCE_S) -> bool:
+    """True if ``pid`` exists, is not a zombie and was created at ``create_time``."""
+    try:
+        p = psutil.Process(pid)
+        if abs(p.create_time() - create_time) > tolerance:
+            return False
+        return p.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except psutil.AccessDenied:  # pragma: no cover - root on Linux
+        return True
+
+
+def _pidfd_for(pid: int, create_time: float, tolerance: float) -> int | None:
+    """A pidfd for the process iff it is the one identified (race-free)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+    # Checked after opening: the pidfd pins the process we verified.
+    try:
+        if not process_alive(pid, create_time, tolerance=tolerance):
+            os.close(fd)
+            return None
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+async def wait_process_exit(
+    pid: int,
+    create_time: float,
+    *,
+    tolerance: float = CREATE_TIME_TOLERANCE_S,
+    poll_interval: float = 0.05,
+) -> None:
+    """Return when the process (pid, create_time) has exited.
+
+    Returns at once if it is already gone, a zombie, or the pid now belongs to
+    another process.  Uses a pidfd with ``trio.lowlevel.wait_readable``; falls
+    back to polling psutil every ``poll_interval`` s if pidfd_open fails.
+    """
+    try:
+        fd = _pidfd_for(pid, create_time, tolerance)
+    except OSError:
+        fd = -1
+    if fd is None:
+        return
+    if fd < 0:
+        while process_alive(pid, create_time, tolerance=tolerance):
+            await trio.sleep(poll_interval)
+        return
+    try:
+        await trio.lowlevel.wait_readable(fd)
+    finally:
+        trio.lowlevel.notify_closing(fd)
+        os.close(fd)
+
+
+def cancel_keeper(pid: int, create_time: float, *, tolerance: float = CREATE_TIME_TOLERANCE_S) -> bool:
+    """SIGTERM the keeper if (pid, create_time) still identifies a live process.
+
+    The keeper then SIGTERMs the job's process group, SIGKILLs it after
+    ``kill_grace_s`` and records reason "cancelled".  Returns False if the
+    keeper is gone (or the pid was reused).
+    """
+    try:
+        fd = _pidfd_for(pid, create_time, tolerance)
+    except OSError:
+        if not process_alive(pid, create_time, tolerance=tolerance):
+            return False
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return False
+        return True
+    if fd is None:
+        return False
+    try:
+        signal.pidfd_send_signal(fd, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+# -- forkserver client -----------------------------------------------------
+
+
+class _Forkserver:
+    """One running forkserver process and its line-oriented pipes."""
+
+    def __init__(self, proc: trio.Process) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        self._buf = bytearray()
+        self.broken = False
+
+    async def read_line(self) -> dict:
+        assert self.proc.stdout is not None
+        while True:
+            nl = self._buf.find(b"\n")
+            if nl >= 0:
+                line = bytes(self._buf[:nl])
+                del self._buf[: nl + 1]
+                return json.loads(line)
+            chunk = await self.proc.stdout.receive_some(65536)
+            if not chunk:
+                raise SpawnerError(
+                    f"forkserver (pid {self.pid}) exited"
+                    + (f" with code {self.proc.returncode}" if self.proc.poll() is not None else "")
+                )
+            self._buf += chunk
+
+    def dead(self) -> bool:
+        return self.broken or self.proc.poll() is not None
+
+    async def stop(self, timeout: float = STOP_TIMEOUT_S) -> None:
+        """Close its stdin (it exits, leaving keepers alone); kill if it lingers."""
+        with trio.CancelScope(shield=True):
+            assert self.proc.stdin is not None and self.proc.stdout is not None
+            try:
+                await self.proc.stdin.aclose()
+            except trio.BrokenResourceError:  # pragma: no cover
+                pass
+            with trio.move_on_after(timeout):
+                await self.proc.wait()
+            if self.proc.returncode is None:
+                self.proc.kill()
+                await self.proc.wait()
+            await self.proc.stdout.aclose()
+
+
+class Spawner:
+    """Client of one forkserver; use via ``open_spawner()``.
+
+    ``spawn`` is safe to call from many tasks at once: request/response pairs
+    are serialized with a lock (the forkserver handles one request at a time
+    anyway) and tagged with ids.
+    """
+
+    def __init__(self, *, python: str = sys.executable, env: dict[str, str] | None = None) -> None:
+        # By path, not ``-m``: see forkserver._bootstrap_as_script.
+        self._cmd = [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkserver.py")]
+        self._env = env
+        self._lock = trio.Lock()
+        self._server: _Forkserver | None = None
+        self._next_id = 0
+        self._closed = False
+
+    @property
+    def forkserver_pid(self) -> int | None:
+        """Pid of the current forkserver process (None before start / after stop)."""
+        return self._server.pid if self._server is not None else None
+
+    async def _start(self) -> _Forkserver:
+        try:
+            proc = await trio.lowlevel.open_process(
+                self._cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self._env
+            )
+        except OSError as exc:
+            raise SpawnerError(f"cannot start forkserver: {exc}") from exc
+        server = _Forkserver(proc)
+        try:
+            with trio.CancelScope(shield=True):
+                with trio.fail_after(STARTUP_TIMEOUT_S):
+                    hello = await server.read_line()
+            if not hello.get("ready"):
+                raise SpawnerError(f"unexpected forkserver greeting {hello!r}")
+        except BaseException as exc:
+            server.broken = True
+            await server.stop(timeout=0)
+            if isinstance(exc, trio.TooSlowError | ValueError):
+                raise SpawnerError(f"forkserver did not start: {exc!r}") from exc
+            raise
+        return server
+
+    async def _ensure_server(self) -> _Forkserver:
+        if self._closed:
+            raise SpawnerError("spawner is closed")
+        if self._server is not None and self._server.dead():
+            old, self._server = self._server, None
+            await old.stop(timeout=0)
+        if self._server is None:
+            self._server = await self._start()
+        return self._server
+
+    async def _discard(self, server: _Forkserver) -> None:
+        server.broken = True
+        if self._server is server:
+            self._server = None
+        await server.stop(timeout=0)
+
+    async def spawn(self, job_dir: os.PathLike[str] | str) -> KeeperHandle:
+        """Fork a keeper for ``job_dir`` (its spec.json must exist).
+
+        Returns once the forkserver reported the keeper's pid.  The
+        request/response exchange is shielded from cancellation so a keeper
+        that was forked is never silently lost; a cancelled caller sees
+        ``Cancelled`` at its next checkpoint.  Raises ``SpawnerError`` if the
+        forkserver died or failed during the request (the keeper may or may
+        not exist: check the job directory); the next call starts a fresh
+        forkserver.
+        """
+        path = os.path.abspath(os.fspath(job_dir))
+        async with self._lock:
+            with trio.CancelScope(shield=True):
+                return await self._spawn_locked(path)
+
+    async def _spawn_locked(self, path: str) -> KeeperHandle:
+        self._next_id += 1
+        req_id = self._next_id
+        line = json.dumps({"id": req_id, "job_dir": path}).encode() + b"\n"
+        for attempt in (1, 2):
+            server = await self._ensure_server()
+            assert server.proc.stdin is not None
+            try:
+                await server.proc.stdin.send_all(line)
+                break
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                # Not delivered: safe to retry once on a fresh forkserver.
+                await self._discard(server)
+                if attempt == 2:
+                    raise SpawnerError(f"forkserver pipe broken: {exc!r}") from exc
+        try:
+            with trio.fail_after(SPAWN_TIMEOUT_S):
+                while True:
+                    resp = await server.read_line()
+                    if resp.get("id") == req_id:
+                        break
+        except (SpawnerError, trio.TooSlowError, ValueError, trio.BrokenResourceError) as exc:
+            await self._discard(server)
+            if isinstance(exc, SpawnerError):
+                raise
+            raise SpawnerError(f"forkserver failed during spawn of {path}: {exc!r}") from exc
+        if "error" in resp:
+            raise SpawnerError(f"forkserver could not spawn {path}: {resp['error']}")
+        return KeeperHandle(pid=int(resp["pid"]), create_time=float(resp["create_time"]))
+
+    async def aclose(self) -> None:
+        """Stop the forkserver (keepers keep running)."""
+        self._closed = True
+        async with self._lock:
+            if self._server is not None:
+                server, self._server = self._server, None
+                await server.stop()
+
+
+@asynccontextmanager
+async def open_spawner(
+    *, python: str = sys.executable, env: dict[str, str] | None = None
+) -> AsyncIterator[Spawner]:
+    """Start a forkserver; stop it on exit.  Keepers it forked keep running."""
+    spawner = Spawner(python=python, env=env)
+    async with spawner._lock:
+        spawner._server = await spawner._start()
+    try:
+        yield spawner
+    finally:
+        with trio.CancelScope(shield=True):
+            await spawner.aclose()
