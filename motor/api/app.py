@@ -1,0 +1,400 @@
+"""The HTTP API of motor as a plain ASGI application (no framework).
+
+`make_app(runner)` returns an ASGI callable that answers the routes of
+../../docs/protocol.md on behalf of a Runner (see ../facade_contract.md).  It speaks
+lifespan (hypercorn sends startup/shutdown), JSON bodies, and newline-delimited JSON
+streams (`application/x-ndjson`), one event a line, flushed per event.
+
+Every error is a refusal: `{"refused": true, "code": ..., "detail": ...}` with the HTTP
+status of `records.REFUSAL_HTTP_STATUS`.  An unexpected exception becomes a 500
+`internal_error` (logged with its traceback) and the server keeps serving.
+
+Token auth: when the app has a token, requests that arrived over TCP (the ASGI scope
+names a `server` address) must carry `Authorization: Bearer <token>`; requests on the Unix
+socket (hypercorn gives them no `server` address) need none.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import re
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+from urllib.parse import parse_qs
+
+import msgspec
+import trio
+
+from motor.records import (
+    CAPABILITIES,
+    JobRequest,
+    Refusal,
+    RefusedError,
+    RequestError,
+    encode_event,
+    public_record,
+    validate_request,
+)
+
+log = logging.getLogger("motor.api")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict]]
+Send = Callable[[dict], Awaitable[None]]
+
+JSON = b"application/json"
+NDJSON = b"application/x-ndjson"
+METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+HTML = b"text/html; charset=utf-8"
+
+_encoder = msgspec.json.Encoder()
+_request_decoder = msgspec.json.Decoder(JobRequest)
+
+INDEX_HTML = b"""<!doctype html>
+<html lang="en">
+<head><meta charset="utf-8"><title>motor</title></head>
+<body>
+<h1>motor</h1>
+<p>A build-job runner. The dashboard is not built yet; see
+<a href="/v1/health">/v1/health</a>, <a href="/v1/status">/v1/status</a>,
+<a href="/v1/jobs">/v1/jobs</a> and <a href="/metrics">/metrics</a>.</p>
+</body>
+</html>
+"""
+
+
+def event_line(event: Any) -> bytes:
+    """One NDJSON line (every field present, `seq` included)."""
+    return encode_event(event) + b"\n"
+
+
+class _Disconnected(Exception):
+    """The client went away while we were reading its request."""
+
+
+def refusal_body(refusal: Refusal) -> dict:
+    """A refusal as the wire shows it: always with `"refused": true`."""
+    data = msgspec.to_builtins(refusal)
+    data["refused"] = True
+    return data
+
+
+def read_token_file(path: str | Path) -> str:
+    """The bearer token in a token file (surrounding whitespace stripped)."""
+    from motor.config import ConfigError
+
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read token file {path}: {exc.strerror}") from None
+    if not token:
+        raise ConfigError(f"token file {path} is empty")
+    return token
+
+
+def _refuse(code: str, detail: str, **extra: Any) -> RefusedError:
+    return RefusedError(Refusal(code=code, detail=detail, **extra))
+
+
+def _flag(query: dict[str, list[str]], name: str) -> bool:
+    values = query.get(name)
+    if not values:
+        return False
+    value = values[-1].strip().lower()
+    if value in ("1", "true", "yes", "on", ""):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise _refuse("bad_request", f"query parameter {name} wants 1 or 0, got {values[-1]!r}")
+
+
+def _int_param(query: dict[str, list[str]], name: str, default: int) -> int:
+    values = query.get(name)
+    if not values:
+        return default
+    try:
+        value = int(values[-1])
+    except ValueError:
+        raise _refuse("bad_request", f"query parameter {name} wants an integer, got {values[-1]!r}") from None
+    if value < 0:
+        raise _refuse("bad_request", f"query parameter {name} must be >= 0")
+    return value
+
+
+class MotorApp:
+    """The ASGI callable; one per runner.  Create it with `make_app`."""
+
+    def __init__(self, runner: Any, *, token: str | None = None, max_body_bytes: int | None = None):
+        self.runner = runner
+        self.token = token
+        config = getattr(runner, "config", None)
+        if max_body_bytes is None:
+            max_body_bytes = getattr(config, "max_body_bytes", 1024 * 1024)
+        self.max_body_bytes = max_body_bytes
+        caps = tuple(getattr(runner, "capabilities", CAPABILITIES))
+        self.capabilities = list(caps)
+        self._caps_header = (b"motor-capabilities", ",".join(caps).encode("ascii"))
+        # (compiled path pattern, {method: handler})
+        self.routes: list[tuple[re.Pattern[str], dict[str, Callable[..., Awaitable[None]]]]] = [
+            (re.compile(r"/"), {"GET": self.index}),
+            (re.compile(r"/metrics"), {"GET": self.metrics}),
+            (re.compile(r"/v1/health"), {"GET": self.health}),
+            (re.compile(r"/v1/status"), {"GET": self.status}),
+            (re.compile(r"/v1/workspaces"), {"GET": self.workspaces}),
+            (re.compile(r"/v1/jobs"), {"GET": self.list_jobs, "POST": self.submit}),
+            (re.compile(r"/v1/jobs/(?P<job_id>[^/]+)"), {"GET": self.get_job}),
+            (re.compile(r"/v1/jobs/(?P<job_id>[^/]+)/events"), {"GET": self.events}),
+            (re.compile(r"/v1/jobs/(?P<job_id>[^/]+)/cancel"), {"POST": self.cancel}),
+            (re.compile(r"/v1/jobs/(?P<job_id>[^/]+)/withdraw"), {"POST": self.withdraw}),
+            (re.compile(r"/v1/bundles/(?P<sha256>[^/]+)"), {"PUT": self.put_bundle}),
+        ]
+
+    # -- ASGI entry ------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if kind == "websocket":
+            await send({"type": "websocket.close", "code": 1003})
+            return
+        if kind != "http":
+            return
+
+        started = False
+
+        async def tracking_send(message: dict) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self._dispatch(scope, receive, tracking_send)
+        except RefusedError as exc:
+            if started:
+                log.warning("refusal after the response started: %s", exc)
+            else:
+                await self._send_refusal(tracking_send, exc.refusal)
+        except _Disconnected:
+            pass
+        except Exception as exc:  # the server keeps serving
+            log.exception("internal error answering %s %s", scope.get("method"), scope.get("path"))
+            if not started:
+                detail = f"{type(exc).__name__}: {exc}"[:200]
+                await self._send_refusal(tracking_send, Refusal(code="internal_error", detail=detail))
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.token is not None and scope.get("server") is not None:
+            self._check_token(scope)
+        path = scope["path"]
+        if len(path) > 1 and path.endswith("/"):
+            path = path.rstrip("/") or "/"
+        method = scope["method"]
+        for pattern, handlers in self.routes:
+            match = pattern.fullmatch(path)
+            if match is None:
+                continue
+            handler = handlers.get(method)
+            if handler is None:
+                allowed = ", ".join(sorted(handlers))
+                raise _refuse(
+                    "method_not_allowed", f"{method} is not allowed on {path} (allowed: {allowed})"
+                )
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True)
+            await handler(scope, receive, send, query, **match.groupdict())
+            return
+        raise _refuse("not_found", f"no route {method} {path}")
+
+    def _check_token(self, scope: Scope) -> None:
+        given = None
+        for name, value in scope.get("headers", ()):
+            if name.lower() == b"authorization":
+                given = value.decode("latin-1")
+                break
+        if given is None:
+            raise _refuse("unauthorized", "missing Authorization: Bearer token")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode("utf-8", "surrogateescape"), self.token.encode("utf-8")
+        ):
+            raise _refuse("unauthorized", "wrong bearer token")
+
+    # -- responses -------------------------------------------------------------------------
+
+    def _headers(self, content_type: bytes, length: int | None = None, extra=()) -> list:
+        headers = [(b"content-type", content_type), self._caps_header, (b"cache-control", b"no-store")]
+        if length is not None:
+            headers.append((b"content-length", str(length).encode("ascii")))
+        headers.extend(extra)
+        return headers
+
+    async def _send_bytes(self, send: Send, status: int, content_type: bytes, body: bytes) -> None:
+        await send({"type": "http.response.start", "status": status,
+                    "headers": self._headers(content_type, len(body))})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _send_json(self, send: Send, status: int, obj: Any) -> None:
+        await self._send_bytes(send, status, JSON, _encoder.encode(obj) + b"\n")
+
+    async def _send_refusal(self, send: Send, refusal: Refusal) -> None:
+        await self._send_json(send, refusal.http_status, refusal_body(refusal))
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        """The request body, refusing (413) once it passes max_body_bytes; never buffers more."""
+        limit = self.max_body_bytes
+        for name, value in scope.get("headers", ()):
+            if name.lower() == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    raise _refuse("bad_request", "Content-Length is not a number") from None
+                if declared > limit:
+                    raise _refuse("body_too_large", f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise _Disconnected()
+            body = message.get("body", b"")
+            total += len(body)
+            if total > limit:
+                raise _refuse("body_too_large", f"request body exceeds the limit of {limit} bytes")
+            chunks.append(body)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    async def _stream_events(self, receive: Receive, send: Send, status: int, events: Any) -> None:
+        """Send an event iterator as NDJSON, flushed per event, until it ends or the client leaves.
+
+        The first event is fetched before the response starts, so a refusal raised on the
+        first `anext` (not_found, history_expired) still gets its own status code.
+        """
+        iterator = events.__aiter__()
+        try:
+            try:
+                first = await iterator.__anext__()
+            except StopAsyncIteration:
+                first = None
+            await send({"type": "http.response.start", "status": status,
+                        "headers": self._headers(NDJSON)})
+            disconnected = False
+
+            async def watch_disconnect(cancel_scope: trio.CancelScope) -> None:
+                nonlocal disconnected
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        disconnected = True
+                        cancel_scope.cancel()
+                        return
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch_disconnect, nursery.cancel_scope)
+                try:
+                    if first is not None:
+                        await send({"type": "http.response.body",
+                                    "body": event_line(first), "more_body": True})
+                        async for event in iterator:
+                            await send({"type": "http.response.body",
+                                        "body": event_line(event), "more_body": True})
+                except RefusedError as exc:
+                    log.warning("event stream ended by a refusal: %s", exc)
+                except Exception:
+                    log.exception("event stream failed")
+                nursery.cancel_scope.cancel()
+            if not disconnected:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            aclose = getattr(iterator, "aclose", None)
+            if aclose is not None:
+                with trio.CancelScope(shield=True):
+                    await aclose()
+
+    # -- handlers --------------------------------------------------------------------------
+
+    async def index(self, scope, receive, send, query) -> None:
+        await self._send_bytes(send, 200, HTML, INDEX_HTML)
+
+    async def metrics(self, scope, receive, send, query) -> None:
+        text = self.runner.metrics_text()
+        if isinstance(text, str):
+            text = text.encode("utf-8")
+        await self._send_bytes(send, 200, METRICS_TYPE, text)
+
+    async def health(self, scope, receive, send, query) -> None:
+        await self._send_json(send, 200, await self.runner.health())
+
+    async def status(self, scope, receive, send, query) -> None:
+        await self._send_json(send, 200, await self.runner.status())
+
+    async def workspaces(self, scope, receive, send, query) -> None:
+        await self._send_json(send, 200, await self.runner.workspaces())
+
+    async def list_jobs(self, scope, receive, send, query) -> None:
+        records = await self.runner.jobs(all=_flag(query, "all"))
+        await self._send_json(send, 200, [public_record(r) for r in records])
+
+    async def get_job(self, scope, receive, send, query, job_id: str) -> None:
+        await self._send_json(send, 200, public_record(await self.runner.get(job_id)))
+
+    async def submit(self, scope, receive, send, query) -> None:
+        follow = _flag(query, "follow")
+        body = await self._read_body(scope, receive)
+        if not body.strip():
+            raise _refuse("bad_request", "request body is empty (malformed JSON); expected a JSON job request")
+        try:
+            req = _request_decoder.decode(body)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise _refuse("bad_request", str(exc)) from None
+        try:
+            validate_request(req)
+        except RequestError as exc:
+            raise _refuse("bad_request", str(exc)) from None
+        record = await self.runner.submit(req, follow=follow)
+        if follow:
+            await self._stream_events(receive, send, 202, self.runner.events(record.job_id, 0))
+        else:
+            data = public_record(record)
+            data["capabilities"] = self.capabilities
+            await self._send_json(send, 202, data)
+
+    async def events(self, scope, receive, send, query, job_id: str) -> None:
+        from_seq = _int_param(query, "from_seq", 0)
+        await self._stream_events(receive, send, 200, self.runner.events(job_id, from_seq))
+
+    async def cancel(self, scope, receive, send, query, job_id: str) -> None:
+        await self._send_json(send, 200, public_record(await self.runner.cancel(job_id)))
+
+    async def withdraw(self, scope, receive, send, query, job_id: str) -> None:
+        result = await self.runner.withdraw(job_id)
+        await self._send_json(send, 200, {"result": result})
+
+    async def put_bundle(self, scope, receive, send, query, sha256: str) -> None:
+        raise _refuse("not_found", "bundle upload is not supported by this runner yet")
+
+
+def make_app(runner: Any, *, token: str | None = None, max_body_bytes: int | None = None) -> MotorApp:
+    """The ASGI app for `runner`.
+
+    `token`: bearer token required on TCP requests; when None and `runner.config.token_file`
+    is set, the token is read from that file (ConfigError when unreadable or empty).
+    `max_body_bytes`: request body limit; default `runner.config.max_body_bytes`.
+    """
+    if token is None:
+        token_file = getattr(getattr(runner, "config", None), "token_file", None)
+        if token_file:
+            token = read_token_file(token_file)
+    return MotorApp(runner, token=token, max_body_bytes=max_body_bytes)

@@ -1,0 +1,73 @@
+"""The `motor` command line (console script `motor` = `python -m motor`).
+
+`main(argv=None) -> int` parses the command line and runs one command.  A usage error
+prints ONE line `motor: error: ...` on stderr and exits 2.  Commands live in modules:
+`serve` (motor.cli.serve) and the client commands (motor.cli.commands); exit statuses of
+`run`/`attach` are the pure function `exit_status` (motor.cli.outcome).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from motor.cli.outcome import exit_status
+
+__all__ = ["main", "build_parser", "exit_status", "Parser", "UsageError"]
+
+
+class UsageError(Exception):
+    """Raised by a command for a bad argument found after parsing: one line, exit 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        message = " ".join(str(message).split())
+        sys.stderr.write(f"motor: error: {message}\n")
+        sys.stderr.flush()
+        raise SystemExit(2)
+
+
+def build_parser() -> Parser:
+    from motor.cli import commands, serve
+
+    parser = Parser(
+        prog="motor",
+        description="motor: a build-job runner for shared build hosts.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
+    serve.register(sub)
+    commands.register(sub)
+    return parser
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """Split at the first `--`: options before it, the job's command after it."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    front, tail = _split_command(argv)
+    args = parser.parse_args(front)
+    args.tail = tail
+    handler = getattr(args, "handler", None)
+    if handler is None:  # pragma: no cover - required=True prevents it
+        parser.error("no command given")
+    if tail is not None and not getattr(args, "takes_command", False):
+        parser.error(f"{args.command} takes no command after --")
+    try:
+        return int(handler(args) or 0)
+    except UsageError as exc:
+        parser.error(str(exc))
+        return 2  # not reached
+    except KeyboardInterrupt:
+        sys.stderr.write("motor: interrupted\n")
+        return 130

@@ -1,0 +1,89 @@
+"""Exit statuses of `motor run` / `motor attach` (interface.md), as pure functions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from motor.records import BEFORE_START_CODES, JobRecord, Refusal, RefusedError
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_DATAERR = 65        # bad_request
+EXIT_UNAVAILABLE = 69    # no runner answered
+EXIT_SOFTWARE = 70       # the job was lost
+EXIT_TEMPFAIL = 75       # refused before start
+EXIT_TIMEOUT = 124       # execution timeout
+EXIT_CANCELLED = 130     # cancelled (also Ctrl-C)
+
+
+def _as_dict(obj: Any) -> dict:
+    if isinstance(obj, dict):
+        return obj
+    if isinstance(obj, (JobRecord, Refusal)):
+        return msgspec.to_builtins(obj) | ({"refused": True} if isinstance(obj, Refusal) else {})
+    raise TypeError(f"exit_status wants a terminal record or a refusal, got {type(obj).__name__}")
+
+
+def exit_status(outcome: Any) -> int:
+    """The exit status for a terminal job record or a refusal.
+
+    Accepts a JobRecord, a Refusal, a RefusedError, a RunnerUnavailable, or their dict
+    forms (a record dict, or `{"refused": true, "code": ...}`).
+    """
+    from motor.client import RunnerUnavailable
+
+    if isinstance(outcome, RunnerUnavailable):
+        return EXIT_UNAVAILABLE
+    if isinstance(outcome, RefusedError):
+        outcome = outcome.refusal
+    data = _as_dict(outcome)
+    if data.get("refused"):
+        code = data.get("code")
+        if code in BEFORE_START_CODES:
+            return EXIT_TEMPFAIL
+        if code == "bad_request":
+            return EXIT_DATAERR
+        return EXIT_FAILURE
+    state = data.get("state")
+    if state in ("succeeded", "failed"):
+        signal = data.get("signal")
+        if signal:
+            return 128 + int(signal)
+        code = data.get("exit_code")
+        if code is None:
+            return EXIT_OK if state == "succeeded" else EXIT_FAILURE
+        return int(code) & 0xFF
+    if state == "timed_out":
+        return EXIT_TIMEOUT
+    if state == "cancelled":
+        return EXIT_CANCELLED
+    if state == "refused_before_start":
+        return EXIT_TEMPFAIL
+    if state == "lost":
+        return EXIT_SOFTWARE
+    raise ValueError(f"job state {state!r} is not terminal")
+
+
+def outcome_line(record: dict) -> str | None:
+    """The stderr line `run`/`attach` print for a terminal record, or None when the job
+    simply exited (its own output says enough)."""
+    state = record.get("state")
+    reason = record.get("reason")
+    detail = record.get("detail")
+    if state == "refused_before_start":
+        return f"motor: refused: {reason or 'refused_before_start'}: {detail or 'the job did not start'}"
+    if state == "lost":
+        return f"motor: job {record.get('job_id')} was lost: {detail or reason or 'no detail'}"
+    if state == "timed_out":
+        return f"motor: job {record.get('job_id')} timed out" + (f": {detail}" if detail else "")
+    if state == "cancelled":
+        return f"motor: job {record.get('job_id')} was cancelled" + (f": {detail}" if detail else "")
+    if state in ("succeeded", "failed") and record.get("signal"):
+        why = f" ({reason})" if reason else ""
+        return f"motor: job {record.get('job_id')} was killed by signal {record['signal']}{why}"
+    if state == "failed" and record.get("exit_code") is None:
+        return f"motor: job {record.get('job_id')} failed: {detail or reason or 'no detail'}"
+    return None

@@ -1,0 +1,94 @@
+"""`motor serve`: options -> RunnerConfig -> `trio.run(motor.runner.serve_forever, config)`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from motor.config import ConfigError, RunnerConfig, build_config, load_toml
+
+#: (flag, RunnerConfig field, argparse keyword arguments)
+SERVE_OPTIONS: list[tuple[str, str, dict]] = [
+    ("--state-dir", "state_dir", {"metavar": "DIR", "help": "records, output, bundles, default workspace root"}),
+    ("--socket", "socket", {"metavar": "PATH", "help": "Unix socket (default <state-dir>/motor.sock)"}),
+    ("--socket-group", "socket_group", {"metavar": "GROUP", "help": "make the socket 0660 and owned by GROUP"}),
+    ("--listen", "listen", {"metavar": "HOST:PORT", "help": "also serve HTTP on TCP (non-loopback needs --token-file)"}),
+    ("--token-file", "token_file", {"metavar": "FILE", "help": "bearer token required on TCP requests"}),
+    ("--max-weight", "max_weight", {"metavar": "N", "type": int, "help": "bound on running + setting-up claims (28)"}),
+    ("--max-queue-depth", "max_queue_depth", {"metavar": "N", "type": int, "help": "bound on accepted, not yet running jobs (64)"}),
+    ("--linux-cpus", "linux_cpus", {"metavar": "LIST", "help": "confine jobs to these CPUs, e.g. 12-15,28-31"}),
+    ("--windows-cpus", "windows_cpus", {"metavar": "LIST", "help": "CPUs to avoid while --windows-slot-lock is held"}),
+    ("--windows-slot-lock", "windows_slot_lock", {"metavar": "PATH", "help": "lock file held by the other user of --windows-cpus"}),
+    ("--free-space-floor-bytes", "free_space_floor_bytes", {"metavar": "N", "help": "hard free-space floor; 0 disables"}),
+    ("--free-space-eviction-bytes", "free_space_eviction_bytes", {"metavar": "N", "help": "soft reclaim goal (2 x floor)"}),
+    ("--build-folder-cap-bytes", "build_folder_cap_bytes", {"metavar": "N", "help": "per-workspace Cargo target/ cap (64 GiB)"}),
+    ("--workspace-root", "workspace_root", {"metavar": "DIR", "action": "append", "help": "where workspaces live (repeatable)"}),
+    ("--caller-root", "caller_root", {"metavar": "CALLER=HOST", "action": "append", "help": "a caller's path prefix served from a host directory (repeatable)"}),
+    ("--sysfs-root", "sysfs_root", {"metavar": "DIR", "help": "where CPU topology is read (/sys)"}),
+    ("--capacity-file", "capacity_file", {"metavar": "PATH", "help": "declared jobs_min_bytes (/etc/motor-host/capacity.json)"}),
+    ("--isolation", "isolation", {"choices": ["auto", "systemd", "cgroup", "affinity", "none"], "help": "how jobs are pinned and capped (auto)"}),
+    ("--memory-per-vcpu-bytes", "memory_per_vcpu_bytes", {"metavar": "N", "help": "a claim's default memory_max (4 GiB)"}),
+]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="start the runner", description="Start the runner and serve its API.")
+    p.add_argument("--config", metavar="FILE", help="TOML file with any of these options (flags win)")
+    for flag, field, kwargs in SERVE_OPTIONS:
+        p.add_argument(flag, dest=field, default=None, **kwargs)
+    p.set_defaults(handler=cmd_serve)
+
+
+def config_from_args(args: argparse.Namespace) -> RunnerConfig:
+    """Defaults < --config file < flags; raises ConfigError."""
+    file_values = load_toml(args.config) if getattr(args, "config", None) else {}
+    flags = {field: getattr(args, field, None) for _, field, _ in SERVE_OPTIONS}
+    return build_config(file_values, flags)
+
+
+def _find(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+    """The first exception of `kinds` inside `exc`: through exception groups and the
+    `__cause__` chain (a supervisor wraps a child's start-up failure in an escalation)."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        current = todo.pop(0)
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, kinds):
+            return current
+        if isinstance(current, BaseExceptionGroup):
+            todo.extend(current.exceptions)
+        todo.append(current.__cause__)
+    return None
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        return _error_line(exc, 2)
+
+    import trio
+
+    from motor import runner as runner_module
+    from motor.api.server import SocketInUse
+
+    try:
+        trio.run(runner_module.serve_forever, config)
+    except BaseException as exc:  # noqa: BLE001 - sort start-up failures into one line
+        if (found := _find(exc, (SocketInUse,))) is not None:
+            return _error_line(found, 1)
+        if (found := _find(exc, (ConfigError,))) is not None:
+            return _error_line(found, 2)
+        if _find(exc, (KeyboardInterrupt,)) is not None:
+            return 130
+        raise
+    return 0
+
+
+def _error_line(exc: BaseException, status: int) -> int:
+    message = " ".join(str(exc).split())
+    sys.stderr.write(f"motor: error: {message}\n")
+    return status

@@ -1,0 +1,38 @@
+"""Fixtures for the API tests: a fake runner, served for real on a short-path Unix socket."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fake_runner import FakeRunner  # noqa: E402
+
+from motor.api import make_app, serve_api  # noqa: E402
+from motor.config import RunnerConfig  # noqa: E402
+
+
+@pytest.fixture
+def short_dir():
+    # AF_UNIX paths are limited to ~108 bytes; pytest's tmp_path can be longer.
+    path = Path(tempfile.mkdtemp(prefix="mt-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def config(short_dir) -> RunnerConfig:
+    return RunnerConfig(state_dir=str(short_dir), socket=str(short_dir / "m.sock"), max_body_bytes=4096)
+
+
+@pytest.fixture
+async def live(config, nursery) -> FakeRunner:
+    """A FakeRunner served by hypercorn on config.socket_path (scripts run in the background)."""
+    fake = FakeRunner(config, nursery=nursery)
+    await nursery.start(serve_api, make_app(fake), config)
+    return fake

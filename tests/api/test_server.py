@@ -1,0 +1,252 @@
+"""The app served for real by hypercorn (serve_api) on a Unix socket: streams, socket handling,
+and the synchronous and asynchronous clients."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+
+import httpx
+import pytest
+import trio
+from fake_runner import FakeRunner, queue_then_withdraw, wait_for_cancel
+
+from motor.api import SocketInUse, make_app, serve_api
+from motor.client import AsyncClient, Client, RunnerUnavailable
+from motor.config import RunnerConfig
+from motor.records import Accepted, JobRecord, JobRequest, Output, RefusedError, Terminal
+
+
+def raw_client(config: RunnerConfig) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=str(config.socket_path)),
+                             base_url="http://motor", timeout=10)
+
+
+async def read_ndjson(resp: httpx.Response) -> list[dict]:
+    return [json.loads(line) async for line in resp.aiter_lines() if line]
+
+
+async def test_socket_is_0600_and_answers(live, config):
+    mode = stat.S_IMODE(os.stat(config.socket_path).st_mode)
+    assert mode == 0o600
+    async with raw_client(config) as http:
+        resp = await http.get("/v1/health")
+    assert resp.status_code == 200
+    assert resp.headers["motor-capabilities"] == "gate_jobs,follow,withdraw"
+
+
+async def test_socket_group_makes_it_0660(config, nursery):
+    config = RunnerConfig(state_dir=config.state_dir, socket=config.socket, socket_group=str(os.getgid()))
+    await nursery.start(serve_api, make_app(FakeRunner(config)), config)
+    st = os.stat(config.socket_path)
+    assert stat.S_IMODE(st.st_mode) == 0o660 and st.st_gid == os.getgid()
+
+
+async def test_submit_follow_streams_ndjson(live, config):
+    async with raw_client(config) as http:
+        async with http.stream("POST", "/v1/jobs?follow=1", json={"command": ["make"]}) as resp:
+            assert resp.status_code == 202
+            assert resp.headers["content-type"] == "application/x-ndjson"
+            events = await read_ndjson(resp)
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "accepted" and kinds[-1] == "terminal"
+    assert "output" in kinds and "started" in kinds
+    assert [e["seq"] for e in events] == sorted(e["seq"] for e in events)
+    assert events[-1]["record"]["state"] == "succeeded"
+    assert live.submitted[0][1] is True  # follow reached the runner
+
+
+async def test_submit_follow_refused_is_a_plain_refusal(live, config):
+    async with raw_client(config) as http:
+        resp = await http.post("/v1/jobs?follow=1", json={"command": ["make"], "workspace": ".."})
+    assert resp.status_code == 400 and resp.json()["code"] == "bad_request"
+
+
+async def test_events_replay_from_seq_and_history_expired(live, config):
+    async with raw_client(config) as http:
+        job_id = (await http.post("/v1/jobs", json={"command": ["x"]})).json()["job_id"]
+        await trio.sleep(0.05)
+        async with http.stream("GET", f"/v1/jobs/{job_id}/events", params={"from_seq": 3}) as resp:
+            assert resp.status_code == 200
+            events = await read_ndjson(resp)
+        assert events[0]["seq"] == 3 and events[-1]["event"] == "terminal"
+        live.expired.add(job_id)
+        resp = await http.get(f"/v1/jobs/{job_id}/events")
+        assert resp.status_code == 410 and resp.json()["code"] == "history_expired"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_events_are_flushed_as_they_happen(live, config):
+    live.script = wait_for_cancel
+    async with raw_client(config) as http:
+        job_id = (await http.post("/v1/jobs", json={"command": ["x"]})).json()["job_id"]
+        async with http.stream("GET", f"/v1/jobs/{job_id}/events") as resp:
+            lines = resp.aiter_lines()
+            seen = []
+            with trio.fail_after(5):
+                async for line in lines:
+                    seen.append(json.loads(line))
+                    if seen[-1]["event"] == "output":
+                        break  # arrived while the job is still running
+            await http.post(f"/v1/jobs/{job_id}/cancel")
+            with trio.fail_after(5):
+                async for line in lines:
+                    seen.append(json.loads(line))
+    assert seen[-1]["event"] == "terminal" and seen[-1]["record"]["state"] == "cancelled"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_client_disconnect_ends_the_stream_and_server_keeps_serving(live, config):
+    live.script = wait_for_cancel
+    async with raw_client(config) as http:
+        job_id = (await http.post("/v1/jobs", json={"command": ["x"]})).json()["job_id"]
+        async with http.stream("GET", f"/v1/jobs/{job_id}/events") as resp:
+            async for line in resp.aiter_lines():
+                break
+    async with raw_client(config) as http:
+        assert (await http.get("/v1/health")).status_code == 200
+
+
+async def test_stale_socket_file_is_replaced(config, nursery):
+    path = config.socket_path
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(path))
+    stale.close()  # the file remains; nobody listens
+    assert path.exists()
+    await nursery.start(serve_api, make_app(FakeRunner(config)), config)
+    async with raw_client(config) as http:
+        assert (await http.get("/v1/health")).status_code == 200
+
+
+async def test_live_socket_is_refused(live, config, nursery):
+    with pytest.raises(SocketInUse, match="another runner is listening on"):
+        await serve_api(make_app(FakeRunner(config)), config)
+    async with raw_client(config) as http:  # the first one still serves
+        assert (await http.get("/v1/health")).status_code == 200
+
+
+async def test_non_socket_file_is_refused(config):
+    config.socket_path.write_text("not a socket")
+    with pytest.raises(SocketInUse, match="not a socket"):
+        await serve_api(make_app(FakeRunner(config)), config)
+
+
+async def test_socket_removed_on_shutdown(config):
+    done = trio.Event()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(lambda task_status: serve_api(
+            make_app(FakeRunner(config)), config, shutdown_trigger=done.wait, task_status=task_status))
+        assert config.socket_path.exists()
+        done.set()
+    assert not config.socket_path.exists()
+
+
+async def test_tcp_listener_requires_the_token(short_dir, nursery):
+    token_file = short_dir / "token"
+    token_file.write_text("tok\n")
+    config = RunnerConfig(state_dir=str(short_dir), socket=str(short_dir / "m.sock"),
+                          listen="127.0.0.1:0", token_file=str(token_file))
+    fake = FakeRunner(config)
+    binds = await nursery.start(serve_api, make_app(fake), config)
+    url = next(b for b in binds if "unix:" not in b)
+    async with httpx.AsyncClient(base_url=url) as http:
+        assert (await http.get("/v1/health")).status_code == 401
+        assert (await http.get("/v1/health", headers={"authorization": "Bearer tok"})).status_code == 200
+    async with raw_client(config) as http:  # the Unix socket needs no token
+        assert (await http.get("/v1/health")).status_code == 200
+    client = AsyncClient(url=url, token="tok")
+    async with client:
+        assert (await client.health())["isolation"] == "none"
+
+
+# --- clients --------------------------------------------------------------------------------
+
+
+async def test_async_client(live, config):
+    async with AsyncClient(config.socket_path) as client:
+        record = await client.submit(JobRequest(command=["make"]))
+        assert isinstance(record, JobRecord)
+        assert client.runner_capabilities == ["gate_jobs", "follow", "withdraw"]
+        assert live.submitted[0][0].capabilities == ["gate_jobs", "follow", "withdraw"]
+        assert (await client.get(record.job_id)).job_id == record.job_id
+        assert [r.job_id for r in await client.jobs(all=True)] == [record.job_id]
+        async with await client.events(record.job_id) as stream:
+            events = [e async for e in stream]
+        assert isinstance(events[0], Accepted) and isinstance(events[-1], Terminal)
+        async with await client.submit(JobRequest(command=["make"]), follow=True) as stream:
+            followed = [e async for e in stream]
+        assert isinstance(followed[-1], Terminal)
+        assert await client.withdraw(record.job_id) == "withdrawn"
+        assert (await client.status())["queued"] == []
+        assert (await client.workspaces())[0]["name"] == "default"
+        assert "motor_jobs_total" in await client.metrics()
+        with pytest.raises(RefusedError) as info:
+            await client.get("nope")
+        assert info.value.refusal.code == "not_found"
+        with pytest.raises(RefusedError) as info:
+            await client.submit(JobRequest(command=["x"], workspace="a/b"))
+        assert info.value.refusal.code == "bad_request"
+
+
+async def test_sync_client_in_a_thread(live, config):
+    def use_client():
+        with Client(config.socket_path) as client:
+            record = client.submit(JobRequest(command=["make"]))
+            with client.submit(JobRequest(command=["make"]), follow=True) as stream:
+                kinds = [type(e).__name__ for e in stream]
+            with client.events(record.job_id, 4) as stream:
+                replay = list(stream)
+            outputs = [e for e in replay if isinstance(e, Output)]
+            try:
+                client.events("missing")
+            except RefusedError as exc:
+                missing = exc.refusal.code
+            return record, kinds, replay, outputs, missing, client.health()
+
+    record, kinds, replay, outputs, missing, health = await trio.to_thread.run_sync(use_client)
+    assert kinds[0] == "Accepted" and kinds[-1] == "Terminal"
+    assert replay[0].seq == 4
+    assert outputs and missing == "not_found"
+    assert health["isolation"] == "none"
+
+
+async def test_withdraw_during_queue(live, config):
+    live.script = queue_then_withdraw
+    async with AsyncClient(config.socket_path) as client:
+        async with await client.submit(JobRequest(command=["x"]), follow=True) as stream:
+            async for event in stream:
+                if event.__class__.__name__ == "Queued":
+                    assert await client.withdraw(live.submitted and list(live.jobs_by_id)[0]) == "withdrawn"
+                if isinstance(event, Terminal):
+                    assert event.record["reason"] == "queue_wait_exceeded"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # httpcore leaks the socket of a refused connect
+def test_runner_unavailable_without_socket(tmp_path):
+    with Client(tmp_path / "none.sock") as client:
+        with pytest.raises(RunnerUnavailable):
+            client.health()
+    stale = tmp_path / "stale.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(stale))
+    s.close()
+    with Client(stale) as client:
+        with pytest.raises(RunnerUnavailable):
+            client.status()
+
+
+async def test_async_client_runner_unavailable(tmp_path):
+    async with AsyncClient(tmp_path / "none.sock") as client:
+        with pytest.raises(RunnerUnavailable):
+            await client.health()
+
+
+async def test_oversized_body_over_the_socket_is_413(live, config):
+    async with raw_client(config) as http:
+        resp = await http.post("/v1/jobs", content=b'{"command": ["' + b"x" * 100_000 + b'"]}')
+        assert resp.status_code == 413 and resp.json()["code"] == "body_too_large"
+    async with raw_client(config) as http:
+        assert (await http.get("/v1/health")).status_code == 200
+    assert live.submitted == []
