@@ -1,0 +1,119 @@
+"""Overhead per job: N jobs of `true` through a real `motor serve`, beside peers.
+
+    python bench/throughput.py [--n 200] [--rounds 3] [--isolation affinity] [--no-peers]
+
+Each round starts a runner (`--max-weight 2`, claims of 1, jobs spread over 4 workspaces),
+submits N jobs of `true` through the HTTP API on the Unix socket one after another, and
+measures the wall time from the first submit until every job has ended (every job is
+then checked to have succeeded). In the same round, interleaved, it runs the peers'
+scripts from ../shared/bench/peers (`throughput.sh bare-xargs` and `throughput.sh tsp`;
+`setup.sh` must have run for tsp). It prints one line per measurement in the peers'
+format and, at the end, the medians, jobs/s and ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+PEERS = ROOT.parent / "shared" / "bench" / "peers"
+
+
+def emit(peer: str, wall: float, n: int, extra: str = "") -> None:
+    print(f"peer={peer} metric=throughput_wall value={wall:.6f} unit=s n={n} slots=2 "
+          f"jobs_per_s={n / wall:.1f}{' ' + extra if extra else ''}", flush=True)
+
+
+def motor_round(n: int, isolation: str) -> tuple[float, float]:
+    with tempfile.TemporaryDirectory(prefix="motor-bench-") as tmp:
+        state = Path(tmp) / "state"
+        log = open(Path(tmp) / "serve.log", "wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "motor", "serve", "--state-dir", str(state),
+             "--max-weight", "2", "--max-queue-depth", str(n + 10),
+             "--free-space-floor-bytes", "0", "--isolation", isolation],
+            stdout=log, stderr=subprocess.STDOUT)
+        try:
+            sock = state / "motor.sock"
+            deadline = time.monotonic() + 30
+            while not sock.exists():
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise SystemExit(f"serve did not start: {(Path(tmp) / 'serve.log').read_text()}")
+                time.sleep(0.01)
+            transport = httpx.HTTPTransport(uds=str(sock))
+            with httpx.Client(transport=transport, base_url="http://motor", timeout=60) as c:
+                c.get("/v1/health").raise_for_status()
+                t0 = time.perf_counter()
+                for i in range(n):
+                    r = c.post("/v1/jobs", json={"command": ["true"], "weight_hint": 1,
+                                                 "workspace": f"ws{i % 4}"})
+                    if r.status_code != 202:
+                        raise SystemExit(f"submit {i}: {r.status_code} {r.text}")
+                t_sub = time.perf_counter()
+                while True:
+                    status = c.get("/v1/status").json()
+                    if not status["queued"] and not status["running"]:
+                        break
+                    time.sleep(0.002)
+                t1 = time.perf_counter()
+                jobs = c.get("/v1/jobs", params={"all": 1}).json()
+                ok = sum(1 for j in jobs if j["state"] == "succeeded")
+                if ok != n:
+                    raise SystemExit(f"only {ok} of {n} jobs succeeded")
+            return t1 - t0, t_sub - t0
+        finally:
+            proc.terminate()
+            proc.wait(30)
+            log.close()
+
+
+def peer_round(peer: str, n: int) -> float | None:
+    script = PEERS / "throughput.sh"
+    if not script.exists():
+        return None
+    r = subprocess.run(["bash", str(script), peer, str(n)], capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"# {peer}: {r.stderr.strip() or r.stdout.strip()}", flush=True)
+        return None
+    line = r.stdout.strip().splitlines()[-1]
+    print(line, flush=True)
+    fields = dict(kv.split("=", 1) for kv in line.split())
+    return float(fields["value"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--isolation", default="affinity")
+    ap.add_argument("--no-peers", action="store_true")
+    args = ap.parse_args()
+    walls: dict[str, list[float]] = {"motor": [], "bare-xargs": [], "tsp": []}
+    for _ in range(args.rounds):
+        wall, sub = motor_round(args.n, args.isolation)
+        emit("motor", wall, args.n, f"submit_s={sub:.6f} isolation={args.isolation}")
+        walls["motor"].append(wall)
+        if not args.no_peers:
+            for peer in ("bare-xargs", "tsp"):
+                value = peer_round(peer, args.n)
+                if value is not None:
+                    walls[peer].append(value)
+    print("# medians")
+    med = {p: statistics.median(v) for p, v in walls.items() if v}
+    for peer, m in med.items():
+        print(f"# {peer:<11} {m:8.4f} s  {args.n / m:8.1f} jobs/s")
+    for peer in ("bare-xargs", "tsp"):
+        if peer in med:
+            print(f"# motor/{peer} jobs/s ratio: {med[peer] / med['motor']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The accounting subsystem: refusal counts and the health report's figures."""

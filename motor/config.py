@@ -1,0 +1,170 @@
+"""RunnerConfig: every option of `motor serve`, its default, and its validation.
+
+Options come from three places, weakest first: the embedded defaults below, a TOML file
+(`--config FILE`, unknown keys refused so a typo fails loudly), and command-line flags.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+GiB = 1024**3
+SEED_FLOOR_BYTES = 128 * GiB  # scheduling.md: "default 128 GiB (137438953472 bytes)"
+
+Isolation = Literal["auto", "systemd", "cgroup", "affinity", "none"]
+
+
+class ConfigError(ValueError):
+    """A bad option value: `serve` prints it on one line and exits 2."""
+
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
+_UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+
+
+def parse_size(text: str | int) -> int:
+    """`128G`, `64GiB`, `512MB`, `4096` -> bytes (binary multiples: K = 1024)."""
+    if isinstance(text, int):
+        if text < 0:
+            raise ConfigError(f"size must not be negative: {text}")
+        return text
+    m = _SIZE.match(text)
+    if not m:
+        raise ConfigError(f"not a size: {text!r} (use bytes or a suffix such as 128G or 64GiB)")
+    number, unit, _ = m.groups()
+    return int(number) * 1024 ** _UNITS[unit.lower()]
+
+
+def default_state_dir() -> Path:
+    if env := os.environ.get("MOTOR_STATE_DIR"):
+        return Path(env)
+    if xdg := os.environ.get("XDG_STATE_HOME"):
+        return Path(xdg) / "motor"
+    return Path.home() / ".local" / "state" / "motor"
+
+
+def default_socket() -> Path:
+    if env := os.environ.get("MOTOR_SOCKET"):
+        return Path(env)
+    return default_state_dir() / "motor.sock"
+
+
+class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The runner's options; see interface.md for each one's meaning."""
+
+    state_dir: str | None = None
+    socket: str | None = None
+    socket_group: str | None = None
+    listen: str | None = None
+    token_file: str | None = None
+    max_weight: int = 28
+    max_queue_depth: int = 64
+    linux_cpus: str | None = None
+    windows_cpus: str | None = None
+    windows_slot_lock: str | None = None
+    free_space_floor_bytes: int | str | None = None
+    free_space_eviction_bytes: int | str | None = None
+    build_folder_cap_bytes: int | str = 64 * GiB
+    workspace_root: list[str] = []
+    caller_root: list[str] = []
+    sysfs_root: str = "/sys"
+    capacity_file: str = "/etc/motor-host/capacity.json"
+    isolation: Isolation = "auto"
+    memory_per_vcpu_bytes: int | str = 4 * GiB
+    queue_wait_default_s: float = 300.0
+    heartbeat_s: float = 1.0
+    max_body_bytes: int = 1024 * 1024
+    #: Replaceable wall clock (tests); not settable from TOML.
+    clock: object | None = None
+
+    # -- resolved views -------------------------------------------------------------------
+
+    @property
+    def state_path(self) -> Path:
+        return Path(self.state_dir) if self.state_dir else default_state_dir()
+
+    @property
+    def socket_path(self) -> Path:
+        return Path(self.socket) if self.socket else self.state_path / "motor.sock"
+
+    @property
+    def workspace_roots(self) -> list[Path]:
+        return [Path(p) for p in self.workspace_root] or [self.state_path / "workspaces"]
+
+    def floor_bytes(self) -> int:
+        if self.free_space_floor_bytes is not None:
+            return parse_size(self.free_space_floor_bytes)
+        total = shutil.disk_usage(_existing_parent(self.state_path)).total
+        return min(SEED_FLOOR_BYTES, total // 10)
+
+    def goal_bytes(self) -> int:
+        if self.free_space_eviction_bytes is not None:
+            return max(parse_size(self.free_space_eviction_bytes), self.floor_bytes())
+        return 2 * self.floor_bytes()
+
+    def validate(self) -> "RunnerConfig":
+        """Check values that do not need the host; raise ConfigError with one clear line."""
+        if self.linux_cpus is not None and self.max_weight == 0:
+            raise ConfigError("--linux-cpus needs --max-weight above 0")
+        if self.max_weight < 1:
+            raise ConfigError(f"--max-weight must be at least 1, got {self.max_weight}")
+        if self.max_queue_depth < 0:
+            raise ConfigError(f"--max-queue-depth must be >= 0, got {self.max_queue_depth}")
+        if bool(self.windows_cpus) != bool(self.windows_slot_lock):
+            raise ConfigError("--windows-cpus and --windows-slot-lock go together")
+        for name in ("free_space_floor_bytes", "free_space_eviction_bytes",
+                     "build_folder_cap_bytes", "memory_per_vcpu_bytes"):
+            value = getattr(self, name)
+            if value is not None:
+                parse_size(value)
+        for spec in self.caller_root:
+            caller, sep, host = spec.partition("=")
+            if not sep or not caller.startswith("/") or not host.startswith("/"):
+                raise ConfigError(f"--caller-root wants CALLER=HOST with absolute paths, got {spec!r}")
+        if self.listen is not None:
+            host, sep, port = self.listen.rpartition(":")
+            if not sep or not port.isdigit() or not host:
+                raise ConfigError(f"--listen wants HOST:PORT, got {self.listen!r}")
+            if host not in ("127.0.0.1", "localhost", "::1", "[::1]") and not self.token_file:
+                raise ConfigError("--listen on a non-loopback address requires --token-file")
+        if self.heartbeat_s <= 0:
+            raise ConfigError("heartbeat_s must be positive")
+        return self
+
+
+def _existing_parent(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def load_toml(path: str | Path) -> dict:
+    """Read a config file; raise ConfigError on an unreadable or malformed one."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    try:
+        table = msgspec.toml.decode(data)
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"config {path} is not valid TOML: {exc}") from None
+    if not isinstance(table, dict):
+        raise ConfigError(f"config {path} must be a table")
+    return {key.replace("-", "_"): value for key, value in table.items()}
+
+
+def build_config(file_values: dict, flag_values: dict) -> RunnerConfig:
+    """Defaults < file < flags; unknown keys and wrong types raise ConfigError."""
+    merged = {**file_values, **{k: v for k, v in flag_values.items() if v is not None}}
+    merged.pop("clock", None)
+    try:
+        config = msgspec.convert(merged, RunnerConfig, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"bad option: {exc}") from None
+    return config.validate()

@@ -1,0 +1,261 @@
+"""One actor per running job: setup, spawn under the keeper, output, terminal record.
+
+Theory of operation
+-------------------
+The dispatcher has already placed the job's CPUs and saved the record in state `setup`
+(a job is recorded before its CPUs are used). This actor then:
+
+1. setup: creates the workspace directory and the job directory, writes the keeper's
+   `spec.json` (command, cwd, environment, CPUs, isolation fields, timeout) and asks the
+   forkserver for a keeper. A failure here is a failed start: the dispatcher requeues the
+   job with its retry delay, the CPUs are released.
+2. running: saves the record as `running` with a `started` event, tells the dispatcher.
+3. follow: turns the keeper's `output.log` into numbered `output` events (the log offset is
+   saved in the same transaction as the events), until the keeper exits.
+4. end: reads `status.json`, saves the terminal record and event, releases CPUs, tells the
+   dispatcher and accounting, and stops.
+
+The keeper, not this actor, owns the job's output and exit status, so the job outlives the
+runner. After a restart (or a crash of this actor: it is a transient child and comes back
+in adopt mode) the actor starts at step 3 from the saved log offset.
+"""
+
+from __future__ import annotations
+
+import codecs
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+import msgspec
+
+import actors
+
+from ..accounting.actor import JobEnded
+from ..clock import uuid7_ms
+from ..cpu.actor import Release
+from ..scheduling.messages import Finished, SetupDone, StartFailed
+from ..store.actor import Save
+from ..records import JobRecord, Output, Started, Terminal, public_record
+from . import joblog
+from .spawner import cancel_keeper, process_alive, wait_process_exit
+
+log = logging.getLogger("motor.execution")
+
+RETENTION_MS = 24 * 3600 * 1000  # scheduling.md, "Retention": 24 hours
+POLL_S = 0.02  # output tail interval while a job runs
+MAX_EVENT_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Reply: True when a signal was sent (or will be, once the keeper exists)."""
+
+
+@dataclass
+class JobDeps:
+    """What every job actor needs: the other actors' refs and the shared resources."""
+
+    config: Any
+    db: Any
+    store: Any  # ActorRef of the store
+    dispatcher: Any  # ActorRef of the dispatcher
+    cpu: Any
+    accounting: Any
+    spawner: Any
+    backend: Any
+    clock: Any
+    jobs_dir: Path
+    workspace_root: Path
+
+
+def job_dir(deps: JobDeps, job_id: str) -> Path:
+    return deps.jobs_dir / job_id
+
+
+def retain_until(record: JobRecord) -> int:
+    return max(record.ended_at_ms or 0, uuid7_ms(record.job_id)) + RETENTION_MS
+
+
+def terminal_from_status(record: JobRecord, status: dict | None, now_ms: int) -> JobRecord:
+    """The terminal record for a job whose keeper has exited (status None: lost)."""
+    if status is None:
+        return msgspec.structs.replace(
+            record, state="lost", ended_at_ms=now_ms, reason="keeper_lost",
+            detail="the job's keeper exited without recording an exit status",
+            waiting_on=None, waiting_on_job=None)
+    reason = status.get("reason")
+    exit_code, signal = status.get("exit_code"), status.get("signal")
+    if reason == "timed_out":
+        state = "timed_out"
+    elif reason == "cancelled":
+        state = "cancelled"
+    elif exit_code == 0 and signal is None:
+        state = "succeeded"
+    else:
+        state = "failed"
+    return msgspec.structs.replace(
+        record, state=state, exit_code=exit_code, signal=signal, reason=reason,
+        detail=status.get("detail") or record.detail,
+        ended_at_ms=status.get("ended_at_ms") or now_ms,
+        started_at_ms=record.started_at_ms or status.get("started_at_ms"),
+        waiting_on=None, waiting_on_job=None)
+
+
+class JobExecution(actors.Actor):
+    inbox_size = 8
+
+    def __init__(self, record: JobRecord, deps: JobDeps):
+        super().__init__(name=f"job-{record.job_id}")
+        self.record = record
+        self.deps = deps
+        self.dir = job_dir(deps, record.job_id)
+        self.keeper: tuple[int, float] | None = None
+        self.cancel_requested = False
+        self._decoders = {s: codecs.getincrementaldecoder("utf-8")("replace")
+                          for s in ("stdout", "stderr")}
+
+    async def on_start(self):
+        self.nursery.start_soon(self._life)
+
+    async def handle(self, msg):
+        if isinstance(msg, Cancel):
+            self.cancel_requested = True
+            if self.keeper is not None:
+                return cancel_keeper(*self.keeper)
+            return True
+        raise TypeError(f"{self.name}: unknown message {msg!r}")
+
+    # -- the job's life -----------------------------------------------------------------
+
+    async def _life(self):
+        kept = joblog.read_keeper(self.dir) if (self.dir / "keeper.json").exists() else None
+        if kept is None and (self.dir / "status.json").exists():
+            kept = {}
+        if kept is None:
+            if not await self._setup():
+                self.stop()
+                return
+        else:
+            if kept:
+                self.keeper = (kept["keeper_pid"], kept["keeper_create_time"])
+            log.info("%s: adopted (keeper %s)", self.name, self.keeper)
+            if self.record.state != "running":
+                await self._mark_running(kept.get("started_at_ms"))
+        if self.cancel_requested and self.keeper is not None:
+            cancel_keeper(*self.keeper)
+        await self._follow()
+        await self._finish()
+        self.stop()
+
+    async def _setup(self) -> bool:
+        deps, record = self.deps, self.record
+        try:
+            cwd = deps.workspace_root / record.workspace
+            cwd.mkdir(parents=True, exist_ok=True)
+            self.dir.mkdir(parents=True, exist_ok=True)
+            env = dict(os.environ)
+            env.update(record.env)
+            env["MOTOR_JOB_ID"] = record.job_id
+            env["MOTOR_WORKSPACE"] = record.workspace
+            env["MOTOR_VCPUS"] = str(record.claim)
+            if record.cpus:
+                env["MOTOR_CPUS"] = ",".join(map(str, record.cpus))
+            spec = {
+                "job_id": record.job_id,
+                "command": record.command,
+                "cwd": str(cwd),
+                "env": env,
+                "cpus": record.cpus,
+                "timeout_s": record.timeout_s,
+                "kill_grace_s": 10.0,
+                **deps.backend.spec_fields(record.job_id, record.cpus, record.memory_max_bytes),
+            }
+            joblog.write_json_atomic(self.dir / "spec.json", spec)
+            handle = await deps.spawner.spawn(self.dir)
+        except Exception as exc:  # a failed start: requeue with the retry delay
+            log.warning("%s: start failed: %s", self.name, exc)
+            await deps.cpu.call(_release(record.job_id))
+            await deps.dispatcher.cast(StartFailed(record.job_id, f"{type(exc).__name__}: {exc}"))
+            return False
+        self.keeper = (handle.pid, handle.create_time)
+        await self._mark_running(None)
+        return True
+
+    async def _mark_running(self, started_at_ms):
+        now = self.deps.clock.now_ms()
+        self.record = msgspec.structs.replace(
+            self.record, state="running", started_at_ms=started_at_ms or now,
+            waiting_on=None, waiting_on_job=None)
+        await self.deps.store.call(_save(self.record, [Started(cpus=self.record.cpus,
+                                                               attempt=self.record.attempts)]))
+        await self.deps.dispatcher.cast(SetupDone(self.record.job_id))
+
+    async def _follow(self):
+        log_path = self.dir / "output.log"
+        offset = self.deps.db.log_offset(self.record.job_id)
+        done = trio.Event()
+
+        async def watch_exit():
+            if self.keeper is not None:
+                await wait_process_exit(*self.keeper)
+            done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_exit)
+            while True:
+                finished = done.is_set()
+                offset = await self._drain(log_path, offset)
+                if finished:
+                    break
+                with trio.move_on_after(POLL_S):
+                    await done.wait()
+
+    async def _drain(self, log_path: Path, offset: int) -> int:
+        while True:
+            try:
+                records, new_offset = joblog.read_records(log_path, offset)
+            except FileNotFoundError:
+                return offset
+            if not records:
+                return offset
+            events, size = [], 0
+            for stream, data in records:
+                text = self._decoders[stream].decode(data)
+                if text:
+                    events.append(Output(stream=stream, data=text))
+                    size += len(data)
+            await self.deps.store.call(_save(self.record, events, log_offset=new_offset))
+            offset = new_offset
+
+    async def _finish(self):
+        deps = self.deps
+        try:
+            status = joblog.read_status(self.dir)
+        except joblog.JobDirError as exc:
+            log.warning("%s: %s", self.name, exc)
+            status = None
+        if status is None and self.keeper is not None and process_alive(*self.keeper):
+            status = None  # cannot happen after wait_process_exit; kept for clarity
+        record = terminal_from_status(self.record, status, deps.clock.now_ms())
+        self.record = record
+        # Capacity first, so whoever sees the terminal event also sees the permits free.
+        await deps.cpu.call(_release(record.job_id))
+        await deps.dispatcher.call(Finished(record.job_id))
+        await deps.store.call(_save(record, [Terminal(record=public_record(record))],
+                                    retain_until_ms=retain_until(record)))
+        await deps.accounting.cast(JobEnded(record.job_id, record.state))
+        log.info("%s: %s (exit %s, signal %s)", self.name, record.state, record.exit_code,
+                 record.signal)
+
+
+def _save(record, events=(), **kw):
+    return Save(record=record, events=list(events), **kw)
+
+
+def _release(job_id):
+    return Release(job_id)

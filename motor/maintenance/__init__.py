@@ -1,0 +1,67 @@
+"""The maintenance actor: periodic work that must happen without any request.
+
+Each pass (at start-up and then every `interval_s`, at least once a minute):
+- retention: deletes job records, events and job directories 24 hours after the later of
+  the job's end and its UUIDv7 time (scheduling.md, "Retention").
+
+Later work adds the slice/capacity re-read and build-folder caps to the same pass.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+import actors
+
+from ..store.actor import Expire
+
+log = logging.getLogger("motor.maintenance")
+
+
+@dataclass(frozen=True)
+class RunPass:
+    """Reply: {"expired": n} once the pass is done (tests and `motor` use it to force a pass)."""
+
+
+class Maintenance(actors.Actor):
+    def __init__(self, *, store: Any, clock: Any, jobs_dir: Path, interval_s: float = 60.0):
+        super().__init__(name="maintenance")
+        self.store = store
+        self.clock = clock
+        self.jobs_dir = jobs_dir
+        self.interval_s = interval_s
+        self.passes = 0
+
+    async def on_start(self):
+        await self._pass()
+        self.nursery.start_soon(self._periodic)
+
+    async def _periodic(self):
+        while True:
+            await trio.sleep(self.interval_s)
+            await self.ref.cast(RunPass())
+
+    async def handle(self, msg):
+        if isinstance(msg, RunPass):
+            return await self._pass()
+        raise TypeError(f"maintenance: unknown message {msg!r}")
+
+    async def _pass(self) -> dict:
+        expired = 0
+        while True:
+            ids = await self.store.call(Expire(self.clock.now_ms()))
+            for job_id in ids:
+                shutil.rmtree(self.jobs_dir / job_id, ignore_errors=True)
+            expired += len(ids)
+            if not ids:
+                break
+        self.passes += 1
+        if expired:
+            log.info("maintenance: expired %d job records", expired)
+        return {"expired": expired}

@@ -1,0 +1,263 @@
+"""The wire and record types of motor: requests, job records, events, refusals.
+
+Decode at the boundary, typed inside.  Wire structs ignore unknown fields so clients and
+runners of different versions can mix; defaults are omitted when encoding.
+
+Field names follow ../shared/design/interface.md; they are the public contract.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, Union
+
+import msgspec
+
+# --- vocabulary -------------------------------------------------------------------------
+
+JobState = Literal[
+    "queued", "setup", "running", "succeeded", "failed", "cancelled", "timed_out",
+    "refused_before_start", "lost",
+]
+TERMINAL_STATES: frozenset[str] = frozenset(
+    {"succeeded", "failed", "cancelled", "timed_out", "refused_before_start", "lost"}
+)
+JobKind = Literal["job", "warm_build", "cache_fill"]
+WorkspaceKind = Literal["task", "head"]
+WaitingOn = Literal["permits", "workspace_owner", "sibling_user", "workspace_setup"]
+
+# Refusal codes and the HTTP status each travels with.
+REFUSAL_HTTP_STATUS: dict[str, int] = {
+    "runner_full": 503,
+    "runner_disk_full": 503,
+    "workspace_setup_failed": 422,
+    "bad_request": 400,
+    "not_found": 404,
+    "history_expired": 410,
+    "body_too_large": 413,
+    "unauthorized": 401,
+    "method_not_allowed": 405,
+    "queue_wait_exceeded": 409,
+    "internal_error": 500,
+}
+#: Codes that mean "refused before start": `motor run` exits 75 on them.
+BEFORE_START_CODES: frozenset[str] = frozenset(
+    {"runner_full", "runner_disk_full", "workspace_setup_failed", "queue_wait_exceeded"}
+)
+
+CAPABILITIES: tuple[str, ...] = ("gate_jobs", "follow", "withdraw")
+WORKSPACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+MAX_COMMAND_ARGS = 4096
+
+
+def valid_workspace_name(name: str) -> bool:
+    """A plain name: no path separators, no `..`, no leading dot or dash."""
+    return bool(WORKSPACE_NAME.fullmatch(name)) and ".." not in name
+
+
+# --- requests ----------------------------------------------------------------------------
+
+
+class JobRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """`POST /v1/jobs`: what a client asks the runner to run."""
+
+    command: list[str]
+    workspace: str = "default"
+    weight_hint: int | None = None
+    queue_wait_limit_s: float | None = None
+    timeout_s: float | None = None
+    gate: bool = False
+    kind: JobKind = "job"
+    workspace_kind: WorkspaceKind = "task"
+    siblings: list[str] = []
+    repository: str | None = None
+    env: dict[str, str] = {}
+    memory_max_bytes: int | None = None
+    bundle_sha256: str | None = None
+    spill_eligible: bool = False
+    capabilities: list[str] = []
+
+
+class RequestError(ValueError):
+    """A request that decoded but breaks a rule; carries the `bad_request` detail."""
+
+
+def validate_request(req: JobRequest) -> None:
+    """Check what msgspec's types cannot; raise RequestError naming the field."""
+    if not req.command:
+        raise RequestError("command must not be empty")
+    if len(req.command) > MAX_COMMAND_ARGS:
+        raise RequestError(f"command has more than {MAX_COMMAND_ARGS} arguments")
+    if not req.command[0]:
+        raise RequestError("command[0] must not be empty")
+    for arg in req.command:
+        if "\x00" in arg:
+            raise RequestError("command arguments must not contain NUL bytes")
+    if not valid_workspace_name(req.workspace):
+        raise RequestError(
+            f"workspace {req.workspace!r} is not a plain name "
+            "(allowed: [A-Za-z0-9][A-Za-z0-9._-]{0,127}, no '..')"
+        )
+    for sib in req.siblings:
+        if not valid_workspace_name(sib):
+            raise RequestError(f"sibling {sib!r} is not a plain workspace name")
+        if sib == req.workspace:
+            raise RequestError(f"sibling {sib!r} is the job's own workspace")
+    if req.weight_hint is not None and req.weight_hint < 0:
+        raise RequestError("weight_hint must not be negative")
+    for field in ("queue_wait_limit_s", "timeout_s"):
+        value = getattr(req, field)
+        if value is not None and (value < 0 or value != value or value == float("inf")):
+            raise RequestError(f"{field} must be a finite number >= 0")
+    if req.memory_max_bytes is not None and req.memory_max_bytes <= 0:
+        raise RequestError("memory_max_bytes must be positive")
+    if req.bundle_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", req.bundle_sha256):
+        raise RequestError("bundle_sha256 must be 64 lowercase hex digits")
+    for key, value in req.env.items():
+        if not key or "=" in key or "\x00" in key or "\x00" in value:
+            raise RequestError(f"env key {key!r} is not a valid variable name")
+
+
+# --- records -----------------------------------------------------------------------------
+
+
+class ReservationUse(msgspec.Struct, kw_only=True):
+    cpu_time_ms: int
+    wall_time_ms: int
+    average_use_ppm: int
+
+
+class JobRecord(msgspec.Struct, kw_only=True, omit_defaults=False):
+    """The durable record of one job (API and `--json` outputs)."""
+
+    job_id: str
+    state: JobState
+    workspace: str
+    workspace_kind: WorkspaceKind = "task"
+    siblings: list[str] = []
+    repository: str | None = None
+    command: list[str] = []
+    kind: JobKind = "job"
+    gate: bool = False
+    claim: int = 2
+    cpus: list[int] | None = None
+    memory_max_bytes: int | None = None
+    accepted_at_ms: int = 0
+    queued_at_ms: int | None = None
+    started_at_ms: int | None = None
+    ended_at_ms: int | None = None
+    queue_wait_ms: int = 0
+    waiting_on: WaitingOn | None = None
+    waiting_on_job: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None
+    detail: str | None = None
+    attempts: int = 0
+    timeout_s: float | None = None
+    queue_wait_limit_s: float | None = None
+    spill_eligible: bool = False
+    follow: bool = False
+    env: dict[str, str] = {}
+    bundle_sha256: str | None = None
+    reservation_use: ReservationUse | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+def public_record(record: JobRecord) -> dict:
+    """The record as the API shows it: `env` withheld, `reservation_use` absent when unmeasured."""
+    data = msgspec.to_builtins(record)
+    data.pop("env", None)
+    if data.get("reservation_use") is None:
+        data.pop("reservation_use", None)
+    return data
+
+
+# --- events ------------------------------------------------------------------------------
+
+
+class Event(msgspec.Struct, kw_only=True, tag_field="event"):
+    """Every event carries `event` (its tag) and `seq` (per job, from 1, increasing)."""
+
+    seq: int = 0
+
+
+class Accepted(Event, tag="accepted"):
+    job_id: str
+    claim: int
+    capabilities: list[str] = []
+
+
+class Queued(Event, tag="queued"):
+    queue_wait_ms: int = 0
+    waiting_on: WaitingOn | None = None
+    waiting_on_job: str | None = None
+    queue_wait_budget_ms: int | None = None
+
+
+class Started(Event, tag="started"):
+    cpus: list[int] | None = None
+    attempt: int = 1
+
+
+class Output(Event, tag="output"):
+    stream: Literal["stdout", "stderr"]
+    data: str
+
+
+class Truncated(Event, tag="truncated"):
+    truncated_before_seq: int
+
+
+class Terminal(Event, tag="terminal"):
+    record: dict
+
+
+AnyEvent = Union[Accepted, Queued, Started, Output, Truncated, Terminal]
+
+_event_decoder = msgspec.json.Decoder(AnyEvent)
+_encoder = msgspec.json.Encoder()
+
+
+def encode_event(event: Event) -> bytes:
+    return _encoder.encode(event)
+
+
+def decode_event(data: bytes | str) -> AnyEvent:
+    return _event_decoder.decode(data)
+
+
+# --- refusals ----------------------------------------------------------------------------
+
+
+class Refusal(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """`{"refused": true, "code", "detail", ...}`: why the runner said no."""
+
+    code: str
+    detail: str
+    refused: bool = True
+    free_bytes: int | None = None
+    floor_bytes: int | None = None
+    job_id: str | None = None
+
+    @property
+    def http_status(self) -> int:
+        return REFUSAL_HTTP_STATUS.get(self.code, 400)
+
+    def line(self) -> str:
+        return f"motor: refused: {self.code}: {self.detail}"
+
+
+class RefusedError(Exception):
+    """Raised by the embedding API and the client when the runner refuses."""
+
+    def __init__(self, refusal: Refusal):
+        super().__init__(refusal.line())
+        self.refusal = refusal
+
+
+def to_json(obj) -> bytes:
+    return _encoder.encode(obj)

@@ -1,0 +1,394 @@
+"""open_runner: the runner's supervisor tree, and the `Runner` facade over it.
+
+```
+runner (one_for_one)
+├── store        StoreActor        sole writer of records and events (SQLite)
+├── cpu          CpuActor          placement state
+├── disk         DiskActor         free-space admission
+├── accounting   AccountingActor   refusal and end counts for health
+├── execution    (dynamic)         one JobExecution per job setting up or running
+├── dispatcher   Dispatcher        queue, permits, start/end/cancel/withdraw
+├── maintenance  Maintenance       retention pass every minute
+└── api          ApiActor          HTTP on the Unix socket (only under `serve`)
+```
+Each subsystem is its own supervisor with its actor as child, so a crash restarts only that
+actor (rebuilding its state from the store) and a crash loop escalates to the root.
+Children start in this order and stop in reverse: the API stops accepting first, the
+store closes last.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import signal
+import sys
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import msgspec
+import trio
+
+import actors
+
+from .accounting.actor import AccountingActor, Report
+from .clock import WallClock, uuid7_ms
+from .config import ConfigError, RunnerConfig
+from .cpu.actor import CpuActor, Snapshot
+from .cpu.topology import (
+    TopologyError, allocatable, claim_limit, kept_back, parse_cpu_list, read_topology,
+    validate_linux_cpus,
+)
+from .disk.actor import DiskActor, Sample
+from .execution.actor import JobDeps
+from .execution.spawner import open_spawner
+from .isolation import IsolationError, choose_backend
+from .maintenance import Maintenance
+from .records import (
+    CAPABILITIES, Event, JobRecord, JobRequest, Queued, Refusal, RefusedError,
+    TERMINAL_STATES, decode_event,
+)
+from .scheduling.actor import DispatchDeps, Dispatcher
+from .scheduling.messages import CancelJob, QueuedView, StatusView, Submit, Withdraw
+from .store.actor import ChangeHub, StoreActor, open_database
+from .store.db import StoreError
+
+log = logging.getLogger("motor.runner")
+
+RETENTION_MS = 24 * 3600 * 1000
+
+
+class StartupError(ConfigError):
+    """The runner cannot start with this configuration on this host (exit status 2)."""
+
+
+class StateDirLock:
+    """One runner per state dir: an exclusive flock on `<state-dir>/runner.lock`."""
+
+    def __init__(self, state_dir: Path):
+        self.path = state_dir / "runner.lock"
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise StartupError(
+                f"state dir {self.path.parent} is in use by another runner (pid {holder})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+def _single(name: str, factory) -> actors.ChildSpec:
+    """A subsystem: its own supervisor with its actor as the only child."""
+    return actors.ChildSpec(name=name, factory=lambda: actors.Supervisor(
+        name, [actors.ChildSpec(name=name, factory=factory)], strategy="one_for_one",
+        intensity=5, period=10.0))
+
+
+@dataclass
+class Host:
+    """What start-up learned about the host: topology, CPUs, isolation backend."""
+
+    topology: Any
+    allowed: tuple[int, ...]
+    kept_back: tuple[int, ...]
+    claim_limit: int
+    backend: Any
+
+
+def probe_host(config: RunnerConfig) -> Host:
+    try:
+        topology = read_topology(config.sysfs_root)
+    except TopologyError as exc:
+        raise StartupError(f"cannot read CPU topology: {exc}") from None
+    linux = None
+    if config.linux_cpus is not None:
+        try:
+            linux = parse_cpu_list(config.linux_cpus)
+            validate_linux_cpus(topology, linux, config.max_weight)
+        except ValueError as exc:
+            raise StartupError(f"--linux-cpus: {exc}") from None
+    allowed = allocatable(topology, linux)
+    if not allowed:
+        raise StartupError("no allocatable CPUs on this host")
+    try:
+        backend = choose_backend(config.isolation)
+    except IsolationError as exc:
+        raise StartupError(str(exc)) from None
+    return Host(
+        topology=topology, allowed=tuple(allowed),
+        kept_back=() if linux is not None else tuple(kept_back(topology)),
+        claim_limit=claim_limit(allowed, config.max_weight, confined=linux is not None),
+        backend=backend,
+    )
+
+
+class Runner:
+    """The embedding API: the same actors `serve` runs, called from Python."""
+
+    capabilities = CAPABILITIES
+
+    def __init__(self, config: RunnerConfig, root: actors.Supervisor, db, hub: ChangeHub,
+                 host: Host, clock):
+        self.config = config
+        self.root = root
+        self.db = db
+        self.hub = hub
+        self.host = host
+        self.clock = clock
+
+    # -- refs -----------------------------------------------------------------------------
+
+    def actor(self, name: str) -> actors.ActorRef:
+        return self.root.ref(name).ref(name)
+
+    @property
+    def dispatcher(self) -> actors.ActorRef:
+        return self.actor("dispatcher")
+
+    # -- jobs -----------------------------------------------------------------------------
+
+    async def submit(self, req: JobRequest, *, follow: bool = False) -> JobRecord:
+        reply = await self.dispatcher.call(Submit(req, follow))
+        if isinstance(reply, Refusal):
+            raise RefusedError(reply)
+        return reply
+
+    async def get(self, job_id: str) -> JobRecord:
+        record = self.db.get(job_id)
+        if record is None:
+            raise RefusedError(self._missing(job_id))
+        if record.state == "queued":
+            live = await self.dispatcher.call(QueuedView(job_id))
+            if live is not None:
+                return live
+        return record
+
+    def _missing(self, job_id: str) -> Refusal:
+        born = uuid7_ms(job_id)
+        if born and born + RETENTION_MS <= self.clock.now_ms():
+            return Refusal(code="history_expired",
+                           detail=f"job {job_id} is older than the 24 h retention")
+        return Refusal(code="not_found", detail=f"no job {job_id} on this runner")
+
+    async def jobs(self, *, all: bool = False) -> list[JobRecord]:
+        if all:
+            return self.db.listing(limit=10_000)
+        return self.db.listing(limit=200)
+
+    async def events(self, job_id: str, from_seq: int = 0) -> AsyncIterator[Event]:
+        """Replay stored events from `from_seq`, then follow until the terminal event.
+
+        While the job is queued, a `queued` heartbeat with the live queue_wait_ms and
+        waiting_on is yielded every heartbeat interval; heartbeats are not stored and
+        repeat the seq of the latest stored event.
+        """
+        record = self.db.get(job_id)
+        if record is None:
+            raise RefusedError(self._missing(job_id))
+        next_seq = max(from_seq, 0)
+        last_seq = 0
+        while True:
+            changed = self.hub.changed(job_id)
+            rows = self.db.events_from(job_id, next_seq)
+            for raw in rows:
+                event = decode_event(raw)
+                yield event
+                next_seq = last_seq = event.seq
+                next_seq += 1
+                if event.__struct_config__.tag == "terminal":
+                    return
+            if rows:
+                continue
+            record = self.db.get(job_id)
+            if record is None:
+                raise RefusedError(self._missing(job_id))
+            if record.state in TERMINAL_STATES and not self.db.events_from(job_id, next_seq):
+                return
+            with trio.move_on_after(self.config.heartbeat_s):
+                await changed.wait()
+                continue
+            if record.state == "queued":
+                live = await self.dispatcher.call(QueuedView(job_id))
+                if live is not None:
+                    yield Queued(seq=last_seq, queue_wait_ms=live.queue_wait_ms,
+                                 waiting_on=live.waiting_on, waiting_on_job=live.waiting_on_job)
+
+    async def cancel(self, job_id: str) -> JobRecord:
+        await self.get(job_id)
+        await self.dispatcher.call(CancelJob(job_id))
+        return await self.get(job_id)
+
+    async def withdraw(self, job_id: str) -> str:
+        await self.get(job_id)
+        answer = await self.dispatcher.call(Withdraw(job_id))
+        if answer == "unknown":  # already ended: it started (or was cancelled) before
+            return "started" if self.db.get(job_id).started_at_ms else "withdrawn"
+        return answer
+
+    # -- reports --------------------------------------------------------------------------
+
+    async def status(self) -> dict:
+        view = await self.dispatcher.call(StatusView())
+        running = []
+        for job_id in view.pop("active"):
+            record = self.db.get(job_id)
+            if record is not None:
+                running.append(msgspec.to_builtins(record) | {"env": None})
+        for item in running:
+            item.pop("env", None)
+        view["running"] = running
+        return view
+
+    async def health(self) -> dict:
+        view = await self.dispatcher.call(StatusView())
+        disk = await self.actor("disk").call(Sample())
+        ledger = await self.actor("accounting").call(Report())
+        cpus = await self.actor("cpu").call(Snapshot())
+        return {
+            "isolation": self.host.backend.health(),
+            "capacity": view["capacity"],
+            "cpus": {"online": cpus["online"], "allowed": cpus["allowed"],
+                     "kept_back": cpus["kept_back"], "jobs": cpus["jobs"]},
+            "disk": {"free_bytes": disk.free_bytes, "total_bytes": disk.total_bytes,
+                     "floor_bytes": self.config.floor_bytes(), "goal_bytes": self.config.goal_bytes()},
+            "admission_refusals": ledger["admission_refusals"],
+            "finished": ledger["finished"],
+            "retained_jobs": self.db.count(),
+        }
+
+    async def workspaces(self) -> list[dict]:
+        roots = self.config.workspace_roots
+        out = []
+        for root in roots:
+            if root.is_dir():
+                for entry in sorted(root.iterdir()):
+                    if entry.is_dir() and not entry.is_symlink():
+                        out.append({"name": entry.name, "root": str(root), "kind": "task"})
+        return out
+
+    def metrics_text(self) -> bytes:
+        return b"# motor metrics arrive with the accounting work\n"
+
+
+@asynccontextmanager
+async def open_runner(config: RunnerConfig, *, api: bool = False) -> AsyncIterator[Runner]:
+    """Start the runner's supervisor tree; stop it in order on exit."""
+    config.validate()
+    state = config.state_path
+    state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    jobs_dir = state / "jobs"
+    jobs_dir.mkdir(exist_ok=True)
+    roots = config.workspace_roots
+    for root in roots:
+        root.mkdir(parents=True, exist_ok=True)
+    lock = StateDirLock(state)
+    lock.acquire()
+    try:
+        host = probe_host(config)
+        if api:
+            from .api.server import SocketInUse, claim_socket_path
+
+            try:
+                await claim_socket_path(config.socket_path)
+            except SocketInUse as exc:
+                raise StartupError(str(exc)) from None
+        try:
+            db = open_database(state)
+        except StoreError as exc:
+            raise StartupError(str(exc)) from None
+        clock = config.clock or WallClock()
+        hub = ChangeHub()
+        try:
+            async with open_spawner() as spawner:
+                tree = _Tree()
+                job_deps = JobDeps(
+                    config=config, db=db, store=None, dispatcher=None, cpu=None,
+                    accounting=None, spawner=spawner, backend=host.backend, clock=clock,
+                    jobs_dir=jobs_dir, workspace_root=roots[0])
+                children = _children(config, host, db, hub, job_deps, tree, api)
+                root = actors.Supervisor("runner", children, strategy="one_for_one",
+                                         intensity=3, period=30.0)
+                tree.root = root
+                tree.runner = runner = Runner(config, root, db, hub, host, clock)
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(root.run)
+                    try:
+                        yield runner
+                    finally:
+                        root.shutdown()
+        finally:
+            db.close()
+    finally:
+        lock.release()
+
+
+class _Tree:
+    """Lets children's factories find their siblings' refs once the root exists."""
+
+    root: actors.Supervisor
+    runner: "Runner"
+
+
+def _children(config, host: Host, db, hub, job_deps: JobDeps, tree: _Tree, api: bool):
+    def recorded_cpus():
+        return {r.job_id: r.cpus for r in db.live() if r.state in ("setup", "running") and r.cpus}
+
+    def dispatcher():
+        root = tree.root
+        job_deps.store = root.ref("store").ref("store")
+        job_deps.cpu = root.ref("cpu").ref("cpu")
+        job_deps.accounting = root.ref("accounting").ref("accounting")
+        return Dispatcher(DispatchDeps(
+            job=job_deps, execution=root.ref("execution"),
+            disk=root.ref("disk").ref("disk"), claim_limit=host.claim_limit,
+            capabilities=CAPABILITIES))
+
+    specs = [
+        _single("store", lambda: StoreActor(db, hub)),
+        _single("cpu", lambda: CpuActor(host.topology, host.allowed, host.kept_back, recorded_cpus)),
+        _single("disk", lambda: DiskActor(config.state_path, config.floor_bytes(), config.goal_bytes())),
+        _single("accounting", AccountingActor),
+        actors.ChildSpec(name="execution", factory=lambda: actors.Supervisor(
+            "execution", [], strategy="one_for_one", intensity=50, period=10.0)),
+        _single("dispatcher", dispatcher),
+        _single("maintenance", lambda: Maintenance(
+            store=tree.root.ref("store").ref("store"), clock=job_deps.clock,
+            jobs_dir=job_deps.jobs_dir)),
+    ]
+    if api:
+        from .api.actor import ApiActor
+
+        specs.append(_single("api", lambda: ApiActor(tree)))
+    return specs
+
+
+# -- serve -----------------------------------------------------------------------------------
+
+
+async def serve_forever(config: RunnerConfig) -> None:
+    """`motor serve`: run the tree with the API until SIGINT/SIGTERM."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with open_runner(config, api=True) as runner:
+            print(f"motor: listening on {config.socket_path}"
+                  + (f" and http://{config.listen}" if config.listen else ""),
+                  f"(state {config.state_path}, isolation {runner.host.backend.name},"
+                  f" max_weight {config.max_weight}, claim limit {runner.host.claim_limit})",
+                  flush=True)
+            async for signum in signals:
+                log.info("runner: %s, stopping (running jobs keep running)",
+                         signal.Signals(signum).name)
+                break

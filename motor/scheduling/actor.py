@@ -1,0 +1,311 @@
+"""The dispatcher actor: the seed's "state lock", as one serializing actor.
+
+It owns the Scheduler core (queue, heads, permits, backfill, retry delays, queue-wait
+clocks) and the records of queued jobs. Every admission, start, end, cancel and withdraw
+passes through its inbox one message at a time; after each message it asks the core which
+heads start now and carries that out: place CPUs (cpu actor), record the CPUs and the
+`setup` state (store) before anything runs, then start the job's actor (execution).
+
+Once a job is setting up, its record belongs to its job actor; the dispatcher keeps only
+the core's view (permits and workspace held) until the job actor reports `Finished`.
+
+On start (runner start-up, or a restart of this actor) it rebuilds the core from the
+store: queued jobs rejoin their workspace queues in id (arrival) order; jobs recorded as
+setting up or running are adopted, and a job actor is started for each that has none.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import trio
+
+import actors
+
+from ..accounting.actor import AdmissionRefused, JobEnded
+from ..clock import uuid7
+from ..config import parse_size
+from ..cpu.actor import Place
+from ..disk.actor import Admit
+from ..execution.actor import Cancel, JobDeps, JobExecution, retain_until
+from ..records import (
+    Accepted, JobRecord, JobRequest, Queued, Refusal, RequestError, Terminal, public_record,
+    validate_request,
+)
+from ..store.actor import Save
+from .core import JobSpec, Scheduler, claim_for, queue_wait_budget_s
+from .messages import (
+    CancelJob, Finished, QueuedView, SetupDone, StartFailed, StatusView, Submit, Tick, Withdraw,
+)
+
+log = logging.getLogger("motor.dispatcher")
+
+
+@dataclass
+class DispatchDeps:
+    job: JobDeps
+    execution: Any  # the execution Supervisor (dynamic children, one per job)
+    disk: Any
+    claim_limit: int
+    capabilities: tuple[str, ...]
+
+
+def spec_of(record: JobRecord) -> JobSpec:
+    return JobSpec(
+        job_id=record.job_id, workspace=record.workspace, siblings=tuple(record.siblings),
+        claim=record.claim, gate=record.gate, kind=record.kind,
+        queue_wait_limit_s=record.queue_wait_limit_s, timeout_s=record.timeout_s,
+        spill_eligible=record.spill_eligible, runner_enforces_budget=not record.follow,
+    )
+
+
+class Dispatcher(actors.Actor):
+    inbox_size = 512
+
+    def __init__(self, deps: DispatchDeps):
+        super().__init__(name="dispatcher")
+        self.deps = deps
+        config = deps.job.config
+        self.core = Scheduler(
+            max_weight=config.max_weight, max_queue_depth=config.max_queue_depth,
+            claim_limit=deps.claim_limit, confined_cpu_list=config.linux_cpus,
+            default_spill_s=config.queue_wait_default_s,
+        )
+        self.queued: dict[str, JobRecord] = {}  # {job_id: record} jobs waiting (owned here)
+        self.active: set[str] = set()  # job ids setting up or running (records owned by job actors)
+        self._timer: trio.CancelScope | None = None
+        self._wakeup = math.inf
+
+    # -- life ---------------------------------------------------------------------------
+
+    async def on_start(self):
+        self.deps.job.dispatcher = self.ref  # job actors report to us; the ref survives restarts
+        await self._recover()
+        self.nursery.start_soon(self._timer_loop)
+        await self._start_heads()
+
+    async def _recover(self):
+        deps = self.deps
+        now = trio.current_time()
+        children = set(deps.execution.children())
+        for record in deps.job.db.live():
+            spec = spec_of(record)
+            if record.state == "queued":
+                self.core.accept(spec, now, force=True)
+                self.core.ready(record.job_id, now)
+                self.queued[record.job_id] = record
+                continue
+            self.core.adopt_running(spec, now)
+            self.active.add(record.job_id)
+            if f"job-{record.job_id}" not in children:
+                await self._start_job_actor(record.job_id)
+        if self.queued or self.active:
+            log.info("dispatcher: recovered %d queued and %d running jobs",
+                     len(self.queued), len(self.active))
+
+    async def _timer_loop(self):
+        while True:
+            with trio.CancelScope(deadline=self._wakeup) as scope:
+                self._timer = scope
+                await trio.sleep_forever()
+            self._timer = None
+            if trio.current_time() >= self._wakeup:
+                self._wakeup = math.inf
+                while not self.ref.alive:  # still in on_start: the inbox opens right after
+                    await trio.sleep(0.001)
+                await self.ref.cast(Tick())
+
+    def _rearm(self):
+        wakeup = self.core.next_wakeup(trio.current_time())
+        self._wakeup = math.inf if wakeup is None else wakeup
+        if self._timer is not None:
+            self._timer.deadline = self._wakeup
+
+    # -- messages -----------------------------------------------------------------------
+
+    async def handle(self, msg):
+        now = trio.current_time()
+        reply = None
+        if isinstance(msg, Submit):
+            reply = await self._submit(msg.request, msg.follow, now)
+        elif isinstance(msg, SetupDone):
+            self.core.setup_done(msg.job_id, now)
+        elif isinstance(msg, StartFailed):
+            await self._start_failed(msg, now)
+        elif isinstance(msg, Finished):
+            self.active.discard(msg.job_id)
+            self.core.finished(msg.job_id, now)
+        elif isinstance(msg, CancelJob):
+            reply = await self._cancel(msg.job_id, now)
+        elif isinstance(msg, Withdraw):
+            reply = await self._withdraw(msg.job_id, now, reason="queue_wait_exceeded")
+        elif isinstance(msg, QueuedView):
+            record = self.queued.get(msg.job_id)
+            reply = None if record is None else self._live_view(record, now)
+        elif isinstance(msg, StatusView):
+            reply = self._status(now)
+        elif isinstance(msg, Tick):
+            for job_id in self.core.expired(now):
+                await self._withdraw(job_id, now, reason="queue_wait_exceeded")
+        else:
+            raise TypeError(f"dispatcher: unknown message {msg!r}")
+        await self._start_heads()
+        return reply
+
+    async def _submit(self, req: JobRequest, follow: bool, now: float):
+        deps = self.deps
+        try:
+            validate_request(req)
+        except RequestError as exc:
+            return Refusal(code="bad_request", detail=str(exc))
+        claim = claim_for(req.weight_hint, req.kind, deps.claim_limit)
+        refusal = self.core.check_claim(claim)
+        if refusal is None:
+            refusal = await deps.disk.call(Admit())
+        gate = req.gate and "gate_jobs" in req.capabilities and "gate_jobs" in deps.capabilities
+        job_id = uuid7(deps.job.clock.now_ms())
+        record = JobRecord(
+            job_id=job_id, state="queued", workspace=req.workspace,
+            workspace_kind=req.workspace_kind, siblings=list(req.siblings),
+            repository=req.repository, command=list(req.command), kind=req.kind, gate=gate,
+            claim=claim, memory_max_bytes=req.memory_max_bytes or claim * _per_vcpu(deps),
+            accepted_at_ms=deps.job.clock.now_ms(), timeout_s=req.timeout_s,
+            queue_wait_limit_s=req.queue_wait_limit_s, spill_eligible=req.spill_eligible,
+            follow=follow, env=dict(req.env), bundle_sha256=req.bundle_sha256,
+        )
+        if refusal is None:
+            core_refusal = self.core.accept(spec_of(record), now)
+            if core_refusal is not None:
+                refusal = Refusal(code=core_refusal.code, detail=core_refusal.detail)
+        if refusal is not None:
+            await deps.job.accounting.cast(AdmissionRefused(refusal.code))
+            return refusal if isinstance(refusal, Refusal) else Refusal(
+                code=refusal.code, detail=refusal.detail)
+        record = msgspec.structs.replace(record, queued_at_ms=record.accepted_at_ms)
+        budget_ms = int(queue_wait_budget_s(spec_of(record),
+                                            default_spill_s=deps.job.config.queue_wait_default_s) * 1000)
+        await deps.job.store.call(Save(record=record, events=[
+            Accepted(job_id=job_id, claim=claim, capabilities=list(deps.capabilities)),
+            Queued(queue_wait_budget_ms=budget_ms),
+        ]))
+        self.core.ready(job_id, now)
+        self.queued[job_id] = record
+        return record
+
+    async def _start_heads(self):
+        deps = self.deps
+        now = trio.current_time()
+        for start in self.core.decide(now):
+            record = self.queued.pop(start.job_id)
+            status = self.core.wait_status(start.job_id, now)
+            cpus = await deps.job.cpu.call(Place(start.job_id, start.claim))
+            record = msgspec.structs.replace(
+                record, state="setup", cpus=cpus, attempts=record.attempts + 1,
+                queue_wait_ms=status.queue_wait_ms, waiting_on=None, waiting_on_job=None)
+            await deps.job.store.call(Save(record=record))
+            self.active.add(start.job_id)
+            await self._start_job_actor(start.job_id)
+        self._rearm()
+
+    async def _start_job_actor(self, job_id: str):
+        deps = self.deps
+
+        def factory():
+            return JobExecution(deps.job.db.get(job_id), deps.job)
+
+        await deps.execution.start_child(
+            actors.ChildSpec(name=f"job-{job_id}", factory=factory, restart="transient"))
+
+    async def _start_failed(self, msg: StartFailed, now: float):
+        self.active.discard(msg.job_id)
+        self.core.start_failed(msg.job_id, now, cleanup_pending=msg.cleanup_pending)
+        record = self.deps.job.db.get(msg.job_id)
+        record = msgspec.structs.replace(record, state="queued", cpus=None, detail=msg.detail)
+        self.queued[msg.job_id] = record
+        await self.deps.job.store.call(Save(record=record, events=[
+            Queued(**self._wait_fields(msg.job_id, now))]))
+
+    async def _cancel(self, job_id: str, now: float) -> str:
+        if job_id in self.queued:
+            self.core.cancel(job_id, now)
+            await self._end_queued(job_id, now, state="cancelled", reason="cancelled",
+                                   detail="cancelled before start")
+            return "cancelled"
+        if job_id in self.active:
+            ref = self._job_ref(job_id)
+            if ref is not None:
+                try:
+                    await ref.call(Cancel(), timeout=10)
+                except actors.ActorDead:
+                    pass
+            return "signalled"
+        return "unknown"
+
+    async def _withdraw(self, job_id: str, now: float, *, reason: str) -> str:
+        if job_id not in self.queued:
+            return "started" if job_id in self.active else "unknown"
+        waited_ms = self.core.wait_status(job_id, now).queue_wait_ms
+        budget_s = self._budget_s(job_id)
+        answer = self.core.withdraw(job_id, now)
+        if answer == "withdrawn":
+            await self._end_queued(
+                job_id, now, state="refused_before_start", reason=reason,
+                detail=f"queue wait budget of {budget_s:g} s exhausted before start "
+                       f"(waited {waited_ms} ms for capacity)",
+                queue_wait_ms=waited_ms)
+        return answer
+
+    async def _end_queued(self, job_id, now, *, state, reason, detail, queue_wait_ms=None):
+        record = self.queued.pop(job_id)
+        ended = self.deps.job.clock.now_ms()
+        record = msgspec.structs.replace(
+            record, state=state, reason=reason, detail=detail, ended_at_ms=ended,
+            waiting_on=None, waiting_on_job=None,
+            queue_wait_ms=record.queue_wait_ms if queue_wait_ms is None else queue_wait_ms)
+        await self.deps.job.store.call(Save(
+            record=record, events=[Terminal(record=public_record(record))],
+            retain_until_ms=retain_until(record)))
+        await self.deps.job.accounting.cast(JobEnded(job_id, state))
+
+    # -- views ---------------------------------------------------------------------------
+
+    def _budget_s(self, job_id: str) -> float:
+        return queue_wait_budget_s(spec_of(self.queued[job_id]),
+                                   default_spill_s=self.deps.job.config.queue_wait_default_s)
+
+    def _wait_fields(self, job_id: str, now: float) -> dict:
+        status = self.core.wait_status(job_id, now)
+        return {"queue_wait_ms": status.queue_wait_ms, "waiting_on": status.waiting_on,
+                "waiting_on_job": status.waiting_on_job}
+
+    def _live_view(self, record: JobRecord, now: float) -> JobRecord:
+        return msgspec.structs.replace(record, **self._wait_fields(record.job_id, now))
+
+    def _status(self, now: float) -> dict:
+        stats = self.core.statistics()
+        return {
+            "queued": [public_record(self._live_view(r, now)) for r in self.queued.values()],
+            "active": sorted(self.active),
+            "capacity": {
+                "max_weight": self.deps.job.config.max_weight,
+                "claim_limit": self.deps.claim_limit,
+                "held_permits": stats.held_permits,
+                "setup_permits": stats.setup_permits,
+                "max_queue_depth": self.deps.job.config.max_queue_depth,
+                "pending_jobs": stats.pending,
+            },
+        }
+
+    def _job_ref(self, job_id: str):
+        try:
+            return self.deps.execution.ref(f"job-{job_id}")
+        except KeyError:
+            return None
+
+
+def _per_vcpu(deps: DispatchDeps) -> int:
+    return parse_size(deps.job.config.memory_per_vcpu_bytes)

@@ -1,0 +1,63 @@
+"""The dispatcher's inbox: what the api, the job actors and maintenance send it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..records import JobRequest
+
+
+@dataclass(frozen=True)
+class Submit:
+    """Reply: the accepted JobRecord, or a Refusal."""
+
+    request: JobRequest
+    follow: bool = False
+
+
+@dataclass(frozen=True)
+class SetupDone:
+    job_id: str
+
+
+@dataclass(frozen=True)
+class StartFailed:
+    job_id: str
+    detail: str
+    cleanup_pending: bool = False
+
+
+@dataclass(frozen=True)
+class Finished:
+    job_id: str
+
+
+@dataclass(frozen=True)
+class CancelJob:
+    """Reply: "cancelled" (was queued), "signalled" (running: the keeper ends it), "ended", "unknown"."""
+
+    job_id: str
+
+
+@dataclass(frozen=True)
+class Withdraw:
+    """Reply: "withdrawn" | "started" | "unknown"."""
+
+    job_id: str
+
+
+@dataclass(frozen=True)
+class QueuedView:
+    """Reply: the queued record of `job_id` with live queue_wait_ms/waiting_on, or None."""
+
+    job_id: str
+
+
+@dataclass(frozen=True)
+class StatusView:
+    """Reply: {"queued": [records], "capacity": {...}}."""
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Internal: a retry delay, grace or budget deadline has passed."""

@@ -1,0 +1,84 @@
+"""The store actor: every write of a job record or event goes through its inbox.
+
+Readers (event replay, listings) read the database directly: they never write, and
+SQLite in WAL mode gives them a consistent snapshot. Followers of a job wait on
+`StoreActor.changed(job_id)`, which the actor fires after each commit for that job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import trio
+
+import actors
+
+from ..records import Event, JobRecord
+from .db import Database
+
+
+@dataclass(frozen=True)
+class Save:
+    """Upsert `record` and append `events` atomically; reply: the events with their seqs."""
+
+    record: JobRecord
+    events: Sequence[Event] = ()
+    log_offset: int | None = None
+    retain_until_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class Expire:
+    now_ms: int
+
+
+class ChangeHub:
+    """Wakes followers of a job after each commit that touches it.
+
+    Lives outside the actor so followers keep waiting across a restart of the store actor.
+    """
+
+    def __init__(self) -> None:
+        self._events: dict[str, trio.Event] = {}  # {job_id: Event} only for followed jobs
+
+    def changed(self, job_id: str) -> trio.Event:
+        """An Event set at the next commit touching `job_id` (shared by all its followers)."""
+        event = self._events.get(job_id)
+        if event is None:
+            event = self._events[job_id] = trio.Event()
+        return event
+
+    def fire(self, job_id: str) -> None:
+        event = self._events.pop(job_id, None)
+        if event is not None:
+            event.set()
+
+
+class StoreActor(actors.Actor):
+    inbox_size = 256
+
+    def __init__(self, db: Database, hub: ChangeHub):
+        super().__init__(name="store")
+        self.db = db
+        self.hub = hub
+        self.saves = 0
+
+    async def handle(self, msg):
+        if isinstance(msg, Save):
+            stamped = self.db.save(msg.record, msg.events, log_offset=msg.log_offset,
+                                   retain_until_ms=msg.retain_until_ms)
+            self.saves += 1
+            self.hub.fire(msg.record.job_id)
+            return stamped
+        if isinstance(msg, Expire):
+            ids = self.db.expire(msg.now_ms)
+            for job_id in ids:
+                self.hub.fire(job_id)
+            return ids
+        raise TypeError(f"store: unknown message {msg!r}")
+
+
+def open_database(state_dir: Path) -> Database:
+    return Database(state_dir / "motor.db")

@@ -1,0 +1,170 @@
+"""SQLite storage of job records and events (the durable half of the store subsystem).
+
+Theory of operation
+-------------------
+One database file, `<state-dir>/motor.db`, in WAL mode with `synchronous=NORMAL`: a crash of
+the runner loses nothing committed; a power cut may lose the last commits, never corrupt.
+The store actor is the only writer; readers (event replay, listings) use the same
+connection from the same trio thread, which SQLite serialises for us.
+
+Tables
+  jobs(job_id PK, state, terminal, record JSON, log_offset, next_seq, retain_until_ms)
+      `record` is the msgspec-encoded JobRecord; `log_offset` is how far the keeper's
+      output.log has been turned into events (advanced in the same transaction as the
+      events, so a restart never duplicates or drops output); `next_seq` the next event seq.
+  events(job_id, seq, data JSON) WITHOUT ROWID, primary key (job_id, seq).
+  meta(key PK, value)   schema version.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import msgspec
+
+from ..records import JobRecord, encode_event, Event, TERMINAL_STATES
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
+    terminal INTEGER NOT NULL DEFAULT 0,
+    record BLOB NOT NULL,
+    log_offset INTEGER NOT NULL DEFAULT 0,
+    next_seq INTEGER NOT NULL DEFAULT 1,
+    retain_until_ms INTEGER
+);
+CREATE INDEX IF NOT EXISTS jobs_live ON jobs(terminal, job_id);
+CREATE INDEX IF NOT EXISTS jobs_retention ON jobs(retain_until_ms) WHERE terminal = 1;
+CREATE TABLE IF NOT EXISTS events (
+    job_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (job_id, seq)
+) WITHOUT ROWID;
+"""
+
+_record_decoder = msgspec.json.Decoder(JobRecord)
+_encoder = msgspec.json.Encoder()
+
+
+class StoreError(RuntimeError):
+    """The database could not be opened or is not motor's."""
+
+
+class Database:
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")
+            self.conn.execute("PRAGMA busy_timeout=5000")
+            self.conn.executescript(_SCHEMA)
+            row = self.conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"cannot open job database {path}: {exc}") from None
+        if row is None:
+            self.conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) > SCHEMA_VERSION:
+            raise StoreError(f"{path} has schema {row[0]}, newer than this motor ({SCHEMA_VERSION})")
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # -- writes (store actor only) ----------------------------------------------------------
+
+    def save(self, record: JobRecord, events: Sequence[Event] = (), *,
+             log_offset: int | None = None, retain_until_ms: int | None = None) -> list[Event]:
+        """Upsert a record and append events (seqs assigned here) in one transaction."""
+        conn = self.conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            row = conn.execute(
+                "SELECT next_seq, log_offset FROM jobs WHERE job_id=?", (record.job_id,)
+            ).fetchone()
+            next_seq, old_offset = row if row else (1, 0)
+            stamped = []
+            for event in events:
+                event.seq = next_seq
+                next_seq += 1
+                stamped.append(event)
+            conn.executemany(
+                "INSERT INTO events VALUES (?, ?, ?)",
+                [(record.job_id, e.seq, encode_event(e)) for e in stamped],
+            )
+            terminal = record.state in TERMINAL_STATES
+            conn.execute(
+                "INSERT INTO jobs (job_id, state, terminal, record, log_offset, next_seq, retain_until_ms)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT(job_id) DO UPDATE SET state=excluded.state, terminal=excluded.terminal,"
+                " record=excluded.record, log_offset=excluded.log_offset, next_seq=excluded.next_seq,"
+                " retain_until_ms=excluded.retain_until_ms",
+                (record.job_id, record.state, int(terminal), _encoder.encode(record),
+                 old_offset if log_offset is None else log_offset, next_seq, retain_until_ms),
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        return stamped
+
+    def expire(self, now_ms: int, limit: int = 1000) -> list[str]:
+        """Delete terminal jobs whose retention has passed; returns their ids."""
+        ids = [r[0] for r in self.conn.execute(
+            "SELECT job_id FROM jobs WHERE terminal=1 AND retain_until_ms <= ? LIMIT ?",
+            (now_ms, limit))]
+        if ids:
+            self.conn.execute("BEGIN IMMEDIATE")
+            try:
+                for job_id in ids:
+                    self.conn.execute("DELETE FROM events WHERE job_id=?", (job_id,))
+                    self.conn.execute("DELETE FROM jobs WHERE job_id=?", (job_id,))
+                self.conn.execute("COMMIT")
+            except BaseException:
+                self.conn.execute("ROLLBACK")
+                raise
+        return ids
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> JobRecord | None:
+        row = self.conn.execute("SELECT record FROM jobs WHERE job_id=?", (job_id,)).fetchone()
+        return _record_decoder.decode(row[0]) if row else None
+
+    def log_offset(self, job_id: str) -> int:
+        row = self.conn.execute("SELECT log_offset FROM jobs WHERE job_id=?", (job_id,)).fetchone()
+        return row[0] if row else 0
+
+    def live(self) -> list[JobRecord]:
+        """Jobs not yet terminal, oldest (by UUIDv7 id) first."""
+        return [_record_decoder.decode(r[0]) for r in self.conn.execute(
+            "SELECT record FROM jobs WHERE terminal=0 ORDER BY job_id")]
+
+    def listing(self, *, limit: int = 200, terminal: bool | None = None) -> list[JobRecord]:
+        """Newest first."""
+        if terminal is None:
+            rows = self.conn.execute(
+                "SELECT record FROM jobs ORDER BY job_id DESC LIMIT ?", (limit,))
+        else:
+            rows = self.conn.execute(
+                "SELECT record FROM jobs WHERE terminal=? ORDER BY job_id DESC LIMIT ?",
+                (int(terminal), limit))
+        return [_record_decoder.decode(r[0]) for r in rows]
+
+    def iter_terminal(self) -> Iterable[JobRecord]:
+        for (blob,) in self.conn.execute("SELECT record FROM jobs WHERE terminal=1"):
+            yield _record_decoder.decode(blob)
+
+    def events_from(self, job_id: str, from_seq: int, limit: int = 500) -> list[bytes]:
+        return [r[0] for r in self.conn.execute(
+            "SELECT data FROM events WHERE job_id=? AND seq>=? ORDER BY seq LIMIT ?",
+            (job_id, from_seq, limit))]
+
+    def count(self) -> int:
+        return self.conn.execute("SELECT count(*) FROM jobs").fetchone()[0]

@@ -1,0 +1,105 @@
+"""Fixtures shared by the whole suite: a real `python -m motor serve` and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def motor_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.pop("MOTOR_SOCKET", None)
+    env.pop("MOTOR_STATE_DIR", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+class Serve:
+    """A real runner process on a temporary state dir and socket."""
+
+    def __init__(self, state_dir: Path, *args: str):
+        self.state_dir = state_dir
+        self.socket = state_dir / "motor.sock"
+        self.args = ["--state-dir", str(state_dir), "--free-space-floor-bytes", "0", *args]
+        self.proc: subprocess.Popen | None = None
+        self.log = state_dir.parent / f"{state_dir.name}-serve.log"
+
+    def start(self, timeout: float = 30.0) -> "Serve":
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        seen = self.log.stat().st_size if self.log.exists() else 0
+        with open(self.log, "ab") as logf:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "motor", "serve", *self.args],
+                stdout=logf, stderr=subprocess.STDOUT, env=motor_env(), cwd=ROOT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"serve exited {self.proc.returncode}: "
+                                   f"{self.log.read_bytes()[seen:].decode(errors='replace')}")
+            if b"listening on" in self.log.read_bytes()[seen:]:
+                return self
+            time.sleep(0.02)
+        raise RuntimeError(f"serve did not start: {self.log.read_text()}")
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+    def kill9(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def cli(self, *args: str, timeout: float = 60.0, input: bytes | None = None,
+            json_output: bool = False) -> subprocess.CompletedProcess:
+        """`motor <command> --socket <ours> [--json] <rest>`."""
+        flags = ["--socket", str(self.socket)] + (["--json"] if json_output else [])
+        return subprocess.run(
+            [sys.executable, "-m", "motor", *args[:1], *flags, *args[1:]],
+            capture_output=True, timeout=timeout, env=motor_env(), cwd=ROOT, input=input)
+
+    def cli_json(self, *args: str, **kw):
+        result = self.cli(*args, json_output=True, **kw)
+        assert result.returncode == 0, result.stderr.decode()
+        return json.loads(result.stdout)
+
+
+@pytest.fixture
+def serve_factory(tmp_path):
+    started: list[Serve] = []
+
+    def make(*args: str, state_dir: Path | None = None) -> Serve:
+        s = Serve(state_dir or tmp_path / "state", *args)
+        started.append(s)
+        return s
+
+    yield make
+    for s in started:
+        if s.proc is not None and s.proc.poll() is None:
+            s.stop()
+    # keepers of jobs still running in a test's state dir: end them
+    from motor.execution.spawner import cancel_keeper
+
+    for s in started:
+        for kj in (s.state_dir / "jobs").glob("*/keeper.json"):
+            try:
+                kept = json.loads(kj.read_text())
+                cancel_keeper(kept["keeper_pid"], kept["keeper_create_time"])
+            except (OSError, ValueError, KeyError):
+                pass
+
+
+@pytest.fixture
+def serve(serve_factory):
+    return serve_factory().start()

@@ -1,0 +1,99 @@
+"""A few hundred bad requests at a real `serve`: each gets a clear error, then a job runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def bad_bodies() -> list[tuple[bytes, str]]:
+    """(body, expected code) pairs for POST /v1/jobs."""
+    cases: list[tuple[bytes, str]] = [
+        (b"{", "bad_request"),
+        (b"not json at all", "bad_request"),
+        (b"[]", "bad_request"),
+        (b"null", "bad_request"),
+        (b'{"command": "echo hi"}', "bad_request"),
+        (b'{"command": []}', "bad_request"),
+        (b'{"command": [""]}', "bad_request"),
+        (b'{"command": [1, 2]}', "bad_request"),
+        (b'{"command": ["true"], "weight_hint": "four"}', "bad_request"),
+        (b'{"command": ["true"], "weight_hint": -1}', "bad_request"),
+        (b'{"command": ["true"], "timeout_s": -5}', "bad_request"),
+        (b'{"command": ["true"], "kind": "mining"}', "bad_request"),
+        (b'{"command": ["true"], "env": {"A=B": "c"}}', "bad_request"),
+        (b'{"command": ["true"], "siblings": ["../x"]}', "bad_request"),
+        (b'{"command": ["true"], "bundle_sha256": "zz"}', "bad_request"),
+        (b'{"command": ["a\\u0000b"]}', "bad_request"),
+        (b"\xff\xfe\x00garbage", "bad_request"),
+    ]
+    for name in ("..", ".", "a/b", "/abs", "../../etc", "", " ", "-x", "a" * 200, "x\ny", ".hidden"):
+        cases.append((json.dumps({"command": ["true"], "workspace": name}).encode(), "bad_request"))
+    return cases
+
+
+def test_hundreds_of_bad_requests_then_a_job_runs(serve):
+    transport = httpx.HTTPTransport(uds=str(serve.socket))
+    rng = random.Random(7)
+    seen = 0
+    with httpx.Client(transport=transport, base_url="http://motor", timeout=10) as client:
+        bodies = bad_bodies()
+        for round_ in range(8):
+            for body, code in bodies:
+                r = client.post("/v1/jobs", content=body,
+                                headers={"content-type": "application/json"})
+                assert r.status_code == 400, (body, r.status_code, r.text)
+                data = r.json()
+                assert data["code"] == code and data["detail"], (body, data)
+                seen += 1
+            # oversized body
+            r = client.post("/v1/jobs", content=b"[" + b"1," * 600_000 + b"1]")
+            assert r.status_code == 413 and r.json()["code"], r.text
+            seen += 1
+            for path in ("/nope", "/v1/jobs/../../etc/passwd", "/v1/jobs/x/y/z", "/v2/jobs"):
+                r = client.get(path)
+                assert r.status_code == 404 and r.json()["code"] == "not_found", (path, r.text)
+                seen += 1
+            r = client.get("/v1/jobs/not-a-job-id")
+            assert r.status_code == 404 and r.json()["detail"]
+            r = client.delete("/v1/jobs")
+            assert r.status_code in (404, 405) and r.json()["code"]
+            seen += 2
+        # garbage bytes straight onto the socket, and half-open connections. A few
+        # connections send garbage without ever finishing a request head: they stay open
+        # (hypercorn drops them after its read timeout) while everything else is served.
+        idle = []
+        for _ in range(5):
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(str(serve.socket))
+            s.sendall(os.urandom(64).replace(b"\n", b"x"))
+            idle.append(s)
+        for i in range(60):
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(str(serve.socket))
+                s.settimeout(10)
+                if i % 3 == 0:
+                    s.sendall(os.urandom(rng.randint(1, 2048)) + b"\r\n\r\n")
+                elif i % 3 == 1:
+                    s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: zz\r\n\r\n")
+                else:
+                    s.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\n{")
+                    s.shutdown(socket.SHUT_WR)
+                try:
+                    s.recv(4096)
+                except (socket.timeout, ConnectionResetError):
+                    pass
+                seen += 1
+    assert seen >= 300
+    for s in idle:
+        s.close()
+    result = serve.cli("run", "--", "sh", "-c", "echo still serving")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == b"still serving\n"

@@ -1,0 +1,150 @@
+"""End to end: a real `python -m motor serve` on a temporary socket, driven by the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+
+def json_lines(out: bytes) -> list[dict]:
+    return [json.loads(line) for line in out.decode().splitlines() if line.strip()]
+
+
+def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
+    """Bounded polling of an outside process's state (no sleep-and-hope: fails loudly)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_run_exits_with_the_jobs_exit_status(serve):
+    result = serve.cli("run", "--", "sh", "-c", "echo to-out; echo to-err >&2; exit 3")
+    assert result.returncode == 3, result.stderr
+    assert result.stdout == b"to-out\n"
+    assert result.stderr == b"to-err\n"
+
+
+def test_signal_death_exits_128_plus_n(serve):
+    result = serve.cli("run", "--", "sh", "-c", "kill -TERM $$")
+    assert result.returncode == 128 + 15
+
+
+def test_socket_is_private(serve):
+    mode = stat.S_IMODE(os.stat(serve.socket).st_mode)
+    assert mode == 0o600
+
+
+def test_job_affinity_equals_the_cpus_in_its_record(serve):
+    result = serve.cli("run", "--json", "--weight", "1", "--",
+                       "sh", "-c", "grep Cpus_allowed_list /proc/self/status")
+    assert result.returncode == 0, result.stderr
+    events = json_lines(result.stdout)
+    started = next(e for e in events if e["event"] == "started")
+    output = "".join(e["data"] for e in events if e["event"] == "output")
+    terminal = events[-1]
+    assert terminal["event"] == "terminal"
+    assert terminal["record"]["cpus"] == started["cpus"]
+    assert len(started["cpus"]) == 1
+    allowed = output.split(":", 1)[1].strip()
+    assert allowed == str(started["cpus"][0])
+
+
+def test_claims_are_exact_and_unsized_jobs_always_claim_two(serve):
+    """The claim is exactly weight_hint, else 2; the command's -j and env never change it."""
+    unsized = serve.cli_json("submit", "--env", "CARGO_BUILD_JOBS=16", "--", "make", "-j16")
+    assert unsized["claim"] == 2
+    sized = serve.cli_json("submit", "--weight", "1", "--workspace", "w2", "--", "make", "-j8")
+    assert sized["claim"] == 1
+    for job in (unsized, sized):
+        serve.cli("cancel", job["job_id"])
+
+
+def test_oversized_and_zero_claims_are_refused_before_start_with_limit_detail(serve):
+    limit = len(os.sched_getaffinity(0)) if len(os.sched_getaffinity(0)) < 8 else None
+    for weight in ("0", "999"):
+        result = serve.cli("submit", "--weight", weight, "--", "true")
+        assert result.returncode == 75, result
+        line = result.stderr.decode().strip()
+        assert line.startswith("motor: refused: runner_full: "), line
+        assert "limit" in line
+        if limit is not None:
+            assert f"{limit} vCPUs" in line or f"limit of {limit}" in line, line
+    assert serve.cli_json("jobs", "--all") == []  # refused before any record was accepted
+    health = serve.cli_json("health")
+    assert health["admission_refusals"]["runner_full"] == 2
+
+
+def test_oversized_vcpu_refusal_detail_reaches_the_run_terminal(serve):
+    result = serve.cli("run", "--weight", "999", "--", "true")
+    assert result.returncode == 75
+    assert result.stderr.decode().startswith("motor: refused: runner_full: ")
+    assert "999" in result.stderr.decode() and "limit" in result.stderr.decode()
+    as_json = serve.cli("run", "--json", "--weight", "999", "--", "true")
+    assert as_json.returncode == 75
+    last = json_lines(as_json.stdout)[-1]
+    assert last["event"] == "terminal"
+    assert last["record"]["state"] == "refused_before_start"
+    assert last["record"]["reason"] == "runner_full"
+    assert "limit" in last["record"]["detail"]
+
+
+def test_records_and_output_survive_a_restart(serve_factory):
+    serve = serve_factory().start()
+    result = serve.cli("run", "--json", "--", "sh", "-c", "echo kept")
+    job_id = json_lines(result.stdout)[-1]["record"]["job_id"]
+    assert serve.stop() == 0
+    serve.start()
+    record = serve.cli_json("jobs", "--all")
+    assert [r["job_id"] for r in record] == [job_id]
+    replay = serve.cli("attach", job_id, "--from-seq", "0")
+    assert replay.returncode == 0
+    assert replay.stdout == b"kept\n"
+
+
+def test_only_one_runner_per_state_dir(serve, serve_factory):
+    second = serve_factory(state_dir=serve.state_dir)
+    second.args += ["--socket", str(serve.state_dir / "other.sock")]
+    with pytest.raises(RuntimeError, match="in use by another runner"):
+        second.start()
+    assert second.proc.returncode == 2
+
+
+def test_bad_serve_options_print_one_line_and_exit_2(serve_factory, tmp_path):
+    for args in (["--max-weight", "x"], ["--isolation", "bogus"], ["--no-such-option"],
+                 ["--linux-cpus", ""], ["--linux-cpus", "0", "--max-weight", "0"],
+                 ["--linux-cpus", "4096"], ["--config", str(tmp_path / "missing.toml")]):
+        s = serve_factory(state_dir=tmp_path / "bad")
+        s.args += args
+        with pytest.raises(RuntimeError):
+            s.start()
+        assert s.proc.returncode == 2, args
+        lines = [l for l in s.log.read_text().splitlines() if l.strip()]
+        assert len(lines) == 1, (args, lines)
+        assert lines[0].startswith("motor: error:") or "usage" not in lines[0], lines
+        s.log.unlink()
+
+
+def test_cancel_and_withdraw(serve):
+    running = serve.cli_json("submit", "--workspace", "c1", "--", "sleep", "60")
+    queued = serve.cli_json("submit", "--workspace", "c1", "--", "true")  # behind its owner
+    assert serve.cli("withdraw", queued["job_id"]).stdout.strip() == b"withdrawn"
+    withdrawn = json_lines(serve.cli("attach", "--json", queued["job_id"]).stdout)[-1]["record"]
+    assert withdrawn["state"] == "refused_before_start"
+    assert withdrawn["reason"] == "queue_wait_exceeded"
+    wait_for(lambda: serve.cli_json("status")["running"], what="the sleeper to run")
+    assert serve.cli("withdraw", running["job_id"]).stdout.strip() == b"started"
+    assert serve.cli("cancel", running["job_id"]).returncode == 0
+    result = serve.cli("attach", running["job_id"])
+    assert result.returncode == 130
+    assert serve.cli("cancel", running["job_id"]).returncode == 0  # idempotent
