@@ -9,6 +9,7 @@ checks their identity with ``process_alive`` (pid + create time).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -181,12 +182,33 @@ class _Forkserver:
                 await self.proc.stdin.aclose()
             except trio.BrokenResourceError:  # pragma: no cover
                 pass
-            with trio.move_on_after(timeout):
+            with _real_move_on_after(timeout):
                 await self.proc.wait()
             if self.proc.returncode is None:
                 self.proc.kill()
                 await self.proc.wait()
             await self.proc.stdout.aclose()
+
+
+def _mock_clock() -> bool:
+    import trio.testing
+
+    return isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock)
+
+
+def _real_fail_after(seconds: float):
+    """A guard against a hung forkserver, in real seconds.
+
+    Under a test's MockClock virtual time jumps while we wait on a real process, so a
+    virtual deadline would fire at once: the guard is off there (the tests bound their
+    own run time)."""
+    return contextlib.nullcontext() if _mock_clock() else trio.fail_after(seconds)
+
+
+def _real_move_on_after(seconds: float):
+    if _mock_clock():
+        return trio.move_on_after(seconds) if seconds <= 0 else contextlib.nullcontext()
+    return trio.move_on_after(seconds)
 
 
 class Spawner:
@@ -221,7 +243,7 @@ class Spawner:
         server = _Forkserver(proc)
         try:
             with trio.CancelScope(shield=True):
-                with trio.fail_after(STARTUP_TIMEOUT_S):
+                with _real_fail_after(STARTUP_TIMEOUT_S):
                     hello = await server.read_line()
             if not hello.get("ready"):
                 raise SpawnerError(f"unexpected forkserver greeting {hello!r}")
@@ -281,7 +303,7 @@ class Spawner:
                 if attempt == 2:
                     raise SpawnerError(f"forkserver pipe broken: {exc!r}") from exc
         try:
-            with trio.fail_after(SPAWN_TIMEOUT_S):
+            with _real_fail_after(SPAWN_TIMEOUT_S):
                 while True:
                     resp = await server.read_line()
                     if resp.get("id") == req_id:

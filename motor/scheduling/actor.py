@@ -37,7 +37,7 @@ from ..records import (
     validate_request,
 )
 from ..store.actor import Save
-from .core import JobSpec, Scheduler, claim_for, queue_wait_budget_s
+from .core import JobSpec, Scheduler, claim_for, gate_honoured, queue_wait_budget_s
 from .messages import (
     CancelJob, Finished, QueuedView, SetupDone, StartFailed, StatusView, Submit, Tick, Withdraw,
 )
@@ -166,7 +166,7 @@ class Dispatcher(actors.Actor):
         refusal = self.core.check_claim(claim)
         if refusal is None:
             refusal = await deps.disk.call(Admit())
-        gate = req.gate and "gate_jobs" in req.capabilities and "gate_jobs" in deps.capabilities
+        gate = gate_honoured(req.gate, req.capabilities) and "gate_jobs" in deps.capabilities
         job_id = uuid7(deps.job.clock.now_ms())
         record = JobRecord(
             job_id=job_id, state="queued", workspace=req.workspace,

@@ -1,0 +1,67 @@
+"""The Backend interface and the two backends that need no cgroups (`affinity`, `none`)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+
+
+class IsolationError(RuntimeError):
+    """The requested backend cannot work on this host, or a job's group could not be made."""
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One isolation backend. The base class is the `affinity`/`none` behaviour.
+
+    Call order for one job (see docs/isolation.md):
+
+    - `prepare(job_id, cpus, memory_max)` before writing spec.json; its dict is merged into
+      the spec. Raises `IsolationError` when the job cannot be confined (a failed start).
+    - `finish(job_id, signal=...)` after the keeper exited (also after a failed start that
+      came after `prepare`). Never raises; returns `{"oom_killed", "cpu_time_ms", ...}`.
+    - `adopt(job_id)` when a runner re-adopts a job after a restart: True when the job's
+      confinement is still in place.
+    """
+
+    name: str
+    enforces: tuple[str, ...]  # subset of ("cpus", "memory")
+    notes: tuple[str, ...] = field(default=())
+
+    def spec_fields(self, job_id: str, cpus: list[int] | None, memory_max: int | None) -> dict:
+        """What the keeper's spec.json needs to confine this job (no side effects here)."""
+        return {"pin": "cpus" in self.enforces and bool(cpus), "cgroup_procs": []}
+
+    def prepare(self, job_id: str, cpus: list[int] | None, memory_max: int | None) -> dict:
+        """Create whatever confines the job; return the spec.json fields."""
+        return self.spec_fields(job_id, cpus, memory_max)
+
+    def finish(self, job_id: str, signal: int | None = None) -> dict:
+        """After the keeper exited: OOM verdict and accounting, then tear down."""
+        return {"oom_killed": False, "cpu_time_ms": None}
+
+    def adopt(self, job_id: str) -> bool:
+        """Re-adoption after a runner restart: is the job's confinement still there?"""
+        return True
+
+    def parent_memory_limit(self) -> int | None:
+        """The memory ceiling of all jobs together (the jobs slice), None when unlimited."""
+        return None
+
+    def with_notes(self, *notes: str) -> "Backend":
+        return replace(self, notes=tuple(self.notes) + tuple(n for n in notes if n))
+
+    def health(self) -> dict:
+        return {"backend": self.name, "enforces": list(self.enforces), "notes": list(self.notes)}
+
+
+AFFINITY = Backend("affinity", ("cpus",), ("memory caps need the cgroup or systemd backend",))
+NONE = Backend("none", (), ("CPU sets are recorded, not enforced",))
+
+
+def affinity_supported() -> bool:
+    try:
+        os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return False
+    return True

@@ -1,0 +1,161 @@
+"""The runner's actors in-process (the embedding API) under trio's MockClock.
+
+Jobs are real processes; everything the runner decides in time (heartbeats, queue-wait
+budgets, retention) runs on the virtual clock, so these tests order things with file
+barriers and events, never with sleeps.
+"""
+
+from __future__ import annotations
+
+from contextlib import aclosing
+
+import pytest
+import trio
+
+import motor
+from motor.records import JobRequest, RefusedError
+
+
+def config(tmp_path, **kw) -> motor.RunnerConfig:
+    base = dict(state_dir=str(tmp_path / "state"), isolation="none", free_space_floor_bytes=0,
+                clock=motor.MockWallClock())
+    base.update(kw)
+    return motor.RunnerConfig(**base)
+
+
+def barrier_job(path, *, exit_code: int = 0, **kw) -> JobRequest:
+    script = f"echo waiting; while [ ! -e {path} ]; do sleep 0.005; done; echo released; exit {exit_code}"
+    return JobRequest(command=["sh", "-c", script], **kw)
+
+
+async def terminal_of(runner, job_id: str) -> dict:
+    async with aclosing(runner.events(job_id)) as events:
+        async for event in events:
+            if event.__struct_config__.tag == "terminal":
+                return event.record
+    raise AssertionError("no terminal event")
+
+
+async def wait_until(predicate, what: str):
+    with trio.fail_after(600):  # virtual seconds under MockClock
+        while not await predicate():
+            await trio.sleep(0.05)
+
+
+async def test_embedded_runner_streams_output_and_ends_with_the_exit_status(tmp_path, autojump_clock):
+    async with motor.open_runner(config(tmp_path)) as runner:
+        job = await runner.submit(JobRequest(
+            command=["sh", "-c", "echo one; echo two >&2; exit 4"], weight_hint=1))
+        assert job.state == "queued" and job.claim == 1
+        events = [e async for e in runner.events(job.job_id)]
+        tags = [e.__struct_config__.tag for e in events]
+        assert tags[:3] == ["accepted", "queued", "started"]
+        assert tags[-1] == "terminal"
+        seqs = [e.seq for e in events]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+        out = [(e.stream, e.data) for e in events if e.__struct_config__.tag == "output"]
+        assert "".join(d for s, d in out if s == "stdout") == "one\n"
+        assert "".join(d for s, d in out if s == "stderr") == "two\n"
+        record = events[-1].record
+        assert record["state"] == "failed" and record["exit_code"] == 4
+        assert record["cpus"] is not None and len(record["cpus"]) == 1
+
+
+async def test_runner_enforces_the_queue_wait_budget_of_an_unfollowed_job(tmp_path, autojump_clock):
+    barrier = tmp_path / "go"
+    async with motor.open_runner(config(tmp_path, max_weight=1)) as runner:
+        holder = await runner.submit(barrier_job(barrier, weight_hint=1, workspace="a"))
+        waiter = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="b",
+                                                queue_wait_limit_s=30))
+        record = await terminal_of(runner, waiter.job_id)
+        assert record["state"] == "refused_before_start"
+        assert record["reason"] == "queue_wait_exceeded"
+        assert record["queue_wait_ms"] >= 30_000
+        assert record["started_at_ms"] is None
+        barrier.write_text("")
+        assert (await terminal_of(runner, holder.job_id))["state"] == "succeeded"
+
+
+async def test_a_crashed_dispatcher_restarts_and_rebuilds_its_queue_from_the_store(
+        tmp_path, autojump_clock):
+    barrier = tmp_path / "go"
+    async with motor.open_runner(config(tmp_path, max_weight=1)) as runner:
+        holder = await runner.submit(barrier_job(barrier, weight_hint=1, workspace="a"))
+        queued = await runner.submit(JobRequest(command=["sh", "-c", "echo after"],
+                                                weight_hint=1, workspace="b"))
+        with pytest.raises(TypeError):
+            await runner.dispatcher.call("not a message")  # the actor's error reaches us
+        await wait_until(lambda: _restarted(runner.dispatcher), "the dispatcher to come back")
+        status = await runner.status()
+        assert [r["job_id"] for r in status["queued"]] == [queued.job_id]
+        assert [r["job_id"] for r in status["running"]] == [holder.job_id]
+        assert status["capacity"]["held_permits"] == 1
+        barrier.write_text("")
+        assert (await terminal_of(runner, holder.job_id))["state"] == "succeeded"
+        assert (await terminal_of(runner, queued.job_id))["state"] == "succeeded"
+
+
+async def _restarted(ref) -> bool:
+    return ref.alive and ref.restarts == 1
+
+
+async def test_records_survive_reopening_the_runner(tmp_path, autojump_clock):
+    cfg = config(tmp_path)
+    async with motor.open_runner(cfg) as runner:
+        job = await runner.submit(JobRequest(command=["sh", "-c", "echo kept"]))
+        await terminal_of(runner, job.job_id)
+    async with motor.open_runner(cfg) as runner:
+        record = await runner.get(job.job_id)
+        assert record.state == "succeeded"
+        data = [e.data for e in [e async for e in runner.events(job.job_id)]
+                if e.__struct_config__.tag == "output"]
+        assert data == ["kept\n"]
+
+
+async def test_a_second_runner_on_the_same_state_dir_is_refused(tmp_path, autojump_clock):
+    cfg = config(tmp_path)
+    async with motor.open_runner(cfg):
+        with pytest.raises(motor.StartupError, match="in use by another runner"):
+            async with motor.open_runner(cfg):
+                pass  # pragma: no cover
+
+
+async def test_gate_is_recorded_only_when_the_client_negotiated_gate_jobs(tmp_path, autojump_clock):
+    async with motor.open_runner(config(tmp_path, max_weight=1)) as runner:
+        plain = await runner.submit(JobRequest(command=["true"], gate=True, workspace="a"))
+        negotiated = await runner.submit(JobRequest(command=["true"], gate=True, workspace="b",
+                                                    capabilities=["gate_jobs"]))
+        assert plain.gate is False
+        assert negotiated.gate is True
+        for job in (plain, negotiated):
+            await terminal_of(runner, job.job_id)
+
+
+async def test_refusals_are_typed_and_leave_no_record(tmp_path, autojump_clock):
+    async with motor.open_runner(config(tmp_path)) as runner:
+        for weight in (0, 10_000):
+            with pytest.raises(RefusedError) as info:
+                await runner.submit(JobRequest(command=["true"], weight_hint=weight))
+            assert info.value.refusal.code == "runner_full"
+            assert "claim limit" in info.value.refusal.detail
+        with pytest.raises(RefusedError) as info:
+            await runner.submit(JobRequest(command=["true"], workspace=".."))
+        assert info.value.refusal.code == "bad_request"
+        assert await runner.jobs(all=True) == []
+        health = await runner.health()
+        # malformed requests are not admission decisions: only capacity refusals count
+        assert health["admission_refusals"] == {"runner_full": 2}
+
+
+async def test_cancel_of_a_queued_job_is_idempotent(tmp_path, autojump_clock):
+    barrier = tmp_path / "go"
+    async with motor.open_runner(config(tmp_path, max_weight=1)) as runner:
+        holder = await runner.submit(barrier_job(barrier, weight_hint=1, workspace="w"))
+        behind = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="w"))
+        first = await runner.cancel(behind.job_id)
+        second = await runner.cancel(behind.job_id)
+        assert first.state == second.state == "cancelled"
+        cancelled_running = await runner.cancel(holder.job_id)
+        assert cancelled_running.state in ("running", "cancelled")
+        record = await terminal_of(runner, holder.job_id)
+        assert record["state"] == "cancelled"
