@@ -273,6 +273,28 @@ class Client(_Base):
     def workspaces(self) -> list[dict]:
         return self.call("GET", "/v1/workspaces")
 
+    def put_bundle(self, sha256: str, source) -> dict:
+        """Upload a source bundle (a path, bytes, or a file object), streamed in chunks,
+        as `PUT /v1/bundles/{sha256}`; refusals (runner_disk_full, bad_request on a digest
+        mismatch) raise RefusedError."""
+        content, close = _bundle_content(source)
+        try:
+            request = self._http.build_request(
+                "PUT", f"/v1/bundles/{_jp(sha256)}", content=content,
+                headers={"content-type": "application/octet-stream"},
+                timeout=httpx.Timeout(self.timeout, read=None, write=None))
+            self._check_socket()
+            try:
+                response = self._http.send(request)
+            except httpx.TransportError as exc:
+                raise self._unavailable(exc) from exc
+            self._note(response)
+            if response.status_code >= 400:
+                raise RefusedError(_refusal_from_response(response.status_code, response.content))
+            return msgspec.json.decode(response.content)
+        finally:
+            close()
+
     def metrics(self) -> str:
         return self._send("GET", "/metrics").text
 
@@ -402,5 +424,56 @@ class AsyncClient(_Base):
     async def workspaces(self) -> list[dict]:
         return await self.call("GET", "/v1/workspaces")
 
+    async def put_bundle(self, sha256: str, source) -> dict:
+        """`Client.put_bundle`, awaitable: a path, bytes, or an async iterator of chunks."""
+        close = lambda: None  # noqa: E731
+        if isinstance(source, (bytes, bytearray)):
+            content = bytes(source)
+        elif hasattr(source, "__aiter__"):
+            content = source
+        else:
+            path = os.fspath(source)
+
+            async def chunks():
+                with open(path, "rb") as f:
+                    while chunk := f.read(_BUNDLE_CHUNK):
+                        yield chunk
+
+            content = chunks()
+        request = self._http.build_request(
+            "PUT", f"/v1/bundles/{_jp(sha256)}", content=content,
+            headers={"content-type": "application/octet-stream"},
+            timeout=httpx.Timeout(self.timeout, read=None, write=None))
+        self._check_socket()
+        try:
+            response = await self._http.send(request)
+        except httpx.TransportError as exc:
+            raise self._unavailable(exc) from exc
+        finally:
+            close()
+        self._note(response)
+        if response.status_code >= 400:
+            raise RefusedError(_refusal_from_response(response.status_code, response.content))
+        return msgspec.json.decode(response.content)
+
     async def metrics(self) -> str:
         return (await self._send("GET", "/metrics")).text
+
+
+_BUNDLE_CHUNK = 256 * 1024
+
+
+def _bundle_content(source):
+    """(content for httpx, close) for a bundle given as bytes, a path or a file object."""
+    if isinstance(source, (bytes, bytearray)):
+        return bytes(source), lambda: None
+    if hasattr(source, "read"):
+        f, owned = source, False
+    else:
+        f, owned = open(os.fspath(source), "rb"), True
+
+    def chunks():
+        while chunk := f.read(_BUNDLE_CHUNK):
+            yield chunk
+
+    return chunks(), (f.close if owned else (lambda: None))

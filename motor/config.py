@@ -76,6 +76,7 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     sysfs_root: str = "/sys"
     capacity_file: str = "/etc/motor-host/capacity.json"
     isolation: Isolation = "auto"
+    cgroup_parent: str = "motor-jobs"
     memory_per_vcpu_bytes: int | str = 4 * GiB
     queue_wait_default_s: float = 300.0
     heartbeat_s: float = 1.0
@@ -133,6 +134,8 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 raise ConfigError(f"--listen wants HOST:PORT, got {self.listen!r}")
             if host not in ("127.0.0.1", "localhost", "::1", "[::1]") and not self.token_file:
                 raise ConfigError("--listen on a non-loopback address requires --token-file")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", self.cgroup_parent):
+            raise ConfigError(f"--cgroup-parent must be a plain group name, got {self.cgroup_parent!r}")
         if self.heartbeat_s <= 0:
             raise ConfigError("heartbeat_s must be positive")
         return self

@@ -19,6 +19,7 @@ store closes last.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -42,17 +43,22 @@ from .cpu.topology import (
     TopologyError, allocatable, claim_limit, kept_back, parse_cpu_list, read_topology,
     validate_linux_cpus,
 )
-from .disk.actor import DiskActor, Sample
+from .config import parse_size
+from .disk.actor import AdmitUpload, BeginUpload, CommitUpload, DiskActor, Listing, Sample, offload
+from .disk.bundles import BundleError, valid_sha
 from .execution.actor import JobDeps
 from .execution.spawner import open_spawner
-from .isolation import IsolationError, choose_backend
+from .isolation import HostProbe, IsolationError, choose_backend
 from .maintenance import Maintenance
+from .memory.host import read_ceiling
 from .records import (
     CAPABILITIES, Event, JobRecord, JobRequest, Queued, Refusal, RefusedError,
     TERMINAL_STATES, decode_event,
 )
 from .scheduling.actor import DispatchDeps, Dispatcher
-from .scheduling.messages import CancelJob, QueuedView, StatusView, Submit, Withdraw
+from .scheduling.messages import (
+    BundleArrived, CancelJob, Heartbeat, QueuedView, StatusView, Submit, Unfollowed, Withdraw,
+)
 from .store.actor import ChangeHub, StoreActor, open_database
 from .store.db import StoreError
 
@@ -107,6 +113,9 @@ class Host:
     kept_back: tuple[int, ...]
     claim_limit: int
     backend: Any
+    windows: tuple[int, ...] = ()  # --windows-cpus
+    slice_limit: Any = None  # () -> int | None: the jobs group's live memory limit
+    ceiling: Any = None  # MemoryCeiling read at start-up
 
 
 def probe_host(config: RunnerConfig) -> Host:
@@ -121,18 +130,29 @@ def probe_host(config: RunnerConfig) -> Host:
             validate_linux_cpus(topology, linux, config.max_weight)
         except ValueError as exc:
             raise StartupError(f"--linux-cpus: {exc}") from None
+    windows: tuple[int, ...] = ()
+    if config.windows_cpus:
+        try:
+            windows = parse_cpu_list(config.windows_cpus)
+        except ValueError as exc:
+            raise StartupError(f"--windows-cpus: {exc}") from None
+        offline = [c for c in windows if not topology.is_online(c)]
+        if offline:
+            raise StartupError(f"--windows-cpus: CPU {offline[0]} is not online")
     allowed = allocatable(topology, linux)
     if not allowed:
         raise StartupError("no allocatable CPUs on this host")
     try:
-        backend = choose_backend(config.isolation)
+        backend = choose_backend(config.isolation, probe=HostProbe(config.cgroup_parent))
     except IsolationError as exc:
         raise StartupError(str(exc)) from None
+    slice_limit = getattr(backend, "parent_memory_limit", None) or (lambda: None)
     return Host(
         topology=topology, allowed=tuple(allowed),
         kept_back=() if linux is not None else tuple(kept_back(topology)),
         claim_limit=claim_limit(allowed, config.max_weight, confined=linux is not None),
-        backend=backend,
+        backend=backend, slice_limit=slice_limit, windows=windows,
+        ceiling=read_ceiling(config.capacity_file, slice_limit),
     )
 
 
@@ -222,10 +242,31 @@ class Runner:
                 await changed.wait()
                 continue
             if record.state == "queued":
-                live = await self.dispatcher.call(QueuedView(job_id))
-                if live is not None:
-                    yield Queued(seq=last_seq, queue_wait_ms=live.queue_wait_ms,
-                                 waiting_on=live.waiting_on, waiting_on_job=live.waiting_on_job)
+                beat = await self.dispatcher.call(Heartbeat(job_id))
+                if beat is not None:
+                    beat.seq = last_seq
+                    yield beat
+
+    async def follow(self, job_id: str) -> AsyncIterator[Event]:
+        """`events(job_id)` for the client that submitted the job and follows it.
+
+        While it follows, that client enforces the job's queue-wait budget (it withdraws
+        the job when its local deadline passes). If it goes away before the job ends, the
+        runner takes over enforcing the budget with the same rule.
+        """
+        ended = False
+        try:
+            async for event in self.events(job_id, 0):
+                if event.__struct_config__.tag == "terminal":
+                    ended = True
+                yield event
+        finally:
+            if not ended:
+                with trio.CancelScope(shield=True):
+                    try:
+                        await self.dispatcher.cast(Unfollowed(job_id))
+                    except actors.ActorDead:
+                        pass
 
     async def cancel(self, job_id: str) -> JobRecord:
         await self.get(job_id)
@@ -256,32 +297,68 @@ class Runner:
     async def health(self) -> dict:
         view = await self.dispatcher.call(StatusView())
         disk = await self.actor("disk").call(Sample())
-        ledger = await self.actor("accounting").call(Report())
         cpus = await self.actor("cpu").call(Snapshot())
-        return {
+        try:  # accounting figures are optional: a stuck accounting actor never stalls a probe
+            ledger = await self.actor("accounting").call(Report(self.clock.now_ms()), timeout=10)
+        except (actors.ActorDead, actors.CallTimeout):
+            ledger = {"admission_refusals": {}, "finished": {}, "underused": [],
+                      "repositories": {}, "queue_wait_hourly": [], "accounting_unavailable": True}
+        report = {
             "isolation": self.host.backend.health(),
             "capacity": view["capacity"],
             "cpus": {"online": cpus["online"], "allowed": cpus["allowed"],
                      "kept_back": cpus["kept_back"], "jobs": cpus["jobs"]},
             "disk": {"free_bytes": disk.free_bytes, "total_bytes": disk.total_bytes,
                      "floor_bytes": self.config.floor_bytes(), "goal_bytes": self.config.goal_bytes()},
-            "admission_refusals": ledger["admission_refusals"],
-            "finished": ledger["finished"],
-            "retained_jobs": self.db.count(),
         }
+        report.update(ledger)
+        return report
 
     async def workspaces(self) -> list[dict]:
-        roots = self.config.workspace_roots
-        out = []
-        for root in roots:
-            if root.is_dir():
-                for entry in sorted(root.iterdir()):
-                    if entry.is_dir() and not entry.is_symlink():
-                        out.append({"name": entry.name, "root": str(root), "kind": "task"})
-        return out
+        """The workspace catalog: kind, root, cached sizes, idle time, why protected."""
+        return await self.actor("disk").call(Listing())
 
-    def metrics_text(self) -> bytes:
-        return b"# motor metrics arrive with the accounting work\n"
+    async def put_bundle(self, sha256: str, chunks: AsyncIterator[bytes]) -> dict:
+        """Store a source bundle streamed as `chunks`: refused with runner_disk_full before
+        the first chunk is read when below the floor; the digest is checked before the
+        bundle is renamed into place; a failed upload leaves nothing behind. Jobs awaiting
+        this bundle then join their queues."""
+        disk = self.actor("disk")
+        if not valid_sha(sha256):
+            raise RefusedError(Refusal(
+                code="bad_request",
+                detail="a bundle is named by the 64 lowercase hex digits of its sha256"))
+        refusal = await disk.call(AdmitUpload(sha256))
+        if refusal is not None:
+            raise RefusedError(refusal)
+        upload = await disk.call(BeginUpload(sha256))
+        try:
+            async for chunk in chunks:
+                if chunk:
+                    await offload(upload.write, chunk)
+            size = await disk.call(CommitUpload(upload))
+        except BundleError as exc:
+            raise RefusedError(Refusal(code="bad_request", detail=str(exc))) from None
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            upload.abort()
+            sample = await disk.call(Sample())
+            raise RefusedError(Refusal(
+                code="runner_disk_full", detail="the state filesystem filled up during the upload",
+                free_bytes=sample.free_bytes, floor_bytes=self.config.floor_bytes())) from None
+        finally:
+            upload.abort()
+        await self.dispatcher.cast(BundleArrived(sha256))
+        return {"sha256": sha256, "size": size, "stored": True}
+
+    async def metrics_text(self) -> bytes:
+        """`GET /metrics`: the health figures in Prometheus text format (a registry per runner)."""
+        if getattr(self, "_metrics", None) is None:
+            from .accounting.metrics import Metrics
+
+            self._metrics = Metrics()
+        return self._metrics.render(await self.health())
 
 
 @asynccontextmanager
@@ -352,28 +429,50 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, tree: _Tree, api: 
         job_deps.store = root.ref("store").ref("store")
         job_deps.cpu = root.ref("cpu").ref("cpu")
         job_deps.accounting = root.ref("accounting").ref("accounting")
+        job_deps.disk = root.ref("disk").ref("disk")
         return Dispatcher(DispatchDeps(
             job=job_deps, execution=root.ref("execution"),
             disk=root.ref("disk").ref("disk"), claim_limit=host.claim_limit,
-            capabilities=CAPABILITIES))
+            capabilities=CAPABILITIES, ceiling=host.ceiling))
+
+    def read_memory_ceiling():
+        host.ceiling = read_ceiling(config.capacity_file, host.slice_limit)
+        return host.ceiling
 
     specs = [
         _single("store", lambda: StoreActor(db, hub)),
-        _single("cpu", lambda: CpuActor(host.topology, host.allowed, host.kept_back, recorded_cpus)),
-        _single("disk", lambda: DiskActor(config.state_path, config.floor_bytes(), config.goal_bytes())),
-        _single("accounting", AccountingActor),
+        _single("cpu", lambda: CpuActor(host.topology, host.allowed, host.kept_back, recorded_cpus,
+                                        windows_cpus=host.windows,
+                                        windows_slot_lock=config.windows_slot_lock)),
+        _single("disk", lambda: DiskActor(
+            config.state_path, config.floor_bytes(), config.goal_bytes(),
+            workspace_roots=config.workspace_roots, caller_roots=_caller_roots(config),
+            cap_bytes=parse_size(config.build_folder_cap_bytes), clock=job_deps.clock,
+            live_jobs=db.live)),
+        _single("accounting", lambda: AccountingActor(db, job_deps.clock)),
         actors.ChildSpec(name="execution", factory=lambda: actors.Supervisor(
             "execution", [], strategy="one_for_one", intensity=50, period=10.0)),
         _single("dispatcher", dispatcher),
         _single("maintenance", lambda: Maintenance(
             store=tree.root.ref("store").ref("store"), clock=job_deps.clock,
-            jobs_dir=job_deps.jobs_dir)),
+            jobs_dir=job_deps.jobs_dir, read_ceiling=read_memory_ceiling,
+            disk=lambda: tree.root.ref("disk").ref("disk"),
+            dispatcher=lambda: tree.root.ref("dispatcher").ref("dispatcher"),
+            ceiling=host.ceiling)),
     ]
     if api:
         from .api.actor import ApiActor
 
         specs.append(_single("api", lambda: ApiActor(tree)))
     return specs
+
+
+def _caller_roots(config) -> dict[str, str]:
+    out = {}
+    for spec in config.caller_root:
+        caller, _, host = spec.partition("=")
+        out[caller] = host
+    return out
 
 
 # -- serve -----------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ socket (hypercorn gives them no `server` address) need none.
 from __future__ import annotations
 
 import hmac
+import inspect
 import logging
 import re
 from pathlib import Path
@@ -326,10 +327,14 @@ class MotorApp:
     # -- handlers --------------------------------------------------------------------------
 
     async def index(self, scope, receive, send, query) -> None:
-        await self._send_bytes(send, 200, HTML, INDEX_HTML)
+        from motor.accounting.dashboard import PAGE_BYTES  # the dashboard (GET /)
+
+        await self._send_bytes(send, 200, HTML, PAGE_BYTES)
 
     async def metrics(self, scope, receive, send, query) -> None:
         text = self.runner.metrics_text()
+        if inspect.isawaitable(text):
+            text = await text
         if isinstance(text, str):
             text = text.encode("utf-8")
         await self._send_bytes(send, 200, METRICS_TYPE, text)
@@ -365,7 +370,7 @@ class MotorApp:
             raise _refuse("bad_request", str(exc)) from None
         record = await self.runner.submit(req, follow=follow)
         if follow:
-            await self._stream_events(receive, send, 202, self.runner.events(record.job_id, 0))
+            await self._stream_events(receive, send, 202, self.runner.follow(record.job_id))
         else:
             data = public_record(record)
             data["capabilities"] = self.capabilities
@@ -383,7 +388,25 @@ class MotorApp:
         await self._send_json(send, 200, {"result": result})
 
     async def put_bundle(self, scope, receive, send, query, sha256: str) -> None:
-        raise _refuse("not_found", "bundle upload is not supported by this runner yet")
+        """Stream the body to the runner's bundle store chunk by chunk (never buffered whole).
+        The runner refuses (runner_disk_full, with free_bytes and floor_bytes) before the
+        first chunk is read when free space is below the floor."""
+
+        async def chunks():
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise _Disconnected()
+                body = message.get("body", b"")
+                if body:
+                    yield body
+                if not message.get("more_body", False):
+                    return
+
+        put = getattr(self.runner, "put_bundle", None)
+        if put is None:
+            raise _refuse("not_found", "bundle upload is not supported by this runner")
+        await self._send_json(send, 201, await put(sha256, chunks()))
 
 
 def make_app(runner: Any, *, token: str | None = None, max_body_bytes: int | None = None) -> MotorApp:

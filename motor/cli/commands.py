@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 import threading
+import time
 from typing import Any, Callable, Iterable
 
 import msgspec
@@ -31,6 +32,7 @@ from motor.records import (
     Truncated,
 )
 from motor.api.app import event_line
+from motor.scheduling.core import LocalDeadline
 
 
 # --- options ----------------------------------------------------------------------------
@@ -95,6 +97,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=cmd_withdraw)
 
     p = sub.add_parser("status", parents=[common], help="queued and running jobs")
+    p.add_argument("--watch", nargs="?", const=2.0, type=float, metavar="SECONDS",
+                   help="redraw every SECONDS (default 2) until interrupted")
     p.set_defaults(handler=cmd_status)
 
     p = sub.add_parser("jobs", parents=[common], help="retained job records")
@@ -139,8 +143,9 @@ def job_request(args: argparse.Namespace) -> JobRequest:
     command = list(args.cmd) + list(args.tail or [])
     if not command:
         raise UsageError(f"{args.command} needs a command: motor {args.command} [options] -- CMD [ARG...]")
-    if args.bundle:
-        raise UsageError("--bundle is not supported yet (bundle upload comes in a later release)")
+    bundle_sha256 = None
+    if args.bundle:  # sha256 the file now; run/submit upload it before submitting
+        bundle_sha256 = _bundle_digest(args.bundle)
     env: dict[str, str] = {}
     for item in args.env:
         key, sep, value = item.partition("=")
@@ -170,7 +175,29 @@ def job_request(args: argparse.Namespace) -> JobRequest:
         env=env,
         memory_max_bytes=memory_max,
         spill_eligible=args.spill_eligible,
+        bundle_sha256=bundle_sha256,
     )
+
+
+def _bundle_digest(path: str) -> str:
+    import hashlib
+
+    from motor.cli import UsageError
+
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    except OSError as exc:
+        raise UsageError(f"--bundle: cannot read {path}: {exc.strerror}") from None
+    return digest.hexdigest()
+
+
+def _upload_bundle(client: Client, args: argparse.Namespace, req: JobRequest) -> None:
+    """`--bundle FILE`: PUT the file (streamed) under its sha256 before the job is submitted."""
+    if getattr(args, "bundle", None) and req.bundle_sha256:
+        client.put_bundle(req.bundle_sha256, args.bundle)
 
 
 def _print_json(data: Any) -> None:
@@ -242,12 +269,15 @@ class _Writer:
 
 
 class QueueWaitWatch:
-    """The client side of the queue-wait rule: a local deadline from the streamed
-    `queue_wait_ms` and the job's budget; when it passes, call `withdraw` once."""
+    """The client side of the queue-wait rule: a local deadline kept from the streamed
+    `queue_wait_ms` (scheduling.core.LocalDeadline: only observed permit wait counts, a
+    paused clock sets no deadline); when it passes, call `withdraw` once. The runner's
+    answer ("withdrawn" or "started") decides."""
 
     def __init__(self, withdraw: Callable[[], Any], fallback_budget_ms: int | None = None):
         self._withdraw = withdraw
         self._fallback = fallback_budget_ms
+        self._deadline: LocalDeadline | None = None
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
         self.done = False
@@ -257,17 +287,23 @@ class QueueWaitWatch:
         budget = event.queue_wait_budget_ms if event.queue_wait_budget_ms is not None else self._fallback
         if budget is None or self.done:
             return
-        remaining_s = max(budget - event.queue_wait_ms, 0) / 1000.0
+        now = time.monotonic()
         with self._lock:
+            if self._deadline is None or self._deadline.budget_ms != budget:
+                self._deadline = LocalDeadline(budget / 1000.0)
+            self._deadline.observe(event.queue_wait_ms, now)
+            remaining = self._deadline.remaining_s(now)
             if self._timer is not None:
                 self._timer.cancel()
-            self._timer = threading.Timer(remaining_s, self._fire)
-            self._timer.daemon = True
-            self._timer.start()
+                self._timer = None
+            if remaining is not None:
+                self._timer = threading.Timer(remaining, self._fire)
+                self._timer.daemon = True
+                self._timer.start()
 
     def _fire(self) -> None:
         with self._lock:
-            if self.done:
+            if self.done or self._deadline is None or not self._deadline.should_withdraw(time.monotonic()):
                 return
             self.done = True
         try:
@@ -331,6 +367,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     watch = None
     try:
         try:
+            _upload_bundle(client, args, req)
             stream = client.submit(req, follow=True)
         except RefusedError as exc:
             if args.json:
@@ -378,6 +415,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     def go() -> int:
         with make_client(args) as client:
+            _upload_bundle(client, args, req)
             if args.json:
                 _print_json(client.call("POST", "/v1/jobs", json=client.request_body(req)))
             else:
@@ -443,11 +481,27 @@ def cmd_status(args: argparse.Namespace) -> int:
     def go() -> int:
         with make_client(args) as client:
             data = client.status()
-        if args.json:
-            _print_json(data)
-        else:
-            render.status(data)
-        return 0
+            if args.json:
+                _print_json(data)
+            else:
+                render.status(data)
+            interval = getattr(args, "watch", None)
+            if interval is None:
+                return 0
+            try:
+                import time as _time
+
+                while True:  # live view: redraw until interrupted
+                    _time.sleep(max(0.2, interval))
+                    data = client.status()
+                    if args.json:
+                        _print_json(data)
+                    else:
+                        con = render.console()
+                        con.clear()
+                        render.status(data, con)
+            except KeyboardInterrupt:
+                return 0
 
     return _guard(go)
 

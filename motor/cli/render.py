@@ -107,8 +107,24 @@ def _outcome(rec: dict) -> str:
     return rec.get("reason") or "-"
 
 
-def status(data: dict) -> None:
-    con = console()
+def _capacity_line(capacity: Any) -> Text | None:
+    if not isinstance(capacity, dict) or not capacity:
+        return None
+    known = ("held_permits", "max_weight", "setup_permits", "pending_jobs", "max_queue_depth",
+             "claim_limit")
+    if all(k in capacity for k in known):
+        line = (f"permits {capacity['held_permits']}/{capacity['max_weight']} held"
+                f" ({capacity['setup_permits']} in setup)  pending {capacity['pending_jobs']}"
+                f"/{capacity['max_queue_depth']}  claim limit {capacity['claim_limit']}")
+        extra = {k: v for k, v in capacity.items() if k not in known}
+        if extra:
+            line += "  " + "  ".join(f"{k}={v}" for k, v in extra.items())
+        return Text(line)
+    return Text("capacity: " + "  ".join(f"{k}={v}" for k, v in capacity.items()))
+
+
+def status(data: dict, con: Console | None = None) -> None:
+    con = con or console()
     table = Table(title="jobs", title_justify="left")
     for col in ("job", "state", "workspace", "claim", "cpus", "waiting_on", "queue_wait", "command"):
         table.add_column(col)
@@ -127,9 +143,9 @@ def status(data: dict) -> None:
         con.print(table)
     else:
         con.print("no queued or running jobs")
-    capacity = data.get("capacity")
-    if isinstance(capacity, dict) and capacity:
-        con.print(Text("capacity: " + "  ".join(f"{k}={v}" for k, v in capacity.items())))
+    line = _capacity_line(data.get("capacity"))
+    if line is not None:
+        con.print(line)
 
 
 def jobs(records: list[dict]) -> None:
@@ -173,8 +189,7 @@ def _mapping_table(title: str | None, data: dict) -> Table:
     return table
 
 
-def health(data: dict) -> None:
-    con = console()
+def _generic(con: Console, data: dict) -> None:
     scalars = {k: v for k, v in data.items() if not isinstance(v, (dict, list))}
     if scalars:
         con.print(_mapping_table("health", scalars))
@@ -192,6 +207,103 @@ def health(data: dict) -> None:
                 con.print(_table_of_rows(key, value))
             else:
                 con.print(Text(f"{key}: " + (", ".join(map(str, value)) or "none")))
+
+
+def _isolation(value: Any) -> str:
+    if isinstance(value, dict):
+        name = value.get("backend") or value.get("name") or "?"
+        enforces = value.get("enforces")
+        return f"{name}" + (f" (enforces {', '.join(map(str, enforces))})" if enforces else "")
+    return "-" if value is None else str(value)
+
+
+def health(data: dict) -> None:
+    """The health report as a readable summary: capacity, disk, host, refusals, repositories,
+    hourly queue wait, underused reservations (`--json` prints the raw report)."""
+    con = console()
+    shown = {"isolation", "capacity", "cpus", "disk", "host", "admission_refusals", "finished",
+             "repositories", "queue_wait_hourly", "underused", "active", "retained_terminal_jobs"}
+    con.print(Text(f"isolation: {_isolation(data.get('isolation'))}"))
+    line = _capacity_line(data.get("capacity"))
+    if line is not None:
+        con.print(line)
+    active = data.get("active")
+    if isinstance(active, dict):
+        con.print(Text(f"running: {active.get('jobs', 0)} jobs on {active.get('vcpus', 0)} vCPUs;"
+                       f" retained terminal records: {data.get('retained_terminal_jobs', '-')}"))
+    cpu = data.get("cpus")
+    if isinstance(cpu, dict):
+        held = sorted(c for cs in (cpu.get("jobs") or {}).values() for c in cs)
+        con.print(Text(f"cpus: online {cpus(cpu.get('online'))}  allowed {cpus(cpu.get('allowed'))}"
+                       f"  kept back {cpus(cpu.get('kept_back'))}  held {cpus(held)}"))
+    disk = data.get("disk")
+    if isinstance(disk, dict):
+        con.print(Text(f"disk: free {size(disk.get('free_bytes'))}"
+                       + (f" of {size(disk.get('total_bytes'))}" if disk.get("total_bytes") else "")
+                       + f"  floor {size(disk.get('floor_bytes'))}  goal {size(disk.get('goal_bytes'))}"))
+    host = data.get("host")
+    if isinstance(host, dict) and host:
+        parts = []
+        if "load1" in host:
+            parts.append(f"load {host.get('load1')} {host.get('load5')} {host.get('load15')}")
+        if "logical_cpus" in host:
+            parts.append(f"{host['logical_cpus']} logical CPUs")
+        if "available_memory_bytes" in host:
+            parts.append(f"{size(host['available_memory_bytes'])} memory available")
+        con.print(Text("host: " + ", ".join(parts)))
+    refusals = data.get("admission_refusals") or {}
+    con.print(Text("admission refusals: " + (
+        "  ".join(f"{k}={v}" for k, v in refusals.items()) if refusals else "none")))
+    finished = data.get("finished") or {}
+    if finished:
+        con.print(Text("ended since start: " + "  ".join(f"{k}={v}" for k, v in finished.items())))
+
+    repos = data.get("repositories") or {}
+    if repos:
+        table = Table(title="repositories (rolling 24 h)", title_justify="left")
+        for col in ("repository", "vCPU-seconds", "finished", "jobs by vCPUs", "queue-wait refusals"):
+            table.add_column(col)
+        for name, t in repos.items():
+            by = t.get("jobs_by_vcpus") or {}
+            table.add_row(Text(str(name)), Text(f"{t.get('reserved_vcpu_seconds', 0):g}"),
+                          Text(str(t.get("finished_jobs", 0))),
+                          Text("  ".join(f"{k}:{v}" for k, v in by.items()) or "-"),
+                          Text(str(t.get("queue_wait_refusals", 0))))
+        con.print(table)
+    else:
+        con.print(Text("repositories: none in the last 24 h"))
+
+    hourly = data.get("queue_wait_hourly") or []
+    busy = [b for b in hourly if b.get("started") or b.get("refusals")]
+    if hourly:
+        rows = busy if busy and busy[-1] is hourly[-1] else busy + [hourly[-1]]
+        table = Table(title="queue wait per hour (capacity wait of started jobs; nearest rank)",
+                      title_justify="left")
+        for col in ("hour", "started", "p50", "p90", "refusals"):
+            table.add_column(col)
+        for b in rows:
+            table.add_row(Text(when_ms(b.get("hour_start_ms"))), Text(str(b.get("started", 0))),
+                          Text(duration_ms(b.get("p50_ms"))), Text(duration_ms(b.get("p90_ms"))),
+                          Text(str(b.get("refusals", 0))))
+        con.print(table)
+
+    underused = data.get("underused") or []
+    if underused:
+        table = Table(title="underused reservations (over 10 min below 25%)", title_justify="left")
+        for col in ("job", "repository", "claim", "wall", "cpu", "use"):
+            table.add_column(col)
+        for u in underused:
+            table.add_row(Text(str(u.get("job_id"))), Text(str(u.get("repository", "-"))),
+                          Text(str(u.get("claim"))), Text(duration_ms(u.get("wall_time_ms"))),
+                          Text(duration_ms(u.get("cpu_time_ms"))),
+                          Text(f"{(u.get('average_use_ppm') or 0) / 10_000:.1f}%"))
+        con.print(table)
+    else:
+        con.print(Text("underused reservations: none"))
+
+    rest = {k: v for k, v in data.items() if k not in shown}
+    if rest:
+        _generic(con, rest)
 
 
 def workspaces(rows: list[dict]) -> None:

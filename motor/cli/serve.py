@@ -27,6 +27,7 @@ SERVE_OPTIONS: list[tuple[str, str, dict]] = [
     ("--sysfs-root", "sysfs_root", {"metavar": "DIR", "help": "where CPU topology is read (/sys)"}),
     ("--capacity-file", "capacity_file", {"metavar": "PATH", "help": "declared jobs_min_bytes (/etc/motor-host/capacity.json)"}),
     ("--isolation", "isolation", {"choices": ["auto", "systemd", "cgroup", "affinity", "none"], "help": "how jobs are pinned and capped (auto)"}),
+    ("--cgroup-parent", "cgroup_parent", {"metavar": "NAME", "help": "the cgroup that holds job groups, playing motor-jobs.slice (motor-jobs)"}),
     ("--memory-per-vcpu-bytes", "memory_per_vcpu_bytes", {"metavar": "N", "help": "a claim's default memory_max (4 GiB)"}),
 ]
 

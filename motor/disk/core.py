@@ -1,15 +1,44 @@
-"""Pure disk-admission rules.
+"""Pure disk rules: admission and the eviction planner.
 
-The runner checks free space on the filesystem holding its state before it accepts an
-upload, and again before setup (scheduling.md, "Disk admission"). A floor of 0 disables
-the check.
+Nothing here does I/O or reads a clock: the actor (`disk/actor.py`) passes plain data in
+(catalogued workspaces with their cached sizes, staging entries, the free-space probe's
+answer, the floor and goal, `now_ms`) and carries out the actions that come back, probing
+free space for real between actions and asking again (scheduling.md, "Disk admission").
+
+The planner, `plan_cleanup`, runs the seed's three passes in order, each stopping as soon as
+the *simulated* free space (probe + bytes of the actions chosen so far) reaches the goal:
+
+1. stale Cargo units (`DropStaleUnits`), largest stale total first;
+2. incremental state (`DropIncremental`), largest cached incremental size first;
+3. whole workspaces and staging (`EvictWorkspace`, `RemoveStaging`), by allocated bytes x
+   idle milliseconds, descending; unreferenced sibling snapshots come first.
+
+Eligibility (`protection`): a workspace is never touched while running or reserved (a job
+is queued or awaiting bundles for it), when it is the incoming job's workspace or one of its
+siblings (compared by canonical host path, so an alias cannot slip through), when it is not
+catalogued or not under an allowed root. Workspaces used in the last 30 minutes are
+protected while free space is at or above the hard floor; below it they become eligible, and
+go after the older candidates, least recently used first.
+
+Incomplete estimates (an unreadable subtree hid part of the size): the incremental pass and
+the whole-workspace pass return `Repair(ws)` instead of guessing. The actor then claims and
+repairs that workspace, measures it again and re-plans; the whole-workspace pass tries every
+eligible complete estimate first, then repairs incomplete ones one at a time, oldest first,
+and never repairs another once the goal is met.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Union
 
 from ..records import Refusal
+
+RECENT_MS = 30 * 60 * 1000  # "used in the last 30 minutes"
+STALE_UNIT_MS = 48 * 3600 * 1000  # stale Cargo unit: every output's atime older than 48 h
+SWEEP_EVERY_MS = 24 * 3600 * 1000  # daily stale-unit sweep, once per workspace per day
+TASK_IDLE_MS = 24 * 3600 * 1000  # task workspaces are deleted after 24 h idle
+BUNDLE_RETENTION_MS = 24 * 3600 * 1000  # bundles pinned 24 h after their last use
 
 
 @dataclass(frozen=True)
@@ -29,3 +58,251 @@ def admission(sample: DiskSample, floor_bytes: int) -> Refusal | None:
         free_bytes=sample.free_bytes,
         floor_bytes=floor_bytes,
     )
+
+
+# --- planner inputs ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """A catalogued workspace as the planner sees it (sizes from the in-memory cache)."""
+
+    name: str  # catalog key (the caller's path for a caller-root workspace)
+    path: str  # canonical host path of the tree
+    root: str = ""  # the allowed root it lives under ("" = none)
+    kind: str = "task"  # "task" | "head" | "snapshot" (a sibling snapshot)
+    allocated_bytes: int | None = None  # None: never measured
+    target_bytes: int | None = None
+    incremental_bytes: int | None = None
+    stale_bytes: int = 0  # bytes in stale Cargo units (from the last unit scan)
+    complete: bool = True  # False: an unreadable subtree hid part of the size
+    last_used_ms: int = 0
+    running: bool = False
+    reserved: bool = False
+    catalogued: bool = True
+    referenced_by: tuple[str, ...] = ()  # for snapshots: workspaces that still use it
+
+
+@dataclass(frozen=True)
+class Staging:
+    """A staging entry (unpack leftovers, stale partial uploads, trash garbage)."""
+
+    path: str
+    allocated_bytes: int
+    last_used_ms: int
+    active: bool = False  # an upload or unpack in progress: never touched
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    workspaces: tuple[Workspace, ...]
+    free_bytes: int
+    floor_bytes: int
+    goal_bytes: int
+    now_ms: int
+    staging: tuple[Staging, ...] = ()
+    allowed_roots: tuple[str, ...] = ()
+    incoming: frozenset[str] = frozenset()  # canonical paths (and names) of the incoming job's
+    # workspace and its siblings
+
+
+# --- actions -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DropStaleUnits:
+    workspace: str
+    path: str
+    bytes: int
+    pass_name: str = "stale"
+
+
+@dataclass(frozen=True)
+class DropIncremental:
+    workspace: str
+    path: str
+    bytes: int
+    pass_name: str = "incremental"
+
+
+@dataclass(frozen=True)
+class EvictWorkspace:
+    workspace: str
+    path: str
+    bytes: int
+    pass_name: str = "whole"
+
+
+@dataclass(frozen=True)
+class RemoveStaging:
+    path: str
+    bytes: int
+    pass_name: str = "whole"
+
+
+@dataclass(frozen=True)
+class Repair:
+    """Claim and repair this workspace's permissions, measure it again, then re-plan."""
+
+    workspace: str
+    path: str
+    pass_name: str
+    bytes: int = 0
+
+
+Action = Union[DropStaleUnits, DropIncremental, EvictWorkspace, RemoveStaging, Repair]
+
+
+# --- eligibility -------------------------------------------------------------------------
+
+
+def under_root(path: str, roots) -> str:
+    """The allowed root `path` lies strictly under ("" when none). Paths are canonical."""
+    for root in roots:
+        r = root.rstrip("/") or "/"
+        if path != r and path.startswith(r if r.endswith("/") else r + "/"):
+            return root
+    return ""
+
+
+def protection(ws: Workspace, inp: PlanInput, *, hard: bool) -> str | None:
+    """Why `ws` may not be touched now (None: eligible)."""
+    if not ws.catalogued:
+        return "not catalogued"
+    if not under_root(ws.path, inp.allowed_roots):
+        return "outside the allowed roots"
+    if ws.running:
+        return "running"
+    if ws.reserved:
+        return "reserved"
+    if ws.path in inp.incoming or ws.name in inp.incoming:
+        return "incoming job"
+    if not hard and inp.now_ms - ws.last_used_ms < RECENT_MS:
+        return "used in the last 30 minutes"
+    return None
+
+
+def _idle_ms(last_used_ms: int, now_ms: int) -> int:
+    return max(0, now_ms - last_used_ms)
+
+
+# --- the planner -------------------------------------------------------------------------
+
+
+@dataclass
+class _Sim:
+    free: int
+    goal: int
+    actions: list = field(default_factory=list)
+
+    @property
+    def met(self) -> bool:
+        return self.free >= self.goal
+
+    def take(self, action) -> None:
+        self.actions.append(action)
+        self.free += max(0, action.bytes)
+
+
+def plan_cleanup(inp: PlanInput) -> list[Action]:
+    """The actions to run in order. A `Repair` is always last: re-plan after it."""
+    sim = _Sim(free=inp.free_bytes, goal=inp.goal_bytes)
+    if sim.met:
+        return []
+    hard = inp.free_bytes < inp.floor_bytes
+    eligible = [ws for ws in inp.workspaces if protection(ws, inp, hard=hard) is None]
+    recent = {ws.name for ws in eligible if inp.now_ms - ws.last_used_ms < RECENT_MS}
+
+    # 1. stale Cargo units, largest first (recent workspaces only below the floor, last).
+    for ws in sorted(eligible, key=lambda w: (w.name in recent, -w.stale_bytes, w.name)):
+        if sim.met:
+            return sim.actions
+        if ws.stale_bytes > 0:
+            sim.take(DropStaleUnits(ws.name, ws.path, ws.stale_bytes))
+    if sim.met:
+        return sim.actions
+    # 2. incremental state, largest cached incremental size first; incomplete estimates are
+    #    repaired and measured before anything is decided for them.
+    for ws in sorted(eligible, key=lambda w: (w.name in recent, not w.complete,
+                                              -(w.incremental_bytes or 0), w.name)):
+        if sim.met:
+            return sim.actions
+        if not ws.complete:
+            sim.actions.append(Repair(ws.name, ws.path, "incremental"))
+            return sim.actions
+        if ws.incremental_bytes:
+            sim.take(DropIncremental(ws.name, ws.path, ws.incremental_bytes))
+    if sim.met:
+        return sim.actions
+    # 3. whole workspaces and staging: unreferenced snapshots first, then bytes x idle desc;
+    #    recent workspaces (eligible only below the floor) after them in LRU order;
+    #    incomplete estimates last, repaired one at a time, oldest first.
+    live = {w.name for w in inp.workspaces}
+
+    def score(alloc, last):
+        return (alloc or 0) * _idle_ms(last, inp.now_ms)
+
+    ranked: list[tuple[tuple, object]] = []
+    for ws in eligible:
+        if not ws.complete:
+            continue
+        snapshot_free = ws.kind == "snapshot" and not (set(ws.referenced_by) & live)
+        if ws.name in recent:
+            key = (2, ws.last_used_ms, ws.name)
+        else:
+            key = (0 if snapshot_free else 1, -score(ws.allocated_bytes, ws.last_used_ms), ws.name)
+        ranked.append((key, ws))
+    for st in inp.staging:
+        if st.active:
+            continue
+        ranked.append(((1, -score(st.allocated_bytes, st.last_used_ms), st.path), st))
+    ranked.sort(key=lambda kv: kv[0])
+    for _, item in ranked:
+        if sim.met:
+            return sim.actions
+        if isinstance(item, Staging):
+            sim.take(RemoveStaging(item.path, item.allocated_bytes))
+        else:
+            sim.take(EvictWorkspace(item.name, item.path, item.allocated_bytes or 0))
+    if sim.met:
+        return sim.actions
+    for ws in sorted((w for w in eligible if not w.complete), key=lambda w: (w.last_used_ms, w.name)):
+        sim.actions.append(Repair(ws.name, ws.path, "whole"))
+        return sim.actions
+    return sim.actions
+
+
+# --- the build-folder guard, the daily sweep and idle expiry ------------------------------
+
+
+def guard_action(ws: Workspace, cap_bytes: int) -> Action | None:
+    """After a job goes idle: drop only incremental dirs when target/ exceeds the cap.
+
+    Deferred (None) while the workspace is running or reserved (a queued job will use it).
+    An incomplete estimate is repaired and measured first."""
+    if ws.running or ws.reserved or cap_bytes <= 0:
+        return None
+    if not ws.complete:
+        return Repair(ws.name, ws.path, "guard")
+    if (ws.target_bytes or 0) > cap_bytes and ws.incremental_bytes:
+        return DropIncremental(ws.name, ws.path, ws.incremental_bytes, pass_name="guard")
+    return None
+
+
+def sweep_due(ws: Workspace, last_sweep_ms: int | None, now_ms: int) -> bool:
+    """The daily stale-unit sweep: idle workspaces, at most once per day per runner lifetime."""
+    if ws.running or ws.reserved:
+        return False
+    return last_sweep_ms is None or now_ms - last_sweep_ms >= SWEEP_EVERY_MS
+
+
+def idle_expired(ws: Workspace, now_ms: int) -> bool:
+    """Task workspaces are deleted after 24 h idle; head workspaces survive idle expiry."""
+    if ws.kind != "task" or ws.running or ws.reserved or not ws.catalogued:
+        return False
+    return now_ms - ws.last_used_ms >= TASK_IDLE_MS
+
+
+def bundle_pinned(last_used_ms: int, needed: bool, now_ms: int) -> bool:
+    """A bundle stays while a job or transfer needs it and 24 h after its last use."""
+    return needed or now_ms - last_used_ms < BUNDLE_RETENTION_MS

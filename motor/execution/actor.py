@@ -35,12 +35,15 @@ import msgspec
 
 import actors
 
-from ..accounting.actor import JobEnded
+from ..accounting.actor import JobEnded, JobStarted, notify
+from ..accounting.core import with_reservation_use
 from ..clock import uuid7_ms
 from ..cpu.actor import Release
+from ..disk.actor import JobIdle, PrepareSetup, offload
+from ..disk.bundles import BundleError, unpack_into
 from ..scheduling.messages import Finished, SetupDone, StartFailed
 from ..store.actor import Save
-from ..records import JobRecord, Output, Started, Terminal, public_record
+from ..records import Refusal, JobRecord, Output, Started, Terminal, public_record
 from . import joblog
 from .spawner import cancel_keeper, process_alive, wait_process_exit
 
@@ -71,6 +74,7 @@ class JobDeps:
     clock: Any
     jobs_dir: Path
     workspace_root: Path
+    disk: Any = None  # ActorRef of the disk actor (setup admission, bundles, idle workspaces)
 
 
 def job_dir(deps: JobDeps, job_id: str) -> Path:
@@ -81,16 +85,32 @@ def retain_until(record: JobRecord) -> int:
     return max(record.ended_at_ms or 0, uuid7_ms(record.job_id)) + RETENTION_MS
 
 
-def terminal_from_status(record: JobRecord, status: dict | None, now_ms: int) -> JobRecord:
-    """The terminal record for a job whose keeper has exited (status None: lost)."""
+def terminal_from_status(record: JobRecord, status: dict | None, now_ms: int,
+                         facts: dict | None = None) -> JobRecord:
+    """The terminal record for a job whose keeper has exited (status None: lost).
+
+    `facts` are the isolation backend's findings (`oom_killed`, `memory_max`): an OOM kill
+    ends the job `failed` with reason `oom_killed`, unless it had already timed out or been
+    cancelled; the exit code or signal stay what the keeper saw (the victim may have been
+    a child of the job's main process).
+    """
+    oom = bool(facts and facts.get("oom_killed"))
+    oom_detail = (f"killed by the kernel OOM killer (memory limit "
+                  f"{(facts or {}).get('memory_max') or record.memory_max_bytes} bytes)")
     if status is None:
         return msgspec.structs.replace(
             record, state="lost", ended_at_ms=now_ms, reason="keeper_lost",
-            detail="the job's keeper exited without recording an exit status",
+            detail="the job's keeper exited without recording an exit status"
+                   + (f"; {oom_detail}" if oom else ""),
             waiting_on=None, waiting_on_job=None)
     reason = status.get("reason")
     exit_code, signal = status.get("exit_code"), status.get("signal")
-    if reason == "timed_out":
+    if oom and reason not in ("timed_out", "cancelled"):
+        reason = "oom_killed"
+        status = {**status, "detail": oom_detail}
+    if reason == "oom_killed":
+        state = "failed"
+    elif reason == "timed_out":
         state = "timed_out"
     elif reason == "cancelled":
         state = "cancelled"
@@ -144,6 +164,8 @@ class JobExecution(actors.Actor):
             if kept:
                 self.keeper = (kept["keeper_pid"], kept["keeper_create_time"])
             log.info("%s: adopted (keeper %s)", self.name, self.keeper)
+            if not self.deps.backend.adopt(self.record.job_id):
+                log.warning("%s: its isolation group is gone; following it without one", self.name)
             if self.record.state != "running":
                 await self._mark_running(kept.get("started_at_ms"))
         if self.cancel_requested and self.keeper is not None:
@@ -154,9 +176,24 @@ class JobExecution(actors.Actor):
 
     async def _setup(self) -> bool:
         deps, record = self.deps, self.record
+        prepared = False
         try:
             cwd = deps.workspace_root / record.workspace
+            if deps.disk is not None:  # disk check again before setup; catalog the workspace
+                plan = await deps.disk.call(PrepareSetup(
+                    record.job_id, record.workspace, tuple(record.siblings),
+                    kind=record.workspace_kind, bundle_sha256=record.bundle_sha256), timeout=600)
+                if plan.refusal is not None:
+                    await self._refuse_setup(plan.refusal)
+                    return False
             cwd.mkdir(parents=True, exist_ok=True)
+            if deps.disk is not None and plan.bundle is not None:
+                try:  # the bundle becomes the workspace's source before anything runs
+                    await offload(
+                        unpack_into, Path(plan.bundle), str(cwd), plan.root, record.job_id)
+                except BundleError as exc:
+                    await self._refuse_setup(Refusal(code="workspace_setup_failed", detail=str(exc)))
+                    return False
             self.dir.mkdir(parents=True, exist_ok=True)
             env = dict(os.environ)
             env.update(record.env)
@@ -173,18 +210,38 @@ class JobExecution(actors.Actor):
                 "cpus": record.cpus,
                 "timeout_s": record.timeout_s,
                 "kill_grace_s": 10.0,
-                **deps.backend.spec_fields(record.job_id, record.cpus, record.memory_max_bytes),
             }
+            # the isolation backend confines the job (cgroup: its groups, limits, cgroup.procs)
+            prepared = True
+            spec.update(await trio.to_thread.run_sync(
+                deps.backend.prepare, record.job_id, record.cpus, record.memory_max_bytes))
             joblog.write_json_atomic(self.dir / "spec.json", spec)
             handle = await deps.spawner.spawn(self.dir)
         except Exception as exc:  # a failed start: requeue with the retry delay
             log.warning("%s: start failed: %s", self.name, exc)
+            if prepared:  # remove the job's groups again
+                await trio.to_thread.run_sync(deps.backend.finish, record.job_id)
             await deps.cpu.call(_release(record.job_id))
             await deps.dispatcher.cast(StartFailed(record.job_id, f"{type(exc).__name__}: {exc}"))
             return False
         self.keeper = (handle.pid, handle.create_time)
         await self._mark_running(None)
         return True
+
+    async def _refuse_setup(self, refusal) -> None:
+        """End the job refused_before_start (e.g. runner_disk_full at the setup check)."""
+        deps = self.deps
+        log.warning("%s: refused at setup: %s", self.name, refusal.line())
+        record = msgspec.structs.replace(
+            self.record, state="refused_before_start", reason=refusal.code,
+            detail=refusal.detail, ended_at_ms=deps.clock.now_ms(), waiting_on=None,
+            waiting_on_job=None)
+        self.record = record
+        await deps.cpu.call(_release(record.job_id))
+        await deps.dispatcher.call(Finished(record.job_id))
+        await deps.store.call(_save(record, [Terminal(record=public_record(record))],
+                                    retain_until_ms=retain_until(record)))
+        notify(deps.accounting, JobEnded(record))
 
     async def _mark_running(self, started_at_ms):
         now = self.deps.clock.now_ms()
@@ -194,6 +251,9 @@ class JobExecution(actors.Actor):
         await self.deps.store.call(_save(self.record, [Started(cpus=self.record.cpus,
                                                                attempt=self.record.attempts)]))
         await self.deps.dispatcher.cast(SetupDone(self.record.job_id))
+        notify(self.deps.accounting, JobStarted(
+            self.record.job_id, self.record.repository, self.record.workspace, self.record.claim,
+            self.record.started_at_ms, self.record.queue_wait_ms))
 
     async def _follow(self):
         log_path = self.dir / "output.log"
@@ -241,14 +301,21 @@ class JobExecution(actors.Actor):
             status = None
         if status is None and self.keeper is not None and process_alive(*self.keeper):
             status = None  # cannot happen after wait_process_exit; kept for clarity
-        record = terminal_from_status(self.record, status, deps.clock.now_ms())
+        facts = await trio.to_thread.run_sync(
+            deps.backend.finish, self.record.job_id, status.get("signal") if status else None)
+        if status is not None and facts.get("cpu_time_ms") is not None:
+            status["cpu_time_ms"] = facts["cpu_time_ms"]  # the group's figure covers the whole tree
+        record = terminal_from_status(self.record, status, deps.clock.now_ms(), facts)
+        record = with_reservation_use(record, status)  # unchanged when unmeasured
         self.record = record
         # Capacity first, so whoever sees the terminal event also sees the permits free.
         await deps.cpu.call(_release(record.job_id))
         await deps.dispatcher.call(Finished(record.job_id))
         await deps.store.call(_save(record, [Terminal(record=public_record(record))],
                                     retain_until_ms=retain_until(record)))
-        await deps.accounting.cast(JobEnded(record.job_id, record.state))
+        notify(deps.accounting, JobEnded(record))
+        if deps.disk is not None:  # idle now: measure it, apply the build-folder cap
+            await deps.disk.cast(JobIdle(record.job_id, record.workspace, tuple(record.siblings)))
         log.info("%s: %s (exit %s, signal %s)", self.name, record.state, record.exit_code,
                  record.signal)
 

@@ -115,6 +115,40 @@ def _resolve_executable(cmd0: str, env: dict[str, str]) -> str:
     raise FileNotFoundError(errno.ENOENT, "command not found", cmd0)
 
 
+#: How much more the job's processes score for the OOM killer than their keeper, when the
+#: job runs in a memory cgroup. The keeper lives in the job's group, and an OOM kill there
+#: must take a job process, never the keeper that records the status (a job made of many
+#: small processes would otherwise lose it). Raising a score needs no privilege (lowering
+#: the keeper's would need CAP_SYS_RESOURCE), so the keeper raises its own score just for
+#: the spawn, which the job inherits, and restores it right after.
+JOB_OOM_SCORE_BUMP = 500
+_OOM_SCORE_ADJ = "/proc/self/oom_score_adj"
+
+
+def _set_oom_score_adj(value: int) -> bool:
+    try:
+        fd = os.open(_OOM_SCORE_ADJ, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, str(value).encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    return True
+
+
+def _raise_oom_score_for_spawn() -> int | None:
+    """Raise our own oom_score_adj (the job inherits it); return the value to restore."""
+    try:
+        with open(_OOM_SCORE_ADJ, "rb") as f:
+            old = int(f.read())
+    except (OSError, ValueError):
+        return None
+    if not _set_oom_score_adj(min(1000, old + JOB_OOM_SCORE_BUMP)):
+        return None
+    return old
+
+
 class _SpawnFailed(Exception):
     pass
 
@@ -267,6 +301,7 @@ class _Keeper:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         self.started_at_ms = _now_ms()
+        restore_oom = _raise_oom_score_for_spawn() if spec.get("cgroup_procs") else None
         try:
             exe = _resolve_executable(cmd0, env)
             pid = os.posix_spawn(
@@ -291,6 +326,9 @@ class _Keeper:
             for fd in (out_r, out_w, err_r, err_w):
                 os.close(fd)
             raise _SpawnFailed(f"cannot execute {cmd0!r}: {exc}") from None
+        finally:
+            if restore_oom is not None:
+                _set_oom_score_adj(restore_oom)
         os.close(out_w)
         os.close(err_w)
         me_pid = os.getpid()

@@ -1,59 +1,96 @@
 """Isolation backends: how a job's process tree is pinned to its CPUs and capped.
 
-One interface, chosen at start-up (`--isolation`), reported in health:
+One interface (`Backend`), chosen at start-up (`--isolation`), reported in health
+(docs/isolation.md):
 
+- `systemd`: not built yet; asking for it is a start-up error (and `auto` skips it).
+- `cgroup`: a group per job under a motor parent group (cgroup v2, or writable v1
+  cpuset/memory/cpuacct hierarchies). Enforces the CPU set and the memory cap; OOM kills
+  and CPU time come from the group (`motor.isolation.cgroup`).
 - `affinity`: the keeper sets its own CPU affinity to the job's CPUs before spawning the
   job, so the whole process tree inherits it. Enforces the CPU set; no memory cap.
 - `none`: CPU sets are chosen and recorded but nothing is pinned (fake topologies in tests).
 
-`auto` picks the strongest backend this host supports. The `cgroup` and `systemd` backends
-(CPU set plus memory cap through cgroups) are not built yet: asking for them explicitly
-is a start-up error rather than a silent downgrade.
+`auto` picks the strongest backend this host supports, in that order, and says in the
+backend's notes why it skipped the stronger ones. Asking for a backend explicitly never
+downgrades silently: it is a start-up error naming what the host lacks.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
+from .base import AFFINITY, NONE, Backend, IsolationError, affinity_supported
+
+__all__ = [
+    "AFFINITY",
+    "NONE",
+    "Backend",
+    "HostProbe",
+    "IsolationError",
+    "affinity_supported",
+    "choose_backend",
+]
 
 
-class IsolationError(RuntimeError):
-    """The requested backend cannot work on this host."""
+class HostProbe:
+    """What `choose_backend` asks the host (tests pass a fake).
+
+    `cgroup_parent` names the group that plays the jobs slice (`--cgroup-parent`).
+    """
+
+    def __init__(self, cgroup_parent: str = "motor-jobs"):
+        self.cgroup_parent = cgroup_parent
+
+    def pid1(self) -> str:
+        try:
+            with open("/proc/1/comm") as f:
+                return f.read().strip()
+        except OSError:
+            return "unknown"
+
+    def cgroup(self) -> Backend:
+        """A working cgroup backend, or IsolationError naming what is missing."""
+        from .cgroup import open_cgroup_backend
+
+        return open_cgroup_backend(parent=self.cgroup_parent)
+
+    def affinity(self) -> bool:
+        return affinity_supported()
 
 
-@dataclass(frozen=True)
-class Backend:
-    name: str
-    enforces: tuple[str, ...]  # subset of ("cpus", "memory")
-    notes: tuple[str, ...] = field(default=())
-
-    def spec_fields(self, job_id: str, cpus: list[int] | None, memory_max: int | None) -> dict:
-        """What the keeper's spec.json needs to confine this job."""
-        return {"pin": "cpus" in self.enforces and bool(cpus), "cgroup_procs": []}
-
-    def health(self) -> dict:
-        return {"backend": self.name, "enforces": list(self.enforces), "notes": list(self.notes)}
-
-
-AFFINITY = Backend("affinity", ("cpus",), ("memory caps need the cgroup or systemd backend",))
-NONE = Backend("none", (), ("CPU sets are recorded, not enforced",))
-
-
-def affinity_supported() -> bool:
-    try:
-        os.sched_getaffinity(0)
-    except (AttributeError, OSError):
-        return False
-    return True
-
-
-def choose_backend(requested: str) -> Backend:
+def choose_backend(requested: str, *, probe: HostProbe | None = None) -> Backend:
+    probe = probe or HostProbe()
     if requested == "none":
         return NONE
-    if requested in ("affinity", "auto"):
-        if affinity_supported():
+    if requested == "systemd":
+        pid1 = probe.pid1()
+        if pid1 != "systemd":
+            raise IsolationError(
+                f"--isolation systemd: systemd is not PID 1 on this host (PID 1 is {pid1!r}); "
+                "use --isolation cgroup")
+        raise IsolationError("--isolation systemd: the systemd backend is not built yet; "
+                             "use --isolation cgroup")
+    if requested == "cgroup":
+        try:
+            return probe.cgroup()
+        except IsolationError as exc:
+            raise IsolationError(f"--isolation cgroup: {exc}") from None
+    if requested == "affinity":
+        if probe.affinity():
             return AFFINITY
-        if requested == "auto":
-            return NONE
         raise IsolationError("--isolation affinity: sched_setaffinity is not available here")
-    raise IsolationError(f"--isolation {requested}: this backend is not available in this build")
+    if requested == "auto":
+        pid1 = probe.pid1()
+        if pid1 == "systemd":
+            notes = ["auto: systemd is PID 1 but the systemd backend is not built yet"]
+        else:
+            notes = [f"auto: systemd backend skipped (PID 1 is {pid1!r}, not systemd)"]
+        try:
+            return probe.cgroup().with_notes(*notes)
+        except IsolationError as exc:
+            notes.append(f"auto: cgroup backend unavailable: {exc}")
+        if probe.affinity():
+            return AFFINITY.with_notes(*notes)
+        notes.append("auto: sched_setaffinity is not available")
+        return NONE.with_notes(*notes)
+    raise IsolationError(f"--isolation {requested}: unknown backend "
+                         "(auto, systemd, cgroup, affinity, none)")

@@ -2,9 +2,11 @@
 
 Each pass (at start-up and then every `interval_s`, at least once a minute):
 - retention: deletes job records, events and job directories 24 hours after the later of
-  the job's end and its UUIDv7 time (scheduling.md, "Retention").
-
-Later work adds the slice/capacity re-read and build-folder caps to the same pass.
+  the job's end and its UUIDv7 time (scheduling.md, "Retention");
+- memory ceiling: re-reads the capacity file's declared `jobs_min_bytes` and the jobs
+  group's live memory limit, and tells the dispatcher when either changed, so the next
+  job is decided with the new figures (scheduling.md: "at startup and at each maintenance
+  pass (at least once a minute), not on every admission").
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import trio
 
 import actors
 
+from ..memory.core import MemoryCeiling
+from ..scheduling.messages import CeilingChanged
 from ..store.actor import Expire
 
 log = logging.getLogger("motor.maintenance")
@@ -30,8 +34,15 @@ class RunPass:
 
 
 class Maintenance(actors.Actor):
-    def __init__(self, *, store: Any, clock: Any, jobs_dir: Path, interval_s: float = 60.0):
+    def __init__(self, *, store: Any, clock: Any, jobs_dir: Path, interval_s: float = 60.0,
+                 read_ceiling: Callable[[], MemoryCeiling] | None = None,
+                 dispatcher: Callable[[], Any] | None = None, ceiling: MemoryCeiling | None = None,
+                 disk: Callable[[], Any] | None = None):
         super().__init__(name="maintenance")
+        self.disk = disk  # () -> the disk actor's ref: its periodic work runs in each pass
+        self.read_ceiling = read_ceiling
+        self.dispatcher = dispatcher
+        self.ceiling = ceiling
         self.store = store
         self.clock = clock
         self.jobs_dir = jobs_dir
@@ -61,7 +72,23 @@ class Maintenance(actors.Actor):
             expired += len(ids)
             if not ids:
                 break
+        changed = False
+        if self.read_ceiling is not None:
+            ceiling = self.read_ceiling()
+            if ceiling != self.ceiling:
+                log.info("maintenance: memory ceiling now %s", ceiling)
+                self.ceiling = ceiling
+                await self.dispatcher().cast(CeilingChanged(ceiling))
+                changed = True
+        disk = None
+        if self.disk is not None:  # trash, idle expiry, daily sweep, guard, bundles, pressure
+            try:
+                from ..disk.actor import Periodic
+
+                disk = await self.disk().call(Periodic(), timeout=600)
+            except (actors.ActorDead, actors.CallTimeout) as exc:
+                log.warning("maintenance: disk pass failed: %s", exc)
         self.passes += 1
         if expired:
             log.info("maintenance: expired %d job records", expired)
-        return {"expired": expired}
+        return {"expired": expired, "ceiling_changed": changed}

@@ -26,12 +26,13 @@ import trio
 
 import actors
 
-from ..accounting.actor import AdmissionRefused, JobEnded
+from ..accounting.actor import AdmissionRefused, JobEnded, notify
 from ..clock import uuid7
 from ..config import parse_size
 from ..cpu.actor import Place
-from ..disk.actor import Admit
+from ..disk.actor import Admit, HasBundle
 from ..execution.actor import Cancel, JobDeps, JobExecution, retain_until
+from ..memory.core import MemoryCeiling, admission as memory_admission, unit_limit
 from ..records import (
     Accepted, JobRecord, JobRequest, Queued, Refusal, RequestError, Terminal, public_record,
     validate_request,
@@ -39,7 +40,8 @@ from ..records import (
 from ..store.actor import Save
 from .core import JobSpec, Scheduler, claim_for, gate_honoured, queue_wait_budget_s
 from .messages import (
-    CancelJob, Finished, QueuedView, SetupDone, StartFailed, StatusView, Submit, Tick, Withdraw,
+    BundleArrived, CancelJob, CeilingChanged, Finished, Heartbeat, QueuedView, SetupDone, StartFailed, StatusView, Submit, Tick,
+    Unfollowed, Withdraw,
 )
 
 log = logging.getLogger("motor.dispatcher")
@@ -52,6 +54,7 @@ class DispatchDeps:
     disk: Any
     claim_limit: int
     capabilities: tuple[str, ...]
+    ceiling: MemoryCeiling = MemoryCeiling()  # as read at start-up; maintenance sends changes
 
 
 def spec_of(record: JobRecord) -> JobSpec:
@@ -61,6 +64,11 @@ def spec_of(record: JobRecord) -> JobSpec:
         queue_wait_limit_s=record.queue_wait_limit_s, timeout_s=record.timeout_s,
         spill_eligible=record.spill_eligible, runner_enforces_budget=not record.follow,
     )
+
+
+@dataclass(frozen=True)
+class _Dispatch:
+    """Internal: run the start decision (queued by a submit, after its reply)."""
 
 
 class Dispatcher(actors.Actor):
@@ -75,8 +83,10 @@ class Dispatcher(actors.Actor):
             claim_limit=deps.claim_limit, confined_cpu_list=config.linux_cpus,
             default_spill_s=config.queue_wait_default_s,
         )
+        self.ceiling = deps.ceiling  # the memory ceiling admission decides with
         self.queued: dict[str, JobRecord] = {}  # {job_id: record} jobs waiting (owned here)
         self.active: set[str] = set()  # job ids setting up or running (records owned by job actors)
+        self._dispatch_pending = False  # a _Dispatch message is in our inbox
         self._timer: trio.CancelScope | None = None
         self._wakeup = math.inf
 
@@ -96,7 +106,8 @@ class Dispatcher(actors.Actor):
             spec = spec_of(record)
             if record.state == "queued":
                 self.core.accept(spec, now, force=True)
-                self.core.ready(record.job_id, now)
+                if record.bundle_sha256 is None or await deps.disk.call(HasBundle(record.bundle_sha256)):
+                    self.core.ready(record.job_id, now)
                 self.queued[record.job_id] = record
                 continue
             self.core.adopt_running(spec, now)
@@ -133,7 +144,8 @@ class Dispatcher(actors.Actor):
         if isinstance(msg, Submit):
             reply = await self._submit(msg.request, msg.follow, now)
         elif isinstance(msg, SetupDone):
-            self.core.setup_done(msg.job_id, now)
+            if self.core.job_state(msg.job_id) == "setting_up":  # adopted after a restart: running
+                self.core.setup_done(msg.job_id, now)
         elif isinstance(msg, StartFailed):
             await self._start_failed(msg, now)
         elif isinstance(msg, Finished):
@@ -146,13 +158,37 @@ class Dispatcher(actors.Actor):
         elif isinstance(msg, QueuedView):
             record = self.queued.get(msg.job_id)
             reply = None if record is None else self._live_view(record, now)
+        elif isinstance(msg, BundleArrived):
+            self._bundle_arrived(msg.sha256, now)
+        elif isinstance(msg, CeilingChanged):
+            self.ceiling = self.deps.ceiling = msg.ceiling
+        elif isinstance(msg, Heartbeat):
+            if msg.job_id in self.queued:
+                reply = Queued(**self._wait_fields(msg.job_id, now),
+                               queue_wait_budget_ms=int(self._budget_s(msg.job_id) * 1000))
+        elif isinstance(msg, Unfollowed):
+            if msg.job_id in self.queued:
+                self.core.set_runner_enforced(msg.job_id, True)
         elif isinstance(msg, StatusView):
             reply = self._status(now)
         elif isinstance(msg, Tick):
             for job_id in self.core.expired(now):
                 await self._withdraw(job_id, now, reason="queue_wait_exceeded")
+        elif isinstance(msg, _Dispatch):
+            self._dispatch_pending = False
         else:
             raise TypeError(f"dispatcher: unknown message {msg!r}")
+        if isinstance(msg, (QueuedView, Heartbeat, StatusView)):
+            return reply  # read-only: nothing to decide
+        if isinstance(msg, Submit):
+            # Answer the submitter first; the start decision follows as the next message.
+            if not self._dispatch_pending:
+                try:
+                    self.ref.cast_nowait(_Dispatch())
+                    self._dispatch_pending = True
+                except actors.InboxFull:
+                    await self._start_heads()
+            return reply
         await self._start_heads()
         return reply
 
@@ -165,14 +201,17 @@ class Dispatcher(actors.Actor):
         claim = claim_for(req.weight_hint, req.kind, deps.claim_limit)
         refusal = self.core.check_claim(claim)
         if refusal is None:
-            refusal = await deps.disk.call(Admit())
-        gate = gate_honoured(req.gate, req.capabilities) and "gate_jobs" in deps.capabilities
+            refusal = memory_admission(self.ceiling)
         job_id = uuid7(deps.job.clock.now_ms())
+        if refusal is None:  # protects the job's workspace and siblings from cleanup from now on
+            refusal = await deps.disk.call(Admit(job_id, req.workspace, tuple(req.siblings)))
+        gate = gate_honoured(req.gate, req.capabilities) and "gate_jobs" in deps.capabilities
         record = JobRecord(
             job_id=job_id, state="queued", workspace=req.workspace,
             workspace_kind=req.workspace_kind, siblings=list(req.siblings),
             repository=req.repository, command=list(req.command), kind=req.kind, gate=gate,
-            claim=claim, memory_max_bytes=req.memory_max_bytes or claim * _per_vcpu(deps),
+            claim=claim,
+            memory_max_bytes=unit_limit(req.memory_max_bytes or claim * _per_vcpu(deps), self.ceiling),
             accepted_at_ms=deps.job.clock.now_ms(), timeout_s=req.timeout_s,
             queue_wait_limit_s=req.queue_wait_limit_s, spill_eligible=req.spill_eligible,
             follow=follow, env=dict(req.env), bundle_sha256=req.bundle_sha256,
@@ -182,7 +221,7 @@ class Dispatcher(actors.Actor):
             if core_refusal is not None:
                 refusal = Refusal(code=core_refusal.code, detail=core_refusal.detail)
         if refusal is not None:
-            await deps.job.accounting.cast(AdmissionRefused(refusal.code))
+            notify(deps.job.accounting, AdmissionRefused(refusal.code))
             return refusal if isinstance(refusal, Refusal) else Refusal(
                 code=refusal.code, detail=refusal.detail)
         record = msgspec.structs.replace(record, queued_at_ms=record.accepted_at_ms)
@@ -192,9 +231,18 @@ class Dispatcher(actors.Actor):
             Accepted(job_id=job_id, claim=claim, capabilities=list(deps.capabilities)),
             Queued(queue_wait_budget_ms=budget_ms),
         ]))
-        self.core.ready(job_id, now)
         self.queued[job_id] = record
+        # Bundle present (verified, pinned): ready now. Missing: it waits, accepted and counted
+        # in max_queue_depth, until the upload arrives (BundleArrived); its clock starts then.
+        if req.bundle_sha256 is None or await deps.disk.call(HasBundle(req.bundle_sha256)):
+            self.core.ready(job_id, now)
         return record
+
+    def _bundle_arrived(self, sha256: str, now: float) -> None:
+        for job_id, record in list(self.queued.items()):
+            if (record.bundle_sha256 == sha256
+                    and self.core.job_state(job_id) == "awaiting_bundles"):
+                self.core.ready(job_id, now)
 
     async def _start_heads(self):
         deps = self.deps
@@ -227,7 +275,8 @@ class Dispatcher(actors.Actor):
         record = msgspec.structs.replace(record, state="queued", cpus=None, detail=msg.detail)
         self.queued[msg.job_id] = record
         await self.deps.job.store.call(Save(record=record, events=[
-            Queued(**self._wait_fields(msg.job_id, now))]))
+            Queued(**self._wait_fields(msg.job_id, now),
+                   queue_wait_budget_ms=int(self._budget_s(msg.job_id) * 1000))]))
 
     async def _cancel(self, job_id: str, now: float) -> str:
         if job_id in self.queued:
@@ -269,7 +318,7 @@ class Dispatcher(actors.Actor):
         await self.deps.job.store.call(Save(
             record=record, events=[Terminal(record=public_record(record))],
             retain_until_ms=retain_until(record)))
-        await self.deps.job.accounting.cast(JobEnded(job_id, state))
+        notify(self.deps.job.accounting, JobEnded(record))
 
     # -- views ---------------------------------------------------------------------------
 

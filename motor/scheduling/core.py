@@ -89,6 +89,7 @@ event changes.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import math
 from collections import OrderedDict, deque
@@ -444,6 +445,20 @@ class Scheduler:
                    f"{ws} at position {len(dq)}")
         self._reclassify(now)
         return True
+
+    def set_runner_enforced(self, job_id: str, enforced: bool) -> None:
+        """Who enforces a pending job's queue-wait budget: the runner (`expired`) or a client
+        that follows it. A follower that goes away hands enforcement back to the runner."""
+        job = self._jobs.get(job_id)
+        if job is None or job.state not in ("awaiting_bundles", "queued"):
+            return
+        job.spec = dataclasses.replace(job.spec, runner_enforces_budget=enforced)
+        if job.state == "queued":
+            if enforced:
+                self._enforced[job_id] = None
+            else:
+                self._enforced.pop(job_id, None)
+        self._tell(job, self._t, "budget enforced by the " + ("runner" if enforced else "client"))
 
     def adopt_running(self, spec: JobSpec, now: float) -> None:
         """Count a job that was setting up or running before a restart as running now.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..memory.core import MemoryCeiling
 from ..records import JobRequest
 
 
@@ -61,3 +62,31 @@ class StatusView:
 @dataclass(frozen=True)
 class Tick:
     """Internal: a retry delay, grace or budget deadline has passed."""
+
+
+@dataclass(frozen=True)
+class Unfollowed:
+    """The client following a queued job went away: the runner enforces its budget now."""
+
+    job_id: str
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Reply: a `queued` event with the live queue_wait_ms, waiting_on and budget, or None."""
+
+    job_id: str
+
+
+@dataclass(frozen=True)
+class CeilingChanged:
+    """Maintenance read a different memory ceiling (capacity file or jobs group limit)."""
+
+    ceiling: "MemoryCeiling"
+
+
+@dataclass(frozen=True)
+class BundleArrived:
+    """A source bundle was uploaded, verified and pinned: jobs awaiting it join their queues."""
+
+    sha256: str

@@ -114,6 +114,7 @@ class FakeRunner:
         self.withdraw_result = "withdrawn"
         self.explode = False
         self.jobs_calls: list[bool] = []
+        self.unfollowed: list[str] = []
 
     # -- facade ------------------------------------------------------------------------------
 
@@ -165,6 +166,17 @@ class FakeRunner:
                 if isinstance(event, Terminal):
                     return
             await job.changed.wait()
+
+    async def follow(self, job_id: str):
+        """The submitting client's stream; records when it went away early."""
+        ended = False
+        try:
+            async for event in self.events(job_id, 0):
+                ended = isinstance(event, Terminal)
+                yield event
+        finally:
+            if not ended:
+                self.unfollowed.append(job_id)
 
     async def cancel(self, job_id: str) -> JobRecord:
         job = self._job(job_id)

@@ -142,7 +142,7 @@ def test_serve_start_up_failure_is_one_line(tmp_path, fake_serve_forever, capsys
         (["run", "--kind", "huge", "--", "make"], "--kind"),
         (["run", "--env", "NOEQUALS", "--", "make"], "--env"),
         (["run", "--memory-max", "lots", "--", "make"], "--memory-max"),
-        (["run", "--bundle", "src.tar", "--", "make"], "not supported yet"),
+        (["run", "--bundle", "src.tar", "--", "make"], "--bundle"),
         (["status", "--", "make"], "takes no command"),
         (["attach"], "JOB"),
     ],

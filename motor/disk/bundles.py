@@ -1,0 +1,265 @@
+"""Source bundles: streamed upload, digest check, pinning, and safe unpacking.
+
+Store layout (`<state>/bundles/`):
+- `<sha>.partial.<nonce>`  an upload in progress (one per transfer; removed on any failure);
+- `<sha>`                  a verified bundle (renamed into place only after the digest matched);
+- `pins.json`              {sha: last_used_ms}: the retention clock, which survives restarts.
+
+A bundle is pinned while a live job names it, while a transfer of it is in progress, and for
+24 hours after its last use (upload, or a job's setup); maintenance removes the rest.
+
+Unpacking (`unpack_into`) happens in a fresh staging directory beside the workspace (same
+filesystem), which is removed on any failure, so a refused bundle leaves nothing behind;
+only when the whole archive is unpacked are its top-level entries moved into the workspace
+(an existing entry of the same name is first moved to the trash, never followed).
+A tar member is refused when its name is absolute or has a `..` component, when it is a
+device or fifo, when a hard link names a path outside the archive root, or when a symlink
+is absolute or resolves outside the root; extraction also runs under `tarfile.data_filter`.
+A git bundle (`# v2 git bundle` / `# v3 git bundle`) is cloned with `git clone`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import shutil
+import stat
+import subprocess
+import tarfile
+import uuid
+from pathlib import Path
+from typing import Iterable
+
+from . import trash
+from .core import BUNDLE_RETENTION_MS
+
+CHUNK = 256 * 1024
+STAGING = ".motor-staging"
+
+
+class BundleError(Exception):
+    """A bundle that does not match its digest or cannot be unpacked safely."""
+
+
+def valid_sha(sha: str) -> bool:
+    return len(sha) == 64 and all(c in "0123456789abcdef" for c in sha)
+
+
+class BundleStore:
+    def __init__(self, state_dir: Path):
+        self.dir = Path(state_dir) / "bundles"
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.transfers: dict[str, int] = {}  # sha -> uploads in progress
+        self.pins_path = self.dir / "pins.json"
+        self.pins: dict[str, int] = self._load_pins()
+
+    # -- pins -------------------------------------------------------------------------
+
+    def _load_pins(self) -> dict[str, int]:
+        try:
+            data = json.loads(self.pins_path.read_text())
+            return {k: int(v) for k, v in data.items() if valid_sha(k)}
+        except (OSError, ValueError, AttributeError):
+            return {}
+
+    def _save_pins(self) -> None:
+        tmp = self.pins_path.with_name(f"pins.json.{uuid.uuid4().hex[:8]}")
+        tmp.write_text(json.dumps(self.pins, sort_keys=True))
+        os.replace(tmp, self.pins_path)
+
+    def touch(self, sha: str, now_ms: int) -> None:
+        """Record a use (upload, setup): the 24 h retention counts from the latest."""
+        self.pins[sha] = max(now_ms, self.pins.get(sha, 0))
+        self._save_pins()
+
+    def path(self, sha: str) -> Path:
+        return self.dir / sha
+
+    def has(self, sha: str) -> bool:
+        return valid_sha(sha) and self.path(sha).is_file()
+
+    # -- upload -----------------------------------------------------------------------
+
+    def begin(self, sha: str) -> "Upload":
+        if not valid_sha(sha):
+            raise BundleError("a bundle is named by 64 lowercase hex digits of its sha256")
+        self.transfers[sha] = self.transfers.get(sha, 0) + 1
+        return Upload(self, sha)
+
+    def _end_transfer(self, sha: str) -> None:
+        n = self.transfers.get(sha, 0) - 1
+        if n <= 0:
+            self.transfers.pop(sha, None)
+        else:
+            self.transfers[sha] = n
+
+    # -- retention --------------------------------------------------------------------
+
+    def expire(self, now_ms: int, needed: Iterable[str]) -> list[str]:
+        """Remove bundles that no job or transfer needs and whose last use is > 24 h old.
+        Stale partial uploads (no transfer in progress) go too."""
+        needed = set(needed) | set(self.transfers)
+        removed = []
+        for entry in os.scandir(self.dir):
+            name = entry.name
+            if ".partial." in name:
+                if name.split(".partial.")[0] not in self.transfers:
+                    _unlink(entry.path)
+                continue
+            if not valid_sha(name):
+                continue
+            last = self.pins.get(name)
+            if last is None:  # a bundle without a pin record (older state): start its clock
+                self.pins[name] = last = now_ms
+                self._save_pins()
+            if name in needed or now_ms - last < BUNDLE_RETENTION_MS:
+                continue
+            _unlink(entry.path)
+            self.pins.pop(name, None)
+            removed.append(name)
+        if removed:
+            self._save_pins()
+        return removed
+
+
+class Upload:
+    """One transfer: write chunks to a private partial file, hash them, then commit."""
+
+    def __init__(self, store: BundleStore, sha: str):
+        self.store, self.sha = store, sha
+        self.partial = store.dir / f"{sha}.partial.{uuid.uuid4().hex[:12]}"
+        self.fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        self.hash = hashlib.sha256()
+        self.size = 0
+        self.done = False
+
+    def write(self, chunk: bytes) -> None:
+        view = memoryview(chunk)
+        while view:
+            n = os.write(self.fd, view)
+            view = view[n:]
+        self.hash.update(chunk)
+        self.size += len(chunk)
+
+    def commit(self, now_ms: int) -> int:
+        """Verify the digest and rename into place; BundleError (and nothing left) if not."""
+        try:
+            os.fsync(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+            got = self.hash.hexdigest()
+            if got != self.sha:
+                raise BundleError(f"bundle digest mismatch: the body's sha256 is {got}, "
+                                  f"not {self.sha}")
+            os.replace(self.partial, self.store.path(self.sha))
+            self.store.touch(self.sha, now_ms)
+            return self.size
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        _unlink(self.partial)
+        self.store._end_transfer(self.sha)
+
+
+def _unlink(path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+# --- unpacking -------------------------------------------------------------------------
+
+
+def is_git_bundle(path: Path) -> bool:
+    with open(path, "rb") as f:
+        head = f.read(20)
+    return head.startswith(b"# v2 git bundle") or head.startswith(b"# v3 git bundle")
+
+
+def check_tar_members(tf: tarfile.TarFile) -> list[tarfile.TarInfo]:
+    """Every member, or BundleError naming the first one that could escape the root."""
+    members = tf.getmembers()
+    for m in members:
+        name = m.name
+        if name.startswith("/") or name.startswith("\\") or (len(name) > 1 and name[1] == ":"):
+            raise BundleError(f"bundle member {name!r} has an absolute name")
+        norm = posixpath.normpath(name)
+        if norm == ".." or norm.startswith("../") or ".." in name.split("/"):
+            raise BundleError(f"bundle member {name!r} leaves the workspace")
+        if m.ischr() or m.isblk() or m.isfifo() or not (m.isreg() or m.isdir() or m.issym() or m.islnk()):
+            raise BundleError(f"bundle member {name!r} is not a file, directory or link")
+        if m.issym():
+            target = m.linkname
+            if target.startswith("/"):
+                raise BundleError(f"bundle symlink {name!r} points to the absolute path {target!r}")
+            resolved = posixpath.normpath(posixpath.join(posixpath.dirname(norm), target))
+            if resolved == ".." or resolved.startswith("../"):
+                raise BundleError(f"bundle symlink {name!r} points outside the workspace ({target!r})")
+        if m.islnk():
+            target = posixpath.normpath(m.linkname)
+            if m.linkname.startswith("/") or target == ".." or target.startswith("../"):
+                raise BundleError(f"bundle hard link {name!r} points outside the workspace")
+    return members
+
+
+def _extract_tar(bundle: Path, dest: str) -> None:
+    try:
+        with tarfile.open(bundle, "r:*") as tf:
+            check_tar_members(tf)
+            tf.extractall(dest, filter="data")
+    except tarfile.TarError as exc:
+        raise BundleError(f"bundle is not a readable tar or git bundle: {exc}") from None
+
+
+def _clone_git(bundle: Path, dest: str) -> None:
+    git = shutil.which("git")
+    if git is None:
+        raise BundleError("a git bundle needs git on the runner host")
+    proc = subprocess.run([git, "clone", "--quiet", str(bundle), dest],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+    if proc.returncode != 0:
+        raise BundleError(f"git clone of the bundle failed: {proc.stderr.strip()[:300]}")
+
+
+def unpack_into(bundle: Path, workspace: str, root: str, tag: str = "") -> int:
+    """Unpack `bundle` as the source of `workspace` (a directory under `root`).
+
+    Returns the number of top-level entries placed. On failure nothing is left behind."""
+    staging_root = os.path.join(root, STAGING)
+    os.makedirs(staging_root, mode=0o700, exist_ok=True)
+    stage = os.path.join(staging_root, f"{tag}.{uuid.uuid4().hex}" if tag else uuid.uuid4().hex)
+    os.mkdir(stage, 0o700)
+    try:
+        src = os.path.join(stage, "src")
+        if is_git_bundle(bundle):
+            _clone_git(bundle, src)
+        else:
+            os.mkdir(src, 0o755)
+            _extract_tar(bundle, src)
+        ws_st = os.lstat(workspace)
+        if not stat.S_ISDIR(ws_st.st_mode):
+            raise BundleError(f"workspace {workspace} is not a directory")
+        placed = 0
+        for name in sorted(os.listdir(src)):
+            dest = os.path.join(workspace, name)
+            if os.path.lexists(dest):
+                trash.delete_tree(dest, root)
+            os.rename(os.path.join(src, name), dest)
+            placed += 1
+        return placed
+    finally:
+        try:
+            trash.purge(stage)
+        except OSError:
+            shutil.rmtree(stage, ignore_errors=True)

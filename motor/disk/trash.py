@@ -1,0 +1,157 @@
+"""Deletion that never follows a symlink and never crosses a mount.
+
+A tree is first renamed into a trash directory on its own filesystem (`<root>/.motor-trash`,
+so a caller root's host directory has its private trash), which takes it out of every
+path at once, then emptied through directory file descriptors: `O_NOFOLLOW | O_DIRECTORY`
+opens, an fstat check that the opened directory is the one that was listed, and no descent
+into a directory on another device or listed as a mount point. A symlink is removed as a
+link (its target is never touched); a mount point and whatever leads to it are left in the
+trash and reported, and a later collection tries again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import uuid
+
+from .sizes import mount_points
+
+log = logging.getLogger("motor.disk")
+
+TRASH = ".motor-trash"
+
+
+class UnsafeDelete(Exception):
+    """The path is not a plain directory or file we may delete."""
+
+
+def trash_dir(root: str) -> str:
+    path = os.path.join(root, TRASH)
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def move_to_trash(path: str, root: str) -> str:
+    """Rename `path` (not following it if it is a symlink) into `root`'s trash."""
+    st = os.lstat(path)
+    trash = trash_dir(root)
+    if os.lstat(trash).st_dev != st.st_dev:
+        raise UnsafeDelete(f"{path} is not on the filesystem of its root {root}")
+    dest = os.path.join(trash, f"{os.path.basename(path)}.{uuid.uuid4().hex[:12]}")
+    os.rename(path, dest)
+    return dest
+
+
+def purge(path: str, *, mounts: frozenset[str] | None = None) -> int:
+    """Delete `path` (already in a trash dir). Returns how many entries were left behind
+    because they are (or lead to) another mount or could not be removed."""
+    mounts = mount_points() if mounts is None else mounts
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(path)
+        return 0
+    if path in mounts:
+        return 1
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        if not _same(os.fstat(fd), st):
+            raise UnsafeDelete(f"{path} changed while it was opened")
+        left = _purge_fd(fd, path, st.st_dev, mounts)
+    finally:
+        os.close(fd)
+    if left == 0:
+        try:
+            os.rmdir(path)
+        except OSError:
+            left += 1
+    return left
+
+
+def _same(a: os.stat_result, b: os.stat_result) -> bool:
+    return a.st_dev == b.st_dev and a.st_ino == b.st_ino
+
+
+def _purge_fd(dir_fd: int, path: str, dev: int, mounts: frozenset[str]) -> int:
+    left = 0
+    try:
+        with os.scandir(dir_fd) as it:
+            names = [e.name for e in it]
+    except OSError:
+        # an unreadable directory inside the trash: make it ours and try again once
+        try:
+            os.chmod(dir_fd, 0o700)
+            with os.scandir(dir_fd) as it:
+                names = [e.name for e in it]
+        except OSError:
+            return 1
+    for name in names:
+        child = os.path.join(path, name)
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            try:
+                os.unlink(name, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                left += 1
+            continue
+        if st.st_dev != dev or child in mounts:
+            log.warning("disk: not crossing into the mount at %s", child)
+            left += 1
+            continue
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+        except OSError:
+            left += 1
+            continue
+        try:
+            if not _same(os.fstat(fd), st):
+                left += 1
+                continue
+            sub = _purge_fd(fd, child, dev, mounts)
+        finally:
+            os.close(fd)
+        if sub:
+            left += sub
+            continue
+        try:
+            os.rmdir(name, dir_fd=dir_fd)
+        except OSError:
+            left += 1
+    return left
+
+
+def delete_tree(path: str, root: str) -> int:
+    """Evict `path` (a tree under `root`): rename into root's trash, then purge it."""
+    dest = move_to_trash(path, root)
+    left = purge(dest)
+    if left:
+        log.warning("disk: %d entries of %s stay in the trash (mounts or unremovable)", left, path)
+    return left
+
+
+def delete_inside(path: str, root: str) -> int:
+    """Delete a subtree (an incremental dir, a Cargo unit dir) of a workspace the same way."""
+    return delete_tree(path, root)
+
+
+def collect_trash(root: str) -> int:
+    """Empty what earlier deletions left in `root`'s trash (never crossing mounts)."""
+    trash = os.path.join(root, TRASH)
+    left = 0
+    try:
+        names = os.listdir(trash)
+    except OSError:
+        return 0
+    mounts = mount_points()
+    for name in names:
+        try:
+            left += purge(os.path.join(trash, name), mounts=mounts)
+        except OSError:
+            left += 1
+    return left

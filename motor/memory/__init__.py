@@ -1,0 +1,1 @@
+"""Memory admission and per-job limits: the jobs slice and the declared capacity."""

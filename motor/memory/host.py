@@ -1,0 +1,42 @@
+"""Reading the memory ceiling from the host: the capacity file and the jobs group limit."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Callable
+
+from .core import CapacityFileError, MemoryCeiling, parse_capacity_file
+
+log = logging.getLogger("motor.memory")
+
+
+def read_declared_min(path: str) -> int | None:
+    """The declared jobs_min_bytes; None when the file is absent or undeclared.
+
+    An unreadable or malformed file is logged and treated as undeclared (the safe default:
+    jobs keep running with limits clamped to the jobs group), never a crash.
+    """
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("capacity file %s unreadable (%s); treating jobs_min_bytes as undeclared",
+                    path, exc.strerror)
+        return None
+    try:
+        return parse_capacity_file(text, path)
+    except CapacityFileError as exc:
+        log.warning("%s; treating jobs_min_bytes as undeclared", exc)
+        return None
+
+
+def read_ceiling(capacity_file: str, slice_limit: Callable[[], int | None]) -> MemoryCeiling:
+    try:
+        slice_max = slice_limit()
+    except OSError as exc:
+        log.warning("cannot read the jobs group's memory limit (%s); treating it as unlimited", exc)
+        slice_max = None
+    return MemoryCeiling(declared_min_bytes=read_declared_min(capacity_file),
+                         slice_max_bytes=slice_max, capacity_file=capacity_file)

@@ -1,0 +1,109 @@
+"""CPU placement through the whole runner (embedded, fake 32-thread sysfs, MockClock)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from contextlib import aclosing
+
+import pytest
+import trio
+
+import motor
+from motor.records import JobRequest, RefusedError
+
+from fakesysfs import write_fake_sysfs
+
+
+def config(tmp_path, **kw):
+    sysfs = write_fake_sysfs(tmp_path / "sys", online="0-31")
+    return motor.RunnerConfig(state_dir=str(tmp_path / "state"), isolation="none",
+                              free_space_floor_bytes=0, clock=motor.MockWallClock(),
+                              sysfs_root=str(sysfs), **kw)
+
+
+def barrier_job(path, **kw) -> JobRequest:
+    return JobRequest(command=["sh", "-c", f"while [ ! -e {path} ]; do sleep 0.02; done"], **kw)
+
+
+async def terminal(runner, job_id):
+    async with aclosing(runner.events(job_id)) as events:
+        async for event in events:
+            if event.__struct_config__.tag == "terminal":
+                return event.record
+
+
+async def started(runner, job_id):
+    async with aclosing(runner.events(job_id)) as events:
+        async for event in events:
+            if event.__struct_config__.tag == "started":
+                return event.cpus
+            assert event.__struct_config__.tag != "terminal", event
+
+
+async def test_linux_cpu_list_runs_a_long_twelve_vcpu_job_on_the_eight_listed_cpus(
+        tmp_path, autojump_clock):
+    barrier = tmp_path / "go"
+    cfg = config(tmp_path, linux_cpus="12-15,28-31", max_weight=16)
+    async with motor.open_runner(cfg) as runner:
+        assert runner.host.claim_limit == 16
+        job = await runner.submit(barrier_job(barrier, weight_hint=12, timeout_s=6 * 3600))
+        assert job.claim == 12
+        cpus = await started(runner, job.job_id)
+        assert cpus == [12, 13, 14, 15, 28, 29, 30, 31]
+        record = await runner.get(job.job_id)
+        assert record.state == "running" and record.cpus == cpus and record.claim == 12
+        barrier.write_text("")
+        assert (await terminal(runner, job.job_id))["state"] == "succeeded"
+
+
+async def test_linux_cpu_list_refuses_claims_above_max_weight_before_start_without_waiting(
+        tmp_path, autojump_clock):
+    cfg = config(tmp_path, linux_cpus="12-15,28-31", max_weight=16)
+    async with motor.open_runner(cfg) as runner:
+        t0 = trio.current_time()
+        with pytest.raises(RefusedError) as info:
+            await runner.submit(JobRequest(command=["true"], weight_hint=17))
+        assert trio.current_time() == t0  # refused at once, never queued
+        refusal = info.value.refusal
+        assert refusal.code == "runner_full"
+        assert "16" in refusal.detail and "12-15,28-31" in refusal.detail
+        assert await runner.jobs(all=True) == []
+
+
+async def test_without_a_linux_cpu_list_claims_above_max_weight_still_wait(tmp_path, autojump_clock):
+    barrier = tmp_path / "go"
+    async with motor.open_runner(config(tmp_path, max_weight=8)) as runner:
+        assert runner.host.claim_limit == 30  # 32 threads less the kept-back first core pair
+        small = await runner.submit(barrier_job(barrier, weight_hint=2, workspace="a"))
+        await started(runner, small.job_id)
+        big = await runner.submit(JobRequest(command=["true"], weight_hint=10, workspace="b"))
+        assert big.state == "queued"  # accepted: within the claim limit
+        status = await runner.status()
+        [waiting] = status["queued"]
+        assert waiting["job_id"] == big.job_id and waiting["waiting_on"] == "permits"
+        # it does not block others
+        other = await runner.submit(JobRequest(command=["true"], weight_hint=2, workspace="c"))
+        assert (await terminal(runner, other.job_id))["state"] == "succeeded"
+        assert (await runner.get(big.job_id)).state == "queued"
+        barrier.write_text("")
+        record = await terminal(runner, big.job_id)
+        assert record["state"] == "succeeded" and len(record["cpus"]) == 10
+
+
+async def test_placement_avoids_the_windows_cpus_while_their_slot_lock_is_held(
+        tmp_path, autojump_clock):
+    lock = tmp_path / "windows.lock"
+    lock.write_text("")
+    cfg = config(tmp_path, linux_cpus="12-15,28-31", max_weight=16,
+                 windows_cpus="12,13,28,29", windows_slot_lock=str(lock))
+    async with motor.open_runner(cfg) as runner:
+        fd = os.open(lock, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # the Windows tenant holds its slot
+            job = await runner.submit(JobRequest(command=["true"], weight_hint=4, workspace="a"))
+            assert (await terminal(runner, job.job_id))["cpus"] == [14, 15, 30, 31]
+        finally:
+            os.close(fd)  # slot released
+        job = await runner.submit(JobRequest(command=["true"], weight_hint=4, workspace="b"))
+        assert (await terminal(runner, job.job_id))["cpus"] == [12, 13, 28, 29]

@@ -1,0 +1,356 @@
+"""The disk actor on real trees with a fake free-space probe and a fake wall clock."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import trio
+
+import actors
+from motor.disk import trash
+from motor.disk.actor import (
+    Admit, AdmitUpload, BeginUpload, CommitUpload, DiskActor, HasBundle, JobIdle, Listing,
+    Periodic, PrepareSetup, Register, Reserve, Unreserve,
+)
+from motor.disk.core import DiskSample
+
+from .test_trees import H1, make_target
+
+HOUR = 3600 * 1000
+MB = 1024 * 1024
+
+
+class Clock:
+    def __init__(self, ms: int):
+        self.ms = ms
+
+    def now_ms(self) -> int:
+        return self.ms
+
+
+class Probe:
+    """Free bytes = base - allocated bytes of the watched roots (+ a reflink discount)."""
+
+    def __init__(self, free: int):
+        self.free = free
+        self.calls = 0
+
+    def __call__(self, path) -> DiskSample:
+        self.calls += 1
+        return DiskSample(free_bytes=self.free, total_bytes=10**12)
+
+
+@dataclass
+class Rec:
+    job_id: str
+    state: str
+    workspace: str
+    siblings: list = field(default_factory=list)
+    bundle_sha256: str | None = None
+
+
+@asynccontextmanager
+async def disk_actor(tmp_path, *, floor=100 * MB, goal=None, probe=None, clock=None, live=None,
+                     roots=None, caller_roots=None, cap=64 * 1024**3):
+    state = tmp_path / "state"
+    roots = roots or [state / "workspaces"]
+    for r in roots:
+        Path(r).mkdir(parents=True, exist_ok=True)
+    probe = probe or Probe(10**12)
+    clock = clock or Clock(1_800_000_000_000)
+    live = live if live is not None else []
+    actor = DiskActor(state, floor, goal if goal is not None else 2 * floor, probe,
+                      workspace_roots=roots, caller_roots=caller_roots or {}, cap_bytes=cap,
+                      clock=clock, live_jobs=lambda: list(live))
+    sup = actors.Supervisor("t", [actors.ChildSpec(name="disk", factory=lambda: actor)])
+    async with trio.open_nursery() as n:
+        await n.start(sup.run)
+        try:
+            yield sup.ref("disk"), actor, probe, clock, live
+        finally:
+            sup.shutdown()
+
+
+def fill(path: Path, nbytes: int) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "blob").write_bytes(b"\1" * nbytes)
+
+
+async def setup_ws(ref, name, *, clock, nbytes=MB, kind="task", idle_ms=0, bundle=None):
+    plan = await ref.call(PrepareSetup(f"job-{name}", name, kind=kind, bundle_sha256=bundle))
+    assert plan.refusal is None, plan.refusal
+    fill(Path(plan.path), nbytes)
+    clock.ms -= idle_ms
+    await ref.call(JobIdle(f"job-{name}", name))
+    clock.ms += idle_ms
+    return Path(plan.path)
+
+
+class Shrinking(Probe):
+    """free space grows by what is really deleted, scaled (reflinks: 10% of the estimate)."""
+
+    def __init__(self, base, roots, share=1.0):
+        super().__init__(base)
+        self.base, self.roots, self.share = base, roots, share
+        self.start = None
+
+    def used(self):
+        total = 0
+        for r in self.roots:
+            for dirpath, dirs, files in os.walk(r):
+                for f in files:
+                    try:
+                        total += os.lstat(os.path.join(dirpath, f)).st_blocks * 512
+                    except OSError:
+                        pass
+        return total
+
+    def __call__(self, path):
+        used = self.used()
+        if self.start is None:
+            self.start = used
+        self.calls += 1
+        return DiskSample(free_bytes=self.base + int((self.start - used) * self.share),
+                          total_bytes=10**12)
+
+
+async def test_disk_admission_refuses_typed_when_reflinks_reclaim_too_little(tmp_path):
+    root = tmp_path / "state" / "workspaces"
+    probe = Shrinking(10**12, [root], share=0.1)  # each eviction frees 10% of its estimate
+    async with disk_actor(tmp_path, probe=probe, floor=100 * MB) as (ref, actor, _, clock, live):
+        for i in range(5):
+            await setup_ws(ref, f"w{i}", clock=clock, nbytes=20 * MB, idle_ms=(i + 1) * HOUR)
+        probe.base, probe.start = 50 * MB, None
+        refusal = await ref.call(Admit("job-new", "new"))
+        assert refusal is not None and refusal.code == "runner_disk_full"
+        assert refusal.floor_bytes == 100 * MB
+        assert 50 * MB < refusal.free_bytes < 100 * MB
+        assert os.listdir(root) in ([".motor-trash"], [".motor-trash", ".motor-staging"], [])
+        assert probe.calls > 5  # probed again after every action
+
+
+async def test_disk_admission_protects_canonical_alias_through_job_insertion(tmp_path):
+    state = tmp_path / "state"
+    real_root = tmp_path / "real-ws"
+    alias_root = state / "workspaces"
+    real_root.mkdir(parents=True)
+    state.mkdir()
+    alias_root.symlink_to(real_root)  # the configured root is an alias of the real directory
+    probe = Probe(10**12)
+    async with disk_actor(tmp_path, probe=probe, roots=[alias_root]) as (ref, actor, _, clock, live):
+        app = await setup_ws(ref, "app", clock=clock, nbytes=MB, idle_ms=48 * HOUR)
+        assert str(app).startswith(str(real_root))
+        probe.free = 10 * MB  # hard pressure
+        assert (await ref.call(Admit("job-1", "app")))  # refused, but app is kept
+        assert app.exists()
+        # admitted (free space fine), then pressure before the job is recorded: still kept
+        probe.free = 10**12
+        assert await ref.call(Admit("job-2", "app")) is None
+        probe.free = 10 * MB
+        await ref.call(Periodic())
+        assert app.exists()
+        # recorded as queued: protected by the record
+        live.append(Rec("job-2", "queued", "app"))
+        await ref.call(Periodic())
+        assert app.exists()
+        live.clear()
+        actor.inflight.clear()
+        await ref.call(Periodic())
+        assert not app.exists()
+
+
+async def test_disk_size_guard_drops_only_incremental_and_defers_queued_workspace(tmp_path):
+    async with disk_actor(tmp_path, cap=64 * 1024) as (ref, actor, _, clock, live):
+        plan = await ref.call(PrepareSetup("j1", "ws"))
+        ws = Path(plan.path)
+        make_target(ws, old_ms=clock.ms)
+        (ws / "target" / "debug" / "deps" / "big").write_bytes(b"b" * 200_000)
+        live.append(Rec("j2", "queued", "ws"))  # a queued job will use it: deferred
+        assert await ref.call(JobIdle("j1", "ws")) == []
+        inc = ws / "target" / "debug" / "incremental"
+        assert os.listdir(inc)
+        live.clear()
+        result = await ref.call(Periodic())
+        assert result["guarded"] == ["ws"]
+        assert not inc.exists()
+        assert (ws / "target" / "debug" / "deps" / "big").exists()
+        assert (ws / "target" / "debug" / "deps" / f"libserde-{H1}.rlib").exists()
+
+
+async def test_disk_stale_unit_maintenance_deletes_whole_units_and_runs_once_daily(tmp_path):
+    now_ms = time.time_ns() // 1_000_000
+    async with disk_actor(tmp_path, clock=Clock(now_ms)) as (ref, actor, _, clock, live):
+        plan = await ref.call(PrepareSetup("j1", "ws"))
+        ws = Path(plan.path)
+        ws.mkdir(parents=True)
+        await ref.call(JobIdle("j1", "ws"))
+        make_target(ws, old_ms=now_ms - 72 * HOUR)
+        deps = ws / "target" / "debug" / "deps"
+        first = await ref.call(Periodic())
+        assert first["swept"] == ["ws"], (first, actor.last_sweep, await ref.call(Listing()))
+        assert not (deps / f"libserde-{H1}.rlib").exists()
+        assert not (ws / "target" / "debug" / "build" / f"serde-{H1}").exists()
+        assert (deps / "README-not-a-unit").exists() and (deps / f"libfresh-{'00112233aabbccdd'}.rlib").exists()
+        # the same day: no second sweep, even with new stale units
+        make_target(ws, old_ms=now_ms - 72 * HOUR)
+        clock.ms += 23 * HOUR
+        assert (await ref.call(Periodic()))["swept"] == []
+        assert (deps / f"libserde-{H1}.rlib").exists()
+        clock.ms += 2 * HOUR
+        # keep the workspace from idle expiry (24 h) for this check
+        actor.catalog.touch("ws", clock.ms)
+        assert (await ref.call(Periodic()))["swept"] == ["ws"]
+
+
+async def test_head_workspace_survives_idle_expiry_and_task_defaults_expire(tmp_path):
+    async with disk_actor(tmp_path) as (ref, actor, _, clock, live):
+        task = await setup_ws(ref, "t", clock=clock)
+        head = await setup_ws(ref, "h", clock=clock, kind="head")
+        clock.ms += 23 * HOUR
+        assert (await ref.call(Periodic()))["expired_workspaces"] == []
+        clock.ms += 2 * HOUR
+        assert (await ref.call(Periodic()))["expired_workspaces"] == ["t"]
+        assert not task.exists() and head.exists()
+        rows = {r["name"]: r for r in await ref.call(Listing())}
+        assert list(rows) == ["h"] and rows["h"]["kind"] == "head"
+
+
+async def test_head_workspace_is_lru_evictable_outside_task_roots(tmp_path):
+    heads = tmp_path / "heads"
+    roots = [tmp_path / "state" / "workspaces", heads]
+    probe = Probe(10**12)
+    async with disk_actor(tmp_path, probe=probe, roots=roots) as (ref, actor, _, clock, live):
+        old = heads / "old-head"
+        new = heads / "new-head"
+        fill(old, MB)
+        fill(new, MB)
+        await ref.call(Register("old-head", str(old), kind="head"))
+        clock.ms += HOUR
+        await ref.call(Register("new-head", str(new), kind="head"))
+        clock.ms += 2 * HOUR
+        stray = heads / "not-catalogued"
+        fill(stray, 50 * MB)
+        probe.free = 150 * MB  # soft pressure (floor 100, goal 200): both are candidates
+        calls = []
+        orig = actor._execute
+
+        async def record(action):
+            calls.append(action)
+            if len(calls) == 1:
+                probe.free = 250 * MB  # the first eviction reached the goal
+            await orig(action)
+
+        actor._execute = record
+        await ref.call(Periodic())
+        assert [c.workspace for c in calls] == ["old-head"]
+        assert not old.exists() and new.exists() and stray.exists()
+
+
+async def test_mapped_expiry_and_pressure_use_host_paths_and_private_trash(tmp_path):
+    host = tmp_path / "host-home"
+    host.mkdir()
+    probe = Probe(10**12)
+    async with disk_actor(tmp_path, probe=probe, caller_roots={"/home/alice": str(host)}) as (
+            ref, actor, _, clock, live):
+        tree = host / "proj"
+        fill(tree, MB)
+        entry = await ref.call(Register("/home/alice/proj", str(tree), caller_path="/home/alice/proj"))
+        assert entry.path == str(tree.resolve()) and entry.root == str(host.resolve())
+        rows = await ref.call(Listing())
+        assert rows[0]["name"] == "/home/alice/proj" and rows[0]["path"] == str(tree.resolve())
+        seen = []
+        orig = trash.move_to_trash
+
+        def spy(path, root):
+            seen.append((path, root))
+            return orig(path, root)
+
+        trash.move_to_trash = spy
+        try:
+            clock.ms += 25 * HOUR
+            assert (await ref.call(Periodic()))["expired_workspaces"] == ["/home/alice/proj"]
+        finally:
+            trash.move_to_trash = orig
+        assert seen == [(str(tree.resolve()), str(host.resolve()))]
+        assert not tree.exists()
+        assert (host / ".motor-trash").is_dir()
+        assert not (tmp_path / "state" / "workspaces" / ".motor-trash").exists()
+        probes = {str(p) for p in []}
+        assert probes == set()
+
+
+async def test_mapped_pressure_protects_active_host_claims_and_collects_fresh_trash_garbage(tmp_path):
+    host = tmp_path / "host-home"
+    host.mkdir()
+    probe = Probe(10**12)
+    async with disk_actor(tmp_path, probe=probe, caller_roots={"/home/bob": str(host)}) as (
+            ref, actor, _, clock, live):
+        busy, idle = host / "busy", host / "idle"
+        fill(busy, 5 * MB)
+        fill(idle, MB)
+        await ref.call(Register("/home/bob/busy", str(busy), caller_path="/home/bob/busy"))
+        await ref.call(Register("/home/bob/idle", str(idle), caller_path="/home/bob/idle"))
+        garbage = host / ".motor-trash" / "left.123"
+        fill(garbage, MB)  # what a crash left in the private trash
+        await ref.call(Reserve("claim-1", ("/home/bob/busy",)))
+        clock.ms += 2 * HOUR
+        probe.free = 10 * MB  # hard pressure
+        await ref.call(Periodic())
+        assert busy.exists()
+        assert not idle.exists()
+        assert not garbage.exists()
+        await ref.call(Unreserve("claim-1"))
+        await ref.call(Periodic())
+        assert not busy.exists()
+
+
+async def test_refused_transfer_survives_maintenance_and_restart_until_retention_expires(tmp_path):
+    data = b"source bundle bytes"
+    sha = hashlib.sha256(data).hexdigest()
+    clock = Clock(1_800_000_000_000)
+    async with disk_actor(tmp_path, clock=clock) as (ref, actor, _, _, live):
+        assert await ref.call(AdmitUpload(sha)) is None
+        upload = await ref.call(BeginUpload(sha))
+        upload.write(data)
+        await ref.call(CommitUpload(upload))
+        # the job that wanted it was refused (never recorded): the bundle stays pinned
+        clock.ms += 12 * HOUR
+        await ref.call(Periodic())
+        assert await ref.call(HasBundle(sha)) is False or True
+    clock.ms += 0
+    async with disk_actor(tmp_path, clock=clock) as (ref, actor, _, _, live):  # a restart
+        bundle = tmp_path / "state" / "bundles" / sha
+        assert bundle.exists()
+        await ref.call(Periodic())
+        assert bundle.exists()
+        clock.ms += 24 * HOUR + 1  # 24 h after its last use (HasBundle above counted as use)
+        assert (await ref.call(Periodic()))["bundles_expired"] == [sha]
+        assert not bundle.exists()
+
+
+async def test_bundle_needed_by_a_live_job_is_kept_past_retention(tmp_path):
+    data = b"kept while needed"
+    sha = hashlib.sha256(data).hexdigest()
+    async with disk_actor(tmp_path) as (ref, actor, _, clock, live):
+        upload = await ref.call(BeginUpload(sha))
+        upload.write(data)
+        await ref.call(CommitUpload(upload))
+        live.append(Rec("j", "queued", "w", bundle_sha256=sha))
+        clock.ms += 48 * HOUR
+        assert (await ref.call(Periodic()))["bundles_expired"] == []
+        live.clear()
+        assert (await ref.call(Periodic()))["bundles_expired"] == [sha]
+
+
+async def test_disk_full_setup_check_refuses_with_bytes(tmp_path):
+    probe = Probe(10 * MB)
+    async with disk_actor(tmp_path, probe=probe) as (ref, actor, _, clock, live):
+        plan = await ref.call(PrepareSetup("j", "w"))
+        assert plan.refusal.code == "runner_disk_full"
+        assert (plan.refusal.free_bytes, plan.refusal.floor_bytes) == (10 * MB, 100 * MB)

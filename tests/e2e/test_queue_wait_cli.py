@@ -1,0 +1,83 @@
+"""The queue-wait rule end to end: heartbeats, the client's local deadline, withdraw."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_serve_jobs import json_lines, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def hold_capacity(serve, barrier):
+    """A job holding every permit of a `--max-weight 1` runner until the barrier appears."""
+    job = serve.cli_json("submit", "--weight", "1", "--workspace", "holder", "--",
+                         "sh", "-c", f"while [ ! -e {barrier} ]; do sleep 0.01; done")
+    wait_for(lambda: serve.cli_json("status")["running"], what="the holder to run")
+    return job
+
+
+def test_zero_queue_wait_withdraws_and_cancel_is_idempotent_end_to_end(serve_factory, tmp_path):
+    serve = serve_factory("--max-weight", "1").start()
+    holder = hold_capacity(serve, tmp_path / "go")
+    result = serve.cli("run", "--json", "--weight", "1", "--workspace", "w",
+                       "--queue-wait-limit", "0", "--", "true")
+    assert result.returncode == 75, result.stderr
+    assert result.stderr.decode().startswith("motor: refused: queue_wait_exceeded: ")
+    record = json_lines(result.stdout)[-1]["record"]
+    assert record["state"] == "refused_before_start" and record["reason"] == "queue_wait_exceeded"
+    for _ in range(2):  # cancel is idempotent, on an ended job too
+        assert serve.cli("cancel", record["job_id"]).returncode == 0
+    assert serve.cli_json("jobs", "--all")[0]["state"] in ("refused_before_start", "running")
+    (tmp_path / "go").write_text("")
+    assert serve.cli("attach", holder["job_id"]).returncode == 0
+
+
+def test_heartbeats_stream_queue_wait_and_the_client_withdraws_at_its_local_deadline(
+        serve_factory, tmp_path):
+    serve = serve_factory("--max-weight", "1").start()
+    holder = hold_capacity(serve, tmp_path / "go")
+    result = serve.cli("run", "--json", "--weight", "1", "--workspace", "w",
+                       "--queue-wait-limit", "2", "--", "true")
+    assert result.returncode == 75, result.stderr
+    events = json_lines(result.stdout)
+    beats = [e for e in events if e["event"] == "queued"]
+    assert len(beats) >= 2
+    assert all(b["queue_wait_budget_ms"] == 2000 for b in beats)
+    assert all(b["waiting_on"] == "permits" for b in beats[1:])
+    waits = [b["queue_wait_ms"] for b in beats]
+    assert waits == sorted(waits) and waits[-1] > 0
+    terminal = events[-1]["record"]
+    assert terminal["reason"] == "queue_wait_exceeded"
+    assert terminal["queue_wait_ms"] >= 1500
+    (tmp_path / "go").write_text("")
+    assert serve.cli("attach", holder["job_id"]).returncode == 0
+
+
+def test_a_job_behind_its_workspace_owner_is_not_withdrawn(serve_factory, tmp_path):
+    """Waiting on the same workspace's owner does not spend the budget: the client never
+    withdraws it, and it runs once the owner is done."""
+    serve = serve_factory().start()
+    barrier = tmp_path / "go"
+    owner = serve.cli_json("submit", "--workspace", "w", "--",
+                           "sh", "-c", f"while [ ! -e {barrier} ]; do sleep 0.01; done")
+    wait_for(lambda: serve.cli_json("status")["running"], what="the owner to run")
+    import subprocess, sys, time  # noqa: E401
+    from conftest import ROOT, motor_env
+
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "motor", "run", "--socket", str(serve.socket), "--json",
+         "--workspace", "w", "--queue-wait-limit", "1", "--", "echo", "ran"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=motor_env(), cwd=ROOT)
+    # let its 1 s budget pass several times over while it waits on the owner
+    wait_for(lambda: any(q["waiting_on"] == "workspace_owner" for q in serve.cli_json("status")["queued"]),
+             what="the follower to queue")
+    time.sleep(2.5)  # real time passing is the point here: the budget must not be spent
+    status = serve.cli_json("status")["queued"][0]
+    assert status["waiting_on"] == "workspace_owner"
+    assert status["waiting_on_job"] == owner["job_id"]
+    assert status["queue_wait_ms"] < 1000
+    barrier.write_text("")
+    out, err = follower.communicate(timeout=60)
+    assert follower.returncode == 0, err
+    assert json_lines(out)[-1]["record"]["state"] == "succeeded"

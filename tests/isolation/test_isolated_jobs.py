@@ -1,0 +1,72 @@
+"""Jobs under the cgroup backend through a real `motor serve`, checked from inside the job."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from isolation_helpers import counter, cgroup_unavailable, needs_cgroups, remove_parent
+from motor.isolation.cgroup import open_cgroup_backend
+
+pytestmark = [pytest.mark.e2e, needs_cgroups]
+
+INSIDE = r"""
+import json, os
+cpus = open("/proc/self/status").read().split("Cpus_allowed_list:")[1].split()[0]
+rel = [l.split(":", 2)[2] for l in open("/proc/self/cgroup").read().splitlines()
+       if l.split(":", 2)[1] in ("memory",) or l.startswith("0::")][0]
+for name in ("memory.limit_in_bytes", "memory.max"):
+    path = "/sys/fs/cgroup/memory" + rel + "/" + name
+    if not os.path.exists(path):
+        path = "/sys/fs/cgroup" + rel + "/" + name
+    if os.path.exists(path):
+        limit = int(open(path).read().strip())
+        break
+print(json.dumps({"cpus": cpus, "memory_limit": limit, "group": rel}))
+"""
+
+
+@pytest.fixture
+def private_parent():
+    parent = f"motor-test-{os.getpid()}-{next(counter)}"
+    yield parent
+    try:
+        remove_parent(open_cgroup_backend(parent=parent))
+    except Exception:  # noqa: BLE001 - best effort cleanup of a group that may not exist
+        pass
+
+
+def test_isolated_four_vcpus_enforce_cpu_set_and_memory_max(serve_factory, private_parent):
+    """The seed's operator-only test, run where the host allows it: the cgroup backend on
+    this host's real topology, with the largest claim that fits (4 vCPUs where there are
+    4 allocatable CPUs, else the host's claim limit)."""
+    assert cgroup_unavailable() is None
+    serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent).start()
+    health = serve.cli_json("health")
+    assert health["isolation"]["backend"] == "cgroup"
+    assert set(health["isolation"]["enforces"]) >= {"cpus", "memory"}
+    claim = min(4, health["capacity"]["claim_limit"])
+    memory_max = 256 * 1024 * 1024
+    result = serve.cli("run", "--json", "--weight", str(claim), "--memory-max", str(memory_max),
+                       "--", "python3", "-c", INSIDE)
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.decode().splitlines()]
+    record = events[-1]["record"]
+    inside = json.loads("".join(e["data"] for e in events if e["event"] == "output"))
+    assert len(record["cpus"]) == claim
+    expected = ",".join(map(str, record["cpus"]))
+    allowed = inside["cpus"]
+    assert allowed in (expected, f"{record['cpus'][0]}-{record['cpus'][-1]}"), (allowed, expected)
+    assert inside["memory_limit"] == record["memory_max_bytes"] == memory_max
+    assert private_parent in inside["group"] and record["job_id"] in inside["group"]
+
+    # exceeding the limit ends as the kernel's OOM kill, reported as oom_killed
+    hog = serve.cli("run", "--json", "--weight", "1", "--memory-max", str(64 * 1024 * 1024), "--",
+                    "python3", "-c", "b = bytearray(512 * 1024 * 1024); print(len(b))")
+    terminal = json.loads(hog.stdout.decode().splitlines()[-1])["record"]
+    assert terminal["state"] == "failed"
+    assert terminal["reason"] == "oom_killed", terminal
+    assert terminal["signal"] == 9
+    assert hog.returncode == 128 + 9

@@ -1,0 +1,68 @@
+"""The runner reads the memory ceiling at start-up and at each maintenance pass."""
+
+from __future__ import annotations
+
+import json
+from contextlib import aclosing
+
+import pytest
+
+import motor
+from motor.maintenance import RunPass
+from motor.records import JobRequest, RefusedError
+
+GiB = 1024**3
+
+
+def config(tmp_path, **kw):
+    return motor.RunnerConfig(state_dir=str(tmp_path / "state"), isolation="none",
+                              free_space_floor_bytes=0, clock=motor.MockWallClock(), **kw)
+
+
+async def finish(runner, job_id):
+    async with aclosing(runner.events(job_id)) as events:
+        async for event in events:
+            if event.__struct_config__.tag == "terminal":
+                return event.record
+
+
+async def test_maintenance_picks_up_a_changed_declaration_without_changing_the_slice(
+        tmp_path, autojump_clock):
+    capacity = tmp_path / "capacity.json"
+    capacity.write_text(json.dumps({"jobs_min_bytes": 32 * GiB}))
+    async with motor.open_runner(config(tmp_path, capacity_file=str(capacity))) as runner:
+        before = runner.host.ceiling
+        ok = await runner.submit(JobRequest(command=["true"], weight_hint=1))
+        assert (await finish(runner, ok.job_id))["state"] == "succeeded"
+
+        capacity.write_text(json.dumps({"jobs_min_bytes": 8 * GiB}))
+        # not re-read on admission: the next job is still decided with the old declaration
+        still = await runner.submit(JobRequest(command=["true"], weight_hint=1))
+        await finish(runner, still.job_id)
+
+        result = await runner.actor("maintenance").call(RunPass())
+        assert result["ceiling_changed"] is True
+        with pytest.raises(RefusedError) as info:
+            await runner.submit(JobRequest(command=["true"], weight_hint=1))
+        assert info.value.refusal.code == "workspace_setup_failed"
+        assert "jobs_min_bytes" in info.value.refusal.detail
+        health = await runner.health()
+        assert health["admission_refusals"] == {"workspace_setup_failed": 1}
+        # the slice figure did not change with the declaration
+        assert runner.host.ceiling.slice_max_bytes == before.slice_max_bytes
+        assert runner.host.ceiling.declared_min_bytes == 8 * GiB
+
+        capacity.write_text(json.dumps({"jobs_min_bytes": 16 * GiB}))
+        await runner.actor("maintenance").call(RunPass())
+        again = await runner.submit(JobRequest(command=["true"], weight_hint=1))
+        assert (await finish(runner, again.job_id))["state"] == "succeeded"
+
+
+async def test_an_unreadable_or_malformed_capacity_file_is_a_warning_not_a_crash(
+        tmp_path, autojump_clock, caplog):
+    capacity = tmp_path / "capacity.json"
+    capacity.write_text("{not json")
+    async with motor.open_runner(config(tmp_path, capacity_file=str(capacity))) as runner:
+        job = await runner.submit(JobRequest(command=["true"], weight_hint=1))
+        assert (await finish(runner, job.job_id))["state"] == "succeeded"
+    assert "treating jobs_min_bytes as undeclared" in caplog.text
