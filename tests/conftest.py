@@ -69,6 +69,13 @@ class Serve:
             [sys.executable, "-m", "motor", *args[:1], *flags, *args[1:]],
             capture_output=True, timeout=timeout, env=motor_env(), cwd=ROOT, input=input)
 
+    def cli_popen(self, *args: str, json_output: bool = False) -> subprocess.Popen:
+        """Like `cli`, but started in the background (stdout and stderr piped)."""
+        flags = ["--socket", str(self.socket)] + (["--json"] if json_output else [])
+        return subprocess.Popen(
+            [sys.executable, "-m", "motor", *args[:1], *flags, *args[1:]],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=motor_env(), cwd=ROOT)
+
     def cli_json(self, *args: str, **kw):
         result = self.cli(*args, json_output=True, **kw)
         assert result.returncode == 0, result.stderr.decode()

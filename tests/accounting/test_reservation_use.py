@@ -14,6 +14,7 @@ from motor.accounting.actor import AccountingActor, Report
 from motor.clock import MockWallClock, uuid7
 from motor.execution import joblog
 from motor.execution.actor import JobDeps, JobExecution
+from motor.isolation import NONE
 from motor.records import JobRecord, JobRequest
 from motor.store.db import Database
 
@@ -88,7 +89,7 @@ async def test_long_eight_vcpu_job_under_one_core_is_persisted_and_reported(tmp_
         store = _Ref(lambda msg: db.save(msg.record, msg.events,
                                          retain_until_ms=msg.retain_until_ms))
         deps = JobDeps(config=None, db=db, store=store, dispatcher=_Ref(), cpu=_Ref(),
-                       accounting=accounting, spawner=None, backend=None, clock=clock,
+                       accounting=accounting, spawner=None, backend=NONE, clock=clock,
                        jobs_dir=tmp_path / "jobs", workspace_root=tmp_path / "ws")
         with trio.fail_after(5):
             await JobExecution(record, deps)._finish()

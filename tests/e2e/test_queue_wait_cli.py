@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+import time
+
 from test_serve_jobs import json_lines, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -62,13 +64,8 @@ def test_a_job_behind_its_workspace_owner_is_not_withdrawn(serve_factory, tmp_pa
     owner = serve.cli_json("submit", "--workspace", "w", "--",
                            "sh", "-c", f"while [ ! -e {barrier} ]; do sleep 0.01; done")
     wait_for(lambda: serve.cli_json("status")["running"], what="the owner to run")
-    import subprocess, sys, time  # noqa: E401
-    from conftest import ROOT, motor_env
-
-    follower = subprocess.Popen(
-        [sys.executable, "-m", "motor", "run", "--socket", str(serve.socket), "--json",
-         "--workspace", "w", "--queue-wait-limit", "1", "--", "echo", "ran"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=motor_env(), cwd=ROOT)
+    follower = serve.cli_popen("run", "--workspace", "w", "--queue-wait-limit", "1",
+                               "--", "echo", "ran", json_output=True)
     # let its 1 s budget pass several times over while it waits on the owner
     wait_for(lambda: any(q["waiting_on"] == "workspace_owner" for q in serve.cli_json("status")["queued"]),
              what="the follower to queue")

@@ -66,3 +66,68 @@ async def test_an_unreadable_or_malformed_capacity_file_is_a_warning_not_a_crash
         job = await runner.submit(JobRequest(command=["true"], weight_hint=1))
         assert (await finish(runner, job.job_id))["state"] == "succeeded"
     assert "treating jobs_min_bytes as undeclared" in caplog.text
+
+
+def _cgroups_unavailable() -> str | None:
+    import os
+
+    from motor.isolation import IsolationError
+    from motor.isolation.cgroup import detect
+
+    if os.geteuid() != 0:
+        return "needs root to create cgroups"
+    try:
+        detect()
+    except IsolationError as exc:
+        return f"no writable cgroups on this host: {exc}"
+    return None
+
+
+@pytest.mark.skipif(_cgroups_unavailable() is not None, reason=_cgroups_unavailable() or "")
+async def test_maintenance_picks_up_a_changed_ceiling_before_the_next_job_is_decided(
+        tmp_path, autojump_clock):
+    """The jobs group (a private cgroup parent here) gets a lower memory limit: the next
+    job after a maintenance pass is decided with it, not any job before the pass."""
+    import itertools
+    import os
+
+    from motor.isolation.cgroup import open_cgroup_backend
+
+    parent = f"motor-test-{os.getpid()}-ceiling-{next(itertools.count())}"
+    capacity = tmp_path / "capacity.json"
+    capacity.write_text(json.dumps({"jobs_min_bytes": 32 * GiB}))
+    cfg = config(tmp_path, capacity_file=str(capacity))
+    cfg.isolation = "cgroup"
+    cfg.cgroup_parent = parent
+    try:
+        async with motor.open_runner(cfg) as runner:
+            limit_file = next(p for p in runner.host.backend.flavour.parent_paths()
+                              if "/memory/" in p) + "/memory.limit_in_bytes"
+            first = await runner.submit(JobRequest(command=["true"], weight_hint=1))
+            assert (await finish(runner, first.job_id))["state"] == "succeeded"
+
+            with open(limit_file, "w") as f:
+                f.write(str(8 * GiB))
+            before_pass = await runner.submit(JobRequest(command=["true"], weight_hint=1))
+            assert (await finish(runner, before_pass.job_id))["state"] == "succeeded"
+
+            await runner.actor("maintenance").call(RunPass())
+            with pytest.raises(RefusedError) as info:
+                await runner.submit(JobRequest(command=["true"], weight_hint=1))
+            assert info.value.refusal.code == "workspace_setup_failed"
+            assert "memory limit" in info.value.refusal.detail
+
+            with open(limit_file, "w") as f:
+                f.write(str(20 * GiB))
+            await runner.actor("maintenance").call(RunPass())
+            big = await runner.submit(JobRequest(command=["true"], weight_hint=1,
+                                                 memory_max_bytes=32 * GiB))
+            assert big.memory_max_bytes == 20 * GiB  # clamped to the group, never above it
+            assert (await finish(runner, big.job_id))["state"] == "succeeded"
+    finally:
+        backend = open_cgroup_backend(parent=parent)
+        for path in backend.flavour.parent_paths():
+            for child in os.listdir(path):
+                if os.path.isdir(os.path.join(path, child)):
+                    os.rmdir(os.path.join(path, child))
+            os.rmdir(path)
