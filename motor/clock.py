@@ -20,15 +20,24 @@ class WallClock:
 
 
 class MockWallClock(WallClock):
-    """Wall time = a fixed epoch plus trio's current (possibly mock) time."""
+    """Wall time = an epoch plus trio's current (possibly mock) time.
 
-    def __init__(self, epoch_ms: int = 1_790_000_000_000):
-        self.epoch_ms = epoch_ms
+    The epoch defaults to the real time when the clock is made, so figures that real
+    processes write with the real clock (a keeper's end time) line up with the runner's
+    view at the start of a test; virtual time then runs ahead of them.
+    """
+
+    def __init__(self, epoch_ms: int | None = None):
+        self.epoch_ms = time.time_ns() // 1_000_000 if epoch_ms is None else epoch_ms
+        self._t0: float | None = None
 
     def now_ms(self) -> int:
         import trio
 
-        return self.epoch_ms + int(trio.current_time() * 1000)
+        now = trio.current_time()
+        if self._t0 is None:  # trio's clock may not start at 0: count from first use
+            self._t0 = now
+        return self.epoch_ms + int((now - self._t0) * 1000)
 
 
 _last = [0, 0]  # [ms, counter] keeps ids from one process strictly increasing

@@ -80,6 +80,9 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     memory_per_vcpu_bytes: int | str = 4 * GiB
     queue_wait_default_s: float = 300.0
     heartbeat_s: float = 1.0
+    #: Seconds between maintenance passes (retention, memory ceiling, disk sweeps); the seed
+    #: asks for at least one a minute. Tests raise it to drive passes by hand.
+    maintenance_interval_s: float = 60.0
     max_body_bytes: int = 1024 * 1024
     #: Replaceable wall clock (tests); not settable from TOML.
     clock: object | None = None

@@ -456,6 +456,7 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, tree: _Tree, api: 
         _single("maintenance", lambda: Maintenance(
             store=tree.root.ref("store").ref("store"), clock=job_deps.clock,
             jobs_dir=job_deps.jobs_dir, read_ceiling=read_memory_ceiling,
+            interval_s=config.maintenance_interval_s,
             disk=lambda: tree.root.ref("disk").ref("disk"),
             dispatcher=lambda: tree.root.ref("dispatcher").ref("dispatcher"),
             ceiling=host.ceiling)),

@@ -277,7 +277,7 @@ def health(data: dict) -> None:
     busy = [b for b in hourly if b.get("started") or b.get("refusals")]
     if hourly:
         rows = busy if busy and busy[-1] is hourly[-1] else busy + [hourly[-1]]
-        table = Table(title="queue wait per hour (capacity wait of started jobs; nearest rank)",
+        table = Table(title="queue wait per hour (capacity wait, nearest rank)",
                       title_justify="left")
         for col in ("hour", "started", "p50", "p90", "refusals"):
             table.add_column(col)

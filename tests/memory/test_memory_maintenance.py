@@ -15,8 +15,10 @@ GiB = 1024**3
 
 
 def config(tmp_path, **kw):
+    # maintenance passes only when the test asks for one (RunPass)
     return motor.RunnerConfig(state_dir=str(tmp_path / "state"), isolation="none",
-                              free_space_floor_bytes=0, clock=motor.MockWallClock(), **kw)
+                              free_space_floor_bytes=0, clock=motor.MockWallClock(),
+                              maintenance_interval_s=10**9, **kw)
 
 
 async def finish(runner, job_id):
