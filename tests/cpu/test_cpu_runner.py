@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-from contextlib import aclosing
-
 import pytest
 import trio
 
@@ -13,6 +11,7 @@ import motor
 from motor.records import JobRequest, RefusedError
 
 from fakesysfs import write_fake_sysfs
+from runner_helpers import barrier_job, event_of, terminal_of as terminal
 
 
 def config(tmp_path, **kw):
@@ -22,23 +21,8 @@ def config(tmp_path, **kw):
                               sysfs_root=str(sysfs), **kw)
 
 
-def barrier_job(path, **kw) -> JobRequest:
-    return JobRequest(command=["sh", "-c", f"while [ ! -e {path} ]; do sleep 0.02; done"], **kw)
-
-
-async def terminal(runner, job_id):
-    async with aclosing(runner.events(job_id)) as events:
-        async for event in events:
-            if event.__struct_config__.tag == "terminal":
-                return event.record
-
-
 async def started(runner, job_id):
-    async with aclosing(runner.events(job_id)) as events:
-        async for event in events:
-            if event.__struct_config__.tag == "started":
-                return event.cpus
-            assert event.__struct_config__.tag != "terminal", event
+    return (await event_of(runner, job_id, "started")).cpus
 
 
 async def test_linux_cpu_list_runs_a_long_twelve_vcpu_job_on_the_eight_listed_cpus(

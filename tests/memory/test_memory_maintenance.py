@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-from contextlib import aclosing
-
 import pytest
 
 import motor
 from motor.maintenance import RunPass
 from motor.records import JobRequest, RefusedError
+from runner_helpers import terminal_of as finish
 
 GiB = 1024**3
 
@@ -19,13 +18,6 @@ def config(tmp_path, **kw):
     return motor.RunnerConfig(state_dir=str(tmp_path / "state"), isolation="none",
                               free_space_floor_bytes=0, clock=motor.MockWallClock(),
                               maintenance_interval_s=10**9, **kw)
-
-
-async def finish(runner, job_id):
-    async with aclosing(runner.events(job_id)) as events:
-        async for event in events:
-            if event.__struct_config__.tag == "terminal":
-                return event.record
 
 
 async def test_maintenance_picks_up_a_changed_declaration_without_changing_the_slice(

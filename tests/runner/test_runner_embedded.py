@@ -7,33 +7,20 @@ barriers and events, never with sleeps.
 
 from __future__ import annotations
 
-from contextlib import aclosing
-
 import pytest
 import trio
 
 import motor
 from motor.records import JobRequest, RefusedError
+from runner_helpers import barrier_job as _barrier_job, embedded_config, terminal_of
 
 
 def config(tmp_path, **kw) -> motor.RunnerConfig:
-    base = dict(state_dir=str(tmp_path / "state"), isolation="none", free_space_floor_bytes=0,
-                clock=motor.MockWallClock())
-    base.update(kw)
-    return motor.RunnerConfig(**base)
+    return embedded_config(tmp_path, **kw)
 
 
-def barrier_job(path, *, exit_code: int = 0, **kw) -> JobRequest:
-    script = f"echo waiting; while [ ! -e {path} ]; do sleep 0.02; done; echo released; exit {exit_code}"
-    return JobRequest(command=["sh", "-c", script], **kw)
-
-
-async def terminal_of(runner, job_id: str) -> dict:
-    async with aclosing(runner.events(job_id)) as events:
-        async for event in events:
-            if event.__struct_config__.tag == "terminal":
-                return event.record
-    raise AssertionError("no terminal event")
+def barrier_job(path, **kw) -> JobRequest:
+    return _barrier_job(path, say=True, **kw)
 
 
 async def wait_until(predicate, what: str):
