@@ -78,6 +78,9 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     isolation: Isolation = "auto"
     cgroup_parent: str = "motor-jobs"
     memory_per_vcpu_bytes: int | str = 4 * GiB
+    #: Output kept per job; above it the oldest output pages are evicted (replay then
+    #: starts with a `truncated` event).
+    max_output_bytes_per_job: int | str = 256 * 1024**2
     queue_wait_default_s: float = 300.0
     heartbeat_s: float = 1.0
     #: Seconds between maintenance passes (retention, memory ceiling, disk sweeps); the seed
@@ -123,7 +126,8 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if bool(self.windows_cpus) != bool(self.windows_slot_lock):
             raise ConfigError("--windows-cpus and --windows-slot-lock go together")
         for name in ("free_space_floor_bytes", "free_space_eviction_bytes",
-                     "build_folder_cap_bytes", "memory_per_vcpu_bytes"):
+                     "build_folder_cap_bytes", "memory_per_vcpu_bytes",
+                     "max_output_bytes_per_job"):
             value = getattr(self, name)
             if value is not None:
                 parse_size(value)

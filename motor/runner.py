@@ -37,7 +37,7 @@ import actors
 
 from .accounting.actor import AccountingActor, Report
 from .clock import WallClock, uuid7_ms
-from .config import ConfigError, RunnerConfig
+from .config import ConfigError, RunnerConfig, parse_size
 from .cpu.actor import CpuActor, Snapshot
 from .cpu.topology import (
     TopologyError, allocatable, claim_limit, kept_back, parse_cpu_list, read_topology,
@@ -53,7 +53,7 @@ from .maintenance import Maintenance
 from .memory.host import read_ceiling
 from .records import (
     CAPABILITIES, Event, JobRecord, JobRequest, Queued, Refusal, RefusedError,
-    TERMINAL_STATES, decode_event,
+    TERMINAL_STATES, Truncated, decode_event,
 )
 from .scheduling.actor import DispatchDeps, Dispatcher
 from .scheduling.messages import (
@@ -223,6 +223,10 @@ class Runner:
         last_seq = 0
         while True:
             changed = self.hub.changed(job_id)
+            truncated = self.db.truncated_before(job_id)
+            if next_seq < truncated:  # those pages were evicted: say so, never skip silently
+                yield Truncated(seq=truncated - 1, truncated_before_seq=truncated)
+                next_seq = truncated
             rows = self.db.events_from(job_id, next_seq)
             for raw in rows:
                 event = decode_event(raw)
@@ -384,7 +388,7 @@ async def open_runner(config: RunnerConfig, *, api: bool = False) -> AsyncIterat
             except SocketInUse as exc:
                 raise StartupError(str(exc)) from None
         try:
-            db = open_database(state)
+            db = open_database(state, max_output_bytes=parse_size(config.max_output_bytes_per_job))
         except StoreError as exc:
             raise StartupError(str(exc)) from None
         clock = config.clock or WallClock()

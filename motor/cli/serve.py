@@ -29,6 +29,7 @@ SERVE_OPTIONS: list[tuple[str, str, dict]] = [
     ("--isolation", "isolation", {"choices": ["auto", "systemd", "cgroup", "affinity", "none"], "help": "how jobs are pinned and capped (auto)"}),
     ("--cgroup-parent", "cgroup_parent", {"metavar": "NAME", "help": "the cgroup that holds job groups, playing motor-jobs.slice (motor-jobs)"}),
     ("--memory-per-vcpu-bytes", "memory_per_vcpu_bytes", {"metavar": "N", "help": "a claim's default memory_max (4 GiB)"}),
+    ("--max-output-bytes-per-job", "max_output_bytes_per_job", {"metavar": "N", "help": "output kept per job before its oldest pages are evicted (256 MiB)"}),
 ]
 
 

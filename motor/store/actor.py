@@ -80,5 +80,5 @@ class StoreActor(actors.Actor):
         raise TypeError(f"store: unknown message {msg!r}")
 
 
-def open_database(state_dir: Path) -> Database:
-    return Database(state_dir / "motor.db")
+def open_database(state_dir: Path, *, max_output_bytes: int | None = None) -> Database:
+    return Database(state_dir / "motor.db", max_output_bytes=max_output_bytes)

@@ -14,6 +14,13 @@ Tables
       events, so a restart never duplicates or drops output); `next_seq` the next event seq.
   events(job_id, seq, data JSON) WITHOUT ROWID, primary key (job_id, seq).
   meta(key PK, value)   schema version.
+
+Output pages: a job's events are grouped in pages of PAGE_EVENTS consecutive seqs. When a
+job's stored output passes `max_output_bytes`, its oldest pages lose their `output`
+events (whole pages, oldest first, down to three quarters of the cap) and
+`jobs.truncated_before_seq` records where the kept output starts, so a replay from before
+it begins with a `truncated` event instead of silently skipping (scheduling.md,
+"Retention"). Other events (accepted, started, terminal) are never evicted.
 """
 
 from __future__ import annotations
@@ -24,9 +31,14 @@ from typing import Iterable, Sequence
 
 import msgspec
 
-from ..records import JobRecord, encode_event, Event, TERMINAL_STATES
+from ..records import JobRecord, Output, encode_event, Event, TERMINAL_STATES
 
 SCHEMA_VERSION = 1
+PAGE_EVENTS = 64
+_COLUMNS = {  # added after the first schema: created on open when missing
+    "output_bytes": "INTEGER NOT NULL DEFAULT 0",
+    "truncated_before_seq": "INTEGER NOT NULL DEFAULT 0",
+}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -50,6 +62,7 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 _record_decoder = msgspec.json.Decoder(JobRecord)
+_output_decoder = msgspec.json.Decoder(Output)
 _encoder = msgspec.json.Encoder()
 
 
@@ -58,14 +71,19 @@ class StoreError(RuntimeError):
 
 
 class Database:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, *, max_output_bytes: int | None = None):
         self.path = path
+        self.max_output_bytes = max_output_bytes
         try:
             self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.execute("PRAGMA busy_timeout=5000")
             self.conn.executescript(_SCHEMA)
+            have = {r[1] for r in self.conn.execute("PRAGMA table_info(jobs)")}
+            for column, decl in _COLUMNS.items():
+                if column not in have:
+                    self.conn.execute(f"ALTER TABLE jobs ADD COLUMN {column} {decl}")
             row = self.conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot open job database {path}: {exc}") from None
@@ -108,11 +126,51 @@ class Database:
                 (record.job_id, record.state, int(terminal), _encoder.encode(record),
                  old_offset if log_offset is None else log_offset, next_seq, retain_until_ms),
             )
+            added = sum(len(e.data.encode()) for e in stamped if isinstance(e, Output))
+            if added:
+                conn.execute("UPDATE jobs SET output_bytes = output_bytes + ? WHERE job_id=?",
+                             (added, record.job_id))
+                if self.max_output_bytes is not None:
+                    self._evict_pages(record.job_id)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
         return stamped
+
+    def _evict_pages(self, job_id: str) -> None:
+        """Drop the oldest output pages of a job above the cap (inside save's transaction)."""
+        conn = self.conn
+        (total, truncated) = conn.execute(
+            "SELECT output_bytes, truncated_before_seq FROM jobs WHERE job_id=?", (job_id,)).fetchone()
+        if total <= self.max_output_bytes:
+            return
+        goal = self.max_output_bytes * 3 // 4
+        page = max(truncated - 1, 0) // PAGE_EVENTS
+        while total > goal:
+            lo, hi = page * PAGE_EVENTS + 1, (page + 1) * PAGE_EVENTS  # seqs of this page
+            rows = conn.execute(
+                "SELECT seq, data FROM events WHERE job_id=? AND seq BETWEEN ? AND ?",
+                (job_id, lo, hi)).fetchall()
+            if not rows and not conn.execute(
+                    "SELECT 1 FROM events WHERE job_id=? AND seq > ? LIMIT 1", (job_id, hi)).fetchone():
+                break
+            freed = 0
+            for seq, data in rows:
+                if data.startswith(b'{"event":"output"'):
+                    freed += len(_output_decoder.decode(data).data.encode())
+                    conn.execute("DELETE FROM events WHERE job_id=? AND seq=?", (job_id, seq))
+            total -= freed
+            truncated = hi + 1
+            page += 1
+        conn.execute("UPDATE jobs SET output_bytes=?, truncated_before_seq=? WHERE job_id=?",
+                     (total, truncated, job_id))
+
+    def truncated_before(self, job_id: str) -> int:
+        """Output events with a lower seq were evicted (0: nothing was)."""
+        row = self.conn.execute(
+            "SELECT truncated_before_seq FROM jobs WHERE job_id=?", (job_id,)).fetchone()
+        return row[0] if row else 0
 
     def expire(self, now_ms: int, limit: int = 1000) -> list[str]:
         """Delete terminal jobs whose retention has passed; returns their ids."""
