@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-import msgspec
 import trio
 
 import actors
@@ -53,7 +52,7 @@ from .maintenance import Maintenance
 from .memory.host import read_ceiling
 from .records import (
     CAPABILITIES, Event, JobRecord, JobRequest, Queued, Refusal, RefusedError,
-    TERMINAL_STATES, Truncated, decode_event,
+    TERMINAL_STATES, Truncated, decode_event, public_record,
 )
 from .scheduling.actor import DispatchDeps, Dispatcher
 from .scheduling.messages import (
@@ -288,14 +287,8 @@ class Runner:
 
     async def status(self) -> dict:
         view = await self.dispatcher.call(StatusView())
-        running = []
-        for job_id in view.pop("active"):
-            record = self.db.get(job_id)
-            if record is not None:
-                running.append(msgspec.to_builtins(record) | {"env": None})
-        for item in running:
-            item.pop("env", None)
-        view["running"] = running
+        records = (self.db.get(job_id) for job_id in view.pop("active"))
+        view["running"] = [public_record(r) for r in records if r is not None]
         return view
 
     async def health(self) -> dict:

@@ -50,6 +50,7 @@ def test_restarted_runner_counts_a_still_running_jobs_cpus(serve_factory, tmp_pa
     assert health["capacity"]["held_permits"] == 1
     status = serve.cli_json("status")
     assert [r["job_id"] for r in status["running"]] == [job_id]
+    assert "reservation_use" not in status["running"][0]  # absent until measured, never null
 
     barrier.write_text("")
     result = serve.cli("attach", job_id, "--from-seq", "0")
