@@ -73,6 +73,9 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     build_folder_cap_bytes: int | str = 64 * GiB
     workspace_root: list[str] = []
     caller_root: list[str] = []
+    #: A shared compile cache directory (e.g. for sccache), handed to jobs as
+    #: $MOTOR_COMPILE_CACHE; evicted only as a whole and never while a cache_fill job runs.
+    compile_cache: str | None = None
     sysfs_root: str = "/sys"
     capacity_file: str = "/etc/motor-host/capacity.json"
     isolation: Isolation = "auto"

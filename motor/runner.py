@@ -445,7 +445,7 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, tree: _Tree, api: 
             config.state_path, config.floor_bytes(), config.goal_bytes(),
             workspace_roots=config.workspace_roots, caller_roots=_caller_roots(config),
             cap_bytes=parse_size(config.build_folder_cap_bytes), clock=job_deps.clock,
-            live_jobs=db.live)),
+            live_jobs=db.live, compile_cache=config.compile_cache)),
         _single("accounting", lambda: AccountingActor(db, job_deps.clock)),
         actors.ChildSpec(name="execution", factory=lambda: actors.Supervisor(
             "execution", [], strategy="one_for_one", intensity=50, period=10.0)),

@@ -24,6 +24,7 @@ SERVE_OPTIONS: list[tuple[str, str, dict]] = [
     ("--build-folder-cap-bytes", "build_folder_cap_bytes", {"metavar": "N", "help": "per-workspace Cargo target/ cap (64 GiB)"}),
     ("--workspace-root", "workspace_root", {"metavar": "DIR", "action": "append", "help": "where workspaces live (repeatable)"}),
     ("--caller-root", "caller_root", {"metavar": "CALLER=HOST", "action": "append", "help": "a caller's path prefix served from a host directory (repeatable)"}),
+    ("--compile-cache", "compile_cache", {"metavar": "DIR", "help": "shared compile cache, evicted only as a whole and not during a cache fill"}),
     ("--sysfs-root", "sysfs_root", {"metavar": "DIR", "help": "where CPU topology is read (/sys)"}),
     ("--capacity-file", "capacity_file", {"metavar": "PATH", "help": "declared jobs_min_bytes (/etc/motor-host/capacity.json)"}),
     ("--isolation", "isolation", {"choices": ["auto", "systemd", "cgroup", "affinity", "none"], "help": "how jobs are pinned and capped (auto)"}),

@@ -30,7 +30,8 @@ from . import cargo, sizes, trash
 from .bundles import BundleError, BundleStore
 from .catalog import Catalog
 from .core import (
-    DiskSample, DropIncremental, DropStaleUnits, EvictWorkspace, RECENT_MS, RemoveStaging,
+    CompileCache, DiskSample, DropIncremental, DropStaleUnits, EvictCompileCache, EvictWorkspace,
+    RECENT_MS, RemoveStaging,
     Repair, Staging, Workspace, PlanInput, admission, guard_action, idle_expired, plan_cleanup,
     protection, sweep_due,
 )
@@ -161,6 +162,7 @@ class _Live:
     reserved: set[str] = field(default_factory=set)
     bundles: set[str] = field(default_factory=set)
     setting_up: set[str] = field(default_factory=set)  # job ids
+    filling: bool = False  # a cache_fill job is setting up or running
 
 
 class DiskActor(actors.Actor):
@@ -168,7 +170,8 @@ class DiskActor(actors.Actor):
                  probe: Callable[[Path], DiskSample] = probe_path, *,
                  workspace_roots: Iterable[Path] = (), caller_roots: dict[str, str] | None = None,
                  cap_bytes: int = 64 * 1024**3, clock: Any = None,
-                 live_jobs: Callable[[], Iterable[Any]] | None = None):
+                 live_jobs: Callable[[], Iterable[Any]] | None = None,
+                 compile_cache: str | None = None):
         super().__init__(name="disk")
         self.state_dir = Path(state_dir)
         self.floor_bytes = floor_bytes
@@ -183,6 +186,7 @@ class DiskActor(actors.Actor):
         self.cap_bytes = cap_bytes
         self.clock = clock
         self.live_jobs = live_jobs or (lambda: ())
+        self.compile_cache = compile_cache
         self.catalog: Catalog | None = None
         self.bundles: BundleStore | None = None
         self.cache: dict[str, sizes.Sizes] = {}  # in memory only: a restart starts empty
@@ -282,6 +286,7 @@ class DiskActor(actors.Actor):
             touched = self._touched(r.workspace, r.siblings)
             if r.state in ("setup", "running"):
                 live.running |= touched
+                live.filling |= getattr(r, "kind", "job") == "cache_fill"
                 if r.state == "setup":
                     live.setting_up.add(r.job_id)
             else:
@@ -362,6 +367,25 @@ class DiskActor(actors.Actor):
                                    last_used_ms=int(st.st_mtime * 1000), active=active))
         return out
 
+    def _compile_cache(self, live: _Live, dev: int | None) -> CompileCache | None:
+        """The compile cache as one candidate (measured on each pass, like staging)."""
+        path = self.compile_cache
+        if not path:
+            return None
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except OSError:
+            return None
+        if dev is not None and st.st_dev != dev:
+            return None
+        try:
+            if not os.listdir(path):
+                return None  # empty: nothing to reclaim
+        except OSError:
+            return None
+        return CompileCache(path=path, allocated_bytes=sizes.measure(path).allocated_bytes,
+                            last_used_ms=int(st.st_mtime * 1000), filling=live.filling)
+
     # -- cleanup ------------------------------------------------------------------------
 
     async def _cleanup(self, where: str, incoming: frozenset[str]) -> DiskSample:
@@ -376,8 +400,10 @@ class DiskActor(actors.Actor):
             wss = await self._workspaces(live, dev)
             wss = [w if w.name not in repaired else _complete(w) for w in wss]
             staging = await offload(lambda: self._staging(live, dev))
+            cache = await offload(lambda: self._compile_cache(live, dev))
             actions = plan_cleanup(PlanInput(
-                workspaces=tuple(wss), staging=tuple(staging), free_bytes=sample.free_bytes,
+                workspaces=tuple(wss), staging=tuple(staging), compile_cache=cache,
+                free_bytes=sample.free_bytes,
                 floor_bytes=self.floor_bytes, goal_bytes=self.goal_bytes, now_ms=self.now_ms(),
                 allowed_roots=self.allowed_roots, incoming=incoming))
             if not actions:
@@ -407,6 +433,9 @@ class DiskActor(actors.Actor):
             self.stale[action.workspace] = 0
         elif isinstance(action, RemoveStaging):
             await offload(lambda: _safe(trash.purge, action.path))
+        elif isinstance(action, EvictCompileCache):  # the whole cache, then an empty one
+            await offload(lambda: _safe(trash.delete_tree, action.path, os.path.dirname(action.path)))
+            os.makedirs(action.path, exist_ok=True)
         elif isinstance(action, Repair):
             await offload(lambda: repair(action.path))
             await self._measure(action.workspace, action.path)

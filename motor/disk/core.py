@@ -94,6 +94,17 @@ class Staging:
 
 
 @dataclass(frozen=True)
+class CompileCache:
+    """The shared compile cache (`--compile-cache DIR`): evicted only as a whole, never
+    entry by entry, and never while a cache fill runs (scheduling.md)."""
+
+    path: str
+    allocated_bytes: int
+    last_used_ms: int
+    filling: bool = False
+
+
+@dataclass(frozen=True)
 class PlanInput:
     workspaces: tuple[Workspace, ...]
     free_bytes: int
@@ -101,6 +112,7 @@ class PlanInput:
     goal_bytes: int
     now_ms: int
     staging: tuple[Staging, ...] = ()
+    compile_cache: CompileCache | None = None
     allowed_roots: tuple[str, ...] = ()
     incoming: frozenset[str] = frozenset()  # canonical paths (and names) of the incoming job's
     # workspace and its siblings
@@ -141,6 +153,13 @@ class RemoveStaging:
 
 
 @dataclass(frozen=True)
+class EvictCompileCache:
+    path: str
+    bytes: int
+    pass_name: str = "whole"
+
+
+@dataclass(frozen=True)
 class Repair:
     """Claim and repair this workspace's permissions, measure it again, then re-plan."""
 
@@ -150,7 +169,8 @@ class Repair:
     bytes: int = 0
 
 
-Action = Union[DropStaleUnits, DropIncremental, EvictWorkspace, RemoveStaging, Repair]
+Action = Union[DropStaleUnits, DropIncremental, EvictWorkspace, RemoveStaging, EvictCompileCache,
+               Repair]
 
 
 # --- eligibility -------------------------------------------------------------------------
@@ -256,12 +276,17 @@ def plan_cleanup(inp: PlanInput) -> list[Action]:
         if st.active:
             continue
         ranked.append(((1, -score(st.allocated_bytes, st.last_used_ms), st.path), st))
+    cache = inp.compile_cache
+    if cache is not None and not cache.filling and cache.allocated_bytes > 0:
+        ranked.append(((1, -score(cache.allocated_bytes, cache.last_used_ms), cache.path), cache))
     ranked.sort(key=lambda kv: kv[0])
     for _, item in ranked:
         if sim.met:
             return sim.actions
         if isinstance(item, Staging):
             sim.take(RemoveStaging(item.path, item.allocated_bytes))
+        elif isinstance(item, CompileCache):
+            sim.take(EvictCompileCache(item.path, item.allocated_bytes))
         else:
             sim.take(EvictWorkspace(item.name, item.path, item.allocated_bytes or 0))
     if sim.met:

@@ -200,6 +200,8 @@ class JobExecution(actors.Actor):
             env["MOTOR_JOB_ID"] = record.job_id
             env["MOTOR_WORKSPACE"] = record.workspace
             env["MOTOR_VCPUS"] = str(record.claim)
+            if deps.config is not None and getattr(deps.config, "compile_cache", None):
+                env["MOTOR_COMPILE_CACHE"] = deps.config.compile_cache
             if record.cpus:
                 env["MOTOR_CPUS"] = ",".join(map(str, record.cpus))
             spec = {
