@@ -406,7 +406,26 @@ class MotorApp:
         put = getattr(self.runner, "put_bundle", None)
         if put is None:
             raise _refuse("not_found", "bundle upload is not supported by this runner")
-        await self._send_json(send, 201, await put(sha256, chunks()))
+        body = chunks()
+        try:
+            result = await put(sha256, body)
+        except RefusedError:
+            # Read the rest of the body into nowhere before answering (bounded), so the
+            # client sees the refusal instead of a connection reset mid-upload.
+            drained = 0
+            with trio.move_on_after(30):
+                try:
+                    async for chunk in body:
+                        drained += len(chunk)
+                        if drained > DRAIN_LIMIT:
+                            break
+                except _Disconnected:
+                    pass
+            raise
+        await self._send_json(send, 201, result)
+
+
+DRAIN_LIMIT = 1024**3  # bytes of a refused upload read and dropped before the answer
 
 
 def make_app(runner: Any, *, token: str | None = None, max_body_bytes: int | None = None) -> MotorApp:
