@@ -55,6 +55,24 @@ def valid_workspace_name(name: str) -> bool:
     return bool(WORKSPACE_NAME.fullmatch(name)) and ".." not in name
 
 
+def valid_caller_path(path: str) -> bool:
+    """A caller's absolute path (served only through a matching `--caller-root`): normal
+    form, no `.`/`..` components, no NUL, at most 1024 characters."""
+    if not path.startswith("/") or len(path) > 1024 or "\x00" in path or path == "/":
+        return False
+    parts = path[1:].split("/")
+    return all(p and p not in (".", "..") for p in parts)
+
+
+def caller_root_for(path: str, caller_roots: dict[str, str]) -> tuple[str, str] | None:
+    """(caller prefix, host dir) of the --caller-root that serves `path`, or None."""
+    for caller, host in caller_roots.items():
+        caller = caller.rstrip("/")
+        if path.startswith(caller + "/"):
+            return caller, host
+    return None
+
+
 # --- requests ----------------------------------------------------------------------------
 
 
@@ -93,13 +111,14 @@ def validate_request(req: JobRequest) -> None:
     for arg in req.command:
         if "\x00" in arg:
             raise RequestError("command arguments must not contain NUL bytes")
-    if not valid_workspace_name(req.workspace):
+    if not (valid_workspace_name(req.workspace) or valid_caller_path(req.workspace)):
         raise RequestError(
             f"workspace {req.workspace!r} is not a plain name "
-            "(allowed: [A-Za-z0-9][A-Za-z0-9._-]{0,127}, no '..')"
+            "(allowed: [A-Za-z0-9][A-Za-z0-9._-]{0,127}, no '..'; or an absolute caller path "
+            "served through --caller-root)"
         )
     for sib in req.siblings:
-        if not valid_workspace_name(sib):
+        if not (valid_workspace_name(sib) or valid_caller_path(sib)):
             raise RequestError(f"sibling {sib!r} is not a plain workspace name")
         if sib == req.workspace:
             raise RequestError(f"sibling {sib!r} is the job's own workspace")

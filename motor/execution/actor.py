@@ -186,6 +186,7 @@ class JobExecution(actors.Actor):
                 if plan.refusal is not None:
                     await self._refuse_setup(plan.refusal)
                     return False
+                cwd = Path(plan.path)  # a caller-root workspace lives in its host directory
             cwd.mkdir(parents=True, exist_ok=True)
             if deps.disk is not None and plan.bundle is not None:
                 try:  # the bundle becomes the workspace's source before anything runs

@@ -34,7 +34,8 @@ from ..disk.actor import Admit, HasBundle
 from ..execution.actor import Cancel, JobDeps, JobExecution, retain_until
 from ..memory.core import MemoryCeiling, admission as memory_admission, unit_limit
 from ..records import (
-    Accepted, JobRecord, JobRequest, Queued, Refusal, RequestError, Terminal, public_record,
+    Accepted, JobRecord, JobRequest, Queued, Refusal, RequestError, Terminal, caller_root_for,
+    public_record,
     validate_request,
 )
 from ..store.actor import Save
@@ -198,6 +199,11 @@ class Dispatcher(actors.Actor):
             validate_request(req)
         except RequestError as exc:
             return Refusal(code="bad_request", detail=str(exc))
+        roots = _caller_roots(deps.job.config)
+        for name in (req.workspace, *req.siblings):
+            if name.startswith("/") and caller_root_for(name, roots) is None:
+                return Refusal(code="bad_request", detail=(
+                    f"workspace {name!r} is not a plain name and no --caller-root serves it"))
         claim = claim_for(req.weight_hint, req.kind, deps.claim_limit)
         refusal = self.core.check_claim(claim)
         if refusal is None:
@@ -354,6 +360,11 @@ class Dispatcher(actors.Actor):
             return self.deps.execution.ref(f"job-{job_id}")
         except KeyError:
             return None
+
+
+def _caller_roots(config) -> dict[str, str]:
+    """--caller-root CALLER=HOST options as {caller prefix: host dir}."""
+    return dict(spec.split("=", 1) for spec in (getattr(config, "caller_root", None) or []))
 
 
 def _per_vcpu(deps: DispatchDeps) -> int:

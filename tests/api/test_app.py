@@ -122,7 +122,7 @@ async def test_read_only_routes(http):
         (b'{"command": []}', "command must not be empty"),
         (b'{"command": ["make"], "workspace": ".."}', "not a plain name"),
         (b'{"command": ["make"], "workspace": "a/b"}', "not a plain name"),
-        (b'{"command": ["make"], "workspace": "/abs"}', "not a plain name"),
+        (b'{"command": ["make"], "workspace": "/abs/../x"}', "not a plain name"),
         (b'{"command": ["make"], "weight_hint": "four"}', "Expected `int | null`"),
         (b'{"command": ["make"], "timeout_s": -1}', "timeout_s"),
     ],
