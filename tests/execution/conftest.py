@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from keeper_helpers import Tracker
+from keeper_tracking import tracked_keepers
 
-from motor.execution import cancel_keeper, open_spawner, process_alive, write_json_atomic
+from motor.execution import write_json_atomic
 
 
 @pytest.fixture
@@ -51,11 +51,5 @@ def make_job(tmp_path: Path, workspace: Path) -> Callable[..., Path]:
 
 @pytest.fixture
 async def jobs():
-    async with open_spawner() as spawner:
-        tracker = Tracker(spawner)
-        try:
-            yield tracker
-        finally:
-            for h in tracker.handles:
-                if process_alive(h.pid, h.create_time):
-                    cancel_keeper(h.pid, h.create_time)
+    async with tracked_keepers() as tracker:
+        yield tracker

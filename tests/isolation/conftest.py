@@ -10,17 +10,10 @@ import os
 from pathlib import Path
 
 import pytest
-import trio
 from isolation_helpers import counter, remove_parent
+from keeper_tracking import tracked_keepers
 
-from motor.execution import (
-    cancel_keeper,
-    open_spawner,
-    process_alive,
-    read_status,
-    wait_process_exit,
-    write_json_atomic,
-)
+from motor.execution import write_json_atomic
 from motor.isolation.cgroup import open_cgroup_backend
 
 
@@ -54,32 +47,9 @@ def make_job_dir(tmp_path: Path):
     return make
 
 
-class Keepers:
-    """Spawns keepers and remembers them, so teardown can cancel leftovers."""
-
-    def __init__(self, spawner) -> None:
-        self.spawner = spawner
-        self.handles = []
-
-    async def run(self, job_dir: Path, timeout: float = 30.0) -> dict:
-        handle = await self.spawner.spawn(job_dir)
-        self.handles.append(handle)
-        with trio.fail_after(timeout):
-            await wait_process_exit(handle.pid, handle.create_time)
-        status = read_status(job_dir)
-        assert status is not None, f"keeper exited without status.json in {job_dir}"
-        return status
-
-
 @pytest.fixture
 async def keepers():
-    async with open_spawner() as spawner:
-        tracker = Keepers(spawner)
-        try:
-            yield tracker
-        finally:
-            for h in tracker.handles:
-                if process_alive(h.pid, h.create_time):
-                    cancel_keeper(h.pid, h.create_time)
+    async with tracked_keepers() as tracker:
+        yield tracker
 
 
