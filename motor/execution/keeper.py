@@ -304,9 +304,14 @@ class _Keeper:
         restore_oom = _raise_oom_score_for_spawn() if spec.get("cgroup_procs") else None
         try:
             exe = _resolve_executable(cmd0, env)
+            argv = command
+            prefix = spec.get("command_prefix")
+            if prefix:  # e.g. systemd-run --scope ... -- (the job's unit); it execs the job
+                argv = [*prefix, exe, *command[1:]]
+                exe = prefix[0]
             pid = os.posix_spawn(
                 exe,
-                command,
+                argv,
                 env,
                 file_actions=[
                     (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
