@@ -306,6 +306,9 @@ class JobExecution(actors.Actor):
             status = None  # cannot happen after wait_process_exit; kept for clarity
         facts = await trio.to_thread.run_sync(
             deps.backend.finish, self.record.job_id, status.get("signal") if status else None)
+        for problem in ("collect_error", "cleanup_error"):
+            if facts.get(problem):
+                log.warning("%s: isolation %s: %s", self.name, problem, facts[problem])
         if status is not None and facts.get("cpu_time_ms") is not None:
             status["cpu_time_ms"] = facts["cpu_time_ms"]  # the group's figure covers the whole tree
         record = terminal_from_status(self.record, status, deps.clock.now_ms(), facts)

@@ -3,7 +3,10 @@
 One interface (`Backend`), chosen at start-up (`--isolation`), reported in health
 (docs/isolation.md):
 
-- `systemd`: not built yet; asking for it is a start-up error (and `auto` skips it).
+- `systemd`: where systemd is PID 1, a transient slice per job inside the jobs slice
+  (`motor-jobs.slice`) with `MemoryMax=` and `AllowedCPUs=`, the job in a transient scope
+  in it (`systemd-run --scope`); CPU time from systemd's own summary, OOM kills from the
+  slice's memory controller (`motor.isolation.systemd`).
 - `cgroup`: a group per job under a motor parent group (cgroup v2, or writable v1
   cpuset/memory/cpuacct hierarchies). Enforces the CPU set and the memory cap; OOM kills
   and CPU time come from the group (`motor.isolation.cgroup`).
@@ -47,6 +50,12 @@ class HostProbe:
         except OSError:
             return "unknown"
 
+    def systemd(self) -> Backend:
+        """A working systemd backend (the manager answers), or IsolationError saying why not."""
+        from .systemd import open_systemd_backend
+
+        return open_systemd_backend(parent=self.cgroup_parent)
+
     def cgroup(self) -> Backend:
         """A working cgroup backend, or IsolationError naming what is missing."""
         from .cgroup import open_cgroup_backend
@@ -67,8 +76,10 @@ def choose_backend(requested: str, *, probe: HostProbe | None = None) -> Backend
             raise IsolationError(
                 f"--isolation systemd: systemd is not PID 1 on this host (PID 1 is {pid1!r}); "
                 "use --isolation cgroup")
-        raise IsolationError("--isolation systemd: the systemd backend is not built yet; "
-                             "use --isolation cgroup")
+        try:
+            return probe.systemd()
+        except IsolationError as exc:
+            raise IsolationError(f"--isolation systemd: {exc}") from None
     if requested == "cgroup":
         try:
             return probe.cgroup()
@@ -81,7 +92,10 @@ def choose_backend(requested: str, *, probe: HostProbe | None = None) -> Backend
     if requested == "auto":
         pid1 = probe.pid1()
         if pid1 == "systemd":
-            notes = ["auto: systemd is PID 1 but the systemd backend is not built yet"]
+            try:
+                return probe.systemd()
+            except IsolationError as exc:
+                notes = [f"auto: systemd backend unavailable: {exc}"]
         else:
             notes = [f"auto: systemd backend skipped (PID 1 is {pid1!r}, not systemd)"]
         try:

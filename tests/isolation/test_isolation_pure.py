@@ -23,6 +23,7 @@ from motor.isolation.cgroup import (
     parse_limit,
     usage_usec_v2,
 )
+from motor.isolation.systemd import SystemdBackend
 
 # -- parsing ---------------------------------------------------------------------------------
 
@@ -75,13 +76,20 @@ def test_cpu_lists_and_group_names():
 
 
 class FakeProbe:
-    def __init__(self, pid1="init", cgroup=None, affinity=True):
+    def __init__(self, pid1="init", cgroup=None, affinity=True, systemd=None):
         self._pid1, self._cgroup, self._affinity = pid1, cgroup, affinity
+        self._systemd = systemd
         self.asked: list[str] = []
 
     def pid1(self):
         self.asked.append("pid1")
         return self._pid1
+
+    def systemd(self):
+        self.asked.append("systemd")
+        if isinstance(self._systemd, Exception) or self._systemd is None:
+            raise self._systemd or IsolationError("systemd: no manager in this fake")
+        return self._systemd
 
     def cgroup(self):
         self.asked.append("cgroup")
@@ -115,17 +123,29 @@ def test_auto_falls_back_to_affinity_then_none_with_the_reason():
     assert any("sched_setaffinity" in n for n in backend.health()["notes"])
 
 
-def test_auto_with_systemd_as_pid1_still_uses_cgroup_for_now():
-    backend = choose_backend("auto", probe=FakeProbe(pid1="systemd", cgroup=CG))
+SD = SystemdBackend(notes=("systemd 252",), address="/nonexistent/private")
+
+
+def test_auto_takes_systemd_when_it_is_pid1_and_answers():
+    probe = FakeProbe(pid1="systemd", systemd=SD, cgroup=CG)
+    assert choose_backend("auto", probe=probe) is SD
+    assert probe.asked == ["pid1", "systemd"]
+
+
+def test_auto_with_an_unreachable_systemd_uses_cgroup_and_says_why():
+    unreachable = IsolationError("systemd: cannot connect to /run/systemd/private: Permission denied")
+    backend = choose_backend("auto", probe=FakeProbe(pid1="systemd", systemd=unreachable, cgroup=CG))
     assert backend.name == "cgroup"
-    assert any("not built yet" in n for n in backend.notes)
+    assert any("systemd backend unavailable" in n and "Permission denied" in n
+               for n in backend.notes)
 
 
 def test_explicit_requests_never_downgrade():
     with pytest.raises(IsolationError, match="systemd is not PID 1 on this host"):
         choose_backend("systemd", probe=FakeProbe(pid1="process_api"))
-    with pytest.raises(IsolationError, match="not built yet"):
-        choose_backend("systemd", probe=FakeProbe(pid1="systemd"))
+    with pytest.raises(IsolationError, match="--isolation systemd: systemd: no manager"):
+        choose_backend("systemd", probe=FakeProbe(pid1="systemd", cgroup=CG))
+    assert choose_backend("systemd", probe=FakeProbe(pid1="systemd", systemd=SD)) is SD
     with pytest.raises(IsolationError, match="--isolation cgroup: no cgroup v1 memory"):
         choose_backend("cgroup", probe=FakeProbe(cgroup=MISSING))
     assert choose_backend("cgroup", probe=FakeProbe(cgroup=CG)) is CG

@@ -1,0 +1,215 @@
+"""The systemd backend's pure parts: unit names, the CPU bitmask, the slice's properties, the
+keeper's command prefix, the OOM verdict on fake cgroup trees, and the D-Bus client against
+a small fake manager on a Unix socket (errors keep their D-Bus names)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+
+import pytest
+from jeepney import Parser, new_error, new_method_return
+
+from motor.isolation import IsolationError
+from motor.isolation.systemd import (
+    SystemdBackend,
+    SystemdError,
+    SystemdManager,
+    cpu_mask,
+    job_scope,
+    job_slice,
+    oom_verdict,
+    scope_argv,
+    slice_properties,
+    systemd_accounts_cpu,
+)
+
+JOB = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b"
+MiB = 1024 * 1024
+
+
+def test_a_job_slice_is_a_child_of_the_jobs_slice_and_keeps_the_id_unique():
+    assert job_slice("motor-jobs", JOB) == "motor-jobs-j0190a1b2c3d47e5f8a9b0c1d2e3f4a5b.slice"
+    assert job_scope("motor-jobs", JOB) == "motor-jobs-j0190a1b2c3d47e5f8a9b0c1d2e3f4a5b.scope"
+    # no dash of the id survives: systemd would read each one as a slice level
+    assert job_slice("motor-jobs", JOB).count("-") == 2
+    for bad in ("", "..", "a/b", "a b", ".x", "x" * 200):
+        with pytest.raises(IsolationError):
+            job_slice("motor-jobs", bad)
+
+
+def test_cpu_mask_is_systemds_little_endian_bitmask():
+    assert cpu_mask([]) == b""
+    assert cpu_mask([0]) == b"\x01"
+    assert cpu_mask([0, 1]) == b"\x03"
+    assert cpu_mask([7, 8]) == b"\x80\x01"
+    assert cpu_mask([255]) == bytes(31) + b"\x80"
+    with pytest.raises(ValueError):
+        cpu_mask([-1])
+
+
+def test_slice_properties_carry_the_limits_and_accounting():
+    props = dict(slice_properties(JOB, [2, 3], 256 * MiB))
+    assert props["MemoryMax"] == ("t", 256 * MiB)
+    assert props["AllowedCPUs"] == ("ay", b"\x0c")
+    assert props["CPUAccounting"] == ("b", True) and props["MemoryAccounting"] == ("b", True)
+    bare = dict(slice_properties(JOB, None, None))
+    assert "MemoryMax" not in bare and "AllowedCPUs" not in bare
+
+
+def test_the_keeper_prefix_puts_the_job_in_a_scope_in_its_slice():
+    backend = SystemdBackend(systemd_run="/usr/bin/systemd-run", address="/nonexistent")
+    fields = backend.spec_fields(JOB, [1], 64 * MiB)
+    assert fields["pin"] is True and fields["cgroup_procs"] == []
+    assert fields["command_prefix"] == scope_argv(
+        "/usr/bin/systemd-run", job_scope("motor-jobs", JOB), job_slice("motor-jobs", JOB))
+    assert fields["command_prefix"][-1] == "--"
+    assert backend.spec_fields(JOB, None, None)["pin"] is False
+
+
+# -- the OOM verdict on fake cgroup trees -----------------------------------------------------
+
+
+GROUP = "/motor.slice/motor-jobs.slice/motor-jobs-jX.slice"
+
+
+def write(root, rel, name, text):
+    path = os.path.join(root, rel.lstrip("/"), name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def test_v2_memory_events_are_exact(tmp_path):
+    write(tmp_path, GROUP, "memory.events", "low 0\nhigh 0\nmax 9\noom 1\noom_kill 1\n")
+    assert oom_verdict(GROUP, None, str(tmp_path))["oom_killed"] is True
+    write(tmp_path, GROUP, "memory.events", "low 0\nhigh 0\nmax 9\noom 0\noom_kill 0\n")
+    verdict = oom_verdict(GROUP, signal.SIGKILL, str(tmp_path))
+    assert verdict["oom_killed"] is False and verdict["oom_rule"] == "v2 memory.events"
+
+
+def test_v2_events_in_a_hybrid_unified_mount_count_too(tmp_path):
+    write(tmp_path, "unified" + GROUP, "memory.events", "oom 1\noom_kill 2\n")
+    assert oom_verdict(GROUP, None, str(tmp_path)) == {
+        "oom_killed": True, "oom_kills": 2, "oom_rule": "v2 memory.events"}
+
+
+def test_v1_counts_a_kill_in_the_slice_itself(tmp_path):
+    write(tmp_path, "memory" + GROUP, "memory.oom_control", "oom_kill_disable 0\noom_kill 1\n")
+    assert oom_verdict(GROUP, None, str(tmp_path))["oom_killed"] is True
+
+
+def test_v1_kill_in_the_removed_scope_is_sigkill_after_the_slice_hit_its_limit(tmp_path):
+    write(tmp_path, "memory" + GROUP, "memory.oom_control", "oom_kill_disable 0\noom_kill 0\n")
+    write(tmp_path, "memory" + GROUP, "memory.failcnt", "78\n")
+    assert oom_verdict(GROUP, signal.SIGKILL, str(tmp_path))["oom_killed"] is True
+    assert oom_verdict(GROUP, signal.SIGSEGV, str(tmp_path))["oom_killed"] is False
+    assert oom_verdict(GROUP, None, str(tmp_path))["oom_killed"] is False
+    write(tmp_path, "memory" + GROUP, "memory.failcnt", "0\n")  # never at its limit
+    assert oom_verdict(GROUP, signal.SIGKILL, str(tmp_path))["oom_killed"] is False
+
+
+def test_a_missing_group_is_no_oom(tmp_path):
+    assert oom_verdict(GROUP, signal.SIGKILL, str(tmp_path))["oom_killed"] is False
+
+
+def test_systemd_accounts_cpu_only_where_it_can_read_a_figure(tmp_path):
+    assert systemd_accounts_cpu(str(tmp_path)) is False  # v1 with cpuacct apart from cpu
+    write(tmp_path, "cpu", "cpuacct.usage", "0\n")  # cpu,cpuacct co-mounted
+    assert systemd_accounts_cpu(str(tmp_path)) is True
+    os.remove(tmp_path / "cpu" / "cpuacct.usage")
+    write(tmp_path, "", "cgroup.controllers", "cpu memory\n")  # v2
+    assert systemd_accounts_cpu(str(tmp_path)) is True
+
+
+# -- the D-Bus client against a fake manager ------------------------------------------------------
+
+
+class FakeManager:
+    """Accepts pipelined EXTERNAL auth, answers GetUnit (NoSuchUnit), Get (Version), and
+    anything else with an AccessDenied error. Records the calls."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.calls: list[tuple[str, tuple]] = []
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.bind(self.path)
+        self.sock.listen()
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
+
+    def serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                buf = b""
+                while b"BEGIN\r\n" not in buf:
+                    buf += conn.recv(1024)
+                assert buf.startswith(b"\0AUTH EXTERNAL ")
+                conn.sendall(b"OK 0123456789abcdef0123456789abcdef\r\n")
+                parser = Parser()
+                parser.add_data(buf.split(b"BEGIN\r\n", 1)[1])
+                while True:
+                    msg = parser.get_next_message()
+                    if msg is None:
+                        data = conn.recv(65536)
+                        if not data:
+                            break
+                        parser.add_data(data)
+                        continue
+                    member = msg.header.fields[3]  # MEMBER
+                    self.calls.append((member, msg.body))
+                    if member == "Get" and msg.body[1] == "Version":
+                        reply = new_method_return(msg, "v", (("s", "252-fake"),))
+                    elif member == "GetUnit":
+                        reply = new_error(msg, "org.freedesktop.systemd1.NoSuchUnit", "s",
+                                          (f"Unit {msg.body[0]} not loaded.",))
+                    else:
+                        reply = new_error(msg, "org.freedesktop.DBus.Error.AccessDenied", "s",
+                                          ("Access denied",))
+                    conn.sendall(reply.serialise(serial=1000 + len(self.calls)))
+
+    def close(self):
+        self.sock.close()
+
+
+@pytest.fixture
+def fake_manager(tmp_path):
+    manager = FakeManager(tmp_path / "private")
+    yield manager
+    manager.close()
+
+
+def test_the_client_calls_the_manager_and_keeps_dbus_error_names(fake_manager):
+    with SystemdManager(fake_manager.path, timeout=5) as m:
+        assert m.version() == "252-fake"
+        assert m.unit_path("motor-jobs-jX.slice") is None  # NoSuchUnit: not loaded
+        assert m.active_state("motor-jobs-jX.slice") is None
+        with pytest.raises(SystemdError) as err:
+            m.start_transient("motor-jobs-jX.slice", slice_properties(JOB, [1], 64 * MiB))
+    assert err.value.name == "org.freedesktop.DBus.Error.AccessDenied"
+    assert "Access denied" in str(err.value)
+    members = [c[0] for c in fake_manager.calls]
+    assert members == ["Get", "GetUnit", "GetUnit", "StartTransientUnit"]
+    name, mode, props, aux = fake_manager.calls[-1][1]
+    assert (name, mode, aux) == ("motor-jobs-jX.slice", "fail", [])
+    assert ("MemoryMax", ("t", 64 * MiB)) in props
+
+
+def test_an_unreachable_manager_is_a_clear_isolation_error(tmp_path):
+    with pytest.raises(IsolationError, match="cannot connect to .*nothing-here"):
+        SystemdManager(str(tmp_path / "nothing-here")).connect()
+
+
+def test_a_refusing_manager_never_blocks_finish(fake_manager):
+    backend = SystemdBackend(systemd_run="/usr/bin/systemd-run", address=fake_manager.path)
+    assert backend.finish(JOB, signal.SIGKILL) == {
+        "oom_killed": False, "cpu_time_ms": None, "cleanup_error": None}  # unit already gone
+    assert backend.adopt(JOB) is False
+    with pytest.raises(IsolationError, match="AccessDenied"):
+        backend.prepare(JOB, [0], 64 * MiB)
