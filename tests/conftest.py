@@ -27,6 +27,9 @@ def motor_env(extra: dict | None = None) -> dict:
 class Serve:
     """A real runner process on a temporary state dir and socket."""
 
+    #: A command the runner is started under (e.g. nsenter into a namespace); empty: none.
+    prefix: tuple[str, ...] = ()
+
     def __init__(self, state_dir: Path, *args: str):
         self.state_dir = state_dir
         self.socket = state_dir / "motor.sock"
@@ -39,7 +42,7 @@ class Serve:
         seen = self.log.stat().st_size if self.log.exists() else 0
         with open(self.log, "ab") as logf:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "motor", "serve", *self.args],
+                [*self.prefix, sys.executable, "-m", "motor", "serve", *self.args],
                 stdout=logf, stderr=subprocess.STDOUT, env=motor_env(), cwd=ROOT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -51,14 +54,25 @@ class Serve:
             time.sleep(0.02)
         raise RuntimeError(f"serve did not start: {self.log.read_text()}")
 
+    def _signal(self, sig: int) -> None:
+        """Signal the runner itself (under a prefix, the process it started)."""
+        if self.prefix:
+            import psutil
+
+            for child in psutil.Process(self.proc.pid).children(recursive=True):
+                if "motor" in child.cmdline() and "serve" in child.cmdline():
+                    child.send_signal(sig)
+                    return
+        self.proc.send_signal(sig)
+
     def stop(self, sig=signal.SIGTERM, timeout: float = 30.0) -> int:
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
-        self.proc.send_signal(sig)
+        self._signal(sig)
         return self.proc.wait(timeout)
 
     def kill9(self) -> None:
-        self.proc.kill()
+        self._signal(signal.SIGKILL)
         self.proc.wait(10)
 
     def cli(self, *args: str, timeout: float = 60.0, input: bytes | None = None,

@@ -1,0 +1,217 @@
+"""The systemd backend for real: a real systemd as PID 1 (of its own namespaces, see
+systemd_ns.py), a real `motor serve --isolation systemd` inside them, jobs checked from
+inside their units.
+
+Skipped, with the reason, where the harness cannot run (not root, no systemd, no cgroup v1).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from polling import json_lines, wait_for
+from systemd_ns import SystemdNamespace, unavailable
+
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(unavailable() is not None,
+                                                  reason=f"systemd harness: {unavailable()}")]
+
+MiB = 1024 * 1024
+
+#: From inside the job: its CPUs, its unit's groups, and the tightest memory limit above it.
+INSIDE = r"""
+import json, os
+cpus = open("/proc/self/status").read().split("Cpus_allowed_list:")[1].split()[0]
+groups = dict((l.split(":", 2)[1], l.split(":", 2)[2]) for l in open("/proc/self/cgroup").read().splitlines())
+rel = groups["memory"]
+limit, path = None, rel
+while True:
+    knob = "/sys/fs/cgroup/memory" + path + "/memory.limit_in_bytes"
+    if os.path.exists(knob):
+        value = int(open(knob).read())
+        limit = value if limit is None else min(limit, value)
+    if path in ("/", ""):
+        break
+    path = os.path.dirname(path)
+print(json.dumps({"cpus": cpus, "memory_limit": limit, "group": rel,
+                  "unit": groups["name=systemd"], "pid1": open("/proc/1/comm").read().strip()}))
+"""
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def systemd_ns(tmp_path):
+    ns = SystemdNamespace(tmp_path)
+    try:
+        ns.start()
+    except RuntimeError as exc:
+        ns.stop()
+        pytest.fail(f"the systemd namespace did not start: {exc}")
+    yield ns
+    ns.stop()
+
+
+@pytest.fixture
+def ns_serve(systemd_ns, serve_factory):
+    """`motor serve --isolation systemd` started inside the namespaces (stopped first)."""
+
+    def make(*args: str):
+        serve = serve_factory("--isolation", "systemd", *args)
+        serve.prefix = tuple(systemd_ns.enter(cwd=str(ROOT)))
+        return serve
+
+    return make
+
+
+def job_units(ns: SystemdNamespace) -> list[str]:
+    out = ns.run("systemctl", "list-units", "--all", "--plain", "--no-legend", "--no-pager",
+                 "motor-jobs-*").stdout.decode()
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def test_systemd_backend_confines_each_job_in_its_own_unit(ns_serve, systemd_ns):
+    serve = ns_serve().start()
+    health = serve.cli_json("health")["isolation"]
+    assert health["backend"] == "systemd", health
+    assert set(health["enforces"]) == {"cpus", "memory"}
+    assert health["parent"] == "motor-jobs.slice"
+
+    claim = min(4, serve.cli_json("health")["capacity"]["claim_limit"])
+    result = serve.cli("run", "--json", "--weight", str(claim), "--memory-max", str(256 * MiB),
+                       "--", "python3", "-c", INSIDE)
+    assert result.returncode == 0, result.stderr
+    events = json_lines(result.stdout)
+    record = events[-1]["record"]
+    inside = json.loads("".join(e["data"] for e in events if e["event"] == "output"))
+    assert inside["pid1"] == "systemd"
+    hexid = record["job_id"].replace("-", "")
+    # the job's whole tree is in its scope, inside its slice, inside the jobs slice
+    assert inside["unit"] == (f"/motor.slice/motor-jobs.slice/motor-jobs-j{hexid}.slice/"
+                              f"motor-jobs-j{hexid}.scope"), inside
+    assert inside["group"] == inside["unit"]
+    assert inside["memory_limit"] == record["memory_max_bytes"] == 256 * MiB
+    expected = ",".join(map(str, record["cpus"]))
+    assert len(record["cpus"]) == claim
+    assert inside["cpus"] in (expected, f"{record['cpus'][0]}-{record['cpus'][-1]}"), inside
+    # systemd's own summary: CPU time measured for the slice
+    assert record["reservation_use"]["cpu_time_ms"] >= 0
+    # finish() stopped the slice: systemd removed the units
+    assert job_units(systemd_ns) == []
+
+
+def test_systemd_backend_reports_cpu_time_and_oom_kills(ns_serve, systemd_ns):
+    serve = ns_serve().start()
+    busy = serve.cli("run", "--json", "--weight", "1", "--", "python3", "-c",
+                     "import time\nt = time.process_time()\n"
+                     "while time.process_time() - t < 0.5: pass")
+    assert busy.returncode == 0, busy.stderr
+    use = json_lines(busy.stdout)[-1]["record"]["reservation_use"]
+    assert 400 <= use["cpu_time_ms"] <= 5000, use
+
+    hog = serve.cli("run", "--json", "--weight", "1", "--memory-max", str(64 * MiB), "--",
+                    "python3", "-c", "b = bytearray(512 * 1024 * 1024); print(len(b))")
+    terminal = json_lines(hog.stdout)[-1]["record"]
+    assert terminal["state"] == "failed"
+    assert terminal["reason"] == "oom_killed", terminal
+    assert terminal["signal"] == 9 and hog.returncode == 128 + 9
+    assert job_units(systemd_ns) == []
+
+
+def test_a_job_in_a_systemd_unit_outlives_the_runner_and_is_readopted(
+        ns_serve, systemd_ns, tmp_path):
+    barrier = tmp_path / "go"
+    serve = ns_serve().start()
+    job = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
+                         f"echo before; while [ ! -e {barrier} ]; do sleep 0.01; done; "
+                         "echo after; exit 7")
+    job_id = job["job_id"]
+    log = serve.state_dir / "jobs" / job_id / "output.log"
+    wait_for(lambda: log.exists() and b"before" in log.read_bytes(), what="first line")
+    serve.kill9()
+
+    # the runner is gone; the job's unit is still there and the restarted runner adopts it
+    unit = f"motor-jobs-j{job_id.replace('-', '')}"
+    assert sorted(job_units(systemd_ns)) == [f"{unit}.scope", f"{unit}.slice"]
+    serve.start()
+    barrier.write_text("")
+    result = serve.cli("attach", "--json", job_id, "--from-seq", "0")
+    events = json_lines(result.stdout)
+    assert "".join(e["data"] for e in events if e["event"] == "output") == "before\nafter\n"
+    assert events[-1]["record"]["exit_code"] == 7 and result.returncode == 7
+    assert job_units(systemd_ns) == []
+
+
+def test_a_missing_program_is_a_spawn_failure_not_a_systemd_run_error(ns_serve):
+    serve = ns_serve().start()
+    result = serve.cli("run", "--json", "--weight", "1", "--", "no-such-program-anywhere")
+    record = json_lines(result.stdout)[-1]["record"]
+    assert record["state"] == "failed", record
+    assert "no-such-program-anywhere" in (record.get("detail") or ""), record
+
+
+EXAMPLES = ROOT / "examples"
+
+
+def test_the_example_units_run_motor_under_systemd_and_jobs_outlive_a_restart(
+        systemd_ns, tmp_path):
+    """examples/motor.service and examples/motor-jobs.slice, installed in the namespace's
+    systemd (ExecStart's python, config and state dir redirected to this test's), started
+    with systemctl: the runner picks the systemd backend, reads the slice's MemoryMax, and a
+    running job survives `systemctl restart motor` (KillMode=process; the job is in its own
+    unit) and is re-adopted."""
+    state, barrier = tmp_path / "state", tmp_path / "go"
+    unit = (EXAMPLES / "motor.service").read_text()
+    exec_line = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    argv = exec_line[len("ExecStart="):].split()
+    assert argv[1:4] == ["-m", "motor", "serve"]
+    argv[0] = sys.executable
+    argv[argv.index("--config") + 1] = str(EXAMPLES / "runner.toml")
+    argv += ["--state-dir", str(state), "--free-space-floor-bytes", "0"]
+    unit = unit.replace(exec_line, "ExecStart=" + " ".join(argv))
+    unit = unit.replace("[Service]", f"[Service]\nWorkingDirectory={ROOT}")
+    unit = "\n".join(line for line in unit.splitlines()  # no /var/lib/motor on this host
+                     if not line.startswith(("StateDirectory", "Environment=MOTOR_STATE_DIR")))
+    (tmp_path / "motor.service").write_text(unit)
+    for name, source in (("motor.service", tmp_path / "motor.service"),
+                         ("motor-jobs.slice", EXAMPLES / "motor-jobs.slice")):
+        assert systemd_ns.run("cp", str(source), f"/run/motor-units/{name}").returncode == 0
+    assert systemd_ns.run("systemctl", "daemon-reload").returncode == 0
+    started = systemd_ns.run("systemctl", "start", "motor.service")
+    assert started.returncode == 0, started.stderr
+
+    socket = str(state / "motor.sock")
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "motor", args[0], "--socket", socket,
+                               *args[1:]], capture_output=True, timeout=60, cwd=ROOT)
+
+    wait_for(lambda: cli("health").returncode == 0, what="motor.service to answer")
+    health = json.loads(cli("health", "--json").stdout)
+    assert health["isolation"]["backend"] == "systemd"
+    meminfo = Path("/proc/meminfo").read_text().splitlines()
+    ram = int(next(line for line in meminfo if line.startswith("MemTotal:")).split()[1]) * 1024
+    slice_max = health["isolation"]["memory_max"]
+    assert abs(slice_max - ram * 90 // 100) <= 1 << 20, (slice_max, ram)
+
+    job = json.loads(cli("submit", "--json", "--weight", "1", "--memory-max", str(2 * ram), "--",
+                         "sh", "-c", f"echo before; while [ ! -e {barrier} ]; do sleep 0.01; "
+                         "done; echo after; exit 3").stdout)
+    log = state / "jobs" / job["job_id"] / "output.log"
+    wait_for(lambda: log.exists() and b"before" in log.read_bytes(), what="the job to start")
+    restarted = systemd_ns.run("systemctl", "restart", "motor.service")
+    assert restarted.returncode == 0, restarted.stderr
+    wait_for(lambda: cli("health").returncode == 0, what="motor.service to answer again")
+    barrier.write_text("")
+    result = cli("attach", "--json", job["job_id"], "--from-seq", "0")
+    events = json_lines(result.stdout)
+    assert "".join(e["data"] for e in events if e["event"] == "output") == "before\nafter\n"
+    record = events[-1]["record"]
+    assert record["exit_code"] == 3 and result.returncode == 3
+    # a claim's memory_max is clamped to the slice's MemoryMax, never above it
+    assert record["memory_max_bytes"] == slice_max
+    assert systemd_ns.run("systemctl", "stop", "motor.service").returncode == 0
