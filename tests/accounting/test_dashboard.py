@@ -10,10 +10,10 @@ import json
 import shutil
 import socket
 import subprocess
-import time
 
 import httpx
 import pytest
+from polling import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -24,16 +24,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_for(predicate, timeout=30.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture

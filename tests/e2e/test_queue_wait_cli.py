@@ -6,7 +6,7 @@ import pytest
 
 import time
 
-from test_serve_jobs import json_lines, wait_for
+from polling import json_lines, wait_for
 
 pytestmark = pytest.mark.e2e
 

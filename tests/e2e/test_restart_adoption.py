@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_serve_jobs import json_lines, wait_for
+from polling import json_lines, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -2,30 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import os
 import stat
-import time
-from pathlib import Path
 
 import pytest
+from polling import json_lines, wait_for
 
 pytestmark = pytest.mark.e2e
-
-
-def json_lines(out: bytes) -> list[dict]:
-    return [json.loads(line) for line in out.decode().splitlines() if line.strip()]
-
-
-def wait_for(predicate, timeout: float = 30.0, what: str = "condition"):
-    """Bounded polling of an outside process's state (no sleep-and-hope: fails loudly)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_run_exits_with_the_jobs_exit_status(serve):
