@@ -342,15 +342,19 @@ class SystemdBackend(Backend):
     def prepare(self, job_id: str, cpus: list[int] | None, memory_max: int | None) -> dict:
         """Start the job's slice with its limits; return the spec.json fields.
 
-        Idempotent: a slice left over from an earlier attempt is stopped first.
+        Idempotent: a slice left over from an earlier attempt is stopped (or reset) first.
         Raises IsolationError when systemd refuses.
         """
         fields = self.spec_fields(job_id, cpus, memory_max)
         name = job_slice(self.parent, job_id)
         with self.manager() as m:
-            if m.active_state(name) not in (None, "inactive"):
+            state = m.active_state(name)
+            if state not in (None, "inactive", "failed"):
                 m.stop(name)
                 _wait_gone(m, name)
+                state = m.active_state(name)
+            if state == "failed":  # a failed unit stays loaded until reset
+                m.call(MANAGER_PATH, MANAGER, "ResetFailedUnit", "s", (name,))
             m.start_transient(name, slice_properties(job_id, cpus, memory_max))
             deadline = time.monotonic() + ACTIVATE_TIMEOUT_S
             while (state := m.active_state(name)) != "active":

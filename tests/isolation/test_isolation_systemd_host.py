@@ -215,3 +215,29 @@ def test_the_example_units_run_motor_under_systemd_and_jobs_outlive_a_restart(
     # a claim's memory_max is clamped to the slice's MemoryMax, never above it
     assert record["memory_max_bytes"] == slice_max
     assert systemd_ns.run("systemctl", "stop", "motor.service").returncode == 0
+
+
+BACKEND_SCRIPT = r"""
+import json, sys
+from motor.isolation.systemd import open_systemd_backend, job_slice
+backend = open_systemd_backend()
+job = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b"
+first = backend.prepare(job, [0], 64 << 20)
+again = backend.prepare(job, [0], 32 << 20)  # a retried start: the old slice is replaced
+adopted = backend.adopt(job)
+limit = int(open("/sys/fs/cgroup/memory/motor.slice/motor-jobs.slice/"
+                 + job_slice("motor-jobs", job) + "/memory.limit_in_bytes").read())
+facts = backend.finish(job)
+print(json.dumps({"same": first == again, "adopted": adopted, "facts": facts, "limit": limit,
+                  "after": backend.adopt(job), "slice": job_slice("motor-jobs", job)}))
+"""
+
+
+def test_prepare_is_idempotent_and_finish_removes_the_slice(systemd_ns):
+    result = systemd_ns.run(sys.executable, "-c", BACKEND_SCRIPT, cwd=str(ROOT))
+    assert result.returncode == 0, result.stderr.decode()
+    out = json.loads(result.stdout)
+    assert out["same"] and out["adopted"] and not out["after"]
+    assert out["limit"] == 32 << 20
+    assert out["facts"]["cleanup_error"] is None and out["facts"]["oom_killed"] is False
+    assert job_units(systemd_ns) == []
