@@ -1,6 +1,11 @@
 """Overhead per job: N jobs of `true` through a real `motor serve`, beside peers.
 
     python bench/throughput.py [--n 200] [--rounds 3] [--isolation affinity] [--no-peers]
+                               [--systemd-namespace]
+
+`--systemd-namespace` runs each round's runner inside a real systemd that is PID 1 of its
+own namespaces (tests/isolation/systemd_ns.py; root, cgroup v1 hosts), for
+`--isolation systemd` where the host's PID 1 is not systemd.
 
 Each round starts a runner (`--max-weight 2`, claims of 1, jobs spread over 4 workspaces),
 submits N jobs of `true` through the HTTP API on the Unix socket one after another, and
@@ -32,12 +37,20 @@ def emit(peer: str, wall: float, n: int, extra: str = "") -> None:
           f"jobs_per_s={n / wall:.1f}{' ' + extra if extra else ''}", flush=True)
 
 
-def motor_round(n: int, isolation: str) -> tuple[float, float]:
+def motor_round(n: int, isolation: str, systemd_namespace: bool = False) -> tuple[float, float]:
     with tempfile.TemporaryDirectory(prefix="motor-bench-") as tmp:
+        ns = None
+        prefix: list[str] = []
+        if systemd_namespace:
+            sys.path.insert(0, str(ROOT / "tests" / "isolation"))
+            from systemd_ns import SystemdNamespace
+
+            ns = SystemdNamespace(Path(tmp)).start()
+            prefix = ns.enter(cwd=str(ROOT))
         state = Path(tmp) / "state"
         log = open(Path(tmp) / "serve.log", "wb")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "motor", "serve", "--state-dir", str(state),
+            [*prefix, sys.executable, "-m", "motor", "serve", "--state-dir", str(state),
              "--max-weight", "2", "--max-queue-depth", str(n + 10),
              "--free-space-floor-bytes", "0", "--isolation", isolation],
             stdout=log, stderr=subprocess.STDOUT)
@@ -70,7 +83,10 @@ def motor_round(n: int, isolation: str) -> tuple[float, float]:
                     raise SystemExit(f"only {ok} of {n} jobs succeeded")
             return t1 - t0, t_sub - t0
         finally:
-            proc.terminate()
+            if ns is not None:
+                ns.stop()  # ends the runner (inside) and everything else in the namespace
+            else:
+                proc.terminate()
             proc.wait(30)
             log.close()
 
@@ -95,10 +111,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--isolation", default="affinity")
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--systemd-namespace", action="store_true")
     args = ap.parse_args()
     walls: dict[str, list[float]] = {"motor": [], "bare-xargs": [], "tsp": []}
     for _ in range(args.rounds):
-        wall, sub = motor_round(args.n, args.isolation)
+        wall, sub = motor_round(args.n, args.isolation, args.systemd_namespace)
         emit("motor", wall, args.n, f"submit_s={sub:.6f} isolation={args.isolation}")
         walls["motor"].append(wall)
         if not args.no_peers:
