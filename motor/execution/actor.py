@@ -89,10 +89,11 @@ def terminal_from_status(record: JobRecord, status: dict | None, now_ms: int,
                          facts: dict | None = None) -> JobRecord:
     """The terminal record for a job whose keeper has exited (status None: lost).
 
-    `facts` are the isolation backend's findings (`oom_killed`, `memory_max`): an OOM kill
-    ends the job `failed` with reason `oom_killed`, unless it had already timed out or been
-    cancelled; the exit code or signal stay what the keeper saw (the victim may have been
-    a child of the job's main process).
+    `facts` are the isolation backend's findings (`oom_killed`, `memory_max`, `start_error`):
+    an OOM kill ends the job `failed` with reason `oom_killed`, and a job the backend never
+    got into its unit (`start_error`) with reason `spawn_failed`, unless the keeper gave a
+    reason of its own (timed out, cancelled, its own spawn failure); the exit code or signal stay what the keeper saw (the victim may
+    have been a child of the job's main process).
     """
     oom = bool(facts and facts.get("oom_killed"))
     oom_detail = (f"killed by the kernel OOM killer (memory limit "
@@ -105,7 +106,12 @@ def terminal_from_status(record: JobRecord, status: dict | None, now_ms: int,
             waiting_on=None, waiting_on_job=None)
     reason = status.get("reason")
     exit_code, signal = status.get("exit_code"), status.get("signal")
-    if oom and reason not in ("timed_out", "cancelled"):
+    start_error = (facts or {}).get("start_error")
+    if start_error and reason is None:
+        # the backend never got the job into its unit (e.g. systemd refused the scope); the
+        # keeper's own verdicts (spawn_failed, timed_out, cancelled) come first
+        reason, status = "spawn_failed", {**status, "detail": start_error}
+    elif oom and reason not in ("timed_out", "cancelled"):
         reason = "oom_killed"
         status = {**status, "detail": oom_detail}
     if reason == "oom_killed":

@@ -40,7 +40,7 @@ from jeepney.auth import BEGIN
 from jeepney.bus_messages import message_bus
 
 from .base import Backend, IsolationError
-from .cgroup import _try_read, oom_kills_v1, oom_kills_v2
+from .cgroup import _try_read, oom_kills_v1, oom_kills_v2, usage_usec_v2
 
 __all__ = [
     "PRIVATE_SOCKET",
@@ -51,6 +51,8 @@ __all__ = [
     "cpu_mask",
     "job_slice",
     "oom_verdict",
+    "slice_ran",
+    "unified_usage_usec",
     "open_systemd_backend",
     "scope_argv",
 ]
@@ -301,6 +303,31 @@ def oom_verdict(control_group: str, signal: int | None, root: str = CGROUP_ROOT)
             "oom_rule": "v1: SIGKILL after the slice hit its limit"}
 
 
+def unified_usage_usec(control_group: str, root: str = CGROUP_ROOT) -> int | None:
+    """The group's `usage_usec` from cgroup v2 cpu.stat (always there on v2, also in a hybrid
+    host's `unified` tree that systemd keeps): the CPU time of everything that ran in it."""
+    rel = control_group.lstrip("/")
+    for base in (root, os.path.join(root, "unified")):
+        text = _try_read(os.path.join(base, rel, "cpu.stat"))
+        if text is not None:
+            return usage_usec_v2(text)
+    return None
+
+
+def slice_ran(control_group: str, root: str = CGROUP_ROOT) -> bool | None:
+    """Did any process ever run in the slice? None when the host cannot tell.
+
+    Any exec charges CPU time (v2 cpu.stat) and memory (v1 max_usage_in_bytes) to the
+    group it runs in; a scope systemd refused never put a process there.
+    """
+    usec = unified_usage_usec(control_group, root)
+    if usec is not None:
+        return usec > 0
+    peak = (_try_read(os.path.join(root, "memory", control_group.lstrip("/"),
+                                   "memory.max_usage_in_bytes")) or "").strip()
+    return int(peak) > 0 if peak.isdigit() else None
+
+
 def systemd_accounts_cpu(root: str = CGROUP_ROOT) -> bool:
     """Whether systemd can give a CPU figure: cgroup v2, or v1 cpuacct co-mounted with cpu."""
     return (os.path.exists(os.path.join(root, "cgroup.controllers"))
@@ -385,6 +412,13 @@ class SystemdBackend(Backend):
                         group = m.get(path, SLICE, "ControlGroup")
                         if group:
                             facts.update(oom_verdict(group, signal, self.cgroup_root))
+                            if usage is None:  # systemd has no figure: the kernel's for the group
+                                usec = unified_usage_usec(group, self.cgroup_root)
+                                facts["cpu_time_ms"] = None if usec is None else usec // 1000
+                            if slice_ran(group, self.cgroup_root) is False:
+                                facts["start_error"] = (
+                                    f"systemd did not start the job's scope in {name}; "
+                                    "systemd-run's reason is in the job's stderr")
                     except SystemdError as exc:
                         facts["collect_error"] = str(exc)
                     m.stop(name)  # kills what the job left behind; systemd removes the unit
@@ -442,7 +476,10 @@ def open_systemd_backend(parent: str = "motor-jobs", *, address: str | None = No
         notes.append("cgroup v1 memory: MemoryMax= caps RAM only; swap is not capped; an OOM "
                      "kill is SIGKILL after the job's slice hit its limit")
     if not systemd_accounts_cpu(cgroup_root):
+        source = ("the slice's cpu.stat in the unified tree"
+                  if os.path.isdir(os.path.join(cgroup_root, "unified"))
+                  else "the keeper's rusage of the job tree")
         notes.append("systemd has no CPU figure here (cgroup v1 cpu and cpuacct are separate "
-                     "hierarchies): CPU time is the keeper's rusage of the job tree")
+                     f"hierarchies): CPU time is {source}")
     return SystemdBackend(notes=tuple(notes), parent=parent, systemd_run=run, address=address,
                           cgroup_root=cgroup_root)

@@ -241,3 +241,29 @@ def test_prepare_is_idempotent_and_finish_removes_the_slice(systemd_ns):
     assert out["limit"] == 32 << 20
     assert out["facts"]["cleanup_error"] is None and out["facts"]["oom_killed"] is False
     assert job_units(systemd_ns) == []
+
+
+REFUSED_SCRIPT = r"""
+import json, subprocess, time
+from motor.isolation.systemd import open_systemd_backend, job_scope
+backend = open_systemd_backend()
+job = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5c"
+fields = backend.prepare(job, [0], 64 << 20)
+# someone else holds the scope's name: systemd refuses the job's scope
+holder = subprocess.Popen(["systemd-run", "--scope", "--quiet",
+                           "--unit=" + job_scope("motor-jobs", job), "sleep", "30"])
+while subprocess.run(["systemctl", "is-active", "--quiet", job_scope("motor-jobs", job)]).returncode:
+    time.sleep(0.01)
+run = subprocess.run(fields["command_prefix"] + ["/bin/true"], capture_output=True, text=True)
+facts = backend.finish(job)
+holder.kill()
+print(json.dumps({"rc": run.returncode, "stderr": run.stderr, "facts": facts}))
+"""
+
+
+def test_a_scope_systemd_refuses_is_reported_as_a_start_error(systemd_ns):
+    result = systemd_ns.run(sys.executable, "-c", REFUSED_SCRIPT, cwd=str(ROOT))
+    assert result.returncode == 0, result.stderr.decode()
+    out = json.loads(result.stdout)
+    assert out["rc"] == 1 and "already loaded" in out["stderr"], out
+    assert "did not start the job's scope" in out["facts"]["start_error"], out

@@ -23,7 +23,9 @@ from motor.isolation.systemd import (
     oom_verdict,
     scope_argv,
     slice_properties,
+    slice_ran,
     systemd_accounts_cpu,
+    unified_usage_usec,
 )
 
 JOB = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b"
@@ -122,6 +124,37 @@ def test_systemd_accounts_cpu_only_where_it_can_read_a_figure(tmp_path):
     os.remove(tmp_path / "cpu" / "cpuacct.usage")
     write(tmp_path, "", "cgroup.controllers", "cpu memory\n")  # v2
     assert systemd_accounts_cpu(str(tmp_path)) is True
+
+
+def test_the_unified_cpu_figure_and_whether_anything_ran_in_the_slice(tmp_path):
+    root = str(tmp_path)
+    assert unified_usage_usec(GROUP, root) is None and slice_ran(GROUP, root) is None
+    write(tmp_path, "memory" + GROUP, "memory.max_usage_in_bytes", "0\n")  # v1 only: by memory
+    assert slice_ran(GROUP, root) is False
+    write(tmp_path, "memory" + GROUP, "memory.max_usage_in_bytes", "7782400\n")
+    assert slice_ran(GROUP, root) is True
+    write(tmp_path, "unified" + GROUP, "cpu.stat", "usage_usec 0\nuser_usec 0\n")  # hybrid
+    assert unified_usage_usec(GROUP, root) == 0 and slice_ran(GROUP, root) is False
+    write(tmp_path, GROUP, "cpu.stat", "usage_usec 379233\nuser_usec 143709\n")  # pure v2
+    assert unified_usage_usec(GROUP, root) == 379233 and slice_ran(GROUP, root) is True
+
+
+def test_a_job_never_put_in_its_unit_ends_spawn_failed_unless_cancelled():
+    from motor.execution.actor import terminal_from_status
+    from motor.records import JobRecord
+
+    record = JobRecord(job_id=JOB, state="running", workspace="w", command=["true"], claim=1,
+                       accepted_at_ms=1, queued_at_ms=1, started_at_ms=2)
+    status = {"exit_code": 1, "signal": None, "reason": None, "ended_at_ms": 5}
+    facts = {"oom_killed": False, "start_error": "systemd did not start the job's scope"}
+    ended = terminal_from_status(record, status, 9, facts)
+    assert (ended.state, ended.reason, ended.exit_code) == ("failed", "spawn_failed", 1)
+    assert ended.detail == "systemd did not start the job's scope"
+    cancelled = terminal_from_status(record, {**status, "reason": "cancelled"}, 9, facts)
+    assert (cancelled.state, cancelled.reason) == ("cancelled", "cancelled")
+    assert terminal_from_status(record, status, 9, {"oom_killed": False}).reason is None
+    own = {**status, "exit_code": 127, "reason": "spawn_failed", "detail": "cannot execute 'x'"}
+    assert terminal_from_status(record, own, 9, facts).detail == "cannot execute 'x'"
 
 
 # -- the D-Bus client against a fake manager ------------------------------------------------------
