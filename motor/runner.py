@@ -433,7 +433,7 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, tree: _Tree, api: 
             capabilities=CAPABILITIES, ceiling=host.ceiling))
 
     def read_memory_ceiling():
-        host.ceiling = read_ceiling(config.capacity_file, host.slice_limit)
+        host.ceiling = read_ceiling(config.capacity_file, host.slice_limit, host.ceiling)
         return host.ceiling
 
     specs = [

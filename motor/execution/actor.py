@@ -170,7 +170,7 @@ class JobExecution(actors.Actor):
             if kept:
                 self.keeper = (kept["keeper_pid"], kept["keeper_create_time"])
             log.info("%s: adopted (keeper %s)", self.name, self.keeper)
-            if not self.deps.backend.adopt(self.record.job_id):
+            if not await trio.to_thread.run_sync(self.deps.backend.adopt, self.record.job_id):
                 log.warning("%s: its isolation group is gone; following it without one", self.name)
             if self.record.state != "running":
                 await self._mark_running(kept.get("started_at_ms"))

@@ -69,6 +69,7 @@ PROPERTIES = "org.freedesktop.DBus.Properties"
 #: systemd's "not set / infinity" for 64-bit unsigned properties.
 UINT64_MAX = 2**64 - 1
 CALL_TIMEOUT_S = 10.0
+LIMIT_READ_TIMEOUT_S = 2.0
 ACTIVATE_TIMEOUT_S = 10.0
 POLL_S = 0.005
 
@@ -435,7 +436,9 @@ class SystemdBackend(Backend):
             return False
 
     def parent_memory_limit(self) -> int | None:
-        with self.manager() as m:
+        # Read by maintenance on the event loop: a short timeout, and a failure keeps the
+        # last reading (motor.memory.host.read_ceiling).
+        with SystemdManager(self.address, timeout=LIMIT_READ_TIMEOUT_S) as m:
             path = m.unit_path(self.parent_slice, load=True)
             return None if path is None else _uint(m.get(path, SLICE, "MemoryMax"))
 

@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 from typing import Callable
 
+from ..isolation.base import IsolationError
 from .core import CapacityFileError, MemoryCeiling, parse_capacity_file
 
 log = logging.getLogger("motor.memory")
@@ -32,11 +33,21 @@ def read_declared_min(path: str) -> int | None:
         return None
 
 
-def read_ceiling(capacity_file: str, slice_limit: Callable[[], int | None]) -> MemoryCeiling:
+def read_ceiling(capacity_file: str, slice_limit: Callable[[], int | None],
+                 previous: MemoryCeiling | None = None) -> MemoryCeiling:
+    """The ceiling now. A jobs group limit that cannot be read (a file error, systemd not
+    answering) keeps the previous reading, or counts as unlimited at start-up: logged,
+    never raised."""
     try:
         slice_max = slice_limit()
-    except OSError as exc:
-        log.warning("cannot read the jobs group's memory limit (%s); treating it as unlimited", exc)
-        slice_max = None
+    except (OSError, IsolationError) as exc:
+        if previous is not None:
+            log.warning("cannot read the jobs group's memory limit (%s); keeping %s", exc,
+                        previous.slice_max_bytes)
+            slice_max = previous.slice_max_bytes
+        else:
+            log.warning("cannot read the jobs group's memory limit (%s); treating it as "
+                        "unlimited", exc)
+            slice_max = None
     return MemoryCeiling(declared_min_bytes=read_declared_min(capacity_file),
                          slice_max_bytes=slice_max, capacity_file=capacity_file)

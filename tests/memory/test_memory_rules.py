@@ -55,3 +55,26 @@ def test_a_malformed_capacity_file_is_a_clear_error(text):
 def test_capacity_file_without_a_declaration_is_undeclared():
     assert parse_capacity_file('{"other": 1}') is None
     assert parse_capacity_file('{"jobs_min_bytes": 17179869184}') == 16 * GiB
+
+
+def test_an_unreadable_slice_limit_keeps_the_last_reading_and_never_raises(tmp_path, caplog):
+    from motor.isolation import IsolationError
+    from motor.memory.host import read_ceiling
+
+    GiB = 1 << 30
+    capacity = str(tmp_path / "capacity.json")  # absent: undeclared
+    first = read_ceiling(capacity, lambda: 64 * GiB)
+    assert first.slice_max_bytes == 64 * GiB
+
+    def unreachable():
+        raise IsolationError("systemd: call on /run/systemd/private failed: timed out")
+
+    kept = read_ceiling(capacity, unreachable, first)  # a maintenance pass
+    assert kept.slice_max_bytes == 64 * GiB
+    assert "keeping" in caplog.text and "timed out" in caplog.text
+    assert read_ceiling(capacity, unreachable).slice_max_bytes is None  # start-up: unlimited
+
+    def unreadable():
+        raise PermissionError(13, "Permission denied")
+
+    assert read_ceiling(capacity, unreadable, first).slice_max_bytes == 64 * GiB
