@@ -8,6 +8,8 @@ Skipped, with the reason, where the harness cannot run (not root, no systemd, no
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -273,9 +275,6 @@ def test_a_stalled_systemd_delays_jobs_but_never_wedges_the_runner(ns_serve, sys
     """systemd stopped (SIGSTOP) while the runner serves: health still answers, a job's
     start fails on the D-Bus timeout and is requeued with the retry delay, and once systemd
     runs again the job runs and succeeds."""
-    import os
-    import signal
-
     serve = ns_serve().start()
     os.kill(systemd_ns.pid1, signal.SIGSTOP)
     try:
