@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
+import os
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from motor.execution import (
     KeeperHandle, Spawner, cancel_keeper, open_spawner, process_alive, read_status,
-    wait_process_exit,
+    wait_process_exit, write_json_atomic,
 )
 
 JOB_TIMEOUT_S = 20.0
+
+
+def write_job_dir(job_dir: Path, job_id: str, command: list[str], workdir: Path,
+                  **fields: Any) -> Path:
+    """Create a job dir with the spec.json a keeper reads: the job runs in `workdir`,
+    unpinned, with a 60 s safety timeout; `fields` override any of that."""
+    job_dir.mkdir(parents=True)
+    spec = {"job_id": job_id, "command": command, "cwd": str(workdir), "env": dict(os.environ),
+            "cpus": None, "pin": False, "cgroup_procs": [],
+            "timeout_s": 60.0,  # safety net: no test job may linger
+            "kill_grace_s": 1.0}
+    spec.update(fields)
+    write_json_atomic(job_dir / "spec.json", spec)
+    return job_dir
 
 
 class Tracker:

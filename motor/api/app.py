@@ -52,18 +52,6 @@ HTML = b"text/html; charset=utf-8"
 _encoder = msgspec.json.Encoder()
 _request_decoder = msgspec.json.Decoder(JobRequest)
 
-INDEX_HTML = b"""<!doctype html>
-<html lang="en">
-<head><meta charset="utf-8"><title>motor</title></head>
-<body>
-<h1>motor</h1>
-<p>A build-job runner. The dashboard is not built yet; see
-<a href="/v1/health">/v1/health</a>, <a href="/v1/status">/v1/status</a>,
-<a href="/v1/jobs">/v1/jobs</a> and <a href="/metrics">/metrics</a>.</p>
-</body>
-</html>
-"""
-
 
 def event_line(event: Any) -> bytes:
     """One NDJSON line (every field present, `seq` included)."""

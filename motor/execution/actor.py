@@ -245,6 +245,12 @@ class JobExecution(actors.Actor):
             self.record, state="refused_before_start", reason=refusal.code,
             detail=refusal.detail, ended_at_ms=deps.clock.now_ms(), waiting_on=None,
             waiting_on_job=None)
+        await self._end(record)
+
+    async def _end(self, record: JobRecord) -> None:
+        """Make `record` the job's terminal record: capacity first (so whoever sees the
+        terminal event also sees the permits free), then the store, then accounting."""
+        deps = self.deps
         self.record = record
         await deps.cpu.call(_release(record.job_id))
         await deps.dispatcher.call(Finished(record.job_id))
@@ -319,13 +325,7 @@ class JobExecution(actors.Actor):
             status["cpu_time_ms"] = facts["cpu_time_ms"]  # the group's figure covers the whole tree
         record = terminal_from_status(self.record, status, deps.clock.now_ms(), facts)
         record = with_reservation_use(record, status)  # unchanged when unmeasured
-        self.record = record
-        # Capacity first, so whoever sees the terminal event also sees the permits free.
-        await deps.cpu.call(_release(record.job_id))
-        await deps.dispatcher.call(Finished(record.job_id))
-        await deps.store.call(_save(record, [Terminal(record=public_record(record))],
-                                    retain_until_ms=retain_until(record)))
-        notify(deps.accounting, JobEnded(record))
+        await self._end(record)
         if deps.disk is not None:  # idle now: measure it, apply the build-folder cap
             await deps.disk.cast(JobIdle(record.job_id, record.workspace, tuple(record.siblings)))
         log.info("%s: %s (exit %s, signal %s)", self.name, record.state, record.exit_code,

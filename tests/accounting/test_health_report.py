@@ -7,11 +7,11 @@ the tests compare the report with the jobs' own records instead.
 from __future__ import annotations
 
 import time
-from contextlib import aclosing
 
 import msgspec
 import pytest
 import trio
+from runner_helpers import barrier_job, terminal_of
 
 import motor
 from motor.accounting import actor as accounting_actor
@@ -45,19 +45,6 @@ def config(tmp_path, **kw) -> motor.RunnerConfig:
                 sysfs_root=str(fake_sysfs(tmp_path / "sys")))
     base.update(kw)
     return motor.RunnerConfig(**base)
-
-
-def barrier_job(path, *, exit_code: int = 0, **kw) -> JobRequest:
-    script = f"while [ ! -e {path} ]; do sleep 0.005; done; exit {exit_code}"
-    return JobRequest(command=["sh", "-c", script], **kw)
-
-
-async def terminal_of(runner, job_id: str) -> dict:
-    async with aclosing(runner.events(job_id)) as events:
-        async for event in events:
-            if event.__struct_config__.tag == "terminal":
-                return event.record
-    raise AssertionError("no terminal event")
 
 
 async def wait_until(predicate, what: str, limit: float = 3600):

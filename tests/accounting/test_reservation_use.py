@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 import sys
-from contextlib import aclosing
 
 import trio
+from runner_helpers import terminal_of
 
 import motor
 from motor.accounting.actor import AccountingActor, Report
@@ -19,14 +19,6 @@ from motor.records import JobRecord, JobRequest
 from motor.store.db import Database
 
 BUSY = "import time\nend = time.process_time() + 1.5\nwhile time.process_time() < end: pass\n"
-
-
-async def terminal_of(runner, job_id: str) -> dict:
-    async with aclosing(runner.events(job_id)) as events:
-        async for event in events:
-            if event.__struct_config__.tag == "terminal":
-                return event.record
-    raise AssertionError("no terminal event")
 
 
 async def test_busy_job_uses_its_cpu_and_sleeping_job_does_not(tmp_path):

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 from isolation_helpers import counter, remove_parent
-from keeper_tracking import tracked_keepers
+from keeper_tracking import tracked_keepers, write_job_dir
 
-from motor.execution import write_json_atomic
 from motor.isolation.cgroup import open_cgroup_backend
 
 
@@ -35,14 +34,7 @@ def make_job_dir(tmp_path: Path):
     """make_job_dir(job_id, command, **spec) -> job dir with spec.json written."""
 
     def make(job_id: str, command: list[str], **fields) -> Path:
-        job_dir = tmp_path / "jobs" / job_id
-        job_dir.mkdir(parents=True)
-        spec = {"job_id": job_id, "command": command, "cwd": str(tmp_path),
-                "env": dict(os.environ), "cpus": None, "pin": False, "cgroup_procs": [],
-                "timeout_s": 60.0, "kill_grace_s": 1.0}
-        spec.update(fields)
-        write_json_atomic(job_dir / "spec.json", spec)
-        return job_dir
+        return write_job_dir(tmp_path / "jobs" / job_id, job_id, command, tmp_path, **fields)
 
     return make
 
