@@ -100,8 +100,8 @@ def test_systemd_backend_confines_each_job_in_its_own_unit(ns_serve, systemd_ns)
     expected = ",".join(map(str, record["cpus"]))
     assert len(record["cpus"]) == claim
     assert inside["cpus"] in (expected, f"{record['cpus'][0]}-{record['cpus'][-1]}"), inside
-    # systemd's own summary: CPU time measured for the slice
-    assert record["reservation_use"]["cpu_time_ms"] >= 0
+    # CPU time measured for the job's slice (a python3 start alone takes well over 1 ms)
+    assert record["reservation_use"]["cpu_time_ms"] > 0
     # finish() stopped the slice: systemd removed the units
     assert job_units(systemd_ns) == []
 
