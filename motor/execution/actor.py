@@ -51,7 +51,7 @@ log = logging.getLogger("motor.execution")
 
 RETENTION_MS = 24 * 3600 * 1000  # scheduling.md, "Retention": 24 hours
 POLL_S = 0.02  # output tail interval while a job runs
-MAX_EVENT_BYTES = 64 * 1024
+READ_BATCH_BYTES = joblog.READ_MAX_BYTES  # output.log bytes turned into events per store call
 
 
 @dataclass(frozen=True)
@@ -291,19 +291,23 @@ class JobExecution(actors.Actor):
                     await done.wait()
 
     async def _drain(self, log_path: Path, offset: int) -> int:
+        """Turn the log from `offset` into output events, one bounded batch at a time.
+
+        Each batch is at most `joblog.READ_MAX_BYTES` of the log; its events and the offset
+        after it are saved in one transaction before the next batch is read, so a log of any
+        size (e.g. gigabytes written while the runner was down) costs the runner one batch
+        of memory, and a restart resumes after the last saved batch.
+        """
         while True:
-            try:
-                records, new_offset = joblog.read_records(log_path, offset)
-            except FileNotFoundError:
-                return offset
+            records, new_offset = joblog.read_records(log_path, offset, READ_BATCH_BYTES)
             if not records:
                 return offset
-            events, size = [], 0
+            events = []
             for stream, data in records:
                 text = self._decoders[stream].decode(data)
                 if text:
                     events.append(Output(stream=stream, data=text))
-                    size += len(data)
+            del records
             await self.deps.store.call(_save(self.record, events, log_offset=new_offset))
             offset = new_offset
 
