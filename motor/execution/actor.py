@@ -142,6 +142,7 @@ class JobExecution(actors.Actor):
         self.dir = job_dir(deps, record.job_id)
         self.keeper: tuple[int, float] | None = None
         self.cancel_requested = False
+        self.output_error: str | None = None  # output.log could not be parsed: output stopped
         self._decoders = {s: codecs.getincrementaldecoder("utf-8")("replace")
                           for s in ("stdout", "stderr")}
 
@@ -297,9 +298,18 @@ class JobExecution(actors.Actor):
         after it are saved in one transaction before the next batch is read, so a log of any
         size (e.g. gigabytes written while the runner was down) costs the runner one batch
         of memory, and a restart resumes after the last saved batch.
+
+        A log that cannot be parsed (a corrupt record header) ends the job's output at the
+        last good record: the reason goes into the terminal record's detail; the job is still
+        followed to its exit status (a crash here would re-read the same offset forever).
         """
-        while True:
-            records, new_offset = joblog.read_records(log_path, offset, READ_BATCH_BYTES)
+        while self.output_error is None:
+            try:
+                records, new_offset = joblog.read_records(log_path, offset, READ_BATCH_BYTES)
+            except (joblog.JobDirError, OSError) as exc:
+                log.warning("%s: output stopped: %s", self.name, exc)
+                self.output_error = f"output stopped at byte {offset} of output.log: {exc}"
+                return offset
             if not records:
                 return offset
             events = []
@@ -310,6 +320,7 @@ class JobExecution(actors.Actor):
             del records
             await self.deps.store.call(_save(self.record, events, log_offset=new_offset))
             offset = new_offset
+        return offset
 
     async def _finish(self):
         deps = self.deps
@@ -329,6 +340,9 @@ class JobExecution(actors.Actor):
             status["cpu_time_ms"] = facts["cpu_time_ms"]  # the group's figure covers the whole tree
         record = terminal_from_status(self.record, status, deps.clock.now_ms(), facts)
         record = with_reservation_use(record, status)  # unchanged when unmeasured
+        if self.output_error is not None:
+            record = msgspec.structs.replace(record, detail="; ".join(
+                d for d in (record.detail, self.output_error) if d))
         await self._end(record)
         if deps.disk is not None:  # idle now: measure it, apply the build-folder cap
             await deps.disk.cast(JobIdle(record.job_id, record.workspace, tuple(record.siblings)))

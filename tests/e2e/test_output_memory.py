@@ -131,3 +131,43 @@ def test_database_stays_bounded_by_the_output_cap(serve_factory):
     assert replay[0]["event"] == "truncated"  # the oldest output was evicted, and it says so
     text = "".join(e["data"] for e in replay if e["event"] == "output")
     assert text.endswith("build line 0123456789\nthe end\n")
+
+
+def test_a_corrupt_output_log_does_not_crash_loop_the_runner(serve_factory, tmp_path):
+    """A log the runner cannot parse (here a bad record header) stops the output at that
+    point, with the reason in the job's detail; the job still ends with its exit status and
+    the runner keeps serving, instead of re-reading the same offset on every restart."""
+    from motor.execution.joblog import RECORD_HEADER
+
+    barrier = tmp_path / "go"
+    serve = serve_factory().start()
+    job_id = serve.cli_json(
+        "submit", "--weight", "1", "--", "sh", "-c",
+        f"echo before; while [ ! -e {barrier} ]; do sleep 0.01; done; echo after; exit 3")["job_id"]
+    log = serve.state_dir / "jobs" / job_id / "output.log"
+    wait_for(lambda: log.exists() and b"before" in log.read_bytes(), what="the first line")
+    wait_for(lambda: _stored_output(serve, job_id), what="the first line to be stored")
+    with open(log, "ab") as f:
+        f.write(RECORD_HEADER.pack(9, 3) + b"bad")
+    barrier.write_text("")
+    wait_for(lambda: _state(serve, job_id) in TERMINAL, timeout=60, interval=0.2,
+             what="the job to end")
+    record = [r for r in serve.cli_json("jobs", "--all") if r["job_id"] == job_id][0]
+    assert record["state"] == "failed" and record["exit_code"] == 3
+    assert "output.log" in record["detail"] and "bad record stream byte 9" in record["detail"]
+    events = json_lines(serve.cli("attach", "--json", job_id, "--from-seq", "0").stdout)
+    assert "".join(e["data"] for e in events if e["event"] == "output") == "before\n"
+    assert serve.proc.poll() is None
+    assert serve.cli_json("health")  # still serving
+    # and a later job runs normally
+    after = serve.cli("run", "--weight", "1", "--", "echo", "fine", timeout=60)
+    assert after.returncode == 0 and after.stdout == b"fine\n"
+
+
+def _stored_output(serve, job_id) -> bool:
+    conn = sqlite3.connect(f"file:{serve.state_dir / 'motor.db'}?mode=ro", uri=True)
+    try:
+        return conn.execute("SELECT count(*) FROM events WHERE job_id=? AND substr(data, 1, 17)=?",
+                            (job_id, b'{"event":"output"')).fetchone()[0] > 0
+    finally:
+        conn.close()
