@@ -145,3 +145,67 @@ def test_large_output_events_never_leak_below_the_truncation_point(tmp_path):
     stored = db.conn.execute("SELECT sum(length(data)) FROM events WHERE job_id='j'").fetchone()[0]
     assert stored <= cap + PAGE_EVENTS * 60_100  # the cap plus the page being filled
     db.close()
+
+
+def test_event_reads_are_bounded_in_bytes(tmp_path):
+    """A replay slice stops after a few MiB however big the stored events are."""
+    from motor.records import JobRecord, Output
+    from motor.store import db as store_db
+
+    EVENTS_READ_BYTES = getattr(store_db, "EVENTS_READ_BYTES", 4 * 1024 * 1024)
+    db = Database(tmp_path / "motor.db")
+    record = JobRecord(job_id="j", state="running", workspace="w")
+    for _ in range(10):
+        db.save(record, [Output(stream="stdout", data="q" * 100_000) for _ in range(10)])
+    first = db.events_from("j", 0)
+    assert 0 < len(first) < 100
+    assert sum(map(len, first)) - len(first[-1]) < EVENTS_READ_BYTES
+    everything, seq = [], 0
+    while rows := db.events_from("j", seq):
+        everything += rows
+        seq += len(rows) + (1 if seq == 0 else 0)  # seqs start at 1
+    assert len(everything) == 100
+
+
+async def test_output_written_while_the_runner_was_down_is_stored_in_bounded_batches(
+        tmp_path, autojump_clock, monkeypatch):
+    """The restarted runner saves a large log batch by batch, each batch's offset saved
+    with its events, and ends at the end of the log."""
+    import trio
+
+    from motor.execution import joblog
+    from polling import wait_for
+    from runner_helpers import barrier_job, terminal_of
+
+    READ_MAX_BYTES = getattr(joblog, "READ_MAX_BYTES", 1024 * 1024)
+    barrier = tmp_path / "go"
+    config = embedded_config(tmp_path, max_output_bytes_per_job=2 * 1024 * 1024)
+    request = barrier_job(barrier)
+    size = 6 * 1024 * 1024
+    request = JobRequest(command=["sh", "-c", request.command[2].replace(
+        "exit 0", f"yes 0123456789abcdef | head -c {size}; exit 0")])
+    async with motor.open_runner(config) as runner:
+        job = await runner.submit(request)
+        job_dir = tmp_path / "state" / "jobs" / job.job_id
+        while runner.db.get(job.job_id).state != "running":
+            await trio.sleep(0.05)
+    barrier.write_text("")  # the runner is gone; the keeper writes the whole log
+    wait_for((job_dir / "status.json").exists, timeout=60, what="the job to end")
+    log_size = (job_dir / "output.log").stat().st_size
+
+    offsets = []
+    real_save = Database.save
+
+    def spy(self, record, events=(), *, log_offset=None, retain_until_ms=None):
+        if log_offset is not None and record.job_id == job.job_id:
+            offsets.append(log_offset)
+        return real_save(self, record, events, log_offset=log_offset,
+                         retain_until_ms=retain_until_ms)
+
+    monkeypatch.setattr(Database, "save", spy)
+    async with motor.open_runner(config) as runner:
+        assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
+        assert runner.db.log_offset(job.job_id) == log_size
+    steps = [b - a for a, b in zip([0] + offsets, offsets)]
+    assert offsets[-1] == log_size and len(offsets) >= size // READ_MAX_BYTES
+    assert all(0 < step <= READ_MAX_BYTES for step in steps), steps
