@@ -92,10 +92,20 @@ def connect(proc: subprocess.Popen, state: Path, log_path: Path) -> httpx.Client
         time.sleep(0.05)
 
 
-def wait_state(client: httpx.Client, job_id: str, states: set[str], timeout: float) -> dict:
+class RunnerDied(Exception):
+    pass
+
+
+def wait_state(client: httpx.Client, job_id: str, states: set[str], timeout: float,
+               proc: subprocess.Popen | None = None) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        record = client.get(f"/v1/jobs/{job_id}").json()
+        try:
+            record = client.get(f"/v1/jobs/{job_id}").json()
+        except httpx.HTTPError as exc:
+            if proc is not None and proc.poll() is not None:
+                raise RunnerDied(f"the runner exited with code {proc.returncode}") from None
+            raise SystemExit(f"runner unreachable: {exc}") from None
         if record.get("state") in states:
             return record
         if time.monotonic() > deadline:
@@ -170,8 +180,14 @@ def main() -> None:
                 client = connect(proc, state, log_path)
             else:
                 go.touch()
-            record = wait_state(client, job_id, {"succeeded", "failed", "lost", "cancelled",
-                                                 "timed_out"}, 3600)
+            try:
+                record = wait_state(client, job_id, {"succeeded", "failed", "lost", "cancelled",
+                                                     "timed_out"}, 3600, proc)
+            except RunnerDied as exc:
+                print(f"{exc} while storing the output; "
+                      f"runner_rss before={mib(before)} peak={mib(sampler.stop())}", flush=True)
+                print(log_path.read_text(errors="replace")[-1500:], flush=True)
+                raise SystemExit(1) from None
             elapsed = time.monotonic() - t0
             time.sleep(2.0)
             peak = sampler.stop()
