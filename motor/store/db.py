@@ -47,7 +47,7 @@ from ..records import JobRecord, Output, encode_event, Event, TERMINAL_STATES
 SCHEMA_VERSION = 1
 PAGE_EVENTS = 64
 RECLAIM_KEEP_PAGES = 256  # free pages kept for reuse after an expiry pass (1 MiB of 4 KiB pages)
-RECLAIM_MAX_PAGES = 16384  # free pages handed back per expiry pass (64 MiB)
+RECLAIM_MAX_PAGES = 4096  # free pages handed back per expiry pass (16 MiB: a short stall)
 WAL_SIZE_LIMIT = 16 * 1024 * 1024
 EVENTS_READ_BYTES = 4 * 1024 * 1024  # events_from stops after this many bytes (at least one row)
 _OUTPUT_PREFIX = b'{"event":"output"'
