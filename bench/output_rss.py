@@ -103,8 +103,13 @@ def wait_state(client: httpx.Client, job_id: str, states: set[str], timeout: flo
         try:
             record = client.get(f"/v1/jobs/{job_id}").json()
         except httpx.HTTPError as exc:
-            if proc is not None and proc.poll() is not None:
-                raise RunnerDied(f"the runner exited with code {proc.returncode}") from None
+            if proc is not None:
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    pass
+                else:
+                    raise RunnerDied(f"the runner exited with code {proc.returncode}") from None
             raise SystemExit(f"runner unreachable: {exc}") from None
         if record.get("state") in states:
             return record
