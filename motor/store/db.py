@@ -78,7 +78,6 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 _record_decoder = msgspec.json.Decoder(JobRecord)
-_output_decoder = msgspec.json.Decoder(Output)
 _encoder = msgspec.json.Encoder()
 
 
