@@ -51,7 +51,7 @@ log = logging.getLogger("motor.execution")
 
 RETENTION_MS = 24 * 3600 * 1000  # scheduling.md, "Retention": 24 hours
 POLL_S = 0.02  # output tail interval while a job runs
-MAX_EVENT_BYTES = 64 * 1024
+READ_BATCH_BYTES = joblog.READ_MAX_BYTES  # output.log bytes turned into events per store call
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,7 @@ class JobExecution(actors.Actor):
         self.dir = job_dir(deps, record.job_id)
         self.keeper: tuple[int, float] | None = None
         self.cancel_requested = False
+        self.output_error: str | None = None  # output.log could not be parsed: output stopped
         self._decoders = {s: codecs.getincrementaldecoder("utf-8")("replace")
                           for s in ("stdout", "stderr")}
 
@@ -291,21 +292,35 @@ class JobExecution(actors.Actor):
                     await done.wait()
 
     async def _drain(self, log_path: Path, offset: int) -> int:
-        while True:
+        """Turn the log from `offset` into output events, one bounded batch at a time.
+
+        Each batch is at most `joblog.READ_MAX_BYTES` of the log; its events and the offset
+        after it are saved in one transaction before the next batch is read, so a log of any
+        size (e.g. gigabytes written while the runner was down) costs the runner one batch
+        of memory, and a restart resumes after the last saved batch.
+
+        A log that cannot be parsed (a corrupt record header) ends the job's output at the
+        last good record: the reason goes into the terminal record's detail; the job is still
+        followed to its exit status (a crash here would re-read the same offset forever).
+        """
+        while self.output_error is None:
             try:
-                records, new_offset = joblog.read_records(log_path, offset)
-            except FileNotFoundError:
+                records, new_offset = joblog.read_records(log_path, offset, READ_BATCH_BYTES)
+            except (joblog.JobDirError, OSError) as exc:
+                log.warning("%s: output stopped: %s", self.name, exc)
+                self.output_error = f"output stopped at byte {offset} of output.log: {exc}"
                 return offset
             if not records:
                 return offset
-            events, size = [], 0
+            events = []
             for stream, data in records:
                 text = self._decoders[stream].decode(data)
                 if text:
                     events.append(Output(stream=stream, data=text))
-                    size += len(data)
+            del records
             await self.deps.store.call(_save(self.record, events, log_offset=new_offset))
             offset = new_offset
+        return offset
 
     async def _finish(self):
         deps = self.deps
@@ -325,6 +340,9 @@ class JobExecution(actors.Actor):
             status["cpu_time_ms"] = facts["cpu_time_ms"]  # the group's figure covers the whole tree
         record = terminal_from_status(self.record, status, deps.clock.now_ms(), facts)
         record = with_reservation_use(record, status)  # unchanged when unmeasured
+        if self.output_error is not None:
+            record = msgspec.structs.replace(record, detail="; ".join(
+                d for d in (record.detail, self.output_error) if d))
         await self._end(record)
         if deps.disk is not None:  # idle now: measure it, apply the build-folder cap
             await deps.disk.cast(JobIdle(record.job_id, record.workspace, tuple(record.siblings)))

@@ -28,6 +28,8 @@ __all__ = [
     "STDERR",
     "STDOUT",
     "STREAM_NAMES",
+    "MAX_RECORD_BYTES",
+    "READ_MAX_BYTES",
     "JobDirError",
     "encode_record",
     "read_json",
@@ -50,6 +52,14 @@ STREAM_NAMES = {STDOUT: "stdout", STDERR: "stderr"}
 #: Record header: stream byte (1=stdout, 2=stderr) and payload length.
 RECORD_HEADER = struct.Struct("<BI")
 
+#: How much of ``output.log`` one ``read_records`` call reads by default: the runner turns
+#: a log of any size into events batch by batch, so its memory does not grow with the log.
+READ_MAX_BYTES = 1024 * 1024
+
+#: The keeper writes records of at most 64 KiB (one pipe read); a header announcing more
+#: than this is corrupt, and is refused rather than allocated.
+MAX_RECORD_BYTES = 16 * 1024 * 1024
+
 
 class JobDirError(Exception):
     """A job directory file exists but is corrupt or unreadable."""
@@ -65,35 +75,52 @@ def encode_record(stream: int, data: bytes) -> bytes:
 
 
 def read_records(
-    path: str | os.PathLike[str], offset: int = 0
+    path: str | os.PathLike[str], offset: int = 0, max_bytes: int = READ_MAX_BYTES
 ) -> tuple[list[tuple[str, bytes]], int]:
-    """Complete records of ``output.log`` from byte ``offset``.
+    """Complete records of ``output.log`` from byte ``offset``, at most ``max_bytes`` of it.
 
     Returns ``([(stream_name, data), ...], new_offset)``.  A partially written
     trailing record is not returned; ``new_offset`` points at its start so the
-    next call picks it up once complete.  A missing file reads as empty.
+    next call picks it up once complete.  A missing file reads as empty.  At most
+    ``max_bytes`` of the file are read per call (call again from ``new_offset`` for
+    more), except that a first record larger than ``max_bytes`` is returned whole so
+    a reader always makes progress.  A header announcing more than ``MAX_RECORD_BYTES``
+    or a stream byte other than 1 or 2 raises ``JobDirError``.
     """
+    hsize = RECORD_HEADER.size
     try:
         with open(path, "rb") as f:
             f.seek(offset)
-            buf = f.read()
+            buf = f.read(max(max_bytes, hsize))
+            if len(buf) >= hsize:
+                length = _check_header(path, buf, 0, offset)[1]
+                if hsize + length > len(buf) == max(max_bytes, hsize):
+                    # the first record alone is larger than a batch: read just that record
+                    buf += f.read(hsize + length - len(buf))
     except FileNotFoundError:
         return [], offset
     records: list[tuple[str, bytes]] = []
     pos = 0
-    hsize = RECORD_HEADER.size
     end = len(buf)
     while end - pos >= hsize:
-        stream, length = RECORD_HEADER.unpack_from(buf, pos)
-        name = STREAM_NAMES.get(stream)
-        if name is None:
-            raise JobDirError(path, f"bad record stream byte {stream} at offset {offset + pos}")
+        name, length = _check_header(path, buf, pos, offset)
         if end - pos - hsize < length:
             break
         start = pos + hsize
-        records.append((name, bytes(buf[start : start + length])))
+        records.append((name, buf[start : start + length]))
         pos = start + length
     return records, offset + pos
+
+
+def _check_header(path, buf: bytes, pos: int, offset: int) -> tuple[str, int]:
+    stream, length = RECORD_HEADER.unpack_from(buf, pos)
+    name = STREAM_NAMES.get(stream)
+    if name is None:
+        raise JobDirError(path, f"bad record stream byte {stream} at offset {offset + pos}")
+    if length > MAX_RECORD_BYTES:
+        raise JobDirError(path, f"record length {length} at offset {offset + pos} is above "
+                                f"the {MAX_RECORD_BYTES}-byte limit (corrupt log)")
+    return name, length
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, fsync: bool = False) -> None:

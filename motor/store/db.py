@@ -21,6 +21,17 @@ events (whole pages, oldest first, down to three quarters of the cap) and
 `jobs.truncated_before_seq` records where the kept output starts, so a replay from before
 it begins with a `truncated` event instead of silently skipping (scheduling.md,
 "Retention"). Other events (accepted, started, terminal) are never evicted.
+`jobs.output_bytes` counts the stored (JSON-encoded) size of the output events, so the cap
+bounds the database, not just the text; only complete pages are evicted (never the page
+still being filled), so a job's stored output stays below the cap plus one page.
+
+Space: freed pages go to SQLite's freelist and are reused by later inserts, so evicting a
+running job's output does not grow the file. New databases are created with
+`auto_vacuum=INCREMENTAL`; `expire` then hands free pages beyond RECLAIM_KEEP_PAGES back to
+the file system (`PRAGMA incremental_vacuum`, at most RECLAIM_MAX_PAGES per call). A
+database created before that keeps `auto_vacuum=NONE` (changing it needs a full VACUUM,
+which motor does not run by itself): its space is reused but the file does not shrink.
+`journal_size_limit` truncates the WAL back after a checkpoint that ran while it was large.
 """
 
 from __future__ import annotations
@@ -35,6 +46,11 @@ from ..records import JobRecord, Output, encode_event, Event, TERMINAL_STATES
 
 SCHEMA_VERSION = 1
 PAGE_EVENTS = 64
+RECLAIM_KEEP_PAGES = 256  # free pages kept for reuse after an expiry pass (1 MiB of 4 KiB pages)
+RECLAIM_MAX_PAGES = 4096  # free pages handed back per expiry pass (16 MiB: a short stall)
+WAL_SIZE_LIMIT = 16 * 1024 * 1024
+EVENTS_READ_BYTES = 4 * 1024 * 1024  # events_from stops after this many bytes (at least one row)
+_OUTPUT_PREFIX = b'{"event":"output"'
 _COLUMNS = {  # added after the first schema: created on open when missing
     "output_bytes": "INTEGER NOT NULL DEFAULT 0",
     "truncated_before_seq": "INTEGER NOT NULL DEFAULT 0",
@@ -62,7 +78,6 @@ CREATE TABLE IF NOT EXISTS events (
 """
 
 _record_decoder = msgspec.json.Decoder(JobRecord)
-_output_decoder = msgspec.json.Decoder(Output)
 _encoder = msgspec.json.Encoder()
 
 
@@ -76,7 +91,10 @@ class Database:
         self.max_output_bytes = max_output_bytes
         try:
             self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            # only takes effect while the file is still empty (a new database): set it first
+            self.conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
             self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.execute("PRAGMA busy_timeout=5000")
             self.conn.executescript(_SCHEMA)
@@ -112,10 +130,8 @@ class Database:
                 event.seq = next_seq
                 next_seq += 1
                 stamped.append(event)
-            conn.executemany(
-                "INSERT INTO events VALUES (?, ?, ?)",
-                [(record.job_id, e.seq, encode_event(e)) for e in stamped],
-            )
+            rows = [(record.job_id, e.seq, encode_event(e)) for e in stamped]
+            conn.executemany("INSERT INTO events VALUES (?, ?, ?)", rows)
             terminal = record.state in TERMINAL_STATES
             conn.execute(
                 "INSERT INTO jobs (job_id, state, terminal, record, log_offset, next_seq, retain_until_ms)"
@@ -126,20 +142,26 @@ class Database:
                 (record.job_id, record.state, int(terminal), _encoder.encode(record),
                  old_offset if log_offset is None else log_offset, next_seq, retain_until_ms),
             )
-            added = sum(len(e.data.encode()) for e in stamped if isinstance(e, Output))
+            # the cap is on what is stored: the encoded event (JSON escapes included)
+            added = sum(len(row[2]) for row, e in zip(rows, stamped) if isinstance(e, Output))
+            del rows
             if added:
                 conn.execute("UPDATE jobs SET output_bytes = output_bytes + ? WHERE job_id=?",
                              (added, record.job_id))
                 if self.max_output_bytes is not None:
-                    self._evict_pages(record.job_id)
+                    self._evict_pages(record.job_id, next_seq)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
         return stamped
 
-    def _evict_pages(self, job_id: str) -> None:
-        """Drop the oldest output pages of a job above the cap (inside save's transaction)."""
+    def _evict_pages(self, job_id: str, next_seq: int) -> None:
+        """Drop the oldest complete output pages of a job above the cap (inside save's
+        transaction). The page still being filled (seqs up to `next_seq` - 1 assigned) is
+        never evicted: its later events would land below truncated_before_seq, stored but
+        never replayed nor counted again. Deleting `seq <= hi` (not just the page) also
+        removes output such a leak left behind in a database written by an older motor."""
         conn = self.conn
         (total, truncated) = conn.execute(
             "SELECT output_bytes, truncated_before_seq FROM jobs WHERE job_id=?", (job_id,)).fetchone()
@@ -148,19 +170,15 @@ class Database:
         goal = self.max_output_bytes * 3 // 4
         page = max(truncated - 1, 0) // PAGE_EVENTS
         while total > goal:
-            lo, hi = page * PAGE_EVENTS + 1, (page + 1) * PAGE_EVENTS  # seqs of this page
-            rows = conn.execute(
-                "SELECT seq, data FROM events WHERE job_id=? AND seq BETWEEN ? AND ?",
-                (job_id, lo, hi)).fetchall()
-            if not rows and not conn.execute(
-                    "SELECT 1 FROM events WHERE job_id=? AND seq > ? LIMIT 1", (job_id, hi)).fetchone():
+            hi = (page + 1) * PAGE_EVENTS  # the last seq of this page
+            if hi >= next_seq:  # the page is not complete yet
                 break
-            freed = 0
-            for seq, data in rows:
-                if data.startswith(b'{"event":"output"'):
-                    freed += len(_output_decoder.decode(data).data.encode())
-                    conn.execute("DELETE FROM events WHERE job_id=? AND seq=?", (job_id, seq))
-            total -= freed
+            where = "job_id=? AND seq<=? AND substr(data, 1, 17)=?"
+            args = (job_id, hi, _OUTPUT_PREFIX)
+            (freed,) = conn.execute(
+                f"SELECT coalesce(sum(length(data)), 0) FROM events WHERE {where}", args).fetchone()
+            conn.execute(f"DELETE FROM events WHERE {where}", args)
+            total = max(total - freed, 0)
             truncated = hi + 1
             page += 1
         conn.execute("UPDATE jobs SET output_bytes=?, truncated_before_seq=? WHERE job_id=?",
@@ -187,7 +205,23 @@ class Database:
             except BaseException:
                 self.conn.execute("ROLLBACK")
                 raise
+        self.reclaim()
         return ids
+
+    def reclaim(self) -> int:
+        """Hand free pages beyond RECLAIM_KEEP_PAGES back to the file system (databases with
+        incremental auto-vacuum only; at most RECLAIM_MAX_PAGES per call). Returns the pages
+        handed back."""
+        conn = self.conn
+        if conn.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:
+            return 0
+        excess = conn.execute("PRAGMA freelist_count").fetchone()[0] - RECLAIM_KEEP_PAGES
+        if excess <= 0:
+            return 0
+        n = min(excess, RECLAIM_MAX_PAGES)
+        # executescript steps the pragma to completion; execute() would free one page only
+        conn.executescript(f"PRAGMA incremental_vacuum({n});")
+        return n
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -219,10 +253,24 @@ class Database:
         for (blob,) in self.conn.execute("SELECT record FROM jobs WHERE terminal=1"):
             yield _record_decoder.decode(blob)
 
-    def events_from(self, job_id: str, from_seq: int, limit: int = 500) -> list[bytes]:
-        return [r[0] for r in self.conn.execute(
+    def events_from(self, job_id: str, from_seq: int, limit: int = 500,
+                    max_bytes: int = EVENTS_READ_BYTES) -> list[bytes]:
+        """Stored events from `from_seq` in order: at most `limit` of them, and no more once
+        `max_bytes` are reached (at least one), so a replay of big output stays bounded."""
+        out: list[bytes] = []
+        size = 0
+        cursor = self.conn.execute(
             "SELECT data FROM events WHERE job_id=? AND seq>=? ORDER BY seq LIMIT ?",
-            (job_id, from_seq, limit))]
+            (job_id, from_seq, limit))
+        try:
+            for (data,) in cursor:
+                out.append(data)
+                size += len(data)
+                if size >= max_bytes:
+                    break
+        finally:
+            cursor.close()
+        return out
 
     def count(self) -> int:
         return self.conn.execute("SELECT count(*) FROM jobs").fetchone()[0]

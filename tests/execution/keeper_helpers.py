@@ -22,8 +22,14 @@ async def wait_until(predicate: Callable[[], Any], timeout: float = JOB_TIMEOUT_
 
 
 def records(job_dir: Path) -> list[tuple[str, bytes]]:
-    recs, _ = read_records(job_dir / "output.log", 0)
-    return recs
+    """Every complete record of the job's output.log (read batch by batch)."""
+    out: list[tuple[str, bytes]] = []
+    offset = 0
+    while True:
+        recs, offset = read_records(job_dir / "output.log", offset)
+        if not recs:
+            return out
+        out += recs
 
 
 def stream_bytes(job_dir: Path, stream: str) -> bytes:

@@ -55,3 +55,42 @@ def test_json_files(tmp_path):
     (tmp_path / "status.json").write_text("[1]")
     with pytest.raises(JobDirError):
         read_status(tmp_path)
+
+
+def test_read_records_reads_at_most_max_bytes_per_call(tmp_path):
+    """A large output.log is read in bounded batches, the offset advancing each time."""
+    log = tmp_path / "output.log"
+    records = [encode_record(1 + i % 2, bytes([65 + i % 26]) * 1000) for i in range(50)]
+    log.write_bytes(b"".join(records))
+    size = len(records[0])  # 1005 bytes each
+    seen, offset, calls = [], 0, 0
+    while True:
+        recs, new = read_records(log, offset, max_bytes=4 * size + 10)
+        if not recs:
+            break
+        calls += 1
+        assert new - offset <= 4 * size + 10  # never more than asked for
+        assert len(recs) == 4 or new == log.stat().st_size
+        seen.extend(recs)
+        offset = new
+    assert offset == log.stat().st_size
+    assert calls == 13
+    assert seen == [("stdout" if i % 2 == 0 else "stderr", bytes([65 + i % 26]) * 1000)
+                    for i in range(50)]
+
+
+def test_read_records_returns_one_record_larger_than_max_bytes(tmp_path):
+    """A single record above the batch size still makes progress (returned whole)."""
+    log = tmp_path / "output.log"
+    log.write_bytes(encode_record(1, b"a" * 5000) + encode_record(2, b"b"))
+    recs, off = read_records(log, 0, max_bytes=100)
+    assert recs == [("stdout", b"a" * 5000)] and off == 5005
+    assert read_records(log, off, max_bytes=100) == ([("stderr", b"b")], log.stat().st_size)
+
+
+def test_read_records_refuses_an_absurd_record_length(tmp_path):
+    """A corrupt header cannot make the reader allocate gigabytes."""
+    log = tmp_path / "output.log"
+    log.write_bytes(RECORD_HEADER.pack(1, 2**31) + b"z" * 100)
+    with pytest.raises(JobDirError, match="record length"):
+        read_records(log, 0, max_bytes=1024)

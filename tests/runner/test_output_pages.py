@@ -58,3 +58,154 @@ def test_pages_are_evicted_oldest_first_and_non_output_events_stay(tmp_path):
     assert kept[0].startswith(b'{"event":"accepted"')  # never evicted
     outputs = [r for r in kept if r.startswith(b'{"event":"output"')]
     assert len(outputs) * 10 <= 1000 and outputs[-1].endswith(b'"000000299\\n","seq":301}')
+
+
+def _db_bytes(path) -> int:
+    """motor.db plus its WAL on disk."""
+    wal = path.with_name(path.name + "-wal")
+    return path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+
+
+def test_the_cap_counts_stored_bytes_so_escaped_output_cannot_overrun_it(tmp_path):
+    """Coloured output (ANSI escapes) is stored JSON-escaped, 6 bytes per ESC: the cap is
+    on what is stored, not on the text."""
+    from motor.records import JobRecord, Output
+
+    cap = 1024 * 1024
+    db = Database(tmp_path / "motor.db", max_output_bytes=cap)
+    record = JobRecord(job_id="j", state="running", workspace="w")
+    for i in range(1500):  # 1.5 MB of text, about 4.5 MB once escaped
+        db.save(record, [Output(stream="stdout", data="\x1b[31m" * 200 + f"{i}\n")])
+    stored = db.conn.execute(
+        "SELECT sum(length(data)) FROM events WHERE job_id='j'").fetchone()[0]
+    assert stored <= cap
+    assert db.events_from("j", 0, limit=10_000)[-1].endswith(b'1499\\n","seq":1500}')
+
+
+def test_a_new_database_gives_expired_space_back(tmp_path):
+    """New databases use incremental auto-vacuum: expiring a big job shrinks the file."""
+    from motor.records import JobRecord, Output
+
+    path = tmp_path / "motor.db"
+    db = Database(path, max_output_bytes=None)
+    assert db.conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental
+    record = JobRecord(job_id="j", state="running", workspace="w")
+    chunk = "x" * 60_000 + "\n"
+    for _ in range(30):
+        db.save(record, [Output(stream="stdout", data=chunk) for _ in range(8)])
+    db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    full = _db_bytes(path)
+    assert full > 14_000_000
+    done = JobRecord(job_id="j", state="succeeded", workspace="w", ended_at_ms=1)
+    db.save(done, retain_until_ms=10)
+    assert db.expire(now_ms=20) == ["j"]
+    db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert _db_bytes(path) < 2_000_000
+    db.close()
+
+
+def test_an_existing_database_without_auto_vacuum_still_opens_and_reuses_space(tmp_path):
+    """A database made before incremental auto-vacuum keeps working; evicted pages are reused."""
+    import sqlite3
+
+    from motor.records import JobRecord, Output
+
+    path = tmp_path / "motor.db"
+    sqlite3.connect(path).execute("CREATE TABLE old (x)").connection.close()  # auto_vacuum NONE
+    cap = 1024 * 1024
+    db = Database(path, max_output_bytes=cap)
+    assert db.conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 0  # left as it was
+    record = JobRecord(job_id="j", state="running", workspace="w")
+    chunk = "y" * 60_000 + "\n"
+    for _ in range(200):  # 12 MB through a 1 MiB cap
+        db.save(record, [Output(stream="stdout", data=chunk)])
+    db.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    # the cap, plus the page being filled (64 events of 60 kB), plus slack; not the 12 MB written
+    assert _db_bytes(path) < cap + PAGE_EVENTS * 60_100 + 1024 * 1024
+    db.close()
+
+
+def test_large_output_events_never_leak_below_the_truncation_point(tmp_path):
+    """Pages of big events: a page still being filled is never evicted, so no output event
+    is left behind (stored but unreachable) below truncated_before_seq."""
+    from motor.records import Accepted, JobRecord, Output
+
+    cap = 1024 * 1024
+    db = Database(tmp_path / "motor.db", max_output_bytes=cap)
+    record = JobRecord(job_id="j", state="running", workspace="w")
+    db.save(record, [Accepted(job_id="j", claim=1)])
+    chunk = "z" * 60_000 + "\n"  # a page of 64 such events is ~3.8 MB, above the cap
+    for _ in range(300):
+        db.save(record, [Output(stream="stdout", data=chunk)])
+    cut = db.truncated_before("j")
+    assert cut > 1 and (cut - 1) % PAGE_EVENTS == 0
+    below = db.conn.execute("SELECT seq, substr(data, 1, 17) FROM events WHERE job_id='j' AND seq < ?",
+                            (cut,)).fetchall()
+    assert below == [(1, b'{"event":"accepte')]  # only the non-output event stays
+    stored = db.conn.execute("SELECT sum(length(data)) FROM events WHERE job_id='j'").fetchone()[0]
+    assert stored <= cap + PAGE_EVENTS * 60_100  # the cap plus the page being filled
+    db.close()
+
+
+def test_event_reads_are_bounded_in_bytes(tmp_path):
+    """A replay slice stops after a few MiB however big the stored events are."""
+    from motor.records import JobRecord, Output
+    from motor.store import db as store_db
+
+    EVENTS_READ_BYTES = getattr(store_db, "EVENTS_READ_BYTES", 4 * 1024 * 1024)
+    db = Database(tmp_path / "motor.db")
+    record = JobRecord(job_id="j", state="running", workspace="w")
+    for _ in range(10):
+        db.save(record, [Output(stream="stdout", data="q" * 100_000) for _ in range(10)])
+    first = db.events_from("j", 0)
+    assert 0 < len(first) < 100
+    assert sum(map(len, first)) - len(first[-1]) < EVENTS_READ_BYTES
+    everything, seq = [], 0
+    while rows := db.events_from("j", seq):
+        everything += rows
+        seq += len(rows) + (1 if seq == 0 else 0)  # seqs start at 1
+    assert len(everything) == 100
+
+
+async def test_output_written_while_the_runner_was_down_is_stored_in_bounded_batches(
+        tmp_path, autojump_clock, monkeypatch):
+    """The restarted runner saves a large log batch by batch, each batch's offset saved
+    with its events, and ends at the end of the log."""
+    import trio
+
+    from motor.execution import joblog
+    from polling import wait_for
+    from runner_helpers import barrier_job, terminal_of
+
+    READ_MAX_BYTES = getattr(joblog, "READ_MAX_BYTES", 1024 * 1024)
+    barrier = tmp_path / "go"
+    config = embedded_config(tmp_path, max_output_bytes_per_job=2 * 1024 * 1024)
+    request = barrier_job(barrier)
+    size = 6 * 1024 * 1024
+    request = JobRequest(command=["sh", "-c", request.command[2].replace(
+        "exit 0", f"yes 0123456789abcdef | head -c {size}; exit 0")])
+    async with motor.open_runner(config) as runner:
+        job = await runner.submit(request)
+        job_dir = tmp_path / "state" / "jobs" / job.job_id
+        while runner.db.get(job.job_id).state != "running":
+            await trio.sleep(0.05)
+    barrier.write_text("")  # the runner is gone; the keeper writes the whole log
+    wait_for((job_dir / "status.json").exists, timeout=60, what="the job to end")
+    log_size = (job_dir / "output.log").stat().st_size
+
+    offsets = []
+    real_save = Database.save
+
+    def spy(self, record, events=(), *, log_offset=None, retain_until_ms=None):
+        if log_offset is not None and record.job_id == job.job_id:
+            offsets.append(log_offset)
+        return real_save(self, record, events, log_offset=log_offset,
+                         retain_until_ms=retain_until_ms)
+
+    monkeypatch.setattr(Database, "save", spy)
+    async with motor.open_runner(config) as runner:
+        assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
+        assert runner.db.log_offset(job.job_id) == log_size
+    steps = [b - a for a, b in zip([0] + offsets, offsets)]
+    assert offsets[-1] == log_size and len(offsets) >= size // READ_MAX_BYTES
+    assert all(0 < step <= READ_MAX_BYTES for step in steps), steps
