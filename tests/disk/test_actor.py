@@ -83,10 +83,11 @@ def fill(path: Path, nbytes: int) -> None:
 
 
 async def setup_ws(ref, name, *, clock, nbytes=MB, kind="task", idle_ms=0, bundle=None):
+    """A workspace whose job set it up and went idle `idle_ms` ago."""
+    clock.ms -= idle_ms
     plan = await ref.call(PrepareSetup(f"job-{name}", name, kind=kind, bundle_sha256=bundle))
     assert plan.refusal is None, plan.refusal
     fill(Path(plan.path), nbytes)
-    clock.ms -= idle_ms
     await ref.call(JobIdle(f"job-{name}", name))
     clock.ms += idle_ms
     return Path(plan.path)
@@ -354,3 +355,136 @@ async def test_disk_full_setup_check_refuses_with_bytes(tmp_path):
         plan = await ref.call(PrepareSetup("j", "w"))
         assert plan.refusal.code == "runner_disk_full"
         assert (plan.refusal.free_bytes, plan.refusal.floor_bytes) == (10 * MB, 100 * MB)
+
+
+# --- the seed's pressure tests, through the actor's plan / act / re-probe loop -------------
+
+
+def _age(path: Path, ms: int) -> None:
+    for p in [path, *path.rglob("*")]:
+        os.utime(p, ns=(ms * 1_000_000, ms * 1_000_000), follow_symlinks=False)
+
+
+async def cargo_ws(ref, name, *, clock, idle_ms, stale=0, inc=0, other=0) -> Path:
+    """A workspace with a stale Cargo unit (72 h old), fresh incremental state and other
+    bytes, measured by its job going idle `idle_ms` ago."""
+    clock.ms -= idle_ms
+    plan = await ref.call(PrepareSetup(f"job-{name}", name))
+    ws = Path(plan.path)
+    prof = ws / "target" / "debug"
+    if stale:
+        (prof / "deps").mkdir(parents=True)
+        unit = prof / "deps" / f"lib{name}-{H1}.rlib"
+        unit.write_bytes(b"s" * stale)
+        _age(unit, clock.ms + idle_ms - 72 * HOUR)
+    if inc:
+        (prof / "incremental" / f"{name}-{H1}").mkdir(parents=True)
+        (prof / "incremental" / f"{name}-{H1}" / "s-1").write_bytes(b"i" * inc)
+    fill(ws, other)
+    await ref.call(JobIdle(f"job-{name}", name))
+    clock.ms += idle_ms
+    return ws
+
+
+def _spy(actor) -> list:
+    done = []
+    orig = actor._execute
+
+    async def record(action):
+        done.append((type(action).__name__, getattr(action, "workspace", None)))
+        return await orig(action)
+
+    actor._execute = record
+    return done
+
+
+def _pressure(probe: Shrinking, free: int) -> None:
+    """From now on free space is `free` plus whatever is really deleted."""
+    probe.base, probe.start = free, None
+
+
+async def test_disk_pressure_stale_pass_reaches_goal_without_dropping_incremental(tmp_path):
+    root = tmp_path / "state" / "workspaces"
+    probe = Shrinking(10**12, [root])
+    clock = Clock(time.time_ns() // 1_000_000)
+    async with disk_actor(tmp_path, probe=probe, clock=clock, floor=100 * MB) as (
+            ref, actor, _, _, live):
+        a = await cargo_ws(ref, "a", clock=clock, idle_ms=2 * HOUR, stale=3 * MB, inc=2 * MB)
+        b = await cargo_ws(ref, "b", clock=clock, idle_ms=2 * HOUR, stale=MB, inc=4 * MB)
+        done = _spy(actor)
+        _pressure(probe, 200 * MB - 3 * MB - MB // 2)  # soft: a's 3 MB alone is not enough
+        assert await ref.call(Admit("job-new", "new")) is None
+        # largest stale first; the probe after it was still short, so b's unit went too
+        assert done == [("DropStaleUnits", "a"), ("DropStaleUnits", "b")]
+        assert probe.calls >= 3  # probed after each action
+        for ws in (a, b):
+            assert not list((ws / "target" / "debug" / "deps").iterdir())
+            assert (ws / "target" / "debug" / "incremental").is_dir()
+            assert list((ws / "target" / "debug" / "incremental").iterdir())
+        # a pass stops as soon as the probe reaches the goal
+        c = await cargo_ws(ref, "c", clock=clock, idle_ms=2 * HOUR, stale=3 * MB, inc=2 * MB)
+        d = await cargo_ws(ref, "d", clock=clock, idle_ms=2 * HOUR, stale=MB, inc=4 * MB)
+        done.clear()
+        _pressure(probe, 200 * MB - 2 * MB)
+        assert await ref.call(Admit("job-new2", "new")) is None
+        assert done == [("DropStaleUnits", "c")]
+        assert list((d / "target" / "debug" / "deps").iterdir())
+        assert c.exists() and d.exists()
+
+
+async def test_disk_pressure_incremental_pass_prefers_largest_and_retains_workspaces(tmp_path):
+    root = tmp_path / "state" / "workspaces"
+    probe = Shrinking(10**12, [root])
+    clock = Clock(time.time_ns() // 1_000_000)
+    async with disk_actor(tmp_path, probe=probe, clock=clock, floor=100 * MB) as (
+            ref, actor, _, _, live):
+        wss = {n: await cargo_ws(ref, n, clock=clock, idle_ms=2 * HOUR, inc=size, other=8 * MB)
+               for n, size in (("small", MB), ("large", 6 * MB), ("mid", 2 * MB))}
+        done = _spy(actor)
+        _pressure(probe, 200 * MB - 7 * MB)  # large (6 MB) then mid (2 MB) reach the goal
+        assert await ref.call(Admit("job-new", "new")) is None
+        assert done == [("DropIncremental", "large"), ("DropIncremental", "mid")]
+        for name, ws in wss.items():
+            assert (ws / "blob").exists()  # every workspace is retained
+            inc = ws / "target" / "debug" / "incremental"
+            assert inc.exists() == (name == "small")
+        assert probe(root).free_bytes >= 200 * MB
+
+
+async def test_disk_soft_pressure_evicts_only_candidates_used_over_30_minutes_ago(tmp_path):
+    root = tmp_path / "state" / "workspaces"
+    probe = Shrinking(10**12, [root])
+    async with disk_actor(tmp_path, probe=probe, floor=100 * MB) as (ref, actor, _, clock, live):
+        recent = await setup_ws(ref, "recent", clock=clock, nbytes=9 * MB, idle_ms=29 * 60 * 1000)
+        old = await setup_ws(ref, "old", clock=clock, nbytes=MB, idle_ms=31 * 60 * 1000)
+        older = await setup_ws(ref, "older", clock=clock, nbytes=MB, idle_ms=3 * HOUR)
+        done = _spy(actor)
+        _pressure(probe, 150 * MB)  # above the floor, 50 MB short of the goal
+        assert await ref.call(Admit("job-new", "new")) is None
+        assert sorted(done) == [("EvictWorkspace", "old"), ("EvictWorkspace", "older")]
+        assert recent.exists() and not old.exists() and not older.exists()
+        rows = {r["name"]: r for r in await ref.call(Listing())}
+        assert rows["recent"]["protected"] == "used in the last 30 minutes"
+        # another maintenance pass: still above the floor, the recent one still stays
+        await ref.call(Periodic())
+        assert recent.exists()
+
+
+async def test_disk_hard_pressure_evicts_recent_candidates_in_lru_order_until_soft_goal(tmp_path):
+    root = tmp_path / "state" / "workspaces"
+    probe = Shrinking(10**12, [root])
+    async with disk_actor(tmp_path, probe=probe, floor=4 * MB, goal=9 * MB) as (
+            ref, actor, _, clock, live):
+        paths = {}
+        for name, nbytes, idle in (("old", MB, 5 * HOUR), ("r1", 3 * MB, 10 * 60 * 1000),
+                                   ("r2", 3 * MB, 20 * 60 * 1000), ("r3", 3 * MB, 5 * 60 * 1000)):
+            paths[name] = await setup_ws(ref, name, clock=clock, nbytes=nbytes, idle_ms=idle)
+        done = _spy(actor)
+        _pressure(probe, 4 * MB - MB // 2)  # below the floor
+        assert await ref.call(Admit("job-new", "new")) is None
+        # the old one first (free space then crosses the floor), then the recent ones least
+        # recently used first, re-probing after each, until the soft goal (9 MB)
+        assert done == [("EvictWorkspace", "old"), ("EvictWorkspace", "r2"),
+                        ("EvictWorkspace", "r1")]
+        assert [n for n, p in paths.items() if p.exists()] == ["r3"]
+        assert probe(root).free_bytes >= 9 * MB
