@@ -282,8 +282,39 @@ async def test_mapped_expiry_and_pressure_use_host_paths_and_private_trash(tmp_p
         assert not tree.exists()
         assert (host / ".motor-trash").is_dir()
         assert not (tmp_path / "state" / "workspaces" / ".motor-trash").exists()
-        probes = {str(p) for p in []}
-        assert probes == set()
+
+        # pressure: mapped workspaces are evicted by host path into the host's private trash,
+        # and the host directory's filesystem is probed (not only the state filesystem)
+        old, fresh = host / "old", host / "fresh"
+        fill(old, 2 * MB)
+        fill(fresh, MB)
+        await ref.call(Register("/home/alice/old", str(old), caller_path="/home/alice/old"))
+        clock.ms += HOUR
+        await ref.call(Register("/home/alice/fresh", str(fresh), caller_path="/home/alice/fresh"))
+        clock.ms += 2 * HOUR
+        probed = []
+        real_probe = actor.probe
+
+        def probe_spy(path):
+            probed.append(os.path.realpath(path))
+            # below the floor until the old workspace is gone
+            free = 10 * MB if old.exists() else 10**12
+            return real_probe(path).__class__(free_bytes=free, total_bytes=10**12)
+
+        actor.probe = probe_spy
+        seen.clear()
+        trash.move_to_trash = spy
+        try:
+            await ref.call(Periodic())
+        finally:
+            trash.move_to_trash = orig
+            actor.probe = real_probe
+        assert seen == [(str(old.resolve()), str(host.resolve()))]  # old first; goal then met
+        assert not old.exists() and fresh.exists()
+        assert str(host.resolve()) in probed
+        assert not (tmp_path / "state" / "workspaces" / ".motor-trash").exists()
+        names = [r["name"] for r in await ref.call(Listing())]
+        assert names == ["/home/alice/fresh"]
 
 
 async def test_mapped_pressure_protects_active_host_claims_and_collects_fresh_trash_garbage(tmp_path):
@@ -315,24 +346,29 @@ async def test_refused_transfer_survives_maintenance_and_restart_until_retention
     data = b"source bundle bytes"
     sha = hashlib.sha256(data).hexdigest()
     clock = Clock(1_800_000_000_000)
+    bundle = tmp_path / "state" / "bundles" / sha
     async with disk_actor(tmp_path, clock=clock) as (ref, actor, _, _, live):
         assert await ref.call(AdmitUpload(sha)) is None
         upload = await ref.call(BeginUpload(sha))
         upload.write(data)
-        await ref.call(CommitUpload(upload))
-        # the job that wanted it was refused (never recorded): the bundle stays pinned
+        await ref.call(CommitUpload(upload))  # the upload is a use
+        # the job that wanted it was refused (never recorded): nothing needs the bundle, but
+        # it stays pinned through maintenance for 24 h after its last use
         clock.ms += 12 * HOUR
-        await ref.call(Periodic())
-        assert await ref.call(HasBundle(sha)) is False or True
-    clock.ms += 0
+        assert (await ref.call(Periodic()))["bundles_expired"] == []
+        assert bundle.exists()
+        # a later submit's presence check finds it and counts as a use (12 h after upload)
+        assert await ref.call(HasBundle(sha)) is True
     async with disk_actor(tmp_path, clock=clock) as (ref, actor, _, _, live):  # a restart
-        bundle = tmp_path / "state" / "bundles" / sha
+        assert (await ref.call(Periodic()))["bundles_expired"] == []
         assert bundle.exists()
-        await ref.call(Periodic())
+        clock.ms += 24 * HOUR - 1  # 36 h after the upload, 24 h less 1 ms after the last use
+        assert (await ref.call(Periodic()))["bundles_expired"] == []
         assert bundle.exists()
-        clock.ms += 24 * HOUR + 1  # 24 h after its last use (HasBundle above counted as use)
+        clock.ms += 1  # exactly 24 h after the last use
         assert (await ref.call(Periodic()))["bundles_expired"] == [sha]
         assert not bundle.exists()
+        assert await ref.call(HasBundle(sha)) is False
 
 
 async def test_bundle_needed_by_a_live_job_is_kept_past_retention(tmp_path):
