@@ -57,7 +57,8 @@ class Rec:
 
 @asynccontextmanager
 async def disk_actor(tmp_path, *, floor=100 * MB, goal=None, probe=None, clock=None, live=None,
-                     roots=None, caller_roots=None, cap=64 * 1024**3):
+                     roots=None, caller_roots=None, cap=64 * 1024**3, ended=None):
+    """`live`: the live job records; `ended`: ids of jobs whose records have ended."""
     state = tmp_path / "state"
     roots = roots or [state / "workspaces"]
     for r in roots:
@@ -67,7 +68,9 @@ async def disk_actor(tmp_path, *, floor=100 * MB, goal=None, probe=None, clock=N
     live = live if live is not None else []
     actor = DiskActor(state, floor, goal if goal is not None else 2 * floor, probe,
                       workspace_roots=roots, caller_roots=caller_roots or {}, cap_bytes=cap,
-                      clock=clock, live_jobs=lambda: list(live))
+                      clock=clock, live_jobs=lambda: list(live),
+                      job_recorded=lambda job_id: job_id in (ended or ()) or any(
+                          r.job_id == job_id for r in live))
     sup = actors.Supervisor("t", [actors.ChildSpec(name="disk", factory=lambda: actor)])
     async with trio.open_nursery() as n:
         await n.start(sup.run)
@@ -144,7 +147,9 @@ async def test_disk_admission_protects_canonical_alias_through_job_insertion(tmp
     state.mkdir()
     alias_root.symlink_to(real_root)  # the configured root is an alias of the real directory
     probe = Probe(10**12)
-    async with disk_actor(tmp_path, probe=probe, roots=[alias_root]) as (ref, actor, _, clock, live):
+    ended = set()
+    async with disk_actor(tmp_path, probe=probe, roots=[alias_root], ended=ended) as (
+            ref, actor, _, clock, live):
         app = await setup_ws(ref, "app", clock=clock, nbytes=MB, idle_ms=48 * HOUR)
         assert str(app).startswith(str(real_root))
         probe.free = 10 * MB  # hard pressure
@@ -160,8 +165,9 @@ async def test_disk_admission_protects_canonical_alias_through_job_insertion(tmp
         live.append(Rec("job-2", "queued", "app"))
         await ref.call(Periodic())
         assert app.exists()
+        # the job ends (its record is terminal): its protection ends with it
         live.clear()
-        actor.inflight.clear()
+        ended.add("job-2")
         await ref.call(Periodic())
         assert not app.exists()
 
@@ -524,3 +530,24 @@ async def test_disk_hard_pressure_evicts_recent_candidates_in_lru_order_until_so
                         ("EvictWorkspace", "r1")]
         assert [n for n, p in paths.items() if p.exists()] == ["r3"]
         assert probe(root).free_bytes >= 9 * MB
+
+
+async def test_a_job_that_ends_before_any_disk_check_saw_it_reserves_nothing(tmp_path):
+    ended = set()
+    probe = Probe(10**12)
+    async with disk_actor(tmp_path, probe=probe, ended=ended) as (ref, actor, _, clock, live):
+        # cancelled while queued: admitted, recorded and ended between two disk checks
+        assert await ref.call(Admit("job-1", "w")) is None
+        w = await setup_ws(ref, "w", clock=clock, idle_ms=2 * HOUR)
+        ended.add("job-1")
+        probe.free = 10 * MB  # hard pressure
+        await ref.call(Periodic())
+        assert not w.exists()
+        # ended after setup: JobIdle ends the admission's protection as well
+        probe.free = 10**12
+        assert await ref.call(Admit("job-2", "v")) is None
+        v = await setup_ws(ref, "v", clock=clock, idle_ms=2 * HOUR)  # JobIdle("job-v")
+        await ref.call(JobIdle("job-2", "v"))
+        probe.free = 10 * MB
+        await ref.call(Periodic())
+        assert not v.exists()
