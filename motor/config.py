@@ -105,7 +105,12 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     @property
     def workspace_roots(self) -> list[Path]:
-        return [Path(p) for p in self.workspace_root] or [self.state_path / "workspaces"]
+        """Every allowed workspace root: each --workspace-root, then the default
+        `<state>/workspaces`, which stays allowed (the seed: "add with --workspace-root"), so
+        workspaces catalogued there keep expiring and stay evictable. New workspaces go into
+        the first one: the first --workspace-root when given, else the default."""
+        roots = [*(Path(p) for p in self.workspace_root), self.state_path / "workspaces"]
+        return list(dict.fromkeys(roots))
 
     def floor_bytes(self) -> int:
         if self.free_space_floor_bytes is not None:

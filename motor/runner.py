@@ -34,7 +34,7 @@ import trio
 
 import actors
 
-from .accounting.actor import AccountingActor, Report
+from .accounting.actor import AccountingActor, AdmissionRefused, Report, notify
 from .clock import WallClock, uuid7_ms
 from .config import ConfigError, RunnerConfig, parse_size
 from .cpu.actor import CpuActor, Snapshot
@@ -224,7 +224,16 @@ class Runner:
             changed = self.hub.changed(job_id)
             truncated = self.db.truncated_before(job_id)
             if next_seq < truncated:  # those pages were evicted: say so, never skip silently
-                yield Truncated(seq=truncated - 1, truncated_before_seq=truncated)
+                # The boundary comes first (seq just before what is replayed, so seqs stay
+                # ordered), then the lifecycle events that pages never evict, then the rest.
+                yield Truncated(seq=max(next_seq - 1, 0), truncated_before_seq=truncated)
+                kept = [decode_event(raw) for raw in
+                        self.db.events_from(job_id, next_seq, limit=truncated - next_seq)]
+                for event in (e for e in kept if e.seq < truncated):
+                    yield event
+                    last_seq = event.seq
+                    if event.__struct_config__.tag == "terminal":
+                        return
                 next_seq = truncated
             rows = self.db.events_from(job_id, next_seq)
             for raw in rows:
@@ -326,7 +335,8 @@ class Runner:
                 code="bad_request",
                 detail="a bundle is named by the 64 lowercase hex digits of its sha256"))
         refusal = await disk.call(AdmitUpload(sha256))
-        if refusal is not None:
+        if refusal is not None:  # counted with the submit-time refusals in health
+            notify(self.actor("accounting"), AdmissionRefused(refusal.code))
             raise RefusedError(refusal)
         upload = await disk.call(BeginUpload(sha256))
         try:
@@ -341,6 +351,7 @@ class Runner:
                 raise
             upload.abort()
             sample = await disk.call(Sample())
+            notify(self.actor("accounting"), AdmissionRefused("runner_disk_full"))
             raise RefusedError(Refusal(
                 code="runner_disk_full", detail="the state filesystem filled up during the upload",
                 free_bytes=sample.free_bytes, floor_bytes=self.config.floor_bytes())) from None
@@ -445,7 +456,8 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, tree: _Tree, api: 
             config.state_path, config.floor_bytes(), config.goal_bytes(),
             workspace_roots=config.workspace_roots, caller_roots=_caller_roots(config),
             cap_bytes=parse_size(config.build_folder_cap_bytes), clock=job_deps.clock,
-            live_jobs=db.live, compile_cache=config.compile_cache)),
+            live_jobs=db.live, compile_cache=config.compile_cache,
+            job_recorded=lambda job_id: db.get(job_id) is not None)),
         _single("accounting", lambda: AccountingActor(db, job_deps.clock)),
         actors.ChildSpec(name="execution", factory=lambda: actors.Supervisor(
             "execution", [], strategy="one_for_one", intensity=50, period=10.0)),

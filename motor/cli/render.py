@@ -307,8 +307,21 @@ def health(data: dict) -> None:
 
 
 def workspaces(rows: list[dict]) -> None:
+    """The catalog; `measured` is the age of the cached sizes ("4m10s ago", "never")."""
     con = console()
     if not rows:
         con.print("no workspaces")
         return
-    con.print(_table_of_rows(None, rows))
+    shown = []
+    for row in rows:
+        row = dict(row)
+        row.pop("measured_ms", None)  # a wall time: shown as its age instead
+        age = row.pop("measured_age_ms", None)
+        out = {}
+        for key, value in row.items():
+            out[key] = value
+            if key == "complete":
+                out["measured"] = "never" if age is None else f"{duration_ms(age)} ago"
+        out.setdefault("measured", "never" if age is None else f"{duration_ms(age)} ago")
+        shown.append(out)
+    con.print(_table_of_rows(None, shown))

@@ -22,7 +22,7 @@ SERVE_OPTIONS: list[tuple[str, str, dict]] = [
     ("--free-space-floor-bytes", "free_space_floor_bytes", {"metavar": "N", "help": "hard free-space floor; 0 disables"}),
     ("--free-space-eviction-bytes", "free_space_eviction_bytes", {"metavar": "N", "help": "soft reclaim goal (2 x floor)"}),
     ("--build-folder-cap-bytes", "build_folder_cap_bytes", {"metavar": "N", "help": "per-workspace Cargo target/ cap (64 GiB)"}),
-    ("--workspace-root", "workspace_root", {"metavar": "DIR", "action": "append", "help": "where workspaces live (repeatable)"}),
+    ("--workspace-root", "workspace_root", {"metavar": "DIR", "action": "append", "help": "add a workspace root; new workspaces go in the first (repeatable; <state-dir>/workspaces stays a root)"}),
     ("--caller-root", "caller_root", {"metavar": "CALLER=HOST", "action": "append", "help": "a caller's path prefix served from a host directory (repeatable)"}),
     ("--compile-cache", "compile_cache", {"metavar": "DIR", "help": "shared compile cache, evicted only as a whole and not during a cache fill"}),
     ("--sysfs-root", "sysfs_root", {"metavar": "DIR", "help": "where CPU topology is read (/sys)"}),

@@ -4,10 +4,14 @@ It owns the workspace catalog, the in-memory size cache, the bundle store and th
 Which workspaces are running or reserved is read from the job records (`live_jobs`: jobs
 queued or awaiting bundles reserve their workspace and siblings; jobs setting up or running
 use them), plus in-flight admissions: from `Admit` until the job is recorded (or a minute
-later, if it never is), the incoming workspace and its siblings are protected.
+later, if it never is), the incoming workspace and its siblings are protected. Once the job
+is recorded its record decides; a job that has ended (even before any disk check saw it
+live) protects nothing.
 
 Cleanup (`_cleanup`): plan with the pure core, carry out the first action, probe free space
-again for real, re-plan; until the plan is empty. Heavy work (walks, deletions, unpacking
+again for real, re-plan; until the plan is empty. A cleanup that starts below the hard floor
+stays hard until the soft goal is met. A deletion that fails keeps its catalog entry and is
+skipped for the rest of that cleanup; the next cleanup or maintenance pass retries it. Heavy work (walks, deletions, unpacking
 checks) runs in worker threads; messages still go one at a time.
 """
 
@@ -171,7 +175,8 @@ class DiskActor(actors.Actor):
                  workspace_roots: Iterable[Path] = (), caller_roots: dict[str, str] | None = None,
                  cap_bytes: int = 64 * 1024**3, clock: Any = None,
                  live_jobs: Callable[[], Iterable[Any]] | None = None,
-                 compile_cache: str | None = None):
+                 compile_cache: str | None = None,
+                 job_recorded: Callable[[str], bool] | None = None):
         super().__init__(name="disk")
         self.state_dir = Path(state_dir)
         self.floor_bytes = floor_bytes
@@ -186,6 +191,8 @@ class DiskActor(actors.Actor):
         self.cap_bytes = cap_bytes
         self.clock = clock
         self.live_jobs = live_jobs or (lambda: ())
+        #: Whether a job id has a record at all (live or ended): ends its in-flight protection.
+        self.job_recorded = job_recorded or (lambda job_id: False)
         self.compile_cache = compile_cache
         self.catalog: Catalog | None = None
         self.bundles: BundleStore | None = None
@@ -293,7 +300,7 @@ class DiskActor(actors.Actor):
                 live.reserved |= touched
             if getattr(r, "bundle_sha256", None):
                 live.bundles.add(r.bundle_sha256)
-        for job_id in [j for j in self.inflight if j in recorded]:
+        for job_id in [j for j in self.inflight if j in recorded or self.job_recorded(j)]:
             del self.inflight[job_id]
         for touched, _ in self.inflight.values():
             live.reserved |= touched
@@ -391,11 +398,14 @@ class DiskActor(actors.Actor):
     async def _cleanup(self, where: str, incoming: frozenset[str]) -> DiskSample:
         dev = self._dev(where)
         repaired: set[str] = set()
+        failed: set[str] = set()  # deletions that failed: retried by the next cleanup
+        hard = False  # once below the floor, recent workspaces stay eligible until the goal
         sample = self.probe(Path(where))
         for _ in range(MAX_STEPS):
             sample = self.probe(Path(where))
             if sample.free_bytes >= self.goal_bytes:
                 return sample
+            hard = hard or sample.free_bytes < self.floor_bytes
             live = self._live()
             wss = await self._workspaces(live, dev)
             wss = [w if w.name not in repaired else _complete(w) for w in wss]
@@ -405,21 +415,28 @@ class DiskActor(actors.Actor):
                 workspaces=tuple(wss), staging=tuple(staging), compile_cache=cache,
                 free_bytes=sample.free_bytes,
                 floor_bytes=self.floor_bytes, goal_bytes=self.goal_bytes, now_ms=self.now_ms(),
-                allowed_roots=self.allowed_roots, incoming=incoming))
+                allowed_roots=self.allowed_roots, incoming=incoming, hard=hard,
+                skip=frozenset(failed)))
             if not actions:
                 return sample
             action = actions[0]
             if isinstance(action, Repair):
                 repaired.add(action.workspace)
-            await self._execute(action)
+            if not await self._execute(action):
+                failed.add(getattr(action, "workspace", None) or action.path)
         return self.probe(Path(where))
 
-    async def _execute(self, action) -> None:
+    async def _execute(self, action) -> bool:
+        """Carry out one action; False when a deletion failed (the tree is still there)."""
         log.info("disk: %s", action)
         entry = self.catalog.get(getattr(action, "workspace", "")) if hasattr(action, "workspace") else None
         root = entry.root if entry is not None else ""
         if isinstance(action, EvictWorkspace):
             await offload(lambda: _safe(trash.delete_tree, action.path, root))
+            if os.path.lexists(action.path):  # not moved out: keep the entry, retry later
+                log.warning("disk: evicting %s failed; its catalog entry stays for a retry",
+                            action.workspace)
+                return False
             self.catalog.forget(action.workspace)
             self.cache.pop(action.workspace, None)
             self.stale.pop(action.workspace, None)
@@ -433,12 +450,15 @@ class DiskActor(actors.Actor):
             self.stale[action.workspace] = 0
         elif isinstance(action, RemoveStaging):
             await offload(lambda: _safe(trash.purge, action.path))
+            if os.path.lexists(action.path):
+                return False
         elif isinstance(action, EvictCompileCache):  # the whole cache, then an empty one
             await offload(lambda: _safe(trash.delete_tree, action.path, os.path.dirname(action.path)))
             os.makedirs(action.path, exist_ok=True)
         elif isinstance(action, Repair):
             await offload(lambda: repair(action.path))
             await self._measure(action.workspace, action.path)
+        return True
 
     # -- admission ----------------------------------------------------------------------
 
@@ -488,6 +508,7 @@ class DiskActor(actors.Actor):
 
     async def _idle(self, msg: JobIdle):
         now = self.now_ms()
+        self.inflight.pop(msg.job_id, None)  # the job has ended: its protection ends with it
         for name in (msg.workspace, *msg.siblings):
             if self.catalog.get(name) is None:
                 continue
@@ -539,11 +560,13 @@ class DiskActor(actors.Actor):
             if protection(ws, _input_for(self, ws), hard=True) is not None:
                 continue
             if idle_expired(ws, now):
-                await self._execute(EvictWorkspace(ws.name, ws.path, ws.allocated_bytes or 0))
-                summary["expired_workspaces"].append(ws.name)
+                if await self._execute(EvictWorkspace(ws.name, ws.path, ws.allocated_bytes or 0)):
+                    summary["expired_workspaces"].append(ws.name)
                 continue
             if sweep_due(ws, self.last_sweep.get(ws.name), now):
                 self.last_sweep[ws.name] = now
+                if not ws.complete:  # claim and repair, measure again, then decide
+                    await self._execute(Repair(ws.name, ws.path, "sweep"))
                 result = await offload(lambda: cargo.sweep(ws.path, ws.root, now))
                 if result["units"] or result["incremental"]:
                     summary["swept"].append(ws.name)
@@ -588,7 +611,8 @@ class DiskActor(actors.Actor):
                 "target_bytes": cached.target_bytes if cached else None,
                 "incremental_bytes": cached.incremental_bytes if cached else None,
                 "complete": cached.complete if cached else None,
-                "measured_ms": cached.measured_ms if cached else None,
+                "measured_ms": cached.measured_ms if cached else None,  # wall time
+                "measured_age_ms": max(0, now - cached.measured_ms) if cached else None,
                 "idle_ms": max(0, now - entry.last_used_ms),
                 "protected": why,
             })

@@ -18,7 +18,9 @@ is queued or awaiting bundles for it), when it is the incoming job's workspace o
 siblings (compared by canonical host path, so an alias cannot slip through), when it is not
 catalogued or not under an allowed root. Workspaces used in the last 30 minutes are
 protected while free space is at or above the hard floor; below it they become eligible, and
-go after the older candidates, least recently used first.
+go after the older candidates, least recently used first. A cleanup that started below the
+floor stays "hard" until the soft goal is reached (`PlanInput.hard`): crossing the floor
+part-way does not make the remaining recent workspaces protected again.
 
 Incomplete estimates (an unreadable subtree hid part of the size): the incremental pass and
 the whole-workspace pass return `Repair(ws)` instead of guessing. The actor then claims and
@@ -116,6 +118,13 @@ class PlanInput:
     allowed_roots: tuple[str, ...] = ()
     incoming: frozenset[str] = frozenset()  # canonical paths (and names) of the incoming job's
     # workspace and its siblings
+    #: Hard pressure: None decides from `free_bytes < floor_bytes`. The actor passes True for
+    #: every round of a cleanup that started below the floor, so that recent idle workspaces
+    #: stay eligible until the soft goal is reached (not only until the floor).
+    hard: bool | None = None
+    #: Workspaces (names) and staging paths the planner must skip this round, e.g. a failed
+    #: deletion the actor retries in a later cleanup rather than again and again in this one.
+    skip: frozenset[str] = frozenset()
 
 
 # --- actions -----------------------------------------------------------------------------
@@ -229,8 +238,9 @@ def plan_cleanup(inp: PlanInput) -> list[Action]:
     sim = _Sim(free=inp.free_bytes, goal=inp.goal_bytes)
     if sim.met:
         return []
-    hard = inp.free_bytes < inp.floor_bytes
-    eligible = [ws for ws in inp.workspaces if protection(ws, inp, hard=hard) is None]
+    hard = inp.free_bytes < inp.floor_bytes if inp.hard is None else inp.hard
+    eligible = [ws for ws in inp.workspaces
+                if ws.name not in inp.skip and protection(ws, inp, hard=hard) is None]
     recent = {ws.name for ws in eligible if inp.now_ms - ws.last_used_ms < RECENT_MS}
 
     # 1. stale Cargo units, largest first (recent workspaces only below the floor, last).
@@ -273,7 +283,7 @@ def plan_cleanup(inp: PlanInput) -> list[Action]:
             key = (0 if snapshot_free else 1, -score(ws.allocated_bytes, ws.last_used_ms), ws.name)
         ranked.append((key, ws))
     for st in inp.staging:
-        if st.active:
+        if st.active or st.path in inp.skip:
             continue
         ranked.append(((1, -score(st.allocated_bytes, st.last_used_ms), st.path), st))
     cache = inp.compile_cache

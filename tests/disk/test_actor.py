@@ -57,7 +57,8 @@ class Rec:
 
 @asynccontextmanager
 async def disk_actor(tmp_path, *, floor=100 * MB, goal=None, probe=None, clock=None, live=None,
-                     roots=None, caller_roots=None, cap=64 * 1024**3):
+                     roots=None, caller_roots=None, cap=64 * 1024**3, ended=None):
+    """`live`: the live job records; `ended`: ids of jobs whose records have ended."""
     state = tmp_path / "state"
     roots = roots or [state / "workspaces"]
     for r in roots:
@@ -67,7 +68,9 @@ async def disk_actor(tmp_path, *, floor=100 * MB, goal=None, probe=None, clock=N
     live = live if live is not None else []
     actor = DiskActor(state, floor, goal if goal is not None else 2 * floor, probe,
                       workspace_roots=roots, caller_roots=caller_roots or {}, cap_bytes=cap,
-                      clock=clock, live_jobs=lambda: list(live))
+                      clock=clock, live_jobs=lambda: list(live),
+                      job_recorded=lambda job_id: job_id in (ended or ()) or any(
+                          r.job_id == job_id for r in live))
     sup = actors.Supervisor("t", [actors.ChildSpec(name="disk", factory=lambda: actor)])
     async with trio.open_nursery() as n:
         await n.start(sup.run)
@@ -83,10 +86,11 @@ def fill(path: Path, nbytes: int) -> None:
 
 
 async def setup_ws(ref, name, *, clock, nbytes=MB, kind="task", idle_ms=0, bundle=None):
+    """A workspace whose job set it up and went idle `idle_ms` ago."""
+    clock.ms -= idle_ms
     plan = await ref.call(PrepareSetup(f"job-{name}", name, kind=kind, bundle_sha256=bundle))
     assert plan.refusal is None, plan.refusal
     fill(Path(plan.path), nbytes)
-    clock.ms -= idle_ms
     await ref.call(JobIdle(f"job-{name}", name))
     clock.ms += idle_ms
     return Path(plan.path)
@@ -143,7 +147,9 @@ async def test_disk_admission_protects_canonical_alias_through_job_insertion(tmp
     state.mkdir()
     alias_root.symlink_to(real_root)  # the configured root is an alias of the real directory
     probe = Probe(10**12)
-    async with disk_actor(tmp_path, probe=probe, roots=[alias_root]) as (ref, actor, _, clock, live):
+    ended = set()
+    async with disk_actor(tmp_path, probe=probe, roots=[alias_root], ended=ended) as (
+            ref, actor, _, clock, live):
         app = await setup_ws(ref, "app", clock=clock, nbytes=MB, idle_ms=48 * HOUR)
         assert str(app).startswith(str(real_root))
         probe.free = 10 * MB  # hard pressure
@@ -159,8 +165,9 @@ async def test_disk_admission_protects_canonical_alias_through_job_insertion(tmp
         live.append(Rec("job-2", "queued", "app"))
         await ref.call(Periodic())
         assert app.exists()
+        # the job ends (its record is terminal): its protection ends with it
         live.clear()
-        actor.inflight.clear()
+        ended.add("job-2")
         await ref.call(Periodic())
         assert not app.exists()
 
@@ -281,8 +288,39 @@ async def test_mapped_expiry_and_pressure_use_host_paths_and_private_trash(tmp_p
         assert not tree.exists()
         assert (host / ".motor-trash").is_dir()
         assert not (tmp_path / "state" / "workspaces" / ".motor-trash").exists()
-        probes = {str(p) for p in []}
-        assert probes == set()
+
+        # pressure: mapped workspaces are evicted by host path into the host's private trash,
+        # and the host directory's filesystem is probed (not only the state filesystem)
+        old, fresh = host / "old", host / "fresh"
+        fill(old, 2 * MB)
+        fill(fresh, MB)
+        await ref.call(Register("/home/alice/old", str(old), caller_path="/home/alice/old"))
+        clock.ms += HOUR
+        await ref.call(Register("/home/alice/fresh", str(fresh), caller_path="/home/alice/fresh"))
+        clock.ms += 2 * HOUR
+        probed = []
+        real_probe = actor.probe
+
+        def probe_spy(path):
+            probed.append(os.path.realpath(path))
+            # below the floor until the old workspace is gone
+            free = 10 * MB if old.exists() else 10**12
+            return real_probe(path).__class__(free_bytes=free, total_bytes=10**12)
+
+        actor.probe = probe_spy
+        seen.clear()
+        trash.move_to_trash = spy
+        try:
+            await ref.call(Periodic())
+        finally:
+            trash.move_to_trash = orig
+            actor.probe = real_probe
+        assert seen == [(str(old.resolve()), str(host.resolve()))]  # old first; goal then met
+        assert not old.exists() and fresh.exists()
+        assert str(host.resolve()) in probed
+        assert not (tmp_path / "state" / "workspaces" / ".motor-trash").exists()
+        names = [r["name"] for r in await ref.call(Listing())]
+        assert names == ["/home/alice/fresh"]
 
 
 async def test_mapped_pressure_protects_active_host_claims_and_collects_fresh_trash_garbage(tmp_path):
@@ -314,24 +352,29 @@ async def test_refused_transfer_survives_maintenance_and_restart_until_retention
     data = b"source bundle bytes"
     sha = hashlib.sha256(data).hexdigest()
     clock = Clock(1_800_000_000_000)
+    bundle = tmp_path / "state" / "bundles" / sha
     async with disk_actor(tmp_path, clock=clock) as (ref, actor, _, _, live):
         assert await ref.call(AdmitUpload(sha)) is None
         upload = await ref.call(BeginUpload(sha))
         upload.write(data)
-        await ref.call(CommitUpload(upload))
-        # the job that wanted it was refused (never recorded): the bundle stays pinned
+        await ref.call(CommitUpload(upload))  # the upload is a use
+        # the job that wanted it was refused (never recorded): nothing needs the bundle, but
+        # it stays pinned through maintenance for 24 h after its last use
         clock.ms += 12 * HOUR
-        await ref.call(Periodic())
-        assert await ref.call(HasBundle(sha)) is False or True
-    clock.ms += 0
+        assert (await ref.call(Periodic()))["bundles_expired"] == []
+        assert bundle.exists()
+        # a later submit's presence check finds it and counts as a use (12 h after upload)
+        assert await ref.call(HasBundle(sha)) is True
     async with disk_actor(tmp_path, clock=clock) as (ref, actor, _, _, live):  # a restart
-        bundle = tmp_path / "state" / "bundles" / sha
+        assert (await ref.call(Periodic()))["bundles_expired"] == []
         assert bundle.exists()
-        await ref.call(Periodic())
+        clock.ms += 24 * HOUR - 1  # 36 h after the upload, 24 h less 1 ms after the last use
+        assert (await ref.call(Periodic()))["bundles_expired"] == []
         assert bundle.exists()
-        clock.ms += 24 * HOUR + 1  # 24 h after its last use (HasBundle above counted as use)
+        clock.ms += 1  # exactly 24 h after the last use
         assert (await ref.call(Periodic()))["bundles_expired"] == [sha]
         assert not bundle.exists()
+        assert await ref.call(HasBundle(sha)) is False
 
 
 async def test_bundle_needed_by_a_live_job_is_kept_past_retention(tmp_path):
@@ -354,3 +397,157 @@ async def test_disk_full_setup_check_refuses_with_bytes(tmp_path):
         plan = await ref.call(PrepareSetup("j", "w"))
         assert plan.refusal.code == "runner_disk_full"
         assert (plan.refusal.free_bytes, plan.refusal.floor_bytes) == (10 * MB, 100 * MB)
+
+
+# --- the seed's pressure tests, through the actor's plan / act / re-probe loop -------------
+
+
+def _age(path: Path, ms: int) -> None:
+    for p in [path, *path.rglob("*")]:
+        os.utime(p, ns=(ms * 1_000_000, ms * 1_000_000), follow_symlinks=False)
+
+
+async def cargo_ws(ref, name, *, clock, idle_ms, stale=0, inc=0, other=0) -> Path:
+    """A workspace with a stale Cargo unit (72 h old), fresh incremental state and other
+    bytes, measured by its job going idle `idle_ms` ago."""
+    clock.ms -= idle_ms
+    plan = await ref.call(PrepareSetup(f"job-{name}", name))
+    ws = Path(plan.path)
+    prof = ws / "target" / "debug"
+    if stale:
+        (prof / "deps").mkdir(parents=True)
+        unit = prof / "deps" / f"lib{name}-{H1}.rlib"
+        unit.write_bytes(b"s" * stale)
+        _age(unit, clock.ms + idle_ms - 72 * HOUR)
+    if inc:
+        (prof / "incremental" / f"{name}-{H1}").mkdir(parents=True)
+        (prof / "incremental" / f"{name}-{H1}" / "s-1").write_bytes(b"i" * inc)
+    fill(ws, other)
+    await ref.call(JobIdle(f"job-{name}", name))
+    clock.ms += idle_ms
+    return ws
+
+
+def _spy(actor) -> list:
+    done = []
+    orig = actor._execute
+
+    async def record(action):
+        done.append((type(action).__name__, getattr(action, "workspace", None)))
+        return await orig(action)
+
+    actor._execute = record
+    return done
+
+
+def _pressure(probe: Shrinking, free: int) -> None:
+    """From now on free space is `free` plus whatever is really deleted."""
+    probe.base, probe.start = free, None
+
+
+async def test_disk_pressure_stale_pass_reaches_goal_without_dropping_incremental(tmp_path):
+    root = tmp_path / "state" / "workspaces"
+    probe = Shrinking(10**12, [root])
+    clock = Clock(time.time_ns() // 1_000_000)
+    async with disk_actor(tmp_path, probe=probe, clock=clock, floor=100 * MB) as (
+            ref, actor, _, _, live):
+        a = await cargo_ws(ref, "a", clock=clock, idle_ms=2 * HOUR, stale=3 * MB, inc=2 * MB)
+        b = await cargo_ws(ref, "b", clock=clock, idle_ms=2 * HOUR, stale=MB, inc=4 * MB)
+        done = _spy(actor)
+        _pressure(probe, 200 * MB - 3 * MB - MB // 2)  # soft: a's 3 MB alone is not enough
+        assert await ref.call(Admit("job-new", "new")) is None
+        # largest stale first; the probe after it was still short, so b's unit went too
+        assert done == [("DropStaleUnits", "a"), ("DropStaleUnits", "b")]
+        assert probe.calls >= 3  # probed after each action
+        for ws in (a, b):
+            assert not list((ws / "target" / "debug" / "deps").iterdir())
+            assert (ws / "target" / "debug" / "incremental").is_dir()
+            assert list((ws / "target" / "debug" / "incremental").iterdir())
+        # a pass stops as soon as the probe reaches the goal
+        c = await cargo_ws(ref, "c", clock=clock, idle_ms=2 * HOUR, stale=3 * MB, inc=2 * MB)
+        d = await cargo_ws(ref, "d", clock=clock, idle_ms=2 * HOUR, stale=MB, inc=4 * MB)
+        done.clear()
+        _pressure(probe, 200 * MB - 2 * MB)
+        assert await ref.call(Admit("job-new2", "new")) is None
+        assert done == [("DropStaleUnits", "c")]
+        assert list((d / "target" / "debug" / "deps").iterdir())
+        assert c.exists() and d.exists()
+
+
+async def test_disk_pressure_incremental_pass_prefers_largest_and_retains_workspaces(tmp_path):
+    root = tmp_path / "state" / "workspaces"
+    probe = Shrinking(10**12, [root])
+    clock = Clock(time.time_ns() // 1_000_000)
+    async with disk_actor(tmp_path, probe=probe, clock=clock, floor=100 * MB) as (
+            ref, actor, _, _, live):
+        wss = {n: await cargo_ws(ref, n, clock=clock, idle_ms=2 * HOUR, inc=size, other=8 * MB)
+               for n, size in (("small", MB), ("large", 6 * MB), ("mid", 2 * MB))}
+        done = _spy(actor)
+        _pressure(probe, 200 * MB - 7 * MB)  # large (6 MB) then mid (2 MB) reach the goal
+        assert await ref.call(Admit("job-new", "new")) is None
+        assert done == [("DropIncremental", "large"), ("DropIncremental", "mid")]
+        for name, ws in wss.items():
+            assert (ws / "blob").exists()  # every workspace is retained
+            inc = ws / "target" / "debug" / "incremental"
+            assert inc.exists() == (name == "small")
+        assert probe(root).free_bytes >= 200 * MB
+
+
+async def test_disk_soft_pressure_evicts_only_candidates_used_over_30_minutes_ago(tmp_path):
+    root = tmp_path / "state" / "workspaces"
+    probe = Shrinking(10**12, [root])
+    async with disk_actor(tmp_path, probe=probe, floor=100 * MB) as (ref, actor, _, clock, live):
+        recent = await setup_ws(ref, "recent", clock=clock, nbytes=9 * MB, idle_ms=29 * 60 * 1000)
+        old = await setup_ws(ref, "old", clock=clock, nbytes=MB, idle_ms=31 * 60 * 1000)
+        older = await setup_ws(ref, "older", clock=clock, nbytes=MB, idle_ms=3 * HOUR)
+        done = _spy(actor)
+        _pressure(probe, 150 * MB)  # above the floor, 50 MB short of the goal
+        assert await ref.call(Admit("job-new", "new")) is None
+        assert sorted(done) == [("EvictWorkspace", "old"), ("EvictWorkspace", "older")]
+        assert recent.exists() and not old.exists() and not older.exists()
+        rows = {r["name"]: r for r in await ref.call(Listing())}
+        assert rows["recent"]["protected"] == "used in the last 30 minutes"
+        # another maintenance pass: still above the floor, the recent one still stays
+        await ref.call(Periodic())
+        assert recent.exists()
+
+
+async def test_disk_hard_pressure_evicts_recent_candidates_in_lru_order_until_soft_goal(tmp_path):
+    root = tmp_path / "state" / "workspaces"
+    probe = Shrinking(10**12, [root])
+    async with disk_actor(tmp_path, probe=probe, floor=4 * MB, goal=9 * MB) as (
+            ref, actor, _, clock, live):
+        paths = {}
+        for name, nbytes, idle in (("old", MB, 5 * HOUR), ("r1", 3 * MB, 10 * 60 * 1000),
+                                   ("r2", 3 * MB, 20 * 60 * 1000), ("r3", 3 * MB, 5 * 60 * 1000)):
+            paths[name] = await setup_ws(ref, name, clock=clock, nbytes=nbytes, idle_ms=idle)
+        done = _spy(actor)
+        _pressure(probe, 4 * MB - MB // 2)  # below the floor
+        assert await ref.call(Admit("job-new", "new")) is None
+        # the old one first (free space then crosses the floor), then the recent ones least
+        # recently used first, re-probing after each, until the soft goal (9 MB)
+        assert done == [("EvictWorkspace", "old"), ("EvictWorkspace", "r2"),
+                        ("EvictWorkspace", "r1")]
+        assert [n for n, p in paths.items() if p.exists()] == ["r3"]
+        assert probe(root).free_bytes >= 9 * MB
+
+
+async def test_a_job_that_ends_before_any_disk_check_saw_it_reserves_nothing(tmp_path):
+    ended = set()
+    probe = Probe(10**12)
+    async with disk_actor(tmp_path, probe=probe, ended=ended) as (ref, actor, _, clock, live):
+        # cancelled while queued: admitted, recorded and ended between two disk checks
+        assert await ref.call(Admit("job-1", "w")) is None
+        w = await setup_ws(ref, "w", clock=clock, idle_ms=2 * HOUR)
+        ended.add("job-1")
+        probe.free = 10 * MB  # hard pressure
+        await ref.call(Periodic())
+        assert not w.exists()
+        # ended after setup: JobIdle ends the admission's protection as well
+        probe.free = 10**12
+        assert await ref.call(Admit("job-2", "v")) is None
+        v = await setup_ws(ref, "v", clock=clock, idle_ms=2 * HOUR)  # JobIdle("job-v")
+        await ref.call(JobIdle("job-2", "v"))
+        probe.free = 10 * MB
+        await ref.call(Periodic())
+        assert not v.exists()

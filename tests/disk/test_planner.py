@@ -1,4 +1,7 @@
-"""The pure eviction planner (motor/disk/core.py): the seed's passes and protections."""
+"""The pure eviction planner (motor/disk/core.py): the seed's passes and protections.
+
+The seed-named pressure tests run through the disk actor's re-probe loop on real trees
+(tests/disk/test_actor.py); the `test_plan_*` ones here check one plan of the pure core."""
 
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ def test_disk_soft_cleanup_does_nothing_at_twice_the_floor():
     assert plan(wss, free=200 * GB - 1, floor=100 * GB) != []
 
 
-def test_disk_pressure_stale_pass_reaches_goal_without_dropping_incremental():
+def test_plan_disk_pressure_stale_pass_reaches_goal_without_dropping_incremental():
     wss = [ws("a", 50 * GB, inc=20 * GB, stale=8 * GB), ws("b", 50 * GB, inc=30 * GB, stale=4 * GB)]
     actions = plan(wss, free=190 * GB)
     assert actions == [DropStaleUnits("a", f"{ROOT}/a", 8 * GB), DropStaleUnits("b", f"{ROOT}/b", 4 * GB)]
@@ -47,7 +50,7 @@ def test_disk_pressure_stale_pass_reaches_goal_without_dropping_incremental():
     assert plan(wss, free=195 * GB) == [DropStaleUnits("a", f"{ROOT}/a", 8 * GB)]
 
 
-def test_disk_pressure_incremental_pass_prefers_largest_and_retains_workspaces():
+def test_plan_disk_pressure_incremental_pass_prefers_largest_and_retains_workspaces():
     wss = [ws("small", 40 * GB, inc=5 * GB), ws("large", 40 * GB, inc=30 * GB),
            ws("mid", 40 * GB, inc=10 * GB)]
     actions = plan(wss, free=165 * GB)
@@ -71,7 +74,7 @@ def test_disk_soft_cleanup_evicts_lru_before_the_hard_floor():
                               ("EvictWorkspace", "w2")]
 
 
-def test_disk_soft_pressure_evicts_only_candidates_used_over_30_minutes_ago():
+def test_plan_disk_soft_pressure_evicts_only_candidates_used_over_30_minutes_ago():
     recent = ws("recent", 90 * GB, idle_ms=29 * 60 * 1000)
     old = ws("old", 5 * GB, idle_ms=31 * 60 * 1000)
     actions = plan([recent, old], free=150 * GB)  # above the floor: recent is protected
@@ -81,7 +84,7 @@ def test_disk_soft_pressure_evicts_only_candidates_used_over_30_minutes_ago():
         "used in the last 30 minutes"
 
 
-def test_disk_hard_pressure_evicts_recent_candidates_in_lru_order_until_soft_goal():
+def test_plan_disk_hard_pressure_evicts_recent_candidates_in_lru_order_until_soft_goal():
     old = ws("old", 10 * GB, idle_ms=5 * HOUR)
     r1 = ws("r1", 30 * GB, idle_ms=10 * 60 * 1000)
     r2 = ws("r2", 30 * GB, idle_ms=20 * 60 * 1000)
@@ -92,6 +95,11 @@ def test_disk_hard_pressure_evicts_recent_candidates_in_lru_order_until_soft_goa
                               ("EvictWorkspace", "r1"), ("EvictWorkspace", "r3")]
     actions = plan([r1, r2, r3, old], free=130 * GB)  # above the floor: only the old one
     assert names(actions) == [("EvictWorkspace", "old")]
+    # a cleanup that started below the floor stays hard (the actor passes hard=True)
+    actions = plan_cleanup(PlanInput((r1, r2, r3, old), 130 * GB, 100 * GB, 200 * GB, NOW,
+                                     allowed_roots=(ROOT,), hard=True))
+    assert names(actions) == [("EvictWorkspace", "old"), ("EvictWorkspace", "r2"),
+                              ("EvictWorkspace", "r1")]
 
 
 def test_disk_eviction_skips_reserved_and_running_workspaces():

@@ -32,7 +32,11 @@ async def test_replay_after_evicted_pages_starts_with_truncated_before_seq(tmp_p
         assert first.truncated_before_seq == truncated_before
         seqs = [e.seq for e in replay]
         assert seqs == sorted(seqs)
-        assert all(e.seq >= truncated_before for e in replay[1:])
+        # the lifecycle events below the boundary are never evicted and still replayed
+        tags = [e.__struct_config__.tag for e in replay]
+        assert tags[1:4] == ["accepted", "queued", "started"], tags[:6]
+        assert all(e.seq < truncated_before for e in replay[1:4])
+        assert all(e.seq >= truncated_before for e in replay[4:])
         text = "".join(e.data for e in replay if e.__struct_config__.tag == "output")
         assert text.endswith(f"line-{lines - 1}\n")  # the newest output is all there
         assert 0 < len(text.encode()) <= 20_000
