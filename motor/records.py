@@ -35,6 +35,8 @@ REFUSAL_HTTP_STATUS: dict[str, int] = {
     "not_found": 404,
     "history_expired": 410,
     "body_too_large": 413,
+    "request_timeout": 408,
+    "too_many_connections": 503,
     "unauthorized": 401,
     "method_not_allowed": 405,
     "queue_wait_exceeded": 409,
