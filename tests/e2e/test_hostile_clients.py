@@ -310,3 +310,22 @@ def test_a_stalled_bundle_upload_and_absurd_lengths_get_answers(serve_factory, t
         resp = unix.post("/v1/jobs", content=body)
         assert resp.status_code == 400 and resp.json()["code"] == "bad_request", resp.text
         assert unix.get("/v1/health").status_code == 200
+
+
+def test_a_runner_at_its_connection_cap_refuses_motor_run_as_a_temporary_failure(serve_factory):
+    serve = serve_factory("--isolation", "none", "--max-connections", "3").start()
+    held = []
+    try:
+        for _ in range(3):  # three requests stalled mid-body hold every slot (30 s deadline)
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(str(serve.socket))
+            s.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: m\r\nContent-Length: 100\r\n\r\n{")
+            held.append(s)
+        result = serve.cli("run", "--", "true")
+        assert result.returncode == 75, (result.returncode, result.stderr)
+        assert b"motor: refused: too_many_connections" in result.stderr
+    finally:
+        for s in held:
+            s.close()
+    wait_for(lambda: serve.cli("run", "--", "true").returncode == 0, timeout=60,
+             what="motor run to succeed once the slots are free")
