@@ -94,6 +94,8 @@ async def claim_socket_path(path: Path, *, connect_timeout: float = 2.0) -> None
 LISTEN_BACKLOG = 4096
 #: Seconds a new (or kept-alive) connection may take to send a complete request head.
 HEAD_TIMEOUT_S = 5.0
+#: Connections above the cap being answered 503 at once; beyond it they are closed unanswered.
+REFUSING_MAX = 64
 #: Descriptors kept for everything else the runner opens (SQLite, logs, job pipes, cgroups).
 FD_RESERVE = 256
 
@@ -149,8 +151,8 @@ class Connections:
     def __init__(self, cap: int):
         self.cap = cap
         self.open = 0
-        self.peak = 0
         self.refused = 0
+        self.refusing = 0
         self._closed = trio.Event()
         self._trim = _load_malloc_trim()
 
@@ -167,10 +169,20 @@ class Connections:
         async def handle(stream: Any) -> None:
             if self.open >= self.cap:
                 self.refused += 1
-                await _refuse_connection(stream, self.cap)
+                if self.refused % 1000 == 1:
+                    log.warning("connection cap %d reached: refusing connections (%d so far)",
+                                self.cap, self.refused)
+                if self.refusing >= REFUSING_MAX:  # a flood: do not answer, just close
+                    with trio.CancelScope(shield=True):
+                        await stream.aclose()
+                    return
+                self.refusing += 1
+                try:
+                    await _refuse_connection(stream, self.cap)
+                finally:
+                    self.refusing -= 1
                 return
             self.open += 1
-            self.peak = max(self.peak, self.open)
             try:
                 await serve_one(stream)
             finally:
