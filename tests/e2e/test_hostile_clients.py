@@ -117,15 +117,18 @@ def test_a_thousand_idle_and_slow_connections_are_let_go_and_their_memory_return
         idle = [connect(over_tcp=i % 3 == 0) for i in range(400)]
         head = (b"POST /v1/jobs HTTP/1.1\r\nHost: motor\r\nAuthorization: Bearer t0k3n\r\n"
                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % MiB)
+        heads_sent = time.monotonic()
         for s in slow:
             s.sendall(head)
         send_all_round_robin(slow, b'{"command": ["' + b"x" * (512 * 1024))
         # Meanwhile other clients are served, on both listeners, and a job runs.
         assert unix.get("/v1/health").status_code == 200
         assert tcp.get("/v1/status").status_code == 200
+        assert all(still_open(s) for s in slow), "slow bodies were cut before their deadline"
         result = serve.cli("run", "--", "sh", "-c", "echo served")
         assert result.returncode == 0 and result.stdout == b"served\n", result.stderr
-        assert all(still_open(s) for s in slow), "slow bodies were cut before their deadline"
+        if time.monotonic() - heads_sent < 9:  # (a very loaded host may take longer)
+            assert all(still_open(s) for s in slow), "the job ran only after the deadline"
 
         # The runner lets the slow ones go after the body deadline (408), the idle ones after
         # the request-head timeout (a plain close).
