@@ -163,7 +163,7 @@ class Connections:
             await self._closed.wait()
             await trio.sleep(1.0)  # at most once a second, after a burst of closes
             self._closed = trio.Event()
-            self._trim()
+            await trio.to_thread.run_sync(self._trim)  # walks the heap: not on the event loop
 
     def handler(self, serve_one: Callable[[Any], Awaitable[None]]):
         async def handle(stream: Any) -> None:
