@@ -90,6 +90,12 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: asks for at least one a minute. Tests raise it to drive passes by hand.
     maintenance_interval_s: float = 60.0
     max_body_bytes: int = 1024 * 1024
+    #: Seconds a JSON request body may take to arrive whole, and the longest pause within a
+    #: bundle upload; past it the request is answered 408 and the connection closed.
+    body_timeout_s: float = 30.0
+    #: Open HTTP connections (socket and TCP together); one more is answered 503
+    #: too_many_connections. Clamped to RLIMIT_NOFILE less a reserve.
+    max_connections: int = 1024
     #: Replaceable wall clock (tests); not settable from TOML.
     clock: object | None = None
 
@@ -147,13 +153,29 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             host, sep, port = self.listen.rpartition(":")
             if not sep or not port.isdigit() or not host:
                 raise ConfigError(f"--listen wants HOST:PORT, got {self.listen!r}")
-            if host not in ("127.0.0.1", "localhost", "::1", "[::1]") and not self.token_file:
-                raise ConfigError("--listen on a non-loopback address requires --token-file")
+            if not is_loopback(host) and not self.token_file:
+                raise ConfigError(f"--listen on the non-loopback address {host} requires --token-file")
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", self.cgroup_parent):
             raise ConfigError(f"--cgroup-parent must be a plain group name, got {self.cgroup_parent!r}")
         if self.heartbeat_s <= 0:
             raise ConfigError("heartbeat_s must be positive")
+        if not self.body_timeout_s > 0 or self.body_timeout_s == float("inf"):
+            raise ConfigError(f"--body-timeout must be a positive number of seconds, got {self.body_timeout_s}")
+        if self.max_connections < 1:
+            raise ConfigError(f"--max-connections must be at least 1, got {self.max_connections}")
         return self
+
+
+def is_loopback(host: str) -> bool:
+    """`localhost`, 127.0.0.0/8 or ::1 (brackets allowed); any other name or address is not."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _existing_parent(path: Path) -> Path:

@@ -35,6 +35,8 @@ REFUSAL_HTTP_STATUS: dict[str, int] = {
     "not_found": 404,
     "history_expired": 410,
     "body_too_large": 413,
+    "request_timeout": 408,
+    "too_many_connections": 503,
     "unauthorized": 401,
     "method_not_allowed": 405,
     "queue_wait_exceeded": 409,
@@ -42,7 +44,8 @@ REFUSAL_HTTP_STATUS: dict[str, int] = {
 }
 #: Codes that mean "refused before start": `motor run` exits 75 on them.
 BEFORE_START_CODES: frozenset[str] = frozenset(
-    {"runner_full", "runner_disk_full", "workspace_setup_failed", "queue_wait_exceeded"}
+    {"runner_full", "runner_disk_full", "workspace_setup_failed", "queue_wait_exceeded",
+     "too_many_connections"}
 )
 
 CAPABILITIES: tuple[str, ...] = ("gate_jobs", "follow", "withdraw")

@@ -9,9 +9,15 @@ Every error is a refusal: `{"refused": true, "code": ..., "detail": ...}` with t
 status of `records.REFUSAL_HTTP_STATUS`.  An unexpected exception becomes a 500
 `internal_error` (logged with its traceback) and the server keeps serving.
 
-Token auth: when the app has a token, requests that arrived over TCP (the ASGI scope
-names a `server` address) must carry `Authorization: Bearer <token>`; requests on the Unix
-socket (hypercorn gives them no `server` address) need none.
+Who may do what: requests on the Unix socket (hypercorn gives them no `server` address)
+need no token, the socket's mode is the access control. Requests over TCP (the scope names
+a `server` address) need `Authorization: Bearer <token>` when the app has a token; without
+a token (`--listen` on loopback with no `--token-file`) TCP serves only the read-only
+dashboard routes of `PUBLIC_ON_TCP` and answers everything else 401 `unauthorized`.
+
+Request bodies have a deadline (`body_timeout_s`): a JSON body must arrive whole within it,
+a streamed bundle upload must never pause longer than it. Past it: 408 `request_timeout`
+and the connection is closed, so a stalled client cannot hold memory.
 """
 
 from __future__ import annotations
@@ -53,6 +59,14 @@ _encoder = msgspec.json.Encoder()
 _request_decoder = msgspec.json.Decoder(JobRequest)
 
 
+#: (method, path) served over TCP without a token: the dashboard page, the two reports it
+#: draws, and the Prometheus metrics. Read-only; job records, output and writes need the token.
+PUBLIC_ON_TCP = frozenset({("GET", "/"), ("GET", "/metrics"), ("GET", "/v1/health"),
+                           ("GET", "/v1/status")})
+#: A declared body larger than this cannot be a file (off_t is signed 64-bit).
+MAX_DECLARED_BYTES = 2**63 - 1
+
+
 def event_line(event: Any) -> bytes:
     """One NDJSON line (every field present, `seq` included)."""
     return encode_event(event) + b"\n"
@@ -80,6 +94,17 @@ def read_token_file(path: str | Path) -> str:
     if not token:
         raise ConfigError(f"token file {path} is empty")
     return token
+
+
+def _declared_length(scope: Scope) -> int | None:
+    """The request's Content-Length, None without one (h11 has checked it is digits)."""
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                raise _refuse("bad_request", "Content-Length is not a number") from None
+    return None
 
 
 def _refuse(code: str, detail: str, **extra: Any) -> RefusedError:
@@ -114,13 +139,17 @@ def _int_param(query: dict[str, list[str]], name: str, default: int) -> int:
 class MotorApp:
     """The ASGI callable; one per runner.  Create it with `make_app`."""
 
-    def __init__(self, runner: Any, *, token: str | None = None, max_body_bytes: int | None = None):
+    def __init__(self, runner: Any, *, token: str | None = None, max_body_bytes: int | None = None,
+                 body_timeout_s: float | None = None):
         self.runner = runner
         self.token = token
         config = getattr(runner, "config", None)
         if max_body_bytes is None:
             max_body_bytes = getattr(config, "max_body_bytes", 1024 * 1024)
         self.max_body_bytes = max_body_bytes
+        if body_timeout_s is None:
+            body_timeout_s = getattr(config, "body_timeout_s", 30.0)
+        self.body_timeout_s = body_timeout_s
         caps = tuple(getattr(runner, "capabilities", CAPABILITIES))
         self.capabilities = list(caps)
         self._caps_header = (b"motor-capabilities", ",".join(caps).encode("ascii"))
@@ -185,12 +214,19 @@ class MotorApp:
                 return
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.token is not None and scope.get("server") is not None:
-            self._check_token(scope)
         path = scope["path"]
         if len(path) > 1 and path.endswith("/"):
             path = path.rstrip("/") or "/"
         method = scope["method"]
+        if scope.get("server") is not None:  # TCP
+            if self.token is not None:
+                self._check_token(scope)
+            elif (method, path) not in PUBLIC_ON_TCP:
+                raise _refuse(
+                    "unauthorized",
+                    "this TCP listener has no --token-file: it serves only GET /, /metrics, "
+                    "/v1/health and /v1/status; use the Unix socket, or start the runner "
+                    "with --token-file and send Authorization: Bearer <token>")
         for pattern, handlers in self.routes:
             match = pattern.fullmatch(path)
             if match is None:
@@ -241,29 +277,28 @@ class MotorApp:
         await self._send_json(send, refusal.http_status, refusal_body(refusal))
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
-        """The request body, refusing (413) once it passes max_body_bytes; never buffers more."""
+        """The request body, refusing (413) once it passes max_body_bytes (never buffering
+        more) and (408) when it is not complete within body_timeout_s."""
         limit = self.max_body_bytes
-        for name, value in scope.get("headers", ()):
-            if name.lower() == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    raise _refuse("bad_request", "Content-Length is not a number") from None
-                if declared > limit:
-                    raise _refuse("body_too_large", f"request body of {declared} bytes exceeds the limit of {limit} bytes")
-        chunks: list[bytes] = []
-        total = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _Disconnected()
-            body = message.get("body", b"")
-            total += len(body)
-            if total > limit:
-                raise _refuse("body_too_large", f"request body exceeds the limit of {limit} bytes")
-            chunks.append(body)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+        declared = _declared_length(scope)
+        if declared is not None and declared > limit:
+            raise _refuse("body_too_large", f"request body of {declared} bytes exceeds the limit of {limit} bytes")
+        body = bytearray()
+        with trio.move_on_after(self.body_timeout_s):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise _Disconnected()
+                chunk = message.get("body", b"")
+                if len(body) + len(chunk) > limit:
+                    raise _refuse("body_too_large", f"request body exceeds the limit of {limit} bytes")
+                body += chunk
+                if not message.get("more_body", False):
+                    return bytes(body)
+        got = f"{len(body)} of {declared}" if declared is not None else f"{len(body)}"
+        raise _refuse("request_timeout",
+                      f"request body not complete within {self.body_timeout_s:g} s "
+                      f"({got} bytes received)")
 
     async def _stream_events(self, receive: Receive, send: Send, status: int, events: Any) -> None:
         """Send an event iterator as NDJSON, flushed per event, until it ends or the client leaves.
@@ -352,6 +387,8 @@ class MotorApp:
             req = _request_decoder.decode(body)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise _refuse("bad_request", str(exc)) from None
+        except RecursionError:
+            raise _refuse("bad_request", "malformed job request: JSON nested too deeply") from None
         try:
             validate_request(req)
         except RequestError as exc:
@@ -378,14 +415,28 @@ class MotorApp:
     async def put_bundle(self, scope, receive, send, query, sha256: str) -> None:
         """Stream the body to the runner's bundle store chunk by chunk (never buffered whole).
         The runner refuses (runner_disk_full, with free_bytes and floor_bytes) before the
-        first chunk is read when free space is below the floor."""
+        first chunk is read when free space is below the floor. The upload may take as long
+        as it needs, but it never pauses longer than body_timeout_s (408 request_timeout)."""
+        declared = _declared_length(scope)
+        if declared is not None and declared > MAX_DECLARED_BYTES:
+            raise _refuse("body_too_large",
+                          f"Content-Length {declared} is larger than any file can be")
+        timeout = self.body_timeout_s
 
         async def chunks():
+            received = 0
             while True:
-                message = await receive()
+                message = None
+                with trio.move_on_after(timeout):
+                    message = await receive()
+                if message is None:
+                    raise _refuse("request_timeout",
+                                  f"bundle upload paused for more than {timeout:g} s "
+                                  f"({received} bytes received)")
                 if message["type"] == "http.disconnect":
                     raise _Disconnected()
                 body = message.get("body", b"")
+                received += len(body)
                 if body:
                     yield body
                 if not message.get("more_body", False):
@@ -407,7 +458,7 @@ class MotorApp:
                         drained += len(chunk)
                         if drained > DRAIN_LIMIT:
                             break
-                except _Disconnected:
+                except (_Disconnected, RefusedError):  # gone, or paused past the deadline
                     pass
             raise
         await self._send_json(send, 201, result)
@@ -416,15 +467,18 @@ class MotorApp:
 DRAIN_LIMIT = 1024**3  # bytes of a refused upload read and dropped before the answer
 
 
-def make_app(runner: Any, *, token: str | None = None, max_body_bytes: int | None = None) -> MotorApp:
+def make_app(runner: Any, *, token: str | None = None, max_body_bytes: int | None = None,
+             body_timeout_s: float | None = None) -> MotorApp:
     """The ASGI app for `runner`.
 
     `token`: bearer token required on TCP requests; when None and `runner.config.token_file`
     is set, the token is read from that file (ConfigError when unreadable or empty).
     `max_body_bytes`: request body limit; default `runner.config.max_body_bytes`.
+    `body_timeout_s`: request body deadline; default `runner.config.body_timeout_s`.
     """
     if token is None:
         token_file = getattr(getattr(runner, "config", None), "token_file", None)
         if token_file:
             token = read_token_file(token_file)
-    return MotorApp(runner, token=token, max_body_bytes=max_body_bytes)
+    return MotorApp(runner, token=token, max_body_bytes=max_body_bytes,
+                    body_timeout_s=body_timeout_s)

@@ -1,25 +1,47 @@
-"""Serve the ASGI app with hypercorn's trio worker on the runner's Unix socket (and TCP).
+"""Serve the ASGI app with hypercorn's trio protocol on the runner's Unix socket (and TCP).
 
 `serve_api(app, config)` claims the socket path (a live runner there is an error, a stale
 socket file is removed), binds `unix:<socket>` plus `config.listen` when set, sets the
 socket's mode (0600, or 0660 and the group when `socket_group` is set), and reports
 `task_status.started(binds)` only once the socket accepts connections.
+
+The accept loop is ours (hypercorn's `TCPServer` serves each connection), so that hostile
+clients cannot hold the runner's memory or descriptors:
+
+- listen backlog `LISTEN_BACKLOG` (the kernel clamps it to net.core.somaxconn), so a burst
+  of connects is queued instead of refused with EAGAIN;
+- at most `config.max_connections` open connections (clamped below RLIMIT_NOFILE); one more
+  is answered `503 too_many_connections` and closed at once;
+- a connection that has not sent a complete request head within `HEAD_TIMEOUT_S` is closed
+  (hypercorn's keep-alive timer); request *bodies* have their own deadline in the app
+  (`config.body_timeout_s`, see app.py);
+- after connections close, freed heap memory is handed back to the kernel
+  (glibc `malloc_trim`, at most once a second), so RSS returns near its baseline.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import grp
+import json
 import logging
 import os
+import resource
 import socket
 import stat
+from functools import partial
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ConnectionState
+from hypercorn.utils import repr_socket_addr, wrap_app
 
+from motor.api.app import PUBLIC_ON_TCP
 from motor.config import ConfigError, RunnerConfig
 
 log = logging.getLogger("motor.api.server")
@@ -68,6 +90,16 @@ async def claim_socket_path(path: Path, *, connect_timeout: float = 2.0) -> None
         sock.close()
 
 
+#: Listen backlog for every socket (the kernel clamps it to net.core.somaxconn).
+LISTEN_BACKLOG = 4096
+#: Seconds a new (or kept-alive) connection may take to send a complete request head.
+HEAD_TIMEOUT_S = 5.0
+#: Connections above the cap being answered 503 at once; beyond it they are closed unanswered.
+REFUSING_MAX = 64
+#: Descriptors kept for everything else the runner opens (SQLite, logs, job pipes, cgroups).
+FD_RESERVE = 256
+
+
 def hypercorn_config(config: RunnerConfig) -> HypercornConfig:
     hc = HypercornConfig()
     hc.bind = [f"unix:{config.socket_path}"]
@@ -79,7 +111,166 @@ def hypercorn_config(config: RunnerConfig) -> HypercornConfig:
     hc.errorlog = logging.getLogger("motor.api.hypercorn")
     hc.include_server_header = False
     hc.graceful_timeout = 3.0
+    hc.backlog = LISTEN_BACKLOG
+    # A connection is "idle" until its request head is complete: connect-only clients and
+    # slow heads are closed after this; bodies are the app's business (body_timeout_s).
+    hc.keep_alive_timeout = HEAD_TIMEOUT_S
     return hc
+
+
+def connection_cap(config: RunnerConfig) -> int:
+    """`config.max_connections`, clamped so accepting never runs out of descriptors."""
+    cap = config.max_connections
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ValueError, OSError):
+        return cap
+    if soft != resource.RLIM_INFINITY and cap > soft - FD_RESERVE:
+        clamped = max(16, soft - FD_RESERVE)
+        log.warning("max_connections %d clamped to %d (RLIMIT_NOFILE %d); raise LimitNOFILE",
+                    cap, clamped, soft)
+        cap = clamped
+    return cap
+
+
+def _load_malloc_trim() -> Callable[[], None] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return lambda: trim(0)
+
+
+class Connections:
+    """Counts open connections, refuses those above the cap, and trims the heap after
+    connections close (a closed slow body leaves freed, fragmented heap behind)."""
+
+    def __init__(self, cap: int):
+        self.cap = cap
+        self.open = 0
+        self.refused = 0
+        self.refusing = 0
+        self._closed = trio.Event()
+        self._trim = _load_malloc_trim()
+
+    async def trim_after_closes(self) -> None:
+        if self._trim is None:
+            return
+        while True:
+            await self._closed.wait()
+            await trio.sleep(1.0)  # at most once a second, after a burst of closes
+            self._closed = trio.Event()
+            await trio.to_thread.run_sync(self._trim)  # walks the heap: not on the event loop
+
+    def handler(self, serve_one: Callable[[Any], Awaitable[None]]):
+        async def handle(stream: Any) -> None:
+            if self.open >= self.cap:
+                self.refused += 1
+                if self.refused % 1000 == 1:
+                    log.warning("connection cap %d reached: refusing connections (%d so far)",
+                                self.cap, self.refused)
+                if self.refusing >= REFUSING_MAX:  # a flood: do not answer, just close
+                    with trio.CancelScope(shield=True):
+                        await stream.aclose()
+                    return
+                self.refusing += 1
+                try:
+                    await _refuse_connection(stream, self.cap)
+                finally:
+                    self.refusing -= 1
+                return
+            self.open += 1
+            try:
+                await serve_one(stream)
+            finally:
+                self.open -= 1
+                self._closed.set()
+
+        return handle
+
+
+class _TCPServer(TCPServer):
+    """hypercorn's connection handler, ending as soon as the client has closed: its
+    keep-alive timer would otherwise hold the finished connection (and its slot under the
+    cap) for up to HEAD_TIMEOUT_S more."""
+
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        await self.idle_task.stop()
+
+
+async def _refuse_connection(stream: Any, cap: int) -> None:
+    """Answer 503 too_many_connections without reading the request, and close."""
+    body = json.dumps({
+        "refused": True, "code": "too_many_connections",
+        "detail": f"the runner already serves {cap} connections (its max_connections); retry shortly",
+    }).encode() + b"\n"
+    head = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+            b"retry-after: 1\r\nconnection: close\r\ncontent-length: %d\r\n\r\n" % len(body))
+    with trio.move_on_after(1.0):
+        try:
+            await stream.send_all(head + body)
+            await stream.send_eof()
+            # Read what the client already sent, so closing does not reset the connection
+            # before it has read the answer (bounded: 1 s, 64 KiB).
+            drained = 0
+            while drained < 65536:
+                data = await stream.receive_some(16384)
+                if not data:
+                    break
+                drained += len(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError, OSError):
+            pass
+    with trio.CancelScope(shield=True):
+        await stream.aclose()
+
+
+async def _serve_hypercorn(
+    app: Any,
+    hc: HypercornConfig,
+    connections: Connections,
+    shutdown_trigger: Callable[[], Awaitable[None]],
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """hypercorn's trio worker (hypercorn.trio.run.worker_serve) with our accept handler.
+
+    The app's lifespan is a no-op, so it is not driven; every connection is served by
+    hypercorn's TCPServer (HTTP/1.1 via h11)."""
+    wrapped = wrap_app(app, hc.wsgi_max_body_size, "asgi")
+    context = WorkerContext(None)
+    sockets = hc.create_sockets()
+    listeners = []
+    binds = []
+    try:
+        for sock in sockets.insecure_sockets:
+            sock.listen(hc.backlog)
+            listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+            binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
+    except BaseException:
+        for sock in sockets.insecure_sockets:
+            sock.close()
+        raise
+
+    async def serve_one(stream: Any) -> None:
+        await _TCPServer(wrapped, hc, context, ConnectionState({}), stream)
+
+    async with trio.open_nursery() as server_nursery:
+        task_status.started(binds)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(connections.trim_after_closes)
+                nursery.start_soon(partial(
+                    trio.serve_listeners, connections.handler(serve_one), listeners,
+                    handler_nursery=server_nursery))
+                await shutdown_trigger()
+                nursery.cancel_scope.cancel()
+        finally:
+            # Graceful: stop accepting, let open requests finish for graceful_timeout.
+            await context.terminated.set()
+            server_nursery.cancel_scope.deadline = trio.current_time() + hc.graceful_timeout
 
 
 async def serve_api(
@@ -101,21 +292,21 @@ async def serve_api(
     path.parent.mkdir(parents=True, exist_ok=True)
     await claim_socket_path(path)
     hc = hypercorn_config(config)
+    connections = Connections(connection_cap(config))
     trigger = shutdown_trigger if shutdown_trigger is not None else trio.sleep_forever
     inode = None
     try:
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(
-                lambda task_status: hypercorn_serve(
-                    app, hc, shutdown_trigger=trigger, task_status=task_status, mode="asgi"
-                )
-            )
+            binds = await nursery.start(_serve_hypercorn, app, hc, connections, trigger)
             inode = os.stat(path).st_ino
             if gid is not None:
                 os.chown(path, -1, gid)
                 os.chmod(path, 0o660)
             else:
                 os.chmod(path, 0o600)
+            if config.listen and not getattr(app, "token", None):
+                log.info("TCP %s without --token-file: serves only %s, read-only",
+                         config.listen, ", ".join(f"{m} {p}" for m, p in sorted(PUBLIC_ON_TCP)))
             task_status.started(binds)
     finally:
         try:

@@ -36,9 +36,12 @@ def served(serve_factory, tmp_path):
                        "--repository", "/src/app", "--", "sh", "-c", script)
     assert job_id.returncode == 0, job_id.stderr.decode()
     job_id = job_id.stdout.decode().strip()
-    base = f"http://127.0.0.1:{port}"
-    wait_for(lambda: httpx.get(f"{base}/v1/jobs/{job_id}").json()["state"] == "running",
-             what="the job to run")
+    base = f"http://127.0.0.1:{port}"  # no --token-file: TCP serves the read-only dashboard
+    unix = httpx.Client(transport=httpx.HTTPTransport(uds=str(serve.socket)), base_url="http://motor")
+    with unix:  # job records are not on the token-less TCP listener: read them on the socket
+        wait_for(lambda: unix.get(f"/v1/jobs/{job_id}").json()["state"] == "running",
+                 what="the job to run")
+        assert httpx.get(f"{base}/v1/jobs/{job_id}").status_code == 401
     yield serve, base, job_id
     barrier.write_text("")
 

@@ -13,7 +13,15 @@ from motor.config import RunnerConfig
 from motor.records import Refusal
 
 
-def client_for(app) -> httpx.AsyncClient:
+def client_for(app, *, tcp: bool = False) -> httpx.AsyncClient:
+    """In-process requests as if on the Unix socket (hypercorn gives those no `server`
+    address), or, with `tcp=True`, as if over TCP (ASGITransport names a server address)."""
+    if not tcp:
+        inner = app
+
+        async def app(scope, receive, send):
+            await inner({**scope, "server": None}, receive, send)
+
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://motor")
 
 
@@ -190,7 +198,7 @@ async def test_unexpected_exception_is_500_and_the_app_keeps_serving(http, fake,
 
 async def test_token_is_required_on_tcp_requests(fake):
     app = make_app(fake, token="s3cret")
-    async with client_for(app) as http:  # ASGITransport names a server address, like TCP
+    async with client_for(app, tcp=True) as http:
         assert_refusal(await http.get("/v1/health"), 401, "unauthorized")
         assert_refusal(await http.get("/v1/health", headers={"authorization": "Bearer nope"}),
                        401, "unauthorized")
@@ -204,7 +212,7 @@ async def test_token_is_read_from_the_configs_token_file(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("from-file\n")
     fake = FakeRunner(RunnerConfig(state_dir=str(tmp_path), token_file=str(token_file)))
-    async with client_for(make_app(fake)) as http:
+    async with client_for(make_app(fake), tcp=True) as http:
         assert (await http.get("/v1/health")).status_code == 401
         ok = await http.get("/v1/health", headers={"authorization": "Bearer from-file"})
         assert ok.status_code == 200
@@ -225,3 +233,36 @@ async def test_events_refusals_get_their_status(http, fake):
 async def test_bundle_upload_is_not_supported_yet(http):
     resp = await http.put("/v1/bundles/" + "0" * 64, content=b"tar")
     assert_refusal(resp, 404, "not_found")
+
+
+async def test_deeply_nested_json_is_a_bad_request_not_a_500(http, fake):
+    fake.config.max_body_bytes = 1024 * 1024
+    depth = 100_000
+    for body in (b'{"command": ["true"], "extra": ' + b"[" * depth + b"]" * depth + b"}",
+                 b'{"command": ' + b"[" * depth + b"]" * depth + b"}",
+                 b'{"env": ' + b'{"a":' * depth + b"1" + b"}" * depth + b"}"):
+        app = make_app(fake)
+        async with client_for(app) as client:
+            assert_refusal(await client.post("/v1/jobs", content=body), 400, "bad_request")
+    assert fake.submitted == []
+    assert (await http.post("/v1/jobs", json={"command": ["true"]})).status_code == 202
+
+
+async def test_tcp_without_a_token_serves_only_the_read_only_dashboard(fake):
+    app = make_app(fake)  # no token: what `--listen 127.0.0.1:P` without --token-file serves
+    async with client_for(app, tcp=True) as tcp:
+        for path in ("/", "/metrics", "/v1/health", "/v1/status", "/v1/status/"):
+            assert (await tcp.get(path)).status_code == 200, path
+        refused = [("POST", "/v1/jobs"), ("GET", "/v1/jobs"), ("GET", "/v1/jobs?all=1"),
+                   ("GET", "/v1/jobs/x"), ("GET", "/v1/jobs/x/events"),
+                   ("POST", "/v1/jobs/x/cancel"), ("POST", "/v1/jobs/x/withdraw"),
+                   ("GET", "/v1/workspaces"), ("PUT", "/v1/bundles/" + "0" * 64),
+                   ("POST", "/"), ("POST", "/metrics"), ("GET", "/nope")]
+        for method, path in refused:
+            resp = await tcp.request(method, path, json={"command": ["id"]})
+            body = assert_refusal(resp, 401, "unauthorized")
+            assert "--token-file" in body["detail"], (method, path)
+    assert fake.submitted == []
+    async with client_for(app) as unix:  # the Unix socket is not limited
+        assert (await unix.post("/v1/jobs", json={"command": ["id"]})).status_code == 202
+        assert (await unix.get("/v1/jobs")).status_code == 200

@@ -250,3 +250,89 @@ async def test_oversized_body_over_the_socket_is_413(live, config):
     async with raw_client(config) as http:
         assert (await http.get("/v1/health")).status_code == 200
     assert live.submitted == []
+
+
+# --- hostile clients: stalled bodies, absurd lengths, too many connections ------------------
+
+
+async def raw_exchange(config: RunnerConfig, data: bytes, *, timeout: float = 30) -> tuple[bytes, bool]:
+    """Send `data` on a fresh socket connection, then read until the runner closes it.
+    Returns (everything read, closed by the runner within `timeout`)."""
+    sock = trio.socket.socket(socket.AF_UNIX)
+    await sock.connect(str(config.socket_path))
+    got = b""
+    with sock:
+        await sock.send(data)
+        with trio.move_on_after(timeout):
+            while chunk := await sock.recv(65536):
+                got += chunk
+            return got, True
+    return got, False
+
+
+def answer_of(raw: bytes) -> tuple[int, dict]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+@pytest.fixture
+def short_deadline(config) -> RunnerConfig:
+    config.body_timeout_s = 0.5
+    config.max_body_bytes = 1024 * 1024
+    return config
+
+
+async def test_a_stalled_body_is_answered_408_and_closed(short_deadline, nursery):
+    config = short_deadline
+    fake = FakeRunner(config, nursery=nursery)
+    await nursery.start(serve_api, make_app(fake), config)
+    head = b"POST /v1/jobs HTTP/1.1\r\nHost: m\r\nContent-Length: 100000\r\n\r\n"
+    with trio.fail_after(20):
+        raw, closed = await raw_exchange(config, head + b'{"command": ["' + b"x" * 5000)
+    assert closed, "the runner kept a stalled body's connection open"
+    status, body = answer_of(raw)
+    assert status == 408 and body["code"] == "request_timeout", raw
+    assert "5014 of 100000" in body["detail"], body
+    async with raw_client(config) as http:  # and it keeps serving
+        assert (await http.post("/v1/jobs", json={"command": ["true"]})).status_code == 202
+    assert len(fake.submitted) == 1
+
+
+async def test_a_content_length_of_2_to_the_64_gets_an_answer(live, config):
+    for request in (b"POST /v1/jobs HTTP/1.1\r\nHost: m\r\nContent-Length: %d\r\n\r\n{" % 2**64,
+                    b"PUT /v1/bundles/%s HTTP/1.1\r\nHost: m\r\nContent-Length: %d\r\n\r\n{"
+                    % (b"0" * 64, 2**64)):
+        with trio.fail_after(20):
+            raw, closed = await raw_exchange(config, request, timeout=5)
+        assert raw.startswith(b"HTTP/1.1 413"), raw
+        assert answer_of(raw)[1]["code"] == "body_too_large"
+
+
+async def test_connections_above_the_cap_are_answered_503(config, nursery):
+    config.max_connections = 20
+    await nursery.start(serve_api, make_app(FakeRunner(config)), config)
+    held = []
+    try:
+        for _ in range(20):
+            sock = trio.socket.socket(socket.AF_UNIX)
+            await sock.connect(str(config.socket_path))
+            held.append(sock)
+        with trio.fail_after(20):
+            raw, closed = await raw_exchange(config, b"GET /v1/health HTTP/1.1\r\nHost: m\r\n\r\n")
+        status, body = answer_of(raw)
+        assert (status, body["code"]) == (503, "too_many_connections") and closed, raw
+        assert "20" in body["detail"]
+    finally:
+        for sock in held:
+            sock.close()
+    async def served() -> bool:
+        async with raw_client(config) as http:
+            return (await http.get("/v1/health")).status_code == 200
+    with trio.fail_after(20):  # the slots come back as the runner sees the closes
+        while True:
+            try:
+                if await served():
+                    break
+            except httpx.HTTPError:
+                pass
+            await trio.sleep(0.05)

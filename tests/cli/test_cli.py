@@ -83,6 +83,10 @@ def test_serve_bad_int_is_one_line_and_exit_2(capsys):
         (["serve", "--linux-cpus", "0-3", "--max-weight", "0"], "--linux-cpus"),
         (["serve", "--config", "/nonexistent/motor.toml"], "cannot read config"),
         (["serve", "--listen", "0.0.0.0:8080"], "--token-file"),
+        (["serve", "--listen", "[::]:8080"], "--token-file"),
+        (["serve", "--listen", "build-host:7700"], "--token-file"),
+        (["serve", "--body-timeout", "0"], "--body-timeout"),
+        (["serve", "--max-connections", "0"], "--max-connections"),
         (["serve", "--free-space-floor-bytes", "lots"], "not a size"),
         (["serve", "--windows-cpus", "0-3"], "--windows-slot-lock"),
     ],
@@ -365,3 +369,15 @@ def test_serve_finds_socket_in_use_behind_a_supervisor_escalation(tmp_path, monk
     monkeypatch.setattr(motor, "runner", module, raising=False)
     assert main(["serve", "--state-dir", str(tmp_path)]) == 1
     assert "another runner is listening on" in one_error_line(capsys)
+
+
+def test_listen_on_loopback_needs_no_token_file_elsewhere_it_does():
+    from motor.config import ConfigError, build_config
+
+    for listen in ("127.0.0.1:8080", "127.0.0.2:8080", "localhost:8080", "[::1]:8080"):
+        assert build_config({}, {"listen": listen}).listen == listen
+    for listen in ("0.0.0.0:8080", "[::]:8080", "10.0.0.5:8080", "build-host:8080",
+                   "127.0.0.1.nip.io:8080"):
+        with pytest.raises(ConfigError, match="--token-file"):
+            build_config({}, {"listen": listen})
+        assert build_config({}, {"listen": listen, "token_file": "/etc/motor/token"}).listen == listen
