@@ -13,8 +13,10 @@ filesystem), which is removed on any failure, so a refused bundle leaves nothing
 only when the whole archive is unpacked are its top-level entries moved into the workspace
 (an existing entry of the same name is first moved to the trash, never followed).
 A tar member is refused when its name is absolute or has a `..` component, when it is a
-device or fifo, when a hard link names a path outside the archive root, or when a symlink
-is absolute or resolves outside the root; extraction also runs under `tarfile.data_filter`.
+device or fifo, when it is named through a symlink member, when a hard link names a path
+outside the archive root, or when a symlink is absolute or resolves outside the root
+(resolved through the archive's own symlinks, component by component, as the kernel will);
+extraction also runs under `tarfile.data_filter`.
 A git bundle (`# v2 git bundle` / `# v3 git bundle`) is cloned with `git clone`.
 """
 
@@ -186,9 +188,18 @@ def is_git_bundle(path: Path) -> bool:
     return head.startswith(b"# v2 git bundle") or head.startswith(b"# v3 git bundle")
 
 
+MAX_LINK_HOPS = 40  # like the kernel's ELOOP limit
+
+
 def check_tar_members(tf: tarfile.TarFile) -> list[tarfile.TarInfo]:
-    """Every member, or BundleError naming the first one that could escape the root."""
+    """Every member, or BundleError naming the first one that could escape the root.
+
+    Link targets are resolved the way the kernel will resolve them once the archive is
+    unpacked: through the archive's own symlinks, one component at a time (so `s1 -> s2/..`
+    with `s2 -> .` is the root's parent, not `.`). A member named through a symlink member
+    (`d -> x` and `d/f`) is refused: tar never writes one from a real tree."""
     members = tf.getmembers()
+    links: dict[str, str] = {}
     for m in members:
         name = m.name
         if name.startswith("/") or name.startswith("\\") or (len(name) > 1 and name[1] == ":"):
@@ -199,17 +210,50 @@ def check_tar_members(tf: tarfile.TarFile) -> list[tarfile.TarInfo]:
         if m.ischr() or m.isblk() or m.isfifo() or not (m.isreg() or m.isdir() or m.issym() or m.islnk()):
             raise BundleError(f"bundle member {name!r} is not a file, directory or link")
         if m.issym():
-            target = m.linkname
-            if target.startswith("/"):
-                raise BundleError(f"bundle symlink {name!r} points to the absolute path {target!r}")
-            resolved = posixpath.normpath(posixpath.join(posixpath.dirname(norm), target))
-            if resolved == ".." or resolved.startswith("../"):
-                raise BundleError(f"bundle symlink {name!r} points outside the workspace ({target!r})")
-        if m.islnk():
-            target = posixpath.normpath(m.linkname)
-            if m.linkname.startswith("/") or target == ".." or target.startswith("../"):
-                raise BundleError(f"bundle hard link {name!r} points outside the workspace")
+            if m.linkname.startswith("/"):
+                raise BundleError(f"bundle symlink {name!r} points to the absolute path {m.linkname!r}")
+            links[norm] = m.linkname
+        if m.islnk() and m.linkname.startswith("/"):
+            raise BundleError(f"bundle hard link {name!r} points outside the workspace")
+    for m in members:
+        norm = posixpath.normpath(m.name)
+        parts = norm.split("/")
+        for i in range(1, len(parts)):
+            prefix = "/".join(parts[:i])
+            if prefix in links:
+                raise BundleError(f"bundle member {m.name!r} is named through the symlink "
+                                  f"{prefix!r}")
+        if m.issym():
+            _resolve(parts[:-1], m.linkname, links, f"bundle symlink {m.name!r}")
+        elif m.islnk():
+            _resolve([], m.linkname, links, f"bundle hard link {m.name!r}")
     return members
+
+
+def _resolve(base: list[str], target: str, links: dict[str, str], what: str) -> list[str]:
+    """`target` (relative) resolved from the directory `base` through the archive's
+    symlinks; BundleError if it leaves the root at any step or loops."""
+    stack = list(base)
+    todo = target.split("/")
+    hops = 0
+    while todo:
+        part = todo.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not stack:
+                raise BundleError(f"{what} points outside the workspace ({target!r})")
+            stack.pop()
+            continue
+        here = "/".join(stack + [part])
+        if here in links:
+            hops += 1
+            if hops > MAX_LINK_HOPS:
+                raise BundleError(f"{what} is a symlink loop ({target!r})")
+            todo = links[here].split("/") + todo  # relative to the link's own directory
+            continue
+        stack.append(part)
+    return stack
 
 
 def _extract_tar(bundle: Path, dest: str) -> None:

@@ -218,6 +218,14 @@ def link(name, target, kind=tarfile.SYMTYPE):
     ([link("abs", "/etc/passwd")], "absolute"),
     ([link("hl", "../x", tarfile.LNKTYPE)], "outside"),
     ([link("dir", "sub/../.."), reg("dir/x")], "outside"),
+    # lexically inside, but s2 is the root, so s2/.. is its parent (issue 10)
+    ([link("s1", "s2/.."), link("s2", ".")], "outside"),
+    ([link("a", "."), link("b", "a/a/a/..")], "outside"),
+    ([link("in", "d"), link("d", "e/.."), link("e", "."), reg("f")], "outside"),
+    ([link("loop1", "loop2/x"), link("loop2", "loop1/x")], "loop"),
+    # a member named through a symlink member (d -> .): tar never makes one from a tree
+    ([link("d", "."), reg("d/x")], "through the symlink"),
+    ([link("s", "."), link("h", "s/../x", tarfile.LNKTYPE)], "outside"),
 ])
 def test_unsafe_bundle_is_refused_and_leaves_nothing(root, tmp_path, members, why):
     bundle = tmp_path / "b.tar"
