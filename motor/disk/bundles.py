@@ -12,6 +12,8 @@ Unpacking (`unpack_into`) happens in a fresh staging directory beside the worksp
 filesystem), which is removed on any failure, so a refused bundle leaves nothing behind;
 only when the whole archive is unpacked are its top-level entries moved into the workspace
 (an existing entry of the same name is first moved to the trash, never followed).
+A runner killed mid-unpack leaves its staging directory behind: `sweep_staging` removes
+such leftovers when the disk actor starts.
 A tar member is refused when its name is absolute or has a `..` component, when it is a
 device or fifo, when it is named through a symlink member, when a hard link names a path
 outside the archive root, or when a symlink is absolute or resolves outside the root
@@ -24,18 +26,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import posixpath
 import shutil
 import stat
 import subprocess
 import tarfile
+import threading
 import uuid
 from pathlib import Path
 from typing import Iterable
 
+from .. import faults
 from . import trash
 from .core import BUNDLE_RETENTION_MS
+
+log = logging.getLogger("motor.disk")
 
 CHUNK = 256 * 1024
 STAGING = ".motor-staging"
@@ -276,6 +283,44 @@ def _clone_git(bundle: Path, dest: str) -> None:
         raise BundleError(f"git clone of the bundle failed: {proc.stderr.strip()[:300]}")
 
 
+#: Staging directories this process is unpacking into right now (guarded by _active_lock).
+#: Anything else under a `.motor-staging/` is a leftover of an earlier runner (a crash or a
+#: kill -9 mid-unpack): `sweep_staging` removes those at start-up.
+_active: set[str] = set()
+_active_lock = threading.Lock()
+
+
+def sweep_staging(root: str) -> tuple[int, int]:
+    """Remove the leftovers in `root`'s staging directory (never an unpack in progress in
+    this process; never following a symlink or crossing a mount, like every deletion).
+    Returns (entries removed, entries that stay)."""
+    staging_root = os.path.join(root, STAGING)
+    try:
+        names = os.listdir(staging_root)
+    except FileNotFoundError:
+        return 0, 0
+    except OSError as exc:
+        log.warning("disk: cannot list %s: %s", staging_root, exc)
+        return 0, 1
+    removed = left = 0
+    for name in names:
+        path = os.path.join(staging_root, name)
+        with _active_lock:
+            if path in _active:
+                continue
+        try:
+            stuck = trash.purge(path)
+        except (OSError, trash.UnsafeDelete) as exc:
+            log.warning("disk: cannot remove the staging leftover %s: %s", path, exc)
+            left += 1
+            continue
+        if stuck:
+            left += 1
+        else:
+            removed += 1
+    return removed, left
+
+
 def unpack_into(bundle: Path, workspace: str, root: str, tag: str = "") -> int:
     """Unpack `bundle` as the source of `workspace` (a directory under `root`).
 
@@ -283,7 +328,17 @@ def unpack_into(bundle: Path, workspace: str, root: str, tag: str = "") -> int:
     staging_root = os.path.join(root, STAGING)
     os.makedirs(staging_root, mode=0o700, exist_ok=True)
     stage = os.path.join(staging_root, f"{tag}.{uuid.uuid4().hex}" if tag else uuid.uuid4().hex)
-    os.mkdir(stage, 0o700)
+    with _active_lock:
+        _active.add(stage)
+    try:
+        os.mkdir(stage, 0o700)
+        return _unpack_staged(bundle, workspace, root, stage)
+    finally:
+        with _active_lock:
+            _active.discard(stage)
+
+
+def _unpack_staged(bundle: Path, workspace: str, root: str, stage: str) -> int:
     try:
         src = os.path.join(stage, "src")
         if is_git_bundle(bundle):
@@ -291,6 +346,7 @@ def unpack_into(bundle: Path, workspace: str, root: str, tag: str = "") -> int:
         else:
             os.mkdir(src, 0o755)
             _extract_tar(bundle, src)
+        faults.hit("unpack.extracted")  # tests: a crash with the staging directory full
         ws_st = os.lstat(workspace)
         if not stat.S_ISDIR(ws_st.st_mode):
             raise BundleError(f"workspace {workspace} is not a directory")

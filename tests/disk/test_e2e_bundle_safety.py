@@ -63,3 +63,32 @@ def test_bundle_symlink_resolving_outside_through_another_symlink_is_refused(tmp
         resp = http.post("/v1/jobs", json={"command": ["cat", "hello.txt"], "workspace": "hostile",
                                            "bundle_sha256": good_sha})
         assert _terminal(http, resp.json()["job_id"])["state"] == "succeeded"
+
+
+def test_staging_left_by_a_runner_killed_mid_unpack_is_swept_at_start_up(
+        tmp_path, serve_factory, monkeypatch):
+    data = _tar(("src/main.c", None, b"int main(){}\n"), ("hello.txt", None, b"unpacked\n"))
+    sha = hashlib.sha256(data).hexdigest()
+    monkeypatch.setenv("MOTOR_FAULTS", "unpack.extracted=kill")  # crash after extraction
+    serve = serve_factory().start()
+    staging = serve.state_dir / "workspaces" / ".motor-staging"
+    with _http(serve) as http:
+        assert http.put(f"/v1/bundles/{sha}", content=data).status_code == 201
+        resp = http.post("/v1/jobs", json={"command": ["cat", "hello.txt"], "workspace": "w",
+                                           "bundle_sha256": sha})
+        assert resp.status_code == 202, resp.text
+        job_id = resp.json()["job_id"]
+    wait_for(lambda: serve.proc.poll() is not None, what="the runner to die mid-unpack")
+    assert serve.proc.returncode == -9
+    leftovers = os.listdir(staging)
+    assert len(leftovers) == 1 and leftovers[0].startswith(job_id)
+    assert (staging / leftovers[0] / "src" / "hello.txt").exists()
+
+    monkeypatch.delenv("MOTOR_FAULTS")
+    serve.start()  # the disk actor starts before the API listens: the sweep has run
+    assert not os.path.lexists(staging / leftovers[0])
+    with _http(serve) as http:
+        record = _terminal(http, job_id)  # the job set up again from the stored bundle
+    assert record["state"] == "succeeded", record
+    assert (serve.state_dir / "workspaces" / "w" / "hello.txt").read_text() == "unpacked\n"
+    assert os.listdir(staging) == []
