@@ -1,7 +1,7 @@
 """Restart storm with a history check: kill -9 a real `motor serve` K times under load.
 
     python bench/restart_storm.py [--jobs 60] [--kills 10] [--seed 1] [--isolation affinity]
-                                  [--max-gap 1.5] [--keep]
+                                  [--max-gap 1.5] [--fault POINT=kill:P] [--keep]
 
 Not a test (not in CI): it prints figures and the violations it found, and exits 1 if any.
 
@@ -28,6 +28,11 @@ checks:
   recorded `MOTOR_CPUS`, with min(claim, allowed) CPUs;
 - no two jobs whose ledger intervals overlap share a CPU, and the claims of overlapping
   jobs never exceed max_weight.
+
+`--fault POINT=kill:P` (repeatable) also lets the runner SIGKILL itself with probability P
+each time it passes a named fault point (motor/faults.py), e.g. `setup.spawned=kill:0.3`
+right after the forkserver reported a keeper (before keeper.json may exist): the
+double-spawn window. A runner that died that way is restarted like the others.
 
 Figures: jobs, acknowledged and unacknowledged accepts, kills, restarts, terminal states,
 violations by kind, wall time.
@@ -75,12 +80,13 @@ def parse_cpus(text: str) -> frozenset[int]:
 class Runner:
     """One `motor serve` process at a time on a fixed state dir."""
 
-    def __init__(self, state: Path, args: list[str]):
-        self.state, self.args = state, args
+    def __init__(self, state: Path, args: list[str], faults: str = ""):
+        self.state, self.args, self.faults = state, args, faults
         self.log = state.parent / "serve.log"
         self.proc: subprocess.Popen | None = None
         self.up = threading.Event()
         self.starts = 0
+        self.fault_kills = 0
 
     def start(self) -> None:
         seen = self.log.stat().st_size if self.log.exists() else 0
@@ -88,9 +94,13 @@ class Runner:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "motor", "serve", "--state-dir", str(self.state), *self.args],
                 stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT,
-                env={k: v for k, v in os.environ.items() if not k.startswith("MOTOR_")})
+                env={**{k: v for k, v in os.environ.items() if not k.startswith("MOTOR_")},
+                     **({"MOTOR_FAULTS": self.faults} if self.faults else {})})
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
+            if self.proc.poll() == -signal.SIGKILL and self.faults:
+                self.fault_kills += 1  # a fault point hit while it started up: again
+                return self.start()
             if self.proc.poll() is not None:
                 raise SystemExit(f"serve exited {self.proc.returncode}:\n"
                                  f"{self.log.read_bytes()[seen:].decode(errors='replace')}")
@@ -100,6 +110,14 @@ class Runner:
                 return
             time.sleep(0.01)
         raise SystemExit("serve did not start")
+
+    def died(self) -> bool:
+        """True (once) when the runner ended by itself: a fault point killed it."""
+        if self.proc is not None and self.proc.poll() is not None and self.up.is_set():
+            self.up.clear()
+            self.fault_kills += 1
+            return True
+        return False
 
     def kill9(self) -> None:
         self.up.clear()
@@ -164,6 +182,9 @@ def main() -> int:
     ap.add_argument("--isolation", default="affinity")
     ap.add_argument("--max-gap", type=float, default=1.5)
     ap.add_argument("--keep", action="store_true", help="keep the temporary state dir")
+    ap.add_argument("--fault", action="append", default=[], metavar="POINT=kill:P",
+                    help="also let the runner kill itself at a named point (motor/faults.py), "
+                         "e.g. setup.spawned=kill:0.3 aims at the double-spawn window")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     tmp = Path(tempfile.mkdtemp(prefix="motor-storm-"))
@@ -178,7 +199,8 @@ def main() -> int:
     max_weight = len(allowed)
     runner = Runner(state, ["--free-space-floor-bytes", "0", "--isolation", args.isolation,
                             "--max-weight", str(max_weight),
-                            "--max-queue-depth", str(args.jobs + 10)])
+                            "--max-queue-depth", str(args.jobs + 10)],
+                    faults=",".join(args.fault))
     accepted: dict[str, int] = {}
     errors: list[str] = []
     done = threading.Event()
@@ -189,26 +211,47 @@ def main() -> int:
                                  accepted, errors, done))
     sub.start()
     kills = 0
+
+    def nap(seconds: float) -> None:
+        """Sleep, restarting a runner that a fault point killed meanwhile."""
+        until = time.monotonic() + seconds
+        while True:
+            if runner.died():
+                runner.start()
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, 0.02))
+
     try:
         while kills < args.kills:
-            time.sleep(rng.uniform(0.1, args.max_gap))
+            nap(rng.uniform(0.1, args.max_gap))
             runner.kill9()
             kills += 1
             runner.start()
-        sub.join(600)
+        deadline = time.monotonic() + 600
+        while sub.is_alive() and time.monotonic() < deadline:
+            nap(0.1)
         if sub.is_alive():
             errors.append("the submitter did not finish in 600 s")
         # wait for the end: nothing queued or running
         deadline = time.monotonic() + 600
-        with client(state) as c:
-            while time.monotonic() < deadline:
-                st = c.get("/v1/status").json()
+        while time.monotonic() < deadline:
+            try:
+                with client(state) as c:
+                    st = c.get("/v1/status").json()
                 if not st["queued"] and not st["running"]:
                     break
-                time.sleep(0.1)
-            else:
-                errors.append("jobs still queued or running after 600 s")
-            wall = time.monotonic() - t0
+            except httpx.TransportError:
+                pass  # a fault point killed it: nap() restarts it
+            nap(0.1)
+        else:
+            errors.append("jobs still queued or running after 600 s")
+        wall = time.monotonic() - t0
+        runner.faults = ""  # the checks below read from a runner that stays up
+        runner.kill9()
+        runner.start()
+        with client(state) as c:
             records = {r["job_id"]: r for r in c.get("/v1/jobs", params={"all": 1}).json()}
             streams = {}
             for job_id in sorted(set(records) | set(accepted)):
@@ -288,7 +331,8 @@ def report(args, runner, kills, wall, max_weight, allowed, accepted, records, st
 
     unacked = len(set(records) - set(accepted))
     print(f"restart storm: jobs={args.jobs} accepted_acknowledged={len(accepted)} "
-          f"accepted_unacknowledged={unacked} kills={kills} starts={runner.starts} "
+          f"accepted_unacknowledged={unacked} kills={kills} fault_kills={runner.fault_kills} "
+          f"faults={','.join(args.fault) or '-'} starts={runner.starts} "
           f"isolation={args.isolation} max_weight={max_weight} allowed_cpus={allowed} "
           f"seed={args.seed}")
     print(f"terminal states: {dict(sorted(states.items()))}")

@@ -236,6 +236,7 @@ class JobExecution(actors.Actor):
                 return False
             joblog.write_json_atomic(self.dir / "spec.json", spec)
             handle = await deps.spawner.spawn(self.dir)
+            await faults.ahit("setup.spawned")  # tests/bench: a crash before keeper.json
         except Exception as exc:  # a failed start: requeue with the retry delay
             log.warning("%s: start failed: %s", self.name, exc)
             if prepared:  # remove the job's groups again
