@@ -290,3 +290,36 @@ def test_upload_digest_mismatch_leaves_nothing(tmp_path):
     assert up.commit(5) == len(data)
     assert store.has(sha) and store.pins[sha] == 5
     assert set(os.listdir(store.dir)) == {"pins.json", sha}
+
+
+def test_staging_sweep_removes_leftovers_but_never_an_unpack_in_progress(root, tmp_path, monkeypatch):
+    import threading
+
+    from polling import wait_for
+
+    bundle = tmp_path / "b.tar"
+    bundle.write_bytes(tar_bytes([reg("hello.txt", b"hi")]))
+    ws = root / "ws"
+    ws.mkdir()
+    staging = root / bundles.STAGING
+    (staging / "01old.leftover" / "src" / "deep").mkdir(parents=True)  # a killed runner's
+    (staging / "01old.leftover" / "src" / "deep" / "f").write_text("x")
+    (staging / "01old.leftover" / "out").symlink_to(tmp_path)  # never followed
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("MOTOR_FAULTS", f"unpack.extracted=wait:{gate}")
+    result = []
+    worker = threading.Thread(target=lambda: result.append(
+        unpack_into(bundle, str(ws), str(root), "job1")))
+    worker.start()
+    try:
+        wait_for(lambda: os.path.exists(f"{gate}.reached"), what="the unpack to be extracted")
+        assert bundles.sweep_staging(str(root)) == (1, 0)
+        (live,) = os.listdir(staging)  # the unpack in progress stays, with its contents
+        assert live.startswith("job1.") and (staging / live / "src" / "hello.txt").exists()
+        assert (tmp_path / "b.tar").exists() and gate.parent.is_dir()
+    finally:
+        gate.write_text("")
+        worker.join(30)
+    assert result == [1] and (ws / "hello.txt").read_bytes() == b"hi"
+    assert os.listdir(staging) == []
+    assert bundles.sweep_staging(str(tmp_path / "no-such-root")) == (0, 0)
