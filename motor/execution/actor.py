@@ -236,7 +236,6 @@ class JobExecution(actors.Actor):
                 return False
             joblog.write_json_atomic(self.dir / "spec.json", spec)
             handle = await deps.spawner.spawn(self.dir)
-            await faults.ahit("setup.spawned")  # tests/bench: a crash before keeper.json
         except Exception as exc:  # a failed start: requeue with the retry delay
             log.warning("%s: start failed: %s", self.name, exc)
             if prepared:  # remove the job's groups again
@@ -245,6 +244,7 @@ class JobExecution(actors.Actor):
             await deps.dispatcher.cast(StartFailed(record.job_id, f"{type(exc).__name__}: {exc}"))
             return False
         self.keeper = (handle.pid, handle.create_time)
+        await faults.ahit("setup.spawned")  # tests/bench: a crash before keeper.json may exist
         await self._mark_running(None)
         return True
 
