@@ -19,7 +19,8 @@ device or fifo, when it is named through a symlink member, when a hard link name
 outside the archive root, or when a symlink is absolute or resolves outside the root
 (resolved through the archive's own symlinks, component by component, as the kernel will);
 extraction also runs under `tarfile.data_filter`.
-A git bundle (`# v2 git bundle` / `# v3 git bundle`) is cloned with `git clone`.
+A git bundle (`# v2 git bundle` / `# v3 git bundle`) is cloned with `git clone`, and the
+checked-out tree's symlinks must pass the same rule (`check_tree_links`).
 """
 
 from __future__ import annotations
@@ -281,6 +282,23 @@ def _clone_git(bundle: Path, dest: str) -> None:
                           env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
     if proc.returncode != 0:
         raise BundleError(f"git clone of the bundle failed: {proc.stderr.strip()[:300]}")
+    check_tree_links(dest)
+
+
+def check_tree_links(top: str) -> None:
+    """The rule for tar symlinks, applied to a checked-out tree (a git clone can hold
+    any symlink): absolute targets, or targets resolving outside `top` through the tree's
+    own symlinks, refuse the bundle. Walks without following links."""
+    links: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path):
+                links[os.path.relpath(path, top).replace(os.sep, "/")] = os.readlink(path)
+    for name, target in sorted(links.items()):
+        if target.startswith("/"):
+            raise BundleError(f"bundle symlink {name!r} points to the absolute path {target!r}")
+        _resolve(name.split("/")[:-1], target, links, f"bundle symlink {name!r}")
 
 
 #: Staging directories this process is unpacking into right now (guarded by _active_lock).

@@ -323,3 +323,29 @@ def test_staging_sweep_removes_leftovers_but_never_an_unpack_in_progress(root, t
     assert result == [1] and (ws / "hello.txt").read_bytes() == b"hi"
     assert os.listdir(staging) == []
     assert bundles.sweep_staging(str(tmp_path / "no-such-root")) == (0, 0)
+
+
+@pytest.mark.parametrize("links", [
+    {"up": "../.."},
+    {"abs": "/etc/passwd"},
+    {"s1": "s2/..", "s2": "."},
+])
+def test_git_bundle_with_a_symlink_out_is_refused_and_leaves_nothing(root, tmp_path, links):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    run = lambda *a: subprocess.run(["git", *a], cwd=repo, env=env, check=True, capture_output=True)
+    run("init", "-q")
+    (repo / "hello.txt").write_text("hi")
+    for name, target in links.items():
+        (repo / name).symlink_to(target)
+    run("add", ".")
+    run("commit", "-qm", "one")
+    run("bundle", "create", str(tmp_path / "src.bundle"), "--all")
+    ws = root / "ws"
+    ws.mkdir()
+    with pytest.raises(BundleError, match="symlink"):
+        unpack_into(tmp_path / "src.bundle", str(ws), str(root))
+    assert os.listdir(ws) == []
+    assert os.listdir(root / bundles.STAGING) == []
