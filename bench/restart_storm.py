@@ -5,7 +5,9 @@
 
 Not a test (not in CI): it prints figures and the violations it found, and exits 1 if any.
 
-A runner on a temporary state dir (`--max-weight` = its allowed CPUs, claims of 1 or 2, so
+A runner on a temporary state dir (its own `--cgroup-parent` under cgroup isolation, so
+no other runner's or test's cleanup of the shared `motor-jobs` parent can kill its jobs;
+`--max-weight` = its allowed CPUs, claims of 1 or 2, so
 the seed never allows two running jobs to share a CPU: overlap is allowed only once every
 allowed CPU is claimed, which `max_weight <= allowed` rules out). A submitter thread posts
 `--jobs` jobs with small random gaps, retrying while the runner is down. Each job is a
@@ -26,6 +28,7 @@ checks:
   a succeeded job has both lines;
 - each job's pinned CPUs (`Cpus_allowed_list`, under an isolation that pins) equal its
   recorded `MOTOR_CPUS`, with min(claim, allowed) CPUs;
+- every job succeeds (each is a `sleep` that exits 0) and writes both lines;
 - no two jobs whose ledger intervals overlap share a CPU, and the claims of overlapping
   jobs never exceed max_weight.
 
@@ -189,16 +192,18 @@ def main() -> int:
     rng = random.Random(args.seed)
     tmp = Path(tempfile.mkdtemp(prefix="motor-storm-"))
     state, ledger = tmp / "state", tmp / "ledger.txt"
+    serve_args = ["--free-space-floor-bytes", "0", "--isolation", args.isolation]
+    if args.isolation in ("cgroup", "auto"):  # a private parent: never shares host groups
+        serve_args += ["--cgroup-parent", f"motor-storm-{os.getpid()}"]
     # the runner keeps a core back on hosts with >= 4 cores; its health report says which
-    probe = Runner(state, ["--free-space-floor-bytes", "0", "--isolation", args.isolation])
+    probe = Runner(state, serve_args)
     probe.start()
     with client(state) as c:
         cpus = c.get("/v1/health").json()["cpus"]
     probe.stop()
     allowed = sorted(cpus["allowed"])
     max_weight = len(allowed)
-    runner = Runner(state, ["--free-space-floor-bytes", "0", "--isolation", args.isolation,
-                            "--max-weight", str(max_weight),
+    runner = Runner(state, [*serve_args, "--max-weight", str(max_weight),
                             "--max-queue-depth", str(args.jobs + 10)],
                     faults=",".join(args.fault))
     accepted: dict[str, int] = {}
@@ -263,6 +268,9 @@ def main() -> int:
     finally:
         runner.stop()
         end_keepers(state)
+        for d in Path("/sys/fs/cgroup").glob(f"*/motor-storm-{os.getpid()}"):
+            subprocess.run(["rmdir", str(d)], capture_output=True)  # empty by now
+        subprocess.run(["rmdir", f"/sys/fs/cgroup/motor-storm-{os.getpid()}"], capture_output=True)
         if not args.keep:
             subprocess.run(["rm", "-rf", str(tmp)])
         else:
@@ -297,6 +305,9 @@ def report(args, runner, kills, wall, max_weight, allowed, accepted, records, st
         if len(starts.get(job_id, ())) > 1:
             pids = [s[0] for s in starts[job_id]]
             v["ran_twice"].append(f"{job_id}: pids {pids}")
+        if rec["state"] != "succeeded":  # every job is `sleep` and exit 0: anything else is a loss
+            v["not_succeeded"].append(f"{job_id}: {rec['state']} {rec.get('reason')}: "
+                                      f"{(rec.get('detail') or '')[:160]}")
         if rec["state"] == "succeeded" and not (starts.get(job_id) and ends.get(job_id)):
             v["succeeded_without_ledger"].append(job_id)
         claim = rec.get("claim") or accepted.get(job_id) or 1
@@ -308,12 +319,19 @@ def report(args, runner, kills, wall, max_weight, allowed, accepted, records, st
     for job_id in set(starts) - ids:
         v["ran_but_unknown"].append(job_id)
     # concurrency: intervals from each run's own start and end lines
+    # a run without an end line (killed, lost) ends, at the latest, when its record ended
     runs = []
     for job_id, ss in starts.items():
         ee = {pid: ns for pid, ns in ends.get(job_id, ())}
-        claim = (records.get(job_id) or {}).get("claim") or accepted.get(job_id) or 1
+        rec = records.get(job_id) or {}
+        claim = rec.get("claim") or accepted.get(job_id) or 1
+        ended = rec.get("ended_at_ms")
         for pid, ns, recorded, pinned in ss:
-            runs.append((ns, ee.get(pid, 2**63), job_id, claim, pinned or recorded))
+            if pid not in ee:
+                v["no_end_line"].append(f"{job_id}: pid {pid}, record {rec.get('state')} "
+                                        f"{rec.get('reason')}: {(rec.get('detail') or '')[:120]}")
+            runs.append((ns, ee.get(pid, ended * 1_000_000 if ended else 2**63), job_id, claim,
+                         pinned or recorded))
     runs.sort()
     for i, (a0, a1, aid, aclaim, acpus) in enumerate(runs):
         for b0, b1, bid, bclaim, bcpus in runs[i + 1:]:
@@ -340,7 +358,8 @@ def report(args, runner, kills, wall, max_weight, allowed, accepted, records, st
     total = sum(len(x) for x in v.values())
     kinds = ("ran_twice", "terminal_count", "not_terminal", "started_twice", "seq_order",
              "cpu_overlap", "over_max_weight", "cpu_count", "pinning", "accepted_but_unknown",
-             "ran_but_unknown", "succeeded_without_ledger", "harness")
+             "ran_but_unknown", "succeeded_without_ledger", "not_succeeded", "no_end_line",
+             "harness")
     print("violations: " + " ".join(f"{k}={len(v.get(k, ()))}" for k in kinds) + f" total={total}")
     for k in kinds:
         for line in v.get(k, ())[:10]:
