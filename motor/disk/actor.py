@@ -209,6 +209,10 @@ class DiskActor(actors.Actor):
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.catalog = Catalog(self.state_dir)
         self.bundles = BundleStore(self.state_dir)
+        for root in self.allowed_roots:  # leftovers of a runner killed mid-unpack
+            removed, left = await offload(bundles_mod.sweep_staging, root)
+            if removed or left:
+                log.info("disk: swept %d staging leftovers under %s (%d stay)", removed, root, left)
 
     def now_ms(self) -> int:
         if self.clock is not None:

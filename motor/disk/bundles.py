@@ -12,28 +12,38 @@ Unpacking (`unpack_into`) happens in a fresh staging directory beside the worksp
 filesystem), which is removed on any failure, so a refused bundle leaves nothing behind;
 only when the whole archive is unpacked are its top-level entries moved into the workspace
 (an existing entry of the same name is first moved to the trash, never followed).
+A runner killed mid-unpack leaves its staging directory behind: `sweep_staging` removes
+such leftovers when the disk actor starts.
 A tar member is refused when its name is absolute or has a `..` component, when it is a
-device or fifo, when a hard link names a path outside the archive root, or when a symlink
-is absolute or resolves outside the root; extraction also runs under `tarfile.data_filter`.
-A git bundle (`# v2 git bundle` / `# v3 git bundle`) is cloned with `git clone`.
+device or fifo, when it is named through a symlink member, when a hard link names a path
+outside the archive root, or when a symlink is absolute or resolves outside the root
+(resolved through the archive's own symlinks, component by component, as the kernel will);
+extraction also runs under `tarfile.data_filter`.
+A git bundle (`# v2 git bundle` / `# v3 git bundle`) is cloned with `git clone`, and the
+checked-out tree's symlinks must pass the same rule (`check_tree_links`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import posixpath
 import shutil
 import stat
 import subprocess
 import tarfile
+import threading
 import uuid
 from pathlib import Path
 from typing import Iterable
 
+from .. import faults
 from . import trash
 from .core import BUNDLE_RETENTION_MS
+
+log = logging.getLogger("motor.disk")
 
 CHUNK = 256 * 1024
 STAGING = ".motor-staging"
@@ -186,9 +196,18 @@ def is_git_bundle(path: Path) -> bool:
     return head.startswith(b"# v2 git bundle") or head.startswith(b"# v3 git bundle")
 
 
+MAX_LINK_HOPS = 40  # like the kernel's ELOOP limit
+
+
 def check_tar_members(tf: tarfile.TarFile) -> list[tarfile.TarInfo]:
-    """Every member, or BundleError naming the first one that could escape the root."""
+    """Every member, or BundleError naming the first one that could escape the root.
+
+    Link targets are resolved the way the kernel will resolve them once the archive is
+    unpacked: through the archive's own symlinks, one component at a time (so `s1 -> s2/..`
+    with `s2 -> .` is the root's parent, not `.`). A member named through a symlink member
+    (`d -> x` and `d/f`) is refused: tar never writes one from a real tree."""
     members = tf.getmembers()
+    links: dict[str, str] = {}
     for m in members:
         name = m.name
         if name.startswith("/") or name.startswith("\\") or (len(name) > 1 and name[1] == ":"):
@@ -199,17 +218,50 @@ def check_tar_members(tf: tarfile.TarFile) -> list[tarfile.TarInfo]:
         if m.ischr() or m.isblk() or m.isfifo() or not (m.isreg() or m.isdir() or m.issym() or m.islnk()):
             raise BundleError(f"bundle member {name!r} is not a file, directory or link")
         if m.issym():
-            target = m.linkname
-            if target.startswith("/"):
-                raise BundleError(f"bundle symlink {name!r} points to the absolute path {target!r}")
-            resolved = posixpath.normpath(posixpath.join(posixpath.dirname(norm), target))
-            if resolved == ".." or resolved.startswith("../"):
-                raise BundleError(f"bundle symlink {name!r} points outside the workspace ({target!r})")
-        if m.islnk():
-            target = posixpath.normpath(m.linkname)
-            if m.linkname.startswith("/") or target == ".." or target.startswith("../"):
-                raise BundleError(f"bundle hard link {name!r} points outside the workspace")
+            if m.linkname.startswith("/"):
+                raise BundleError(f"bundle symlink {name!r} points to the absolute path {m.linkname!r}")
+            links[norm] = m.linkname
+        if m.islnk() and m.linkname.startswith("/"):
+            raise BundleError(f"bundle hard link {name!r} points outside the workspace")
+    for m in members:
+        norm = posixpath.normpath(m.name)
+        parts = norm.split("/")
+        for i in range(1, len(parts)):
+            prefix = "/".join(parts[:i])
+            if prefix in links:
+                raise BundleError(f"bundle member {m.name!r} is named through the symlink "
+                                  f"{prefix!r}")
+        if m.issym():
+            _resolve(parts[:-1], m.linkname, links, f"bundle symlink {m.name!r}")
+        elif m.islnk():
+            _resolve([], m.linkname, links, f"bundle hard link {m.name!r}")
     return members
+
+
+def _resolve(base: list[str], target: str, links: dict[str, str], what: str) -> list[str]:
+    """`target` (relative) resolved from the directory `base` through the archive's
+    symlinks; BundleError if it leaves the root at any step or loops."""
+    stack = list(base)
+    todo = target.split("/")
+    hops = 0
+    while todo:
+        part = todo.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not stack:
+                raise BundleError(f"{what} points outside the workspace ({target!r})")
+            stack.pop()
+            continue
+        here = "/".join(stack + [part])
+        if here in links:
+            hops += 1
+            if hops > MAX_LINK_HOPS:
+                raise BundleError(f"{what} is a symlink loop ({target!r})")
+            todo = links[here].split("/") + todo  # relative to the link's own directory
+            continue
+        stack.append(part)
+    return stack
 
 
 def _extract_tar(bundle: Path, dest: str) -> None:
@@ -230,6 +282,61 @@ def _clone_git(bundle: Path, dest: str) -> None:
                           env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
     if proc.returncode != 0:
         raise BundleError(f"git clone of the bundle failed: {proc.stderr.strip()[:300]}")
+    check_tree_links(dest)
+
+
+def check_tree_links(top: str) -> None:
+    """The rule for tar symlinks, applied to a checked-out tree (a git clone can hold
+    any symlink): absolute targets, or targets resolving outside `top` through the tree's
+    own symlinks, refuse the bundle. Walks without following links."""
+    links: dict[str, str] = {}
+    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            if os.path.islink(path):
+                links[os.path.relpath(path, top).replace(os.sep, "/")] = os.readlink(path)
+    for name, target in sorted(links.items()):
+        if target.startswith("/"):
+            raise BundleError(f"bundle symlink {name!r} points to the absolute path {target!r}")
+        _resolve(name.split("/")[:-1], target, links, f"bundle symlink {name!r}")
+
+
+#: Staging directories this process is unpacking into right now (guarded by _active_lock).
+#: Anything else under a `.motor-staging/` is a leftover of an earlier runner (a crash or a
+#: kill -9 mid-unpack): `sweep_staging` removes those at start-up.
+_active: set[str] = set()
+_active_lock = threading.Lock()
+
+
+def sweep_staging(root: str) -> tuple[int, int]:
+    """Remove the leftovers in `root`'s staging directory (never an unpack in progress in
+    this process; never following a symlink or crossing a mount, like every deletion).
+    Returns (entries removed, entries that stay)."""
+    staging_root = os.path.join(root, STAGING)
+    try:
+        names = os.listdir(staging_root)
+    except FileNotFoundError:
+        return 0, 0
+    except OSError as exc:
+        log.warning("disk: cannot list %s: %s", staging_root, exc)
+        return 0, 1
+    removed = left = 0
+    for name in names:
+        path = os.path.join(staging_root, name)
+        with _active_lock:
+            if path in _active:
+                continue
+        try:
+            stuck = trash.purge(path)
+        except (OSError, trash.UnsafeDelete) as exc:
+            log.warning("disk: cannot remove the staging leftover %s: %s", path, exc)
+            left += 1
+            continue
+        if stuck:
+            left += 1
+        else:
+            removed += 1
+    return removed, left
 
 
 def unpack_into(bundle: Path, workspace: str, root: str, tag: str = "") -> int:
@@ -239,7 +346,17 @@ def unpack_into(bundle: Path, workspace: str, root: str, tag: str = "") -> int:
     staging_root = os.path.join(root, STAGING)
     os.makedirs(staging_root, mode=0o700, exist_ok=True)
     stage = os.path.join(staging_root, f"{tag}.{uuid.uuid4().hex}" if tag else uuid.uuid4().hex)
-    os.mkdir(stage, 0o700)
+    with _active_lock:
+        _active.add(stage)
+    try:
+        os.mkdir(stage, 0o700)
+        return _unpack_staged(bundle, workspace, root, stage)
+    finally:
+        with _active_lock:
+            _active.discard(stage)
+
+
+def _unpack_staged(bundle: Path, workspace: str, root: str, stage: str) -> int:
     try:
         src = os.path.join(stage, "src")
         if is_git_bundle(bundle):
@@ -247,6 +364,7 @@ def unpack_into(bundle: Path, workspace: str, root: str, tag: str = "") -> int:
         else:
             os.mkdir(src, 0o755)
             _extract_tar(bundle, src)
+        faults.hit("unpack.extracted")  # tests: a crash with the staging directory full
         ws_st = os.lstat(workspace)
         if not stat.S_ISDIR(ws_st.st_mode):
             raise BundleError(f"workspace {workspace} is not a directory")

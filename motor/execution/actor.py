@@ -8,7 +8,8 @@ The dispatcher has already placed the job's CPUs and saved the record in state `
 1. setup: creates the workspace directory and the job directory, writes the keeper's
    `spec.json` (command, cwd, environment, CPUs, isolation fields, timeout) and asks the
    forkserver for a keeper. A failure here is a failed start: the dispatcher requeues the
-   job with its retry delay, the CPUs are released.
+   job with its retry delay, the CPUs are released. A cancel that arrives before the keeper
+   is spawned ends the job `cancelled` here, without a `started` event.
 2. running: saves the record as `running` with a `started` event, tells the dispatcher.
 3. follow: turns the keeper's `output.log` into numbered `output` events (the log offset is
    saved in the same transaction as the events), until the keeper exits.
@@ -35,6 +36,7 @@ import msgspec
 
 import actors
 
+from .. import faults
 from ..accounting.actor import JobEnded, JobStarted, notify
 from ..accounting.core import with_reservation_use
 from ..clock import uuid7_ms
@@ -185,6 +187,7 @@ class JobExecution(actors.Actor):
         deps, record = self.deps, self.record
         prepared = False
         try:
+            await faults.ahit("setup.begin")  # tests: a barrier or a crash at this point
             cwd = deps.workspace_root / record.workspace
             if deps.disk is not None:  # disk check again before setup; catalog the workspace
                 plan = await deps.disk.call(PrepareSetup(
@@ -194,6 +197,9 @@ class JobExecution(actors.Actor):
                     await self._refuse_setup(plan.refusal)
                     return False
                 cwd = Path(plan.path)  # a caller-root workspace lives in its host directory
+            if self.cancel_requested:  # cancelled during setup: it never starts
+                await self._cancel_in_setup()
+                return False
             cwd.mkdir(parents=True, exist_ok=True)
             if deps.disk is not None and plan.bundle is not None:
                 try:  # the bundle becomes the workspace's source before anything runs
@@ -225,6 +231,10 @@ class JobExecution(actors.Actor):
             prepared = True
             spec.update(await trio.to_thread.run_sync(
                 deps.backend.prepare, record.job_id, record.cpus, record.memory_max_bytes))
+            if self.cancel_requested:  # cancelled during setup: it never starts
+                await trio.to_thread.run_sync(deps.backend.finish, record.job_id)
+                await self._cancel_in_setup()
+                return False
             joblog.write_json_atomic(self.dir / "spec.json", spec)
             handle = await deps.spawner.spawn(self.dir)
         except Exception as exc:  # a failed start: requeue with the retry delay
@@ -235,8 +245,17 @@ class JobExecution(actors.Actor):
             await deps.dispatcher.cast(StartFailed(record.job_id, f"{type(exc).__name__}: {exc}"))
             return False
         self.keeper = (handle.pid, handle.create_time)
+        await faults.ahit("setup.spawned")  # tests/bench: a crash before keeper.json may exist
         await self._mark_running(None)
         return True
+
+    async def _cancel_in_setup(self) -> None:
+        """A cancel that arrived before the keeper was spawned: the job ends `cancelled`
+        without a `started` event (its command never ran)."""
+        log.info("%s: cancelled during setup", self.name)
+        await self._end(msgspec.structs.replace(
+            self.record, state="cancelled", reason="cancelled", detail="cancelled during setup",
+            ended_at_ms=self.deps.clock.now_ms(), waiting_on=None, waiting_on_job=None))
 
     async def _refuse_setup(self, refusal) -> None:
         """End the job refused_before_start (e.g. runner_disk_full at the setup check)."""

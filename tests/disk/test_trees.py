@@ -218,6 +218,14 @@ def link(name, target, kind=tarfile.SYMTYPE):
     ([link("abs", "/etc/passwd")], "absolute"),
     ([link("hl", "../x", tarfile.LNKTYPE)], "outside"),
     ([link("dir", "sub/../.."), reg("dir/x")], "outside"),
+    # lexically inside, but s2 is the root, so s2/.. is its parent (issue 10)
+    ([link("s1", "s2/.."), link("s2", ".")], "outside"),
+    ([link("a", "."), link("b", "a/a/a/..")], "outside"),
+    ([link("in", "d"), link("d", "e/.."), link("e", "."), reg("f")], "outside"),
+    ([link("loop1", "loop2/x"), link("loop2", "loop1/x")], "loop"),
+    # a member named through a symlink member (d -> .): tar never makes one from a tree
+    ([link("d", "."), reg("d/x")], "through the symlink"),
+    ([link("s", "."), link("h", "s/../x", tarfile.LNKTYPE)], "outside"),
 ])
 def test_unsafe_bundle_is_refused_and_leaves_nothing(root, tmp_path, members, why):
     bundle = tmp_path / "b.tar"
@@ -282,3 +290,62 @@ def test_upload_digest_mismatch_leaves_nothing(tmp_path):
     assert up.commit(5) == len(data)
     assert store.has(sha) and store.pins[sha] == 5
     assert set(os.listdir(store.dir)) == {"pins.json", sha}
+
+
+def test_staging_sweep_removes_leftovers_but_never_an_unpack_in_progress(root, tmp_path, monkeypatch):
+    import threading
+
+    from polling import wait_for
+
+    bundle = tmp_path / "b.tar"
+    bundle.write_bytes(tar_bytes([reg("hello.txt", b"hi")]))
+    ws = root / "ws"
+    ws.mkdir()
+    staging = root / bundles.STAGING
+    (staging / "01old.leftover" / "src" / "deep").mkdir(parents=True)  # a killed runner's
+    (staging / "01old.leftover" / "src" / "deep" / "f").write_text("x")
+    (staging / "01old.leftover" / "out").symlink_to(tmp_path)  # never followed
+    gate = tmp_path / "gate"
+    monkeypatch.setenv("MOTOR_FAULTS", f"unpack.extracted=wait:{gate}")
+    result = []
+    worker = threading.Thread(target=lambda: result.append(
+        unpack_into(bundle, str(ws), str(root), "job1")))
+    worker.start()
+    try:
+        wait_for(lambda: os.path.exists(f"{gate}.reached"), what="the unpack to be extracted")
+        assert bundles.sweep_staging(str(root)) == (1, 0)
+        (live,) = os.listdir(staging)  # the unpack in progress stays, with its contents
+        assert live.startswith("job1.") and (staging / live / "src" / "hello.txt").exists()
+        assert (tmp_path / "b.tar").exists() and gate.parent.is_dir()
+    finally:
+        gate.write_text("")
+        worker.join(30)
+    assert result == [1] and (ws / "hello.txt").read_bytes() == b"hi"
+    assert os.listdir(staging) == []
+    assert bundles.sweep_staging(str(tmp_path / "no-such-root")) == (0, 0)
+
+
+@pytest.mark.parametrize("links", [
+    {"up": "../.."},
+    {"abs": "/etc/passwd"},
+    {"s1": "s2/..", "s2": "."},
+])
+def test_git_bundle_with_a_symlink_out_is_refused_and_leaves_nothing(root, tmp_path, links):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    run = lambda *a: subprocess.run(["git", *a], cwd=repo, env=env, check=True, capture_output=True)
+    run("init", "-q")
+    (repo / "hello.txt").write_text("hi")
+    for name, target in links.items():
+        (repo / name).symlink_to(target)
+    run("add", ".")
+    run("commit", "-qm", "one")
+    run("bundle", "create", str(tmp_path / "src.bundle"), "--all")
+    ws = root / "ws"
+    ws.mkdir()
+    with pytest.raises(BundleError, match="symlink"):
+        unpack_into(tmp_path / "src.bundle", str(ws), str(root))
+    assert os.listdir(ws) == []
+    assert os.listdir(root / bundles.STAGING) == []
