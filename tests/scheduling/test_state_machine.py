@@ -29,7 +29,7 @@ class _M:
         self.failures = 0
         self.retry_at = float("-inf")
         self.cleanup = False
-        self.ran = False  # it was setting up or running before it ended
+        self.ran = False  # it ended from setting up or running (finished)
 
     @property
     def touched(self) -> set[str]:
@@ -130,7 +130,6 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert m.spec.claim <= MAX_WEIGHT, "max_weight is a hard bound"
             self.fifo[m.spec.workspace].pop(0)
             m.state = "setting_up"
-            m.ran = True
             started.append(m)
         self.check_fences(started)
         self.check_liveness(started)
@@ -177,6 +176,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         job_id = data.draw(st.sampled_from(self.in_state(*ACTIVE)))
         self.s.finished(job_id, self.now)
         self.jobs[job_id].state = "ended"
+        self.jobs[job_id].ran = True
         self.then_decide(then)
 
     @precondition(lambda self: self.in_state("setting_up"))
