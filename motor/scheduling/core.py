@@ -604,7 +604,7 @@ class Scheduler:
         """Blocker and queue-wait clock of a live job (KeyError if not live)."""
         job = self._jobs[job_id]
         now = self._refresh(now)
-        ms = int(job.queue_wait_s(self._t) * 1000.0)
+        ms = int(job.queue_wait_s(self._t) * 1000.0 + _EPS_S * 1000.0)  # no 29999 for 30 s
         if job.state != "queued":
             return WaitStatus(None, None, ms)
         detail = None
@@ -612,6 +612,14 @@ class Scheduler:
             detail = (f"claim {job.claim} vCPUs exceeds max_weight {self.max_weight}: "
                       "it waits until it fits (serve --max-weight)")
         return WaitStatus(job.waiting_on, job.waiting_on_job, ms, detail)
+
+    def clock_state(self, job_id: str, now: float) -> tuple[float, bool, float]:
+        """(queue wait so far in s, whether the clock advances now, seconds since ready())
+        of a queued job: what the dispatcher persists so a restart resumes the clock."""
+        job = self._jobs[job_id]
+        now = self._refresh(now)
+        age = 0.0 if math.isnan(job.ready_at) else max(0.0, now - job.ready_at)
+        return job.queue_wait_s(now), job.clock_since is not None, age
 
     def job_state(self, job_id: str) -> str | None:
         """"awaiting_bundles" | "queued" | "setting_up" | "running", or None when not live."""
