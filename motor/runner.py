@@ -247,7 +247,10 @@ class Runner:
                 await changed.wait()
                 continue
             if record.state == "queued":
-                beat = await self.dispatcher.call(Heartbeat(job_id))
+                try:
+                    beat = await self.dispatcher.call(Heartbeat(job_id))
+                except actors.ActorDead:  # restarting: the next beat comes from its successor
+                    beat = None
                 if beat is not None:
                     beat.seq = last_seq
                     yield beat
