@@ -202,3 +202,83 @@ async def test_queue_depth_counts_jobs_still_in_setup(tmp_path, monkeypatch):
 
 async def _all_in(runner, jobs, state: str) -> bool:
     return all([await state_of(runner, j.job_id) == state for j in jobs])
+
+
+# --- item 5: a failed start keeps its place in the rotation ---------------------------------
+
+
+async def test_a_failed_start_keeps_its_rotation_place_through_the_runner(
+        tmp_path, monkeypatch, mock_clock):
+    """The clock runs at real speed and jumps only past the retry delay (the race is staged
+    with barriers; it all takes well under 60 s, so no head ages and the rotation decides)."""
+    mock_clock.rate = 1.0
+    fail_go, x_go, a2_go = tmp_path / "fail-go", tmp_path / "x-go", tmp_path / "a2-go"
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=2)) as runner:
+        for ws in ("a", "b"):  # a dispatched before b
+            job = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace=ws))
+            assert (await terminal_of(runner, job.job_id, 60))["state"] == "succeeded"
+        hooked = hook_setup(monkeypatch, runner, ("a",), barrier=fail_go,
+                            error="injected: setup failed once", times=1)
+        a2 = await runner.submit(barrier_job(a2_go, weight_hint=2, workspace="a"))
+        await wait_until(lambda: _is(runner, a2.job_id, "setup"), "a2 in setup", 60)
+        x = await runner.submit(barrier_job(x_go, weight_hint=1, workspace="x"))
+        b3 = await runner.submit(JobRequest(command=["true"], weight_hint=2, workspace="b"))
+        fail_go.write_text("")  # a2's start fails: requeued with a 1 s retry delay
+        await wait_until(lambda: _is(runner, x.job_id, "running"), "x to backfill", 60)
+        a2_now = await runner.get(a2.job_id)
+        assert a2_now.state == "queued" and a2_now.attempts == 1 and hooked == [a2.job_id]
+        mock_clock.jump(1.5)  # past a2's 1 s retry delay: now it waits for permits like b3
+        await trio.sleep(0)
+        x_go.write_text("")  # capacity frees: a2 (a dispatched least recently) goes before b3
+        await wait_until(lambda: _left_queue(runner, (a2.job_id, b3.job_id)), "a start", 60)
+        assert (await runner.get(a2.job_id)).state in ("setup", "running")
+        assert (await runner.get(b3.job_id)).state == "queued"
+        a2_go.write_text("")
+        for job in (a2, b3):
+            assert (await terminal_of(runner, job.job_id, 60))["state"] == "succeeded"
+        assert (await runner.get(a2.job_id)).started_at_ms <= (await runner.get(b3.job_id)).started_at_ms
+
+
+async def _left_queue(runner, ids) -> bool:
+    return any([await state_of(runner, j) != "queued" for j in ids])
+
+
+# --- item 8: budget exhausted after failed starts keeps the failure ---------------------------
+
+
+async def test_a_budget_exhausted_after_failed_starts_keeps_the_last_start_failure(
+        tmp_path, monkeypatch, autojump_clock):
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=2)) as runner:
+        hook_setup(monkeypatch, runner, ("f",), error="injected: cgroup jobs/f is read-only")
+        job = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="f",
+                                             queue_wait_limit_s=5))
+        record = await terminal_of(runner, job.job_id)
+        assert (record["state"], record["reason"]) == ("refused_before_start", "queue_wait_exceeded")
+        assert record["attempts"] >= 2
+        assert "injected: cgroup jobs/f is read-only" in record["detail"], record["detail"]
+        assert "start attempts failed" in record["detail"]
+        assert 5_000 <= record["queue_wait_ms"] < 6_000
+
+
+# --- item 7: withdraw answers match the record -----------------------------------------------
+
+
+async def test_withdraw_of_an_ended_job_answers_what_happened(tmp_path, autojump_clock):
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=1)) as runner:
+        waiting = await runner.submit(JobRequest(command=["true"], weight_hint=2, workspace="a"),
+                                      follow=True)
+        await runner.cancel(waiting.job_id)
+        with pytest.raises(RefusedError) as refused:
+            await runner.withdraw(waiting.job_id)
+        assert refused.value.refusal.code == "already_ended"
+        assert "cancelled" in refused.value.refusal.detail
+        withdrawn = await runner.submit(JobRequest(command=["true"], weight_hint=2, workspace="b"),
+                                        follow=True)
+        assert await runner.withdraw(withdrawn.job_id) == "withdrawn"
+        with pytest.raises(RefusedError) as refused:  # asked again: never "withdrawn" twice
+            await runner.withdraw(withdrawn.job_id)
+        assert refused.value.refusal.code == "already_ended"
+        assert "refused_before_start" in refused.value.refusal.detail
+        ran = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="c"))
+        assert (await terminal_of(runner, ran.job_id))["state"] == "succeeded"
+        assert await runner.withdraw(ran.job_id) == "started"  # it ran: too late
