@@ -140,7 +140,7 @@ def test_internal_warm_build_shrinks_to_a_small_host():
 # --- capacity -----------------------------------------------------------------------------
 
 
-def test_dispatch_indexes_add_each_starting_weight_and_cpu_claim_before_selecting_next():
+def test_dispatch_indexes_add_each_starting_weight_and_cpu_claim_before_selecting_next_core():
     s = sched(8)
     for i, claim in enumerate((3, 3, 3, 2)):
         add(s, f"j{i}", f"w{i}", float(i) * 0.001, claim=claim)
@@ -158,7 +158,7 @@ def test_dispatch_indexes_add_each_starting_weight_and_cpu_claim_before_selectin
     assert started(s, 3.0) == ["j2"]
 
 
-def test_queue_depth_counts_sixty_four_awaiting_bundles():
+def test_queue_depth_counts_sixty_four_awaiting_bundles_core():
     s = sched(8, depth=64)
     for i in range(64):
         add(s, f"j{i}", f"w{i}", ready=False)  # still uploading: not queued yet
@@ -178,7 +178,7 @@ def test_queue_depth_counts_sixty_four_awaiting_bundles():
     assert s.accept(JobSpec("j64", "w64"), 5.0) is None
 
 
-def test_waiting_gate_does_not_stop_or_repin_running_workers():
+def test_waiting_gate_does_not_stop_or_repin_running_workers_core():
     s = sched(8)
     run(s, "w1", "a", claim=4)
     run(s, "w2", "b", claim=4)
@@ -419,7 +419,7 @@ def test_cancelled_workspace_waiter_is_removed_from_the_queue():
 # --- queue wait ---------------------------------------------------------------------------
 
 
-def test_upload_fetch_and_setup_do_not_spend_queue_wait_budget():
+def test_upload_fetch_and_setup_do_not_spend_queue_wait_budget_core():
     s = sched(8)
     run(s, "r", "wr", claim=8)
     add(s, "j", "w", 0.0, ready=False, claim=2, queue_wait_limit_s=60, runner_enforces_budget=True)
@@ -586,7 +586,7 @@ def test_streamed_elapsed_queue_time_sets_a_local_deadline():
     assert zero.should_withdraw(1.0)
 
 
-def test_zero_queue_wait_withdraws_and_cancel_is_idempotent():
+def test_zero_queue_wait_withdraws_and_cancel_is_idempotent_core():
     s = sched(8)
     run(s, "r", "wr", claim=8)
     add(s, "z", "w", 1.0, queue_wait_limit_s=0, runner_enforces_budget=True)

@@ -282,3 +282,184 @@ async def test_withdraw_of_an_ended_job_answers_what_happened(tmp_path, autojump
         ran = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="c"))
         assert (await terminal_of(runner, ran.job_id))["state"] == "succeeded"
         assert await runner.withdraw(ran.job_id) == "started"  # it ran: too late
+
+
+# --- the seed-named tests, through the runner (their core versions: test_rules.py *_core) -----
+
+
+async def test_zero_queue_wait_withdraws_and_cancel_is_idempotent(tmp_path, autojump_clock):
+    go = tmp_path / "go"
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=1)) as runner:
+        holder = await runner.submit(barrier_job(go, weight_hint=1, workspace="a"))
+        await wait_until(lambda: _is(runner, holder.job_id, "running"), "the holder to run")
+        # the client-enforced path: the follower asks, the runner's answer decides
+        followed = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="b",
+                                                  queue_wait_limit_s=0), follow=True)
+        assert await runner.withdraw(followed.job_id) == "withdrawn"
+        # the runner-enforced path (nobody follows): withdrawn at its deadline, within a tick
+        alone = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="c",
+                                               queue_wait_limit_s=0))
+        for job in (followed, alone):
+            record = await terminal_of(runner, job.job_id)
+            assert (record["state"], record["reason"]) == ("refused_before_start", "queue_wait_exceeded")
+            assert record["started_at_ms"] is None and record["queue_wait_ms"] < 1000
+            assert record["ended_at_ms"] - record["accepted_at_ms"] < 1000
+            for _ in range(2):  # cancel is idempotent on an ended job; it stays as it ended
+                assert (await runner.cancel(job.job_id)).state == "refused_before_start"
+            with pytest.raises(RefusedError) as refused:
+                await runner.withdraw(job.job_id)
+            assert refused.value.refusal.code == "already_ended"
+        go.write_text("")
+        assert (await terminal_of(runner, holder.job_id))["state"] == "succeeded"
+
+
+async def test_dispatch_indexes_add_each_starting_weight_and_cpu_claim_before_selecting_next(
+        tmp_path, autojump_clock):
+    """Three one-vCPU jobs on a two-CPU host with --max-weight 2: the second start sees the
+    first's permit and CPU, so the two get disjoint CPUs; the third waits for permits."""
+    go = tmp_path / "go"
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=2)) as runner:
+        if len((await runner.health())["cpus"]["allowed"]) < 2:
+            pytest.skip("needs two allocatable CPUs")
+        jobs = [await runner.submit(barrier_job(go, weight_hint=1, workspace=f"w{i}"))
+                for i in range(3)]
+        await wait_until(lambda: _all_in(runner, jobs[:2], "running"), "two jobs to run")
+        first, second, third = [await runner.get(j.job_id) for j in jobs]
+        assert len(first.cpus) == 1 and len(second.cpus) == 1
+        assert set(first.cpus).isdisjoint(second.cpus)
+        assert third.state == "queued" and third.waiting_on == "permits" and third.cpus is None
+        status = await runner.status()
+        assert status["capacity"]["held_permits"] == 2
+        go.write_text("")
+        for job in jobs:
+            assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
+
+
+async def test_waiting_gate_does_not_stop_or_repin_running_workers(tmp_path, autojump_clock):
+    import os
+
+    go = tmp_path / "go"
+    cfg = embedded_config(tmp_path, max_weight=2, isolation="affinity")
+    async with motor.open_runner(cfg) as runner:
+        workers = []
+        for i in range(2):
+            pid_file = tmp_path / f"pid{i}"
+            workers.append(await runner.submit(JobRequest(
+                command=["sh", "-c", f"echo $$ > {pid_file}.tmp && mv {pid_file}.tmp {pid_file}; "
+                                     f"while [ ! -e {go} ]; do sleep 0.02; done"],
+                weight_hint=1, workspace=f"w{i}")))
+        await wait_until(lambda: _all_in(runner, workers, "running"), "the workers to run")
+        await wait_until(lambda: _exist(tmp_path / "pid0", tmp_path / "pid1"), "their pids")
+        pids = [int((tmp_path / f"pid{i}").read_text()) for i in range(2)]
+        before = [(await runner.get(w.job_id)).cpus for w in workers]
+        pinned = [os.sched_getaffinity(pid) for pid in pids]
+        assert [sorted(p) for p in pinned] == [sorted(c) for c in before]
+        gate = await runner.submit(JobRequest(command=["true"], weight_hint=2, workspace="g",
+                                              gate=True, capabilities=["gate_jobs"]))
+        assert gate.gate
+        await trio.sleep(120)  # the gate waits (and fences) for two minutes
+        live = await runner.get(gate.job_id)
+        assert live.state == "queued" and live.waiting_on == "permits"
+        assert [(await runner.get(w.job_id)).state for w in workers] == ["running", "running"]
+        assert [(await runner.get(w.job_id)).cpus for w in workers] == before  # not re-placed
+        assert [os.sched_getaffinity(pid) for pid in pids] == pinned  # not re-pinned
+        go.write_text("")
+        assert (await terminal_of(runner, gate.job_id))["state"] == "succeeded"
+
+
+def _targz(files: dict[str, bytes]) -> bytes:
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        for name, content in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            tf.addfile(info, io.BytesIO(content))
+    return buf.getvalue()
+
+
+async def _exist(*paths) -> bool:
+    return all(p.exists() for p in paths)
+
+
+async def test_upload_fetch_and_setup_do_not_spend_queue_wait_budget(
+        tmp_path, monkeypatch, autojump_clock):
+    import hashlib
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        info = tarfile.TarInfo("hello.txt")
+        info.size = 6
+        tf.addfile(info, io.BytesIO(b"hello\n"))
+    data = buf.getvalue()
+    sha = hashlib.sha256(data).hexdigest()
+    setup_go = tmp_path / "setup-go"
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=2)) as runner:
+        hooked = hook_setup(monkeypatch, runner, ("up",), barrier=setup_go)
+        job = await runner.submit(JobRequest(command=["cat", "hello.txt"], weight_hint=1,
+                                             workspace="up", bundle_sha256=sha,
+                                             queue_wait_limit_s=10))
+        await trio.sleep(100)  # ten budgets long the upload has not arrived: no queue wait
+        live = await runner.get(job.job_id)
+        assert live.state == "queued" and live.queue_wait_ms == 0
+
+        async def chunks():
+            for i in range(0, len(data), 7):  # a real upload, streamed in pieces
+                yield data[i:i + 7]
+                await trio.sleep(5)
+
+        await runner.put_bundle(sha, chunks())
+        await wait_until(lambda: _is(runner, job.job_id, "setup"), "setup to begin")
+        await trio.sleep(60)  # a long setup: six budgets
+        setup_go.write_text("")
+        record = await terminal_of(runner, job.job_id)
+        assert record["state"] == "succeeded", record
+        assert record["queue_wait_ms"] < 1000
+        assert hooked == [job.job_id]
+
+
+@pytest.mark.e2e
+def test_queue_depth_counts_sixty_four_awaiting_bundles(serve_factory, tmp_path):
+    """A real `motor serve` and its HTTP API: 64 jobs accepted while their uploads are still
+    pending fill the default queue depth; the 65th request is refused runner_full before
+    anything is recorded, and health counts the refusal. Once one job's bundle arrives and
+    it runs, there is room again."""
+    import hashlib
+    import httpx
+
+    from polling import wait_for
+
+    serve = serve_factory().start()
+    http = httpx.Client(transport=httpx.HTTPTransport(uds=str(serve.socket)),
+                        base_url="http://motor", timeout=30)
+    with http:
+        first = _targz({"x.txt": b"first\n"})
+        shas = [hashlib.sha256(first).hexdigest()] + [
+            hashlib.sha256(f"bundle {i}".encode()).hexdigest() for i in range(1, 65)]
+        ids = []
+        for i, sha in enumerate(shas[:64]):
+            resp = http.post("/v1/jobs", json={"command": ["true"], "workspace": f"w{i}",
+                                               "weight_hint": 1, "bundle_sha256": sha})
+            assert resp.status_code == 202, resp.text
+            ids.append(resp.json()["job_id"])
+        status = http.get("/v1/status").json()
+        assert status["capacity"]["pending_jobs"] == 64 and len(status["queued"]) == 64
+        refused = http.post("/v1/jobs", json={"command": ["true"], "workspace": "w64",
+                                              "bundle_sha256": shas[64]})
+        assert refused.status_code == 503
+        body = refused.json()
+        assert body["code"] == "runner_full" and "max_queue_depth 64" in body["detail"]
+        assert len(http.get("/v1/jobs", params={"all": "1"}).json()) == 64  # nothing recorded
+        assert http.get("/v1/health").json()["admission_refusals"] == {"runner_full": 1}
+        assert http.put(f"/v1/bundles/{shas[0]}", content=first).status_code == 201
+        wait_for(lambda: http.get(f"/v1/jobs/{ids[0]}").json()["state"] == "succeeded",
+                 what="the uploaded job to run")
+        resp = http.post("/v1/jobs", json={"command": ["true"], "workspace": "w64",
+                                           "bundle_sha256": shas[64]})
+        assert resp.status_code == 202, resp.text
+        for job_id in ids[1:] + [resp.json()["job_id"]]:
+            http.post(f"/v1/jobs/{job_id}/cancel")
