@@ -21,8 +21,8 @@ Job life in the core::
 
 A job is *active* while setting up or running: it holds `claim` permits, owns its workspace
 and uses its sibling workspaces.  A job is *pending* while awaiting bundles or queued; the
-queue-depth limit counts pending jobs (see docs/scheduling.md for why setting-up jobs are
-not counted).
+queue-depth limit counts every job accepted and not yet running: pending jobs and jobs
+setting up ("accepted but not yet running, including those still uploading").
 
 State fields of `Scheduler`
 ---------------------------
@@ -51,8 +51,7 @@ State fields of `Scheduler`
 Invariants (checked by tests/scheduling/test_state_machine.py)
 --------------------------------------------------------------
 
-* ``_held <= max_weight``, except while a single job whose claim exceeds max_weight is
-  active alone (it starts only when nothing holds permits).
+* ``_held <= max_weight``, always (a claim above max_weight never starts).
 * The *touched set* of an active job is its workspace plus its siblings.  Touched sets of
   active jobs are pairwise disjoint: ``_owner`` and ``_sib_user`` never share a key and
   each key maps to exactly one active job.
@@ -77,8 +76,9 @@ their workspace; background heads oldest first -- and for each head:
   most max_weight) the walk stops there (a *fence*: no backfill past it); otherwise the
   walk goes on and smaller heads behind it may start (backfill).
 
-"Fits" means ``claim <= max_weight - held``, or, for a claim above max_weight (accepted
-because it is within the claim limit), ``held == 0``.  Such an over-max job never fences.
+"Fits" means ``claim <= max_weight - held``.  max_weight is a hard bound: a claim above it
+(accepted because it is within the claim limit) never fits and never fences; it waits, its
+clock advances, and its budget applies.
 
 The walk touches only heads (never every queued job of every workspace) and stops at the
 first fence.  Queue-wait clock bookkeeping is a separate pass (`_reclassify`) over queued
