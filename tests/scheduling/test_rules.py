@@ -734,3 +734,22 @@ def test_a_failed_start_keeps_its_rotation_place_during_its_retry_delay():
     s.finished("h", 5.0)
     # a dispatched (a1) before b (b1): a2 keeps that place and goes before b3
     assert started(s, 5.0) == ["a2"]
+
+
+def test_a_restored_job_resumes_its_clock_and_its_aging():
+    s = sched(8)
+    run(s, "r", "wr", claim=8)
+    add(s, "old", "w", 100.0, ready=False, queue_wait_limit_s=100, runner_enforces_budget=True)
+    s.ready("old", 100.0, waited_s=40.0, ready_age_s=70.0)  # as persisted before a restart
+    assert ms(s, "old", 100.0) == 40_000
+    add(s, "new", "v", 100.0, claim=2)
+    # old has waited 70 s since ready: aged, so it fences the newer head behind it
+    s.finished("r", 101.0)
+    s2 = s.decide(101.0)
+    assert [st.job_id for st in s2] == ["old", "new"]
+    assert s.story("old")[1].endswith("resuming at 40.000s waited, ready 70.000s ago")
+    fresh = sched(8)
+    run(fresh, "r", "wr", claim=8)
+    add(fresh, "old", "w", 100.0, ready=False, queue_wait_limit_s=100, runner_enforces_budget=True)
+    fresh.ready("old", 100.0, waited_s=40.0, ready_age_s=70.0)
+    assert fresh.next_wakeup(100.0) == pytest.approx(160.0)  # 60 s of budget left

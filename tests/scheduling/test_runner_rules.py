@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 import trio
 
@@ -139,9 +140,14 @@ async def test_a_restart_resumes_queue_wait_clocks_and_enforces_budgets_of_gone_
                                                     queue_wait_limit_s=100))
         await trio.sleep(20)
         assert (await runner.get(followed.job_id)).queue_wait_ms >= 20_000
+        for job in (followed, unfollowed):  # what a restart resumes from
+            stored = runner.db.get(job.job_id)
+            assert stored.ready_at_ms == stored.accepted_at_ms and stored.queue_clock_running
+            assert stored.budget_enforced_by == ("client" if job is followed else "runner")
     async with motor.open_runner(cfg) as runner:
         resumed = await runner.get(unfollowed.job_id)
         assert resumed.state == "queued" and resumed.queue_wait_ms >= 20_000
+        assert "ready_at_ms" not in msgspec.to_builtins(motor.records.public_record(resumed))
         record = await terminal_of(runner, followed.job_id)  # its follower is gone
         assert (record["state"], record["reason"]) == ("refused_before_start", "queue_wait_exceeded")
         assert 30_000 <= record["queue_wait_ms"] < 31_000
