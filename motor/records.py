@@ -40,6 +40,7 @@ REFUSAL_HTTP_STATUS: dict[str, int] = {
     "unauthorized": 401,
     "method_not_allowed": 405,
     "queue_wait_exceeded": 409,
+    "already_ended": 409,
     "internal_error": 500,
 }
 #: Codes that mean "refused before start": `motor run` exits 75 on them.
@@ -171,6 +172,9 @@ class JobRecord(msgspec.Struct, kw_only=True, omit_defaults=False):
     queue_wait_ms: int = 0
     waiting_on: WaitingOn | None = None
     waiting_on_job: str | None = None
+    #: Why a queued job waits, in words, when waiting_on alone does not say it (a claim
+    #: above max_weight).
+    waiting_detail: str | None = None
     exit_code: int | None = None
     signal: int | None = None
     reason: str | None = None
@@ -183,16 +187,32 @@ class JobRecord(msgspec.Struct, kw_only=True, omit_defaults=False):
     env: dict[str, str] = {}
     bundle_sha256: str | None = None
     reservation_use: ReservationUse | None = None
+    # The dispatcher's persisted queue-wait clock (internal; not in the API): a restart
+    # resumes the clock and the 60 s aging from these instead of from zero.  `queue_wait_ms`
+    # holds the clock's value at `queue_clock_at_ms` (wall ms); `queue_clock_running` says
+    # whether it was advancing then. `ready_at_ms` is when the job joined its queue.
+    ready_at_ms: int | None = None
+    queue_clock_at_ms: int | None = None
+    queue_clock_running: bool = False
+    #: Who enforces the queue-wait budget: "client" (a follower) or "runner".
+    budget_enforced_by: Literal["client", "runner"] | None = None
 
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL_STATES
 
 
+_INTERNAL_FIELDS = ("ready_at_ms", "queue_clock_at_ms", "queue_clock_running", "budget_enforced_by")
+
+
 def public_record(record: JobRecord) -> dict:
     """The record as the API shows it: `env` withheld, `reservation_use` absent when unmeasured."""
     data = msgspec.to_builtins(record)
     data.pop("env", None)
+    for name in _INTERNAL_FIELDS:
+        data.pop(name, None)
+    if data.get("waiting_detail") is None:
+        data.pop("waiting_detail", None)
     if data.get("reservation_use") is None:
         data.pop("reservation_use", None)
     return data
@@ -218,6 +238,7 @@ class Queued(Event, tag="queued"):
     waiting_on: WaitingOn | None = None
     waiting_on_job: str | None = None
     queue_wait_budget_ms: int | None = None
+    waiting_detail: str | None = None
 
 
 class Started(Event, tag="started"):

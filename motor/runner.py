@@ -54,7 +54,7 @@ from .records import (
     CAPABILITIES, Event, JobRecord, JobRequest, Queued, Refusal, RefusedError,
     TERMINAL_STATES, Truncated, decode_event, public_record,
 )
-from .scheduling.actor import DispatchDeps, Dispatcher
+from .scheduling.actor import DispatchDeps, Dispatcher, withdraw_answer
 from .scheduling.messages import (
     BundleArrived, CancelJob, Heartbeat, QueuedView, StatusView, Submit, Unfollowed, Withdraw,
 )
@@ -168,6 +168,8 @@ class Runner:
         self.hub = hub
         self.host = host
         self.clock = clock
+        #: ids of jobs a client follows now (the dispatcher reads it when it recovers)
+        self.followers: set[str] = set()
 
     # -- refs -----------------------------------------------------------------------------
 
@@ -254,7 +256,10 @@ class Runner:
                 await changed.wait()
                 continue
             if record.state == "queued":
-                beat = await self.dispatcher.call(Heartbeat(job_id))
+                try:
+                    beat = await self.dispatcher.call(Heartbeat(job_id))
+                except actors.ActorDead:  # restarting: the next beat comes from its successor
+                    beat = None
                 if beat is not None:
                     beat.seq = last_seq
                     yield beat
@@ -267,12 +272,14 @@ class Runner:
         runner takes over enforcing the budget with the same rule.
         """
         ended = False
+        self.followers.add(job_id)
         try:
             async for event in self.events(job_id, 0):
                 if event.__struct_config__.tag == "terminal":
                     ended = True
                 yield event
         finally:
+            self.followers.discard(job_id)
             if not ended:
                 with trio.CancelScope(shield=True):
                     try:
@@ -288,8 +295,10 @@ class Runner:
     async def withdraw(self, job_id: str) -> str:
         await self.get(job_id)
         answer = await self.dispatcher.call(Withdraw(job_id))
-        if answer == "unknown":  # already ended: it started (or was cancelled) before
-            return "started" if self.db.get(job_id).started_at_ms else "withdrawn"
+        if answer == "unknown":  # it ended meanwhile: answer what happened
+            answer = withdraw_answer(self.db.get(job_id))
+        if isinstance(answer, Refusal):
+            raise RefusedError(answer)  # already_ended, naming the state: never "withdrawn"
         return answer
 
     # -- reports --------------------------------------------------------------------------
@@ -441,7 +450,7 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, tree: _Tree, api: 
         return Dispatcher(DispatchDeps(
             job=job_deps, execution=root.ref("execution"),
             disk=root.ref("disk").ref("disk"), claim_limit=host.claim_limit,
-            capabilities=CAPABILITIES, ceiling=host.ceiling))
+            capabilities=CAPABILITIES, ceiling=host.ceiling, followers=tree.runner.followers))
 
     def read_memory_ceiling():
         host.ceiling = read_ceiling(config.capacity_file, host.slice_limit, host.ceiling)

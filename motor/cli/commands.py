@@ -92,7 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("job", metavar="JOB")
     p.set_defaults(handler=cmd_cancel)
 
-    p = sub.add_parser("withdraw", parents=[common], help="withdraw a queued job (prints withdrawn or started)")
+    p = sub.add_parser("withdraw", parents=[common], help="withdraw a queued job (prints withdrawn or started; an ended job is refused already_ended)")
     p.add_argument("job", metavar="JOB")
     p.set_defaults(handler=cmd_withdraw)
 

@@ -133,6 +133,8 @@ def status(data: dict, con: Console | None = None) -> None:
         waiting = rec.get("waiting_on") or "-"
         if rec.get("waiting_on_job"):
             waiting += f" ({rec['waiting_on_job']})"
+        if rec.get("waiting_detail"):
+            waiting += f": {rec['waiting_detail']}"
         table.add_row(
             Text(str(rec.get("job_id", "?"))), Text(str(rec.get("state", "?"))),
             Text(str(rec.get("workspace", "-"))), Text(str(rec.get("claim", "-"))),

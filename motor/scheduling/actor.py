@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -56,14 +56,19 @@ class DispatchDeps:
     claim_limit: int
     capabilities: tuple[str, ...]
     ceiling: MemoryCeiling = MemoryCeiling()  # as read at start-up; maintenance sends changes
+    #: Ids of jobs a client follows right now (kept by the Runner; it outlives a restart of
+    #: this actor but not of the process): a recovered queued job not in it has no live
+    #: follower, so the runner enforces its budget.
+    followers: set = field(default_factory=set)
 
 
 def spec_of(record: JobRecord) -> JobSpec:
+    enforcer = record.budget_enforced_by or ("client" if record.follow else "runner")
     return JobSpec(
         job_id=record.job_id, workspace=record.workspace, siblings=tuple(record.siblings),
         claim=record.claim, gate=record.gate, kind=record.kind,
         queue_wait_limit_s=record.queue_wait_limit_s, timeout_s=record.timeout_s,
-        spill_eligible=record.spill_eligible, runner_enforces_budget=not record.follow,
+        spill_eligible=record.spill_eligible, runner_enforces_budget=enforcer == "runner",
     )
 
 
@@ -90,6 +95,8 @@ class Dispatcher(actors.Actor):
         self._dispatch_pending = False  # a _Dispatch message is in our inbox
         self._timer: trio.CancelScope | None = None
         self._wakeup = math.inf
+        #: {job_id: queue_clock_running} as last persisted for each queued job
+        self._clock_saved: dict[str, bool] = {}
 
     # -- life ---------------------------------------------------------------------------
 
@@ -102,13 +109,19 @@ class Dispatcher(actors.Actor):
     async def _recover(self):
         deps = self.deps
         now = trio.current_time()
+        wall = deps.job.clock.now_ms()
         children = set(deps.execution.children())
         for record in deps.job.db.live():
             spec = spec_of(record)
             if record.state == "queued":
+                if spec.runner_enforces_budget or record.job_id not in deps.followers:
+                    # no live follower holds this budget (none survives a process restart)
+                    record = msgspec.structs.replace(record, budget_enforced_by="runner")
+                    spec = spec_of(record)
                 self.core.accept(spec, now, force=True)
                 if record.bundle_sha256 is None or await deps.disk.call(HasBundle(record.bundle_sha256)):
-                    self.core.ready(record.job_id, now)
+                    waited_s, age_s = _resume_clock(record, wall)
+                    self.core.ready(record.job_id, now, waited_s=waited_s, ready_age_s=age_s)
                 self.queued[record.job_id] = record
                 continue
             self.core.adopt_running(spec, now)
@@ -170,9 +183,13 @@ class Dispatcher(actors.Actor):
         elif isinstance(msg, Unfollowed):
             if msg.job_id in self.queued:
                 self.core.set_runner_enforced(msg.job_id, True)
+                self.queued[msg.job_id] = msgspec.structs.replace(
+                    self.queued[msg.job_id], budget_enforced_by="runner")
+                self._clock_saved.pop(msg.job_id, None)  # persist the new enforcer
         elif isinstance(msg, StatusView):
             reply = self._status(now)
         elif isinstance(msg, Tick):
+            await self._start_heads()  # a head that can start now starts before its budget ends
             for job_id in self.core.expired(now):
                 await self._withdraw(job_id, now, reason="queue_wait_exceeded")
         elif isinstance(msg, _Dispatch):
@@ -189,8 +206,9 @@ class Dispatcher(actors.Actor):
                     self._dispatch_pending = True
                 except actors.InboxFull:
                     await self._start_heads()
-            return reply
+            return reply  # its clock is persisted after the _Dispatch that follows
         await self._start_heads()
+        await self._persist_clocks(trio.current_time())
         return reply
 
     async def _submit(self, req: JobRequest, follow: bool, now: float):
@@ -221,6 +239,7 @@ class Dispatcher(actors.Actor):
             accepted_at_ms=deps.job.clock.now_ms(), timeout_s=req.timeout_s,
             queue_wait_limit_s=req.queue_wait_limit_s, spill_eligible=req.spill_eligible,
             follow=follow, env=dict(req.env), bundle_sha256=req.bundle_sha256,
+            budget_enforced_by="client" if follow else "runner",
         )
         if refusal is None:
             core_refusal = self.core.accept(spec_of(record), now)
@@ -259,7 +278,9 @@ class Dispatcher(actors.Actor):
             cpus = await deps.job.cpu.call(Place(start.job_id, start.claim))
             record = msgspec.structs.replace(
                 record, state="setup", cpus=cpus, attempts=record.attempts + 1,
-                queue_wait_ms=status.queue_wait_ms, waiting_on=None, waiting_on_job=None)
+                queue_wait_ms=status.queue_wait_ms, waiting_on=None, waiting_on_job=None,
+                waiting_detail=None, queue_clock_running=False)
+            self._clock_saved.pop(start.job_id, None)
             await deps.job.store.call(Save(record=record))
             self.active.add(start.job_id)
             await self._start_job_actor(start.job_id)
@@ -280,6 +301,7 @@ class Dispatcher(actors.Actor):
         record = self.deps.job.db.get(msg.job_id)
         record = msgspec.structs.replace(record, state="queued", cpus=None, detail=msg.detail)
         self.queued[msg.job_id] = record
+        self._clock_saved.pop(msg.job_id, None)  # its clock resumes: persist that
         await self.deps.job.store.call(Save(record=record, events=[
             Queued(**self._wait_fields(msg.job_id, now),
                    queue_wait_budget_ms=int(self._budget_s(msg.job_id) * 1000))]))
@@ -300,31 +322,71 @@ class Dispatcher(actors.Actor):
             return "signalled"
         return "unknown"
 
-    async def _withdraw(self, job_id: str, now: float, *, reason: str) -> str:
+    async def _withdraw(self, job_id: str, now: float, *, reason: str) -> str | Refusal:
+        """"withdrawn", "started" (setting up, running, or it ran: too late), "unknown", or
+        an `already_ended` refusal naming the state of a job that ended before it started
+        (cancelled, or withdrawn already): never "withdrawn" twice."""
         if job_id not in self.queued:
-            return "started" if job_id in self.active else "unknown"
-        waited_ms = self.core.wait_status(job_id, now).queue_wait_ms
+            if job_id in self.active:
+                return "started"
+            record = self.deps.job.db.get(job_id)
+            if record is None or not record.terminal:
+                return "unknown"
+            return withdraw_answer(record)
+        status = self.core.wait_status(job_id, now)
+        waited_ms = status.queue_wait_ms
         budget_s = self._budget_s(job_id)
+        record = self.queued[job_id]
         answer = self.core.withdraw(job_id, now)
         if answer == "withdrawn":
+            waited = f"waited {waited_ms} ms"
+            if status.waiting_detail:
+                waited += f"; {status.waiting_detail}"
+            elif status.waiting_on:
+                waited += f", last waiting on {status.waiting_on}"
+            detail = f"queue wait budget of {budget_s:g} s exhausted before start ({waited})"
+            if record.detail and record.attempts:  # its starts failed: keep the last failure
+                detail += (f"; {record.attempts} start attempt"
+                           f"{'s' if record.attempts != 1 else ''} failed, the last: {record.detail}")
             await self._end_queued(
                 job_id, now, state="refused_before_start", reason=reason,
-                detail=f"queue wait budget of {budget_s:g} s exhausted before start "
-                       f"(waited {waited_ms} ms for capacity)",
-                queue_wait_ms=waited_ms)
+                detail=detail, queue_wait_ms=waited_ms)
         return answer
 
     async def _end_queued(self, job_id, now, *, state, reason, detail, queue_wait_ms=None):
         record = self.queued.pop(job_id)
+        self._clock_saved.pop(job_id, None)
         ended = self.deps.job.clock.now_ms()
         record = msgspec.structs.replace(
             record, state=state, reason=reason, detail=detail, ended_at_ms=ended,
-            waiting_on=None, waiting_on_job=None,
+            waiting_on=None, waiting_on_job=None, waiting_detail=None, queue_clock_running=False,
             queue_wait_ms=record.queue_wait_ms if queue_wait_ms is None else queue_wait_ms)
         await self.deps.job.store.call(Save(
             record=record, events=[Terminal(record=public_record(record))],
             retain_until_ms=retain_until(record)))
         notify(self.deps.job.accounting, JobEnded(record))
+
+    async def _persist_clocks(self, now: float) -> None:
+        """Persist each queued job's clock when it changes course (starts, pauses, resumes)
+        or its enforcer changes: its value then, the wall time, whether it advances, and
+        when the job became ready.  Between such changes the clock is linear in time, so
+        that is enough for a restart to resume it (and the 60 s aging) exactly."""
+        wall = None
+        for job_id, record in list(self.queued.items()):
+            if self.core.job_state(job_id) != "queued":
+                continue  # still awaiting its bundles: no clock yet
+            waited_s, running, age_s = self.core.clock_state(job_id, now)
+            if self._clock_saved.get(job_id) is running:
+                continue
+            wall = self.deps.job.clock.now_ms() if wall is None else wall
+            record = msgspec.structs.replace(
+                record, queue_wait_ms=int(waited_s * 1000), queue_clock_at_ms=wall,
+                queue_clock_running=running,
+                ready_at_ms=record.ready_at_ms if record.ready_at_ms is not None
+                else wall - int(age_s * 1000))
+            await self.deps.job.store.call(Save(record=record))
+            self.queued[job_id] = record
+            self._clock_saved[job_id] = running
 
     # -- views ---------------------------------------------------------------------------
 
@@ -335,7 +397,7 @@ class Dispatcher(actors.Actor):
     def _wait_fields(self, job_id: str, now: float) -> dict:
         status = self.core.wait_status(job_id, now)
         return {"queue_wait_ms": status.queue_wait_ms, "waiting_on": status.waiting_on,
-                "waiting_on_job": status.waiting_on_job}
+                "waiting_on_job": status.waiting_on_job, "waiting_detail": status.waiting_detail}
 
     def _live_view(self, record: JobRecord, now: float) -> JobRecord:
         return msgspec.structs.replace(record, **self._wait_fields(record.job_id, now))
@@ -360,6 +422,31 @@ class Dispatcher(actors.Actor):
             return self.deps.execution.ref(f"job-{job_id}")
         except KeyError:
             return None
+
+
+def withdraw_answer(record: JobRecord) -> str | Refusal:
+    """The answer to withdrawing a job that already ended: "started" if it ran (too late),
+    else an `already_ended` refusal naming its state (never "withdrawn" a second time)."""
+    if record.started_at_ms is not None:
+        return "started"
+    return Refusal(code="already_ended", job_id=record.job_id, detail=(
+        f"job {record.job_id} already ended before it started: {record.state}"
+        + (f" ({record.reason})" if record.reason else "")))
+
+
+def _resume_clock(record: JobRecord, wall_ms: int) -> tuple[float, float]:
+    """(queue wait so far, seconds since ready) of a queued job recovered after a restart,
+    from its persisted clock. A clock that was advancing kept advancing while the runner
+    was down (that wait was not for a workspace); a paused one resumes at its value.
+    Records from before these fields resume at their stored queue_wait_ms."""
+    waited_ms = record.queue_wait_ms
+    if record.queue_clock_running and record.queue_clock_at_ms is not None:
+        waited_ms += max(0, wall_ms - record.queue_clock_at_ms)
+    ready_at = record.ready_at_ms
+    if ready_at is None and record.bundle_sha256 is None:
+        ready_at = record.queued_at_ms
+    age_ms = 0 if ready_at is None else max(0, wall_ms - ready_at)
+    return waited_ms / 1000.0, age_ms / 1000.0
 
 
 def _caller_roots(config) -> dict[str, str]:

@@ -21,8 +21,8 @@ Job life in the core::
 
 A job is *active* while setting up or running: it holds `claim` permits, owns its workspace
 and uses its sibling workspaces.  A job is *pending* while awaiting bundles or queued; the
-queue-depth limit counts pending jobs (see docs/scheduling.md for why setting-up jobs are
-not counted).
+queue-depth limit counts every job accepted and not yet running: pending jobs and jobs
+setting up ("accepted but not yet running, including those still uploading").
 
 State fields of `Scheduler`
 ---------------------------
@@ -51,8 +51,7 @@ State fields of `Scheduler`
 Invariants (checked by tests/scheduling/test_state_machine.py)
 --------------------------------------------------------------
 
-* ``_held <= max_weight``, except while a single job whose claim exceeds max_weight is
-  active alone (it starts only when nothing holds permits).
+* ``_held <= max_weight``, always (a claim above max_weight never starts).
 * The *touched set* of an active job is its workspace plus its siblings.  Touched sets of
   active jobs are pairwise disjoint: ``_owner`` and ``_sib_user`` never share a key and
   each key maps to exactly one active job.
@@ -77,8 +76,9 @@ their workspace; background heads oldest first -- and for each head:
   most max_weight) the walk stops there (a *fence*: no backfill past it); otherwise the
   walk goes on and smaller heads behind it may start (backfill).
 
-"Fits" means ``claim <= max_weight - held``, or, for a claim above max_weight (accepted
-because it is within the claim limit), ``held == 0``.  Such an over-max job never fences.
+"Fits" means ``claim <= max_weight - held``.  max_weight is a hard bound: a claim above it
+(accepted because it is within the claim limit) never fits and never fences; it waits, its
+clock advances, and its budget applies.
 
 The walk touches only heads (never every queued job of every workspace) and stops at the
 first fence.  Queue-wait clock bookkeeping is a separate pass (`_reclassify`) over queued
@@ -128,7 +128,9 @@ WARM_BUILD_MAX_CLAIM = 4
 STORY_LINES = 64
 ENDED_MEMORY = 4096
 
-_WORKSPACE_WAITS = ("workspace_owner", "sibling_user")
+#: Budget comparisons tolerate float rounding (a deadline computed as t + remaining must be
+#: expired when the timer fires at exactly that t).
+_EPS_S = 1e-6
 
 
 # --- plain data in and out ------------------------------------------------------------
@@ -168,6 +170,8 @@ class WaitStatus:
     waiting_on: str | None  # "permits" | "workspace_owner" | "sibling_user" | "workspace_setup" | None
     waiting_on_job: str | None
     queue_wait_ms: int
+    #: Why, in words, when waiting_on alone does not say it (a claim above max_weight).
+    waiting_detail: str | None = None
 
 
 @dataclass(frozen=True)
@@ -176,7 +180,7 @@ class SchedulerStats:
     setup_permits: int  # claims of setting-up jobs
     running: int
     setting_up: int
-    pending: int  # accepted, not started: awaiting bundles + queued (what max_queue_depth bounds)
+    pending: int  # accepted, not yet running: awaiting bundles + queued + setting up (max_queue_depth)
     awaiting_bundles: int
     queued: int
     queued_heads: int
@@ -288,6 +292,7 @@ class _Job:
     clock_since: float | None = None
     failures: int = 0
     retry_at: float = -math.inf
+    prev_dispatch: int | None = None  # its workspace's last dispatch before this job's start
     cleanup_pending: bool = False
     waiting_on: str | None = None
     waiting_on_job: str | None = None
@@ -391,11 +396,11 @@ class Scheduler:
         refusal = None if force else self.check_claim(spec.claim)
         if refusal is not None:
             return refusal
-        pending = self._n_awaiting + self._n_queued
+        pending = self._n_awaiting + self._n_queued + self._n_setting_up
         if pending >= self.max_queue_depth and not force:
             return Refusal(
                 code="runner_full",
-                detail=(f"queue is full: {pending} jobs accepted and not yet started "
+                detail=(f"queue is full: {pending} jobs accepted and not yet running "
                         f"(max_queue_depth {self.max_queue_depth})"),
             )
         now = self._refresh(now)
@@ -416,9 +421,13 @@ class Scheduler:
                    + f", queue-wait budget {job.budget_s:g}s")
         return None
 
-    def ready(self, job_id: str, now: float) -> bool:
+    def ready(self, job_id: str, now: float, *, waited_s: float = 0.0,
+              ready_age_s: float = 0.0) -> bool:
         """Bundles verified and pinned: the job joins its workspace queue, its clock starts.
 
+        After a restart the dispatcher passes what it persisted: ``waited_s`` (the queue
+        wait already accumulated) and ``ready_age_s`` (how long ago the job became ready),
+        so the clock and the 60 s aging resume instead of restarting from zero.
         Returns False when the job is no longer known (cancelled or withdrawn meanwhile).
         """
         job = self._jobs.get(job_id)
@@ -430,7 +439,8 @@ class Scheduler:
         self._n_awaiting -= 1
         self._n_queued += 1
         job.state = "queued"
-        job.ready_at = now
+        job.ready_at = now - max(0.0, ready_age_s)
+        job.clock_acc = max(0.0, waited_s)
         job.ready_seq = next(self._ready_seq)
         ws = job.spec.workspace
         dq = self._queues.get(ws)
@@ -442,7 +452,9 @@ class Scheduler:
         if job.spec.runner_enforces_budget:
             self._enforced[job_id] = None
         self._tell(job, now, "ready: joined the queue of workspace "
-                   f"{ws} at position {len(dq)}")
+                   f"{ws} at position {len(dq)}"
+                   + (f", resuming at {waited_s:.3f}s waited, ready {ready_age_s:.3f}s ago"
+                      if waited_s or ready_age_s else ""))
         self._reclassify(now)
         return True
 
@@ -515,6 +527,12 @@ class Scheduler:
         job.cleanup_pending = cleanup_pending
         ws = job.spec.workspace
         self._unfile_head(ws)
+        # It keeps its place in the rotation: its workspace's last dispatch is what it was
+        # before this failed attempt (nothing else could dispatch there meanwhile).
+        if job.prev_dispatch is None:
+            self._last_dispatch.pop(ws, None)
+        else:
+            self._last_dispatch[ws] = job.prev_dispatch
         dq = self._queues.get(ws)
         if dq is None:
             dq = self._queues[ws] = deque()
@@ -564,13 +582,14 @@ class Scheduler:
 
     def withdraw(self, job_id: str, now: float) -> str:
         """"withdrawn" (removed; the runner ends it refused_before_start/queue_wait_exceeded),
-        "started" (already setting up or running: too late), or "unknown"."""
+        "started" (already setting up or running, or it ran: too late), "already_ended"
+        (it ended before starting: withdrawn or cancelled earlier), or "unknown"."""
         job = self._jobs.get(job_id)
         if job is None:
             ended = self._ended.get(job_id)
             if ended is None:
                 return "unknown"
-            return {"withdrawn": "withdrawn", "finished": "started"}.get(ended[0], "unknown")
+            return "started" if ended[0] == "finished" else "already_ended"
         if job.state in ("setting_up", "running"):
             self._tell(job, now, "withdraw asked: already started")
             return "started"
@@ -585,10 +604,22 @@ class Scheduler:
         """Blocker and queue-wait clock of a live job (KeyError if not live)."""
         job = self._jobs[job_id]
         now = self._refresh(now)
-        ms = int(job.queue_wait_s(self._t) * 1000.0)
+        ms = int(job.queue_wait_s(self._t) * 1000.0 + _EPS_S * 1000.0)  # no 29999 for 30 s
         if job.state != "queued":
             return WaitStatus(None, None, ms)
-        return WaitStatus(job.waiting_on, job.waiting_on_job, ms)
+        detail = None
+        if job.claim > self.max_weight:
+            detail = (f"claim {job.claim} vCPUs exceeds max_weight {self.max_weight}: "
+                      "it waits until it fits (serve --max-weight)")
+        return WaitStatus(job.waiting_on, job.waiting_on_job, ms, detail)
+
+    def clock_state(self, job_id: str, now: float) -> tuple[float, bool, float]:
+        """(queue wait so far in s, whether the clock advances now, seconds since ready())
+        of a queued job: what the dispatcher persists so a restart resumes the clock."""
+        job = self._jobs[job_id]
+        now = self._refresh(now)
+        age = 0.0 if math.isnan(job.ready_at) else max(0.0, now - job.ready_at)
+        return job.queue_wait_s(now), job.clock_since is not None, age
 
     def job_state(self, job_id: str) -> str | None:
         """"awaiting_bundles" | "queued" | "setting_up" | "running", or None when not live."""
@@ -604,20 +635,26 @@ class Scheduler:
         out = []
         for job_id in self._enforced:
             job = self._jobs[job_id]
-            if job.queue_wait_s(self._t) >= job.budget_s:
+            if job.queue_wait_s(self._t) + _EPS_S >= job.budget_s:
                 out.append(job_id)
         return out
 
     def next_wakeup(self, now: float) -> float | None:
-        """The earliest future time at which decide()/expired() could change on their own."""
+        """The earliest time at which decide()/expired() could change on their own: a head
+        aging or leaving its retry delay, or a runner-enforced budget running out.  A budget
+        that is already due (a zero budget, or one reached exactly now) answers ``now``, so
+        the dispatcher acts on it at once instead of at the next breakpoint."""
         now = self._refresh(now)
         best = self._next_breakpoint(self._t)
         for job_id in self._enforced:
             job = self._jobs[job_id]
+            remaining = job.budget_s - job.queue_wait_s(self._t)
+            if remaining <= _EPS_S:
+                return self._t  # due now (paused or not): expired() lists it
             if job.clock_since is None:
-                continue
-            at = self._t + (job.budget_s - job.queue_wait_s(self._t))
-            if at > self._t and (best is None or at < best):
+                continue  # paused: its budget cannot run out until the clock advances again
+            at = self._t + remaining
+            if best is None or at < best:
                 best = at
         return best
 
@@ -627,7 +664,7 @@ class Scheduler:
             setup_permits=self._setup_held,
             running=self._n_running,
             setting_up=self._n_setting_up,
-            pending=self._n_awaiting + self._n_queued,
+            pending=self._n_awaiting + self._n_queued + self._n_setting_up,
             awaiting_bundles=self._n_awaiting,
             queued=self._n_queued,
             queued_heads=len(self._head_of),
@@ -702,6 +739,7 @@ class Scheduler:
         assert dq[0] == job.job_id
         self._unfile_head(ws)
         dq.popleft()
+        job.prev_dispatch = self._last_dispatch.get(ws)
         self._last_dispatch[ws] = next(self._dispatch_counter)
         if dq:
             self._file_head(ws)
@@ -768,8 +806,8 @@ class Scheduler:
     # --- internals: the rules -------------------------------------------------------
 
     def _fits(self, claim: int, held: int) -> bool:
-        if claim > self.max_weight:
-            return held <= 0  # over-max claim: only when nothing else holds permits
+        # max_weight is a hard bound: a claim above it (accepted within the claim limit)
+        # never fits, it waits (its budget applies) and blocks no one.
         return claim <= self.max_weight - held
 
     def _aged(self, job: _Job, now: float) -> bool:
@@ -820,53 +858,64 @@ class Scheduler:
                 return starts, job
         return starts, None
 
-    def _blockers(self, job: _Job, dq: deque[str], is_head: bool) -> tuple[str, str | None, list[str]]:
-        """(waiting_on, waiting_on_job, workspace-type holders) for a queued job."""
+    def _blockers(self, job: _Job, dq: deque[str], is_head: bool
+                  ) -> tuple[str, str | None, list[str], bool]:
+        """(waiting_on, waiting_on_job, pausing holders, may pause) for a queued job.
+
+        Only the seed's two blockers may pause a clock: an earlier job that owns this job's
+        workspace (running or setting up in it), or a job in another workspace that checks
+        this workspace out as a sibling.  Waiting behind a queued head of the workspace (which
+        itself waits for capacity, its own siblings or a cleanup), or for one of this job's own
+        sibling workspaces to be free, is a shared-scheduler wait: the clock advances.
+        """
         ws = job.spec.workspace
         if not is_head:
             owner = self._owner.get(ws)
             if owner is not None:
-                return "workspace_owner", owner, [owner]
+                return "workspace_owner", owner, [owner], True
             user = self._sib_user.get(ws)
             if user is not None:
-                return "sibling_user", user, [user]
-            return "workspace_owner", dq[0], [dq[0]]
+                return "sibling_user", user, [user], True
+            return "workspace_owner", dq[0], [], False
         if job.cleanup_pending:
-            return "workspace_setup", None, []
+            return "workspace_setup", None, [], False
         first: tuple[str, str] | None = None
         holders: list[str] = []
+        pausable = True
         for w in job.touched:
             for kind, table in (("workspace_owner", self._owner), ("sibling_user", self._sib_user)):
                 h = table.get(w)
                 if h is not None:
                     if first is None:
                         first = (kind, h)
+                    if w != ws:
+                        pausable = False  # its own sibling is busy: not a pausing blocker
                     if h not in holders:
                         holders.append(h)
         if first is None:
-            return "permits", None, []
-        return first[0], first[1], holders
+            return "permits", None, [], False
+        return first[0], first[1], holders, pausable
 
     def _reclassify(self, now: float) -> None:
         """Recompute every queued job's blocker and whether its clock advances, as of now.
 
-        Clock rule: the clock advances unless the job's only blockers are workspace-type
-        holders (an earlier job owning its workspace, running or ahead of it in the FIFO;
-        a sibling user; an owner or sibling user of a workspace it needs) AND it would fit
-        once those holders free their permits AND no fence stands ahead of it in order AND
-        it is not in a start-retry delay.
+        Clock rule: the clock pauses only when the job's blockers are the seed's two (an
+        earlier job owning its workspace, or a sibling user of its workspace; see
+        `_blockers`) AND it would fit once those holders free their permits AND no fence
+        stands ahead of it in order AND it is not in a start-retry delay.  Otherwise it
+        advances.
         """
         _, fence = self._walk(now, commit=False)
         for ws, dq in self._queues.items():
             for i, job_id in enumerate(dq):
                 job = self._jobs[job_id]
-                waiting_on, on_job, holders = self._blockers(job, dq, i == 0)
+                waiting_on, on_job, holders, pausable = self._blockers(job, dq, i == 0)
                 advancing = True
                 behind = None
                 if fence is not None and fence is not job and \
                         self._order_key(fence, now) < self._order_key(job, now):
                     behind = fence.job_id
-                if waiting_on in _WORKSPACE_WAITS and now >= job.retry_at and behind is None:
+                if pausable and now >= job.retry_at and behind is None:
                     freed = sum(self._jobs[h].claim for h in holders
                                 if self._jobs[h].state in ("setting_up", "running"))
                     if self._fits(job.claim, self._held - freed):

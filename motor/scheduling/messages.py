@@ -42,7 +42,7 @@ class CancelJob:
 
 @dataclass(frozen=True)
 class Withdraw:
-    """Reply: "withdrawn" | "started" | "unknown"."""
+    """Reply: "withdrawn" | "started" | "unknown", or an already_ended Refusal."""
 
     job_id: str
 

@@ -110,7 +110,10 @@ async def test_health_reports_reserved_permits_pending_jobs_and_optional_wire_fi
 async def test_health_counts_admission_refusals_without_acceptance(tmp_path, autojump_clock):
     async with motor.open_runner(config(tmp_path, max_weight=2, max_queue_depth=1)) as runner:
         go = tmp_path / "go"
-        await runner.submit(barrier_job(go, weight_hint=2, workspace="a"))
+        holder = await runner.submit(barrier_job(go, weight_hint=2, workspace="a"))
+        with trio.fail_after(60):  # a job in setup still counts in max_queue_depth: wait until it runs
+            while (await runner.get(holder.job_id)).state != "running":
+                await trio.sleep(0.02)
         await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="b"))  # queued
         for req in (JobRequest(command=["true"], weight_hint=0),
                     JobRequest(command=["true"], weight_hint=999),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 
+import msgspec
 import trio
 from runner_helpers import terminal_of
 
@@ -62,7 +63,41 @@ class _Ref:
         self.calls.append(msg)
 
 
-async def test_long_eight_vcpu_job_under_one_core_is_persisted_and_reported(tmp_path, autojump_clock):
+async def test_long_eight_vcpu_job_under_one_core_is_persisted_and_reported(tmp_path):
+    """An eight-vCPU claim on a two-CPU list (--linux-cpus 0-1 --max-weight 8) that keeps one
+    core busy: the terminal record's reservation_use comes from the backend's own figures
+    (the cgroup's CPU time where the host has cgroups, else the keeper's rusage of the job
+    tree), is persisted, survives a restart, and the accounting report counts it. (The
+    underused list needs over ten minutes of wall time; the core test below feeds that path.)"""
+    base = dict(state_dir=str(tmp_path / "state"), free_space_floor_bytes=0,
+                linux_cpus="0-1", max_weight=8)
+    isolation = os.environ.get("MOTOR_TEST_ISOLATION", "none")
+    config = motor.RunnerConfig(isolation=isolation, **base)
+    async with motor.open_runner(config) as runner:
+        with trio.fail_after(300):  # real seconds; generous for a loaded host
+            job = await runner.submit(JobRequest(
+                command=[sys.executable, "-c", BUSY], weight_hint=8, workspace="big",
+                repository="/src/app/.git/worktrees/feature"))
+            record = await terminal_of(runner, job.job_id)
+        assert record["state"] == "succeeded" and record["claim"] == 8, (record["reason"], record["detail"])
+        assert 1 <= len(record["cpus"]) <= 2
+        use = record["reservation_use"]
+        assert use["cpu_time_ms"] >= 1400  # the busy loop's 1.5 s of CPU, measured
+        assert use["cpu_time_ms"] <= use["wall_time_ms"] + 100  # one thread: under one core
+        assert use["average_use_ppm"] == round(use["cpu_time_ms"] / (use["wall_time_ms"] * 8) * 1e6)
+        assert use["average_use_ppm"] <= 1_000_000 // 8 + 20_000
+        report = await runner.health()
+        app = report["repositories"]["app"]
+        assert app["reserved_vcpu_seconds"] == round(8 * use["wall_time_ms"] / 1000, 3)
+        assert report["underused"] == []  # under ten minutes of wall time
+    async with motor.open_runner(config) as runner:  # persisted: the same figures after a restart
+        again = await runner.get(job.job_id)
+        assert msgspec.to_builtins(again.reservation_use) == use
+        assert (await runner.health())["repositories"]["app"]["reserved_vcpu_seconds"] == \
+            app["reserved_vcpu_seconds"]
+
+
+async def test_long_job_status_figures_feed_the_underused_index_core(tmp_path, autojump_clock):
     clock = MockWallClock()
     db = Database(tmp_path / "motor.db")
     now = clock.now_ms()

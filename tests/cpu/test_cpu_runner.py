@@ -61,18 +61,24 @@ async def test_without_a_linux_cpu_list_claims_above_max_weight_still_wait(tmp_p
         assert runner.host.claim_limit == 30  # 32 threads less the kept-back first core pair
         small = await runner.submit(barrier_job(barrier, weight_hint=2, workspace="a"))
         await started(runner, small.job_id)
-        big = await runner.submit(JobRequest(command=["true"], weight_hint=10, workspace="b"))
+        big = await runner.submit(JobRequest(command=["true"], weight_hint=10, workspace="b",
+                                             queue_wait_limit_s=120))
         assert big.state == "queued"  # accepted: within the claim limit
         status = await runner.status()
         [waiting] = status["queued"]
         assert waiting["job_id"] == big.job_id and waiting["waiting_on"] == "permits"
+        assert "claim 10 vCPUs exceeds max_weight 8" in waiting["waiting_detail"]
         # it does not block others
         other = await runner.submit(JobRequest(command=["true"], weight_hint=2, workspace="c"))
         assert (await terminal(runner, other.job_id))["state"] == "succeeded"
         assert (await runner.get(big.job_id)).state == "queued"
         barrier.write_text("")
+        assert (await terminal(runner, small.job_id))["state"] == "succeeded"
+        # max_weight is a hard bound: even on an idle host it waits, until its budget ends it
         record = await terminal(runner, big.job_id)
-        assert record["state"] == "succeeded" and len(record["cpus"]) == 10
+        assert (record["state"], record["reason"]) == ("refused_before_start", "queue_wait_exceeded")
+        assert record["cpus"] is None and record["started_at_ms"] is None
+        assert "exceeds max_weight 8" in record["detail"]
 
 
 async def test_placement_avoids_the_windows_cpus_while_their_slot_lock_is_held(

@@ -31,8 +31,54 @@ def test_zero_queue_wait_withdraws_and_cancel_is_idempotent_end_to_end(serve_fac
     for _ in range(2):  # cancel is idempotent, on an ended job too
         assert serve.cli("cancel", record["job_id"]).returncode == 0
     assert serve.cli_json("jobs", "--all")[0]["state"] in ("refused_before_start", "running")
+    # withdrawing it again is refused, naming what happened: never a second "withdrawn"
+    again = serve.cli("withdraw", record["job_id"])
+    assert again.returncode != 0 and again.stdout == b""
+    assert again.stderr.decode().startswith("motor: refused: already_ended: "), again.stderr
+    assert "refused_before_start" in again.stderr.decode()
+    # the runner-enforced path (motor submit, nobody follows): withdrawn within a tick
+    job = serve.cli_json("submit", "--weight", "1", "--workspace", "w2",
+                         "--queue-wait-limit", "0", "--", "true")
+    ended = wait_for(lambda: _terminal(serve, job["job_id"]), what="the runner to withdraw it")
+    assert (ended["state"], ended["reason"]) == ("refused_before_start", "queue_wait_exceeded")
+    assert ended["queue_wait_ms"] < 1000 and ended["started_at_ms"] is None
+    assert ended["ended_at_ms"] - ended["accepted_at_ms"] < 5000  # not the 60 s aging tick
+    for _ in range(2):
+        assert serve.cli("cancel", job["job_id"]).returncode == 0
     (tmp_path / "go").write_text("")
     assert serve.cli("attach", holder["job_id"]).returncode == 0
+
+
+def _terminal(serve, job_id: str) -> dict | None:
+    record = _record(serve, job_id)
+    return record if record["state"] not in ("queued", "setup", "running") else None
+
+
+def _record(serve, job_id: str) -> dict:
+    return next(r for r in serve.cli_json("jobs", "--all") if r["job_id"] == job_id)
+
+
+def test_a_claim_above_max_weight_waits_says_why_and_blocks_no_one(serve_factory, tmp_path):
+    """max_weight is a hard bound: a claim above it (within the 2-CPU claim limit) is
+    accepted and waits, even on an idle host; status says why; its budget applies."""
+    serve = serve_factory("--max-weight", "1").start()
+    big = serve.cli_json("submit", "--weight", "2", "--workspace", "big", "--", "true")
+    small = serve.cli_json("submit", "--weight", "1", "--workspace", "small", "--", "echo", "ran")
+    assert serve.cli("attach", small["job_id"]).returncode == 0  # it blocks no one
+    status = serve.cli_json("status")  # the host is idle now, and the big claim still waits
+    assert status["running"] == [] and status["capacity"]["held_permits"] == 0
+    [queued] = status["queued"]
+    assert queued["job_id"] == big["job_id"] and queued["waiting_on"] == "permits"
+    assert "claim 2 vCPUs exceeds max_weight 1" in queued["waiting_detail"]
+    plain = serve.cli("status")
+    assert b"exceeds" in plain.stdout and b"max_weight" in plain.stdout, plain.stdout
+    # its queue-wait budget applies as for any wait
+    limited = serve.cli_json("submit", "--weight", "2", "--workspace", "big2",
+                             "--queue-wait-limit", "1", "--", "true")
+    ended = wait_for(lambda: _terminal(serve, limited["job_id"]), what="its budget to run out")
+    assert ended["reason"] == "queue_wait_exceeded" and ended["started_at_ms"] is None
+    assert "exceeds max_weight 1" in ended["detail"]
+    assert serve.cli("cancel", big["job_id"]).returncode == 0
 
 
 def test_heartbeats_stream_queue_wait_and_the_client_withdraws_at_its_local_deadline(

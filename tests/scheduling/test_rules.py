@@ -106,20 +106,24 @@ def test_pinned_job_waits_until_its_exact_claim_fits_max_weight():
     assert [(st.job_id, st.claim) for st in s.decide(10.0)] == [("six", 6)]
     s.finished("six", 20.0)
 
-    # above max_weight but within the claim limit: accepted, waits until nothing holds
-    # permits, and never blocks other jobs, even once it has waited past 60 s
+    # above max_weight but within the claim limit: accepted, waits (max_weight is a hard
+    # bound, so it never starts, not even on an idle host), and never blocks other jobs,
+    # even once it has waited past 60 s; its clock advances, so its budget applies
     run(s, "small", "ws", 20.0, claim=2)
-    add(s, "big", "wb", 20.0, claim=12)
+    add(s, "big", "wb", 20.0, claim=12, runner_enforces_budget=True, queue_wait_limit_s=200)
     assert started(s, 20.0) == []
     add(s, "s2", "w2", 100.0, claim=2)
     assert started(s, 100.0) == ["s2"]  # big is aged but does not fence
     s.finished("small", 110.0)
-    assert started(s, 110.0) == []
     s.finished("s2", 120.0)
-    assert [(st.job_id, st.claim) for st in s.decide(120.0)] == [("big", 12)]
-    assert s.statistics().held_permits == 12
-    add(s, "s3", "w3", 121.0, claim=1)
-    assert started(s, 121.0) == []  # nothing fits beside an over-max job
+    assert s.decide(120.0) == [] and s.statistics().held_permits == 0  # idle host: still waits
+    status = s.wait_status("big", 121.0)
+    assert status.waiting_on == "permits" and status.queue_wait_ms == 101_000
+    assert "exceeds max_weight 8" in status.waiting_detail
+    add(s, "s3", "w3", 121.0, claim=8)
+    assert started(s, 121.0) == ["s3"]  # blocks no one
+    assert s.next_wakeup(121.0) == pytest.approx(220.0)  # its budget applies
+    assert s.expired(220.0) == ["big"]
 
 
 def test_internal_warm_build_shrinks_to_a_small_host():
@@ -136,7 +140,7 @@ def test_internal_warm_build_shrinks_to_a_small_host():
 # --- capacity -----------------------------------------------------------------------------
 
 
-def test_dispatch_indexes_add_each_starting_weight_and_cpu_claim_before_selecting_next():
+def test_dispatch_indexes_add_each_starting_weight_and_cpu_claim_before_selecting_next_core():
     s = sched(8)
     for i, claim in enumerate((3, 3, 3, 2)):
         add(s, f"j{i}", f"w{i}", float(i) * 0.001, claim=claim)
@@ -154,7 +158,7 @@ def test_dispatch_indexes_add_each_starting_weight_and_cpu_claim_before_selectin
     assert started(s, 3.0) == ["j2"]
 
 
-def test_queue_depth_counts_sixty_four_awaiting_bundles():
+def test_queue_depth_counts_sixty_four_awaiting_bundles_core():
     s = sched(8, depth=64)
     for i in range(64):
         add(s, f"j{i}", f"w{i}", ready=False)  # still uploading: not queued yet
@@ -163,13 +167,18 @@ def test_queue_depth_counts_sixty_four_awaiting_bundles():
     assert refusal is not None and refusal.code == "runner_full"
     assert "64" in refusal.detail
     assert s.job_state("j64") is None and s.statistics().pending == 64
-    # once one leaves the pending set (started), there is room again
+    # a job in setup is accepted and not yet running: it still counts
     s.ready("j0", 2.0)
-    assert started(s, 2.0) == ["j0"]
-    assert s.accept(JobSpec("j64", "w64"), 3.0) is None
+    assert started(s, 2.0) == ["j0"] and s.job_state("j0") == "setting_up"
+    assert s.statistics().pending == 64
+    assert s.accept(JobSpec("j64", "w64"), 3.0).code == "runner_full"
+    # once it runs, there is room again
+    s.setup_done("j0", 4.0)
+    assert s.statistics().pending == 63
+    assert s.accept(JobSpec("j64", "w64"), 5.0) is None
 
 
-def test_waiting_gate_does_not_stop_or_repin_running_workers():
+def test_waiting_gate_does_not_stop_or_repin_running_workers_core():
     s = sched(8)
     run(s, "w1", "a", claim=4)
     run(s, "w2", "b", claim=4)
@@ -410,7 +419,7 @@ def test_cancelled_workspace_waiter_is_removed_from_the_queue():
 # --- queue wait ---------------------------------------------------------------------------
 
 
-def test_upload_fetch_and_setup_do_not_spend_queue_wait_budget():
+def test_upload_fetch_and_setup_do_not_spend_queue_wait_budget_core():
     s = sched(8)
     run(s, "r", "wr", claim=8)
     add(s, "j", "w", 0.0, ready=False, claim=2, queue_wait_limit_s=60, runner_enforces_budget=True)
@@ -577,7 +586,7 @@ def test_streamed_elapsed_queue_time_sets_a_local_deadline():
     assert zero.should_withdraw(1.0)
 
 
-def test_zero_queue_wait_withdraws_and_cancel_is_idempotent():
+def test_zero_queue_wait_withdraws_and_cancel_is_idempotent_core():
     s = sched(8)
     run(s, "r", "wr", claim=8)
     add(s, "z", "w", 1.0, queue_wait_limit_s=0, runner_enforces_budget=True)
@@ -585,7 +594,7 @@ def test_zero_queue_wait_withdraws_and_cancel_is_idempotent():
     assert s.expired(1.0) == ["z"]
     assert s.withdraw("z", 1.0) == "withdrawn"
     assert s.job_state("z") is None and s.statistics().queued == 0
-    assert s.withdraw("z", 2.0) == "withdrawn"  # asked twice: the same answer
+    assert s.withdraw("z", 2.0) == "already_ended"  # asked twice: it already ended
     assert s.cancel("z", 2.0) is False
     assert s.cancel("z", 2.0) is False
     assert s.withdraw("r", 3.0) == "started"
@@ -593,7 +602,7 @@ def test_zero_queue_wait_withdraws_and_cancel_is_idempotent():
     add(s, "q", "w2", 4.0)
     assert s.cancel("q", 5.0) is True
     assert s.cancel("q", 5.0) is False
-    assert s.withdraw("q", 5.0) == "unknown"
+    assert s.withdraw("q", 5.0) == "already_ended"
 
 
 # --- further core behaviour -----------------------------------------------------------------
@@ -673,3 +682,74 @@ def test_adopted_running_job_holds_its_claim_and_workspace_until_finished():
     assert s.wait_status("big", 1.0).waiting_on == "permits"
     s.finished("old", 2.0)
     assert sorted(st.job_id for st in s.decide(2.0)) == ["big", "same-ws"]
+
+
+# --- issue 11: the rules as the seed says them ------------------------------------------------
+
+
+def test_a_due_budget_wakes_the_runner_at_once_and_rounding_never_skips_a_deadline():
+    s = sched(8)
+    run(s, "r", "wr", claim=8)
+    add(s, "z", "w", 1.0, queue_wait_limit_s=0, runner_enforces_budget=True)
+    assert s.next_wakeup(1.0) == 1.0  # due now, not at the next aging breakpoint
+    assert s.expired(1.0) == ["z"]
+    s.withdraw("z", 1.0)
+    add(s, "t", "w3", 1.1, queue_wait_limit_s=0.3, runner_enforces_budget=True)
+    at = s.next_wakeup(1.1)
+    assert at == pytest.approx(1.4)
+    assert s.expired(at) == ["t"]  # the timer firing at exactly that float time expires it
+
+
+def test_queue_wait_advances_behind_a_queued_head_and_for_a_busy_own_sibling():
+    s = sched(8)
+    run(s, "big", "x", claim=6)
+    add(s, "head", "w", 0.0, claim=4)  # waits for capacity
+    add(s, "behind", "w", 0.0, claim=1)  # behind a queued head that waits for capacity
+    assert s.wait_status("behind", 0.0).waiting_on == "workspace_owner"
+    assert ms(s, "behind", 10.0) == 10_000 and ms(s, "head", 10.0) == 10_000
+    # a head whose own sibling workspace is owned: not one of the seed's two pause cases
+    run(s, "sibowner", "lib", 10.0, claim=1)
+    add(s, "needs_lib", "v", 10.0, claim=1, siblings=("lib",))
+    st = s.wait_status("needs_lib", 10.0)
+    assert (st.waiting_on, st.waiting_on_job) == ("workspace_owner", "sibowner")
+    assert ms(s, "needs_lib", 15.0) == 5_000
+    # while an owner of its own workspace still pauses it
+    run(s, "vown", "u", 15.0, claim=1)
+    add(s, "paused", "u", 15.0, claim=1)
+    assert ms(s, "paused", 20.0) == 0
+
+
+def test_a_failed_start_keeps_its_rotation_place_during_its_retry_delay():
+    s = sched(2)
+    for job_id, ws, t in (("a1", "a", 0.0), ("b1", "b", 1.0)):
+        add(s, job_id, ws, t, claim=2)
+        assert started(s, t) == [job_id]
+        s.finished(job_id, t + 0.5)
+    add(s, "a2", "a", 2.0, claim=2)
+    assert started(s, 2.0) == ["a2"]
+    s.start_failed("a2", 3.0)  # retry at 4.0; a's failed attempt is not a dispatch
+    add(s, "h", "h", 3.0, claim=2)
+    assert started(s, 3.0) == ["h"]  # the retry delay holds a2 back: h backfills
+    add(s, "b3", "b", 3.1, claim=2)
+    s.finished("h", 5.0)
+    # a dispatched (a1) before b (b1): a2 keeps that place and goes before b3
+    assert started(s, 5.0) == ["a2"]
+
+
+def test_a_restored_job_resumes_its_clock_and_its_aging():
+    s = sched(8)
+    run(s, "r", "wr", claim=8)
+    add(s, "old", "w", 100.0, ready=False, queue_wait_limit_s=100, runner_enforces_budget=True)
+    s.ready("old", 100.0, waited_s=40.0, ready_age_s=70.0)  # as persisted before a restart
+    assert ms(s, "old", 100.0) == 40_000
+    add(s, "new", "v", 100.0, claim=2)
+    # old has waited 70 s since ready: aged, so it fences the newer head behind it
+    s.finished("r", 101.0)
+    s2 = s.decide(101.0)
+    assert [st.job_id for st in s2] == ["old", "new"]
+    assert s.story("old")[1].endswith("resuming at 40.000s waited, ready 70.000s ago")
+    fresh = sched(8)
+    run(fresh, "r", "wr", claim=8)
+    add(fresh, "old", "w", 100.0, ready=False, queue_wait_limit_s=100, runner_enforces_budget=True)
+    fresh.ready("old", 100.0, waited_s=40.0, ready_age_s=70.0)
+    assert fresh.next_wakeup(100.0) == pytest.approx(160.0)  # 60 s of budget left

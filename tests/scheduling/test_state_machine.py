@@ -11,7 +11,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from motor.scheduling.core import GRACE_S, JobSpec, Scheduler, retry_delay_s
 
 MAX_WEIGHT = 8
-CLAIM_LIMIT = 12  # claims 9..12 are over max_weight: accepted, they wait for an idle host
+CLAIM_LIMIT = 12  # claims 9..12 are over max_weight: accepted, they wait and never start
 DEPTH = 12
 WORKSPACES = ("a", "b", "c", "d", "e")
 ACTIVE = ("setting_up", "running")
@@ -29,6 +29,7 @@ class _M:
         self.failures = 0
         self.retry_at = float("-inf")
         self.cleanup = False
+        self.ran = False  # it ended from setting up or running (finished)
 
     @property
     def touched(self) -> set[str]:
@@ -83,7 +84,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         sibs = tuple(w for w in siblings if w != ws)
         spec = JobSpec(job_id, ws, siblings=sibs, claim=claim, gate=gate and kind == "job",
                        kind=kind, queue_wait_limit_s=limit, runner_enforces_budget=enforce)
-        pending = len(self.in_state("awaiting_bundles", "queued"))
+        pending = len(self.in_state("awaiting_bundles", "queued", "setting_up"))
         refusal = self.s.accept(spec, self.now)
         if claim < 1 or claim > CLAIM_LIMIT or pending >= DEPTH:
             assert refusal is not None and refusal.code == "runner_full"
@@ -126,6 +127,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert start.claim == m.spec.claim
             assert self.fifo[m.spec.workspace][0] == start.job_id
             assert self.now >= m.retry_at and not m.cleanup
+            assert m.spec.claim <= MAX_WEIGHT, "max_weight is a hard bound"
             self.fifo[m.spec.workspace].pop(0)
             m.state = "setting_up"
             started.append(m)
@@ -157,8 +159,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         heads = self.heads()
         # an idle host with queued heads starts one unless a retry delay holds the line
-        assert all(h.cleanup for h in heads) or any(self.now < h.retry_at for h in heads), \
-            [self.why(h.spec.job_id) for h in heads]
+        assert all(h.cleanup or h.spec.claim > MAX_WEIGHT for h in heads) \
+            or any(self.now < h.retry_at for h in heads), [self.why(h.spec.job_id) for h in heads]
 
     @precondition(lambda self: self.in_state("setting_up"))
     @rule(data=st.data())
@@ -174,6 +176,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         job_id = data.draw(st.sampled_from(self.in_state(*ACTIVE)))
         self.s.finished(job_id, self.now)
         self.jobs[job_id].state = "ended"
+        self.jobs[job_id].ran = True
         self.then_decide(then)
 
     @precondition(lambda self: self.in_state("setting_up"))
@@ -221,10 +224,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             answer = self.s.withdraw(job_id, self.now)
             if pending:
                 assert answer == "withdrawn"
-            elif m.state in ACTIVE:
+            elif m.state in ACTIVE or m.ran:
                 assert answer == "started"
-            else:
-                assert answer in ("withdrawn", "started", "unknown")
+            else:  # ended before it started: never "withdrawn" again
+                assert answer == "already_ended"
         if pending:
             self._remove(job_id)
 
@@ -238,17 +241,39 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert self.s.withdraw(job_id, self.now) == "withdrawn"
             self._remove(job_id)
 
+    def must_advance(self) -> list[str]:
+        """Queued jobs whose clock the seed never pauses: nothing blocks them but capacity,
+        a queued head of their workspace, their own busy sibling or a cleanup (only an
+        active owner or sibling user of their own workspace may pause a clock)."""
+        busy_ws = set().union(*(m.touched for m in self.active())) if self.active() else set()
+        out = []
+        for q in self.fifo.values():
+            for i, job_id in enumerate(q):
+                m = self.jobs[job_id]
+                if m.spec.workspace not in busy_ws:
+                    out.append(job_id)
+                elif i == 0 and (m.cleanup or set(m.spec.siblings) & busy_ws):
+                    out.append(job_id)
+        return out
+
     @rule(dt=st.sampled_from([0.0, 0.25, 1.0, 2.0, 30.0, 59.75, 60.0, 61.0, 200.0]),
           then=st.booleans())
     def advance(self, dt, then):
+        before = {j: self.s.wait_status(j, self.now).queue_wait_ms for j in self.must_advance()}
         self.now += dt
+        for job_id, ms in before.items():
+            after = self.s.wait_status(job_id, self.now).queue_wait_ms
+            assert after >= ms + int(dt * 1000) - 1, self.why(job_id)
         self.then_decide(then)
 
     @rule()
     def wake_up(self):
         at = self.s.next_wakeup(self.now)
         if at is not None:
-            assert at > self.now
+            assert at >= self.now
+            if at == self.now:  # only a budget already due answers now
+                assert self.s.expired(self.now), self.s.statistics()
+                self.withdraw_expired()
             self.now = at
             self.decide()
 
@@ -262,7 +287,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         stats = self.s.statistics()
         assert stats.queued == len(self.in_state("queued"))
         assert stats.awaiting_bundles == len(self.in_state("awaiting_bundles"))
-        assert stats.pending == stats.queued + stats.awaiting_bundles
+        assert stats.pending == stats.queued + stats.awaiting_bundles + stats.setting_up
         assert stats.setting_up == len(self.in_state("setting_up"))
         assert stats.running == len(self.in_state("running"))
         assert stats.queued_heads == len(self.heads())
@@ -274,8 +299,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         stats = self.s.statistics()
         assert stats.held_permits == held
         assert stats.setup_permits == sum(m.spec.claim for m in active if m.state == "setting_up")
-        if held > MAX_WEIGHT:
-            assert len(active) == 1 and active[0].spec.claim > MAX_WEIGHT
+        assert held <= MAX_WEIGHT  # a hard bound: over-max claims never start
         seen: set[str] = set()
         for m in active:
             assert not (m.touched & seen), f"{m.spec.job_id} shares a workspace or sibling"
@@ -293,6 +317,10 @@ class SchedulerMachine(RuleBasedStateMachine):
                                                  "workspace_setup")
                     if m.cleanup:
                         assert status.waiting_on == "workspace_setup"
+                    if m.spec.runner_enforces_budget and \
+                            status.queue_wait_ms >= self.s.budget_s(job_id) * 1000:
+                        # a runner-enforced budget that ran out is due now, never later
+                        assert self.s.next_wakeup(self.now) == self.now, self.why(job_id)
 
 
 TestScheduler = SchedulerMachine.TestCase

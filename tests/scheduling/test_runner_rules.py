@@ -1,0 +1,471 @@
+"""The scheduling rules through the runner (issue 11): the embedded runner's actors with
+real job processes, under trio's MockClock where time must be virtual, and on the real
+clock where a test stages a race with file barriers and a hooked setup step.
+
+A *hooked setup* replaces the isolation backend's `prepare` (the last setup step before
+the keeper is spawned) for the jobs of one workspace: it blocks until a barrier file
+exists, or raises, which the job actor reports as a failed start.  Everything else is
+the real runner.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+import trio
+
+import motor
+from motor.isolation.base import Backend, IsolationError
+from motor.records import JobRequest, RefusedError
+from runner_helpers import barrier_job, embedded_config, terminal_of as _terminal_of
+
+
+async def terminal_of(runner, job_id: str, timeout: float = 1000) -> dict:
+    """The job's terminal record, within `timeout` seconds (virtual under MockClock)."""
+    with trio.fail_after(timeout):
+        return await _terminal_of(runner, job_id)
+
+
+async def wait_until(predicate, what: str, timeout: float = 600):
+    """Poll an async predicate (virtual seconds under MockClock, real ones otherwise)."""
+    with trio.fail_after(timeout):
+        while not (value := await predicate()):
+            await trio.sleep(0.02)
+    return value
+
+
+async def state_of(runner, job_id: str) -> str:
+    return (await runner.get(job_id)).state
+
+
+def hook_setup(monkeypatch, runner, workspaces: tuple[str, ...], *, barrier: Path | None = None,
+               error: str | None = None, times: int | None = None) -> list[str]:
+    """Hook the setup of the jobs in `workspaces`: block until `barrier` exists, then raise
+    `error` if given (the first `times` attempts only, when given). Returns the ids of the
+    hooked attempts."""
+    real = Backend.prepare
+    hooked: list[str] = []
+
+    def prepare(self, job_id, cpus, memory_max):
+        record = runner.db.get(job_id)
+        if record is not None and record.workspace in workspaces and (
+                times is None or len(hooked) < times):
+            hooked.append(job_id)
+            if barrier is not None:
+                deadline = time.monotonic() + 60
+                while not barrier.exists() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            if error is not None:
+                raise IsolationError(error)
+        return real(self, job_id, cpus, memory_max)
+
+    monkeypatch.setattr(Backend, "prepare", prepare)
+    return hooked
+
+
+# --- item 1: runner-enforced budgets fire at their deadline ---------------------------------
+
+
+async def test_runner_enforced_budgets_fire_at_their_deadline_zero_included(tmp_path, autojump_clock):
+    go = tmp_path / "go"
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=1)) as runner:
+        holder = await runner.submit(barrier_job(go, weight_hint=1, workspace="a"))
+        await wait_until(lambda: _is(runner, holder.job_id, "running"), "the holder to run")
+        zero = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="b",
+                                              queue_wait_limit_s=0))
+        record = await terminal_of(runner, zero.job_id)
+        assert (record["state"], record["reason"]) == ("refused_before_start", "queue_wait_exceeded")
+        assert record["ended_at_ms"] - record["accepted_at_ms"] < 1000  # within a tick, not 60 s
+        assert record["queue_wait_ms"] < 1000
+        # behind an aged head of its own workspace that waits for capacity: the clock advances
+        head = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="w"))
+        await trio.sleep(61)
+        behind = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="w",
+                                                queue_wait_limit_s=30))
+        live = await runner.get(behind.job_id)
+        assert (live.waiting_on, live.waiting_on_job) == ("workspace_owner", head.job_id)
+        record = await terminal_of(runner, behind.job_id)
+        assert record["reason"] == "queue_wait_exceeded"
+        assert 30_000 <= record["queue_wait_ms"] < 31_000
+        assert record["ended_at_ms"] - record["accepted_at_ms"] < 31_000
+        await runner.cancel(head.job_id)
+        go.write_text("")
+        assert (await terminal_of(runner, holder.job_id))["state"] == "succeeded"
+
+
+async def _is(runner, job_id, state) -> bool:
+    return await state_of(runner, job_id) == state
+
+
+# --- item 4: only the seed's two blockers pause the clock -----------------------------------
+
+
+async def test_a_busy_own_sibling_spends_queue_wait_while_a_workspace_owner_does_not(
+        tmp_path, autojump_clock):
+    go = tmp_path / "go"
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=4)) as runner:
+        holder = await runner.submit(barrier_job(go, weight_hint=1, workspace="lib"))
+        await wait_until(lambda: _is(runner, holder.job_id, "running"), "the holder to run")
+        needs_lib = await runner.submit(JobRequest(
+            command=["true"], weight_hint=1, workspace="app", siblings=["lib"],
+            queue_wait_limit_s=20))
+        same_ws = await runner.submit(JobRequest(
+            command=["true"], weight_hint=1, workspace="lib", queue_wait_limit_s=20))
+        live = await runner.get(needs_lib.job_id)
+        assert (live.waiting_on, live.waiting_on_job) == ("workspace_owner", holder.job_id)
+        record = await terminal_of(runner, needs_lib.job_id)  # its own sibling is busy
+        assert record["reason"] == "queue_wait_exceeded" and 20_000 <= record["queue_wait_ms"] < 21_000
+        await trio.sleep(100)
+        live = await runner.get(same_ws.job_id)  # an earlier owner of its workspace: paused
+        assert live.state == "queued" and live.queue_wait_ms == 0
+        go.write_text("")
+        assert (await terminal_of(runner, same_ws.job_id))["state"] == "succeeded"
+
+
+# --- item 2: a restart resumes clocks and enforces every budget no live follower holds ----------
+
+
+async def test_a_restart_resumes_queue_wait_clocks_and_enforces_budgets_of_gone_followers(
+        tmp_path, autojump_clock):
+    # claims above --max-weight 1 (within the 2-CPU claim limit) wait for capacity forever:
+    # their clocks advance with no job running
+    cfg = embedded_config(tmp_path, max_weight=1)
+    async with motor.open_runner(cfg) as runner:
+        followed = await runner.submit(JobRequest(command=["true"], weight_hint=2, workspace="a",
+                                                  queue_wait_limit_s=30), follow=True)
+        unfollowed = await runner.submit(JobRequest(command=["true"], weight_hint=2, workspace="b",
+                                                    queue_wait_limit_s=100))
+        await trio.sleep(20)
+        assert (await runner.get(followed.job_id)).queue_wait_ms >= 20_000
+        for job in (followed, unfollowed):  # what a restart resumes from
+            stored = runner.db.get(job.job_id)
+            assert stored.ready_at_ms == stored.accepted_at_ms and stored.queue_clock_running
+            assert stored.budget_enforced_by == ("client" if job is followed else "runner")
+    async with motor.open_runner(cfg) as runner:
+        resumed = await runner.get(unfollowed.job_id)
+        assert resumed.state == "queued" and resumed.queue_wait_ms >= 20_000
+        assert "ready_at_ms" not in msgspec.to_builtins(motor.records.public_record(resumed))
+        record = await terminal_of(runner, followed.job_id)  # its follower is gone
+        assert (record["state"], record["reason"]) == ("refused_before_start", "queue_wait_exceeded")
+        assert 30_000 <= record["queue_wait_ms"] < 31_000
+        assert record["ended_at_ms"] - record["accepted_at_ms"] < 31_000
+        record = await terminal_of(runner, unfollowed.job_id)
+        assert 100_000 <= record["queue_wait_ms"] < 101_000
+        assert record["ended_at_ms"] - record["accepted_at_ms"] < 101_000
+
+
+async def test_a_restarted_dispatcher_leaves_a_live_followers_budget_to_it(tmp_path, autojump_clock):
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=1)) as runner:
+        job = await runner.submit(JobRequest(command=["true"], weight_hint=2, workspace="a",
+                                             queue_wait_limit_s=5), follow=True)
+        async with trio.open_nursery() as nursery:
+            async def follow():
+                async for _ in runner.follow(job.job_id):
+                    pass
+
+            nursery.start_soon(follow)
+            await trio.sleep(1)
+            with pytest.raises(TypeError):
+                await runner.dispatcher.call("not a message")  # the dispatcher restarts
+            await wait_until(lambda: _alive_again(runner), "the dispatcher to come back")
+            await trio.sleep(30)  # the follower enforces this budget, not the runner
+            live = await runner.get(job.job_id)
+            assert live.state == "queued" and live.queue_wait_ms >= 30_000
+            assert await runner.withdraw(job.job_id) == "withdrawn"  # what its client does
+            nursery.cancel_scope.cancel()
+
+
+async def _alive_again(runner) -> bool:
+    return runner.dispatcher.alive and runner.dispatcher.restarts == 1
+
+
+# --- item 3: queue depth counts jobs in setup -------------------------------------------------
+
+
+async def test_queue_depth_counts_jobs_still_in_setup(tmp_path, monkeypatch):
+    barrier = tmp_path / "setup-go"
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=4, max_queue_depth=2)) as runner:
+        hooked = hook_setup(monkeypatch, runner, ("s1", "s2"), barrier=barrier)
+        jobs = [await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace=ws))
+                for ws in ("s1", "s2")]
+        await wait_until(lambda: _all_in(runner, jobs, "setup"), "both jobs to be in setup", 60)
+        with pytest.raises(RefusedError) as refused:
+            await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="c"))
+        assert refused.value.refusal.code == "runner_full"
+        assert "2 jobs accepted and not yet running" in refused.value.refusal.detail
+        assert (await runner.status())["capacity"]["pending_jobs"] == 2
+        assert (await runner.health())["admission_refusals"]["runner_full"] == 1
+        barrier.write_text("")
+        for job in jobs:
+            assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
+        assert sorted(hooked) == sorted(j.job_id for j in jobs)
+        third = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="c"))
+        assert (await terminal_of(runner, third.job_id))["state"] == "succeeded"
+
+
+async def _all_in(runner, jobs, state: str) -> bool:
+    return all([await state_of(runner, j.job_id) == state for j in jobs])
+
+
+# --- item 5: a failed start keeps its place in the rotation ---------------------------------
+
+
+async def test_a_failed_start_keeps_its_rotation_place_through_the_runner(
+        tmp_path, monkeypatch, mock_clock):
+    """The clock runs at real speed and jumps only past the retry delay (the race is staged
+    with barriers; it all takes well under 60 s, so no head ages and the rotation decides)."""
+    mock_clock.rate = 1.0
+    fail_go, x_go, a2_go = tmp_path / "fail-go", tmp_path / "x-go", tmp_path / "a2-go"
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=2)) as runner:
+        for ws in ("a", "b"):  # a dispatched before b
+            job = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace=ws))
+            assert (await terminal_of(runner, job.job_id, 60))["state"] == "succeeded"
+        hooked = hook_setup(monkeypatch, runner, ("a",), barrier=fail_go,
+                            error="injected: setup failed once", times=1)
+        a2 = await runner.submit(barrier_job(a2_go, weight_hint=2, workspace="a"))
+        await wait_until(lambda: _is(runner, a2.job_id, "setup"), "a2 in setup", 60)
+        x = await runner.submit(barrier_job(x_go, weight_hint=1, workspace="x"))
+        b3 = await runner.submit(JobRequest(command=["true"], weight_hint=2, workspace="b"))
+        fail_go.write_text("")  # a2's start fails: requeued with a 1 s retry delay
+        await wait_until(lambda: _is(runner, x.job_id, "running"), "x to backfill", 60)
+        a2_now = await runner.get(a2.job_id)
+        assert a2_now.state == "queued" and a2_now.attempts == 1 and hooked == [a2.job_id]
+        mock_clock.jump(1.5)  # past a2's 1 s retry delay: now it waits for permits like b3
+        await trio.sleep(0)
+        x_go.write_text("")  # capacity frees: a2 (a dispatched least recently) goes before b3
+        await wait_until(lambda: _left_queue(runner, (a2.job_id, b3.job_id)), "a start", 60)
+        assert (await runner.get(a2.job_id)).state in ("setup", "running")
+        assert (await runner.get(b3.job_id)).state == "queued"
+        a2_go.write_text("")
+        for job in (a2, b3):
+            assert (await terminal_of(runner, job.job_id, 60))["state"] == "succeeded"
+        assert (await runner.get(a2.job_id)).started_at_ms <= (await runner.get(b3.job_id)).started_at_ms
+
+
+async def _left_queue(runner, ids) -> bool:
+    return any([await state_of(runner, j) != "queued" for j in ids])
+
+
+# --- item 8: budget exhausted after failed starts keeps the failure ---------------------------
+
+
+async def test_a_budget_exhausted_after_failed_starts_keeps_the_last_start_failure(
+        tmp_path, monkeypatch, autojump_clock):
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=2)) as runner:
+        hook_setup(monkeypatch, runner, ("f",), error="injected: cgroup jobs/f is read-only")
+        job = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="f",
+                                             queue_wait_limit_s=5))
+        record = await terminal_of(runner, job.job_id)
+        assert (record["state"], record["reason"]) == ("refused_before_start", "queue_wait_exceeded")
+        assert record["attempts"] >= 2
+        assert "injected: cgroup jobs/f is read-only" in record["detail"], record["detail"]
+        assert "start attempts failed" in record["detail"]
+        assert 5_000 <= record["queue_wait_ms"] < 6_000
+
+
+# --- item 7: withdraw answers match the record -----------------------------------------------
+
+
+async def test_withdraw_of_an_ended_job_answers_what_happened(tmp_path, autojump_clock):
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=1)) as runner:
+        waiting = await runner.submit(JobRequest(command=["true"], weight_hint=2, workspace="a"),
+                                      follow=True)
+        await runner.cancel(waiting.job_id)
+        with pytest.raises(RefusedError) as refused:
+            await runner.withdraw(waiting.job_id)
+        assert refused.value.refusal.code == "already_ended"
+        assert "cancelled" in refused.value.refusal.detail
+        withdrawn = await runner.submit(JobRequest(command=["true"], weight_hint=2, workspace="b"),
+                                        follow=True)
+        assert await runner.withdraw(withdrawn.job_id) == "withdrawn"
+        with pytest.raises(RefusedError) as refused:  # asked again: never "withdrawn" twice
+            await runner.withdraw(withdrawn.job_id)
+        assert refused.value.refusal.code == "already_ended"
+        assert "refused_before_start" in refused.value.refusal.detail
+        ran = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="c"))
+        assert (await terminal_of(runner, ran.job_id))["state"] == "succeeded"
+        assert await runner.withdraw(ran.job_id) == "started"  # it ran: too late
+
+
+# --- the seed-named tests, through the runner (their core versions: test_rules.py *_core) -----
+
+
+async def test_zero_queue_wait_withdraws_and_cancel_is_idempotent(tmp_path, autojump_clock):
+    go = tmp_path / "go"
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=1)) as runner:
+        holder = await runner.submit(barrier_job(go, weight_hint=1, workspace="a"))
+        await wait_until(lambda: _is(runner, holder.job_id, "running"), "the holder to run")
+        # the client-enforced path: the follower asks, the runner's answer decides
+        followed = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="b",
+                                                  queue_wait_limit_s=0), follow=True)
+        assert await runner.withdraw(followed.job_id) == "withdrawn"
+        # the runner-enforced path (nobody follows): withdrawn at its deadline, within a tick
+        alone = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="c",
+                                               queue_wait_limit_s=0))
+        for job in (followed, alone):
+            record = await terminal_of(runner, job.job_id)
+            assert (record["state"], record["reason"]) == ("refused_before_start", "queue_wait_exceeded")
+            assert record["started_at_ms"] is None and record["queue_wait_ms"] < 1000
+            assert record["ended_at_ms"] - record["accepted_at_ms"] < 1000
+            for _ in range(2):  # cancel is idempotent on an ended job; it stays as it ended
+                assert (await runner.cancel(job.job_id)).state == "refused_before_start"
+            with pytest.raises(RefusedError) as refused:
+                await runner.withdraw(job.job_id)
+            assert refused.value.refusal.code == "already_ended"
+        go.write_text("")
+        assert (await terminal_of(runner, holder.job_id))["state"] == "succeeded"
+
+
+async def test_dispatch_indexes_add_each_starting_weight_and_cpu_claim_before_selecting_next(
+        tmp_path, autojump_clock):
+    """Three one-vCPU jobs on a two-CPU host with --max-weight 2: the second start sees the
+    first's permit and CPU, so the two get disjoint CPUs; the third waits for permits."""
+    go = tmp_path / "go"
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=2)) as runner:
+        if len((await runner.health())["cpus"]["allowed"]) < 2:
+            pytest.skip("needs two allocatable CPUs")
+        jobs = [await runner.submit(barrier_job(go, weight_hint=1, workspace=f"w{i}"))
+                for i in range(3)]
+        await wait_until(lambda: _all_in(runner, jobs[:2], "running"), "two jobs to run")
+        first, second, third = [await runner.get(j.job_id) for j in jobs]
+        assert len(first.cpus) == 1 and len(second.cpus) == 1
+        assert set(first.cpus).isdisjoint(second.cpus)
+        assert third.state == "queued" and third.waiting_on == "permits" and third.cpus is None
+        status = await runner.status()
+        assert status["capacity"]["held_permits"] == 2
+        go.write_text("")
+        for job in jobs:
+            assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
+
+
+async def test_waiting_gate_does_not_stop_or_repin_running_workers(tmp_path, autojump_clock):
+    import os
+
+    go = tmp_path / "go"
+    cfg = embedded_config(tmp_path, max_weight=2, isolation="affinity")
+    async with motor.open_runner(cfg) as runner:
+        workers = []
+        for i in range(2):
+            pid_file = tmp_path / f"pid{i}"
+            workers.append(await runner.submit(JobRequest(
+                command=["sh", "-c", f"echo $$ > {pid_file}.tmp && mv {pid_file}.tmp {pid_file}; "
+                                     f"while [ ! -e {go} ]; do sleep 0.02; done"],
+                weight_hint=1, workspace=f"w{i}")))
+        await wait_until(lambda: _all_in(runner, workers, "running"), "the workers to run")
+        await wait_until(lambda: _exist(tmp_path / "pid0", tmp_path / "pid1"), "their pids")
+        pids = [int((tmp_path / f"pid{i}").read_text()) for i in range(2)]
+        before = [(await runner.get(w.job_id)).cpus for w in workers]
+        pinned = [os.sched_getaffinity(pid) for pid in pids]
+        assert [sorted(p) for p in pinned] == [sorted(c) for c in before]
+        gate = await runner.submit(JobRequest(command=["true"], weight_hint=2, workspace="g",
+                                              gate=True, capabilities=["gate_jobs"]))
+        assert gate.gate
+        await trio.sleep(120)  # the gate waits (and fences) for two minutes
+        live = await runner.get(gate.job_id)
+        assert live.state == "queued" and live.waiting_on == "permits"
+        assert [(await runner.get(w.job_id)).state for w in workers] == ["running", "running"]
+        assert [(await runner.get(w.job_id)).cpus for w in workers] == before  # not re-placed
+        assert [os.sched_getaffinity(pid) for pid in pids] == pinned  # not re-pinned
+        go.write_text("")
+        assert (await terminal_of(runner, gate.job_id))["state"] == "succeeded"
+
+
+def _targz(files: dict[str, bytes]) -> bytes:
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        for name, content in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            tf.addfile(info, io.BytesIO(content))
+    return buf.getvalue()
+
+
+async def _exist(*paths) -> bool:
+    return all(p.exists() for p in paths)
+
+
+async def test_upload_fetch_and_setup_do_not_spend_queue_wait_budget(
+        tmp_path, monkeypatch, autojump_clock):
+    import hashlib
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tf:
+        info = tarfile.TarInfo("hello.txt")
+        info.size = 6
+        tf.addfile(info, io.BytesIO(b"hello\n"))
+    data = buf.getvalue()
+    sha = hashlib.sha256(data).hexdigest()
+    setup_go = tmp_path / "setup-go"
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=2)) as runner:
+        hooked = hook_setup(monkeypatch, runner, ("up",), barrier=setup_go)
+        job = await runner.submit(JobRequest(command=["cat", "hello.txt"], weight_hint=1,
+                                             workspace="up", bundle_sha256=sha,
+                                             queue_wait_limit_s=10))
+        await trio.sleep(100)  # ten budgets long the upload has not arrived: no queue wait
+        live = await runner.get(job.job_id)
+        assert live.state == "queued" and live.queue_wait_ms == 0
+
+        async def chunks():
+            for i in range(0, len(data), 7):  # a real upload, streamed in pieces
+                yield data[i:i + 7]
+                await trio.sleep(5)
+
+        await runner.put_bundle(sha, chunks())
+        await wait_until(lambda: _is(runner, job.job_id, "setup"), "setup to begin")
+        await trio.sleep(60)  # a long setup: six budgets
+        setup_go.write_text("")
+        record = await terminal_of(runner, job.job_id)
+        assert record["state"] == "succeeded", record
+        assert record["queue_wait_ms"] < 1000
+        assert hooked == [job.job_id]
+
+
+@pytest.mark.e2e
+def test_queue_depth_counts_sixty_four_awaiting_bundles(serve_factory, tmp_path):
+    """A real `motor serve` and its HTTP API: 64 jobs accepted while their uploads are still
+    pending fill the default queue depth; the 65th request is refused runner_full before
+    anything is recorded, and health counts the refusal. Once one job's bundle arrives and
+    it runs, there is room again."""
+    import hashlib
+    import httpx
+
+    from polling import wait_for
+
+    serve = serve_factory().start()
+    http = httpx.Client(transport=httpx.HTTPTransport(uds=str(serve.socket)),
+                        base_url="http://motor", timeout=30)
+    with http:
+        first = _targz({"x.txt": b"first\n"})
+        shas = [hashlib.sha256(first).hexdigest()] + [
+            hashlib.sha256(f"bundle {i}".encode()).hexdigest() for i in range(1, 65)]
+        ids = []
+        for i, sha in enumerate(shas[:64]):
+            resp = http.post("/v1/jobs", json={"command": ["true"], "workspace": f"w{i}",
+                                               "weight_hint": 1, "bundle_sha256": sha})
+            assert resp.status_code == 202, resp.text
+            ids.append(resp.json()["job_id"])
+        status = http.get("/v1/status").json()
+        assert status["capacity"]["pending_jobs"] == 64 and len(status["queued"]) == 64
+        refused = http.post("/v1/jobs", json={"command": ["true"], "workspace": "w64",
+                                              "bundle_sha256": shas[64]})
+        assert refused.status_code == 503
+        body = refused.json()
+        assert body["code"] == "runner_full" and "max_queue_depth 64" in body["detail"]
+        assert len(http.get("/v1/jobs", params={"all": "1"}).json()) == 64  # nothing recorded
+        assert http.get("/v1/health").json()["admission_refusals"] == {"runner_full": 1}
+        assert http.put(f"/v1/bundles/{shas[0]}", content=first).status_code == 201
+        wait_for(lambda: http.get(f"/v1/jobs/{ids[0]}").json()["state"] == "succeeded",
+                 what="the uploaded job to run")
+        resp = http.post("/v1/jobs", json={"command": ["true"], "workspace": "w64",
+                                           "bundle_sha256": shas[64]})
+        assert resp.status_code == 202, resp.text
+        for job_id in ids[1:] + [resp.json()["job_id"]]:
+            http.post(f"/v1/jobs/{job_id}/cancel")
