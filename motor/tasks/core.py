@@ -222,8 +222,15 @@ def msgspec_copy(row: QueueEntry) -> QueueEntry:
 def _adopt(row: QueueEntry, child: ProcessIdentity, observe: Observe) -> None:
     """Make `child` the row's waiting owner, unless another live process acts for it."""
     if row.state == "dispatching":
-        if row.dispatch_owner == child or not is_live(observe, row.dispatch_owner):
-            return  # the child itself moved on, or reconcile re-dispatches: left as it is
+        if row.dispatch_owner == child:
+            return  # the child already moved on to dispatching it
+        if not is_live(observe, row.dispatch_owner):
+            # its runner died: the child takes it over (worker and job id stay, so the
+            # child re-attaches to the job instead of running the command again)
+            row.state = "waiting"
+            row.owner = child
+            row.dispatch_owner = None
+            return
         raise QueueError(QUEUE_NOT_OWNER, f"task {row.task_id} turn {row.turn_id} is dispatched by "
                                           f"{row.dispatch_owner}")
     holder = acting_queue_holder(row)
