@@ -63,6 +63,12 @@ def test_same_reserver_two_jobs_cap_one_grants_exactly_one_acquired(procs, token
     assert (second.kind, second.step) == ("saturated", 4)
     assert core.occupied_runner_slots_locked(q, {}, procs) == 1
     assert [e.slot_reservation is not None for e in core.fifo(q)] == [True, False]
+    # one count per reservation, not per reserver pid: at cap 2 the same reserver's two
+    # outstanding reservations fill it
+    q = queue_with(("a", "1"), ("b", "1"), ("c", "1"), owner=r)
+    kinds = [reserve(q, {}, procs, tokens, (t, "1"), r, cap=2).kind for t in "abc"]
+    assert kinds == ["acquired", "acquired", "saturated"]
+    assert core.occupied_runner_slots_locked(q, {}, procs) == 2
 
 
 def test_same_reserver_same_job_starts_executor_once(procs, tokens):
