@@ -127,6 +127,76 @@ def real_spawner(cdir: ClientDir) -> Spawner:
     return spawn
 
 
+# --- critical-section bodies (one QueueLock hold each; also driven in memory by tests) ----
+
+
+def complete_locked(L: Locked, task_id: str, turn_id: str, token: uuid.UUID, child: ProcessIdentity,
+                    mode: str = "detached") -> bool:
+    """complete_runner_spawn: adopt the child if needed and bind it on the reservation,
+    publish (reservation still present), persist task.runner, clear that token, publish."""
+    if not core.complete_bind(L.queue, L.observe, task_id=task_id, turn_id=turn_id, token=token, child=child):
+        return False  # the child completed the handoff itself
+    L.publish()                                                       # publish 1
+    _fault("complete_between_publishes")
+    L.set_runner(task_id, RunnerRecord(identity=child, turn_id=turn_id, mode=mode))
+    core.complete_clear(L.queue, task_id=task_id, turn_id=turn_id, token=token)
+    return True                                                       # publish 2 on return
+
+
+def take_over_locked(L: Locked, task_id: str, turn_id: str, token: uuid.UUID, me: ProcessIdentity) -> None:
+    """The detached child takes its reserved slot and finishes the handoff itself
+    (idempotent with the parent's complete)."""
+    core.take_over_reserved_slot(L.queue, L.runners, L.observe, task_id=task_id, turn_id=turn_id,
+                                 token=token, me=me)
+    L.publish()
+    L.set_runner(task_id, RunnerRecord(identity=me, turn_id=turn_id))
+    core.complete_clear(L.queue, task_id=task_id, turn_id=turn_id, token=token)
+
+
+def reconcile_plan(L: Locked, me: ProcessIdentity, cap: int, max_parallel, new_token) -> list:
+    """Reconcile under one lock hold: drop dead task.runner records; reserve for active rows
+    whose runner is gone (park them when saturated); then reserve the oldest parked turns
+    while slots are free, with exclude_reserver FALSE.  [(task, turn, token)] to spawn."""
+    for task_id, rec in list(L.runners.items()):
+        if not core.is_live(L.observe, rec.identity):
+            L.set_runner(task_id, None)
+    starts: list[tuple[str, str, uuid.UUID]] = []
+    for row in core.fifo(L.queue):
+        if not core.needs_runner(row, L.runners, L.observe):
+            continue
+        r = core.reserve_runner_slot(L.queue, L.runners, L.observe, task_id=row.task_id, turn_id=row.turn_id,
+                                     reserver=me, cap=cap, new_token=new_token)
+        if r.acquired:
+            starts.append((row.task_id, row.turn_id, r.token))
+        elif r.kind == "saturated":
+            core.park(L.queue, task_id=row.task_id, turn_id=row.turn_id)
+    while (row := core.oldest_parked(L.queue, max_parallel)) is not None:
+        r = core.reserve_runner_slot(L.queue, L.runners, L.observe, task_id=row.task_id, turn_id=row.turn_id,
+                                     reserver=me, cap=cap, new_token=new_token)
+        if not r.acquired:
+            break
+        starts.append((row.task_id, row.turn_id, r.token))
+    return starts
+
+
+def next_parked_locked(L: Locked, me: ProcessIdentity, cap: int, max_parallel, new_token,
+                       finished_task: str) -> tuple[str, str] | None:
+    """A finishing runner replaces its own slot (exclude_reserver TRUE) with the oldest
+    parked turn, taking it over in-process; otherwise its task.runner record is cleared."""
+    nxt = None
+    row = core.oldest_parked(L.queue, max_parallel)
+    if row is not None:
+        r = core.reserve_runner_slot(L.queue, L.runners, L.observe, task_id=row.task_id, turn_id=row.turn_id,
+                                     reserver=me, cap=cap, new_token=new_token, exclude_reserver=True)
+        if r.acquired:
+            complete_locked(L, row.task_id, row.turn_id, r.token, me)
+            nxt = row.key
+    rec = L.runners.get(finished_task)
+    if rec is not None and rec.identity == me and (nxt is None or nxt[0] != finished_task):
+        L.set_runner(finished_task, None)
+    return nxt
+
+
 class TaskClient:
     """The task client's operations on one client dir, for one process (`me`)."""
 
@@ -229,17 +299,8 @@ class TaskClient:
         """Adopt the child if needed, bind it on the reservation, publish (reservation still
         present), persist task.runner, clear that token, publish again."""
 
-        def fn(L: Locked) -> bool:
-            if not core.complete_bind(L.queue, L.observe, task_id=task_id, turn_id=turn_id, token=token,
-                                      child=child):
-                return False  # the child completed the handoff itself
-            L.publish()                                                   # publish 1
-            _fault("complete_between_publishes")
-            L.set_runner(task_id, RunnerRecord(identity=child, turn_id=turn_id, mode=mode))
-            core.complete_clear(L.queue, task_id=task_id, turn_id=turn_id, token=token)
-            return True                                                   # publish 2 on return
-
-        return await self.queue.locked(fn)
+        return await self.queue.locked(
+            lambda L: complete_locked(L, task_id, turn_id, token, child, mode))
 
     async def release(self, task_id: str, turn_id: str, token: uuid.UUID) -> bool:
         me = self.me
@@ -251,29 +312,7 @@ class TaskClient:
         slots are free (exclude_reserver false: the reconciler's own slot counts)."""
         me, cap, mp = self.me, self.cap, self.fleet.max_parallel
 
-        def plan(L: Locked):
-            for task_id, rec in list(L.runners.items()):
-                if not core.is_live(L.observe, rec.identity):
-                    L.set_runner(task_id, None)
-            starts: list[tuple[str, str, uuid.UUID]] = []
-            for row in core.fifo(L.queue):
-                if not core.needs_runner(row, L.runners, L.observe):
-                    continue
-                r = core.reserve_runner_slot(L.queue, L.runners, L.observe, task_id=row.task_id,
-                                             turn_id=row.turn_id, reserver=me, cap=cap, new_token=self.new_token)
-                if r.acquired:
-                    starts.append((row.task_id, row.turn_id, r.token))
-                elif r.kind == "saturated":
-                    core.park(L.queue, task_id=row.task_id, turn_id=row.turn_id)
-            while (row := core.oldest_parked(L.queue, mp)) is not None:
-                r = core.reserve_runner_slot(L.queue, L.runners, L.observe, task_id=row.task_id,
-                                             turn_id=row.turn_id, reserver=me, cap=cap, new_token=self.new_token)
-                if not r.acquired:
-                    break
-                starts.append((row.task_id, row.turn_id, r.token))
-            return starts
-
-        starts = await self.queue.locked(plan)
+        starts = await self.queue.locked(lambda L: reconcile_plan(L, me, cap, mp, self.new_token))
         return [await self.spawn_and_hand_off(t, u, tok) for t, u, tok in starts]
 
     async def cancel(self, task_id: str) -> list[tuple[str, str]]:
@@ -572,15 +611,7 @@ async def take_over_reserved_slot(tc: TaskClient, task_id: str, turn_id: str, to
     """The detached child's first message: take the reserved slot (core rules), and finish
     the handoff itself (record task.runner, clear the token): idempotent with the parent."""
     me = tc.me
-
-    def fn(L: Locked):
-        core.take_over_reserved_slot(L.queue, L.runners, L.observe, task_id=task_id, turn_id=turn_id,
-                                     token=token, me=me)
-        L.publish()
-        L.set_runner(task_id, RunnerRecord(identity=me, turn_id=turn_id))
-        core.complete_clear(L.queue, task_id=task_id, turn_id=turn_id, token=token)
-
-    await tc.queue.locked(fn)
+    await tc.queue.locked(lambda L: take_over_locked(L, task_id, turn_id, token, me))
 
 
 async def start_next_parked(tc: TaskClient, finished_task: str) -> tuple[str, str] | None:
@@ -588,26 +619,7 @@ async def start_next_parked(tc: TaskClient, finished_task: str) -> tuple[str, st
     exclude_reserver TRUE and, when acquired, take it over in this same process (no new
     process: the count of runner processes never exceeds the cap, even for an instant)."""
     me, cap, mp = tc.me, tc.cap, tc.fleet.max_parallel
-
-    def fn(L: Locked):
-        nxt = None
-        while (row := core.oldest_parked(L.queue, mp)) is not None:
-            r = core.reserve_runner_slot(L.queue, L.runners, L.observe, task_id=row.task_id, turn_id=row.turn_id,
-                                         reserver=me, cap=cap, new_token=tc.new_token, exclude_reserver=True)
-            if not r.acquired:
-                break
-            core.complete_bind(L.queue, L.observe, task_id=row.task_id, turn_id=row.turn_id, token=r.token, child=me)
-            L.publish()
-            L.set_runner(row.task_id, RunnerRecord(identity=me, turn_id=row.turn_id))
-            core.complete_clear(L.queue, task_id=row.task_id, turn_id=row.turn_id, token=r.token)
-            nxt = row.key
-            break
-        rec = L.runners.get(finished_task)
-        if rec is not None and rec.identity == me and (nxt is None or nxt[0] != finished_task):
-            L.set_runner(finished_task, None)
-        return nxt
-
-    return await tc.queue.locked(fn)
+    return await tc.queue.locked(lambda L: next_parked_locked(L, me, cap, mp, tc.new_token, finished_task))
 
 
 async def detached_runner(tc: TaskClient, task_id: str, turn_id: str, token: uuid.UUID) -> int:
