@@ -170,7 +170,7 @@ def reconcile_plan(L: Locked, me: ProcessIdentity, cap: int, max_parallel, new_t
             starts.append((row.task_id, row.turn_id, r.token))
         elif r.kind == "saturated":
             core.park(L.queue, task_id=row.task_id, turn_id=row.turn_id)
-    while (row := core.oldest_parked(L.queue, max_parallel)) is not None:
+    while (row := core.oldest_parked(L.queue, max_parallel, L.observe)) is not None:
         r = core.reserve_runner_slot(L.queue, L.runners, L.observe, task_id=row.task_id, turn_id=row.turn_id,
                                      reserver=me, cap=cap, new_token=new_token)
         if not r.acquired:
@@ -184,7 +184,7 @@ def next_parked_locked(L: Locked, me: ProcessIdentity, cap: int, max_parallel, n
     """A finishing runner replaces its own slot (exclude_reserver TRUE) with the oldest
     parked turn, taking it over in-process; otherwise its task.runner record is cleared."""
     nxt = None
-    row = core.oldest_parked(L.queue, max_parallel)
+    row = core.oldest_parked(L.queue, max_parallel, L.observe)
     if row is not None:
         r = core.reserve_runner_slot(L.queue, L.runners, L.observe, task_id=row.task_id, turn_id=row.turn_id,
                                      reserver=me, cap=cap, new_token=new_token, exclude_reserver=True)

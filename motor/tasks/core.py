@@ -356,9 +356,17 @@ def eligible(q: QueueFile, row: QueueEntry, max_parallel: Mapping[str, int] | No
     return True
 
 
-def oldest_parked(q: QueueFile, max_parallel: Mapping[str, int] | None = None) -> QueueEntry | None:
+def oldest_parked(q: QueueFile, max_parallel: Mapping[str, int] | None = None,
+                  observe: Observe | None = None) -> QueueEntry | None:
+    """The oldest startable row: parked, without a reservation, eligible.  With `observe`,
+    also a waiting row abandoned by its enqueuer before it reserved or parked (its owner is
+    gone, no reservation): it is treated as parked."""
     for row in fifo(q):
-        if row.state == "parked" and not row.attached and not row.cancel_requested and eligible(q, row, max_parallel):
+        if row.attached or row.cancel_requested or row.slot_reservation is not None:
+            continue
+        startable = row.state == "parked" or (
+            observe is not None and row.state == "waiting" and not is_live(observe, row.owner))
+        if startable and eligible(q, row, max_parallel):
             return row
     return None
 

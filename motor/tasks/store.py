@@ -1,10 +1,11 @@
 """The task client's directory and its QueueLock critical section (blocking I/O; the queue
 actor runs it in a worker thread, one message = one critical section).
 
-The lock is an fcntl lock (flock) on `C/queue.json` itself.  Writes replace that file by
-rename, so after taking the lock we check that the open file is still the one at the path
-(same inode) and retry otherwise: whoever holds the lock on the current inode is the only
-writer.  Task records and runner records are also written under this lock.
+The lock is an fcntl lock (flock) on `C/queue.json.lock`, the queue file's lock file, held
+for the whole message.  (Not on `queue.json` itself: every publish replaces that file by
+rename, and one critical section may publish twice, so a lock on its inode would not
+exclude a second process between the two publishes.)  Task and runner records are also
+written under this lock.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ class ClientDir:
         self.root = Path(root).expanduser().absolute()
         self.observe = observe
         self.queue_path = self.root / "queue.json"
+        self.lock_path = self.root / "queue.json.lock"
         self.tasks_dir = self.root / "tasks"
         self.runners_dir = self.root / "runners"
         self.turns_dir = self.root / "turns"
@@ -173,32 +175,30 @@ class ClientDir:
             return QueueFile()
 
     def critical(self, fn: Callable[[Locked], T]) -> T:
-        """Run `fn` holding the QueueLock; publish the queue if `fn` changed it."""
+        """Run `fn` holding the QueueLock; publish the queue if `fn` changed it.
+
+        The lock is flock on `C/queue.json.lock`, a file that is never replaced: the queue
+        file itself is replaced by rename on every publish, and a critical section may
+        publish twice (complete_runner_spawn), so a lock on the queue file's inode would let
+        a second holder in between those publishes."""
         self.ensure()
-        while True:
-            fd = os.open(self.queue_path, os.O_RDWR)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
                 try:
-                    st = os.fstat(fd)
-                    try:
-                        now = os.stat(self.queue_path)
-                    except FileNotFoundError:
-                        continue
-                    if (st.st_ino, st.st_dev) != (now.st_ino, now.st_dev):
-                        continue  # replaced while we waited: lock the current file
+                    data = self.queue_path.read_bytes()
+                except FileNotFoundError:
                     data = b""
-                    while chunk := os.pread(fd, 1 << 20, len(data)):
-                        data += chunk
-                    queue = decode(data, QueueFile) if data.strip() else QueueFile()
-                    locked = Locked(self, queue, self.read_runners(), self.observe)
-                    result = fn(locked)
-                    locked.publish()
-                    return result
-                finally:
-                    fcntl.flock(fd, fcntl.LOCK_UN)
+                queue = decode(data, QueueFile) if data.strip() else QueueFile()
+                locked = Locked(self, queue, self.read_runners(), self.observe)
+                result = fn(locked)
+                locked.publish()
+                return result
             finally:
-                os.close(fd)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
 
 def new_token() -> uuid.UUID:

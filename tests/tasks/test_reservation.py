@@ -442,3 +442,42 @@ async def test_reconcile_replaces_a_dead_runner_for_an_active_task_turn(tmp_path
     row = core.find_row(cdir.read_queue(), task_id, turn_id)
     assert (row.worker, row.job_id, row.owner, row.slot_reservation) == ("mini-2", "job-1", replacement, None)
     assert cdir.read_runners()[task_id].identity == replacement
+
+
+def test_a_critical_section_that_publishes_twice_excludes_other_processes_in_between(tmp_path, procs):
+    """complete_runner_spawn publishes twice inside one QueueLock hold.  A second process
+    (its own open file and lock) must not get in between the two publishes, or one of the
+    two updates would be lost."""
+    root = tmp_path / "c"
+    ClientDir(root).ensure()
+    between = threading.Event()
+    go_on = threading.Event()
+    done = {}
+
+    def twice():
+        def fn(L):
+            core.enqueue(L.queue, task_id="a", turn_id="1", owner=procs.spawn(), now_ms=1)
+            L.publish()                                   # first publish
+            between.set()
+            assert go_on.wait(30)
+            core.enqueue(L.queue, task_id="b", turn_id="1", owner=procs.spawn(), now_ms=2)
+
+        ClientDir(root, observe=procs).critical(fn)
+
+    def other():
+        assert between.wait(30)
+        ClientDir(root, observe=procs).critical(
+            lambda L: core.enqueue(L.queue, task_id="c", turn_id="1", owner=procs.spawn(), now_ms=3))
+        done["other"] = True
+
+    t1, t2 = threading.Thread(target=twice), threading.Thread(target=other)
+    t1.start()
+    t2.start()
+    assert between.wait(30)
+    t2.join(0.5)                    # bounded: it must still be blocked on the lock
+    blocked = t2.is_alive() and "other" not in done
+    go_on.set()
+    t1.join(30)
+    t2.join(30)
+    assert blocked
+    assert sorted(e.task_id for e in ClientDir(root).read_queue().entries) == ["a", "b", "c"]
