@@ -121,3 +121,22 @@ def test_worker_choice_prefers_fewer_turns_in_flight_then_the_idler_runner(procs
     assert core.pick_worker(q, {"mini-1": idle, "mini-2": busy}) == "mini-2"   # one of ours is on mini-1
     assert core.pick_worker(QueueFile(), {"mini-1": busy, "mini-2": idle}) == "mini-2"
     assert core.pick_worker(QueueFile(), {}) is None
+
+
+def test_attached_turn_streams_here_and_cancel_ends_a_running_turn(fleet, tmp_path):  # noqa: F811
+    cdir, project = fleet
+    r = task(cdir, "submit", "--attached", "--project", str(project), "--", "sh", "-c", "echo attached-out; exit 5")
+    assert r.returncode == 5, r.stderr
+    assert r.stdout == "attached-out\n"
+    assert runner_processes(cdir) == []                  # attached: no detached runner
+    started = tmp_path / "started"
+    r = task(cdir, "submit", "--project", str(project), "--",
+             "sh", "-c", f"touch {started}; exec sleep 300")
+    task_id = r.stdout.strip()
+    wait_for(lambda: started.exists() and ClientDir(cdir).read_task(task_id).current.state == "running",
+             timeout=60, what="the turn to run")
+    assert task(cdir, "cancel", task_id).returncode == 0
+    w = task(cdir, "wait", task_id, timeout=120)
+    assert w.returncode == 130
+    assert ClientDir(cdir).read_task(task_id).current.state == "cancelled"
+    wait_for(lambda: not runner_processes(cdir), timeout=30, what="runners to exit")
