@@ -328,10 +328,13 @@ class TaskClient:
             for row in list(L.queue.entries):
                 if row.task_id != task_id:
                     continue
-                if row.state == "dispatching" or row.job_id:
-                    row.cancel_requested = True
-                    if row.worker and row.job_id:
-                        remote.append((row.worker, row.job_id))
+                if row.worker and row.job_id:
+                    remote.append((row.worker, row.job_id))
+                holder = core.acting_queue_holder(row)
+                res = row.slot_reservation
+                if (core.is_live(L.observe, holder) or (res is not None and (
+                        core.is_live(L.observe, res.reserver) or core.is_live(L.observe, res.child)))):
+                    row.cancel_requested = True   # its live runner ends the turn as cancelled
                 else:
                     L.queue.entries.remove(row)
                     for turn in task.turns:
