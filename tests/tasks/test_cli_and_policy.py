@@ -140,3 +140,38 @@ def test_attached_turn_streams_here_and_cancel_ends_a_running_turn(fleet, tmp_pa
     assert w.returncode == 130
     assert ClientDir(cdir).read_task(task_id).current.state == "cancelled"
     wait_for(lambda: not runner_processes(cdir), timeout=30, what="runners to exit")
+
+
+def test_process_identity_oracle_tells_live_gone_recycled_and_zombie(tmp_path):
+    import os
+
+    from motor.tasks.records import ProcessIdentity
+    from motor.tasks.store import identity_of, observe_process
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        ident = identity_of(child.pid)
+        assert observe_process(ident) == "matching"
+        recycled = ProcessIdentity(pid=child.pid, start_time_micros=ident.start_time_micros - 5_000_000)
+        assert observe_process(recycled) == "mismatch"
+        child.stdin.close()
+        wait_for(lambda: observe_process(ident) == "gone", what="the exited (zombie) child to read as gone")
+    finally:
+        child.wait(10)
+    assert observe_process(ident) == "gone"
+    assert observe_process(identity_of(os.getpid())) == "matching"
+
+
+def test_detached_runner_with_a_stale_token_refuses_and_exits(tmp_path):
+    cdir = tmp_path / "c"
+    workers_toml(cdir, GOOD)
+    r = task(cdir, "submit", "--project", str(tmp_path), "--", "true")   # unreachable: parked
+    task_id = r.stdout.strip()
+    before = (cdir / "queue.json").read_bytes()
+    w = subprocess.run([sys.executable, "-m", "motor", "worker", "runner", task_id, "1",
+                        "--slot-token", "018f0f4a-6b5c-7d8e-9f00-112233445566", "--client-dir", str(cdir)],
+                       capture_output=True, text=True, env=motor_env(), cwd=ROOT, timeout=60)
+    assert w.returncode == 3
+    assert "refused: QUEUE_SLOT_TOKEN_MISMATCH" in w.stderr
+    assert (cdir / "queue.json").read_bytes() == before
+    assert ClientDir(cdir).read_runners() == {}
