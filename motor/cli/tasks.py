@@ -207,8 +207,12 @@ def cmd_submit(args) -> int:
             return EXIT_UNAVAILABLE if status is None else status
         # detached: probe the worker(s) the turn may use; the turn is queued either way
         specs = [fleet.get(args.pin)] if args.pin else list(fleet.workers)
-        reports = [await probe_health(s, timeout=5.0) for s in specs]
-        reachable = any(isinstance(r, dict) for r in reports)
+        reports = []
+        for spec in specs:  # one answering worker is enough to go on
+            reports.append(await probe_health(spec, timeout=15.0))
+            if isinstance(reports[-1], dict):
+                break
+        reachable = isinstance(reports[-1], dict)
         task_id, turn_id = await tc.create_task(str(project), command, pin=args.pin, run=args.run)
         if not reachable:
             def park(L):

@@ -455,7 +455,7 @@ class TurnRunner(actors.Actor):
         errors = []
         async with trio.open_nursery() as n:
             async def probe(spec: WorkerSpec):
-                rep = await probe_health(spec)
+                rep = await probe_health(spec, timeout=15.0)
                 if isinstance(rep, dict):
                     reports[spec.name] = rep
                 else:
