@@ -205,14 +205,6 @@ def bind_runner_slot_child(q: QueueFile, *, task_id: str, turn_id: str, token: u
     res.child = child
 
 
-def token_fenced_row_after_bind(snapshot: QueueEntry, token: uuid.UUID, child: ProcessIdentity) -> QueueEntry:
-    """The pre-spawn snapshot as it must look now: the same row with this token's child bound."""
-    row = msgspec_copy(snapshot)
-    assert row.slot_reservation is not None and row.slot_reservation.token == token
-    row.slot_reservation.child = child
-    return row
-
-
 def msgspec_copy(row: QueueEntry) -> QueueEntry:
     import msgspec
 
