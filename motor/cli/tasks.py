@@ -32,6 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--pin", metavar="WORKER", help="run every turn of this task on this worker")
     s.add_argument("--run", metavar="RUN", help="run membership (max_parallel from [runs.RUN] in workers.toml)")
     s.add_argument("--attached", action="store_true", help="run the turn in this process, output here")
+    s.add_argument("--capability", metavar="CAP", action="append", default=[],
+                   help="run only on workers listing CAP in workers.toml (repeatable)")
     s.add_argument("--json", action="store_true")
     s.add_argument("cmd", nargs="*", help=argparse.SUPPRESS)
     s.set_defaults(handler=cmd_submit, takes_command=True)
@@ -188,9 +190,17 @@ def cmd_submit(args) -> int:
         if args.pin and fleet.get(args.pin) is None:
             raise BadInput(f"motor: error: unknown worker {args.pin!r} (workers.toml lists: "
                            f"{', '.join(fleet.names)})")
+        capable = fleet.capable(args.capability)
+        if args.pin and args.capability and fleet.get(args.pin) not in capable:
+            raise BadInput(f"motor: error: worker {args.pin!r} lacks capability "
+                           f"{', '.join(sorted(set(args.capability) - set(fleet.get(args.pin).capabilities)))}")
+        if not capable:
+            raise BadInput(f"motor: error: no worker in workers.toml lists capability "
+                           f"{', '.join(sorted(set(args.capability)))}")
         tc = _task_client(cdir, fleet, queue)
         if args.attached:
-            task_id, turn_id = await tc.create_task(str(project), command, pin=args.pin, run=args.run, attached=True)
+            task_id, turn_id = await tc.create_task(str(project), command, pin=args.pin, run=args.run, attached=True,
+                                                    capabilities=args.capability)
             _err(f"motor: task {task_id}")
 
             def reserve(L):
@@ -206,14 +216,15 @@ def cmd_submit(args) -> int:
             status = turn_exit_status(turn)
             return EXIT_UNAVAILABLE if status is None else status
         # detached: probe the worker(s) the turn may use; the turn is queued either way
-        specs = [fleet.get(args.pin)] if args.pin else list(fleet.workers)
+        specs = [fleet.get(args.pin)] if args.pin else capable
         reports = []
         for spec in specs:  # one answering worker is enough to go on
             reports.append(await probe_health(spec, timeout=15.0))
             if isinstance(reports[-1], dict):
                 break
         reachable = isinstance(reports[-1], dict)
-        task_id, turn_id = await tc.create_task(str(project), command, pin=args.pin, run=args.run)
+        task_id, turn_id = await tc.create_task(str(project), command, pin=args.pin, run=args.run,
+                                                capabilities=args.capability)
         if not reachable:
             def park(L):
                 core.park(L.queue, task_id=task_id, turn_id=turn_id)

@@ -219,10 +219,12 @@ class TaskClient:
     # -- creating work ------------------------------------------------------------------
 
     async def create_task(self, project: str, command: list[str], *, pin: str | None = None,
-                          run: str | None = None, attached: bool = False) -> tuple[str, str]:
+                          run: str | None = None, attached: bool = False,
+                          capabilities: list[str] | None = None) -> tuple[str, str]:
         task_id = uuid.uuid4().hex[:16]
         now = self.clock()
         task = TaskRecord(task_id=task_id, project=project, created_at_ms=now, pin=pin, run=run,
+                          capabilities=sorted(set(capabilities or [])),
                           workspace=f"task-{task_id}",
                           turns=[TurnRecord(turn_id="1", command=command, submitted_at_ms=now)])
         me = self.me
@@ -450,7 +452,7 @@ class TurnRunner(actors.Actor):
             return await self._finish(dict(state="cancelled", reason="cancelled"))
         candidates = [tc.fleet.get(row.worker)] if row.worker else (
             [tc.fleet.get(task.pin)] if task.pin else list(tc.fleet.workers))
-        candidates = [c for c in candidates if c is not None]
+        candidates = [c for c in candidates if c is not None and set(task.capabilities) <= set(c.capabilities)]
         reports = {}
         errors = []
         async with trio.open_nursery() as n:

@@ -136,6 +136,7 @@ class TaskRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     created_at_ms: int
     pin: str | None = None
     run: str | None = None
+    capabilities: list[str] = []
     workspace: str = ""
     turns: list[TurnRecord] = []
 

@@ -51,6 +51,11 @@ class Fleet:
     def names(self) -> list[str]:
         return [w.name for w in self.workers]
 
+    def capable(self, capabilities) -> list[WorkerSpec]:
+        """The workers that list every one of `capabilities`."""
+        need = set(capabilities)
+        return [w for w in self.workers if need <= set(w.capabilities)]
+
     def get(self, name: str) -> WorkerSpec | None:
         for w in self.workers:
             if w.name == name:

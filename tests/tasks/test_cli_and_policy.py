@@ -175,3 +175,17 @@ def test_detached_runner_with_a_stale_token_refuses_and_exits(tmp_path):
     assert "refused: QUEUE_SLOT_TOKEN_MISMATCH" in w.stderr
     assert (cdir / "queue.json").read_bytes() == before
     assert ClientDir(cdir).read_runners() == {}
+
+
+def test_capabilities_limit_which_workers_a_task_may_use(tmp_path):
+    cdir = tmp_path / "c"
+    workers_toml(cdir, GOOD + '\n[[workers]]\nname = "mini-2"\nendpoint = "unix:/nonexistent/mini-2.sock"\n'
+                        'capabilities = ["gpu"]\n')
+    r = task(cdir, "submit", "--project", str(tmp_path), "--capability", "tpu", "--", "true")
+    assert r.returncode == 2 and "no worker in workers.toml lists capability tpu" in r.stderr
+    r = task(cdir, "submit", "--project", str(tmp_path), "--pin", "mini-1", "--capability", "gpu", "--", "true")
+    assert r.returncode == 2 and "worker 'mini-1' lacks capability gpu" in r.stderr
+    r = task(cdir, "submit", "--project", str(tmp_path), "--capability", "gpu", "--", "true")
+    assert r.returncode == 69
+    assert "worker mini-2 unreachable" in r.stderr and "mini-1" not in r.stderr   # only capable workers tried
+    assert ClientDir(cdir).read_task(r.stdout.strip()).capabilities == ["gpu"]
