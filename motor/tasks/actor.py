@@ -26,14 +26,12 @@ from motor.client import AsyncClient, RunnerUnavailable
 from motor.records import Accepted, JobRequest, Output, RefusedError, Started, Terminal, Truncated
 from motor.tasks import core
 from motor.tasks.records import (
-    TERMINAL_TURN_STATES,
     ProcessIdentity,
     QueueEntry,
     RunnerRecord,
     TaskRecord,
     TurnRecord,
     atomic_write,
-    encode,
 )
 from motor.tasks.store import ClientDir, Locked, identity_of, my_identity, new_token, now_ms
 from motor.tasks.workers import Fleet, WorkerSpec
@@ -659,4 +657,5 @@ async def retire(tc: TaskClient, task_id: str) -> None:
 
 __all__ = ["QueueActor", "QueueHandle", "open_queue", "TaskClient", "TurnRunner", "StartResult",
            "run_turn", "detached_runner", "start_next_parked", "take_over_reserved_slot", "real_spawner",
-           "make_bundle", "probe_health", "TERMINAL_TURN_STATES", "encode"]
+           "make_bundle", "probe_health", "retire", "complete_locked", "take_over_locked",
+           "reconcile_plan", "next_parked_locked"]

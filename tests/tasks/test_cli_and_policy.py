@@ -15,7 +15,7 @@ from motor.tasks.records import QueueFile
 from motor.tasks.store import ClientDir
 from motor.tasks.workers import FleetError, load_fleet
 from tests.conftest import ROOT, motor_env
-from tests.tasks.test_fleet_e2e import all_done, fleet, runner_processes  # noqa: F401 (fixture)
+from tests.tasks.test_fleet_e2e import fleet, runner_processes  # noqa: F401 (fleet is a fixture)
 from tests.polling import wait_for
 
 

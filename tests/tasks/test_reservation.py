@@ -9,23 +9,19 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from pathlib import Path
 
 import msgspec
 import pytest
 import trio
 
 from motor.tasks import core
-from motor.tasks.actor import TaskClient, detached_runner, open_queue, start_next_parked, take_over_reserved_slot
+from motor.tasks.actor import TaskClient, open_queue, take_over_reserved_slot
 from motor.tasks.records import (
     NIL_TOKEN,
     ProcessIdentity,
-    QueueEntry,
     QueueFile,
     RunnerRecord,
     RunnerSlotReservation,
-    TaskRecord,
-    TurnRecord,
     decode,
     encode,
 )
