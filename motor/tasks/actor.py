@@ -110,12 +110,13 @@ def real_spawner(cdir: ClientDir) -> Spawner:
 
     def spawn(task_id: str, turn_id: str, token: uuid.UUID) -> ProcessIdentity:
         log = cdir.logs_dir / f"runner-{task_id}-{turn_id}.log"
+        env = {k: v for k, v in os.environ.items() if k != "MOTOR_TASK_FAULT"}  # the hook is per process
         with open(log, "ab") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "motor", "worker", "runner", task_id, turn_id,
                  "--slot-token", str(token), "--client-dir", str(cdir.root)],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True, close_fds=True)
+                start_new_session=True, close_fds=True, env=env)
         try:
             return identity_of(proc.pid)
         except Exception:

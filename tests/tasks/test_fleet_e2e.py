@@ -157,3 +157,23 @@ def test_kill_9_of_a_runner_mid_turn_then_reconcile_finishes_the_turn_once(fleet
     victim_turn = c.turn_dir(victim_task, "1")
     assert (victim_turn / "output.log").read_text().endswith("done\n")
     assert sampler.max_seen <= 2
+
+
+def test_submit_killed_between_the_two_publishes_still_runs_the_turn_once(fleet, tmp_path):
+    """MOTOR_TASK_FAULT=complete_between_publishes: the submitting CLI dies right after the
+    first publish (child bound, reservation present, no task.runner yet).  The slot stays
+    occupied through the bound reservation and the child completes the handoff itself."""
+    cdir, project = fleet
+    executed = tmp_path / "executed.txt"
+    r = subprocess.run([sys.executable, "-m", "motor", "task", "--client-dir", str(cdir), "submit",
+                        "--project", str(project), "--", "sh", "-c", f'echo "$MOTOR_TASK" >> {executed}'],
+                       capture_output=True, env=motor_env({"MOTOR_TASK_FAULT": "complete_between_publishes"}),
+                       cwd=ROOT, timeout=60)
+    assert r.returncode == 86, r.stderr.decode()          # died at the fault point, printed nothing
+    c = ClientDir(cdir)
+    [task] = c.list_tasks()
+    tasks = wait_for(lambda: all_done(cdir, [task.task_id]), timeout=60, what="the turn to end")
+    assert tasks[0].state == "succeeded"
+    assert executed.read_text().split() == [task.task_id]
+    wait_for(lambda: not runner_processes(cdir), timeout=30, what="the runner to exit")
+    assert c.read_queue().entries == [] and c.read_runners() == {}
