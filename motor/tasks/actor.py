@@ -169,6 +169,7 @@ def reconcile_plan(L: Locked, me: ProcessIdentity, cap: int, max_parallel, new_t
             starts.append((row.task_id, row.turn_id, r.token))
         elif r.kind == "saturated":
             core.park(L.queue, task_id=row.task_id, turn_id=row.turn_id)
+            _update_turn(L, row.task_id, row.turn_id, state="parked")
     while (row := core.oldest_parked(L.queue, max_parallel, L.observe)) is not None:
         r = core.reserve_runner_slot(L.queue, L.runners, L.observe, task_id=row.task_id, turn_id=row.turn_id,
                                      reserver=me, cap=cap, new_token=new_token)

@@ -36,6 +36,9 @@ class MemLocked:
     def publish(self) -> None:
         pass
 
+    def read_task(self, task_id):
+        return None   # task records are not modelled here
+
     def set_runner(self, task_id, record) -> None:
         if record is None:
             self.runners.pop(task_id, None)
