@@ -21,7 +21,7 @@ def test_every_example_is_covered():
     # motor-jobs.slice (and motor.service under a real systemd) run in
     # tests/isolation/test_isolation_systemd_host.py
     covered = {"actors_pipeline.py", "embed.py", "motor.service", "motor-jobs.slice",
-               "runner.toml"}
+               "runner.toml", "workers.toml"}
     assert {p.name for p in EXAMPLES.iterdir()} == covered
 
 
@@ -39,6 +39,15 @@ def test_runner_toml_is_a_valid_config():
     config = build_config(values, {})
     assert isinstance(config, RunnerConfig)
     assert config.max_weight == 28 and config.isolation == "auto"
+
+
+def test_workers_toml_is_a_valid_fleet():
+    from motor.tasks.workers import load_fleet
+
+    fleet = load_fleet(EXAMPLES / "workers.toml")
+    assert fleet.names == ["mini-1", "mini-2"]
+    assert fleet.get("mini-2").token_file == "/etc/motor/mini-2.token"
+    assert fleet.max_parallel == {"nightly": 2}
 
 
 def test_systemd_unit_starts_the_runner_it_names(tmp_path):

@@ -32,7 +32,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> Parser:
-    from motor.cli import commands, serve
+    from motor.cli import commands, serve, tasks
 
     parser = Parser(
         prog="motor",
@@ -41,6 +41,7 @@ def build_parser() -> Parser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
     serve.register(sub)
     commands.register(sub)
+    tasks.register(sub)
     return parser
 
 
