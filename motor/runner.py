@@ -98,9 +98,37 @@ class StateDirLock:
 
 def _single(name: str, factory) -> actors.ChildSpec:
     """A subsystem: its own supervisor with its actor as the only child."""
+    if os.environ.get(FAULT_CRASH_ACTOR) == name:
+        factory = _crashing(factory)
     return actors.ChildSpec(name=name, factory=lambda: actors.Supervisor(
         name, [actors.ChildSpec(name=name, factory=factory)], strategy="one_for_one",
-        intensity=5, period=10.0))
+        intensity=SUBSYSTEM_INTENSITY, period=SUBSYSTEM_PERIOD_S))
+
+
+#: a subsystem's supervisor restarts its actor up to this many times in this many seconds,
+#: then gives up, which stops the runner (exit status 3)
+SUBSYSTEM_INTENSITY, SUBSYSTEM_PERIOD_S = 5, 10.0
+
+#: Fault hook for tests: the subsystem named here starts normally, then its actor raises
+#: FaultInjected on every message it handles (a crash loop).
+FAULT_CRASH_ACTOR = "MOTOR_FAULT_CRASH_ACTOR"
+
+
+class FaultInjected(RuntimeError):
+    """Raised by the actor named in MOTOR_FAULT_CRASH_ACTOR."""
+
+
+def _crashing(factory):
+    def make():
+        actor = factory()
+
+        async def handle(msg):
+            raise FaultInjected(f"{actor.name}: injected crash on {type(msg).__name__}")
+
+        actor.handle = handle
+        return actor
+
+    return make
 
 
 @dataclass
@@ -292,24 +320,64 @@ class Runner:
         return view
 
     async def health(self) -> dict:
-        view = await self.dispatcher.call(StatusView())
-        disk = await self.actor("disk").call(Sample())
-        cpus = await self.actor("cpu").call(Snapshot())
-        try:  # accounting figures are optional: a stuck accounting actor never stalls a probe
-            ledger = await self.actor("accounting").call(Report(self.clock.now_ms()), timeout=10)
-        except (actors.ActorDead, actors.CallTimeout):
-            ledger = {"admission_refusals": {}, "finished": {}, "underused": [],
+        """The health report. `status` is "ok", or "degraded" with `degraded` listing each
+        subsystem in trouble and why: a write refused for lack of space, recent crashes
+        (restarts counted against its supervisor's budget), or a part that did not answer.
+        A part that does not answer is left out; the probe itself never fails for it."""
+        degraded: list[dict] = []
+
+        async def ask(name: str, msg, timeout: float = 10):
+            try:
+                return await self.actor(name).call(msg, timeout=timeout)
+            except Exception as exc:  # noqa: BLE001 - reported, never raised to the probe
+                degraded.append({"subsystem": name, "cause": f"did not answer: {exc!r}"})
+                return None
+
+        view = await ask("dispatcher", StatusView())
+        disk = await ask("disk", Sample())
+        cpus = await ask("cpu", Snapshot())
+        ledger = await ask("accounting", Report(self.clock.now_ms()))
+        if ledger is None:  # accounting figures are optional: a stuck accounting actor
+            ledger = {"admission_refusals": {}, "finished": {}, "underused": [],  # never
                       "repositories": {}, "queue_wait_hourly": [], "accounting_unavailable": True}
-        report = {
-            "isolation": self.host.backend.health(),
-            "capacity": view["capacity"],
-            "cpus": {"online": cpus["online"], "allowed": cpus["allowed"],
-                     "kept_back": cpus["kept_back"], "jobs": cpus["jobs"]},
-            "disk": {"free_bytes": disk.free_bytes, "total_bytes": disk.total_bytes,
-                     "floor_bytes": self.config.floor_bytes(), "goal_bytes": self.config.goal_bytes()},
-        }
+        report: dict[str, Any] = {"isolation": self.host.backend.health()}
+        if view is not None:
+            report["capacity"] = view["capacity"]
+        if cpus is not None:
+            report["cpus"] = {"online": cpus["online"], "allowed": cpus["allowed"],
+                              "kept_back": cpus["kept_back"], "jobs": cpus["jobs"]}
+        if disk is not None:
+            report["disk"] = {"free_bytes": disk.free_bytes, "total_bytes": disk.total_bytes,
+                              "floor_bytes": self.config.floor_bytes(),
+                              "goal_bytes": self.config.goal_bytes()}
         report.update(ledger)
+        degraded = self._supervision_troubles() + degraded
+        if self.db.full_error is not None:
+            degraded.insert(0, {"subsystem": "store", "cause": self.db.full_error})
+        report["status"] = "degraded" if degraded else "ok"
+        report["degraded"] = degraded
         return report
+
+    def _supervision_troubles(self) -> list[dict]:
+        """Subsystems whose supervisor restarted a child within its window, or is down."""
+        out = []
+        for name in self.root.children():
+            try:
+                sup = self.root.ref(name)
+            except KeyError:
+                out.append({"subsystem": name, "cause": "not running"})
+                continue
+            if not isinstance(sup, actors.Supervisor):
+                continue
+            restarts = sup.restarts_in_window()
+            if not restarts:
+                continue
+            child, exc = sup.last_failure or (name, None)
+            out.append({
+                "subsystem": name, "restarts": restarts,
+                "cause": (f"{child} crashed: {exc!r}; restarted {restarts} time(s) in the last"
+                          f" {sup.period:g} s (more than {sup.intensity} stop the runner)")})
+        return out
 
     async def workspaces(self) -> list[dict]:
         """The workspace catalog: kind, root, cached sizes, idle time, why protected."""
@@ -394,8 +462,10 @@ async def open_runner(config: RunnerConfig, *, api: bool = False) -> AsyncIterat
                     accounting=None, spawner=spawner, backend=host.backend, clock=clock,
                     jobs_dir=jobs_dir, workspace_root=roots[0])
                 children = _children(config, host, db, hub, job_deps, tree, api)
+                # A subsystem whose supervisor gives up takes the runner down (the
+                # service manager restarts it): never limp on with a dead subsystem.
                 root = actors.Supervisor("runner", children, strategy="one_for_one",
-                                         intensity=3, period=30.0)
+                                         intensity=0, period=30.0)
                 tree.root = root
                 tree.runner = runner = Runner(config, root, db, hub, host, clock)
                 async with trio.open_nursery() as nursery:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ import actors
 from ..accounting.actor import AdmissionRefused, JobEnded, notify
 from ..clock import uuid7
 from ..config import parse_size
-from ..cpu.actor import Place
+from ..cpu.actor import Place, Release
 from ..disk.actor import Admit, HasBundle
 from ..execution.actor import Cancel, JobDeps, JobExecution, retain_until
 from ..memory.core import MemoryCeiling, admission as memory_admission, unit_limit
@@ -39,6 +40,7 @@ from ..records import (
     validate_request,
 )
 from ..store.actor import Save
+from ..store.db import StoreFull
 from .core import JobSpec, Scheduler, claim_for, gate_honoured, queue_wait_budget_s
 from .messages import (
     BundleArrived, CancelJob, CeilingChanged, Finished, Heartbeat, QueuedView, SetupDone, StartFailed, StatusView, Submit, Tick,
@@ -65,6 +67,18 @@ def spec_of(record: JobRecord) -> JobSpec:
         queue_wait_limit_s=record.queue_wait_limit_s, timeout_s=record.timeout_s,
         spill_eligible=record.spill_eligible, runner_enforces_budget=not record.follow,
     )
+
+
+def _disk_full_refusal(deps: DispatchDeps, detail: str) -> Refusal:
+    """`runner_disk_full` for a job the store could not record (the state fs is full)."""
+    state_dir = deps.job.config.state_path
+    try:
+        free = os.statvfs(state_dir)
+        free_bytes = free.f_bavail * free.f_frsize
+    except OSError:
+        free_bytes = None
+    return Refusal(code="runner_disk_full", detail=detail, free_bytes=free_bytes,
+                   floor_bytes=deps.job.config.floor_bytes())
 
 
 @dataclass(frozen=True)
@@ -233,10 +247,15 @@ class Dispatcher(actors.Actor):
         record = msgspec.structs.replace(record, queued_at_ms=record.accepted_at_ms)
         budget_ms = int(queue_wait_budget_s(spec_of(record),
                                             default_spill_s=deps.job.config.queue_wait_default_s) * 1000)
-        await deps.job.store.call(Save(record=record, events=[
-            Accepted(job_id=job_id, claim=claim, capabilities=list(deps.capabilities)),
-            Queued(queue_wait_budget_ms=budget_ms),
-        ]))
+        try:
+            await deps.job.store.call(Save(record=record, events=[
+                Accepted(job_id=job_id, claim=claim, capabilities=list(deps.capabilities)),
+                Queued(queue_wait_budget_ms=budget_ms),
+            ]))
+        except StoreFull as exc:  # not recorded, so not accepted: undo the core's accept
+            self.core.cancel(job_id, now)
+            notify(deps.job.accounting, AdmissionRefused("runner_disk_full"))
+            return _disk_full_refusal(deps, str(exc))
         self.queued[job_id] = record
         # Bundle present (verified, pinned): ready now. Missing: it waits, accepted and counted
         # in max_queue_depth, until the upload arrives (BundleArrived); its clock starts then.
@@ -257,10 +276,17 @@ class Dispatcher(actors.Actor):
             record = self.queued.pop(start.job_id)
             status = self.core.wait_status(start.job_id, now)
             cpus = await deps.job.cpu.call(Place(start.job_id, start.claim))
-            record = msgspec.structs.replace(
+            setup = msgspec.structs.replace(
                 record, state="setup", cpus=cpus, attempts=record.attempts + 1,
                 queue_wait_ms=status.queue_wait_ms, waiting_on=None, waiting_on_job=None)
-            await deps.job.store.call(Save(record=record))
+            try:
+                await deps.job.store.call(Save(record=setup))
+            except StoreFull as exc:  # nothing runs unrecorded: back to its queue, retry later
+                log.warning("dispatcher: cannot start %s: %s", start.job_id, exc)
+                await deps.job.cpu.call(Release(start.job_id))
+                self.core.start_failed(start.job_id, now)
+                self.queued[start.job_id] = record
+                continue
             self.active.add(start.job_id)
             await self._start_job_actor(start.job_id)
         self._rearm()
@@ -280,9 +306,12 @@ class Dispatcher(actors.Actor):
         record = self.deps.job.db.get(msg.job_id)
         record = msgspec.structs.replace(record, state="queued", cpus=None, detail=msg.detail)
         self.queued[msg.job_id] = record
-        await self.deps.job.store.call(Save(record=record, events=[
-            Queued(**self._wait_fields(msg.job_id, now),
-                   queue_wait_budget_ms=int(self._budget_s(msg.job_id) * 1000))]))
+        try:
+            await self.deps.job.store.call(Save(record=record, events=[
+                Queued(**self._wait_fields(msg.job_id, now),
+                       queue_wait_budget_ms=int(self._budget_s(msg.job_id) * 1000))]))
+        except StoreFull as exc:  # requeued here all the same; its next save records it
+            log.warning("dispatcher: %s requeued, not yet recorded: %s", msg.job_id, exc)
 
     async def _cancel(self, job_id: str, now: float) -> str:
         if job_id in self.queued:

@@ -70,10 +70,28 @@ class StoreError(RuntimeError):
     """The database could not be opened or is not motor's."""
 
 
+class StoreFull(StoreError):
+    """A write failed because the state filesystem is full (SQLITE_FULL, ENOSPC).
+
+    The write was rolled back whole; the connection stays usable, and the next write
+    succeeds once there is space again.
+    """
+
+
+def _is_full(exc: BaseException) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF == sqlite3.SQLITE_FULL
+    return isinstance(exc, sqlite3.Error) and "disk is full" in str(exc)
+
+
 class Database:
     def __init__(self, path: Path, *, max_output_bytes: int | None = None):
         self.path = path
         self.max_output_bytes = max_output_bytes
+        #: why the last write failed for lack of space (None: the last write succeeded);
+        #: health reports it as `degraded`
+        self.full_error: str | None = None
         try:
             self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self.conn.execute("PRAGMA journal_mode=WAL")
@@ -133,10 +151,22 @@ class Database:
                 if self.max_output_bytes is not None:
                     self._evict_pages(record.job_id)
             conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
+        except BaseException as exc:
+            self._failed_write(exc, f"cannot save job {record.job_id}")
             raise
+        self.full_error = None
         return stamped
+
+    def _failed_write(self, exc: BaseException, what: str) -> None:
+        """Roll back what is left of a failed write; raise StoreFull when the disk is full.
+
+        SQLite rolls a transaction back itself on some errors (SQLITE_FULL among them), so
+        ROLLBACK runs only while a transaction is still open."""
+        if self.conn.in_transaction:
+            self.conn.execute("ROLLBACK")
+        if _is_full(exc):
+            self.full_error = f"{what}: the state filesystem is full ({exc})"
+            raise StoreFull(self.full_error) from None
 
     def _evict_pages(self, job_id: str) -> None:
         """Drop the oldest output pages of a job above the cap (inside save's transaction)."""
@@ -184,8 +214,8 @@ class Database:
                     self.conn.execute("DELETE FROM events WHERE job_id=?", (job_id,))
                     self.conn.execute("DELETE FROM jobs WHERE job_id=?", (job_id,))
                 self.conn.execute("COMMIT")
-            except BaseException:
-                self.conn.execute("ROLLBACK")
+            except BaseException as exc:
+                self._failed_write(exc, "cannot delete expired jobs")
                 raise
         return ids
 

@@ -1,0 +1,115 @@
+"""A full state filesystem while the store saves: a typed refusal, and the store lives on.
+
+Issue 10 part 2: the store actor crashed on ENOSPC (`cannot rollback - no transaction is
+active`), never came back, and every later submit got `500 internal_error ActorDead`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+import subprocess
+
+import httpx
+import pytest
+
+from motor.records import JobRecord
+from motor.store.db import Database, StoreFull
+from polling import wait_for
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if os.geteuid() != 0 or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)],
+            capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def _fill(path) -> None:
+    """Write `path` until the filesystem refuses even one more byte (ENOSPC)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for size in (256 * 1024, 4096, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC
+    finally:
+        os.close(fd)
+
+
+def _http(socket) -> httpx.Client:
+    return httpx.Client(transport=httpx.HTTPTransport(uds=str(socket)), base_url="http://motor",
+                        timeout=30)
+
+
+def _ended(http, job_id) -> dict:
+    def ended():
+        record = http.get(f"/v1/jobs/{job_id}").json()
+        return record if record["state"] in ("succeeded", "failed", "lost") else None
+
+    return wait_for(ended, timeout=60, what=f"job {job_id} to end")
+
+
+def _job(big: int = 0) -> dict:
+    # a large env makes the record bigger than any WAL space SQLite may reuse
+    return {"command": ["sh", "-c", "echo hello"], "weight_hint": 1,
+            "env": {f"PAD{i}": "x" * 100_000 for i in range(big // 100_000)}}
+
+
+def test_store_save_on_a_full_filesystem_raises_store_full_and_keeps_working(small_tmpfs):
+    db = Database(small_tmpfs / "motor.db")
+    record = JobRecord(job_id="01900000-0000-7000-8000-000000000001", state="queued",
+                       workspace="w", command=["true"], claim=1, env={"PAD": "x" * 600_000})
+    filler = small_tmpfs / "filler"
+    _fill(filler)
+    with pytest.raises(StoreFull) as info:
+        db.save(record)
+    assert "full" in str(info.value)
+    assert not db.conn.in_transaction
+    filler.unlink()
+    db.save(record)  # the same connection works once space is back
+    assert db.get(record.job_id).env == record.env
+    db.close()
+
+
+def test_submit_on_a_full_state_fs_is_refused_runner_disk_full_then_works_once_freed(
+        small_tmpfs, serve_factory):
+    # the state dir is the tmpfs itself (the serve log lives beside it, on the disk);
+    # floor 0: the store, not admission, meets ENOSPC
+    serve = serve_factory(state_dir=small_tmpfs).start()
+    with _http(serve.socket) as http:
+        first = http.post("/v1/jobs", json=_job())
+        assert first.status_code == 202, first.text
+        assert _ended(http, first.json()["job_id"])["state"] == "succeeded"
+        filler = small_tmpfs / "filler"
+        _fill(filler)
+        for _ in range(3):  # repeated refusals: the store never crashes, never escalates
+            resp = http.post("/v1/jobs", json=_job(big=600_000))
+            assert resp.status_code == 503, resp.text
+            body = resp.json()
+            assert body["refused"] is True and body["code"] == "runner_disk_full"
+            assert "full" in body["detail"]
+        health = http.get("/v1/health")
+        assert any(d["subsystem"] == "store" and "full" in d["cause"]
+                   for d in health.json().get("degraded", [])), health.text
+        filler.unlink()
+        resp = http.post("/v1/jobs", json=_job(big=600_000))
+        assert resp.status_code == 202, resp.text
+        assert _ended(http, resp.json()["job_id"])["state"] == "succeeded"
+        health = http.get("/v1/health")
+        assert health.status_code == 200 and not health.json().get("degraded"), health.text
+    assert serve.proc.poll() is None  # no restart was needed
+    log = serve.log.read_text()
+    assert "ActorDead" not in log and "crashed" not in log, log
