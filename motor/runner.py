@@ -60,6 +60,7 @@ from .scheduling.messages import (
 )
 from .store.actor import ChangeHub, StoreActor, open_database
 from .store.db import StoreError
+from .store.files import private_umask
 
 log = logging.getLogger("motor.runner")
 
@@ -430,6 +431,13 @@ class Runner:
 async def open_runner(config: RunnerConfig, *, api: bool = False) -> AsyncIterator[Runner]:
     """Start the runner's supervisor tree; stop it in order on exit."""
     config.validate()
+    with private_umask():  # before anything is created: state files are 0600, dirs 0700
+        async with _open_runner(config, api=api) as runner:
+            yield runner
+
+
+@asynccontextmanager
+async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runner]:
     state = config.state_path
     state.mkdir(parents=True, exist_ok=True, mode=0o700)
     jobs_dir = state / "jobs"

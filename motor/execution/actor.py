@@ -43,6 +43,7 @@ from ..disk.actor import JobIdle, PrepareSetup, offload
 from ..disk.bundles import BundleError, unpack_into
 from ..scheduling.messages import Finished, SetupDone, StartFailed
 from ..store.actor import Save
+from ..store.files import job_umask
 from ..records import Refusal, JobRecord, Output, Started, Terminal, public_record
 from . import joblog
 from .spawner import cancel_keeper, process_alive, wait_process_exit
@@ -219,6 +220,7 @@ class JobExecution(actors.Actor):
                 "cpus": record.cpus,
                 "timeout_s": record.timeout_s,
                 "kill_grace_s": 10.0,
+                "umask": job_umask(),  # the operator's; the runner's own is 077
             }
             # the isolation backend confines the job (cgroup: its groups, limits, cgroup.procs)
             prepared = True
