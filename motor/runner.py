@@ -97,6 +97,45 @@ class StateDirLock:
             self.fd = None
 
 
+def _state_dir_problem(state: Path, path: Path, exc: OSError) -> str:
+    if exc.errno == errno.EROFS:
+        return f"state dir {state} is on a read-only filesystem ({path}: {exc.strerror}); motor must write there"
+    if isinstance(exc, (FileExistsError, NotADirectoryError)):
+        return f"{path} is not a directory (a file is in the way): move it aside"
+    return f"cannot use state dir {state}: {path}: {exc.strerror or exc}"
+
+
+def _make_dir(path: Path, state: Path) -> None:
+    """mkdir -p (0700 under the runner's umask); a problem is one start-up line."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise StartupError(_state_dir_problem(state, path, exc)) from None
+    if not path.is_dir():
+        raise StartupError(f"{path} is not a directory (a file is in the way): move it aside")
+
+
+def check_database_present(db_path: Path, jobs_dir: Path) -> None:
+    """Refuse to start with no job records while job directories exist: those jobs may
+    still run under their keepers, and starting empty would leave them unsupervised and
+    their records lost without a word."""
+    try:
+        if db_path.exists() and db_path.stat().st_size > 0:
+            return
+        job_dirs = [p for p in jobs_dir.iterdir() if p.is_dir()]
+    except OSError as exc:
+        raise StartupError(f"cannot read {jobs_dir}: {exc.strerror}") from None
+    if not job_dirs:
+        return
+    problem = "is missing" if not db_path.exists() else "is empty"
+    n = len(job_dirs)
+    raise StartupError(
+        f"the job database {db_path} {problem} but {jobs_dir} holds {n} job"
+        f" director{'y' if n == 1 else 'ies'} (jobs that may still be running under their"
+        f" keepers): restore motor.db (with motor.db-wal) from a backup, or move {jobs_dir}"
+        f" aside to start with no history")
+
+
 def _single(name: str, factory) -> actors.ChildSpec:
     """A subsystem: its own supervisor with its actor as the only child."""
     if os.environ.get(FAULT_CRASH_ACTOR) == name:
@@ -439,15 +478,17 @@ async def open_runner(config: RunnerConfig, *, api: bool = False) -> AsyncIterat
 @asynccontextmanager
 async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runner]:
     state = config.state_path
-    state.mkdir(parents=True, exist_ok=True, mode=0o700)
     jobs_dir = state / "jobs"
-    jobs_dir.mkdir(exist_ok=True)
     roots = config.workspace_roots
-    for root in roots:
-        root.mkdir(parents=True, exist_ok=True)
+    for path in (state, jobs_dir, *roots):
+        _make_dir(path, state)
     lock = StateDirLock(state)
-    lock.acquire()
     try:
+        lock.acquire()
+    except OSError as exc:
+        raise StartupError(_state_dir_problem(state, lock.path, exc)) from None
+    try:
+        check_database_present(state / "motor.db", jobs_dir)
         host = probe_host(config)
         if api:
             from .api.server import SocketInUse, claim_socket_path

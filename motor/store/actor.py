@@ -83,5 +83,6 @@ class StoreActor(actors.Actor):
         raise TypeError(f"store: unknown message {msg!r}")
 
 
-def open_database(state_dir: Path, *, max_output_bytes: int | None = None) -> Database:
-    return Database(state_dir / "motor.db", max_output_bytes=max_output_bytes)
+def open_database(state_dir: Path, *, max_output_bytes: int | None = None,
+                  check: bool = True) -> Database:
+    return Database(state_dir / "motor.db", max_output_bytes=max_output_bytes, check=check)

@@ -86,7 +86,9 @@ def _is_full(exc: BaseException) -> bool:
 
 
 class Database:
-    def __init__(self, path: Path, *, max_output_bytes: int | None = None):
+    def __init__(self, path: Path, *, max_output_bytes: int | None = None, check: bool = False):
+        """Open (create) the database. `check`: run `PRAGMA quick_check` first (the runner
+        does at start-up: a corrupt page stops it with one line instead of surfacing later)."""
         self.path = path
         self.max_output_bytes = max_output_bytes
         #: why the last write failed for lack of space (None: the last write succeeded);
@@ -103,12 +105,26 @@ class Database:
                 if column not in have:
                     self.conn.execute(f"ALTER TABLE jobs ADD COLUMN {column} {decl}")
             row = self.conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            if check:
+                self._quick_check()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot open job database {path}: {exc}") from None
         if row is None:
             self.conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
         elif int(row[0]) > SCHEMA_VERSION:
             raise StoreError(f"{path} has schema {row[0]}, newer than this motor ({SCHEMA_VERSION})")
+
+    def _quick_check(self) -> None:
+        try:
+            rows = self.conn.execute("PRAGMA quick_check(3)").fetchall()
+        except sqlite3.DatabaseError as exc:
+            rows = [(str(exc),)]
+        if rows != [("ok",)]:
+            found = "; ".join(str(r[0]).strip() for r in rows)
+            raise StoreError(
+                f"job database {self.path} is damaged (database disk image is malformed:"
+                f" {found}); stop here, keep a copy, then restore it from a backup or rebuild"
+                f" it with `sqlite3 motor.db .recover`")
 
     def close(self) -> None:
         self.conn.close()
