@@ -102,14 +102,22 @@ def test_submit_on_a_full_state_fs_is_refused_runner_disk_full_then_works_once_f
             assert body["refused"] is True and body["code"] == "runner_disk_full"
             assert "full" in body["detail"]
         health = http.get("/v1/health")
+        assert health.status_code == 200 and health.json()["status"] == "degraded"
         assert any(d["subsystem"] == "store" and "full" in d["cause"]
-                   for d in health.json().get("degraded", [])), health.text
+                   for d in health.json()["degraded"]), health.text
+        metrics = http.get("/metrics").text
+        assert "motor_degraded 1.0" in metrics
+        assert 'motor_degraded_subsystem{subsystem="store"} 1.0' in metrics
+        shown = serve.cli("health")
+        assert shown.returncode == 0 and b"status: DEGRADED" in shown.stdout
+        assert b"store: cannot save job" in shown.stdout
         filler.unlink()
         resp = http.post("/v1/jobs", json=_job(big=600_000))
         assert resp.status_code == 202, resp.text
         assert _ended(http, resp.json()["job_id"])["state"] == "succeeded"
         health = http.get("/v1/health")
-        assert health.status_code == 200 and not health.json().get("degraded"), health.text
+        assert health.status_code == 200 and health.json()["status"] == "ok", health.text
+        assert health.json()["degraded"] == [] and "motor_degraded 0.0" in http.get("/metrics").text
     assert serve.proc.poll() is None  # no restart was needed
     log = serve.log.read_text()
     assert "ActorDead" not in log and "crashed" not in log, log
