@@ -12,7 +12,9 @@ runner (one_for_one)
 └── api          ApiActor          HTTP on the Unix socket (only under `serve`)
 ```
 Each subsystem is its own supervisor with its actor as child, so a crash restarts only that
-actor (rebuilding its state from the store) and a crash loop escalates to the root.
+actor (rebuilding its state from the store). A crash loop escalates to the root, which
+never restarts a subsystem: the runner stops (`serve` exits 3) and the service manager
+starts a fresh one.
 Children start in this order and stop in reverse: the API stops accepting first, the
 store closes last.
 """
