@@ -121,3 +121,36 @@ def test_submit_on_a_full_state_fs_is_refused_runner_disk_full_then_works_once_f
     assert serve.proc.poll() is None  # no restart was needed
     log = serve.log.read_text()
     assert "ActorDead" not in log and "crashed" not in log, log
+
+
+def test_a_job_ending_while_the_state_fs_is_full_is_recorded_once_space_is_back(
+        small_tmpfs, serve_factory, tmp_path):
+    serve = serve_factory(state_dir=small_tmpfs).start()
+    barrier = tmp_path / "go"  # on the disk, not on the tmpfs
+    job = _job(big=600_000)  # its terminal record needs more room than will be left
+    job["command"] = ["sh", "-c", f"echo started; while [ ! -e {barrier} ]; do sleep 0.02; done"]
+    with _http(serve.socket) as http:
+        resp = http.post("/v1/jobs", json=job)
+        assert resp.status_code == 202, resp.text
+        job_id = resp.json()["job_id"]
+        wait_for(lambda: http.get(f"/v1/jobs/{job_id}").json()["state"] == "running",
+                 what="the job to run")
+        filler = small_tmpfs / "filler"
+        _fill(filler)
+        os.truncate(filler, filler.stat().st_size - 64 * 1024)  # room for status.json only
+        barrier.touch()
+        status = small_tmpfs / "jobs" / job_id / "status.json"
+        wait_for(status.exists, what="the keeper to record the exit")
+
+        def store_full():
+            return any(d["subsystem"] == "store" and "full" in d["cause"]
+                       for d in http.get("/v1/health").json()["degraded"])
+
+        wait_for(store_full, what="the terminal save to meet the full disk")
+        assert http.get(f"/v1/jobs/{job_id}").json()["state"] == "running"  # not yet recorded
+        filler.unlink()
+        assert _ended(http, job_id)["state"] == "succeeded"
+        assert http.get("/v1/health").json()["status"] == "ok"
+    assert serve.proc.poll() is None  # the runner never stopped
+    log = serve.log.read_text()
+    assert "crashed" not in log and "gave up" not in log, log
