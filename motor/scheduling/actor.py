@@ -81,6 +81,15 @@ def _disk_full_refusal(deps: DispatchDeps, detail: str) -> Refusal:
                    floor_bytes=deps.job.config.floor_bytes())
 
 
+#: how long the dispatcher waits before retrying saves the store refused for lack of space
+STORE_FULL_RETRY_S = 1.0
+
+
+@dataclass(frozen=True)
+class _FlushUnsaved:
+    """Internal: retry the saves the store refused for lack of space."""
+
+
 @dataclass(frozen=True)
 class _Dispatch:
     """Internal: run the start decision (queued by a submit, after its reply)."""
@@ -104,6 +113,10 @@ class Dispatcher(actors.Actor):
         self._dispatch_pending = False  # a _Dispatch message is in our inbox
         self._timer: trio.CancelScope | None = None
         self._wakeup = math.inf
+        #: {job_id: Save} decided here but refused by the store for lack of space (StoreFull):
+        #: retried every STORE_FULL_RETRY_S; a later save of the same job supersedes it
+        self._unsaved: dict[str, Save] = {}
+        self._flush_armed = False
 
     # -- life ---------------------------------------------------------------------------
 
@@ -191,6 +204,9 @@ class Dispatcher(actors.Actor):
                 await self._withdraw(job_id, now, reason="queue_wait_exceeded")
         elif isinstance(msg, _Dispatch):
             self._dispatch_pending = False
+        elif isinstance(msg, _FlushUnsaved):
+            self._flush_armed = False
+            await self._flush_unsaved()
         else:
             raise TypeError(f"dispatcher: unknown message {msg!r}")
         if isinstance(msg, (QueuedView, Heartbeat, StatusView)):
@@ -287,6 +303,7 @@ class Dispatcher(actors.Actor):
                 self.core.start_failed(start.job_id, now)
                 self.queued[start.job_id] = record
                 continue
+            self._unsaved.pop(start.job_id, None)  # superseded (a deferred requeue)
             self.active.add(start.job_id)
             await self._start_job_actor(start.job_id)
         self._rearm()
@@ -306,12 +323,9 @@ class Dispatcher(actors.Actor):
         record = self.deps.job.db.get(msg.job_id)
         record = msgspec.structs.replace(record, state="queued", cpus=None, detail=msg.detail)
         self.queued[msg.job_id] = record
-        try:
-            await self.deps.job.store.call(Save(record=record, events=[
-                Queued(**self._wait_fields(msg.job_id, now),
-                       queue_wait_budget_ms=int(self._budget_s(msg.job_id) * 1000))]))
-        except StoreFull as exc:  # requeued here all the same; its next save records it
-            log.warning("dispatcher: %s requeued, not yet recorded: %s", msg.job_id, exc)
+        await self._save_or_defer(Save(record=record, events=[
+            Queued(**self._wait_fields(msg.job_id, now),
+                   queue_wait_budget_ms=int(self._budget_s(msg.job_id) * 1000))]))
 
     async def _cancel(self, job_id: str, now: float) -> str:
         if job_id in self.queued:
@@ -350,10 +364,45 @@ class Dispatcher(actors.Actor):
             record, state=state, reason=reason, detail=detail, ended_at_ms=ended,
             waiting_on=None, waiting_on_job=None,
             queue_wait_ms=record.queue_wait_ms if queue_wait_ms is None else queue_wait_ms)
-        await self.deps.job.store.call(Save(
+        await self._save_or_defer(Save(
             record=record, events=[Terminal(record=public_record(record))],
             retain_until_ms=retain_until(record)))
         notify(self.deps.job.accounting, JobEnded(record))
+
+    async def _save_or_defer(self, msg: Save) -> None:
+        """Record a decision already taken here (requeue, cancel, withdraw). If the state
+        filesystem is full, the decision stands in memory and the save is retried every
+        STORE_FULL_RETRY_S until it succeeds (health shows the store degraded meanwhile)."""
+        job_id = msg.record.job_id
+        self._unsaved.pop(job_id, None)  # superseded by this newer save
+        try:
+            await self.deps.job.store.call(msg)
+        except StoreFull as exc:
+            log.warning("dispatcher: %s %s, not recorded yet (retrying): %s",
+                        job_id, msg.record.state, exc)
+            self._unsaved[job_id] = msg
+            self._arm_flush()
+
+    def _arm_flush(self) -> None:
+        if self._flush_armed or not self._unsaved:
+            return
+        self._flush_armed = True
+
+        async def later():
+            await trio.sleep(STORE_FULL_RETRY_S)
+            await self.ref.cast(_FlushUnsaved())
+
+        self.nursery.start_soon(later)
+
+    async def _flush_unsaved(self) -> None:
+        for job_id, msg in list(self._unsaved.items()):
+            try:
+                await self.deps.job.store.call(msg)
+            except StoreFull:
+                break
+            if self._unsaved.get(job_id) is msg:
+                del self._unsaved[job_id]
+        self._arm_flush()
 
     # -- views ---------------------------------------------------------------------------
 

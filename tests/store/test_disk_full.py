@@ -57,7 +57,7 @@ def _http(socket) -> httpx.Client:
 def _ended(http, job_id) -> dict:
     def ended():
         record = http.get(f"/v1/jobs/{job_id}").json()
-        return record if record["state"] in ("succeeded", "failed", "lost") else None
+        return record if record["state"] in ("succeeded", "failed", "lost", "cancelled") else None
 
     return wait_for(ended, timeout=60, what=f"job {job_id} to end")
 
@@ -127,8 +127,12 @@ def test_a_job_ending_while_the_state_fs_is_full_is_recorded_once_space_is_back(
         small_tmpfs, serve_factory, tmp_path):
     serve = serve_factory(state_dir=small_tmpfs).start()
     barrier = tmp_path / "go"  # on the disk, not on the tmpfs
-    job = _job(big=600_000)  # its terminal record needs more room than will be left
-    job["command"] = ["sh", "-c", f"echo started; while [ ! -e {barrier} ]; do sleep 0.02; done"]
+    # its terminal record (200 kB of env) needs more room than will be left; every save
+    # appends to the WAL (5 saves stay below SQLite's 1000-page autocheckpoint, after which
+    # the WAL would be reused from its start and need no new space)
+    job = _job(big=200_000)
+    # silent: no output save may take the last free bytes before the keeper's status.json
+    job["command"] = ["sh", "-c", f"while [ ! -e {barrier} ]; do sleep 0.02; done"]
     with _http(serve.socket) as http:
         resp = http.post("/v1/jobs", json=job)
         assert resp.status_code == 202, resp.text
@@ -137,7 +141,7 @@ def test_a_job_ending_while_the_state_fs_is_full_is_recorded_once_space_is_back(
                  what="the job to run")
         filler = small_tmpfs / "filler"
         _fill(filler)
-        os.truncate(filler, filler.stat().st_size - 64 * 1024)  # room for status.json only
+        os.truncate(filler, filler.stat().st_size - 32 * 1024)  # room for status.json only
         barrier.touch()
         status = small_tmpfs / "jobs" / job_id / "status.json"
         wait_for(status.exists, what="the keeper to record the exit")
@@ -154,3 +158,30 @@ def test_a_job_ending_while_the_state_fs_is_full_is_recorded_once_space_is_back(
     assert serve.proc.poll() is None  # the runner never stopped
     log = serve.log.read_text()
     assert "crashed" not in log and "gave up" not in log, log
+
+
+def test_cancelling_a_queued_job_on_a_full_state_fs_is_recorded_once_space_is_back(
+        small_tmpfs, serve_factory, tmp_path):
+    serve = serve_factory("--max-weight", "1", state_dir=small_tmpfs).start()
+    barrier = tmp_path / "go"
+    holder = _job()
+    holder["command"] = ["sh", "-c", f"while [ ! -e {barrier} ]; do sleep 0.02; done"]
+    with _http(serve.socket) as http:
+        assert http.post("/v1/jobs", json=holder).status_code == 202
+        resp = http.post("/v1/jobs", json=_job(big=600_000))  # waits behind the holder
+        assert resp.status_code == 202, resp.text
+        job_id = resp.json()["job_id"]
+        filler = small_tmpfs / "filler"
+        _fill(filler)
+        resp = http.post(f"/v1/jobs/{job_id}/cancel")
+        assert resp.status_code == 200, resp.text
+        assert http.get("/v1/health").json()["status"] == "degraded"
+        filler.unlink()
+        record = _ended(http, job_id)
+        assert record["state"] == "cancelled" and record["reason"] == "cancelled"
+        barrier.touch()
+        wait_for(lambda: http.get("/v1/health").json()["capacity"]["held_permits"] == 0,
+                 what="the holder to end")
+    assert serve.proc.poll() is None
+    log = serve.log.read_text()
+    assert "crashed" not in log, log
