@@ -12,11 +12,17 @@ import os
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, motor_env
 from polling import json_lines
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def motor_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in ("MOTOR_SOCKET", "MOTOR_STATE_DIR")}
 
 pytestmark = pytest.mark.e2e
 

@@ -8,15 +8,18 @@ that subsystem's actor starts normally, then raises on every message it handles.
 from __future__ import annotations
 
 import json
+import os
 import socket as socketlib
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, motor_env
 from polling import wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.e2e
 
@@ -45,7 +48,8 @@ def test_a_crash_looping_subsystem_shows_degraded_then_the_runner_exits_non_zero
             [sys.executable, "-m", "motor", "serve", "--state-dir", str(state),
              "--free-space-floor-bytes", "0", "--isolation", "none"],
             stdout=out, stderr=subprocess.PIPE, cwd=ROOT,
-            env=motor_env({"MOTOR_FAULT_CRASH_ACTOR": "accounting"}))
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("MOTOR_")},
+                 "MOTOR_FAULT_CRASH_ACTOR": "accounting"})
     try:
         wait_for(lambda: b"listening on" in log.read_bytes() or proc.poll() is not None,
                  what="serve to start")
