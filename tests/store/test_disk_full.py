@@ -68,19 +68,27 @@ def _job(big: int = 0) -> dict:
             "env": {f"PAD{i}": "x" * 100_000 for i in range(big // 100_000)}}
 
 
-def test_store_save_on_a_full_filesystem_raises_store_full_and_keeps_working(small_tmpfs):
+def test_store_writes_on_a_full_filesystem_raise_store_full_and_the_store_keeps_working(
+        small_tmpfs):
     db = Database(small_tmpfs / "motor.db")
-    record = JobRecord(job_id="01900000-0000-7000-8000-000000000001", state="queued",
+    done = JobRecord(job_id="01900000-0000-7000-8000-000000000001", state="succeeded",
+                     workspace="w", command=["true"], claim=1, ended_at_ms=1)
+    db.save(done, retain_until_ms=1000)
+    record = JobRecord(job_id="01900000-0000-7000-8000-000000000002", state="queued",
                        workspace="w", command=["true"], claim=1, env={"PAD": "x" * 600_000})
     filler = small_tmpfs / "filler"
     _fill(filler)
-    with pytest.raises(StoreFull) as info:
+    with pytest.raises(StoreFull) as info:  # today: "cannot rollback - no transaction is active"
         db.save(record)
-    assert "full" in str(info.value)
-    assert not db.conn.in_transaction
+    assert "full" in str(info.value) and db.full_error == str(info.value)
+    assert not db.conn.in_transaction and db.get(record.job_id) is None
+    with pytest.raises(StoreFull):  # retention deletes need room in the WAL too
+        db.expire(now_ms=2000)
+    assert db.get(done.job_id) is not None
     filler.unlink()
     db.save(record)  # the same connection works once space is back
-    assert db.get(record.job_id).env == record.env
+    assert db.get(record.job_id).env == record.env and db.full_error is None
+    assert db.expire(now_ms=2000) == [done.job_id]
     db.close()
 
 
