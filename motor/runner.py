@@ -138,15 +138,6 @@ def check_database_present(db_path: Path, jobs_dir: Path) -> None:
         f" aside to start with no history")
 
 
-def _single(name: str, factory) -> actors.ChildSpec:
-    """A subsystem: its own supervisor with its actor as the only child."""
-    if os.environ.get(FAULT_CRASH_ACTOR) == name:
-        factory = _crashing(factory)
-    return actors.ChildSpec(name=name, factory=lambda: actors.Supervisor(
-        name, [actors.ChildSpec(name=name, factory=factory)], strategy="one_for_one",
-        intensity=SUBSYSTEM_INTENSITY, period=SUBSYSTEM_PERIOD_S))
-
-
 #: a subsystem's supervisor restarts its actor up to this many times in this many seconds,
 #: then gives up, which stops the runner (exit status 3)
 SUBSYSTEM_INTENSITY, SUBSYSTEM_PERIOD_S = 5, 10.0
@@ -171,6 +162,15 @@ def _crashing(factory):
         return actor
 
     return make
+
+
+def _single(name: str, factory) -> actors.ChildSpec:
+    """A subsystem: its own supervisor with its actor as the only child."""
+    if os.environ.get(FAULT_CRASH_ACTOR) == name:
+        factory = _crashing(factory)
+    return actors.ChildSpec(name=name, factory=lambda: actors.Supervisor(
+        name, [actors.ChildSpec(name=name, factory=factory)], strategy="one_for_one",
+        intensity=SUBSYSTEM_INTENSITY, period=SUBSYSTEM_PERIOD_S))
 
 
 @dataclass
@@ -379,8 +379,8 @@ class Runner:
         disk = await ask("disk", Sample())
         cpus = await ask("cpu", Snapshot())
         ledger = await ask("accounting", Report(self.clock.now_ms()))
-        if ledger is None:  # accounting figures are optional: a stuck accounting actor
-            ledger = {"admission_refusals": {}, "finished": {}, "underused": [],  # never
+        if ledger is None:  # optional figures: a stuck accounting actor never fails a probe
+            ledger = {"admission_refusals": {}, "finished": {}, "underused": [],
                       "repositories": {}, "queue_wait_hourly": [], "accounting_unavailable": True}
         report: dict[str, Any] = {"isolation": self.host.backend.health()}
         if view is not None:
