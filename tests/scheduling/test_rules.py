@@ -673,3 +673,16 @@ def test_adopted_running_job_holds_its_claim_and_workspace_until_finished():
     assert s.wait_status("big", 1.0).waiting_on == "permits"
     s.finished("old", 2.0)
     assert sorted(st.job_id for st in s.decide(2.0)) == ["big", "same-ws"]
+
+
+def test_a_job_adopted_while_setting_up_whose_start_then_fails_is_requeued():
+    """After a restart a job recorded in `setup` is adopted as running; if its setup then
+    fails (it never spawned), it goes back to its queue like any failed start."""
+    s = Scheduler(max_weight=4, max_queue_depth=8, claim_limit=4)
+    s.adopt_running(JobSpec(job_id="old", workspace="w", claim=3), 0.0)
+    s.start_failed("old", 1.0)
+    assert s.job_state("old") == "queued"
+    stats = s.statistics()
+    assert stats.held_permits == 0 and stats.setup_permits == 0
+    assert s.decide(1.0) == []  # its retry delay first
+    assert [st.job_id for st in s.decide(1.0 + 3600)] == ["old"]
