@@ -155,6 +155,11 @@ class Actor:
     """
 
     inbox_size: float = 16
+    #: Exceptions ``handle`` raises as an answer, not as a crash: a ``call`` gets them
+    #: raised (same object) and the actor goes on with its next message (a ``cast`` that
+    #: raises one is logged). Only list errors after which the actor's state is intact,
+    #: e.g. a write that failed whole and was rolled back.
+    replied_errors: tuple[type[Exception], ...] = ()
 
     def __init__(self, *, name: str | None = None, inbox_size: float | None = None):
         self._explicit_name = name is not None
@@ -251,7 +256,11 @@ class Actor:
             if reply is not None:
                 self._pending.discard(reply)
                 reply.set(outcome.Error(exc))
-            raise
+            if not isinstance(exc, self.replied_errors):
+                raise
+            if reply is None:
+                logger.warning("actor %s: cast %r failed: %r", self.name, env.msg, exc)
+            return
         finally:
             self._ref._messages_handled += 1
         if reply is not None:

@@ -104,6 +104,8 @@ class Supervisor:
         self._running = False
         self._shutdown_requested = False
         self._done = trio.Event()
+        #: (child name, exception) of the latest crash or failed start, for health reports
+        self.last_failure: tuple[str, BaseException] | None = None
 
     def __repr__(self) -> str:
         return f"<Supervisor {self.name!r} children={self.children()}>"
@@ -112,6 +114,18 @@ class Supervisor:
     @property
     def alive(self) -> bool:
         return self._running and not self._shutdown_requested
+
+    @property
+    def intensity(self) -> int:
+        return self._budget.intensity
+
+    @property
+    def period(self) -> float:
+        return self._budget.period
+
+    def restarts_in_window(self) -> int:
+        """Restarts counted against the budget now (more than ``intensity``: it gives up)."""
+        return self._budget.used(trio.current_time())
 
     def children(self) -> list[str]:
         return [child.spec.name for child in self._children]
@@ -271,6 +285,7 @@ class Supervisor:
         if exc is None:
             logger.info("supervisor %s: child %s exited normally", self.name, name)
         else:
+            self.last_failure = (name, exc)
             logger.warning("supervisor %s: child %s crashed: %r", self.name, name, exc)
         restart = child.spec.restart
         if restart == "temporary" or (restart == "transient" and exc is None):
@@ -308,6 +323,7 @@ class Supervisor:
                     "supervisor %s: restart of %s failed: %r", self.name, name, start_exc
                 )
                 exc = start_exc
+                self.last_failure = (name, exc)
 
     async def _stop_instance(self, child: _Child) -> None:
         instance, done = child.instance, child.done

@@ -12,7 +12,9 @@ runner (one_for_one)
 └── api          ApiActor          HTTP on the Unix socket (only under `serve`)
 ```
 Each subsystem is its own supervisor with its actor as child, so a crash restarts only that
-actor (rebuilding its state from the store) and a crash loop escalates to the root.
+actor (rebuilding its state from the store). A crash loop escalates to the root, which
+never restarts a subsystem: the runner stops (`serve` exits 3) and the service manager
+starts a fresh one.
 Children start in this order and stop in reverse: the API stops accepting first, the
 store closes last.
 """
@@ -60,6 +62,7 @@ from .scheduling.messages import (
 )
 from .store.actor import ChangeHub, StoreActor, open_database
 from .store.db import StoreError
+from .store.files import private_umask
 
 log = logging.getLogger("motor.runner")
 
@@ -96,11 +99,78 @@ class StateDirLock:
             self.fd = None
 
 
+def _state_dir_problem(state: Path, path: Path, exc: OSError) -> str:
+    if exc.errno == errno.EROFS:
+        return f"state dir {state} is on a read-only filesystem ({path}: {exc.strerror}); motor must write there"
+    if isinstance(exc, (FileExistsError, NotADirectoryError)):
+        return f"{path} is not a directory (a file is in the way): move it aside"
+    return f"cannot use state dir {state}: {path}: {exc.strerror or exc}"
+
+
+def _make_dir(path: Path, state: Path) -> None:
+    """mkdir -p (0700 under the runner's umask); a problem is one start-up line."""
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise StartupError(_state_dir_problem(state, path, exc)) from None
+    if not path.is_dir():
+        raise StartupError(f"{path} is not a directory (a file is in the way): move it aside")
+
+
+def check_database_present(db_path: Path, jobs_dir: Path) -> None:
+    """Refuse to start with no job records while job directories exist: those jobs may
+    still run under their keepers, and starting empty would leave them unsupervised and
+    their records lost without a word."""
+    try:
+        if db_path.exists() and db_path.stat().st_size > 0:
+            return
+        job_dirs = [p for p in jobs_dir.iterdir() if p.is_dir()]
+    except OSError as exc:
+        raise StartupError(f"cannot read {jobs_dir}: {exc.strerror}") from None
+    if not job_dirs:
+        return
+    problem = "is missing" if not db_path.exists() else "is empty"
+    n = len(job_dirs)
+    raise StartupError(
+        f"the job database {db_path} {problem} but {jobs_dir} holds {n} job"
+        f" director{'y' if n == 1 else 'ies'} (jobs that may still be running under their"
+        f" keepers): restore motor.db (with motor.db-wal) from a backup, or move {jobs_dir}"
+        f" aside to start with no history")
+
+
+#: a subsystem's supervisor restarts its actor up to this many times in this many seconds,
+#: then gives up, which stops the runner (exit status 3)
+SUBSYSTEM_INTENSITY, SUBSYSTEM_PERIOD_S = 5, 10.0
+
+#: Fault hook for tests: the subsystem named here starts normally, then its actor raises
+#: FaultInjected on every message it handles (a crash loop).
+FAULT_CRASH_ACTOR = "MOTOR_FAULT_CRASH_ACTOR"
+
+
+class FaultInjected(RuntimeError):
+    """Raised by the actor named in MOTOR_FAULT_CRASH_ACTOR."""
+
+
+def _crashing(factory):
+    def make():
+        actor = factory()
+
+        async def handle(msg):
+            raise FaultInjected(f"{actor.name}: injected crash on {type(msg).__name__}")
+
+        actor.handle = handle
+        return actor
+
+    return make
+
+
 def _single(name: str, factory) -> actors.ChildSpec:
     """A subsystem: its own supervisor with its actor as the only child."""
+    if os.environ.get(FAULT_CRASH_ACTOR) == name:
+        factory = _crashing(factory)
     return actors.ChildSpec(name=name, factory=lambda: actors.Supervisor(
         name, [actors.ChildSpec(name=name, factory=factory)], strategy="one_for_one",
-        intensity=5, period=10.0))
+        intensity=SUBSYSTEM_INTENSITY, period=SUBSYSTEM_PERIOD_S))
 
 
 @dataclass
@@ -310,24 +380,64 @@ class Runner:
         return view
 
     async def health(self) -> dict:
-        view = await self.dispatcher.call(StatusView())
-        disk = await self.actor("disk").call(Sample())
-        cpus = await self.actor("cpu").call(Snapshot())
-        try:  # accounting figures are optional: a stuck accounting actor never stalls a probe
-            ledger = await self.actor("accounting").call(Report(self.clock.now_ms()), timeout=10)
-        except (actors.ActorDead, actors.CallTimeout):
+        """The health report. `status` is "ok", or "degraded" with `degraded` listing each
+        subsystem in trouble and why: a write refused for lack of space, recent crashes
+        (restarts counted against its supervisor's budget), or a part that did not answer.
+        A part that does not answer is left out; the probe itself never fails for it."""
+        degraded: list[dict] = []
+
+        async def ask(name: str, msg, timeout: float = 10):
+            try:
+                return await self.actor(name).call(msg, timeout=timeout)
+            except Exception as exc:  # noqa: BLE001 - reported, never raised to the probe
+                degraded.append({"subsystem": name, "cause": f"did not answer: {exc!r}"})
+                return None
+
+        view = await ask("dispatcher", StatusView())
+        disk = await ask("disk", Sample())
+        cpus = await ask("cpu", Snapshot())
+        ledger = await ask("accounting", Report(self.clock.now_ms()))
+        if ledger is None:  # optional figures: a stuck accounting actor never fails a probe
             ledger = {"admission_refusals": {}, "finished": {}, "underused": [],
                       "repositories": {}, "queue_wait_hourly": [], "accounting_unavailable": True}
-        report = {
-            "isolation": self.host.backend.health(),
-            "capacity": view["capacity"],
-            "cpus": {"online": cpus["online"], "allowed": cpus["allowed"],
-                     "kept_back": cpus["kept_back"], "jobs": cpus["jobs"]},
-            "disk": {"free_bytes": disk.free_bytes, "total_bytes": disk.total_bytes,
-                     "floor_bytes": self.config.floor_bytes(), "goal_bytes": self.config.goal_bytes()},
-        }
+        report: dict[str, Any] = {"isolation": self.host.backend.health()}
+        if view is not None:
+            report["capacity"] = view["capacity"]
+        if cpus is not None:
+            report["cpus"] = {"online": cpus["online"], "allowed": cpus["allowed"],
+                              "kept_back": cpus["kept_back"], "jobs": cpus["jobs"]}
+        if disk is not None:
+            report["disk"] = {"free_bytes": disk.free_bytes, "total_bytes": disk.total_bytes,
+                              "floor_bytes": self.config.floor_bytes(),
+                              "goal_bytes": self.config.goal_bytes()}
         report.update(ledger)
+        degraded = self._supervision_troubles() + degraded
+        if self.db.full_error is not None:
+            degraded.insert(0, {"subsystem": "store", "cause": self.db.full_error})
+        report["status"] = "degraded" if degraded else "ok"
+        report["degraded"] = degraded
         return report
+
+    def _supervision_troubles(self) -> list[dict]:
+        """Subsystems whose supervisor restarted a child within its window, or is down."""
+        out = []
+        for name in self.root.children():
+            try:
+                sup = self.root.ref(name)
+            except KeyError:
+                out.append({"subsystem": name, "cause": "not running"})
+                continue
+            if not isinstance(sup, actors.Supervisor):
+                continue
+            restarts = sup.restarts_in_window()
+            if not restarts:
+                continue
+            child, exc = sup.last_failure or (name, None)
+            out.append({
+                "subsystem": name, "restarts": restarts,
+                "cause": (f"{child} crashed: {exc!r}; restarted {restarts} time(s) in the last"
+                          f" {sup.period:g} s (more than {sup.intensity} stop the runner)")})
+        return out
 
     async def workspaces(self) -> list[dict]:
         """The workspace catalog: kind, root, cached sizes, idle time, why protected."""
@@ -382,16 +492,25 @@ class Runner:
 async def open_runner(config: RunnerConfig, *, api: bool = False) -> AsyncIterator[Runner]:
     """Start the runner's supervisor tree; stop it in order on exit."""
     config.validate()
+    with private_umask():  # before anything is created: state files are 0600, dirs 0700
+        async with _open_runner(config, api=api) as runner:
+            yield runner
+
+
+@asynccontextmanager
+async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runner]:
     state = config.state_path
-    state.mkdir(parents=True, exist_ok=True, mode=0o700)
     jobs_dir = state / "jobs"
-    jobs_dir.mkdir(exist_ok=True)
     roots = config.workspace_roots
-    for root in roots:
-        root.mkdir(parents=True, exist_ok=True)
+    for path in (state, jobs_dir, *roots):
+        _make_dir(path, state)
     lock = StateDirLock(state)
-    lock.acquire()
     try:
+        lock.acquire()
+    except OSError as exc:
+        raise StartupError(_state_dir_problem(state, lock.path, exc)) from None
+    try:
+        check_database_present(state / "motor.db", jobs_dir)
         host = probe_host(config)
         if api:
             from .api.server import SocketInUse, claim_socket_path
@@ -414,8 +533,10 @@ async def open_runner(config: RunnerConfig, *, api: bool = False) -> AsyncIterat
                     accounting=None, spawner=spawner, backend=host.backend, clock=clock,
                     jobs_dir=jobs_dir, workspace_root=roots[0])
                 children = _children(config, host, db, hub, job_deps, tree, api)
+                # A subsystem whose supervisor gives up takes the runner down (the
+                # service manager restarts it): never limp on with a dead subsystem.
                 root = actors.Supervisor("runner", children, strategy="one_for_one",
-                                         intensity=3, period=30.0)
+                                         intensity=0, period=30.0)
                 tree.root = root
                 tree.runner = runner = Runner(config, root, db, hub, host, clock)
                 async with trio.open_nursery() as nursery:

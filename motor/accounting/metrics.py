@@ -73,6 +73,17 @@ class HealthCollector(Collector):
             if family is not None:
                 yield family
 
+        if "status" in r:
+            yield GaugeMetricFamily("motor_degraded", "1 while health reports degraded (see "
+                                    "/v1/health degraded[] for the causes)",
+                                    value=float(r["status"] == "degraded"))
+            troubled = GaugeMetricFamily("motor_degraded_subsystem",
+                                         "1 for each subsystem health reports in trouble",
+                                         labels=["subsystem"])
+            for name in sorted({d.get("subsystem", "?") for d in r.get("degraded") or []}):
+                troubled.add_metric([name], 1.0)
+            yield troubled
+
         refusals = CounterMetricFamily(
             "motor_admission_refusals", "requests refused before acceptance since start, by code",
             labels=["code"])

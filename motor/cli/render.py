@@ -223,8 +223,12 @@ def health(data: dict) -> None:
     """The health report as a readable summary: capacity, disk, host, refusals, repositories,
     hourly queue wait, underused reservations (`--json` prints the raw report)."""
     con = console()
-    shown = {"isolation", "capacity", "cpus", "disk", "host", "admission_refusals", "finished",
+    shown = {"status", "degraded", "isolation", "capacity", "cpus", "disk", "host", "admission_refusals", "finished",
              "repositories", "queue_wait_hourly", "underused", "active", "retained_terminal_jobs"}
+    if data.get("status") == "degraded":  # first: what needs the operator
+        con.print(Text("status: DEGRADED", style="bold red"))
+        for trouble in data.get("degraded") or []:
+            con.print(Text(f"  {trouble.get('subsystem')}: {trouble.get('cause')}", style="red"))
     con.print(Text(f"isolation: {_isolation(data.get('isolation'))}"))
     line = _capacity_line(data.get("capacity"))
     if line is not None:

@@ -75,10 +75,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _error_line(exc, 2)
 
+    import sqlite3
+
     import trio
 
+    from actors import SupervisorEscalation
     from motor import runner as runner_module
     from motor.api.server import SocketInUse
+    from motor.store.db import StoreError
 
     try:
         trio.run(runner_module.serve_forever, config)
@@ -87,13 +91,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return _error_line(found, 1)
         if (found := _find(exc, (ConfigError,))) is not None:
             return _error_line(found, 2)
+        if (found := _find(exc, (StoreError, sqlite3.DatabaseError))) is not None:
+            return _error_line(f"job database {config.state_path / 'motor.db'}: {found}", 2)
+        if (found := _find(exc, (SupervisorEscalation,))) is not None:
+            return _error_line(_gave_up(found), EXIT_GAVE_UP)
         if _find(exc, (KeyboardInterrupt,)) is not None:
             return 130
         raise
     return 0
 
 
-def _error_line(exc: BaseException, status: int) -> int:
+#: `motor serve` exit status when a subsystem's supervisor gave up (a crash loop): the
+#: service manager (systemd `Restart=on-failure`) starts a fresh runner
+EXIT_GAVE_UP = 3
+
+
+def _gave_up(escalation) -> str:
+    """One line for a crash loop: the innermost supervisor that gave up, and the last
+    failure of its child."""
+    from actors import SupervisorEscalation
+
+    while isinstance(escalation.last_exception, SupervisorEscalation):
+        escalation = escalation.last_exception
+    return (f"subsystem {escalation.name} gave up: it crashed more often than its restart budget"
+            f" allows (last failure: {escalation.last_exception!r}); the runner stops so that the"
+            f" service manager starts it afresh (running jobs keep running)")
+
+
+def _error_line(exc: BaseException | str, status: int) -> int:
     message = " ".join(str(exc).split())
     sys.stderr.write(f"motor: error: {message}\n")
     return status

@@ -45,6 +45,8 @@ from ..disk.actor import JobIdle, PrepareSetup, offload
 from ..disk.bundles import BundleError, unpack_into
 from ..scheduling.messages import Finished, SetupDone, StartFailed
 from ..store.actor import Save
+from ..store.db import StoreFull
+from ..store.files import job_umask
 from ..records import Refusal, JobRecord, Output, Started, Terminal, public_record
 from . import joblog
 from .spawner import cancel_keeper, process_alive, wait_process_exit
@@ -54,6 +56,7 @@ log = logging.getLogger("motor.execution")
 RETENTION_MS = 24 * 3600 * 1000  # scheduling.md, "Retention": 24 hours
 POLL_S = 0.02  # output tail interval while a job runs
 READ_BATCH_BYTES = joblog.READ_MAX_BYTES  # output.log bytes turned into events per store call
+STORE_FULL_RETRY_S = 1.0  # a save refused for lack of space is retried after this
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,7 @@ class JobExecution(actors.Actor):
                 "cpus": record.cpus,
                 "timeout_s": record.timeout_s,
                 "kill_grace_s": 10.0,
+                "umask": job_umask(),  # the operator's; the runner's own is 077
             }
             # the isolation backend confines the job (cgroup: its groups, limits, cgroup.procs)
             prepared = True
@@ -274,16 +278,30 @@ class JobExecution(actors.Actor):
         self.record = record
         await deps.cpu.call(_release(record.job_id))
         await deps.dispatcher.call(Finished(record.job_id))
-        await deps.store.call(_save(record, [Terminal(record=public_record(record))],
+        await self._store(_save(record, [Terminal(record=public_record(record))],
                                     retain_until_ms=retain_until(record)))
         notify(deps.accounting, JobEnded(record))
+
+    async def _store(self, msg: Save):
+        """Save through the store. While the state filesystem is full (StoreFull), wait and
+        retry: meanwhile the job's output stays in output.log (the log offset is not
+        advanced) and its exit in status.json, so nothing is lost and nothing crashes."""
+        waited = False
+        while True:
+            try:
+                return await self.deps.store.call(msg)
+            except StoreFull as exc:
+                if not waited:
+                    log.warning("%s: waiting for space to record the job: %s", self.name, exc)
+                    waited = True
+                await trio.sleep(STORE_FULL_RETRY_S)
 
     async def _mark_running(self, started_at_ms):
         now = self.deps.clock.now_ms()
         self.record = msgspec.structs.replace(
             self.record, state="running", started_at_ms=started_at_ms or now,
             waiting_on=None, waiting_on_job=None)
-        await self.deps.store.call(_save(self.record, [Started(cpus=self.record.cpus,
+        await self._store(_save(self.record, [Started(cpus=self.record.cpus,
                                                                attempt=self.record.attempts)]))
         await self.deps.dispatcher.cast(SetupDone(self.record.job_id))
         notify(self.deps.accounting, JobStarted(
@@ -337,7 +355,7 @@ class JobExecution(actors.Actor):
                 if text:
                     events.append(Output(stream=stream, data=text))
             del records
-            await self.deps.store.call(_save(self.record, events, log_offset=new_offset))
+            await self._store(_save(self.record, events, log_offset=new_offset))
             offset = new_offset
         return offset
 

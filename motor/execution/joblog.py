@@ -133,7 +133,7 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, fsync: bool = F
     d, base = os.path.split(path)
     tmp = os.path.join(d, f".{base}.{os.getpid()}.tmp")
     data = json.dumps(obj, separators=(",", ":")).encode()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)  # may hold env
     try:
         view = memoryview(data)
         while view:

@@ -177,7 +177,7 @@ class _Keeper:
                 self.out_fd = os.open(
                     os.path.join(self.job_dir, OUTPUT_FILE),
                     os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
-                    0o644,
+                    0o600,  # private, like all state (the job may print secrets)
                 )
             except OSError as exc:
                 self.output_error = f"cannot open {OUTPUT_FILE}: {exc}"
@@ -309,19 +309,25 @@ class _Keeper:
             if prefix:  # e.g. systemd-run --scope ... -- (the job's unit); it execs the job
                 argv = [*prefix, exe, *command[1:]]
                 exe = prefix[0]
-            pid = os.posix_spawn(
-                exe,
-                argv,
-                env,
-                file_actions=[
-                    (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-                    (os.POSIX_SPAWN_DUP2, out_w, 1),
-                    (os.POSIX_SPAWN_DUP2, err_w, 2),
-                ],
-                setpgroup=0,
-                setsigdef=_SIGDEF,
-                setsigmask=(),
-            )
+            job_umask = spec.get("umask")  # the job runs with the operator's umask, we keep 077
+            keeper_umask = os.umask(job_umask) if isinstance(job_umask, int) else None
+            try:
+                pid = os.posix_spawn(
+                    exe,
+                    argv,
+                    env,
+                    file_actions=[
+                        (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+                        (os.POSIX_SPAWN_DUP2, out_w, 1),
+                        (os.POSIX_SPAWN_DUP2, err_w, 2),
+                    ],
+                    setpgroup=0,
+                    setsigdef=_SIGDEF,
+                    setsigmask=(),
+                )
+            finally:
+                if keeper_umask is not None:
+                    os.umask(keeper_umask)
         except OSError as exc:
             for fd in (out_r, out_w, err_r, err_w):
                 os.close(fd)

@@ -24,6 +24,7 @@ import actors
 from ..memory.core import MemoryCeiling
 from ..scheduling.messages import CeilingChanged
 from ..store.actor import Expire
+from ..store.db import StoreFull
 
 log = logging.getLogger("motor.maintenance")
 
@@ -66,7 +67,11 @@ class Maintenance(actors.Actor):
     async def _pass(self) -> dict:
         expired = 0
         while True:
-            ids = await self.store.call(Expire(self.clock.now_ms()))
+            try:
+                ids = await self.store.call(Expire(self.clock.now_ms()))
+            except StoreFull as exc:  # deleting needs room in the WAL too: next pass
+                log.warning("maintenance: retention pass skipped: %s", exc)
+                break
             for job_id in ids:
                 shutil.rmtree(self.jobs_dir / job_id, ignore_errors=True)
             expired += len(ids)

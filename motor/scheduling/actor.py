@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +30,7 @@ import actors
 from ..accounting.actor import AdmissionRefused, JobEnded, notify
 from ..clock import uuid7
 from ..config import parse_size
-from ..cpu.actor import Place
+from ..cpu.actor import Place, Release
 from ..disk.actor import Admit, HasBundle
 from ..execution.actor import Cancel, JobDeps, JobExecution, retain_until
 from ..memory.core import MemoryCeiling, admission as memory_admission, unit_limit
@@ -39,6 +40,7 @@ from ..records import (
     validate_request,
 )
 from ..store.actor import Save
+from ..store.db import StoreFull
 from .core import JobSpec, Scheduler, claim_for, gate_honoured, queue_wait_budget_s
 from .messages import (
     BundleArrived, CancelJob, CeilingChanged, Finished, Heartbeat, QueuedView, SetupDone, StartFailed, StatusView, Submit, Tick,
@@ -72,6 +74,27 @@ def spec_of(record: JobRecord) -> JobSpec:
     )
 
 
+def _disk_full_refusal(deps: DispatchDeps, detail: str) -> Refusal:
+    """`runner_disk_full` for a job the store could not record (the state fs is full)."""
+    state_dir = deps.job.config.state_path
+    try:
+        free = os.statvfs(state_dir)
+        free_bytes = free.f_bavail * free.f_frsize
+    except OSError:
+        free_bytes = None
+    return Refusal(code="runner_disk_full", detail=detail, free_bytes=free_bytes,
+                   floor_bytes=deps.job.config.floor_bytes())
+
+
+#: how long the dispatcher waits before retrying saves the store refused for lack of space
+STORE_FULL_RETRY_S = 1.0
+
+
+@dataclass(frozen=True)
+class _FlushUnsaved:
+    """Internal: retry the saves the store refused for lack of space."""
+
+
 @dataclass(frozen=True)
 class _Dispatch:
     """Internal: run the start decision (queued by a submit, after its reply)."""
@@ -97,6 +120,10 @@ class Dispatcher(actors.Actor):
         self._wakeup = math.inf
         #: {job_id: queue_clock_running} as last persisted for each queued job
         self._clock_saved: dict[str, bool] = {}
+        #: {job_id: Save} decided here but refused by the store for lack of space (StoreFull):
+        #: retried every STORE_FULL_RETRY_S; a later save of the same job supersedes it
+        self._unsaved: dict[str, Save] = {}
+        self._flush_armed = False
 
     # -- life ---------------------------------------------------------------------------
 
@@ -194,6 +221,9 @@ class Dispatcher(actors.Actor):
                 await self._withdraw(job_id, now, reason="queue_wait_exceeded")
         elif isinstance(msg, _Dispatch):
             self._dispatch_pending = False
+        elif isinstance(msg, _FlushUnsaved):
+            self._flush_armed = False
+            await self._flush_unsaved()
         else:
             raise TypeError(f"dispatcher: unknown message {msg!r}")
         if isinstance(msg, (QueuedView, Heartbeat, StatusView)):
@@ -252,10 +282,15 @@ class Dispatcher(actors.Actor):
         record = msgspec.structs.replace(record, queued_at_ms=record.accepted_at_ms)
         budget_ms = int(queue_wait_budget_s(spec_of(record),
                                             default_spill_s=deps.job.config.queue_wait_default_s) * 1000)
-        await deps.job.store.call(Save(record=record, events=[
-            Accepted(job_id=job_id, claim=claim, capabilities=list(deps.capabilities)),
-            Queued(queue_wait_budget_ms=budget_ms),
-        ]))
+        try:
+            await deps.job.store.call(Save(record=record, events=[
+                Accepted(job_id=job_id, claim=claim, capabilities=list(deps.capabilities)),
+                Queued(queue_wait_budget_ms=budget_ms),
+            ]))
+        except StoreFull as exc:  # not recorded, so not accepted: undo the core's accept
+            self.core.cancel(job_id, now)
+            notify(deps.job.accounting, AdmissionRefused("runner_disk_full"))
+            return _disk_full_refusal(deps, str(exc))
         self.queued[job_id] = record
         # Bundle present (verified, pinned): ready now. Missing: it waits, accepted and counted
         # in max_queue_depth, until the upload arrives (BundleArrived); its clock starts then.
@@ -276,12 +311,20 @@ class Dispatcher(actors.Actor):
             record = self.queued.pop(start.job_id)
             status = self.core.wait_status(start.job_id, now)
             cpus = await deps.job.cpu.call(Place(start.job_id, start.claim))
-            record = msgspec.structs.replace(
+            setup = msgspec.structs.replace(
                 record, state="setup", cpus=cpus, attempts=record.attempts + 1,
                 queue_wait_ms=status.queue_wait_ms, waiting_on=None, waiting_on_job=None,
                 waiting_detail=None, queue_clock_running=False)
             self._clock_saved.pop(start.job_id, None)
-            await deps.job.store.call(Save(record=record))
+            try:
+                await deps.job.store.call(Save(record=setup))
+            except StoreFull as exc:  # nothing runs unrecorded: back to its queue, retry later
+                log.warning("dispatcher: cannot start %s: %s", start.job_id, exc)
+                await deps.job.cpu.call(Release(start.job_id))
+                self.core.start_failed(start.job_id, now)
+                self.queued[start.job_id] = record
+                continue
+            self._unsaved.pop(start.job_id, None)  # superseded (a deferred requeue)
             self.active.add(start.job_id)
             await self._start_job_actor(start.job_id)
         self._rearm()
@@ -302,7 +345,7 @@ class Dispatcher(actors.Actor):
         record = msgspec.structs.replace(record, state="queued", cpus=None, detail=msg.detail)
         self.queued[msg.job_id] = record
         self._clock_saved.pop(msg.job_id, None)  # its clock resumes: persist that
-        await self.deps.job.store.call(Save(record=record, events=[
+        await self._save_or_defer(Save(record=record, events=[
             Queued(**self._wait_fields(msg.job_id, now),
                    queue_wait_budget_ms=int(self._budget_s(msg.job_id) * 1000))]))
 
@@ -361,7 +404,7 @@ class Dispatcher(actors.Actor):
             record, state=state, reason=reason, detail=detail, ended_at_ms=ended,
             waiting_on=None, waiting_on_job=None, waiting_detail=None, queue_clock_running=False,
             queue_wait_ms=record.queue_wait_ms if queue_wait_ms is None else queue_wait_ms)
-        await self.deps.job.store.call(Save(
+        await self._save_or_defer(Save(
             record=record, events=[Terminal(record=public_record(record))],
             retain_until_ms=retain_until(record)))
         notify(self.deps.job.accounting, JobEnded(record))
@@ -384,9 +427,48 @@ class Dispatcher(actors.Actor):
                 queue_clock_running=running,
                 ready_at_ms=record.ready_at_ms if record.ready_at_ms is not None
                 else wall - int(age_s * 1000))
-            await self.deps.job.store.call(Save(record=record))
+            try:
+                await self.deps.job.store.call(Save(record=record))
+            except StoreFull as exc:  # a full state fs: the clocks are persisted next time
+                log.warning("dispatcher: queue-wait clocks not persisted yet: %s", exc)
+                return
             self.queued[job_id] = record
             self._clock_saved[job_id] = running
+
+    async def _save_or_defer(self, msg: Save) -> None:
+        """Record a decision already taken here (requeue, cancel, withdraw). If the state
+        filesystem is full, the decision stands in memory and the save is retried every
+        STORE_FULL_RETRY_S until it succeeds (health shows the store degraded meanwhile)."""
+        job_id = msg.record.job_id
+        self._unsaved.pop(job_id, None)  # superseded by this newer save
+        try:
+            await self.deps.job.store.call(msg)
+        except StoreFull as exc:
+            log.warning("dispatcher: %s %s, not recorded yet (retrying): %s",
+                        job_id, msg.record.state, exc)
+            self._unsaved[job_id] = msg
+            self._arm_flush()
+
+    def _arm_flush(self) -> None:
+        if self._flush_armed or not self._unsaved:
+            return
+        self._flush_armed = True
+
+        async def later():
+            await trio.sleep(STORE_FULL_RETRY_S)
+            await self.ref.cast(_FlushUnsaved())
+
+        self.nursery.start_soon(later)
+
+    async def _flush_unsaved(self) -> None:
+        for job_id, msg in list(self._unsaved.items()):
+            try:
+                await self.deps.job.store.call(msg)
+            except StoreFull:
+                break
+            if self._unsaved.get(job_id) is msg:
+                del self._unsaved[job_id]
+        self._arm_flush()
 
     # -- views ---------------------------------------------------------------------------
 

@@ -513,12 +513,20 @@ class Scheduler:
         self._tell(job, now, "setup done: running")
 
     def start_failed(self, job_id: str, now: float, *, cleanup_pending: bool = False) -> None:
-        """A start attempt failed: requeue the job at its place after a retry delay."""
-        job = self._get(job_id, "setting_up")
+        """A start attempt failed: requeue the job at its place after a retry delay.
+
+        A job adopted after a restart while it was setting up counts as running; its setup
+        is redone, and if that fails it is requeued the same way."""
+        job = self._jobs.get(job_id)
+        if job is None or job.state != "running":
+            job = self._get(job_id, "setting_up")
         now = self._refresh(now)
         self._release(job)
-        self._n_setting_up -= 1
-        self._setup_held -= job.claim
+        if job.state == "running":  # adopted: it never spawned
+            self._n_running -= 1
+        else:
+            self._n_setting_up -= 1
+            self._setup_held -= job.claim
         self._n_queued += 1
         job.state = "queued"
         job.failures += 1

@@ -16,7 +16,7 @@ import trio
 import actors
 
 from ..records import Event, JobRecord
-from .db import Database
+from .db import Database, StoreFull
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,9 @@ class ChangeHub:
 
 class StoreActor(actors.Actor):
     inbox_size = 256
+    #: a write refused for lack of space was rolled back whole: the caller is told
+    #: (and answers `runner_disk_full`), the store goes on serving
+    replied_errors = (StoreFull,)
 
     def __init__(self, db: Database, hub: ChangeHub):
         super().__init__(name="store")
@@ -80,5 +83,6 @@ class StoreActor(actors.Actor):
         raise TypeError(f"store: unknown message {msg!r}")
 
 
-def open_database(state_dir: Path, *, max_output_bytes: int | None = None) -> Database:
-    return Database(state_dir / "motor.db", max_output_bytes=max_output_bytes)
+def open_database(state_dir: Path, *, max_output_bytes: int | None = None,
+                  check: bool = True) -> Database:
+    return Database(state_dir / "motor.db", max_output_bytes=max_output_bytes, check=check)

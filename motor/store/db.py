@@ -85,10 +85,30 @@ class StoreError(RuntimeError):
     """The database could not be opened or is not motor's."""
 
 
+class StoreFull(StoreError):
+    """A write failed because the state filesystem is full (SQLITE_FULL, ENOSPC).
+
+    The write was rolled back whole; the connection stays usable, and the next write
+    succeeds once there is space again.
+    """
+
+
+def _is_full(exc: BaseException) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF == sqlite3.SQLITE_FULL
+    return isinstance(exc, sqlite3.Error) and "disk is full" in str(exc)
+
+
 class Database:
-    def __init__(self, path: Path, *, max_output_bytes: int | None = None):
+    def __init__(self, path: Path, *, max_output_bytes: int | None = None, check: bool = False):
+        """Open (create) the database. `check`: run `PRAGMA quick_check` first (the runner
+        does at start-up: a corrupt page stops it with one line instead of surfacing later)."""
         self.path = path
         self.max_output_bytes = max_output_bytes
+        #: why the last write failed for lack of space (None: the last write succeeded);
+        #: health reports it as `degraded`
+        self.full_error: str | None = None
         try:
             self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             # only takes effect while the file is still empty (a new database): set it first
@@ -103,12 +123,26 @@ class Database:
                 if column not in have:
                     self.conn.execute(f"ALTER TABLE jobs ADD COLUMN {column} {decl}")
             row = self.conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            if check:
+                self._quick_check()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"cannot open job database {path}: {exc}") from None
         if row is None:
             self.conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
         elif int(row[0]) > SCHEMA_VERSION:
             raise StoreError(f"{path} has schema {row[0]}, newer than this motor ({SCHEMA_VERSION})")
+
+    def _quick_check(self) -> None:
+        try:
+            rows = self.conn.execute("PRAGMA quick_check(3)").fetchall()
+        except sqlite3.DatabaseError as exc:
+            rows = [(str(exc),)]
+        if rows != [("ok",)]:
+            found = "; ".join(str(r[0]).strip() for r in rows)
+            raise StoreError(
+                f"job database {self.path} is damaged (database disk image is malformed:"
+                f" {found}); stop here, keep a copy, then restore it from a backup or rebuild"
+                f" it with `sqlite3 motor.db .recover`")
 
     def close(self) -> None:
         self.conn.close()
@@ -151,10 +185,22 @@ class Database:
                 if self.max_output_bytes is not None:
                     self._evict_pages(record.job_id, next_seq)
             conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
+        except BaseException as exc:
+            self._failed_write(exc, f"cannot save job {record.job_id}")
             raise
+        self.full_error = None
         return stamped
+
+    def _failed_write(self, exc: BaseException, what: str) -> None:
+        """Roll back what is left of a failed write; raise StoreFull when the disk is full.
+
+        SQLite rolls a transaction back itself on some errors (SQLITE_FULL among them), so
+        ROLLBACK runs only while a transaction is still open."""
+        if self.conn.in_transaction:
+            self.conn.execute("ROLLBACK")
+        if _is_full(exc):
+            self.full_error = f"{what}: the state filesystem is full ({exc})"
+            raise StoreFull(self.full_error) from None
 
     def _evict_pages(self, job_id: str, next_seq: int) -> None:
         """Drop the oldest complete output pages of a job above the cap (inside save's
@@ -202,8 +248,8 @@ class Database:
                     self.conn.execute("DELETE FROM events WHERE job_id=?", (job_id,))
                     self.conn.execute("DELETE FROM jobs WHERE job_id=?", (job_id,))
                 self.conn.execute("COMMIT")
-            except BaseException:
-                self.conn.execute("ROLLBACK")
+            except BaseException as exc:
+                self._failed_write(exc, "cannot delete expired jobs")
                 raise
         self.reclaim()
         return ids
@@ -220,7 +266,11 @@ class Database:
             return 0
         n = min(excess, RECLAIM_MAX_PAGES)
         # executescript steps the pragma to completion; execute() would free one page only
-        conn.executescript(f"PRAGMA incremental_vacuum({n});")
+        try:
+            conn.executescript(f"PRAGMA incremental_vacuum({n});")
+        except BaseException as exc:
+            self._failed_write(exc, "cannot hand free pages back")
+            raise
         return n
 
     # -- reads ----------------------------------------------------------------------------

@@ -264,3 +264,50 @@ async def test_ref_not_alive_during_on_start_and_stop_from_on_start():
         ref = await nursery.start(Quits().run)
     assert seen == [False, "on_stop"]
     assert not ref.alive
+
+
+class _Refused(Exception):
+    pass
+
+
+class _Answering(actors.Actor):
+    """Raises `_Refused` as an answer (a replied error) and `Boom` as a crash."""
+
+    replied_errors = (_Refused,)
+
+    def __init__(self):
+        super().__init__(name="answering")
+        self.handled = 0
+
+    async def handle(self, msg):
+        self.handled += 1
+        if msg == "refuse":
+            raise _Refused("no room")
+        if msg == "crash":
+            raise Boom("crash")
+        return msg
+
+
+async def test_replied_error_reaches_the_caller_and_the_actor_keeps_serving():
+    actor = _Answering()
+    async with trio.open_nursery() as nursery:
+        ref = await nursery.start(actor.run)
+        with pytest.raises(_Refused):
+            await ref.call("refuse")
+        await ref.cast("refuse")  # nobody to answer: logged, not a crash
+        assert ref.alive
+        assert await ref.call("still here") == "still here"
+        assert actor.handled == 3 and ref.restarts == 0
+        actor.stop()
+    assert not ref.alive
+
+
+async def test_an_error_not_listed_as_replied_still_crashes_the_actor():
+    actor = _Answering()
+    with pytest.RaisesGroup(Boom):
+        async with trio.open_nursery() as nursery:
+            ref = await nursery.start(actor.run)
+            with pytest.raises(Boom):
+                await ref.call("crash")
+            await trio.sleep_forever()  # the actor crash cancels us
+    assert not ref.alive

@@ -753,3 +753,16 @@ def test_a_restored_job_resumes_its_clock_and_its_aging():
     add(fresh, "old", "w", 100.0, ready=False, queue_wait_limit_s=100, runner_enforces_budget=True)
     fresh.ready("old", 100.0, waited_s=40.0, ready_age_s=70.0)
     assert fresh.next_wakeup(100.0) == pytest.approx(160.0)  # 60 s of budget left
+
+
+def test_a_job_adopted_while_setting_up_whose_start_then_fails_is_requeued():
+    """After a restart a job recorded in `setup` is adopted as running; if its setup then
+    fails (it never spawned), it goes back to its queue like any failed start."""
+    s = Scheduler(max_weight=4, max_queue_depth=8, claim_limit=4)
+    s.adopt_running(JobSpec(job_id="old", workspace="w", claim=3), 0.0)
+    s.start_failed("old", 1.0)
+    assert s.job_state("old") == "queued"
+    stats = s.statistics()
+    assert stats.held_permits == 0 and stats.setup_permits == 0
+    assert s.decide(1.0) == []  # its retry delay first
+    assert [st.job_id for st in s.decide(1.0 + 3600)] == ["old"]
