@@ -44,7 +44,7 @@ from ..disk.bundles import BundleError, unpack_into
 from ..scheduling.messages import Finished, SetupDone, StartFailed
 from ..store.actor import Save
 from ..records import Refusal, JobRecord, Output, Started, Terminal, public_record
-from . import joblog
+from . import faults, joblog
 from .spawner import cancel_keeper, process_alive, wait_process_exit
 
 log = logging.getLogger("motor.execution")
@@ -182,6 +182,8 @@ class JobExecution(actors.Actor):
 
     async def _setup(self) -> bool:
         deps, record = self.deps, self.record
+        if faults.active("runner_after_record"):  # tests: the record says setup, nothing else yet
+            await trio.to_thread.run_sync(faults.point, "runner_after_record")
         prepared = False
         try:
             cwd = deps.workspace_root / record.workspace

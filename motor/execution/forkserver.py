@@ -58,6 +58,7 @@ import json  # noqa: E402
 import select  # noqa: E402
 import signal  # noqa: E402
 
+from motor.execution import faults as _faults  # noqa: E402
 from motor.execution import keeper as _keeper  # noqa: E402
 
 __all__ = ["main"]
@@ -125,6 +126,7 @@ def _handle(line: bytes, wake_r: int, wake_w: int) -> None:
     if pid == 0:
         _child(job_dir, wake_r, wake_w)
     signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    _faults.point("forkserver_after_fork")
     try:
         # Not reaped yet (only this loop reaps), so /proc/<pid>/stat exists.
         create_time = _keeper.proc_create_time(pid)

@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Any
 
+from motor.execution import faults
 from motor.execution.joblog import (
     KEEPER_FILE,
     OUTPUT_FILE,
@@ -336,6 +337,7 @@ class _Keeper:
                 _set_oom_score_adj(restore_oom)
         os.close(out_w)
         os.close(err_w)
+        faults.point("keeper_after_spawn")
         me_pid = os.getpid()
         try:
             write_json_atomic(

@@ -1,0 +1,104 @@
+"""At most one live process tree per job id, across a crash at any point of a job's start.
+
+A job appends its shell's pid to a file (one line per run) and waits for a barrier. The
+runner (and sometimes its forkserver) is killed with SIGKILL while the start is paused at
+a named point (MOTOR_FAULT, motor/execution/faults.py), then restarted; the job must run
+exactly once, or end in a typed terminal state without running at all, never twice.
+"""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+
+from job_markers import child_named, marked_processes
+from polling import json_lines, wait_for
+
+pytestmark = pytest.mark.e2e
+
+# (point, also kill the forkserver, release the paused process after the restart, runs)
+CASES = [
+    ("runner_after_record", False, False, 1),
+    ("forkserver_after_fork", False, True, 1),
+    ("forkserver_after_fork", True, False, 1),
+    ("forkserver_after_claim", False, True, 1),
+    ("forkserver_after_claim", True, False, 0),
+    ("keeper_after_spawn", True, True, 1),
+]
+
+
+@pytest.mark.parametrize("point,kill_forkserver,release_late,runs", CASES,
+                         ids=[f"{c[0]}-{'both' if c[1] else 'runner'}" for c in CASES])
+def test_kill_9_at_a_start_point_never_runs_the_job_twice(
+        serve_factory, tmp_path, point, kill_forkserver, release_late, runs):
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    runs_file, barrier = tmp_path / "runs", tmp_path / "go"
+    serve = serve_factory()
+    serve.env = {"MOTOR_FAULT": point, "MOTOR_FAULT_DIR": str(faults)}
+    serve.start()
+    job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
+                            f"echo $$ >> {runs_file}; echo started; "
+                            f"while [ ! -e {barrier} ]; do sleep 0.02; done; echo done")["job_id"]
+    reached = faults / f"{point}.reached"
+    wait_for(reached.exists, what=f"the start to reach {point}")
+    paused = psutil.Process(int(reached.read_text()))
+    forkserver = child_named(serve.proc.pid, "forkserver")
+    serve.kill9()
+    if kill_forkserver and forkserver is not None and forkserver.is_running():
+        forkserver.kill()
+        forkserver.wait(10)
+    if not release_late:
+        (faults / f"{point}.go").touch()
+
+    serve.env = {}
+    serve.start()
+    if release_late:
+        if runs:  # the restarted runner's own copy (if any) is running before the old one goes on
+            wait_for(lambda: runs_file.exists() or _adopted(serve, job_id),
+                     what="the restarted runner to start or adopt the job")
+        (faults / f"{point}.go").touch()
+        if _is_forkserver(paused):
+            paused.wait(30)  # the old forkserver finishes its request, then exits
+    barrier.touch()
+    result = serve.cli("attach", "--json", job_id)
+    record = json_lines(result.stdout)[-1]["record"]
+    lines = runs_file.read_text().split() if runs_file.exists() else []
+    assert len(lines) == runs, (lines, record)
+    if runs:
+        assert result.returncode == 0, (result.stdout, result.stderr, record)
+        assert record["state"] == "succeeded"
+        assert record["attempts"] == 1
+    else:
+        assert record["state"] == "failed" and record["reason"] == "spawn_failed", record
+    wait_for(lambda: not marked_processes(job_id), what="no process of the job left")
+
+
+def test_kill_9_after_the_status_was_written_ends_the_job_once(serve_factory, tmp_path):
+    runs_file = tmp_path / "runs"
+    serve = serve_factory().start()
+    job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
+                            f"echo $$ >> {runs_file}; exit 3")["job_id"]
+    status = serve.state_dir / "jobs" / job_id / "status.json"
+    wait_for(status.exists, what="status.json")
+    forkserver = child_named(serve.proc.pid, "forkserver")
+    serve.kill9()
+    if forkserver is not None:
+        forkserver.kill()
+    serve.start()
+    result = serve.cli("attach", "--json", job_id)
+    assert result.returncode == 3
+    assert len(runs_file.read_text().split()) == 1
+    record = json_lines(result.stdout)[-1]["record"]
+    assert record["state"] == "failed" and record["exit_code"] == 3
+
+
+def _is_forkserver(proc: psutil.Process) -> bool:
+    try:
+        return any("forkserver" in part for part in proc.cmdline())
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _adopted(serve, job_id: str) -> bool:
+    return (serve.state_dir / "jobs" / job_id / "keeper.json").exists()
