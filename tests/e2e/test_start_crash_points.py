@@ -58,7 +58,7 @@ def test_kill_9_at_a_start_point_never_runs_the_job_twice(
             wait_for(lambda: runs_file.exists() or _adopted(serve, job_id),
                      what="the restarted runner to start or adopt the job")
         (faults / f"{point}.go").touch()
-        if _is_forkserver(paused):
+        if forkserver is not None and paused.pid == forkserver.pid:
             paused.wait(30)  # the old forkserver finishes its request, then exits
     barrier.touch()
     result = serve.cli("attach", "--json", job_id)
@@ -91,13 +91,6 @@ def test_kill_9_after_the_status_was_written_ends_the_job_once(serve_factory, tm
     assert len(runs_file.read_text().split()) == 1
     record = json_lines(result.stdout)[-1]["record"]
     assert record["state"] == "failed" and record["exit_code"] == 3
-
-
-def _is_forkserver(proc: psutil.Process) -> bool:
-    try:
-        return any("forkserver" in part for part in proc.cmdline())
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _adopted(serve, job_id: str) -> bool:
