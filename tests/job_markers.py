@@ -23,3 +23,12 @@ def child_named(pid: int, word: str) -> psutil.Process | None:
         if any(word in part for part in child.cmdline()):
             return child
     return None
+
+
+def kill_marked(job_id: str) -> None:
+    """Test cleanup: SIGKILL whatever still carries the job's marker."""
+    for p in marked_processes(job_id):
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
