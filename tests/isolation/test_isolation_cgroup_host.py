@@ -199,3 +199,26 @@ def test_auto_chooses_cgroup_on_this_host():
                     os.rmdir(path)
                 except OSError:
                     pass  # a runner started meanwhile uses it
+
+
+def test_sweep_removes_unknown_job_groups_and_keeps_known_ones(cgroup_backend):
+    import subprocess
+
+    known, leftover = job_id("known"), job_id("leftover")
+    known_paths = group_paths(cgroup_backend, known)
+    leftover_paths = group_paths(cgroup_backend, leftover)
+    sleeper = subprocess.Popen(["sleep", "1000"])
+    try:
+        for path in leftover_paths:  # a process of the forgotten job, in its group(s)
+            with open(os.path.join(path, "cgroup.procs"), "w") as f:
+                f.write(str(sleeper.pid))
+        swept = cgroup_backend.sweep({known})
+        assert sleeper.wait(10) == -signal.SIGKILL
+        assert not any(os.path.exists(p) for p in leftover_paths)
+        assert all(os.path.isdir(p) for p in known_paths)
+        assert len(swept) == 1 and f"job-{leftover}" in swept[0] and str(sleeper.pid) in swept[0]
+        assert cgroup_backend.sweep({known}) == []  # nothing left to sweep
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        cgroup_backend.finish(known)
