@@ -17,7 +17,9 @@ The dispatcher has already placed the job's CPUs and saved the record in state `
 
 The keeper, not this actor, owns the job's output and exit status, so the job outlives the
 runner. After a restart (or a crash of this actor: it is a transient child and comes back
-in adopt mode) the actor starts at step 3 from the saved log offset.
+in adopt mode) the actor starts at step 3 from the saved log offset whenever the job
+directory holds a keeper's claim (keeper.json); without one no keeper was ever released,
+and the job is set up again (docs/keeper.md, "Start protocol").
 """
 
 from __future__ import annotations
