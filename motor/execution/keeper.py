@@ -11,6 +11,7 @@ Stdlib only: it runs inside the small forkserver process.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
@@ -159,14 +160,19 @@ def abandon(job_dir: str) -> int:
     return 0
 
 
+try:  # loaded once in the forkserver, so a keeper pays nothing for it
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # pragma: no cover - not Linux/glibc
+    _prctl = None
+
+
 def _set_subreaper() -> bool:
     """PR_SET_CHILD_SUBREAPER: orphaned descendants of the job are re-parented to us."""
+    if _prctl is None:
+        return False
     try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
+        return _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except OSError:  # pragma: no cover
         return False
 
 
@@ -531,41 +537,57 @@ class _Keeper:
                 pass
 
     def _reap_orphans(self, main_pid: int) -> None:
-        """Reap exited descendants re-parented to us (never the job's main process)."""
-        for child in _children_map().get(os.getpid(), ()):
-            if child == main_pid:
-                continue
+        """Reap exited orphans re-parented to us; stop at the job's main process (its
+        exit is handled, and everything left reaped, by the main loop)."""
+        while True:
             try:
-                os.waitpid(child, os.WNOHANG)
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or info.si_pid == main_pid:
+                return
+            try:
+                os.waitpid(info.si_pid, 0)
             except ChildProcessError:
                 pass
 
     def _end_tree(self, main_pid: int) -> bool:
         """After the main process was reaped: SIGKILL and reap everything left below us.
 
+        Cheap in the common case: once the job's process group is empty and we have no
+        child left, nothing of the tree can remain (a survivor outside the group
+        would have been re-parented to us). Only while children remain is /proc scanned.
         Returns False when something was still there after REAP_TIMEOUT_S (a process
         stuck in the kernel).
         """
         deadline = time.monotonic() + REAP_TIMEOUT_S
+        group_gone = False  # once empty, a group never comes back (and its id may be reused)
         while True:
-            left = _descendants(os.getpid())
-            for other in left:
+            if not group_gone:
                 try:
-                    os.kill(other, signal.SIGKILL)
+                    os.killpg(main_pid, signal.SIGKILL)
                 except ProcessLookupError:
-                    pass
-            while True:  # reap what is ours (re-parented orphans, the main process)
+                    group_gone = True
+            children = True
+            while True:  # reap what is ours (re-parented orphans)
                 try:
                     reaped, _ = os.waitpid(-1, os.WNOHANG)
                 except ChildProcessError:
-                    reaped = -1
-                if reaped <= 0:
+                    children = False
                     break
-            if not left:
+                if reaped == 0:
+                    break
+            if group_gone and not children:
                 return True
+            if children:
+                for other in _descendants(os.getpid()):
+                    try:
+                        os.kill(other, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
             if time.monotonic() >= deadline:
                 return False
-            time.sleep(0.005)
+            time.sleep(0.002)
 
     def _supervise(
         self, pid: int, out_r: int, err_r: int, wake_r: int, spec: dict[str, Any]
@@ -592,8 +614,12 @@ class _Keeper:
                 info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
                 if info is not None:
                     exited = True
-                    # leftover background processes, in the group or re-parented to us
-                    self._signal_tree(pid, signal.SIGKILL)
+                    # leftover background processes: the group now, the rest (re-parented
+                    # to us) once the main process is reaped
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
                     _, wait_status, rusage = os.wait4(pid, 0)
                     tree_ended = self._end_tree(pid)
                     drain_until = now + DRAIN_TIMEOUT_S
