@@ -19,7 +19,8 @@ def test_no_free_inodes_for_keeper_json_means_the_job_never_starts(serve_factory
     faults.mkdir()
     runs = tmp_path / "runs"
     with tmpfs(tmp_path / "state", size="64m", nr_inodes=2000) as state:
-        serve = serve_factory("--workspace-root", str(tmp_path / "ws"), state_dir=state)
+        serve = serve_factory("--workspace-root", str(tmp_path / "ws"), "--isolation", "affinity",
+                              state_dir=state)
         serve.env = {"MOTOR_FAULT": "forkserver_after_fork", "MOTOR_FAULT_DIR": str(faults)}
         serve.start()
         filler = Filler(state)
@@ -45,7 +46,8 @@ def test_no_free_inodes_for_keeper_json_means_the_job_never_starts(serve_factory
 def test_no_free_inodes_for_status_json_the_keeper_retries_until_it_lands(serve_factory, tmp_path):
     barrier = tmp_path / "go"
     with tmpfs(tmp_path / "state", size="64m", nr_inodes=2000) as state:
-        serve = serve_factory("--workspace-root", str(tmp_path / "ws"), state_dir=state).start()
+        serve = serve_factory("--workspace-root", str(tmp_path / "ws"), "--isolation", "affinity",
+                              state_dir=state).start()
         filler = Filler(state)
         try:
             job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",

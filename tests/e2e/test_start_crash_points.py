@@ -8,13 +8,38 @@ exactly once, or end in a typed terminal state without running at all, never twi
 
 from __future__ import annotations
 
+import os
+
 import psutil
 import pytest
 
 from job_markers import child_named, marked_processes
 from polling import json_lines, wait_for
+from private_cgroup import private_parent_name, remove_private_parent
 
 pytestmark = pytest.mark.e2e
+
+
+def _isolation():
+    """The strongest backend this host has, under a parent group of the test's own."""
+    from motor.isolation import IsolationError
+    from motor.isolation.cgroup import detect
+
+    try:
+        if os.geteuid() == 0:
+            detect()
+            return ["--isolation", "cgroup", "--cgroup-parent", private_parent_name()]
+    except IsolationError:
+        pass
+    return ["--isolation", "affinity"]
+
+
+@pytest.fixture
+def isolation():
+    args = _isolation()
+    yield args
+    if "--cgroup-parent" in args:
+        remove_private_parent(args[-1])
 
 # (point, also kill the forkserver, release the paused process after the restart, runs)
 CASES = [
@@ -30,11 +55,11 @@ CASES = [
 @pytest.mark.parametrize("point,kill_forkserver,release_late,runs", CASES,
                          ids=[f"{c[0]}-{'both' if c[1] else 'runner'}" for c in CASES])
 def test_kill_9_at_a_start_point_never_runs_the_job_twice(
-        serve_factory, tmp_path, point, kill_forkserver, release_late, runs):
+        serve_factory, tmp_path, isolation, point, kill_forkserver, release_late, runs):
     faults = tmp_path / "faults"
     faults.mkdir()
     runs_file, barrier = tmp_path / "runs", tmp_path / "go"
-    serve = serve_factory()
+    serve = serve_factory(*isolation)
     serve.env = {"MOTOR_FAULT": point, "MOTOR_FAULT_DIR": str(faults)}
     serve.start()
     job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
@@ -60,6 +85,9 @@ def test_kill_9_at_a_start_point_never_runs_the_job_twice(
         (faults / f"{point}.go").touch()
         if forkserver is not None and paused.pid == forkserver.pid:
             paused.wait(30)  # the old forkserver finishes its request, then exits
+    # at most one copy of the job exists at any time (its shell carries the marker)
+    shells = [p for p in marked_processes(job_id) if p.cmdline()[:2] == ["sh", "-c"]]
+    assert len(shells) <= 1, shells
     barrier.touch()
     result = serve.cli("attach", "--json", job_id)
     record = json_lines(result.stdout)[-1]["record"]
@@ -74,9 +102,10 @@ def test_kill_9_at_a_start_point_never_runs_the_job_twice(
     wait_for(lambda: not marked_processes(job_id), what="no process of the job left")
 
 
-def test_kill_9_after_the_status_was_written_ends_the_job_once(serve_factory, tmp_path):
+def test_kill_9_after_the_status_was_written_ends_the_job_once(serve_factory, tmp_path,
+                                                               isolation):
     runs_file = tmp_path / "runs"
-    serve = serve_factory().start()
+    serve = serve_factory(*isolation).start()
     job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
                             f"echo $$ >> {runs_file}; exit 3")["job_id"]
     status = serve.state_dir / "jobs" / job_id / "status.json"
