@@ -46,7 +46,8 @@ from ..disk.bundles import BundleError, unpack_into
 from ..scheduling.messages import Finished, SetupDone, StartFailed
 from ..store.actor import Save
 from ..records import Refusal, JobRecord, Output, Started, Terminal, public_record
-from . import faults, joblog
+from .. import faults
+from . import joblog
 from .spawner import (
     JobDirClaimed, KeeperNotStarted, SpawnerError, cancel_keeper, kill_marked_processes,
     wait_process_exit,
@@ -209,10 +210,9 @@ class JobExecution(actors.Actor):
         holds the job directory: adopt it) or None (the job ended or went back to the
         queue)."""
         deps, record = self.deps, self.record
-        if faults.active("runner_after_record"):  # tests: the record says setup, nothing else yet
-            await trio.to_thread.run_sync(faults.point, "runner_after_record")
         prepared = False
         try:
+            await faults.ahit("setup.begin")  # tests: a barrier or a crash at this point
             cwd = deps.workspace_root / record.workspace
             if deps.disk is not None:  # disk check again before setup; catalog the workspace
                 plan = await deps.disk.call(PrepareSetup(

@@ -65,7 +65,7 @@ import json  # noqa: E402
 import select  # noqa: E402
 import signal  # noqa: E402
 
-from motor.execution import faults as _faults  # noqa: E402
+from motor import faults as _faults  # noqa: E402
 from motor.execution import keeper as _keeper  # noqa: E402
 
 __all__ = ["main"]
@@ -167,7 +167,7 @@ def _handle(line: bytes, wake_r: int, wake_w: int) -> None:
             _kill_child(pid)
             _write_line({"id": req_id, "error": f"cannot read keeper create time: {exc}"})
             return
-        _faults.point("forkserver_after_fork")
+        _faults.hit("forkserver.forked")  # tests: the keeper exists, its claim does not
         # The claim: the keeper's identity is durable before it may do anything.
         try:
             _keeper.claim_job_dir(job_dir, pid, create_time)
@@ -182,7 +182,7 @@ def _handle(line: bytes, wake_r: int, wake_w: int) -> None:
                          "error": "cannot record the keeper's identity in "
                                   f"{os.path.join(job_dir, 'keeper.json')}: {exc}"})
             return
-        _faults.point("forkserver_after_claim")
+        _faults.hit("forkserver.claimed")  # tests: claimed, the keeper not yet released
         os.write(go_w, b"g")
     finally:
         os.close(go_w)

@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any
 
-from motor.execution import faults
+from motor import faults
 from motor.execution.joblog import (
     KEEPER_FILE,
     OUTPUT_FILE,
@@ -354,7 +354,7 @@ class _Keeper:
             "cpu_time_ms": 0,
         }
         status.update(fields)
-        faults.point("keeper_before_status")
+        faults.hit("keeper.status")  # tests: the job ended, status.json not written
         # Atomic (tmp + rename), not fsynced: it must survive the runner
         # dying, not the host (which takes the job down with it).
         # A full state filesystem must not turn a finished job into a lost one: hold
@@ -506,7 +506,7 @@ class _Keeper:
                 _set_oom_score_adj(restore_oom)
         os.close(out_w)
         os.close(err_w)
-        faults.point("keeper_after_spawn")
+        faults.hit("keeper.spawned")  # tests: the job runs, keeper.json lacks its pid
         me_pid = os.getpid()
         try:
             # The claim (written by the forkserver) already names us; now add the job.

@@ -21,15 +21,15 @@ def test_no_free_inodes_for_keeper_json_means_the_job_never_starts(serve_factory
     with tmpfs(tmp_path / "state", size="64m", nr_inodes=2000) as state:
         serve = serve_factory("--workspace-root", str(tmp_path / "ws"), "--isolation", "affinity",
                               state_dir=state)
-        serve.env = {"MOTOR_FAULT": "forkserver_after_fork", "MOTOR_FAULT_DIR": str(faults)}
+        serve.env = {"MOTOR_FAULTS": f"forkserver.forked=wait:{faults / 'forked'}"}
         serve.start()
         filler = Filler(state)
         try:
             job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
                                     f"echo $$ >> {runs}; echo hi")["job_id"]
-            wait_for((faults / "forkserver_after_fork.reached").exists, what="the fork")
+            wait_for((faults / "forked.reached").exists, what="the fork")
             assert filler.inodes() > 0
-            (faults / "forkserver_after_fork.go").touch()
+            (faults / "forked").touch()
             result = serve.cli("attach", "--json", job_id)
             record = json_lines(result.stdout)[-1]["record"]
             assert record["state"] == "failed", record

@@ -2,7 +2,7 @@
 
 A job appends its shell's pid to a file (one line per run) and waits for a barrier. The
 runner (and sometimes its forkserver) is killed with SIGKILL while the start is paused at
-a named point (MOTOR_FAULT, motor/execution/faults.py), then restarted; the job must run
+a named point (MOTOR_FAULTS, motor/faults.py), then restarted; the job must run
 exactly once, or end in a typed terminal state without running at all, never twice.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 
-import psutil
 import pytest
 
 from job_markers import child_named, marked_processes
@@ -43,12 +42,12 @@ def isolation():
 
 # (point, also kill the forkserver, release the paused process after the restart, runs)
 CASES = [
-    ("runner_after_record", False, False, 1),
-    ("forkserver_after_fork", False, True, 1),
-    ("forkserver_after_fork", True, False, 1),
-    ("forkserver_after_claim", False, True, 1),
-    ("forkserver_after_claim", True, False, 0),
-    ("keeper_after_spawn", True, True, 1),
+    ("setup.begin", False, False, 1),  # the record says setup, nothing else exists
+    ("forkserver.forked", False, True, 1),  # the keeper is forked, not claimed
+    ("forkserver.forked", True, False, 1),
+    ("forkserver.claimed", False, True, 1),  # keeper.json (the claim) written, not released
+    ("forkserver.claimed", True, False, 0),
+    ("keeper.spawned", True, True, 1),  # the job runs, keeper.json lacks its pid
 ]
 
 
@@ -60,21 +59,20 @@ def test_kill_9_at_a_start_point_never_runs_the_job_twice(
     faults.mkdir()
     runs_file, barrier = tmp_path / "runs", tmp_path / "go"
     serve = serve_factory(*isolation)
-    serve.env = {"MOTOR_FAULT": point, "MOTOR_FAULT_DIR": str(faults)}
+    serve.env = {"MOTOR_FAULTS": f"{point}=wait:{faults / point}"}
     serve.start()
     job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
                             f"echo $$ >> {runs_file}; echo started; "
                             f"while [ ! -e {barrier} ]; do sleep 0.02; done; echo done")["job_id"]
     reached = faults / f"{point}.reached"
     wait_for(reached.exists, what=f"the start to reach {point}")
-    paused = psutil.Process(int(reached.read_text()))
     forkserver = child_named(serve.proc.pid, "forkserver")
     serve.kill9()
     if kill_forkserver and forkserver is not None and forkserver.is_running():
         forkserver.kill()
         forkserver.wait(10)
     if not release_late:
-        (faults / f"{point}.go").touch()
+        (faults / point).touch()
 
     serve.env = {}
     serve.start()
@@ -82,9 +80,9 @@ def test_kill_9_at_a_start_point_never_runs_the_job_twice(
         if runs:  # the restarted runner's own copy (if any) is running before the old one goes on
             wait_for(lambda: runs_file.exists() or _adopted(serve, job_id),
                      what="the restarted runner to start or adopt the job")
-        (faults / f"{point}.go").touch()
-        if forkserver is not None and paused.pid == forkserver.pid:
-            paused.wait(30)  # the old forkserver finishes its request, then exits
+        (faults / point).touch()
+        if point.startswith("forkserver."):
+            forkserver.wait(30)  # the old forkserver finishes its request, then exits
     # at most one copy of the job exists at any time (its shell carries the marker)
     shells = [p for p in marked_processes(job_id) if p.cmdline()[:2] == ["sh", "-c"]]
     assert len(shells) <= 1, shells

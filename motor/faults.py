@@ -1,0 +1,74 @@
+"""Fault injection at named points, for tests and bench scripts (off unless configured).
+
+`MOTOR_FAULTS` is a comma-separated list of `POINT=ACTION`:
+
+- `POINT=kill`         the runner process kills itself with SIGKILL there (a crash);
+- `POINT=kill:P`       the same with probability P (0..1) at each pass (a restart storm);
+- `POINT=wait:PATH`    the runner creates `PATH.reached`, then waits until `PATH` exists
+                       (an explicit barrier a test releases by creating the file).
+
+Named points (each documented where it is hit):
+
+- `setup.begin`        a job's setup, before the disk check (motor/execution/actor.py);
+- `setup.spawned`      the forkserver reported the keeper's pid; the keeper may not have
+                       written keeper.json yet (motor/execution/actor.py);
+- `unpack.extracted`   a bundle is fully extracted into its staging directory, before its
+                       entries move into the workspace (motor/disk/bundles.py).
+
+Without the variable every point is a no-op costing one environment lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+ENV = "MOTOR_FAULTS"
+POLL_S = 0.01
+
+
+def action(point: str) -> str | None:
+    spec = os.environ.get(ENV)
+    if not spec:
+        return None
+    for item in spec.split(","):
+        name, sep, act = item.strip().partition("=")
+        if sep and name == point:
+            return act
+    return None
+
+
+def _begin(point: str) -> str | None:
+    act = action(point)
+    if act is None:
+        return None
+    if act == "kill" or (act.startswith("kill:") and random.random() < float(act[5:])):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if act.startswith("kill:"):
+        return None
+    if act.startswith("wait:"):
+        gate = act[len("wait:"):]
+        with open(gate + ".reached", "a"):
+            pass
+        return gate
+    raise ValueError(f"{ENV}: unknown action {act!r} at {point}")
+
+
+def hit(point: str) -> None:
+    """A named point in blocking code (a worker thread)."""
+    gate = _begin(point)
+    while gate is not None and not os.path.exists(gate):
+        time.sleep(POLL_S)
+
+
+async def ahit(point: str) -> None:
+    """A named point in async code."""
+    gate = _begin(point)
+    if gate is None:
+        return
+    import trio
+
+    while not os.path.exists(gate):
+        await trio.sleep(POLL_S)
