@@ -525,6 +525,7 @@ async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runn
             raise StartupError(str(exc)) from None
         clock = config.clock or WallClock()
         hub = ChangeHub()
+        await _sweep_leftover_groups(host.backend, db)
         try:
             async with open_spawner() as spawner:
                 tree = _Tree()
@@ -549,6 +550,14 @@ async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runn
             db.close()
     finally:
         lock.release()
+
+
+async def _sweep_leftover_groups(backend, db) -> None:
+    """Before any job is adopted: remove the isolation groups/units of jobs the store does
+    not know as setting up or running (docs/isolation.md, "Start-up sweep")."""
+    known = {r.job_id for r in db.live() if r.state in ("setup", "running")}
+    for line in await trio.to_thread.run_sync(backend.sweep, known):
+        logging.getLogger("motor.isolation").warning("start-up sweep: %s", line)
 
 
 class _Tree:

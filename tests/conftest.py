@@ -29,6 +29,8 @@ class Serve:
 
     #: A command the runner is started under (e.g. nsenter into a namespace); empty: none.
     prefix: tuple[str, ...] = ()
+    #: Extra environment of the next `start()` (e.g. MOTOR_FAULT); empty: none.
+    env: dict[str, str] = {}
 
     def __init__(self, state_dir: Path, *args: str):
         self.state_dir = state_dir
@@ -43,7 +45,7 @@ class Serve:
         with open(self.log, "ab") as logf:
             self.proc = subprocess.Popen(
                 [*self.prefix, sys.executable, "-m", "motor", "serve", *self.args],
-                stdout=logf, stderr=subprocess.STDOUT, env=motor_env(), cwd=ROOT)
+                stdout=logf, stderr=subprocess.STDOUT, env=motor_env(self.env), cwd=ROOT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -11,10 +11,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
+    "JobDirClaimed": "spawner",
     "KeeperHandle": "spawner",
+    "KeeperNotStarted": "spawner",
     "Spawner": "spawner",
     "SpawnerError": "spawner",
     "cancel_keeper": "spawner",
+    "kill_marked_processes": "spawner",
     "open_spawner": "spawner",
     "process_alive": "spawner",
     "wait_process_exit": "spawner",
@@ -38,10 +41,13 @@ if TYPE_CHECKING:
         write_json_atomic,
     )
     from motor.execution.spawner import (
+        JobDirClaimed,
         KeeperHandle,
+        KeeperNotStarted,
         Spawner,
         SpawnerError,
         cancel_keeper,
+        kill_marked_processes,
         open_spawner,
         process_alive,
         wait_process_exit,

@@ -18,7 +18,9 @@ The dispatcher has already placed the job's CPUs and saved the record in state `
 
 The keeper, not this actor, owns the job's output and exit status, so the job outlives the
 runner. After a restart (or a crash of this actor: it is a transient child and comes back
-in adopt mode) the actor starts at step 3 from the saved log offset.
+in adopt mode) the actor starts at step 3 from the saved log offset whenever the job
+directory holds a keeper's claim (keeper.json); without one no keeper was ever released,
+and the job is set up again (docs/keeper.md, "Start protocol").
 """
 
 from __future__ import annotations
@@ -48,8 +50,12 @@ from ..store.actor import Save
 from ..store.db import StoreFull
 from ..store.files import job_umask
 from ..records import Refusal, JobRecord, Output, Started, Terminal, public_record
+from .. import faults
 from . import joblog
-from .spawner import cancel_keeper, process_alive, wait_process_exit
+from .spawner import (
+    JobDirClaimed, KeeperNotStarted, SpawnerError, cancel_keeper, kill_marked_processes,
+    wait_process_exit,
+)
 
 log = logging.getLogger("motor.execution")
 
@@ -164,15 +170,34 @@ class JobExecution(actors.Actor):
 
     # -- the job's life -----------------------------------------------------------------
 
-    async def _life(self):
+    def _kept(self) -> dict | None:
+        """What the job directory says about a keeper: keeper.json (the claim, written
+        before any keeper may start the job), {} when only status.json is there, None when
+        no keeper was ever released for this job."""
         kept = joblog.read_keeper(self.dir) if (self.dir / "keeper.json").exists() else None
         if kept is None and (self.dir / "status.json").exists():
             kept = {}
+        return kept
+
+    async def _life(self):
+        kept = self._kept()
         if kept is None:
-            if not await self._setup():
+            if self.dir.exists():
+                # A start cut short (runner restart, failed start): no keeper was released
+                # (the claim comes first), but make sure nothing of this job still runs
+                # before it is spawned again.
+                killed = await trio.to_thread.run_sync(
+                    kill_marked_processes, self.record.job_id)
+                if killed:
+                    log.warning("%s: killed %d stray process(es) of the job before its start: %s",
+                                self.name, len(killed), killed)
+            started = await self._setup()
+            if started is None:
                 self.stop()
                 return
-        else:
+            if started == "claimed":  # another keeper holds the job: adopt it
+                kept = self._kept() or {}
+        if kept is not None:
             if kept:
                 self.keeper = (kept["keeper_pid"], kept["keeper_create_time"])
             log.info("%s: adopted (keeper %s)", self.name, self.keeper)
@@ -186,7 +211,10 @@ class JobExecution(actors.Actor):
         await self._finish()
         self.stop()
 
-    async def _setup(self) -> bool:
+    async def _setup(self) -> str | None:
+        """Set the job up and spawn its keeper: "spawned", "claimed" (a keeper already
+        holds the job directory: adopt it) or None (the job ended or went back to the
+        queue)."""
         deps, record = self.deps, self.record
         prepared = False
         try:
@@ -198,7 +226,7 @@ class JobExecution(actors.Actor):
                     kind=record.workspace_kind, bundle_sha256=record.bundle_sha256), timeout=600)
                 if plan.refusal is not None:
                     await self._refuse_setup(plan.refusal)
-                    return False
+                    return None
                 cwd = Path(plan.path)  # a caller-root workspace lives in its host directory
             if self.cancel_requested:  # cancelled during setup: it never starts
                 await self._cancel_in_setup()
@@ -210,7 +238,7 @@ class JobExecution(actors.Actor):
                         unpack_into, Path(plan.bundle), str(cwd), plan.root, record.job_id)
                 except BundleError as exc:
                     await self._refuse_setup(Refusal(code="workspace_setup_failed", detail=str(exc)))
-                    return False
+                    return None
             self.dir.mkdir(parents=True, exist_ok=True)
             env = dict(os.environ)
             env.update(record.env)
@@ -241,17 +269,30 @@ class JobExecution(actors.Actor):
                 return False
             joblog.write_json_atomic(self.dir / "spec.json", spec)
             handle = await deps.spawner.spawn(self.dir)
+        except JobDirClaimed:
+            log.warning("%s: a keeper already holds the job directory: adopting it", self.name)
+            return "claimed"
+        except KeeperNotStarted as exc:  # the identity is not durable: the job never ran
+            log.warning("%s: keeper not started: %s", self.name, exc)
+            await self._finish({"exit_code": None, "signal": None, "reason": "spawn_failed",
+                                "detail": str(exc), "started_at_ms": None, "ended_at_ms": None})
+            return None
         except Exception as exc:  # a failed start: requeue with the retry delay
+            if isinstance(exc, SpawnerError) and (self.dir / "keeper.json").exists():
+                # the forkserver failed after the claim: the keeper may run the job
+                log.warning("%s: spawn failed after the claim (%s): adopting the keeper",
+                            self.name, exc)
+                return "claimed"
             log.warning("%s: start failed: %s", self.name, exc)
             if prepared:  # remove the job's groups again
                 await trio.to_thread.run_sync(deps.backend.finish, record.job_id)
             await deps.cpu.call(_release(record.job_id))
             await deps.dispatcher.cast(StartFailed(record.job_id, f"{type(exc).__name__}: {exc}"))
-            return False
+            return None
         self.keeper = (handle.pid, handle.create_time)
         await faults.ahit("setup.spawned")  # tests/bench: a crash before keeper.json may exist
         await self._mark_running(None)
-        return True
+        return "spawned"
 
     async def _cancel_in_setup(self) -> None:
         """A cancel that arrived before the keeper was spawned: the job ends `cancelled`
@@ -359,15 +400,22 @@ class JobExecution(actors.Actor):
             offset = new_offset
         return offset
 
-    async def _finish(self):
+    async def _finish(self, status: dict | None = None):
         deps = self.deps
-        try:
-            status = joblog.read_status(self.dir)
-        except joblog.JobDirError as exc:
-            log.warning("%s: %s", self.name, exc)
-            status = None
-        if status is None and self.keeper is not None and process_alive(*self.keeper):
-            status = None  # cannot happen after wait_process_exit; kept for clarity
+        if status is None:
+            try:
+                status = joblog.read_status(self.dir)
+            except joblog.JobDirError as exc:
+                log.warning("%s: %s", self.name, exc)
+                status = None
+        if status is None:
+            # The keeper died without a status: whatever is left of its job must not
+            # outlive the record that says the job is over (the cgroup backends drain
+            # their groups in finish(); the marker finds the rest).
+            killed = await trio.to_thread.run_sync(kill_marked_processes, self.record.job_id)
+            if killed:
+                log.warning("%s: keeper lost; killed %d leftover process(es): %s",
+                            self.name, len(killed), killed)
         facts = await trio.to_thread.run_sync(
             deps.backend.finish, self.record.job_id, status.get("signal") if status else None)
         for problem in ("collect_error", "cleanup_error"):

@@ -7,11 +7,18 @@ imports the ``motor`` package) with stdin/stdout pipes.  Protocol (one JSON obje
 - on startup it writes ``{"ready": true, "pid": <its pid>}``
 - request  ``{"id": <int>, "job_dir": "/abs/path"}``
 - response ``{"id": <int>, "pid": <keeper pid>, "create_time": <float>}``
-  or ``{"id": <int>, "error": "<message>"}``
+  or ``{"id": <int>, "error": "<message>"[, "code": "spawn_failed" | "claimed"]}``
+  (with a code, the job was certainly not started by this request)
 
-Each keeper is ``os.fork()``-ed from here (no new interpreter per job), points
-its stdio at /dev/null, calls ``os.setsid()`` and runs
-``motor.execution.keeper.run_keeper``.  The forkserver reaps exited keepers.
+Each keeper is ``os.fork()``-ed from here (no new interpreter per job) and
+points its stdio at /dev/null.  It then waits on a pipe: the forkserver first
+records the keeper's identity in ``<job_dir>/keeper.json`` (the claim, an
+exclusive ``link``: one keeper per job directory, ever), then releases it.
+Only then does the keeper call ``os.setsid()`` and run
+``motor.execution.keeper.run_keeper``.  A claim that cannot be written kills
+the unreleased keeper (``{"code": "spawn_failed"}``); a job directory that is
+already claimed too (``{"code": "claimed"}``).  A keeper whose forkserver dies
+before releasing it never starts the job.  The forkserver reaps exited keepers.
 At EOF on stdin (runner gone or closing) it exits without touching the
 keepers: they are in their own sessions and keep running.
 
@@ -58,6 +65,7 @@ import json  # noqa: E402
 import select  # noqa: E402
 import signal  # noqa: E402
 
+from motor import faults as _faults  # noqa: E402
 from motor.execution import keeper as _keeper  # noqa: E402
 
 __all__ = ["main"]
@@ -80,8 +88,8 @@ def _reap() -> None:
             return
 
 
-def _child(job_dir: str, wake_r: int, wake_w: int) -> None:
-    """In the forked child: become the keeper.  Never returns."""
+def _child(job_dir: str, wake_r: int, wake_w: int, go_r: int) -> None:
+    """In the forked child: wait to be released, then become the keeper.  Never returns."""
     code = 70
     try:
         gc.disable()  # short-lived: avoid touching (copying) inherited pages
@@ -95,11 +103,32 @@ def _child(job_dir: str, wake_r: int, wake_w: int) -> None:
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
         os.close(devnull)
-        code = _keeper.run_keeper(job_dir)
+        # Nothing of the job may happen before our identity is recorded in
+        # keeper.json (the claim): the forkserver writes it, then releases us.
+        try:
+            go = os.read(go_r, 1)
+        except OSError:
+            go = b""
+        os.close(go_r)
+        if go != b"g":  # the forkserver died before releasing us: never start the job
+            code = _keeper.abandon(job_dir)
+        else:
+            code = _keeper.run_keeper(job_dir)
     except BaseException:
         code = 70
     finally:
         os._exit(code)
+
+
+def _kill_child(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
 
 
 def _handle(line: bytes, wake_r: int, wake_w: int) -> None:
@@ -113,6 +142,7 @@ def _handle(line: bytes, wake_r: int, wake_w: int) -> None:
     except Exception as exc:
         _write_line({"id": req_id, "error": f"bad request: {exc}"})
         return
+    go_r, go_w = os.pipe()
     # Block SIGTERM across fork: the child unblocks it once its cancel
     # handler is installed, so an early cancel is delivered, not fatal.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
@@ -120,17 +150,42 @@ def _handle(line: bytes, wake_r: int, wake_w: int) -> None:
         pid = os.fork()
     except OSError as exc:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        os.close(go_r)
+        os.close(go_w)
         _write_line({"id": req_id, "error": f"fork failed: {exc}"})
         return
     if pid == 0:
-        _child(job_dir, wake_r, wake_w)
+        os.close(go_w)
+        _child(job_dir, wake_r, wake_w, go_r)
     signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    os.close(go_r)
     try:
-        # Not reaped yet (only this loop reaps), so /proc/<pid>/stat exists.
-        create_time = _keeper.proc_create_time(pid)
-    except OSError as exc:
-        _write_line({"id": req_id, "error": f"cannot read keeper create time: {exc}"})
-        return
+        try:
+            # Not reaped yet (only this loop reaps), so /proc/<pid>/stat exists.
+            create_time = _keeper.proc_create_time(pid)
+        except OSError as exc:
+            _kill_child(pid)
+            _write_line({"id": req_id, "error": f"cannot read keeper create time: {exc}"})
+            return
+        _faults.hit("forkserver.forked")  # tests: the keeper exists, its claim does not
+        # The claim: the keeper's identity is durable before it may do anything.
+        try:
+            _keeper.claim_job_dir(job_dir, pid, create_time)
+        except FileExistsError:
+            _kill_child(pid)
+            _write_line({"id": req_id, "code": "claimed",
+                         "error": f"{job_dir} already has a keeper (keeper.json exists)"})
+            return
+        except OSError as exc:
+            _kill_child(pid)
+            _write_line({"id": req_id, "code": "spawn_failed",
+                         "error": "cannot record the keeper's identity in "
+                                  f"{os.path.join(job_dir, 'keeper.json')}: {exc}"})
+            return
+        _faults.hit("forkserver.claimed")  # tests: claimed, the keeper not yet released
+        os.write(go_w, b"g")
+    finally:
+        os.close(go_w)
     _write_line({"id": req_id, "pid": pid, "create_time": create_time})
 
 

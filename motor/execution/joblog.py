@@ -6,7 +6,8 @@ must stay small (see docs/keeper.md).
 Job directory ``<state>/jobs/<job_id>/``:
 
 - ``spec.json``    written by the runner (atomically) before spawning
-- ``keeper.json``  written by the keeper right after the job was spawned
+- ``keeper.json``  the claim: written by the forkserver before the keeper may start
+                   anything (exclusive link), completed by the keeper with the job's pid
 - ``output.log``   append-only framed records: ``<BI`` (stream, length) + data
 - ``status.json``  written by the keeper after the job exited and output drained
 """

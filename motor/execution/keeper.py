@@ -11,7 +11,9 @@ Stdlib only: it runs inside the small forkserver process.
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import json
 import os
 import select
 import signal
@@ -19,6 +21,7 @@ import sys
 import time
 from typing import Any
 
+from motor import faults
 from motor.execution.joblog import (
     KEEPER_FILE,
     OUTPUT_FILE,
@@ -30,7 +33,7 @@ from motor.execution.joblog import (
     write_json_atomic,
 )
 
-__all__ = ["proc_create_time", "run_keeper", "main"]
+__all__ = ["abandon", "claim_job_dir", "proc_create_time", "run_keeper", "main"]
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 READ_CHUNK = 65536
@@ -40,6 +43,17 @@ READ_CHUNK = 65536
 DRAIN_TIMEOUT_S = 5.0
 DEFAULT_KILL_GRACE_S = 10.0
 SPAWN_FAILED_EXIT_CODE = 127
+#: Output that cannot be written to output.log (state filesystem full) is held in memory
+#: up to this many bytes and retried; beyond it new output is dropped (and counted).
+OUTPUT_HOLD_BYTES = 4 * 1024 * 1024
+#: Retry interval for held output; status.json retries back off up to STATUS_RETRY_MAX_S.
+OUTPUT_RETRY_S = 0.5
+STATUS_RETRY_MIN_S = 0.05
+STATUS_RETRY_MAX_S = 2.0
+#: After the job's main process exited: how long the keeper keeps killing and reaping
+#: what is left of the tree (its descendants are re-parented to it: it is a subreaper).
+REAP_TIMEOUT_S = 5.0
+PR_SET_CHILD_SUBREAPER = 36
 
 # Reset to default in the job (Python ignores SIGPIPE/SIGXFSZ; the keeper
 # ignores SIGINT/SIGHUP and handles SIGTERM/SIGCHLD).
@@ -92,6 +106,105 @@ def proc_create_time(pid: int) -> float:
         data = f.read()
     fields = data[data.rfind(b")") + 2 :].split()
     return float(fields[19]) / CLOCK_TICKS + _boot_time()
+
+
+def claim_job_dir(job_dir: str, keeper_pid: int, keeper_create_time: float) -> None:
+    """Record a keeper's identity as ``<job_dir>/keeper.json``, exclusively.
+
+    Called by the forkserver before it releases the keeper. ``link(2)`` of a fully
+    written temp file: the claim appears whole or not at all, and only once per job
+    directory (FileExistsError when another keeper claimed it first). Any other OSError
+    (ENOSPC, no free inodes...) means the identity is not durable: the keeper must not
+    start the job.
+    """
+    path = os.path.join(job_dir, KEEPER_FILE)
+    tmp = os.path.join(job_dir, f".{KEEPER_FILE}.{keeper_pid}.claim")
+    data = (
+        '{"keeper_pid":%d,"keeper_create_time":%r,"job_pid":null,'
+        '"job_create_time":null,"started_at_ms":null}' % (keeper_pid, keeper_create_time)
+    ).encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.link(tmp, path)
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def abandon(job_dir: str) -> int:
+    """A keeper whose forkserver died before releasing it: the job was never started.
+
+    If the claim names this keeper, say so in status.json (a typed spawn failure) so the
+    runner ends the job instead of calling it lost; otherwise leave the directory alone
+    (another keeper may own it).
+    """
+    try:
+        with open(os.path.join(job_dir, KEEPER_FILE), "rb") as f:
+            kept = json.loads(f.read())
+    except (OSError, ValueError):
+        return 0
+    if not isinstance(kept, dict) or kept.get("keeper_pid") != os.getpid():
+        return 0
+    keeper = _Keeper(job_dir)
+    keeper._write_status(
+        exit_code=SPAWN_FAILED_EXIT_CODE, reason="spawn_failed",
+        detail="the forkserver died before releasing the job's keeper; the job was not started")
+    return 0
+
+
+try:  # loaded once in the forkserver, so a keeper pays nothing for it
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # pragma: no cover - not Linux/glibc
+    _prctl = None
+
+
+def _set_subreaper() -> bool:
+    """PR_SET_CHILD_SUBREAPER: orphaned descendants of the job are re-parented to us."""
+    if _prctl is None:
+        return False
+    try:
+        return _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except OSError:  # pragma: no cover
+        return False
+
+
+def _children_map() -> dict[int, list[int]]:
+    """ppid -> [pid] for every process (one pass over /proc)."""
+    out: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        fields = data[data.rfind(b")") + 2 :].split()
+        try:
+            out.setdefault(int(fields[1]), []).append(int(name))
+        except (IndexError, ValueError):
+            continue
+    return out
+
+
+def _descendants(root: int) -> list[int]:
+    """Every live descendant of ``root`` (not ``root`` itself)."""
+    children = _children_map()
+    found: list[int] = []
+    todo = list(children.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, ()))
+    return found
 
 
 def _now_ms() -> int:
@@ -161,6 +274,11 @@ class _Keeper:
         self.output_error: str | None = None
         self.keeper_json_error: str | None = None
         self.started_at_ms = _now_ms()
+        #: Encoded records not yet in output.log (its filesystem refused them).
+        self.pending = bytearray()
+        self.dropped_bytes = 0
+        self.retry_output_at: float | None = None
+        self.subreaper = False
 
     # -- plumbing ---------------------------------------------------------
 
@@ -168,28 +286,60 @@ class _Keeper:
         self.cancel_requested = True
 
     def _write_record(self, stream: int, data: bytes) -> None:
-        if self.output_error is not None:
+        """Append one record to output.log; hold it (bounded) when that fails."""
+        record = encode_record(stream, data)
+        if self.pending:
+            self._flush_output()
+        if self.pending:
+            if len(self.pending) + len(record) > OUTPUT_HOLD_BYTES:
+                self.dropped_bytes += len(data)
+            else:
+                self.pending += record
             return
-        if self.out_fd < 0:
-            # Created on first output: a silent job costs no file creation
-            # (readers treat a missing output.log as empty).
-            try:
+        self.pending += record
+        self._flush_output()
+
+    def _flush_output(self) -> bool:
+        """Write held records to output.log; True when nothing is held any more.
+
+        Whole records only ever enter ``pending`` and only written bytes leave it, so a
+        partial write followed by ENOSPC leaves output.log with a trailing partial record
+        that the next successful write completes (readers wait for complete records).
+        """
+        if not self.pending:
+            return True
+        try:
+            if self.out_fd < 0:
+                # Created on first output: a silent job costs no file creation
+                # (readers treat a missing output.log as empty).
                 self.out_fd = os.open(
                     os.path.join(self.job_dir, OUTPUT_FILE),
                     os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
                     0o600,  # private, like all state (the job may print secrets)
                 )
-            except OSError as exc:
-                self.output_error = f"cannot open {OUTPUT_FILE}: {exc}"
-                return
-        view = memoryview(encode_record(stream, data))
-        try:
-            while view:
-                n = os.write(self.out_fd, view)
-                view = view[n:]
+            while self.pending:
+                n = os.write(self.out_fd, self.pending)
+                del self.pending[:n]
         except OSError as exc:
-            # Keep draining the pipes (else the job blocks) but stop logging.
-            self.output_error = f"writing {OUTPUT_FILE} failed: {exc}"
+            # Keep draining the pipes (the job must never block on us); retry later.
+            if self.output_error is None:
+                self.output_error = f"writing {OUTPUT_FILE} failed for a while: {exc}"
+            self.retry_output_at = time.monotonic() + OUTPUT_RETRY_S
+            return False
+        self.retry_output_at = None
+        if self.dropped_bytes:
+            note = (
+                f"motor keeper: {self.dropped_bytes} bytes of output were dropped while "
+                f"{OUTPUT_FILE} could not be written\n"
+            )
+            self.output_error = (
+                f"{self.dropped_bytes} bytes of output dropped while {OUTPUT_FILE} could not "
+                f"be written ({self.output_error})"
+            )
+            self.dropped_bytes = 0
+            self.pending += encode_record(STDERR, note.encode())
+            return self._flush_output()
+        return True
 
     def _write_status(self, **fields: Any) -> None:
         ended = _now_ms()
@@ -204,12 +354,32 @@ class _Keeper:
             "cpu_time_ms": 0,
         }
         status.update(fields)
+        faults.hit("keeper.status")  # tests: the job ended, status.json not written
         # Atomic (tmp + rename), not fsynced: it must survive the runner
         # dying, not the host (which takes the job down with it).
-        write_json_atomic(os.path.join(self.job_dir, STATUS_FILE), status)
+        # A full state filesystem must not turn a finished job into a lost one: hold
+        # the status (and the held output, which goes first) and retry until it lands.
+        delay = STATUS_RETRY_MIN_S
+        while True:
+            if self._flush_output():
+                try:
+                    write_json_atomic(os.path.join(self.job_dir, STATUS_FILE), status)
+                    return
+                except OSError:
+                    pass
+            time.sleep(delay)
+            delay = min(STATUS_RETRY_MAX_S, delay * 2)
+
+    def _flush_output_until_done(self) -> None:
+        """Before the status: every held record reaches output.log (retried, backing off)."""
+        delay = STATUS_RETRY_MIN_S
+        while not self._flush_output():
+            time.sleep(delay)
+            delay = min(STATUS_RETRY_MAX_S, delay * 2)
 
     def _spawn_failed(self, detail: str) -> int:
         self._write_record(STDERR, f"motor keeper: {detail}\n".encode(errors="replace"))
+        self._flush_output_until_done()
         self._write_status(
             exit_code=SPAWN_FAILED_EXIT_CODE, reason="spawn_failed", detail=detail
         )
@@ -233,6 +403,9 @@ class _Keeper:
         # The forkserver blocks SIGTERM around fork() so that a SIGTERM sent
         # as soon as our pid is known is not lost; handlers are in place now.
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM, signal.SIGCHLD})
+        # Whatever the job double-forks or setsid()s away is re-parented to us, so
+        # cancel, timeout and the end of the job reach it under any isolation backend.
+        self.subreaper = _set_subreaper()
 
         try:
             pid, out_r, err_r, spec = self._spawn()
@@ -248,10 +421,7 @@ class _Keeper:
                 os.killpg(pid, signal.SIGKILL)
             except OSError:
                 pass
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
+            self._end_tree(pid)
             self._write_status(detail=f"keeper error: {exc!r}")
             return 1
 
@@ -342,8 +512,10 @@ class _Keeper:
                 _set_oom_score_adj(restore_oom)
         os.close(out_w)
         os.close(err_w)
+        faults.hit("keeper.spawned")  # tests: the job runs, keeper.json lacks its pid
         me_pid = os.getpid()
         try:
+            # The claim (written by the forkserver) already names us; now add the job.
             write_json_atomic(
                 os.path.join(self.job_dir, KEEPER_FILE),
                 {
@@ -354,9 +526,74 @@ class _Keeper:
                     "started_at_ms": self.started_at_ms,
                 },
             )
-        except OSError as exc:  # e.g. disk full: still supervise the job
-            self.keeper_json_error = f"cannot write {KEEPER_FILE}: {exc}"
+        except OSError as exc:  # e.g. disk full: the claim stands, still supervise the job
+            self.keeper_json_error = f"cannot add the job's pid to {KEEPER_FILE}: {exc}"
         return pid, out_r, err_r, spec
+
+    def _signal_tree(self, pid: int, sig: int) -> None:
+        """Signal the job's process group and every other descendant of the keeper."""
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            pass
+        for other in _descendants(os.getpid()):
+            try:
+                os.kill(other, sig)
+            except ProcessLookupError:
+                pass
+
+    def _reap_orphans(self, main_pid: int) -> None:
+        """Reap exited orphans re-parented to us; stop at the job's main process (its
+        exit is handled, and everything left reaped, by the main loop)."""
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or info.si_pid == main_pid:
+                return
+            try:
+                os.waitpid(info.si_pid, 0)
+            except ChildProcessError:
+                pass
+
+    def _end_tree(self, main_pid: int) -> bool:
+        """After the main process was reaped: SIGKILL and reap everything left below us.
+
+        Cheap in the common case: once the job's process group is empty and we have no
+        child left, nothing of the tree can remain (a survivor outside the group
+        would have been re-parented to us). Only while children remain is /proc scanned.
+        Returns False when something was still there after REAP_TIMEOUT_S (a process
+        stuck in the kernel).
+        """
+        deadline = time.monotonic() + REAP_TIMEOUT_S
+        group_gone = False  # once empty, a group never comes back (and its id may be reused)
+        while True:
+            if not group_gone:
+                try:
+                    os.killpg(main_pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    group_gone = True
+            children = True
+            while True:  # reap what is ours (re-parented orphans)
+                try:
+                    reaped, _ = os.waitpid(-1, os.WNOHANG)
+                except ChildProcessError:
+                    children = False
+                    break
+                if reaped == 0:
+                    break
+            if group_gone and not children:
+                return True
+            if children:
+                for other in _descendants(os.getpid()):
+                    try:
+                        os.kill(other, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)
 
     def _supervise(
         self, pid: int, out_r: int, err_r: int, wake_r: int, spec: dict[str, Any]
@@ -373,12 +610,7 @@ class _Keeper:
         wait_status = 0
         rusage = None
         drain_until = 0.0
-
-        def killpg(sig: int) -> None:
-            try:
-                os.killpg(pid, sig)
-            except ProcessLookupError:
-                pass
+        tree_ended = True
 
         while True:
             now = time.monotonic()
@@ -388,8 +620,14 @@ class _Keeper:
                 info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
                 if info is not None:
                     exited = True
-                    killpg(signal.SIGKILL)  # leftover background processes
+                    # leftover background processes: the group now, the rest (re-parented
+                    # to us) once the main process is reaped
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
                     _, wait_status, rusage = os.wait4(pid, 0)
+                    tree_ended = self._end_tree(pid)
                     drain_until = now + DRAIN_TIMEOUT_S
             if not exited:
                 if reason is None:
@@ -398,15 +636,19 @@ class _Keeper:
                     elif timeout_at is not None and now >= timeout_at:
                         reason = "timed_out"
                     if reason is not None:
-                        killpg(signal.SIGTERM)
+                        self._signal_tree(pid, signal.SIGTERM)
                         kill_at = now + grace
                 if kill_at is not None and now >= kill_at:
-                    killpg(signal.SIGKILL)
+                    self._signal_tree(pid, signal.SIGKILL)
                     kill_at = None
             elif not streams or now >= drain_until:
                 break
+            if self.retry_output_at is not None and now >= self.retry_output_at:
+                self._flush_output()
 
             deadlines = []
+            if self.retry_output_at is not None:
+                deadlines.append(self.retry_output_at)
             if exited:
                 deadlines.append(drain_until)
             else:
@@ -423,6 +665,8 @@ class _Keeper:
                             pass
                     except BlockingIOError:
                         pass
+                    if not exited and self.subreaper:
+                        self._reap_orphans(pid)
                     continue
                 data = os.read(fd, READ_CHUNK)
                 if data:
@@ -435,10 +679,15 @@ class _Keeper:
         if streams:
             details.append(
                 "output pipes still open %.0fs after the job exited (a process escaped "
-                "the job's process group); output may be truncated" % DRAIN_TIMEOUT_S
+                "the job's process tree); output may be truncated" % DRAIN_TIMEOUT_S
             )
             for fd in streams:
                 os.close(fd)
+        if not tree_ended:
+            details.append(
+                "processes of the job were still alive %.0fs after it ended" % REAP_TIMEOUT_S
+            )
+        self._flush_output_until_done()
         if self.keeper_json_error:
             details.append(self.keeper_json_error)
         if self.output_error:

@@ -24,10 +24,13 @@ import trio
 
 __all__ = [
     "CREATE_TIME_TOLERANCE_S",
+    "JobDirClaimed",
     "KeeperHandle",
+    "KeeperNotStarted",
     "Spawner",
     "SpawnerError",
     "cancel_keeper",
+    "kill_marked_processes",
     "open_spawner",
     "process_alive",
     "wait_process_exit",
@@ -44,6 +47,65 @@ STOP_TIMEOUT_S = 5.0
 
 class SpawnerError(Exception):
     """The forkserver failed or died; the spawn may or may not have happened."""
+
+
+class JobDirClaimed(SpawnerError):
+    """The job directory already has a keeper (keeper.json exists): adopt it, never spawn."""
+
+
+class KeeperNotStarted(SpawnerError):
+    """The keeper's identity could not be recorded (e.g. no free inodes): the forkserver
+    killed it before it could start anything; the job did not run."""
+
+
+#: The environment variable every job process carries (set by the job actor).
+JOB_MARKER = "MOTOR_JOB_ID"
+
+
+def marked_pids(job_id: str) -> list[int]:
+    """Pids of processes whose environment carries MOTOR_JOB_ID=<job_id> (a /proc scan)."""
+    needle = f"{JOB_MARKER}={job_id}".encode()
+    me = os.getpid()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            found.append(int(name))
+    return found
+
+
+def kill_marked_processes(job_id: str, *, timeout: float = 5.0) -> list[int]:
+    """SIGKILL every process of the job found by its environment marker, until none is
+    left (or ``timeout``). Blocking (run it in a thread). Returns the pids killed.
+
+    The marker is the last resort of adoption: a keeper that died without a status may
+    have left its job's processes behind, and with the affinity backend nothing else
+    groups them."""
+    import time
+
+    killed: list[int] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        live = []
+        for pid in marked_pids(job_id):
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    continue
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, psutil.NoSuchProcess):
+                continue
+            live.append(pid)
+            if pid not in killed:
+                killed.append(pid)
+        if not live or time.monotonic() >= deadline:
+            return killed
+        time.sleep(0.01)
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,6 +376,11 @@ class Spawner:
                 raise
             raise SpawnerError(f"forkserver failed during spawn of {path}: {exc!r}") from exc
         if "error" in resp:
+            code = resp.get("code")
+            if code == "claimed":
+                raise JobDirClaimed(resp["error"])
+            if code == "spawn_failed":
+                raise KeeperNotStarted(resp["error"])
             raise SpawnerError(f"forkserver could not spawn {path}: {resp['error']}")
         return KeeperHandle(pid=int(resp["pid"]), create_time=float(resp["create_time"]))
 

@@ -22,6 +22,9 @@ class Backend:
       came after `prepare`). Never raises; returns `{"oom_killed", "cpu_time_ms", ...}`.
     - `adopt(job_id)` when a runner re-adopts a job after a restart: True when the job's
       confinement is still in place.
+    - `sweep(known)` once at runner start-up, before any job is adopted or started: stop
+      and remove the confinement of every job not in `known` (the job ids the store
+      says are setting up or running). Never raises; returns one line per thing swept.
     """
 
     name: str
@@ -43,6 +46,10 @@ class Backend:
     def adopt(self, job_id: str) -> bool:
         """Re-adoption after a runner restart: is the job's confinement still there?"""
         return True
+
+    def sweep(self, known: set[str]) -> list[str]:
+        """Start-up: remove leftover confinement of jobs the store no longer knows."""
+        return []
 
     def parent_memory_limit(self) -> int | None:
         """The memory ceiling of all jobs together (the jobs slice), None when unlimited."""

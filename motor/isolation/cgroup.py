@@ -171,6 +171,16 @@ def _pids(procs_path: str) -> list[int]:
     return [int(p) for p in text.split()] if text else []
 
 
+def _job_groups(parent: str) -> set[str]:
+    """Job ids of the `job-<id>` groups directly under `parent` (empty when it is absent)."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return set()
+    return {n[4:] for n in names if n.startswith("job-") and _JOB_ID.match(n[4:])
+            and os.path.isdir(os.path.join(parent, n))}
+
+
 def _kill_all(pids: list[int]) -> None:
     for pid in pids:
         try:
@@ -250,6 +260,14 @@ class CgroupV1:
 
     def exists(self, job_id: str) -> bool:
         return all(os.path.isdir(d) for d in self.job_dirs(job_id).values())
+
+    def listed(self) -> set[str]:
+        """Job ids that have a group in any of the hierarchies."""
+        return {jid for c in V1_CONTROLLERS for jid in _job_groups(self.parent_dir(c))}
+
+    def pids(self, job_id: str) -> list[int]:
+        return sorted({p for d in self.job_dirs(job_id).values()
+                       for p in _pids(os.path.join(d, "cgroup.procs"))})
 
     def create(self, job_id: str, cpus: list[int] | None, memory_max: int | None) -> dict:
         dirs = self.job_dirs(job_id)
@@ -364,6 +382,12 @@ class CgroupV2:
 
     def exists(self, job_id: str) -> bool:
         return os.path.isdir(self.job_dir(job_id))
+
+    def listed(self) -> set[str]:
+        return _job_groups(self.parent_dir())
+
+    def pids(self, job_id: str) -> list[int]:
+        return _pids(os.path.join(self.job_dir(job_id), "cgroup.procs"))
 
     def create(self, job_id: str, cpus: list[int] | None, memory_max: int | None) -> dict:
         d = self.job_dir(job_id)
@@ -513,6 +537,25 @@ class CgroupBackend(Backend):
             return self.flavour.exists(job_id)
         except IsolationError:
             return False
+
+    def sweep(self, known: set[str]) -> list[str]:
+        """Kill the processes of, and remove, every job group under the parent whose job
+        the store does not know as setting up or running. Never raises."""
+        swept: list[str] = []
+        try:
+            leftovers = sorted(self.flavour.listed() - set(known))
+        except Exception as exc:  # noqa: BLE001 - start-up must go on
+            return [f"cannot list the job groups under {self.flavour.describe_parent()}: {exc}"]
+        for job_id in leftovers:
+            try:
+                pids = self.flavour.pids(job_id)
+                error = self.flavour.remove(job_id)
+            except Exception as exc:  # noqa: BLE001
+                pids, error = [], f"{type(exc).__name__}: {exc}"
+            line = f"group job-{job_id}: killed {len(pids)} process(es) {pids}" if pids else \
+                f"group job-{job_id}: empty"
+            swept.append(line + (f"; {error}" if error else "; removed"))
+        return swept
 
     def parent_memory_limit(self) -> int | None:
         return self.flavour.parent_memory_limit()

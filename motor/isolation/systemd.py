@@ -428,6 +428,32 @@ class SystemdBackend(Backend):
             facts["cleanup_error"] = f"{type(exc).__name__}: {exc}"
         return facts
 
+    def sweep(self, known: set[str]) -> list[str]:
+        """Stop every `<parent>-j*.slice` unit whose job the store does not know. Never raises."""
+        keep = set()
+        for job_id in known:
+            try:
+                keep.add(job_slice(self.parent, job_id))
+            except IsolationError:
+                continue
+        swept: list[str] = []
+        try:
+            with self.manager() as m:
+                (units,) = m.call(MANAGER_PATH, MANAGER, "ListUnitsByPatterns", "asas",
+                                  ([], [f"{self.parent}-j*.slice"]))
+                for unit in units:
+                    name = unit[0]
+                    if name in keep:
+                        continue
+                    try:
+                        m.stop(name)
+                        swept.append(f"unit {name}: stopped")
+                    except SystemdError as exc:
+                        swept.append(f"unit {name}: cannot stop: {exc}")
+        except Exception as exc:  # noqa: BLE001 - start-up must go on
+            swept.append(f"cannot list {self.parent}-j*.slice units: {exc}")
+        return swept
+
     def adopt(self, job_id: str) -> bool:
         try:
             with self.manager() as m:

@@ -98,7 +98,7 @@ async def test_spawn_failed(jobs, make_job, workspace, cmd0):
     assert cmd0 in status["detail"]
     err = stream_bytes(job_dir, "stderr")
     assert cmd0.encode() in err
-    assert read_keeper(job_dir) is None
+    assert read_keeper(job_dir)["job_pid"] is None  # claimed by the keeper, no job spawned
 
 
 async def test_bad_cwd_is_spawn_failed(jobs, make_job, tmp_path):

@@ -70,3 +70,38 @@ def test_isolated_four_vcpus_enforce_cpu_set_and_memory_max(serve_factory, priva
     assert terminal["reason"] == "oom_killed", terminal
     assert terminal["signal"] == 9
     assert hog.returncode == 128 + 9
+
+
+def test_start_up_sweep_removes_a_leftover_group_and_keeps_the_running_jobs(
+        serve_factory, private_parent, tmp_path):
+    """A job group the store does not know (a runner crashed mid-cleanup, a state dir
+    reset) is killed and removed when the runner starts; a running job's group stays."""
+    import subprocess
+
+    from polling import wait_for
+
+    barrier = tmp_path / "go"
+    serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent).start()
+    job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
+                            f"while [ ! -e {barrier} ]; do sleep 0.02; done")["job_id"]
+    wait_for(lambda: (serve.state_dir / "jobs" / job_id / "keeper.json").exists(), what="start")
+    serve.kill9()
+    backend = open_cgroup_backend(parent=private_parent)
+    known = [os.path.dirname(p) for p in backend.flavour.create(job_id, None, None)["procs"]]
+    leftover = [os.path.dirname(p)
+                for p in backend.flavour.create("forgotten-1", None, None)["procs"]]
+    sleeper = subprocess.Popen(["sleep", "1000"])
+    try:
+        for path in leftover:
+            with open(os.path.join(path, "cgroup.procs"), "w") as f:
+                f.write(str(sleeper.pid))
+        serve.start()
+        assert sleeper.wait(10) == -9
+        assert not any(os.path.exists(p) for p in leftover)
+        assert all(os.path.isdir(p) for p in known)
+        assert b"start-up sweep: group job-forgotten-1" in serve.log.read_bytes()
+        barrier.touch()
+        assert serve.cli("attach", job_id).returncode == 0
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -161,6 +161,11 @@ async def test_finish_reports_cpu_time_for_a_busy_loop(cgroup_backend, keepers, 
 
 async def test_finish_kills_processes_that_escaped_the_process_group(
         cgroup_backend, keepers, make_job_dir):
+    """The keeper (a subreaper) already ends a `setsid` escapee with the job; `finish`
+    still drains whatever else is in the group (here a process that joined it from
+    outside the keeper's tree) before removing it."""
+    import subprocess
+
     jid = job_id("escape")
     fields = cgroup_backend.prepare(jid, None, None)
     job_dir = make_job_dir(jid, ["sh", "-c", "setsid sleep 300 >/dev/null 2>&1 </dev/null & "
@@ -168,16 +173,27 @@ async def test_finish_kills_processes_that_escaped_the_process_group(
     status = await keepers.run(job_dir)
     escaped = int(stdout_of(job_dir).split()[0])
     assert status["exit_code"] == 0
-    os.kill(escaped, 0)  # still alive: it left the job's process group
-    result = cgroup_backend.finish(jid, status["signal"])
-    assert result["cleanup_error"] is None
+    assert _dead(escaped), "the setsid escapee outlived its job"
+    outsider = subprocess.Popen(["sleep", "300"])
     try:
-        with open(f"/proc/{escaped}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        assert state == "Z", f"escaped process {escaped} still running ({state})"
-    except FileNotFoundError:
-        pass
+        for procs in fields["cgroup_procs"]:
+            with open(procs, "w") as f:
+                f.write(str(outsider.pid))
+        result = cgroup_backend.finish(jid, status["signal"])
+        assert result["cleanup_error"] is None
+        assert outsider.wait(10) == -signal.SIGKILL
+    finally:
+        outsider.kill()
+        outsider.wait()
     assert not cgroup_backend.adopt(jid)
+
+
+def _dead(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def test_auto_chooses_cgroup_on_this_host():
@@ -199,3 +215,26 @@ def test_auto_chooses_cgroup_on_this_host():
                     os.rmdir(path)
                 except OSError:
                     pass  # a runner started meanwhile uses it
+
+
+def test_sweep_removes_unknown_job_groups_and_keeps_known_ones(cgroup_backend):
+    import subprocess
+
+    known, leftover = job_id("known"), job_id("leftover")
+    known_paths = group_paths(cgroup_backend, known)
+    leftover_paths = group_paths(cgroup_backend, leftover)
+    sleeper = subprocess.Popen(["sleep", "1000"])
+    try:
+        for path in leftover_paths:  # a process of the forgotten job, in its group(s)
+            with open(os.path.join(path, "cgroup.procs"), "w") as f:
+                f.write(str(sleeper.pid))
+        swept = cgroup_backend.sweep({known})
+        assert sleeper.wait(10) == -signal.SIGKILL
+        assert not any(os.path.exists(p) for p in leftover_paths)
+        assert all(os.path.isdir(p) for p in known_paths)
+        assert len(swept) == 1 and f"job-{leftover}" in swept[0] and str(sleeper.pid) in swept[0]
+        assert cgroup_backend.sweep({known}) == []  # nothing left to sweep
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        cgroup_backend.finish(known)

@@ -139,7 +139,15 @@ def test_a_job_in_a_systemd_unit_outlives_the_runner_and_is_readopted(
     # the runner is gone; the job's unit is still there and the restarted runner adopts it
     unit = f"motor-jobs-j{job_id.replace('-', '')}"
     assert sorted(job_units(systemd_ns)) == [f"{unit}.scope", f"{unit}.slice"]
+    # a job slice the store does not know (with a process in it): the start-up sweep stops it
+    leftover = systemd_ns.run("systemd-run", "--unit=motor-leftover-sleep",
+                              "--slice=motor-jobs-jfeedbeef.slice", "sleep", "1000")
+    assert leftover.returncode == 0, leftover.stderr
+    assert "motor-jobs-jfeedbeef.slice" in job_units(systemd_ns)
     serve.start()
+    wait_for(lambda: sorted(job_units(systemd_ns)) == [f"{unit}.scope", f"{unit}.slice"],
+             what="the leftover slice to be stopped, the job's units kept")
+    assert b"start-up sweep: unit motor-jobs-jfeedbeef.slice: stopped" in serve.log.read_bytes()
     barrier.write_text("")
     result = serve.cli("attach", "--json", job_id, "--from-seq", "0")
     events = json_lines(result.stdout)

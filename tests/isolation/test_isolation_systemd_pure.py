@@ -167,6 +167,7 @@ class FakeManager:
     def __init__(self, path):
         self.path = str(path)
         self.calls: list[tuple[str, tuple]] = []
+        self.units: list[str] = []  # loaded units (ListUnitsByPatterns, StopUnit answer them)
         self.sock = socket.socket(socket.AF_UNIX)
         self.sock.bind(self.path)
         self.sock.listen()
@@ -199,6 +200,14 @@ class FakeManager:
                     self.calls.append((member, msg.body))
                     if member == "Get" and msg.body[1] == "Version":
                         reply = new_method_return(msg, "v", (("s", "252-fake"),))
+                    elif member == "ListUnitsByPatterns":
+                        rows = [(n, "motor job", "loaded", "active", "active", "",
+                                 "/org/freedesktop/systemd1/unit/x", 0, "", "/")
+                                for n in self.units]
+                        reply = new_method_return(msg, "a(ssssssouso)", (rows,))
+                    elif member == "StopUnit" and msg.body[0] in self.units:
+                        self.units.remove(msg.body[0])
+                        reply = new_method_return(msg, "o", ("/org/freedesktop/systemd1/job/1",))
                     elif member == "GetUnit":
                         reply = new_error(msg, "org.freedesktop.systemd1.NoSuchUnit", "s",
                                           (f"Unit {msg.body[0]} not loaded.",))
@@ -246,3 +255,13 @@ def test_a_refusing_manager_never_blocks_finish(fake_manager):
     assert backend.adopt(JOB) is False
     with pytest.raises(IsolationError, match="AccessDenied"):
         backend.prepare(JOB, [0], 64 * MiB)
+
+
+def test_the_start_up_sweep_stops_job_slices_the_store_does_not_know(fake_manager):
+    backend = SystemdBackend(systemd_run="/usr/bin/systemd-run", address=fake_manager.path)
+    known = job_slice("motor-jobs", JOB)
+    fake_manager.units = [known, "motor-jobs-jdeadbeef.slice"]
+    assert backend.sweep({JOB}) == ["unit motor-jobs-jdeadbeef.slice: stopped"]
+    assert fake_manager.units == [known]
+    listed = [c[1] for c in fake_manager.calls if c[0] == "ListUnitsByPatterns"]
+    assert listed == [([], ["motor-jobs-j*.slice"])]

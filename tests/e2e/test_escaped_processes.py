@@ -1,0 +1,62 @@
+"""Under affinity isolation (no cgroup), processes that leave the job's process group
+(`setsid`, a double-forked daemon) die with the job on cancel and on timeout: the keeper is
+a subreaper and ends the whole tree."""
+
+from __future__ import annotations
+
+import pytest
+
+from job_markers import kill_marked, marked_processes
+from polling import json_lines, wait_for
+
+pytestmark = pytest.mark.e2e
+
+DAEMON = ("import os, time\n"
+          "if os.fork(): os._exit(0)\n"
+          "os.setsid()\n"
+          "if os.fork(): os._exit(0)\n"
+          "os.close(1); os.close(2)\n"
+          "time.sleep(1000)\n")
+ESCAPING = ["sh", "-c", f"setsid sleep 1000 & python3 -c '{DAEMON}' & echo ready; sleep 1000"]
+
+
+def _escaped(job_id: str) -> bool:
+    """Both escapees run: a `sleep 1000` in a session of its own, and the daemon."""
+    procs = marked_processes(job_id)
+    sessions = {p.pid: _sid(p) for p in procs}
+    leader = [p for p in procs if p.cmdline()[:2] == ["sh", "-c"]]
+    if not leader:
+        return False
+    own = sessions[leader[0].pid]
+    setsid_sleep = any(p.cmdline() == ["sleep", "1000"] and sessions[p.pid] != own for p in procs)
+    daemon = any("time.sleep(1000)" in " ".join(p.cmdline()) and sessions[p.pid] != own
+                 and p.ppid() != leader[0].pid for p in procs)
+    return setsid_sleep and daemon
+
+
+def _sid(p) -> int:
+    import os
+
+    try:
+        return os.getsid(p.pid)
+    except OSError:
+        return -1
+
+
+@pytest.mark.parametrize("how", ["cancel", "timeout"])
+def test_setsid_and_double_forked_processes_do_not_outlive_the_job(serve_factory, how):
+    serve = serve_factory("--isolation", "affinity").start()
+    extra = ["--timeout", "3"] if how == "timeout" else []
+    job_id = serve.cli_json("submit", "--weight", "1", *extra, "--", *ESCAPING)["job_id"]
+    try:
+        wait_for(lambda: _escaped(job_id), what="the job's processes to escape its group")
+        if how == "cancel":
+            assert serve.cli("cancel", job_id).returncode == 0
+        result = serve.cli("attach", "--json", job_id)
+        record = json_lines(result.stdout)[-1]["record"]
+        assert record["state"] == ("cancelled" if how == "cancel" else "timed_out"), record
+        # nothing of the job survives its end (no sleep-and-hope: bounded polling)
+        wait_for(lambda: not marked_processes(job_id), timeout=15,
+                 what="every process of the job to be gone")
+    finally:
+        kill_marked(job_id)

@@ -1,0 +1,85 @@
+"""A full state filesystem (a real tiny tmpfs) at a job's start and at its end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from job_markers import marked_processes
+from motor.execution import process_alive
+from polling import json_lines, wait_for
+from tmpfs_helpers import Filler, needs_tmpfs, tmpfs
+
+pytestmark = [pytest.mark.e2e, needs_tmpfs]
+
+
+def test_no_free_inodes_for_keeper_json_means_the_job_never_starts(serve_factory, tmp_path):
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    runs = tmp_path / "runs"
+    with tmpfs(tmp_path / "state", size="64m", nr_inodes=2000) as state:
+        serve = serve_factory("--workspace-root", str(tmp_path / "ws"), "--isolation", "affinity",
+                              state_dir=state)
+        serve.env = {"MOTOR_FAULTS": f"forkserver.forked=wait:{faults / 'forked'}"}
+        serve.start()
+        filler = Filler(state)
+        try:
+            job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
+                                    f"echo $$ >> {runs}; echo hi")["job_id"]
+            wait_for((faults / "forked.reached").exists, what="the fork")
+            assert filler.inodes() > 0
+            (faults / "forked").touch()
+            result = serve.cli("attach", "--json", job_id)
+            record = json_lines(result.stdout)[-1]["record"]
+            assert record["state"] == "failed", record
+            assert record["reason"] == "spawn_failed", record
+            assert "keeper.json" in record["detail"] and "No space left" in record["detail"]
+            assert not runs.exists()  # the job never ran
+            assert not marked_processes(job_id)
+            assert serve.cli_json("health")["capacity"]["held_permits"] == 0
+        finally:
+            filler.free()
+            serve.stop()
+
+
+def test_no_free_inodes_for_status_json_the_keeper_retries_until_it_lands(serve_factory, tmp_path):
+    barrier = tmp_path / "go"
+    with tmpfs(tmp_path / "state", size="64m", nr_inodes=2000) as state:
+        serve = serve_factory("--workspace-root", str(tmp_path / "ws"), "--isolation", "affinity",
+                              state_dir=state).start()
+        filler = Filler(state)
+        try:
+            job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
+                                    f"echo start; while [ ! -e {barrier} ]; do sleep 0.02; done; "
+                                    "echo end; exit 0")["job_id"]
+            job_dir = state / "jobs" / job_id
+            kept = wait_for(lambda: _job_started(job_dir), what="the keeper to record the job")
+            wait_for(lambda: b"start" in (job_dir / "output.log").read_bytes(), what="output")
+            assert filler.inodes() > 0
+            barrier.touch()
+            # the job's main process exits and is reaped; its keeper cannot write status.json
+            wait_for(lambda: not process_alive(kept["job_pid"], kept["job_create_time"]),
+                     what="the job to exit")
+            assert process_alive(kept["keeper_pid"], kept["keeper_create_time"])
+            assert not (job_dir / "status.json").exists()
+            running = serve.cli_json("status")["running"]
+            assert [r["job_id"] for r in running] == [job_id]
+            filler.free()  # space is back: the status lands, the job ends as it did
+            result = serve.cli("attach", "--json", job_id)
+            events = json_lines(result.stdout)
+            record = events[-1]["record"]
+            assert record["state"] == "succeeded", record
+            assert record["exit_code"] == 0 and result.returncode == 0
+            assert "".join(e["data"] for e in events if e["event"] == "output") == "start\nend\n"
+        finally:
+            filler.free()
+            serve.stop()
+
+
+def _job_started(job_dir):
+    try:
+        kept = json.loads((job_dir / "keeper.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return kept if kept.get("job_pid") else None

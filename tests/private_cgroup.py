@@ -1,0 +1,56 @@
+"""A cgroup parent of a test's own (`motor-test-<pid>-<n>`), so a runner under test never
+sweeps or touches the groups of any other runner on the host (the real `motor-jobs`)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import time
+
+_counter = itertools.count()
+
+
+def private_parent_name() -> str:
+    return f"motor-test-{os.getpid()}-p{next(_counter)}"
+
+
+def remove_private_parent(parent: str) -> None:
+    """Kill what is left in the parent's groups and remove them (best effort, bounded)."""
+    from motor.isolation import IsolationError
+    from motor.isolation.cgroup import detect
+
+    try:
+        paths = detect(parent=parent).parent_paths()
+    except IsolationError:
+        return
+    for path in paths:
+        _remove(path)
+
+
+def _remove(path: str) -> None:
+    if not os.path.isdir(path):
+        return
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            _remove(entry.path)
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as f:
+                for pid in f.read().split():
+                    try:
+                        os.kill(int(pid), signal.SIGKILL)
+                    except OSError:
+                        pass
+        except OSError:
+            pass
+        try:
+            os.rmdir(path)
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)

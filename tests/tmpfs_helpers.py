@@ -1,0 +1,76 @@
+"""A tiny real tmpfs for disk-full tests (`mount -t tmpfs`), and ways to fill it."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+
+def tmpfs_unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "mounting a tmpfs needs root"
+    if shutil.which("mount") is None:
+        return "no mount(8)"
+    return None
+
+
+needs_tmpfs = pytest.mark.skipif(tmpfs_unavailable() is not None,
+                                 reason=tmpfs_unavailable() or "")
+
+
+@contextmanager
+def tmpfs(path: Path, *, size: str = "32m", nr_inodes: int | None = None):
+    """Mount a tmpfs at `path` for the block; always unmounted (lazily) afterwards."""
+    path.mkdir(parents=True, exist_ok=True)
+    opts = f"size={size}" + (f",nr_inodes={nr_inodes}" if nr_inodes else "")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+class Filler:
+    """Fills a filesystem (no free inodes, no free blocks) and frees it again."""
+
+    def __init__(self, root: Path):
+        self.dir = root / ".filler"
+        self.dir.mkdir(exist_ok=True)
+        self.count = 0
+
+    def inodes(self) -> int:
+        """Create empty files until the filesystem has no inode left; how many were made."""
+        made = 0
+        while True:
+            try:
+                os.close(os.open(self.dir / f"i{self.count}", os.O_CREAT | os.O_WRONLY, 0o600))
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+                return made
+            self.count += 1
+            made += 1
+
+    def blocks(self) -> None:
+        """Write one file until the filesystem has no block left."""
+        chunk = b"\0" * 65536
+        fd = os.open(self.dir / "blocks", os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
+        try:
+            while True:
+                try:
+                    os.write(fd, chunk if len(chunk) > 4096 else chunk)
+                except OSError as exc:
+                    assert exc.errno == errno.ENOSPC, exc
+                    if len(chunk) == 1:
+                        return
+                    chunk = chunk[: len(chunk) // 2]
+        finally:
+            os.close(fd)
+
+    def free(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
