@@ -5,13 +5,21 @@
 - `POINT=kill`         the runner process kills itself with SIGKILL there (a crash);
 - `POINT=kill:P`       the same with probability P (0..1) at each pass (a restart storm);
 - `POINT=wait:PATH`    the runner creates `PATH.reached`, then waits until `PATH` exists
-                       (an explicit barrier a test releases by creating the file).
+                       (an explicit barrier a test releases by creating the file);
+- `actor.NAME=crash`   the subsystem NAME starts normally, then its actor raises
+                       FaultInjected on every message it handles (a crash loop that its
+                       supervisor gives up on; motor/runner.py).
 
 Named points (each documented where it is hit):
 
 - `setup.begin`        a job's setup, before the disk check (motor/execution/actor.py);
-- `setup.spawned`      the forkserver reported the keeper's pid; the keeper may not have
-                       written keeper.json yet (motor/execution/actor.py);
+- `setup.spawned`      the forkserver reported the keeper's pid (motor/execution/actor.py);
+- `forkserver.forked`  the keeper is forked, its claim (keeper.json) not yet written;
+- `forkserver.claimed` the claim is written, the keeper not yet released
+                       (both motor/execution/forkserver.py; they kill the forkserver);
+- `keeper.spawned`     the job runs, keeper.json does not yet carry its pid;
+- `keeper.status`      the job ended, status.json is not yet written
+                       (both motor/execution/keeper.py; they kill the keeper);
 - `unpack.extracted`   a bundle is fully extracted into its staging directory, before its
                        entries move into the workspace (motor/disk/bundles.py).
 
@@ -54,6 +62,15 @@ def _begin(point: str) -> str | None:
             pass
         return gate
     raise ValueError(f"{ENV}: unknown action {act!r} at {point}")
+
+
+class FaultInjected(RuntimeError):
+    """Raised by an actor that `actor.NAME=crash` makes crash."""
+
+
+def crashes(actor_name: str) -> bool:
+    """Whether `actor.<actor_name>=crash` is configured."""
+    return action(f"actor.{actor_name}") == "crash"
 
 
 def hit(point: str) -> None:

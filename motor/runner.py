@@ -47,6 +47,7 @@ from .cpu.topology import (
 from .config import parse_size
 from .disk.actor import AdmitUpload, BeginUpload, CommitUpload, DiskActor, Listing, Sample, offload
 from .disk.bundles import BundleError, valid_sha
+from . import faults
 from .execution.actor import JobDeps
 from .execution.spawner import open_spawner
 from .isolation import HostProbe, IsolationError, choose_backend
@@ -142,21 +143,12 @@ def check_database_present(db_path: Path, jobs_dir: Path) -> None:
 #: then gives up, which stops the runner (exit status 3)
 SUBSYSTEM_INTENSITY, SUBSYSTEM_PERIOD_S = 5, 10.0
 
-#: Fault hook for tests: the subsystem named here starts normally, then its actor raises
-#: FaultInjected on every message it handles (a crash loop).
-FAULT_CRASH_ACTOR = "MOTOR_FAULT_CRASH_ACTOR"
-
-
-class FaultInjected(RuntimeError):
-    """Raised by the actor named in MOTOR_FAULT_CRASH_ACTOR."""
-
-
 def _crashing(factory):
     def make():
         actor = factory()
 
         async def handle(msg):
-            raise FaultInjected(f"{actor.name}: injected crash on {type(msg).__name__}")
+            raise faults.FaultInjected(f"{actor.name}: injected crash on {type(msg).__name__}")
 
         actor.handle = handle
         return actor
@@ -166,7 +158,7 @@ def _crashing(factory):
 
 def _single(name: str, factory) -> actors.ChildSpec:
     """A subsystem: its own supervisor with its actor as the only child."""
-    if os.environ.get(FAULT_CRASH_ACTOR) == name:
+    if faults.crashes(name):
         factory = _crashing(factory)
     return actors.ChildSpec(name=name, factory=lambda: actors.Supervisor(
         name, [actors.ChildSpec(name=name, factory=factory)], strategy="one_for_one",

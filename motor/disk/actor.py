@@ -170,6 +170,9 @@ class _Live:
 
 
 class DiskActor(actors.Actor):
+    #: a bad bundle name or a digest mismatch is the caller's answer, not a crash
+    replied_errors = (BundleError,)
+
     def __init__(self, state_dir: Path, floor_bytes: int, goal_bytes: int,
                  probe: Callable[[Path], DiskSample] = probe_path, *,
                  workspace_roots: Iterable[Path] = (), caller_roots: dict[str, str] | None = None,

@@ -230,7 +230,7 @@ class JobExecution(actors.Actor):
                 cwd = Path(plan.path)  # a caller-root workspace lives in its host directory
             if self.cancel_requested:  # cancelled during setup: it never starts
                 await self._cancel_in_setup()
-                return False
+                return None
             cwd.mkdir(parents=True, exist_ok=True)
             if deps.disk is not None and plan.bundle is not None:
                 try:  # the bundle becomes the workspace's source before anything runs
@@ -266,7 +266,7 @@ class JobExecution(actors.Actor):
             if self.cancel_requested:  # cancelled during setup: it never starts
                 await trio.to_thread.run_sync(deps.backend.finish, record.job_id)
                 await self._cancel_in_setup()
-                return False
+                return None
             joblog.write_json_atomic(self.dir / "spec.json", spec)
             handle = await deps.spawner.spawn(self.dir)
         except JobDirClaimed:

@@ -148,6 +148,8 @@ def test_job_submitted_before_its_bundle_waits_then_runs(tmp_path, serve):
         bad = http.put(f"/v1/bundles/{sha}", content=data + b"tampered")
         assert bad.status_code == 400 and "mismatch" in bad.json()["detail"]
         assert not (serve.state_dir / "bundles" / sha).exists()
+        health = http.get("/v1/health").json()  # a refused upload is an answer, not a crash
+        assert health["status"] == "ok", health["degraded"]
         assert http.put(f"/v1/bundles/{sha}", content=data).status_code == 201
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

@@ -1,7 +1,7 @@
 """A subsystem whose supervisor gives up takes `motor serve` down (non-zero exit), and until
 then `/v1/health` reports `degraded` with the cause (issue 10 part 2).
 
-The crash loop is injected with the runner's fault hook `MOTOR_FAULT_CRASH_ACTOR=<name>`:
+The crash loop is injected with the runner's fault hook `MOTOR_FAULTS=actor.<name>=crash`:
 that subsystem's actor starts normally, then raises on every message it handles.
 """
 
@@ -57,7 +57,7 @@ def test_a_crash_looping_subsystem_shows_degraded_then_the_runner_exits_non_zero
             [sys.executable, "-m", "motor", "serve", "--state-dir", str(state),
              "--free-space-floor-bytes", "0", "--isolation", "none"],
             stdout=out, stderr=subprocess.PIPE, cwd=ROOT,
-            env=_env(MOTOR_FAULT_CRASH_ACTOR="accounting"))
+            env=_env(MOTOR_FAULTS="actor.accounting=crash"))
     try:
         wait_for(lambda: b"listening on" in log.read_bytes() or proc.poll() is not None,
                  what="serve to start")
