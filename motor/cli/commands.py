@@ -11,7 +11,6 @@ from typing import Any, Callable, Iterable
 
 import msgspec
 
-from motor.cli import render
 from motor.cli.outcome import (
     EXIT_CANCELLED,
     EXIT_FAILURE,
@@ -30,9 +29,23 @@ from motor.records import (
     Started,
     Terminal,
     Truncated,
+    encode_event,
 )
-from motor.api.app import event_line
-from motor.scheduling.core import LocalDeadline
+
+# This module is on the path of every client command: it imports neither the runner nor
+# its API server, trio or hypercorn (tests/cli/test_lean_client.py pins it).  `rich`
+# (motor.cli.render) and the scheduling core's LocalDeadline are imported where used.
+
+
+def event_line(event: Any) -> bytes:
+    """One NDJSON line, as the API server writes it (motor.api.app.event_line)."""
+    return encode_event(event) + b"\n"
+
+
+def _render():
+    from motor.cli import render
+
+    return render
 
 
 # --- options ----------------------------------------------------------------------------
@@ -277,7 +290,7 @@ class QueueWaitWatch:
     def __init__(self, withdraw: Callable[[], Any], fallback_budget_ms: int | None = None):
         self._withdraw = withdraw
         self._fallback = fallback_budget_ms
-        self._deadline: LocalDeadline | None = None
+        self._deadline = None  # a scheduling.core.LocalDeadline once a budget is known
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
         self.done = False
@@ -290,6 +303,8 @@ class QueueWaitWatch:
         now = time.monotonic()
         with self._lock:
             if self._deadline is None or self._deadline.budget_ms != budget:
+                from motor.scheduling.core import LocalDeadline
+
                 self._deadline = LocalDeadline(budget / 1000.0)
             self._deadline.observe(event.queue_wait_ms, now)
             remaining = self._deadline.remaining_s(now)
@@ -484,7 +499,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             if args.json:
                 _print_json(data)
             else:
-                render.status(data)
+                _render().status(data)
             interval = getattr(args, "watch", None)
             if interval is None:
                 return 0
@@ -497,9 +512,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                     if args.json:
                         _print_json(data)
                     else:
-                        con = render.console()
+                        con = _render().console()
                         con.clear()
-                        render.status(data, con)
+                        _render().status(data, con)
             except KeyboardInterrupt:
                 return 0
 
@@ -513,7 +528,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         if args.json:
             _print_json(data)
         else:
-            render.jobs(data)
+            _render().jobs(data)
         return 0
 
     return _guard(go)
@@ -526,7 +541,7 @@ def cmd_health(args: argparse.Namespace) -> int:
         if args.json:
             _print_json(data)
         else:
-            render.health(data)
+            _render().health(data)
         return 0
 
     return _guard(go)
@@ -539,7 +554,7 @@ def cmd_workspaces(args: argparse.Namespace) -> int:
         if args.json:
             _print_json(data)
         else:
-            render.workspaces(data)
+            _render().workspaces(data)
         return 0
 
     return _guard(go)
