@@ -34,7 +34,7 @@ from motor.records import (
 
 # This module is on the path of every client command: it imports neither the runner nor
 # its API server, trio or hypercorn (tests/cli/test_lean_client.py pins it).  `rich`
-# (motor.cli.render) and the scheduling core's LocalDeadline are imported where used.
+# (motor.cli.render) and the queue-wait deadline are imported where used.
 
 
 def event_line(event: Any) -> bytes:
@@ -283,14 +283,14 @@ class _Writer:
 
 class QueueWaitWatch:
     """The client side of the queue-wait rule: a local deadline kept from the streamed
-    `queue_wait_ms` (scheduling.core.LocalDeadline: only observed permit wait counts, a
+    `queue_wait_ms` (queue_wait.LocalDeadline: only observed permit wait counts, a
     paused clock sets no deadline); when it passes, call `withdraw` once. The runner's
     answer ("withdrawn" or "started") decides."""
 
     def __init__(self, withdraw: Callable[[], Any], fallback_budget_ms: int | None = None):
         self._withdraw = withdraw
         self._fallback = fallback_budget_ms
-        self._deadline = None  # a scheduling.core.LocalDeadline once a budget is known
+        self._deadline = None  # a queue_wait.LocalDeadline once a budget is known
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
         self.done = False
@@ -303,7 +303,7 @@ class QueueWaitWatch:
         now = time.monotonic()
         with self._lock:
             if self._deadline is None or self._deadline.budget_ms != budget:
-                from motor.scheduling.core import LocalDeadline
+                from motor.queue_wait import LocalDeadline
 
                 self._deadline = LocalDeadline(budget / 1000.0)
             self._deadline.observe(event.queue_wait_ms, now)
