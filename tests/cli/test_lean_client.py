@@ -229,3 +229,26 @@ def test_bundle_upload_and_follow_against_a_real_runner(serve, tmp_path):
         events = list(stream)
     assert isinstance(events[-1], Terminal) and events[-1].record["state"] == "succeeded"
     assert "hello from a bundle\n" in "".join(getattr(e, "data", "") for e in events)
+
+
+def test_run_over_tcp_with_a_token_and_refused_without(serve_factory, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    serve = serve_factory("--listen", f"127.0.0.1:{port}", "--token-file", str(token),
+                          "--isolation", "none").start()
+    url = f"http://127.0.0.1:{port}"
+    result, modules = imported_modules("-m", "motor", "run", "--url", url, "--token-file", str(token),
+                                       "--", "sh", "-c", "echo over tcp")
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert result.stdout == b"over tcp\n"
+    assert forbidden_in(modules) == []
+    assert serve.socket.exists()
+    wrong = tmp_path / "wrong"
+    wrong.write_text("nope")
+    result = subprocess.run([sys.executable, "-m", "motor", "status", "--url", url, "--token-file", str(wrong)],
+                            capture_output=True, timeout=60, env=motor_env(), cwd=ROOT)
+    assert result.returncode != 0
+    assert result.stderr.decode().startswith("motor: refused: unauthorized"), result.stderr
