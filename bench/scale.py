@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from motor.client import Client, RunnerUnavailable  # noqa: E402
-from motor.records import RefusedError  # noqa: E402
+from motor.records import TERMINAL_STATES, RefusedError  # noqa: E402
 
 
 def load1() -> str:
@@ -218,8 +218,7 @@ def main() -> int:
                 time.sleep(0.2)
             wall = time.perf_counter() - t0
             records = client.call("GET", "/v1/jobs", params={"all": "1"})
-            ended = [r for r in records if r["job_id"] != blocker.job_id
-                     and r["state"] not in ("queued", "running", "setting_up", "awaiting_bundles")]
+            ended = [r for r in records if r["job_id"] != blocker.job_id and r["state"] in TERMINAL_STATES]
             bad = [r for r in ended if r["state"] != "succeeded"]
             emit("drain_rate", len(ended) / wall, "jobs/s",
                  f"ended={len(ended)} wall_s={wall:.1f} complete={int(remaining == 0)} not_succeeded={len(bad)}")
