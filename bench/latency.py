@@ -21,6 +21,10 @@ the peers' `setup.sh`; a peer that cannot run is reported on a `#` line and skip
 motor package found in DIR (e.g. an older checkout: `git archive REV | tar -x -C DIR`)
 against the same runner, as peer=motor-baseline.
 
+Before measuring, the motor package (and the baseline's) is byte-compiled
+(`compileall`), as an installed package is: with PYTHONDONTWRITEBYTECODE set, every CLI
+start would otherwise compile motor's sources again.
+
 Every line carries the 1-minute load average (load1=) read when it was printed; the end
 shows the medians over rounds of each round's median.
 """
@@ -160,6 +164,12 @@ def motor_round(args, medians: dict[str, list[float]]) -> None:
             proc.wait(30)
 
 
+def byte_compile(root: Path) -> None:
+    import compileall
+
+    compileall.compile_dir(str(root / "motor"), quiet=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -169,6 +179,11 @@ def main() -> None:
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--baseline-root", metavar="DIR")
     args = ap.parse_args()
+    byte_compile(ROOT)
+    if args.baseline_root:
+        byte_compile(Path(args.baseline_root).resolve())
+    print(f"# latency: rounds={args.rounds} samples={args.samples} isolation={args.isolation} "
+          f"load1={load1()}", flush=True)
     medians: dict[str, list[float]] = {}
     for _ in range(args.rounds):
         motor_round(args, medians)
