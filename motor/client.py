@@ -235,9 +235,9 @@ class _Wire:
         self.timeout = timeout
         self.headers = dict(headers)
         parts = urlsplit(base_url)
-        self.scheme = parts.scheme or "http"
-        if socket_path is None and self.scheme not in ("http", "https"):
-            raise ValueError(f"url wants http://host:port, got {base_url!r}")
+        self.scheme = parts.scheme
+        if socket_path is None and (self.scheme not in ("http", "https") or not parts.hostname):
+            raise ValueError(f"url wants http://HOST:PORT, got {base_url!r}")
         self.host = parts.hostname or "localhost"
         self.port = parts.port or (443 if self.scheme == "https" else 80)
         self.prefix = parts.path.rstrip("/")

@@ -144,7 +144,10 @@ def make_client(args: argparse.Namespace, *, timeout: float | None = 30.0) -> Cl
         except OSError as exc:
             raise UsageError(f"cannot read token file {args.token_file}: {exc.strerror}") from None
     if getattr(args, "url", None):
-        return Client(url=args.url, token=token, timeout=timeout)
+        try:
+            return Client(url=args.url, token=token, timeout=timeout)
+        except ValueError as exc:
+            raise UsageError(f"--url: {exc}") from None
     socket_path = args.socket or os.environ.get("MOTOR_SOCKET") or str(default_socket())
     return Client(socket_path, token=token, timeout=timeout)
 

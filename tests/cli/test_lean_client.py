@@ -252,3 +252,14 @@ def test_run_over_tcp_with_a_token_and_refused_without(serve_factory, tmp_path):
                             capture_output=True, timeout=60, env=motor_env(), cwd=ROOT)
     assert result.returncode != 0
     assert result.stderr.decode().startswith("motor: refused: unauthorized"), result.stderr
+
+
+@pytest.mark.parametrize("url", ["build-host:7700", "ftp://build-host/", "http://"])
+def test_a_url_that_is_not_http_host_port_is_a_usage_error(url, capsys):
+    from motor.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["status", "--url", url])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("motor: error: --url: url wants http://HOST:PORT") and len(err.splitlines()) == 1
