@@ -10,8 +10,10 @@ measures, `--samples` times each (idle runner, `--gap` seconds apart):
   socket (motor.client.Client, follow=True) and take the job's own timestamp minus the
   time read just before the submit: submit -> job running, as ../shared/bench/peers/
   latency.sh measures it for the peers;
+- `api_run_wall` (ms): from the same submits, until the terminal event arrives: the
+  runner's whole round trip for one job, with no client start-up;
 - `cli_run_wall` (ms): the wall time of a whole `motor run -- date` process (interpreter
-  start, imports, submit, follow, exit);
+  start, imports, submit, follow, exit): about `api_run_wall` plus the client's start-up;
 - `cli_help_wall` (ms): `motor status --help` (start-up and imports only, no runner);
 - `interpreter_wall` (ms, peer=python): `python -c pass`, the floor under any Python CLI.
 
@@ -87,9 +89,11 @@ def start_runner(tmp: Path, isolation: str) -> tuple[subprocess.Popen, Path]:
     return proc, sock
 
 
-def api_latency(client: Client, i: int) -> float:
-    """ms from just before the submit to the job's own `date +%s.%N`."""
+def api_latency(client: Client, i: int, walls: list[float] | None = None) -> float:
+    """ms from just before the submit to the job's own `date +%s.%N`; with `walls`, also
+    append the ms until the terminal event (the runner's whole round trip for one job)."""
     req = JobRequest(command=["date", "+%s.%N"], workspace=f"lat{i % 2}", weight_hint=1)
+    p0 = time.perf_counter()
     t0 = time.time()
     out = ""
     with client.submit(req, follow=True) as stream:
@@ -99,6 +103,8 @@ def api_latency(client: Client, i: int) -> float:
             elif isinstance(event, Terminal):
                 if event.record["state"] != "succeeded":
                     raise SystemExit(f"latency job ended {event.record['state']}: {event.record}")
+                if walls is not None:
+                    walls.append((time.perf_counter() - p0) * 1000.0)
                 break
     return (float(out.strip()) - t0) * 1000.0
 
@@ -134,13 +140,16 @@ def motor_round(args, medians: dict[str, list[float]]) -> None:
             with Client(sock, timeout=60) as client:
                 client.health()
                 api_latency(client, 0)  # warm: first workspace creation, first spawn
-                lat = []
+                lat: list[float] = []
+                round_trip: list[float] = []
                 for i in range(args.samples):
                     time.sleep(args.gap)
-                    lat.append(api_latency(client, i))
+                    lat.append(api_latency(client, i, round_trip))
             key = "motor start_latency"
             medians.setdefault(key, []).append(
                 emit("motor", "start_latency", lat, extra=f"isolation={args.isolation} via=api"))
+            medians.setdefault("motor api_run_wall", []).append(
+                emit("motor", "api_run_wall", round_trip, extra=f"isolation={args.isolation} via=api"))
 
             run = [sys.executable, "-m", "motor", "run", "--socket", str(sock), "--", "date"]
             roots: list[tuple[str, Path, dict]] = [("motor", ROOT, motor_env())]
