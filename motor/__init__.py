@@ -6,23 +6,49 @@ The embedding API (see docs/embedding.md):
         job = await runner.submit(motor.JobRequest(command=["make"], workspace="app"))
         async for event in runner.events(job.job_id):
             ...
+
+`import motor` is cheap: the names below are imported on first use (PEP 562), so the
+command-line client (`motor run`, `motor status`, ...) never loads the runner, trio or
+hypercorn (docs/cli.md, "Start-up cost").
 """
 
-from .clock import MockWallClock, WallClock
-from .config import ConfigError, RunnerConfig
-from .records import JobRecord, JobRequest, Refusal, RefusedError
-from .runner import Runner, StartupError, open_runner
+from __future__ import annotations
 
-__all__ = [
-    "ConfigError",
-    "JobRecord",
-    "JobRequest",
-    "MockWallClock",
-    "Refusal",
-    "RefusedError",
-    "Runner",
-    "RunnerConfig",
-    "StartupError",
-    "WallClock",
-    "open_runner",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: public name -> the module that defines it
+_LAZY = {
+    "MockWallClock": "motor.clock",
+    "WallClock": "motor.clock",
+    "ConfigError": "motor.config",
+    "RunnerConfig": "motor.config",
+    "JobRecord": "motor.records",
+    "JobRequest": "motor.records",
+    "Refusal": "motor.records",
+    "RefusedError": "motor.records",
+    "Runner": "motor.runner",
+    "StartupError": "motor.runner",
+    "open_runner": "motor.runner",
+}
+
+__all__ = sorted(_LAZY)
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from .clock import MockWallClock, WallClock
+    from .config import ConfigError, RunnerConfig
+    from .records import JobRecord, JobRequest, Refusal, RefusedError
+    from .runner import Runner, StartupError, open_runner
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'motor' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups skip this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -12,16 +12,22 @@ A refusal raises `records.RefusedError` (its `.refusal` is the decoded `Refusal`
 that cannot be reached raises `RunnerUnavailable`.  Requests carry the client's
 `capabilities`; the runner's come back in the `Motor-Capabilities` header and are kept in
 `client.runner_capabilities`.
+
+`Client` speaks HTTP/1.1 itself over the socket (the `_Wire` below, standard library only):
+it is the transport of every `motor` client command, and httpx alone costs more to import
+than a whole `motor run -- date` may take (docs/cli.md, "Start-up cost").  `AsyncClient`
+uses httpx, imported when the first AsyncClient is made.
 """
 
 from __future__ import annotations
 
 import os
+import socket
+import weakref
 from pathlib import Path
-from typing import Any, AsyncIterator, Iterator
-from urllib.parse import quote
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Iterator
+from urllib.parse import quote, urlencode, urlsplit
 
-import httpx
 import msgspec
 
 from motor.records import (
@@ -34,6 +40,9 @@ from motor.records import (
     RefusedError,
     decode_event,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    import httpx
 
 DEFAULT_TIMEOUT = 30.0
 _STATUS_CODE = {}
@@ -92,6 +101,271 @@ def _decode_line(line: str) -> AnyEvent | None:
         return None  # an event kind this client does not know: skip it
 
 
+# --- a lean HTTP/1.1 client (the synchronous Client's transport) --------------------------
+
+
+class TransportError(OSError):
+    """The connection failed, broke, timed out, or the peer did not speak HTTP/1.1."""
+
+
+class _Headers(dict):
+    """Response headers, names lower-cased; repeated headers are joined with ", "."""
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        return super().get(name.lower(), default)
+
+
+class _Response:
+    """One HTTP/1.1 response read from its own connection (closed with the response)."""
+
+    def __init__(self, sock: socket.socket, reader, status_code: int, headers: _Headers, method: str):
+        self._sock = sock
+        self._reader = reader
+        self.status_code = status_code
+        self.headers = headers
+        self._content: bytes | None = None
+        self._closed = False
+        te = headers.get("transfer-encoding", "").lower()
+        if method == "HEAD" or status_code in (204, 304) or 100 <= status_code < 200:
+            self._mode, self._left = "length", 0
+        elif "chunked" in te:
+            self._mode, self._left = "chunked", 0
+        elif headers.get("content-length") is not None:
+            try:
+                self._left = int(headers["content-length"])
+            except ValueError:
+                raise TransportError(f"bad content-length {headers['content-length']!r}") from None
+            self._mode = "length"
+        else:
+            self._mode, self._left = "close", 0
+        self._eof = self._mode == "length" and self._left == 0
+
+    def set_read_timeout(self, timeout: float | None) -> None:
+        self._sock.settimeout(timeout)
+
+    def iter_bytes(self) -> Iterator[bytes]:
+        """The body as it arrives (chunks decoded)."""
+        try:
+            while not self._eof:
+                if self._mode == "length":
+                    data = self._reader.read1(min(self._left, 1 << 16))
+                    if not data:
+                        raise TransportError("the connection closed in the middle of the body")
+                    self._left -= len(data)
+                    self._eof = self._left == 0
+                elif self._mode == "chunked":
+                    if self._left == 0:
+                        line = self._reader.readline(1024)
+                        if not line.endswith(b"\n"):
+                            raise TransportError("the connection closed in the middle of a chunked body")
+                        try:
+                            self._left = int(line.split(b";", 1)[0].strip(), 16)
+                        except ValueError:
+                            raise TransportError(f"bad chunk size line {line[:40]!r}") from None
+                        if self._left == 0:  # the last chunk: skip trailers
+                            while self._reader.readline(8192).strip():
+                                pass
+                            self._eof = True
+                            break
+                    data = self._reader.read1(min(self._left, 1 << 16))
+                    if not data:
+                        raise TransportError("the connection closed in the middle of a chunk")
+                    self._left -= len(data)
+                    if self._left == 0:
+                        self._reader.readline(8)  # the CRLF after the chunk
+                else:
+                    data = self._reader.read1(1 << 16)
+                    if not data:
+                        self._eof = True
+                        break
+                if data:
+                    yield data
+        except TransportError:
+            raise
+        except (OSError, ValueError) as exc:  # a timeout, a reset, or a read after close
+            raise TransportError(str(exc) or type(exc).__name__) from exc
+        finally:
+            if self._eof:
+                self.close()
+
+    def iter_lines(self) -> Iterator[str]:
+        pending = b""
+        for data in self.iter_bytes():
+            pending += data
+            if b"\n" in data:
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    yield line.rstrip(b"\r").decode("utf-8", "surrogateescape")
+        if pending:
+            yield pending.rstrip(b"\r").decode("utf-8", "surrogateescape")
+
+    def read(self) -> bytes:
+        if self._content is None:
+            self._content = b"".join(self.iter_bytes())
+            self.close()
+        return self._content
+
+    @property
+    def content(self) -> bytes:
+        return self.read()
+
+    @property
+    def text(self) -> str:
+        return self.read().decode("utf-8", "replace")
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            try:
+                self._reader.close()
+            finally:
+                self._sock.close()
+
+
+class _Wire:
+    """HTTP/1.1 to one runner: a Unix socket path, or `http(s)://host:port[/prefix]`.
+
+    One connection per request (`Connection: close`): a connect over a Unix socket costs
+    tens of microseconds, and a response body that is streamed for minutes owns its
+    connection anyway."""
+
+    def __init__(self, socket_path: Path | None, base_url: str, headers: dict[str, str],
+                 timeout: float | None):
+        self.socket_path = socket_path
+        self.timeout = timeout
+        self.headers = dict(headers)
+        parts = urlsplit(base_url)
+        self.scheme = parts.scheme
+        if socket_path is None and (self.scheme not in ("http", "https") or not parts.hostname):
+            raise ValueError(f"url wants http://HOST:PORT, got {base_url!r}")
+        self.host = parts.hostname or "localhost"
+        self.port = parts.port or (443 if self.scheme == "https" else 80)
+        self.prefix = parts.path.rstrip("/")
+        self.host_header = parts.netloc or "motor"
+
+    def _connect(self) -> socket.socket:
+        try:
+            if self.socket_path is not None:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    sock.settimeout(self.timeout)
+                    sock.connect(str(self.socket_path))
+                except BaseException:
+                    sock.close()
+                    raise
+                return sock
+            sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self.scheme == "https":
+                import ssl
+
+                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=self.host)
+            return sock
+        except OSError as exc:
+            raise TransportError(str(exc) or type(exc).__name__) from exc
+
+    def send(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
+             content: bytes | Iterable[bytes] | None = None, length: int | None = None,
+             headers: dict[str, str] | None = None, read_timeout: float | None | str = "default"
+             ) -> _Response:
+        """Send one request; the response once its head has arrived (the body is read lazily).
+        The connect is bounded by the client's timeout; `read_timeout=None` then lets the
+        request and its answer take as long as they take (event streams, uploads)."""
+        target = self.prefix + path
+        if params:
+            target += "?" + urlencode(params)
+        head = {"host": self.host_header, "user-agent": "motor-client", "accept-encoding": "identity",
+                "connection": "close"}
+        head.update(self.headers)
+        head.update(headers or {})
+        body: bytes | None = None
+        chunks: Iterable[bytes] | None = None
+        if json is not None:
+            body = msgspec.json.encode(json)
+            head["content-type"] = "application/json"
+        elif isinstance(content, (bytes, bytearray)):
+            body = bytes(content)
+        elif content is not None:
+            chunks = content
+        if body is not None:
+            head["content-length"] = str(len(body))
+        elif chunks is not None:
+            if length is not None:
+                head["content-length"] = str(length)
+            else:
+                head["transfer-encoding"] = "chunked"
+        elif method in ("POST", "PUT", "PATCH"):
+            head["content-length"] = "0"
+        lines = [f"{method} {target} HTTP/1.1"] + [f"{k}: {v}" for k, v in head.items()]
+        request_head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        sock = self._connect()
+        if read_timeout != "default":
+            sock.settimeout(read_timeout)  # type: ignore[arg-type]
+        try:
+            try:
+                if body is not None:
+                    sock.sendall(request_head + body)
+                else:
+                    sock.sendall(request_head)
+                    if chunks is not None:
+                        framed = "transfer-encoding" in head
+                        for chunk in chunks:
+                            if not chunk:
+                                continue
+                            if framed:
+                                sock.sendall(b"%x\r\n" % len(chunk) + chunk + b"\r\n")
+                            else:
+                                sock.sendall(chunk)
+                        if framed:
+                            sock.sendall(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the runner answered early (a refusal) and closed: read its answer
+            reader = sock.makefile("rb")
+            try:
+                status_code, response_headers = self._read_head(reader)
+            except BaseException:
+                reader.close()
+                raise
+        except BaseException as exc:
+            sock.close()
+            if isinstance(exc, TransportError):
+                raise
+            if isinstance(exc, (OSError, ValueError)):
+                raise TransportError(str(exc) or type(exc).__name__) from exc
+            raise
+        return _Response(sock, reader, status_code, response_headers, method)
+
+    @staticmethod
+    def _read_head(reader) -> tuple[int, _Headers]:
+        while True:
+            line = reader.readline(65537)
+            if not line:
+                raise TransportError("the runner closed the connection without an answer")
+            parts = line.decode("latin-1").split(None, 2)
+            if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+                raise TransportError(f"not an HTTP/1.1 answer: {line[:60]!r}")
+            status = int(parts[1])
+            headers = _Headers()
+            count = 0
+            while True:
+                raw = reader.readline(65537)
+                if not raw:
+                    raise TransportError("the runner closed the connection in the middle of the headers")
+                if raw in (b"\r\n", b"\n"):
+                    break
+                count += 1
+                if count > 200:
+                    raise TransportError("too many response headers")
+                name, sep, value = raw.decode("latin-1").partition(":")
+                if not sep:
+                    raise TransportError(f"bad response header {raw[:60]!r}")
+                key, value = name.strip().lower(), value.strip()
+                headers[key] = f"{headers[key]}, {value}" if key in headers else value
+            if status == 100 or (101 < status < 200):
+                continue  # an interim answer: the real one follows
+            return status, headers
+
+
 class _Base:
     def __init__(
         self,
@@ -128,7 +402,7 @@ class _Base:
     def _unavailable(self, exc: Exception) -> RunnerUnavailable:
         return RunnerUnavailable(f"no runner answered at {self.where}: {exc}")
 
-    def _note(self, response: httpx.Response) -> None:
+    def _note(self, response: "httpx.Response | _Response") -> None:
         caps = response.headers.get("motor-capabilities")
         if caps is not None:
             self.runner_capabilities = [c for c in caps.split(",") if c]
@@ -139,7 +413,9 @@ class _Base:
             data["capabilities"] = self.capabilities
         return data
 
-    def _stream_timeout(self) -> httpx.Timeout:
+    def _stream_timeout(self) -> "httpx.Timeout":
+        import httpx
+
         return httpx.Timeout(self.timeout, read=None)
 
 
@@ -149,7 +425,7 @@ class _Base:
 class EventStream:
     """An open NDJSON event stream: iterate for decoded events; close (or use `with`)."""
 
-    def __init__(self, client: "Client", response: httpx.Response):
+    def __init__(self, client: "Client", response: _Response):
         self._client = client
         self.response = response
         self._lines: Iterator[str] | None = None
@@ -168,7 +444,7 @@ class EventStream:
         except StopIteration:
             self.close()
             raise
-        except httpx.TransportError as exc:
+        except TransportError as exc:
             self.close()
             raise RunnerUnavailable(f"lost the connection to the runner at {self._client.where}: {exc}") from exc
 
@@ -188,16 +464,17 @@ class Client(_Base):
     def __init__(self, socket_path=None, *, url=None, token=None, timeout=DEFAULT_TIMEOUT,
                  capabilities=CAPABILITIES):
         super().__init__(socket_path, url=url, token=token, timeout=timeout, capabilities=capabilities)
-        transport = httpx.HTTPTransport(uds=str(self.socket_path)) if self.socket_path else None
-        self._http = httpx.Client(base_url=self.base_url, transport=transport, headers=self._headers,
-                                  timeout=timeout)
+        self._wire = _Wire(self.socket_path, self.base_url, self._headers, timeout)
+        self._open: "weakref.WeakSet[_Response]" = weakref.WeakSet()  # streams close with the client
 
     @classmethod
     def for_endpoint(cls, endpoint: str, **kwargs) -> "Client":
         return cls(**parse_endpoint(endpoint), **kwargs)
 
     def close(self) -> None:
-        self._http.close()
+        """Close the connections of event streams still open (each request has its own)."""
+        for response in list(self._open):
+            response.close()
 
     def __enter__(self) -> "Client":
         return self
@@ -208,21 +485,23 @@ class Client(_Base):
     # -- plumbing --------------------------------------------------------------------------
 
     def _send(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
-              stream: bool = False) -> httpx.Response:
-        request = self._http.build_request(
-            method, path, json=json, params=params,
-            timeout=self._stream_timeout() if stream else httpx.USE_CLIENT_DEFAULT,
-        )
+              stream: bool = False, **extra: Any) -> _Response:
         self._check_socket()
+        if stream:
+            extra["read_timeout"] = None  # an event stream may idle for as long as the job runs
         try:
-            response = self._http.send(request, stream=stream)
-        except httpx.TransportError as exc:
+            response = self._wire.send(method, path, json=json, params=params, **extra)
+            if stream:
+                self._open.add(response)
+            else:
+                response.read()
+        except TransportError as exc:
             raise self._unavailable(exc) from exc
         self._note(response)
         if response.status_code >= 400:
             try:
                 body = response.read()
-            except httpx.TransportError:
+            except TransportError:
                 body = b""
             finally:
                 response.close()
@@ -232,7 +511,10 @@ class Client(_Base):
     def call(self, method: str, path: str, *, json: Any = None, params: dict | None = None) -> Any:
         """One request; the decoded JSON body (refusals raise RefusedError)."""
         response = self._send(method, path, json=json, params=params)
-        return msgspec.json.decode(response.content)
+        try:
+            return msgspec.json.decode(response.content)
+        except msgspec.DecodeError as exc:
+            raise self._unavailable(TransportError(f"the answer is not JSON: {exc}")) from exc
 
     def _stream(self, method: str, path: str, *, json: Any = None, params: dict | None = None) -> EventStream:
         return EventStream(self, self._send(method, path, json=json, params=params, stream=True))
@@ -277,20 +559,11 @@ class Client(_Base):
         """Upload a source bundle (a path, bytes, or a file object), streamed in chunks,
         as `PUT /v1/bundles/{sha256}`; refusals (runner_disk_full, bad_request on a digest
         mismatch) raise RefusedError."""
-        content, close = _bundle_content(source)
+        content, close, length = _bundle_content(source)
         try:
-            request = self._http.build_request(
-                "PUT", f"/v1/bundles/{_jp(sha256)}", content=content,
-                headers={"content-type": "application/octet-stream"},
-                timeout=httpx.Timeout(self.timeout, read=None, write=None))
-            self._check_socket()
-            try:
-                response = self._http.send(request)
-            except httpx.TransportError as exc:
-                raise self._unavailable(exc) from exc
-            self._note(response)
-            if response.status_code >= 400:
-                raise RefusedError(_refusal_from_response(response.status_code, response.content))
+            response = self._send("PUT", f"/v1/bundles/{_jp(sha256)}", content=content, length=length,
+                                  headers={"content-type": "application/octet-stream"},
+                                  read_timeout=None)  # the runner checks the digest before it answers
             return msgspec.json.decode(response.content)
         finally:
             close()
@@ -305,7 +578,7 @@ class Client(_Base):
 class AsyncEventStream:
     """An open NDJSON event stream: `async for` decoded events; `aclose()` or `async with`."""
 
-    def __init__(self, client: "AsyncClient", response: httpx.Response):
+    def __init__(self, client: "AsyncClient", response: "httpx.Response"):
         self._client = client
         self.response = response
         self._lines: AsyncIterator[str] | None = None
@@ -324,7 +597,7 @@ class AsyncEventStream:
         except StopAsyncIteration:
             await self.aclose()
             raise
-        except httpx.TransportError as exc:
+        except _httpx().TransportError as exc:
             await self.aclose()
             raise RunnerUnavailable(f"lost the connection to the runner at {self._client.where}: {exc}") from exc
 
@@ -347,6 +620,7 @@ class AsyncClient(_Base):
     def __init__(self, socket_path=None, *, url=None, token=None, timeout=DEFAULT_TIMEOUT,
                  capabilities=CAPABILITIES):
         super().__init__(socket_path, url=url, token=token, timeout=timeout, capabilities=capabilities)
+        httpx = _httpx()
         transport = httpx.AsyncHTTPTransport(uds=str(self.socket_path)) if self.socket_path else None
         self._http = httpx.AsyncClient(base_url=self.base_url, transport=transport,
                                        headers=self._headers, timeout=timeout)
@@ -365,7 +639,8 @@ class AsyncClient(_Base):
         await self.aclose()
 
     async def _send(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
-                    stream: bool = False) -> httpx.Response:
+                    stream: bool = False) -> "httpx.Response":
+        httpx = _httpx()
         request = self._http.build_request(
             method, path, json=json, params=params,
             timeout=self._stream_timeout() if stream else httpx.USE_CLIENT_DEFAULT,
@@ -440,6 +715,7 @@ class AsyncClient(_Base):
                         yield chunk
 
             content = chunks()
+        httpx = _httpx()
         request = self._http.build_request(
             "PUT", f"/v1/bundles/{_jp(sha256)}", content=content,
             headers={"content-type": "application/octet-stream"},
@@ -463,17 +739,35 @@ class AsyncClient(_Base):
 _BUNDLE_CHUNK = 256 * 1024
 
 
+def _httpx():
+    import httpx
+
+    return httpx
+
+
 def _bundle_content(source):
-    """(content for httpx, close) for a bundle given as bytes, a path or a file object."""
+    """(content, close, length) for a bundle given as bytes, a path or a file object: a path
+    is sent with its size as content-length, a file object chunked."""
     if isinstance(source, (bytes, bytearray)):
-        return bytes(source), lambda: None
+        return bytes(source), lambda: None, len(source)
+    length = None
     if hasattr(source, "read"):
         f, owned = source, False
     else:
         f, owned = open(os.fspath(source), "rb"), True
+        try:
+            length = os.fstat(f.fileno()).st_size
+        except OSError:
+            length = None
 
     def chunks():
+        sent = 0
         while chunk := f.read(_BUNDLE_CHUNK):
+            if length is not None:  # the file grew: send what its length promised
+                chunk = chunk[: length - sent]
+                if not chunk:
+                    break
+            sent += len(chunk)
             yield chunk
 
-    return chunks(), (f.close if owned else (lambda: None))
+    return chunks(), (f.close if owned else (lambda: None)), length

@@ -11,7 +11,6 @@ from typing import Any, Callable, Iterable
 
 import msgspec
 
-from motor.cli import render
 from motor.cli.outcome import (
     EXIT_CANCELLED,
     EXIT_FAILURE,
@@ -30,9 +29,23 @@ from motor.records import (
     Started,
     Terminal,
     Truncated,
+    encode_event,
 )
-from motor.api.app import event_line
-from motor.scheduling.core import LocalDeadline
+
+# This module is on the path of every client command: it imports neither the runner nor
+# its API server, trio or hypercorn (tests/cli/test_lean_client.py pins it).  `rich`
+# (motor.cli.render) and the queue-wait deadline are imported where used.
+
+
+def event_line(event: Any) -> bytes:
+    """One NDJSON line, as the API server writes it (motor.api.app.event_line)."""
+    return encode_event(event) + b"\n"
+
+
+def _render():
+    from motor.cli import render
+
+    return render
 
 
 # --- options ----------------------------------------------------------------------------
@@ -131,7 +144,10 @@ def make_client(args: argparse.Namespace, *, timeout: float | None = 30.0) -> Cl
         except OSError as exc:
             raise UsageError(f"cannot read token file {args.token_file}: {exc.strerror}") from None
     if getattr(args, "url", None):
-        return Client(url=args.url, token=token, timeout=timeout)
+        try:
+            return Client(url=args.url, token=token, timeout=timeout)
+        except ValueError as exc:
+            raise UsageError(f"--url: {exc}") from None
     socket_path = args.socket or os.environ.get("MOTOR_SOCKET") or str(default_socket())
     return Client(socket_path, token=token, timeout=timeout)
 
@@ -270,14 +286,14 @@ class _Writer:
 
 class QueueWaitWatch:
     """The client side of the queue-wait rule: a local deadline kept from the streamed
-    `queue_wait_ms` (scheduling.core.LocalDeadline: only observed permit wait counts, a
+    `queue_wait_ms` (queue_wait.LocalDeadline: only observed permit wait counts, a
     paused clock sets no deadline); when it passes, call `withdraw` once. The runner's
     answer ("withdrawn" or "started") decides."""
 
     def __init__(self, withdraw: Callable[[], Any], fallback_budget_ms: int | None = None):
         self._withdraw = withdraw
         self._fallback = fallback_budget_ms
-        self._deadline: LocalDeadline | None = None
+        self._deadline = None  # a queue_wait.LocalDeadline once a budget is known
         self._timer: threading.Timer | None = None
         self._lock = threading.Lock()
         self.done = False
@@ -290,6 +306,8 @@ class QueueWaitWatch:
         now = time.monotonic()
         with self._lock:
             if self._deadline is None or self._deadline.budget_ms != budget:
+                from motor.queue_wait import LocalDeadline
+
                 self._deadline = LocalDeadline(budget / 1000.0)
             self._deadline.observe(event.queue_wait_ms, now)
             remaining = self._deadline.remaining_s(now)
@@ -484,7 +502,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             if args.json:
                 _print_json(data)
             else:
-                render.status(data)
+                _render().status(data)
             interval = getattr(args, "watch", None)
             if interval is None:
                 return 0
@@ -497,9 +515,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                     if args.json:
                         _print_json(data)
                     else:
-                        con = render.console()
+                        con = _render().console()
                         con.clear()
-                        render.status(data, con)
+                        _render().status(data, con)
             except KeyboardInterrupt:
                 return 0
 
@@ -513,7 +531,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         if args.json:
             _print_json(data)
         else:
-            render.jobs(data)
+            _render().jobs(data)
         return 0
 
     return _guard(go)
@@ -526,7 +544,7 @@ def cmd_health(args: argparse.Namespace) -> int:
         if args.json:
             _print_json(data)
         else:
-            render.health(data)
+            _render().health(data)
         return 0
 
     return _guard(go)
@@ -539,7 +557,7 @@ def cmd_workspaces(args: argparse.Namespace) -> int:
         if args.json:
             _print_json(data)
         else:
-            render.workspaces(data)
+            _render().workspaces(data)
         return 0
 
     return _guard(go)

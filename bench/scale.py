@@ -1,0 +1,240 @@
+"""The 10,000-queued rows of issue 14: a real `motor serve` with a deep queue.
+
+    python bench/scale.py [--n 10000] [--workspaces 2000] [--isolation affinity]
+                          [--max-weight 2] [--tries 5] [--drain-limit 300] [--no-restart]
+
+A runner on a temporary state dir (`--max-queue-depth` = n + 100, `--max-weight`). A
+blocker job (`sleep`, claim = max_weight) takes all capacity; then N jobs of `true`
+(claim 1) are submitted one after another through the HTTP API on the Unix socket, over
+`--workspaces` workspaces (job i in workspace i % W). It prints, in the peers' line format
+(`peer=motor metric=... value=... unit=...`, with load1= the 1-minute load average):
+
+- `submit_rate` per block of 1,000 submits (jobs/s; `block=K` is the K-th thousand);
+- `health_latency` and `status_latency` with N queued: median and p90 of `--tries`
+  requests (`GET /v1/health`, `GET /v1/status`), ms;
+- `runner_rss`: the runner process's resident set size, MiB;
+- `restart_to_healthy`: SIGTERM the runner, start it again on the same state dir, seconds
+  from the new process's start until `GET /v1/health` answers 200, and `restart_to_queue`
+  until `GET /v1/status` shows all N queued again (jobs are recovered from SQLite; the
+  blocker outlives the runner and is adopted);
+- `drain_rate`: cancel the blocker and count the jobs that end per second until none is
+  queued or running, or `--drain-limit` seconds pass (then the rate of those that ended;
+  `complete=0` says so). Every ended job is checked to have succeeded.
+
+At the end the runner is stopped and any job keeper still alive under the state dir is
+ended (jobs outlive runners).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from motor.client import Client, RunnerUnavailable  # noqa: E402
+from motor.records import TERMINAL_STATES, RefusedError  # noqa: E402
+
+
+def load1() -> str:
+    return f"{os.getloadavg()[0]:.2f}"
+
+
+def emit(metric: str, value: float, unit: str, extra: str = "") -> None:
+    print(f"peer=motor metric={metric} value={value:.3f} unit={unit} load1={load1()}"
+          f"{' ' + extra if extra else ''}", flush=True)
+
+
+def p90(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
+
+
+class Runner:
+    def __init__(self, tmp: Path, args: argparse.Namespace):
+        self.tmp = tmp
+        self.state = tmp / "state"
+        self.sock = self.state / "motor.sock"
+        self.log = tmp / "serve.log"
+        self.argv = [sys.executable, "-m", "motor", "serve", "--state-dir", str(self.state),
+                     "--max-weight", str(args.max_weight), "--max-queue-depth", str(args.n + 100),
+                     "--free-space-floor-bytes", "0", "--isolation", args.isolation]
+        if args.isolation == "cgroup":  # a private parent: other runs' cleanup empties motor-jobs
+            self.argv += ["--cgroup-parent", f"motor-scale-{os.getpid()}"]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> float:
+        """Start; seconds until /v1/health answers."""
+        env = {k: v for k, v in os.environ.items() if k not in ("MOTOR_SOCKET", "MOTOR_STATE_DIR")}
+        with open(self.log, "ab") as log:
+            t0 = time.perf_counter()
+            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        deadline = time.monotonic() + 600
+        while True:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"serve exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise SystemExit("serve did not become healthy in 600 s")
+            if self.sock.exists():
+                try:
+                    with Client(self.sock, timeout=600) as c:
+                        c.health()
+                    return time.perf_counter() - t0
+                except (RunnerUnavailable, RefusedError):
+                    pass
+            time.sleep(0.005)
+
+    def stop(self) -> float:
+        if self.proc is None or self.proc.poll() is not None:
+            return 0.0
+        t0 = time.perf_counter()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(30)
+        return time.perf_counter() - t0
+
+    def rss_mib(self) -> float:
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+        return float("nan")
+
+
+def timed(fn, tries: int) -> list[float]:
+    out = []
+    for _ in range(tries):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1000.0)
+    return out
+
+
+def end_keepers(state: Path) -> None:
+    from motor.execution.spawner import cancel_keeper
+
+    for kj in state.glob("**/jobs/*/keeper.json"):
+        if (kj.parent / "status.json").exists():
+            continue
+        try:
+            kept = json.loads(kj.read_text())
+            cancel_keeper(kept["keeper_pid"], kept["keeper_create_time"])
+        except (OSError, ValueError, KeyError):
+            pass
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=10_000, help="jobs queued behind the blocker")
+    ap.add_argument("--workspaces", type=int, default=2_000)
+    ap.add_argument("--isolation", default="affinity")
+    ap.add_argument("--max-weight", type=int, default=2)
+    ap.add_argument("--tries", type=int, default=5, help="requests per latency figure")
+    ap.add_argument("--drain-limit", type=float, default=300.0, help="seconds to measure the drain")
+    ap.add_argument("--no-restart", action="store_true")
+    ap.add_argument("--block", type=int, default=1000, help="submits per submit_rate line")
+    args = ap.parse_args()
+    print(f"# scale: n={args.n} workspaces={args.workspaces} isolation={args.isolation} "
+          f"max_weight={args.max_weight} load1={load1()}", flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="motor-scale-", dir="/tmp") as tmp:
+        runner = Runner(Path(tmp), args)
+        blocker = None
+        try:
+            emit("start_to_healthy", runner.start(), "s", "queued=0")
+            client = Client(runner.sock, timeout=600)
+            blocker = client.submit({"command": ["sleep", "3600"], "weight_hint": args.max_weight,
+                                     "workspace": "blocker"})
+            deadline = time.monotonic() + 120
+            while client.get(blocker.job_id).state != "running":
+                if time.monotonic() > deadline:
+                    raise SystemExit("the blocker did not start")
+                time.sleep(0.05)
+
+            # -- fill ---------------------------------------------------------------------
+            t_fill = time.perf_counter()
+            t_block = t_fill
+            for i in range(args.n):
+                client.call("POST", "/v1/jobs", json={
+                    "command": ["true"], "weight_hint": 1, "workspace": f"ws{i % args.workspaces}",
+                    "capabilities": client.capabilities})
+                if (i + 1) % args.block == 0 or i + 1 == args.n:
+                    now = time.perf_counter()
+                    done = (i % args.block) + 1
+                    emit("submit_rate", done / (now - t_block), "jobs/s",
+                         f"block={(i // args.block) + 1} queued={i + 1}")
+                    t_block = now
+            fill = time.perf_counter() - t_fill
+            emit("fill_wall", fill, "s", f"n={args.n} jobs_per_s={args.n / fill:.1f}")
+
+            # -- latency and size with N queued ---------------------------------------------
+            for metric, path in (("health_latency", "/v1/health"), ("status_latency", "/v1/status")):
+                values = timed(lambda: client.call("GET", path), args.tries)
+                emit(metric, statistics.median(values), "ms",
+                     f"p90={p90(values):.3f} tries={len(values)} queued={args.n}")
+            status = client.status()
+            queued = len(status.get("queued", []))
+            emit("runner_rss", runner.rss_mib(), "MiB", f"queued={queued}")
+
+            # -- restart ----------------------------------------------------------------------
+            if not args.no_restart:
+                stop_s = runner.stop()
+                emit("stop", stop_s, "s", f"queued={args.n}")
+                t0 = time.perf_counter()
+                healthy = runner.start()
+                emit("restart_to_healthy", healthy, "s", f"queued={args.n}")
+                client = Client(runner.sock, timeout=600)
+                while True:
+                    status = client.status()
+                    if len(status.get("queued", [])) >= args.n:
+                        break
+                    if time.perf_counter() - t0 > 600:
+                        raise SystemExit(f"only {len(status.get('queued', []))} queued after restart")
+                    time.sleep(0.05)
+                emit("restart_to_queue", time.perf_counter() - t0, "s", f"queued={args.n}")
+                emit("runner_rss_after_restart", runner.rss_mib(), "MiB", f"queued={args.n}")
+
+            # -- drain --------------------------------------------------------------------------
+            client.cancel(blocker.job_id)
+            t0 = time.perf_counter()
+            remaining = args.n
+            while time.perf_counter() - t0 < args.drain_limit:
+                status = client.status()
+                remaining = len(status.get("queued", [])) + len(status.get("running", []))
+                if remaining == 0:
+                    break
+                time.sleep(0.2)
+            wall = time.perf_counter() - t0
+            records = client.call("GET", "/v1/jobs", params={"all": "1"})
+            ended = [r for r in records if r["job_id"] != blocker.job_id and r["state"] in TERMINAL_STATES]
+            bad = [r for r in ended if r["state"] != "succeeded"]
+            emit("drain_rate", len(ended) / wall, "jobs/s",
+                 f"ended={len(ended)} wall_s={wall:.1f} complete={int(remaining == 0)} not_succeeded={len(bad)}")
+            if bad:
+                print(f"# not succeeded (first 3): {bad[:3]}", flush=True)
+            return 1 if bad else 0
+        finally:
+            if blocker is not None and runner.proc is not None and runner.proc.poll() is None:
+                try:
+                    with Client(runner.sock, timeout=30) as c:  # the blocker, if still running
+                        c.cancel(blocker.job_id)
+                except (RunnerUnavailable, RefusedError):
+                    pass
+            runner.stop()
+            end_keepers(runner.state)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

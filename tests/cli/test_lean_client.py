@@ -1,0 +1,265 @@
+"""The lean client path: `motor run/submit/status/...` load neither the runner nor its API
+server (hypercorn), trio, httpx or the scheduling core; `import motor` loads nothing of the
+embedding API until a name is used; the client's own HTTP/1.1 transport against a real
+`motor serve` and against a byte-exact server (chunked bodies, early close, garbage).
+
+Structural, not timed: which modules a command imports is read from `python -X importtime`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from motor.client import Client, RunnerUnavailable
+from motor.records import JobRequest, RefusedError, Terminal
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def motor_env(extra: dict | None = None) -> dict:
+    """The environment `Serve.cli` gives a command (tests/conftest.py)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MOTOR_SOCKET", "MOTOR_STATE_DIR")}
+    return env | (extra or {})
+
+#: never on a client command's path (top-level packages and motor subpackages)
+FORBIDDEN = ("hypercorn", "httpx", "httpcore", "trio", "h11", "h2", "anyio",
+             "motor.runner", "motor.api", "motor.scheduling", "motor.execution", "motor.disk",
+             "motor.store", "motor.isolation", "motor.actors", "prometheus_client", "psutil")
+
+
+def imported_modules(*argv: str, env_extra: dict | None = None) -> tuple[subprocess.CompletedProcess, set[str]]:
+    result = subprocess.run([sys.executable, "-X", "importtime", *argv], capture_output=True,
+                            timeout=60, env=motor_env(env_extra), cwd=ROOT)
+    modules = set()
+    for line in result.stderr.decode(errors="replace").splitlines():
+        if line.startswith("import time:") and "|" in line:
+            name = line.rsplit("|", 1)[1].strip()
+            if name != "imported package":
+                modules.add(name)
+    assert "motor.cli" in modules or argv[:2] != ("-m", "motor"), result.stderr.decode()[-2000:]
+    return result, modules
+
+
+def forbidden_in(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if any(m == f or m.startswith(f + ".") for f in FORBIDDEN))
+
+
+@pytest.mark.parametrize("command", ["run", "submit", "status", "attach", "cancel", "withdraw",
+                                     "jobs", "health", "workspaces"])
+def test_client_command_help_imports_no_runner_server_or_trio(command):
+    result, modules = imported_modules("-m", "motor", command, "--help")
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert forbidden_in(modules) == []
+    assert "rich" not in modules  # the tables' library is loaded only to draw a table
+
+
+def test_run_submit_status_against_a_real_runner_import_no_runner_server_or_trio(serve):
+    sock = str(serve.socket)
+    result, modules = imported_modules("-m", "motor", "run", "--socket", sock, "--", "sh", "-c", "echo lean")
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert result.stdout == b"lean\n"
+    assert forbidden_in(modules) == []
+
+    result, modules = imported_modules("-m", "motor", "submit", "--socket", sock, "--", "true")
+    assert result.returncode == 0 and result.stdout.strip()
+    assert forbidden_in(modules) == []
+    job_id = result.stdout.decode().strip()
+
+    result, modules = imported_modules("-m", "motor", "attach", "--socket", sock, job_id)
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert forbidden_in(modules) == []
+
+    result, modules = imported_modules("-m", "motor", "status", "--socket", sock, "--json")
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert forbidden_in(modules) == [] and "rich" not in modules
+
+    result, modules = imported_modules("-m", "motor", "status", "--socket", sock)
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert forbidden_in(modules) == []
+
+
+def test_import_motor_is_lazy_and_the_embedding_names_still_resolve():
+    code = (
+        "import sys, motor\n"
+        "heavy = [m for m in ('motor.runner', 'trio', 'hypercorn', 'motor.records', 'motor.config') if m in sys.modules]\n"
+        "assert heavy == [], heavy\n"
+        "assert motor.JobRequest.__module__ == 'motor.records' and 'motor.runner' not in sys.modules\n"
+        "from motor import RunnerConfig, open_runner, Runner, StartupError, WallClock\n"
+        "assert 'motor.runner' in sys.modules and callable(open_runner)\n"
+        "assert set(motor.__all__) <= set(dir(motor))\n"
+        "try:\n"
+        "    motor.no_such_name\n"
+        "except AttributeError as exc:\n"
+        "    assert 'no_such_name' in str(exc)\n"
+        "else:\n"
+        "    raise SystemExit('no AttributeError')\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60,
+                            env=motor_env(), cwd=ROOT)
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout == b"ok\n"
+
+
+# --- the transport, byte-exact ----------------------------------------------------------------
+
+
+class OneShotServer:
+    """A Unix socket that answers each connection with the next canned byte string (then
+    closes), and keeps what each request sent."""
+
+    def __init__(self, path, answers: list[bytes]):
+        self.path = str(path)
+        self.answers = list(answers)
+        self.requests: list[bytes] = []
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.bind(self.path)
+        self.sock.listen(4)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        for answer in self.answers:
+            conn, _ = self.sock.accept()
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                head, _, body = data.partition(b"\r\n\r\n")
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        want = int(line.split(b":")[1])
+                        while len(body) < want:
+                            body += conn.recv(65536)
+                self.requests.append(head + b"\r\n\r\n" + body)
+                conn.sendall(answer)
+
+    def close(self) -> None:
+        self.sock.close()
+        self.thread.join(5)
+
+
+@pytest.fixture
+def one_shot(tmp_path):
+    servers = []
+
+    def make(*answers: bytes) -> OneShotServer:
+        servers.append(OneShotServer(tmp_path / f"s{len(servers)}.sock", list(answers)))
+        return servers[-1]
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+def test_chunked_and_length_bodies_and_a_refusal(one_shot):
+    refusal = b'{"refused": true, "code": "not_found", "detail": "no job"}'
+    server = one_shot(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+        b"Motor-Capabilities: follow,withdraw\r\n\r\n"
+        b"5;ext=1\r\n{\"a\":\r\n3\r\n 1}\r\n0\r\nTrailer: x\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n{\"b\": [2]}",
+        b"HTTP/1.1 404 Not Found\r\nContent-Length: %d\r\n\r\n%s" % (len(refusal), refusal),
+    )
+    with Client(server.path, token="t0k") as client:
+        assert client.call("GET", "/v1/health") == {"a": 1}
+        assert client.runner_capabilities == ["follow", "withdraw"]
+        assert client.call("POST", "/v1/jobs", json={"x": "é"}) == {"b": [2]}
+        with pytest.raises(RefusedError) as info:
+            client.get("j/1")
+    assert info.value.refusal.code == "not_found" and info.value.refusal.detail == "no job"
+    first, second, third = server.requests
+    assert first.startswith(b"GET /v1/health HTTP/1.1\r\n") and b"authorization: Bearer t0k" in first
+    assert second.startswith(b"POST /v1/jobs HTTP/1.1\r\n")
+    assert second.endswith(b'\r\n\r\n{"x":"\xc3\xa9"}') and b"content-length: 10" in second.lower()
+    assert third.startswith(b"GET /v1/jobs/j%2F1 HTTP/1.1\r\n")
+
+
+def test_an_event_stream_cut_short_is_runner_unavailable_and_garbage_too(one_shot):
+    line = b'{"event":"accepted","seq":0,"job_id":"j1","claim":1}\n'
+    server = one_shot(
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"%x\r\n" % len(line) + line + b"\r\n" + b"40\r\nshort",  # the runner died mid-chunk
+        b"SSH-2.0-OpenSSH\r\n\r\n",
+        b"",
+    )
+    with Client(server.path) as client:
+        stream = client.submit(JobRequest(command=["true"]), follow=True)
+        first = next(stream)
+        assert first.job_id == "j1"
+        with pytest.raises(RunnerUnavailable, match="lost the connection"):
+            list(stream)
+        with pytest.raises(RunnerUnavailable, match="not an HTTP/1.1 answer"):
+            client.health()
+        with pytest.raises(RunnerUnavailable, match="without an answer"):
+            client.status()
+
+
+def test_bundle_upload_and_follow_against_a_real_runner(serve, tmp_path):
+    import hashlib
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        data = b"hello from a bundle\n"
+        info = tarfile.TarInfo("hello.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    bundle = tmp_path / "b.tar"
+    bundle.write_bytes(buf.getvalue())
+    digest = hashlib.sha256(buf.getvalue()).hexdigest()
+    with Client(serve.socket) as client:
+        assert client.put_bundle(digest, bundle)  # a path: sent with its length
+        with pytest.raises(RefusedError) as info:  # a file object: chunked; a wrong digest
+            client.put_bundle("0" * 64, io.BytesIO(buf.getvalue()))
+        assert info.value.refusal.code == "bad_request"
+        stream = client.submit(JobRequest(command=["cat", "hello.txt"], workspace="lean",
+                                          bundle_sha256=digest), follow=True)
+        events = list(stream)
+    assert isinstance(events[-1], Terminal) and events[-1].record["state"] == "succeeded"
+    assert "hello from a bundle\n" in "".join(getattr(e, "data", "") for e in events)
+
+
+def test_run_over_tcp_with_a_token_and_refused_without(serve_factory, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    serve = serve_factory("--listen", f"127.0.0.1:{port}", "--token-file", str(token),
+                          "--isolation", "none").start()
+    url = f"http://127.0.0.1:{port}"
+    result, modules = imported_modules("-m", "motor", "run", "--url", url, "--token-file", str(token),
+                                       "--", "sh", "-c", "echo over tcp")
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert result.stdout == b"over tcp\n"
+    assert forbidden_in(modules) == []
+    assert serve.socket.exists()
+    wrong = tmp_path / "wrong"
+    wrong.write_text("nope")
+    result = subprocess.run([sys.executable, "-m", "motor", "status", "--url", url, "--token-file", str(wrong)],
+                            capture_output=True, timeout=60, env=motor_env(), cwd=ROOT)
+    assert result.returncode != 0
+    assert result.stderr.decode().startswith("motor: refused: unauthorized"), result.stderr
+
+
+@pytest.mark.parametrize("url", ["build-host:7700", "ftp://build-host/", "http://"])
+def test_a_url_that_is_not_http_host_port_is_a_usage_error(url, capsys):
+    from motor.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["status", "--url", url])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("motor: error: --url: url wants http://HOST:PORT") and len(err.splitlines()) == 1
