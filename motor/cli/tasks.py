@@ -9,7 +9,6 @@ import uuid
 from pathlib import Path
 
 import msgspec
-import trio
 
 from motor.cli.outcome import EXIT_CANCELLED, EXIT_UNAVAILABLE
 
@@ -114,6 +113,8 @@ def _command(args) -> list[str]:
 
 def _run(args, body) -> int:
     """Open the queue actor in a trio nursery and run `body(cdir, fleet, queue, nursery)`."""
+    import trio  # only the task commands need it (the client commands stay lean)
+
     from motor.tasks.actor import open_queue
 
     try:
@@ -333,6 +334,8 @@ def cmd_queue(args) -> int:
 
 
 def cmd_wait(args) -> int:
+    import trio  # only the task commands need it (the client commands stay lean)
+
     cdir = _client_dir(args)
     task = cdir.read_task(args.task)
     if task is None:

@@ -52,7 +52,7 @@ def forbidden_in(modules: set[str]) -> list[str]:
 
 
 @pytest.mark.parametrize("command", ["run", "submit", "status", "attach", "cancel", "withdraw",
-                                     "jobs", "health", "workspaces"])
+                                     "jobs", "health", "workspaces", "task"])
 def test_client_command_help_imports_no_runner_server_or_trio(command):
     result, modules = imported_modules("-m", "motor", command, "--help")
     assert result.returncode == 0, result.stderr.decode()[-2000:]
