@@ -237,7 +237,7 @@ def claim_locked(L: Locked, fleet: Fleet, task_id: str, turn_id: str, me: Proces
     moves (recipient's task.runner = me, then the donor's cleared).  A failure after the
     publication leaves recoverable rows: the recipient's dispatch owner is this process,
     which then exits with an error; reconcile replaces it once it is dead."""
-    keys = [(task_id, turn_id)] + [e.key for e in L.queue.entries if e.state == "parked"]
+    keys = [(task_id, turn_id)] + [e.key for e in L.queue.entries if e.state in ("parked", "waiting")]
     facts = {}
     for t, u in keys:
         f = task_facts(L, fleet, t, u)
@@ -245,7 +245,7 @@ def claim_locked(L: Locked, fleet: Fleet, task_id: str, turn_id: str, me: Proces
             facts.setdefault(t, f)
     c = core.claim_parked_for_waiting_runner(
         L.queue, task_id=task_id, turn_id=turn_id, owner=me, observations=observations, facts=facts,
-        max_parallel=fleet.max_parallel, reassign=reassign)
+        max_parallel=fleet.max_parallel, reassign=reassign, observe=L.observe)
     if c.kind == "wait":
         return Claimed("wait")
     if c.kind == "keep":

@@ -490,6 +490,7 @@ def claim_parked_for_waiting_runner(
     facts: Mapping[str, TaskFacts],
     max_parallel: Mapping[str, int] | None = None,
     reassign: bool = True,
+    observe: Observe | None = None,
 ) -> Claim:
     """One decision of a waiting runner, under the QueueLock (seed 001, contracts 1-3).
 
@@ -502,7 +503,10 @@ def claim_parked_for_waiting_runner(
     legacy row inheriting the donor's saved context of the same worktree).  The first
     candidate with a usable ready worker wins: that is the per-worker FIFO barrier (an older
     runnable parked turn goes first on every worker it can use; a younger task that needs a
-    different worker still proceeds).  Ineligible rows are skipped, never barriers."""
+    different worker still proceeds).  Ineligible rows are skipped, never barriers.  With
+    `observe`, an older eligible Waiting row adopted by another LIVE runner (it is in this same
+    wait and will claim at its next look) is a barrier on its usable ready workers too, so a
+    displaced older task that got its runner back keeps its place."""
     donor = require_row(q, task_id, turn_id)
     if donor.state != "waiting" or donor.owner != owner or donor.attached:
         raise QueueError(QUEUE_NOT_OWNER, f"task {task_id} turn {turn_id} is {donor.state}, "
@@ -522,13 +526,20 @@ def claim_parked_for_waiting_runner(
         if e.key == donor.key:
             e.state, e.owner = "parked", None
     by_key = {e.key: e for e in hypo.entries}
+    blocked: set[str] = set()
     for row in fifo(q):
         f = facts.get(row.task_id)
+        if row is not donor and observe is not None and row.state == "waiting" and f is not None:
+            holder = acting_queue_holder(row)
+            if (holder is not None and is_live(observe, holder) and not row.cancel_requested
+                    and eligible(q, row, max_parallel)):
+                blocked |= _usable(row, f, ready)
+            continue
         if f is None:
             continue
         if row is donor:
             if eligible(q, donor, max_parallel):
-                usable = _usable(donor, f, ready)
+                usable = _usable(donor, f, ready) - blocked
                 if usable:
                     return Claim("keep", _pick(q, usable, observations))
             continue
@@ -543,7 +554,7 @@ def claim_parked_for_waiting_runner(
             inherit = True
         if not eligible(hypo, by_key[row.key], max_parallel):
             continue
-        usable = _usable(row, f, ready)
+        usable = _usable(row, f, ready) - blocked
         if usable:
             return Claim("move", _pick(q, usable, observations), row.key, inherit)
     return Claim("wait")

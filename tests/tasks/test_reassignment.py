@@ -129,6 +129,15 @@ async def test_displaced_older_task_regains_priority_when_its_worker_frees(pool,
     assert pool.row(b).dispatch_owner == rc and pool.row(c).state == "parked"
     # and a finishing runner's next parked turn is the oldest: c now waits behind nobody
     assert core.oldest_parked(pool.cdir.read_queue()).task_id == c
+    # b's runner is back in the wait for mini-1 beside a younger waiter: the older goes first
+    rx = procs.spawn()
+    pool.set(b, state="waiting", owner=rc, runner=rc)
+    pool.set(c, state="waiting", owner=rx, runner=rx)
+    assert pool.claim(c, rx, {"mini-1": OK}).kind == "wait"
+    got = pool.claim(b, rc, {"mini-1": OK})
+    assert (got.kind, got.worker) == ("keep", "mini-1")
+    procs.kill(rx)
+    pool.cdir.critical(lambda L: L.set_runner(c, None))
     # an eligible donor with no older runnable turn keeps its own turn
     rd = procs.spawn()
     e = await pool.task(tmp_path / "project", pin="mini-2")
