@@ -509,13 +509,16 @@ class TurnRunner(actors.Actor):
     e.g. no worker answered).  `echo`: write the output to our stdout/stderr too (attached)."""
 
     def __init__(self, tc: TaskClient, task_id: str, turn_id: str, *, echo: bool = False,
-                 reassign: bool = False):
+                 reassign: bool = False, wait_for_worker: bool | None = None):
         super().__init__(name=f"turn-{task_id}-{turn_id}")
         self.tc = tc
         self.task_id = task_id
         self.turn_id = turn_id
         self.echo = echo
         self.reassign = reassign
+        # detached: wait until a worker is ready for the turn (one of this client's turns per
+        # worker at a time); attached: dispatch at once (the worker queues it when busy)
+        self.wait_for_worker = reassign if wait_for_worker is None else wait_for_worker
         self.donations: list[tuple[str, str]] = []   # (donor task, recipient task)
         self.result: TurnRecord | None = None
         self.error: BaseException | None = None
@@ -548,7 +551,7 @@ class TurnRunner(actors.Actor):
             return None
         if row.cancel_requested and not row.job_id:
             return await self._finish(dict(state="cancelled", reason="cancelled"))
-        if self.reassign and row.state == "waiting" and row.owner == me and not row.job_id:
+        if self.wait_for_worker and row.state == "waiting" and row.owner == me and not row.job_id:
             claimed = await self._claim(task, row)
             if claimed is None:
                 return None
@@ -633,7 +636,7 @@ class TurnRunner(actors.Actor):
                 await self._park_unreachable(errors)
                 return None
             claimed = await tc.queue.locked(
-                lambda L: claim_locked(L, fleet, task_id, turn_id, me, dict(reports), reassign=True))
+                lambda L: claim_locked(L, fleet, task_id, turn_id, me, dict(reports), reassign=self.reassign))
             if claimed.kind != "wait":
                 return claimed
             snapshot = await tc.queue.locked(lambda L: core.msgspec_copy(core.require_row(L.queue, task_id, turn_id))
@@ -644,7 +647,7 @@ class TurnRunner(actors.Actor):
                 return "cancelled"
             parked = await tc.queue.locked(lambda L: any(e.state == "parked" for e in L.queue.entries))
             rest = [w for w in fleet.workers if w.name not in reports and w not in own]
-            if parked and rest:
+            if self.reassign and parked and rest:
                 await self._observe(rest, reports, errors)
                 claimed = await tc.queue.locked(
                     lambda L: claim_locked(L, fleet, task_id, turn_id, me, dict(reports), reassign=True))
@@ -781,10 +784,10 @@ def resolve_project(cdir: ClientDir, task: TaskRecord) -> Path:
 
 
 async def host_turn(tc: TaskClient, task_id: str, turn_id: str, *, echo: bool = False,
-                    reassign: bool = False) -> TurnRunner:
+                    reassign: bool = False, wait_for_worker: bool | None = None) -> TurnRunner:
     """Host one TurnRunner in a nursery until its turn ends; the runner tells which task it
     ended up running (a donation moves it) and any error."""
-    runner = TurnRunner(tc, task_id, turn_id, echo=echo, reassign=reassign)
+    runner = TurnRunner(tc, task_id, turn_id, echo=echo, reassign=reassign, wait_for_worker=wait_for_worker)
     async with trio.open_nursery() as n:
         await n.start(runner.run)
         await runner.done.wait()
@@ -793,7 +796,7 @@ async def host_turn(tc: TaskClient, task_id: str, turn_id: str, *, echo: bool = 
 
 async def run_turn(tc: TaskClient, task_id: str, turn_id: str, *, echo: bool = False) -> TurnRecord | None:
     """Attached/library execution: runs exactly the requested turn (never donates)."""
-    runner = await host_turn(tc, task_id, turn_id, echo=echo, reassign=False)
+    runner = await host_turn(tc, task_id, turn_id, echo=echo, reassign=False, wait_for_worker=False)
     if runner.error is not None:
         raise runner.error
     return runner.result
@@ -824,7 +827,7 @@ async def detached_runner(tc: TaskClient, task_id: str, turn_id: str, token: uui
         return 3
     current: tuple[str, str] | None = (task_id, turn_id)
     while current is not None:
-        runner = await host_turn(tc, *current, reassign=tc.reassign)
+        runner = await host_turn(tc, *current, reassign=tc.reassign, wait_for_worker=True)
         if runner.error is not None:
             # contract 5: the durable rows stay as published (recoverable); exit with an
             # error, reconcile replaces this process once it is gone
