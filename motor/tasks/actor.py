@@ -671,6 +671,8 @@ class TurnRunner(actors.Actor):
                 terminal = await self._follow(stream, out_dir, client)
         except RefusedError as exc:
             return await self._finish(dict(state="refused", reason=exc.refusal.code, detail=exc.refusal.detail))
+        except context.ContextError as exc:  # a redirected/mismatched saved worktree: never run elsewhere
+            return await self._finish(dict(state="refused", reason=exc.code, detail=exc.detail))
         except RunnerUnavailable as exc:
             detail = f"worker {spec.name} unreachable at {spec.endpoint}: {exc}"
 
