@@ -17,7 +17,6 @@ import sys
 import threading
 
 import pytest
-import trio
 
 from motor.tasks import actor, context, core
 from motor.tasks.actor import TaskClient, claim_locked, detached_runner, host_turn, open_queue, reconcile_plan
@@ -362,3 +361,19 @@ async def test_attached_execution_never_changes_tasks(pool, procs, tmp_path, mon
     turn = pool.cdir.read_task(mine).turns[0]
     assert turn.worker == "mini-1" and turn.donated_from is None  # dispatched to its own (busy) worker
     assert encode(pool.row(d)) == before_d                         # the parked task was not touched
+
+
+async def test_partial_metadata_update_counts_one_process_once(pool, procs, tmp_path, monkeypatch, tokens):
+    """Interrupted between the recipient's runner record and clearing the donor's: one process
+    appears in two records and is counted once; no slot is freed or doubled."""
+    ra, rb, a, b, c, d = await saturated(pool, procs, tmp_path / "project")
+    monkeypatch.setenv("MOTOR_TASK_FAULT", "reassign_between_metadata:raise")
+    with pytest.raises(OSError):
+        pool.claim(b, rb, {"mini-1": OK, "mini-2": OK})
+    runners = pool.cdir.read_runners()
+    assert runners[b].identity == rb and runners[d].identity == rb
+    q = pool.cdir.read_queue()
+    assert core.unique_live_identities(q, runners, procs) == {ra, rb}
+    assert core.occupied_runner_slots_locked(q, runners, procs) == 2
+    monkeypatch.delenv("MOTOR_TASK_FAULT")
+    assert pool.cdir.critical(lambda L: reconcile_plan(L, procs.spawn(), 2, {}, tokens)) == []
