@@ -190,8 +190,19 @@ def test_saturated_pool_runs_a_parked_mini2_task_with_a_donor_pid_end_to_end(fle
     hold = f'while [ ! -e {go} ]; do sleep 0.05; done; echo held'
     c = ClientDir(cdir)
 
-    def submit(pin, script):
-        r = run_cli(cdir, "submit", "--project", str(project), "--pin", pin, "--", "sh", "-c", script)
+    # the mini-2 task is another project: a linked git worktree (the recipient's own context)
+    repo, linked = tmp_path / "repo", tmp_path / "linked"
+    repo.mkdir()
+    genv = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+                GIT_COMMITTER_EMAIL="t@t")
+    for args in (["init", "-q", "-b", "main"], ["commit", "-q", "--allow-empty", "-m", "one"],
+                 ["worktree", "add", "-q", "-b", "side", str(linked)]):
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, env=genv)
+    (linked / "file").write_text("linked worktree\n")
+    (project / "file").write_text("donor project\n")
+
+    def submit(pin, script, where=project):
+        r = run_cli(cdir, "submit", "--project", str(where), "--pin", pin, "--", "sh", "-c", script)
         assert r.returncode == 0, r.stderr.decode()
         return r.stdout.decode().strip()
 
@@ -207,12 +218,13 @@ def test_saturated_pool_runs_a_parked_mini2_task_with_a_donor_pid_end_to_end(fle
                  and row.state == "waiting" and row.owner != row.enqueue_owner,
                  timeout=60, what="the second runner to wait for mini-1")
         third = submit("mini-1", "echo c")
-        d = submit("mini-2", "echo d")
+        d = submit("mini-2", "cat file", linked)
         assert state(third) == "parked" and state(d) in ("parked", "dispatching", "running", "succeeded")
         wait_for(lambda: state(d) == "succeeded", timeout=60, what="the mini-2 task to finish")
         assert state(a) == "running"                        # before mini-1's running turn ends
         turn = c.read_task(d).current
         assert turn.worker == "mini-2" and turn.donated_from == b
+        assert (c.turn_dir(d, "1") / "output.log").read_text() == "linked worktree\n"
         shown = run_cli(cdir, "show", d)
         assert f"donated by task {b}" in shown.stdout.decode()
         go.touch()
