@@ -315,7 +315,9 @@ def cmd_show(args) -> int:
     for turn in task.turns:
         print(f"  turn {turn.turn_id}: {turn.state:<11} worker={turn.worker or '-'} job={turn.job_id or '-'} "
               f"exit={turn.exit_code if turn.exit_code is not None else '-'}  {' '.join(turn.command)}"
-              + (f"  ({turn.detail})" if turn.detail else ""))
+              + (f"  ({turn.detail})" if turn.detail else "")
+              + (f"  [ran on the runner process donated by task {turn.donated_from}]"
+                 if turn.donated_from else ""))
     return 0
 
 

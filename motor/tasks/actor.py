@@ -24,8 +24,9 @@ import trio
 import actors
 from motor.client import AsyncClient, RunnerUnavailable
 from motor.records import Accepted, JobRequest, Output, RefusedError, Started, Terminal, Truncated
-from motor.tasks import core
+from motor.tasks import context, core
 from motor.tasks.records import (
+    TERMINAL_TURN_STATES,
     ProcessIdentity,
     QueueEntry,
     RunnerRecord,
@@ -197,6 +198,79 @@ def next_parked_locked(L: Locked, me: ProcessIdentity, cap: int, max_parallel, n
     return nxt
 
 
+def task_facts(L: Locked, fleet: Fleet, task_id: str, turn_id: str) -> core.TaskFacts | None:
+    """What a claim decision needs about one task, read under the lock (task record and its
+    saved context; a context that fails its checks is one the runner cannot supply)."""
+    task = L.read_task(task_id)
+    if task is None:
+        return None
+    names = {w.name for w in fleet.capable(task.capabilities)}
+    if task.pin is not None:
+        names &= {task.pin}
+    turn = next((t for t in task.turns if t.turn_id == turn_id), None)
+    terminal = turn is None or turn.state in TERMINAL_TURN_STATES
+    try:
+        ctx = context.read_task_context(L.cdir.turns_dir, task_id)
+        saved = str(ctx.path) if ctx is not None else None
+    except context.ContextError:
+        return core.TaskFacts(frozenset(names), None, None, terminal)
+    worktree = os.path.realpath(task.project) if saved is None else saved
+    return core.TaskFacts(frozenset(names), saved, worktree, terminal)
+
+
+@dataclass
+class Claimed:
+    kind: str                      # keep | move | wait
+    worker: str | None = None
+    task_id: str | None = None     # move: the recipient
+    turn_id: str | None = None
+    row: QueueEntry | None = None
+
+
+def claim_locked(L: Locked, fleet: Fleet, task_id: str, turn_id: str, me: ProcessIdentity,
+                 observations: dict, *, reassign: bool) -> Claimed:
+    """One claim of a waiting runner, one QueueLock hold (seed 001, contracts 1-5).
+
+    keep: Waiting -> Dispatching on the chosen worker.  move: (a legacy recipient's inherited
+    context written first, still under the lock) ONE queue publication: donor Waiting ->
+    Parked, recipient Parked -> Waiting -> Dispatching(me, worker); then the runner metadata
+    moves (recipient's task.runner = me, then the donor's cleared).  A failure after the
+    publication leaves recoverable rows: the recipient's dispatch owner is this process,
+    which then exits with an error; reconcile replaces it once it is dead."""
+    keys = [(task_id, turn_id)] + [e.key for e in L.queue.entries if e.state in ("parked", "waiting")]
+    facts = {}
+    for t, u in keys:
+        f = task_facts(L, fleet, t, u)
+        if f is not None:
+            facts.setdefault(t, f)
+    c = core.claim_parked_for_waiting_runner(
+        L.queue, task_id=task_id, turn_id=turn_id, owner=me, observations=observations, facts=facts,
+        max_parallel=fleet.max_parallel, reassign=reassign, observe=L.observe)
+    if c.kind == "wait":
+        return Claimed("wait")
+    if c.kind == "keep":
+        r = core.begin_dispatch(L.queue, task_id=task_id, turn_id=turn_id, me=me, worker=c.worker)
+        _update_turn(L, task_id, turn_id, state="dispatching", worker=c.worker)
+        return Claimed("keep", c.worker, task_id, turn_id, core.msgspec_copy(r))
+    rt, ru = c.recipient
+    if c.inherit:  # contract 4: the inherited context is durable before the queue moves
+        donor_task = L.read_task(task_id)
+        src = context.task_project_path(L.cdir.turns_dir, task_id, donor_task.project)
+        context.write_task_project_path(L.cdir.turns_dir, rt, L.read_task(rt).project, src)
+    r = core.apply_reassignment(L.queue, donor=(task_id, turn_id), recipient=(rt, ru), owner=me, worker=c.worker)
+    row = core.msgspec_copy(r)
+    L.publish()                                                      # the one queue publication
+    _update_turn(L, task_id, turn_id, state="parked", detail=f"donated its runner process to task {rt}")
+    _update_turn(L, rt, ru, state="dispatching", worker=c.worker, donated_from=task_id, detail=None)
+    _fault("reassign_after_publish")
+    L.set_runner(rt, RunnerRecord(identity=me, turn_id=ru))
+    _fault("reassign_between_metadata")
+    rec = L.runners.get(task_id)
+    if rec is not None and rec.identity == me:
+        L.set_runner(task_id, None)
+    return Claimed("move", c.worker, rt, ru, row)
+
+
 class TaskClient:
     """The task client's operations on one client dir, for one process (`me`)."""
 
@@ -210,6 +284,10 @@ class TaskClient:
         self.spawner = spawner or real_spawner(cdir)
         self.new_token = token_source
         self.clock = clock
+        # seed 001: a detached runner may donate its process while it waits (opt-in; the
+        # benchmark's comparison switches it off with MOTOR_TASK_REASSIGN=0)
+        self.reassign = os.environ.get("MOTOR_TASK_REASSIGN", "1") != "0"
+        self.poll_interval = 0.5
 
     @property
     def cap(self) -> int:
@@ -230,9 +308,19 @@ class TaskClient:
         me = self.me
 
         def fn(L: Locked):
-            L.write_task(task)  # the record exists before its row: no row without a task
-            core.enqueue(L.queue, task_id=task_id, turn_id="1", owner=me, now_ms=now, pin=pin, run=run,
-                         attached=attached)
+            # rollback-protected submission: the owner-only context, then the record, then
+            # the row; a failure removes what was written (context directory included)
+            try:
+                context.write_task_project_path(L.cdir.turns_dir, task_id, project, Path(project))
+                _fault("submit_after_context")
+                L.write_task(task)  # the record exists before its row: no row without a task
+                core.enqueue(L.queue, task_id=task_id, turn_id="1", owner=me, now_ms=now, pin=pin, run=run,
+                             attached=attached)
+            except BaseException:
+                core.drop_rows(L.queue, task_id)
+                L.cdir.task_path(task_id).unlink(missing_ok=True)
+                context.remove_task_context(L.cdir.turns_dir, task_id)
+                raise
 
         await self.queue.locked(fn)
         return task_id, "1"
@@ -361,9 +449,13 @@ class TaskClient:
 
 
 def _fault(point: str) -> None:
-    """Fault injection for tests: MOTOR_TASK_FAULT=<point> kills this process there."""
-    if os.environ.get("MOTOR_TASK_FAULT") == point:
+    """Fault injection for tests: MOTOR_TASK_FAULT=<point> kills this process there;
+    MOTOR_TASK_FAULT=<point>:raise makes the step fail with an OSError instead."""
+    value = os.environ.get("MOTOR_TASK_FAULT")
+    if value == point:
         os._exit(86)
+    if value == f"{point}:raise":
+        raise OSError(f"fault injected at {point}")
 
 
 def worker_client(spec: WorkerSpec, timeout: float = 30.0) -> AsyncClient:
@@ -416,13 +508,20 @@ class TurnRunner(actors.Actor):
     `result` is the turn's final TurnRecord (or None when the turn went back to the queue,
     e.g. no worker answered).  `echo`: write the output to our stdout/stderr too (attached)."""
 
-    def __init__(self, tc: TaskClient, task_id: str, turn_id: str, *, echo: bool = False):
+    def __init__(self, tc: TaskClient, task_id: str, turn_id: str, *, echo: bool = False,
+                 reassign: bool = False, wait_for_worker: bool | None = None):
         super().__init__(name=f"turn-{task_id}-{turn_id}")
         self.tc = tc
         self.task_id = task_id
         self.turn_id = turn_id
         self.echo = echo
+        self.reassign = reassign
+        # detached: wait until a worker is ready for the turn (one of this client's turns per
+        # worker at a time); attached: dispatch at once (the worker queues it when busy)
+        self.wait_for_worker = reassign if wait_for_worker is None else wait_for_worker
+        self.donations: list[tuple[str, str]] = []   # (donor task, recipient task)
         self.result: TurnRecord | None = None
+        self.error: BaseException | None = None
         self.done = trio.Event()
 
     async def on_start(self) -> None:
@@ -436,25 +535,46 @@ class TurnRunner(actors.Actor):
     async def _main(self) -> None:
         try:
             self.result = await self._run()
+        except (core.QueueError, context.ContextError, OSError) as exc:
+            self.error = exc  # the hosting process reports it and exits with an error
         finally:
             self.done.set()
             self.stop()
 
     async def _run(self) -> TurnRecord | None:
-        tc, task_id, turn_id, me = self.tc, self.task_id, self.turn_id, self.tc.me
-        task = await trio.to_thread.run_sync(tc.cdir.read_task, task_id)
+        tc, me = self.tc, self.tc.me
+        task = await trio.to_thread.run_sync(tc.cdir.read_task, self.task_id)
         if task is None:
             return None
-        row = await tc.queue.locked(lambda L: core.find_row(L.queue, task_id, turn_id))
+        row = await tc.queue.locked(lambda L: core.find_row(L.queue, self.task_id, self.turn_id))
         if row is None:
             return None
         if row.cancel_requested and not row.job_id:
             return await self._finish(dict(state="cancelled", reason="cancelled"))
+        if self.wait_for_worker and row.state == "waiting" and row.owner == me and not row.job_id:
+            claimed = await self._claim(task, row)
+            if claimed is None:
+                return None
+            if claimed == "cancelled":
+                return await self._finish(dict(state="cancelled", reason="cancelled"))
+            if claimed.kind == "move":  # this process now runs the recipient's turn
+                self.donations.append((self.task_id, claimed.task_id))
+                self.task_id, self.turn_id = claimed.task_id, claimed.turn_id
+                task = await trio.to_thread.run_sync(tc.cdir.read_task, self.task_id)
+            row = claimed.row
+        else:
+            row = await self._dispatch_now(task, row)
+            if row is None:
+                return None
+        return await self._execute(task, row)
+
+    def _own_candidates(self, task: TaskRecord, row: QueueEntry) -> list[WorkerSpec]:
+        tc = self.tc
         candidates = [tc.fleet.get(row.worker)] if row.worker else (
             [tc.fleet.get(task.pin)] if task.pin else list(tc.fleet.workers))
-        candidates = [c for c in candidates if c is not None and set(task.capabilities) <= set(c.capabilities)]
-        reports = {}
-        errors = []
+        return [c for c in candidates if c is not None and set(task.capabilities) <= set(c.capabilities)]
+
+    async def _observe(self, specs: list[WorkerSpec], reports: dict, errors: list) -> None:
         async with trio.open_nursery() as n:
             async def probe(spec: WorkerSpec):
                 rep = await probe_health(spec, timeout=15.0)
@@ -462,20 +582,32 @@ class TurnRunner(actors.Actor):
                     reports[spec.name] = rep
                 else:
                     errors.append(f"worker {spec.name} unreachable at {spec.endpoint}: {rep}")
-            for spec in candidates:
+            for spec in specs:
                 n.start_soon(probe, spec)
+
+    async def _park_unreachable(self, errors: list) -> None:
+        tc, task_id, turn_id, me = self.tc, self.task_id, self.turn_id, self.tc.me
+        detail = "; ".join(sorted(errors)) or "no worker is configured for this turn"
+
+        def back(L: Locked):
+            r = core.find_row(L.queue, task_id, turn_id)
+            if r is not None and me in (r.owner, r.dispatch_owner):
+                core.park(L.queue, task_id=task_id, turn_id=turn_id)
+                _update_turn(L, task_id, turn_id, state="parked", detail=detail)
+
+        await tc.queue.locked(back)
+        if self.echo:
+            sys.stderr.write(f"motor: {detail}; the turn stays queued\n")
+
+    async def _dispatch_now(self, task: TaskRecord, row: QueueEntry) -> QueueEntry | None:
+        """Attached execution and re-attach: dispatch to the best answering worker at once
+        (the worker queues the job when it is busy)."""
+        tc, task_id, turn_id, me = self.tc, self.task_id, self.turn_id, self.tc.me
+        reports: dict = {}
+        errors: list = []
+        await self._observe(self._own_candidates(task, row), reports, errors)
         if not reports:
-            detail = "; ".join(sorted(errors)) or "no worker is configured for this turn"
-
-            def back(L: Locked):
-                r = core.find_row(L.queue, task_id, turn_id)
-                if r is not None and me in (r.owner, r.dispatch_owner):
-                    core.park(L.queue, task_id=task_id, turn_id=turn_id)
-                    _update_turn(L, task_id, turn_id, state="parked", detail=detail)
-
-            await tc.queue.locked(back)
-            if self.echo:
-                sys.stderr.write(f"motor: {detail}; the turn stays queued\n")
+            await self._park_unreachable(errors)
             return None
 
         def dispatch(L: Locked):
@@ -485,7 +617,46 @@ class TurnRunner(actors.Actor):
             _update_turn(L, task_id, turn_id, state="dispatching", worker=worker)
             return core.msgspec_copy(r)
 
-        row = await tc.queue.locked(dispatch)
+        return await tc.queue.locked(dispatch)
+
+    async def _claim(self, task: TaskRecord, row: QueueEntry):
+        """The detached runner's wait (seed 001, contract 2): observe its own worker(s); claim
+        under the lock (keep -> dispatch); after a miss, and only when parked work exists,
+        observe the rest of the fleet (keeping this iteration's observations) and claim
+        again, which may donate this process to a parked turn.  Otherwise wait a poll
+        interval and start a new iteration.  None: parked (no worker answers) or gone."""
+        tc, task_id, turn_id, me = self.tc, self.task_id, self.turn_id, self.tc.me
+        fleet = tc.fleet
+        while True:
+            reports: dict = {}
+            errors: list = []
+            own = self._own_candidates(task, row)
+            await self._observe(own, reports, errors)
+            if not reports:
+                await self._park_unreachable(errors)
+                return None
+            claimed = await tc.queue.locked(
+                lambda L: claim_locked(L, fleet, task_id, turn_id, me, dict(reports), reassign=self.reassign))
+            if claimed.kind != "wait":
+                return claimed
+            snapshot = await tc.queue.locked(lambda L: core.msgspec_copy(core.require_row(L.queue, task_id, turn_id))
+                                             if core.find_row(L.queue, task_id, turn_id) else None)
+            if snapshot is None or snapshot.state != "waiting" or snapshot.owner != me:
+                return None
+            if snapshot.cancel_requested:
+                return "cancelled"
+            parked = await tc.queue.locked(lambda L: any(e.state == "parked" for e in L.queue.entries))
+            rest = [w for w in fleet.workers if w.name not in reports and w not in own]
+            if self.reassign and parked and rest:
+                await self._observe(rest, reports, errors)
+                claimed = await tc.queue.locked(
+                    lambda L: claim_locked(L, fleet, task_id, turn_id, me, dict(reports), reassign=True))
+                if claimed.kind != "wait":
+                    return claimed
+            await trio.sleep(tc.poll_interval)
+
+    async def _execute(self, task: TaskRecord, row: QueueEntry) -> TurnRecord | None:
+        tc, task_id, turn_id, me = self.tc, self.task_id, self.turn_id, self.tc.me
         spec = tc.fleet.get(row.worker)
         assert spec is not None
         out_dir = tc.cdir.turn_dir(task_id, turn_id)
@@ -500,6 +671,8 @@ class TurnRunner(actors.Actor):
                 terminal = await self._follow(stream, out_dir, client)
         except RefusedError as exc:
             return await self._finish(dict(state="refused", reason=exc.refusal.code, detail=exc.refusal.detail))
+        except context.ContextError as exc:  # a redirected/mismatched saved worktree: never run elsewhere
+            return await self._finish(dict(state="refused", reason=exc.code, detail=exc.detail))
         except RunnerUnavailable as exc:
             detail = f"worker {spec.name} unreachable at {spec.endpoint}: {exc}"
 
@@ -539,7 +712,7 @@ class TurnRunner(actors.Actor):
         return max(mine, key=lambda j: j.accepted_at_ms).job_id if mine else None
 
     async def _submit(self, client: AsyncClient, task: TaskRecord, row: QueueEntry, out_dir: Path):
-        project = Path(task.project)
+        project = await trio.to_thread.run_sync(resolve_project, self.tc.cdir, task)
         bundle, sha = await trio.to_thread.run_sync(make_bundle, project, self.tc.cdir.root / "bundles")
         try:
             await client.put_bundle(sha, bundle)
@@ -603,12 +776,31 @@ class TurnRunner(actors.Actor):
         return await tc.queue.locked(fn)
 
 
-async def run_turn(tc: TaskClient, task_id: str, turn_id: str, *, echo: bool = False) -> TurnRecord | None:
-    """Host one TurnRunner in a nursery until its turn ends."""
-    runner = TurnRunner(tc, task_id, turn_id, echo=echo)
+def resolve_project(cdir: ClientDir, task: TaskRecord) -> Path:
+    """The worktree a turn executes (seed 001, contract 7): the task's saved context when it
+    has one (checked: rooted, canonical, bound to this task and project), whatever the
+    runner's cwd; a legacy task without one keeps its record's project path (relative to the
+    current directory only if it was recorded relative)."""
+    saved = context.task_project_path(cdir.turns_dir, task.task_id, task.project)
+    return saved if saved is not None else Path(task.project)
+
+
+async def host_turn(tc: TaskClient, task_id: str, turn_id: str, *, echo: bool = False,
+                    reassign: bool = False, wait_for_worker: bool | None = None) -> TurnRunner:
+    """Host one TurnRunner in a nursery until its turn ends; the runner tells which task it
+    ended up running (a donation moves it) and any error."""
+    runner = TurnRunner(tc, task_id, turn_id, echo=echo, reassign=reassign, wait_for_worker=wait_for_worker)
     async with trio.open_nursery() as n:
         await n.start(runner.run)
         await runner.done.wait()
+    return runner
+
+
+async def run_turn(tc: TaskClient, task_id: str, turn_id: str, *, echo: bool = False) -> TurnRecord | None:
+    """Attached/library execution: runs exactly the requested turn (never donates)."""
+    runner = await host_turn(tc, task_id, turn_id, echo=echo, reassign=False, wait_for_worker=False)
+    if runner.error is not None:
+        raise runner.error
     return runner.result
 
 
@@ -637,11 +829,17 @@ async def detached_runner(tc: TaskClient, task_id: str, turn_id: str, token: uui
         return 3
     current: tuple[str, str] | None = (task_id, turn_id)
     while current is not None:
-        result = await run_turn(tc, *current)
-        if result is None:  # the turn went back to the queue (no worker answered): stop here
-            await retire(tc, current[0])
+        runner = await host_turn(tc, *current, reassign=tc.reassign, wait_for_worker=True)
+        if runner.error is not None:
+            # contract 5: the durable rows stay as published (recoverable); exit with an
+            # error, reconcile replaces this process once it is gone
+            sys.stderr.write(f"motor worker runner: task {runner.task_id} turn {runner.turn_id}: "
+                             f"{runner.error}\n")
+            return 1
+        if runner.result is None:  # the turn went back to the queue (no worker answered): stop here
+            await retire(tc, runner.task_id)
             return 0
-        current = await start_next_parked(tc, current[0])
+        current = await start_next_parked(tc, runner.task_id)
     return 0
 
 
@@ -660,4 +858,5 @@ async def retire(tc: TaskClient, task_id: str) -> None:
 __all__ = ["QueueActor", "QueueHandle", "open_queue", "TaskClient", "TurnRunner", "StartResult",
            "run_turn", "detached_runner", "start_next_parked", "take_over_reserved_slot", "real_spawner",
            "make_bundle", "probe_health", "retire", "complete_locked", "take_over_locked",
-           "reconcile_plan", "next_parked_locked"]
+           "reconcile_plan", "next_parked_locked", "claim_locked", "task_facts", "Claimed", "host_turn",
+           "resolve_project"]

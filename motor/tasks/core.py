@@ -416,3 +416,178 @@ def needs_runner(row: QueueEntry, runners: Runners, observe: Observe) -> bool:
     if row.state == "dispatching":
         return not is_live(observe, row.dispatch_owner)
     return not is_live(observe, row.owner)
+
+
+# --- seed 001: a waiting runner donates its process (claim_parked_for_waiting_runner) ------
+
+
+@dataclass(frozen=True)
+class TaskFacts:
+    """What the shell read about one task for a claim decision (pure data).
+
+    `workers`: the workers its pin/capabilities allow; `context`: the canonical worktree of
+    its saved project context (None: a legacy task without one); `worktree`: the canonical
+    path of its task record's project (what a legacy task runs in); `terminal`: the task's
+    current turn has ended (a stale row)."""
+
+    workers: frozenset[str]
+    context: str | None
+    worktree: str | None = None
+    terminal: bool = False
+
+
+@dataclass(frozen=True)
+class Claim:
+    """keep: dispatch the donor's own turn on `worker`.  move: the donor's process takes
+    `recipient` on `worker` (`inherit`: a legacy recipient inherits the donor's saved
+    context).  wait: nothing can run now."""
+
+    kind: Literal["keep", "move", "wait"]
+    worker: str | None = None
+    recipient: tuple[str, str] | None = None
+    inherit: bool = False
+
+
+def worker_busy(q: QueueFile, name: str, *, ignore: QueueEntry | None = None) -> bool:
+    """Readiness under the lock: a worker runs one of this client's turns at a time.  It is
+    busy while a row is dispatching there, is waiting to re-attach there, or has a spawn
+    (reservation) in progress for it."""
+    for row in q.entries:
+        if row is ignore or row.worker != name:
+            continue
+        if row.state in ("dispatching", "waiting") or row.slot_reservation is not None:
+            return True
+    return False
+
+
+def ready_workers(q: QueueFile, observations: Mapping[str, dict], *,
+                  ignore: QueueEntry | None = None) -> set[str]:
+    """The observed workers (answered /v1/health) that are not busy (see worker_busy)."""
+    return {n for n, rep in observations.items() if isinstance(rep, dict)
+            and not worker_busy(q, n, ignore=ignore)}
+
+
+def _usable(row: QueueEntry, facts: TaskFacts, ready: set[str]) -> set[str]:
+    allowed = set(facts.workers) & ready
+    if row.pin is not None:
+        allowed &= {row.pin}
+    if row.worker is not None:          # a dispatched turn re-attaches on its own worker only
+        allowed &= {row.worker}
+    return allowed
+
+
+def _pick(q: QueueFile, usable: set[str], observations: Mapping[str, dict]) -> str:
+    return pick_worker(q, {n: observations[n] for n in usable})  # type: ignore[return-value]
+
+
+def claim_parked_for_waiting_runner(
+    q: QueueFile,
+    *,
+    task_id: str,
+    turn_id: str,
+    owner: ProcessIdentity,
+    observations: Mapping[str, dict],
+    facts: Mapping[str, TaskFacts],
+    max_parallel: Mapping[str, int] | None = None,
+    reassign: bool = True,
+    observe: Observe | None = None,
+) -> Claim:
+    """One decision of a waiting runner, under the QueueLock (seed 001, contracts 1-3).
+
+    Only the exact owner (same pid AND start time) of a Waiting, unaccepted row may act; a
+    dispatching or accepted turn cannot donate (QueueError QUEUE_NOT_OWNER otherwise).
+    Candidates in FIFO order (queue_id): the donor's own row and runnable parked rows.  A
+    parked row is runnable when it is committed (parked, no reservation, not attached, not
+    cancelled, its task not terminal), `eligible` (task turn order, run cap, computed as if
+    the donor were parked) and has a context the runner can supply (its own saved one, or a
+    legacy row inheriting the donor's saved context of the same worktree).  The first
+    candidate with a usable ready worker wins: that is the per-worker FIFO barrier (an older
+    runnable parked turn goes first on every worker it can use; a younger task that needs a
+    different worker still proceeds).  Ineligible rows are skipped, never barriers.  With
+    `observe`, an older eligible Waiting row adopted by another LIVE runner (it is in this same
+    wait and will claim at its next look) is a barrier on its usable ready workers too, so a
+    displaced older task that got its runner back keeps its place."""
+    donor = require_row(q, task_id, turn_id)
+    if donor.state != "waiting" or donor.owner != owner or donor.attached:
+        raise QueueError(QUEUE_NOT_OWNER, f"task {task_id} turn {turn_id} is {donor.state}, "
+                                          f"not a waiting turn owned by {owner}")
+    can_donate = reassign and donor.job_id is None and not donor.cancel_requested
+    ready = ready_workers(q, observations, ignore=donor)
+    donor_facts = facts.get(task_id)
+    if not can_donate:
+        if donor_facts is not None and eligible(q, donor, max_parallel):
+            usable = _usable(donor, donor_facts, ready)
+            if usable:
+                return Claim("keep", _pick(q, usable, observations))
+        return Claim("wait")
+    hypo = QueueFile(next_queue_id=q.next_queue_id, last_enqueued_at_millis=q.last_enqueued_at_millis,
+                     entries=[msgspec_copy(e) for e in q.entries])
+    for e in hypo.entries:
+        if e.key == donor.key:
+            e.state, e.owner = "parked", None
+    by_key = {e.key: e for e in hypo.entries}
+    blocked: set[str] = set()
+    for row in fifo(q):
+        f = facts.get(row.task_id)
+        if row is not donor and observe is not None and row.state == "waiting" and f is not None:
+            holder = acting_queue_holder(row)
+            if (holder is not None and is_live(observe, holder) and not row.cancel_requested
+                    and eligible(q, row, max_parallel)):
+                blocked |= _usable(row, f, ready)
+            continue
+        if f is None:
+            continue
+        if row is donor:
+            if eligible(q, donor, max_parallel):
+                usable = _usable(donor, f, ready) - blocked
+                if usable:
+                    return Claim("keep", _pick(q, usable, observations))
+            continue
+        if (row.state != "parked" or row.slot_reservation is not None or row.attached
+                or row.cancel_requested or f.terminal):
+            continue
+        inherit = False
+        if f.context is None:
+            if (donor_facts is None or donor_facts.context is None or f.worktree is None
+                    or f.worktree != donor_facts.context):
+                continue  # a legacy row whose context we cannot supply: not runnable, no barrier
+            inherit = True
+        if not eligible(hypo, by_key[row.key], max_parallel):
+            continue
+        usable = _usable(row, f, ready) - blocked
+        if usable:
+            return Claim("move", _pick(q, usable, observations), row.key, inherit)
+    return Claim("wait")
+
+
+def apply_reassignment(q: QueueFile, *, donor: tuple[str, str], recipient: tuple[str, str],
+                       owner: ProcessIdentity, worker: str) -> QueueEntry:
+    """The one queue publication of a donation: donor Waiting -> Parked; recipient
+    Parked -> Waiting -> Dispatching, both with the same process identity, on `worker`.
+    Ids, commands, run membership and pins never change."""
+    d = require_row(q, *donor)
+    r = require_row(q, *recipient)
+    if d.state != "waiting" or d.owner != owner:
+        raise QueueError(QUEUE_NOT_OWNER, f"task {donor[0]} turn {donor[1]} is not waiting for {owner}")
+    if r.state != "parked" or r.slot_reservation is not None:
+        raise QueueError(QUEUE_NOT_OWNER, f"task {recipient[0]} turn {recipient[1]} is not parked")
+    d.state, d.owner, d.dispatch_owner, d.slot_reservation = "parked", None, None, None
+    r.state, r.owner = "waiting", owner
+    r.state, r.dispatch_owner, r.worker = "dispatching", owner, worker
+    return r
+
+
+def unique_live_identities(q: QueueFile, runners: Runners, observe: Observe) -> set[ProcessIdentity]:
+    """Live runner processes, once each: task.runner records and acting queue holders.  During
+    a donation's partial metadata update one process may appear in two records; it is one."""
+    out = {rec.identity for rec in runners.values() if is_live(observe, rec.identity)}
+    for row in q.entries:
+        holder = acting_queue_holder(row)
+        if holder is not None and is_live(observe, holder):
+            out.add(holder)
+    return out
+
+
+def drop_rows(q: QueueFile, task_id: str) -> None:
+    """Submission rollback: the task's rows leave the queue."""
+    q.entries[:] = [e for e in q.entries if e.task_id != task_id]

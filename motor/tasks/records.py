@@ -128,6 +128,7 @@ class TurnRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     signal: int | None = None
     reason: str | None = None
     detail: str | None = None
+    donated_from: str | None = None   # seed 001: ran on the runner process donated by this task
 
 
 class TaskRecord(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from motor.tasks import core
 from motor.tasks.store import ClientDir
 from tests.conftest import ROOT, motor_env
 from tests.polling import wait_for
@@ -177,3 +178,59 @@ def test_submit_killed_between_the_two_publishes_still_runs_the_turn_once(fleet,
     assert executed.read_text().split() == [task.task_id]
     wait_for(lambda: not runner_processes(cdir), timeout=30, what="the runner to exit")
     assert c.read_queue().entries == [] and c.read_runners() == {}
+
+
+def test_saturated_pool_runs_a_parked_mini2_task_with_a_donor_pid_end_to_end(fleet, tmp_path):
+    """Seed 001 end to end: mini-1 runs a long turn, a second mini-1 task has the other
+    runner process (waiting: its worker is busy), a third mini-1 task and a mini-2 task are
+    parked (cap 2).  The waiting runner donates its process: the mini-2 task finishes while
+    mini-1's turn still runs, with no third runner process ever."""
+    cdir, project = fleet
+    go = tmp_path / "go"
+    hold = f'while [ ! -e {go} ]; do sleep 0.05; done; echo held'
+    c = ClientDir(cdir)
+
+    # the mini-2 task is another project: a linked git worktree (the recipient's own context)
+    repo, linked = tmp_path / "repo", tmp_path / "linked"
+    repo.mkdir()
+    genv = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+                GIT_COMMITTER_EMAIL="t@t")
+    for args in (["init", "-q", "-b", "main"], ["commit", "-q", "--allow-empty", "-m", "one"],
+                 ["worktree", "add", "-q", "-b", "side", str(linked)]):
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, env=genv)
+    (linked / "file").write_text("linked worktree\n")
+    (project / "file").write_text("donor project\n")
+
+    def submit(pin, script, where=project):
+        r = run_cli(cdir, "submit", "--project", str(where), "--pin", pin, "--", "sh", "-c", script)
+        assert r.returncode == 0, r.stderr.decode()
+        return r.stdout.decode().strip()
+
+    def state(task_id):
+        t = c.read_task(task_id)
+        return t.current.state if t else None
+
+    with Sampler(cdir) as sampler:
+        a = submit("mini-1", hold)
+        wait_for(lambda: state(a) == "running", timeout=60, what="mini-1's turn to run")
+        b = submit("mini-1", "echo b")
+        wait_for(lambda: (row := core.find_row(c.read_queue(), b, "1")) is not None
+                 and row.state == "waiting" and row.owner != row.enqueue_owner,
+                 timeout=60, what="the second runner to wait for mini-1")
+        third = submit("mini-1", "echo c")
+        d = submit("mini-2", "cat file", linked)
+        assert state(third) == "parked" and state(d) in ("parked", "dispatching", "running", "succeeded")
+        wait_for(lambda: state(d) == "succeeded", timeout=60, what="the mini-2 task to finish")
+        assert state(a) == "running"                        # before mini-1's running turn ends
+        turn = c.read_task(d).current
+        assert turn.worker == "mini-2" and turn.donated_from == b
+        assert (c.turn_dir(d, "1") / "output.log").read_text() == "linked worktree\n"
+        shown = run_cli(cdir, "show", d)
+        assert f"donated by task {b}" in shown.stdout.decode()
+        go.touch()
+        tasks = wait_for(lambda: all_done(cdir, [a, b, third, d]), timeout=120, what="all tasks to end")
+        wait_for(lambda: not runner_processes(cdir), timeout=30, what="runners to exit")
+    assert [t.state for t in tasks] == ["succeeded"] * 4
+    assert [t.current.worker for t in tasks] == ["mini-1", "mini-1", "mini-1", "mini-2"]
+    assert sampler.max_seen <= 2 and sampler.samples > 10
+    assert c.read_queue().entries == []

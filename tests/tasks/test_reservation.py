@@ -370,40 +370,62 @@ async def test_submit_completes_handoff_after_bind_records_the_child(tmp_path, p
 
 async def test_interrupted_legacy_reassignment_recovers_from_an_unrelated_working_directory(
         tmp_path, procs, tokens, monkeypatch):
-    """A runner was interrupted while handing its process to a parked turn: it holds a
-    started slot (task.runner of its finished task, still alive) and the parked turn is
-    left behind.  Reconcile, run from an unrelated directory, must NOT exclude itself
-    (exclude_reserver false): while the interrupted runner lives the parked turn stays
-    parked at cap 1; once it is gone reconcile starts it, with the task's own project."""
-    project = tmp_path / "project"
-    project.mkdir()
+    """Seed 001: a waiting runner donates its process to a LEGACY parked task (no saved
+    context, its record's project relative to the runner's cwd) of the same worktree: the
+    donor's saved context is inherited (made durable before the queue moves), the queue
+    publishes, and the runner is interrupted before its runner metadata moves.  Reconcile,
+    run from an unrelated working directory (which holds a decoy `project`), spawns nothing
+    while the interrupted owner lives (also not when the interrupted process reconciles
+    itself: exclude_reserver false), and exactly one runner once it is gone; the recovered
+    turn executes the inherited worktree, never the reconciler's cwd."""
+    from motor.tasks import actor, context
+    from motor.tasks.actor import claim_locked, resolve_project
+
+    base = tmp_path / "base"
+    project = base / "project"
+    project.mkdir(parents=True)
     elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    monkeypatch.chdir(elsewhere)
-    interrupted = procs.spawn()
+    (elsewhere / "project").mkdir(parents=True)      # a decoy with the legacy relative name
+    monkeypatch.chdir(base)
+    busy, interrupted = procs.spawn(), procs.spawn()
     cdir = ClientDir(tmp_path / "c", observe=procs)
-    spawned = []
+    fl = Fleet((WorkerSpec("mini-1", "unix:/nonexistent/1.sock"), WorkerSpec("mini-2", "unix:/nonexistent/2.sock")))
     async with trio.open_nursery() as n:
         queue = await open_queue(n, cdir)
-        submitter = TaskClient(cdir, queue, fleet(1), me=procs.spawn(), token_source=tokens)
-        old_task, _ = await submitter.create_task(str(project), ["true"])
-        await queue.locked(lambda L: (L.queue.entries.clear(),
-                                      L.set_runner(old_task, RunnerRecord(identity=interrupted, turn_id="1"))))
-        parked_task, parked_turn = await submitter.create_task(str(project), ["make"])
-        await queue.locked(lambda L: core.park(L.queue, task_id=parked_task, turn_id=parked_turn))
-        # the reconciler is the interrupted runner's process itself (e.g. it runs reconcile)
-        rec = TaskClient(cdir, queue, fleet(1), me=interrupted,
-                         spawner=lambda t, u, tok: spawned.append((t, u)) or procs.spawn(), token_source=tokens)
-        assert await rec.reconcile() == []
-        assert spawned == [] and core.find_row(cdir.read_queue(), parked_task, parked_turn).state == "parked"
-        procs.kill(interrupted)
-        other = TaskClient(cdir, queue, fleet(1), me=procs.spawn(),
-                           spawner=lambda t, u, tok: spawned.append((t, u)) or procs.spawn(), token_source=tokens)
-        results = await other.reconcile()
+        submitter = TaskClient(cdir, queue, fl, me=procs.spawn(), token_source=tokens)
+        active, _ = await submitter.create_task(str(project), ["sleep", "1"], pin="mini-1")
+        donor, _ = await submitter.create_task(str(project), ["true"], pin="mini-1")
+        legacy, _ = await submitter.create_task("project", ["make"], pin="mini-2")
         n.cancel_scope.cancel()
-    assert [r.outcome for r in results] == ["spawned"] and spawned == [(parked_task, parked_turn)]
-    assert cdir.read_task(parked_task).project == str(project)
-    assert old_task not in cdir.read_runners()  # the dead runner's record was cleared
+    context.remove_task_context(cdir.turns_dir, legacy)             # a record from before contexts
+
+    def place(L):
+        a = core.require_row(L.queue, active, "1")
+        a.state, a.dispatch_owner, a.worker = "dispatching", busy, "mini-1"
+        d = core.require_row(L.queue, donor, "1")
+        d.owner = interrupted
+        L.set_runner(donor, RunnerRecord(identity=interrupted, turn_id="1"))
+        core.park(L.queue, task_id=legacy, turn_id="1")
+    cdir.critical(place)
+    monkeypatch.setenv("MOTOR_TASK_FAULT", "reassign_after_publish:raise")
+    ok = {"capacity": {}}
+    with pytest.raises(OSError):
+        cdir.critical(lambda L: claim_locked(L, fl, donor, "1", interrupted, {"mini-1": ok, "mini-2": ok},
+                                             reassign=True))
+    monkeypatch.delenv("MOTOR_TASK_FAULT")
+    q = cdir.read_queue()
+    assert core.find_row(q, donor, "1").state == "parked"
+    assert core.find_row(q, legacy, "1").dispatch_owner == interrupted
+    assert context.task_project_path(cdir.turns_dir, legacy, "project") == project   # inherited, durable
+    monkeypatch.chdir(elsewhere)
+    assert cdir.critical(lambda L: actor.reconcile_plan(L, interrupted, 2, {}, tokens)) == []
+    assert cdir.critical(lambda L: actor.reconcile_plan(L, procs.spawn(), 2, {}, tokens)) == []
+    procs.kill(interrupted)
+    starts = cdir.critical(lambda L: actor.reconcile_plan(L, procs.spawn(), 2, {}, tokens))
+    assert [(t, u) for t, u, _ in starts] == [(legacy, "1")]
+    assert resolve_project(cdir, cdir.read_task(legacy)) == project                  # not elsewhere/
+    assert cdir.read_task(legacy).project == "project"      # the record keeps its opaque legacy value
+    assert donor not in cdir.read_runners()                  # the dead runner's record was cleared
 
 
 async def test_reconcile_replaces_a_dead_runner_for_an_active_task_turn(tmp_path, procs, tokens):
