@@ -27,12 +27,11 @@ from typing import Any, Iterable
 
 import msgspec
 
-from ..clock import uuid7_ms
+from ..lifecycle import retain_until
 from ..records import JobRecord, ReservationUse
 
 HOUR_MS = 3600 * 1000
 DAY_MS = 24 * HOUR_MS
-RETENTION_MS = DAY_MS  # scheduling.md, "Retention" (same rule as execution.actor.retain_until)
 HOURLY_BUCKETS = 24
 UNDERUSED_MIN_WALL_MS = 10 * 60 * 1000  # "ran over ten minutes"
 UNDERUSED_BELOW_PPM = 250_000  # "below 25% of their reservation"
@@ -87,10 +86,6 @@ def with_reservation_use(record: JobRecord, status: Any) -> JobRecord:
         return msgspec.structs.replace(record, reservation_use=use)
     except Exception:  # accounting must never cost a terminal record
         return record
-
-
-def retain_until(record: JobRecord) -> int:
-    return max(record.ended_at_ms or 0, uuid7_ms(record.job_id)) + RETENTION_MS
 
 
 def is_underused(record: JobRecord) -> bool:

@@ -32,7 +32,8 @@ from ..clock import uuid7
 from ..config import parse_size
 from ..cpu.actor import Place, Release
 from ..disk.actor import Admit, HasBundle
-from ..execution.actor import Cancel, JobDeps, JobExecution, retain_until
+from ..execution.actor import Cancel, JobDeps, JobExecution
+from ..lifecycle import CANCEL, PLACE, QUEUED, START_FAILED, WITHDRAW, advance, retain_until
 from ..memory.core import MemoryCeiling, admission as memory_admission, unit_limit
 from ..records import (
     Accepted, JobRecord, JobRequest, Queued, Refusal, RequestError, Terminal, caller_root_for,
@@ -140,7 +141,7 @@ class Dispatcher(actors.Actor):
         children = set(deps.execution.children())
         for record in deps.job.db.live():
             spec = spec_of(record)
-            if record.state == "queued":
+            if record.state == QUEUED:
                 if spec.runner_enforces_budget or record.job_id not in deps.followers:
                     # no live follower holds this budget (none survives a process restart)
                     record = msgspec.structs.replace(record, budget_enforced_by="runner")
@@ -261,7 +262,7 @@ class Dispatcher(actors.Actor):
             refusal = await deps.disk.call(Admit(job_id, req.workspace, tuple(req.siblings)))
         gate = gate_honoured(req.gate, req.capabilities) and "gate_jobs" in deps.capabilities
         record = JobRecord(
-            job_id=job_id, state="queued", workspace=req.workspace,
+            job_id=job_id, state=QUEUED, workspace=req.workspace,
             workspace_kind=req.workspace_kind, siblings=list(req.siblings),
             repository=req.repository, command=list(req.command), kind=req.kind, gate=gate,
             claim=claim,
@@ -311,8 +312,8 @@ class Dispatcher(actors.Actor):
             record = self.queued.pop(start.job_id)
             status = self.core.wait_status(start.job_id, now)
             cpus = await deps.job.cpu.call(Place(start.job_id, start.claim))
-            setup = msgspec.structs.replace(
-                record, state="setup", cpus=cpus, attempts=record.attempts + 1,
+            setup = advance(
+                record, PLACE, who=self.name, cpus=cpus, attempts=record.attempts + 1,
                 queue_wait_ms=status.queue_wait_ms, waiting_on=None, waiting_on_job=None,
                 waiting_detail=None, queue_clock_running=False)
             self._clock_saved.pop(start.job_id, None)
@@ -342,7 +343,7 @@ class Dispatcher(actors.Actor):
         self.active.discard(msg.job_id)
         self.core.start_failed(msg.job_id, now, cleanup_pending=msg.cleanup_pending)
         record = self.deps.job.db.get(msg.job_id)
-        record = msgspec.structs.replace(record, state="queued", cpus=None, detail=msg.detail)
+        record = advance(record, START_FAILED, who=self.name, cpus=None, detail=msg.detail)
         self.queued[msg.job_id] = record
         self._clock_saved.pop(msg.job_id, None)  # its clock resumes: persist that
         await self._save_or_defer(Save(record=record, events=[
@@ -352,7 +353,7 @@ class Dispatcher(actors.Actor):
     async def _cancel(self, job_id: str, now: float) -> str:
         if job_id in self.queued:
             self.core.cancel(job_id, now)
-            await self._end_queued(job_id, now, state="cancelled", reason="cancelled",
+            await self._end_queued(job_id, now, CANCEL, reason="cancelled",
                                    detail="cancelled before start")
             return "cancelled"
         if job_id in self.active:
@@ -392,16 +393,16 @@ class Dispatcher(actors.Actor):
                 detail += (f"; {record.attempts} start attempt"
                            f"{'s' if record.attempts != 1 else ''} failed, the last: {record.detail}")
             await self._end_queued(
-                job_id, now, state="refused_before_start", reason=reason,
+                job_id, now, WITHDRAW, reason=reason,
                 detail=detail, queue_wait_ms=waited_ms)
         return answer
 
-    async def _end_queued(self, job_id, now, *, state, reason, detail, queue_wait_ms=None):
+    async def _end_queued(self, job_id, now, event, *, reason, detail, queue_wait_ms=None):
         record = self.queued.pop(job_id)
         self._clock_saved.pop(job_id, None)
         ended = self.deps.job.clock.now_ms()
-        record = msgspec.structs.replace(
-            record, state=state, reason=reason, detail=detail, ended_at_ms=ended,
+        record = advance(
+            record, event, who=self.name, reason=reason, detail=detail, ended_at_ms=ended,
             waiting_on=None, waiting_on_job=None, waiting_detail=None, queue_clock_running=False,
             queue_wait_ms=record.queue_wait_ms if queue_wait_ms is None else queue_wait_ms)
         await self._save_or_defer(Save(
