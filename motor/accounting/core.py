@@ -27,7 +27,7 @@ from typing import Any, Iterable
 
 import msgspec
 
-from ..lifecycle import retain_until
+from ..lifecycle import REFUSED_BEFORE_START, RUNNING, retain_until
 from ..records import JobRecord, ReservationUse
 
 HOUR_MS = 3600 * 1000
@@ -309,12 +309,12 @@ def wall_ms_of(record: JobRecord) -> int | None:
 
 def window_entry(record: JobRecord, repository: str) -> WindowEntry:
     wall = wall_ms_of(record)
-    finished = bool(record.started_at_ms) and record.state != "refused_before_start"
+    finished = bool(record.started_at_ms) and record.state != REFUSED_BEFORE_START
     return WindowEntry(
         ended_at_ms=record.ended_at_ms or 0, job_id=record.job_id, repository=repository,
         claim=record.claim, reserved_ms=(wall or 0) * record.claim if finished else 0,
         finished=finished,
-        queue_wait_refusal=(record.state == "refused_before_start"
+        queue_wait_refusal=(record.state == REFUSED_BEFORE_START
                             and record.reason == QUEUE_WAIT_REFUSAL),
     )
 
@@ -401,7 +401,7 @@ class Ledger:
         self.active.pop(record.job_id, None)
         if live:
             self.finished[record.state] += 1
-            if record.state == "refused_before_start" and record.reason == QUEUE_WAIT_REFUSAL:
+            if record.state == REFUSED_BEFORE_START and record.reason == QUEUE_WAIT_REFUSAL:
                 self.hourly.refused(record.ended_at_ms or 0)
         self.repositories.add(window_entry(record, repository))
         self.underused.add(record, repository)
@@ -419,10 +419,10 @@ class Ledger:
         entries.sort()
         self.repositories.rebuild(entries)
         for record, repository in live:
-            if record.state == "running":
+            if record.state == RUNNING:
                 self.running(record, repository)
         for record, repository in live:
-            if record.state == "running":
+            if record.state == RUNNING:
                 self.running(record, repository)
 
     def report(self, now_ms: int) -> dict:
