@@ -582,7 +582,7 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, tree: _Tree, api: 
                                         windows_slot_lock=config.windows_slot_lock)),
         _single("disk", lambda: DiskActor(
             config.state_path, config.floor_bytes(), config.goal_bytes(),
-            workspace_roots=config.workspace_roots, caller_roots=_caller_roots(config),
+            workspace_roots=config.workspace_roots, caller_roots=config.caller_roots,
             cap_bytes=parse_size(config.build_folder_cap_bytes), clock=job_deps.clock,
             live_jobs=db.live, compile_cache=config.compile_cache,
             job_recorded=lambda job_id: db.get(job_id) is not None)),
@@ -603,14 +603,6 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, tree: _Tree, api: 
 
         specs.append(_single("api", lambda: ApiActor(tree)))
     return specs
-
-
-def _caller_roots(config) -> dict[str, str]:
-    out = {}
-    for spec in config.caller_root:
-        caller, _, host = spec.partition("=")
-        out[caller] = host
-    return out
 
 
 # -- serve -----------------------------------------------------------------------------------

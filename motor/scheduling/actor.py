@@ -114,6 +114,8 @@ class Dispatcher(actors.Actor):
             default_spill_s=config.queue_wait_default_s,
         )
         self.ceiling = deps.ceiling  # the memory ceiling admission decides with
+        self.caller_roots = config.caller_roots  # parsed once, as the disk actor's
+        self.per_vcpu_bytes = parse_size(config.memory_per_vcpu_bytes)  # a claim's default memory
         self.queued: dict[str, JobRecord] = {}  # {job_id: record} jobs waiting (owned here)
         self.active: set[str] = set()  # job ids setting up or running (records owned by job actors)
         self._dispatch_pending = False  # a _Dispatch message is in our inbox
@@ -248,9 +250,8 @@ class Dispatcher(actors.Actor):
             validate_request(req)
         except RequestError as exc:
             return Refusal(code="bad_request", detail=str(exc))
-        roots = _caller_roots(deps.job.config)
         for name in (req.workspace, *req.siblings):
-            if name.startswith("/") and caller_root_for(name, roots) is None:
+            if name.startswith("/") and caller_root_for(name, self.caller_roots) is None:
                 return Refusal(code="bad_request", detail=(
                     f"workspace {name!r} is not a plain name and no --caller-root serves it"))
         claim = claim_for(req.weight_hint, req.kind, deps.claim_limit)
@@ -266,7 +267,7 @@ class Dispatcher(actors.Actor):
             workspace_kind=req.workspace_kind, siblings=list(req.siblings),
             repository=req.repository, command=list(req.command), kind=req.kind, gate=gate,
             claim=claim,
-            memory_max_bytes=unit_limit(req.memory_max_bytes or claim * _per_vcpu(deps), self.ceiling),
+            memory_max_bytes=unit_limit(req.memory_max_bytes or claim * self.per_vcpu_bytes, self.ceiling),
             accepted_at_ms=deps.job.clock.now_ms(), timeout_s=req.timeout_s,
             queue_wait_limit_s=req.queue_wait_limit_s, spill_eligible=req.spill_eligible,
             follow=follow, env=dict(req.env), bundle_sha256=req.bundle_sha256,
@@ -530,12 +531,3 @@ def _resume_clock(record: JobRecord, wall_ms: int) -> tuple[float, float]:
         ready_at = record.queued_at_ms
     age_ms = 0 if ready_at is None else max(0, wall_ms - ready_at)
     return waited_ms / 1000.0, age_ms / 1000.0
-
-
-def _caller_roots(config) -> dict[str, str]:
-    """--caller-root CALLER=HOST options as {caller prefix: host dir}."""
-    return dict(spec.split("=", 1) for spec in (getattr(config, "caller_root", None) or []))
-
-
-def _per_vcpu(deps: DispatchDeps) -> int:
-    return parse_size(deps.job.config.memory_per_vcpu_bytes)
