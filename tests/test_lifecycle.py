@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from motor import lifecycle as lc
-from motor.clock import uuid7
+from motor.clock import uuid7, uuid7_ms
 from motor.records import TERMINAL_STATES, JobRecord, JobState
 from typing import get_args
 
@@ -96,12 +96,13 @@ def test_terminal_from_status_moves_by_the_table():
 
 def test_retain_until_is_24_hours_after_the_later_of_end_and_birth():
     record = _record("succeeded")
-    assert lc.retain_until(record) == T0 + lc.RETENTION_MS  # no end: from the id's time
+    born = uuid7_ms(record.job_id)  # uuid7 is monotonic per process: maybe later than T0
+    assert lc.retain_until(record) == born + lc.RETENTION_MS  # no end: from the id's time
     ended = JobRecord(**{**{f: getattr(record, f) for f in record.__struct_fields__},
-                         "ended_at_ms": T0 + 7})
-    assert lc.retain_until(ended) == T0 + 7 + 24 * 3600 * 1000
-    assert not lc.history_expired(record.job_id, T0 + lc.RETENTION_MS - 1)
-    assert lc.history_expired(record.job_id, T0 + lc.RETENTION_MS)
+                         "ended_at_ms": born + 7})
+    assert lc.retain_until(ended) == born + 7 + 24 * 3600 * 1000
+    assert not lc.history_expired(record.job_id, born + lc.RETENTION_MS - 1)
+    assert lc.history_expired(record.job_id, born + lc.RETENTION_MS)
 
 
 def test_the_one_retention_rule_is_used_everywhere():
