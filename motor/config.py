@@ -118,6 +118,13 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         roots = [*(Path(p) for p in self.workspace_root), self.state_path / "workspaces"]
         return list(dict.fromkeys(roots))
 
+    @property
+    def caller_roots(self) -> dict[str, str]:
+        """--caller-root CALLER=HOST options as {caller prefix: host dir} (validate() has
+        checked their form); the one parse the dispatcher and the disk actor share."""
+        return {caller: host for caller, _, host in
+                (spec.partition("=") for spec in self.caller_root)}
+
     def floor_bytes(self) -> int:
         if self.free_space_floor_bytes is not None:
             return parse_size(self.free_space_floor_bytes)

@@ -3,7 +3,8 @@
 Decode at the boundary, typed inside.  Wire structs ignore unknown fields so clients and
 runners of different versions can mix; defaults are omitted when encoding.
 
-Field names follow ../shared/design/interface.md; they are the public contract.
+Field names follow the spec's design/interface.md (kept beside this repository, not in it);
+they are the public contract.
 """
 
 from __future__ import annotations

@@ -26,7 +26,6 @@ import fcntl
 import logging
 import os
 import signal
-import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,24 +36,24 @@ import trio
 import actors
 
 from .accounting.actor import AccountingActor, AdmissionRefused, Report, notify
-from .clock import WallClock, uuid7_ms
+from .clock import WallClock
 from .config import ConfigError, RunnerConfig, parse_size
 from .cpu.actor import CpuActor, Snapshot
 from .cpu.topology import (
     TopologyError, allocatable, claim_limit, kept_back, parse_cpu_list, read_topology,
     validate_linux_cpus,
 )
-from .config import parse_size
 from .disk.actor import AdmitUpload, BeginUpload, CommitUpload, DiskActor, Listing, Sample, offload
 from .disk.bundles import BundleError, valid_sha
 from . import faults
 from .execution.actor import JobDeps
 from .execution.spawner import open_spawner
 from .isolation import HostProbe, IsolationError, choose_backend
+from .lifecycle import history_expired
 from .maintenance import Maintenance
 from .memory.host import read_ceiling
 from .records import (
-    CAPABILITIES, Event, JobRecord, JobRequest, Queued, Refusal, RefusedError,
+    CAPABILITIES, Event, JobRecord, JobRequest, Refusal, RefusedError,
     TERMINAL_STATES, Truncated, decode_event, public_record,
 )
 from .scheduling.actor import DispatchDeps, Dispatcher, withdraw_answer
@@ -67,7 +66,6 @@ from .store.files import private_umask
 
 log = logging.getLogger("motor.runner")
 
-RETENTION_MS = 24 * 3600 * 1000
 
 
 class StartupError(ConfigError):
@@ -261,8 +259,7 @@ class Runner:
         return record
 
     def _missing(self, job_id: str) -> Refusal:
-        born = uuid7_ms(job_id)
-        if born and born + RETENTION_MS <= self.clock.now_ms():
+        if history_expired(job_id, self.clock.now_ms()):
             return Refusal(code="history_expired",
                            detail=f"job {job_id} is older than the 24 h retention")
         return Refusal(code="not_found", detail=f"no job {job_id} on this runner")
@@ -585,7 +582,7 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, tree: _Tree, api: 
                                         windows_slot_lock=config.windows_slot_lock)),
         _single("disk", lambda: DiskActor(
             config.state_path, config.floor_bytes(), config.goal_bytes(),
-            workspace_roots=config.workspace_roots, caller_roots=_caller_roots(config),
+            workspace_roots=config.workspace_roots, caller_roots=config.caller_roots,
             cap_bytes=parse_size(config.build_folder_cap_bytes), clock=job_deps.clock,
             live_jobs=db.live, compile_cache=config.compile_cache,
             job_recorded=lambda job_id: db.get(job_id) is not None)),
@@ -606,14 +603,6 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, tree: _Tree, api: 
 
         specs.append(_single("api", lambda: ApiActor(tree)))
     return specs
-
-
-def _caller_roots(config) -> dict[str, str]:
-    out = {}
-    for spec in config.caller_root:
-        caller, _, host = spec.partition("=")
-        out[caller] = host
-    return out
 
 
 # -- serve -----------------------------------------------------------------------------------

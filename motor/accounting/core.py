@@ -27,12 +27,11 @@ from typing import Any, Iterable
 
 import msgspec
 
-from ..clock import uuid7_ms
+from ..lifecycle import REFUSED_BEFORE_START, RUNNING, retain_until
 from ..records import JobRecord, ReservationUse
 
 HOUR_MS = 3600 * 1000
 DAY_MS = 24 * HOUR_MS
-RETENTION_MS = DAY_MS  # scheduling.md, "Retention" (same rule as execution.actor.retain_until)
 HOURLY_BUCKETS = 24
 UNDERUSED_MIN_WALL_MS = 10 * 60 * 1000  # "ran over ten minutes"
 UNDERUSED_BELOW_PPM = 250_000  # "below 25% of their reservation"
@@ -87,10 +86,6 @@ def with_reservation_use(record: JobRecord, status: Any) -> JobRecord:
         return msgspec.structs.replace(record, reservation_use=use)
     except Exception:  # accounting must never cost a terminal record
         return record
-
-
-def retain_until(record: JobRecord) -> int:
-    return max(record.ended_at_ms or 0, uuid7_ms(record.job_id)) + RETENTION_MS
 
 
 def is_underused(record: JobRecord) -> bool:
@@ -314,12 +309,12 @@ def wall_ms_of(record: JobRecord) -> int | None:
 
 def window_entry(record: JobRecord, repository: str) -> WindowEntry:
     wall = wall_ms_of(record)
-    finished = bool(record.started_at_ms) and record.state != "refused_before_start"
+    finished = bool(record.started_at_ms) and record.state != REFUSED_BEFORE_START
     return WindowEntry(
         ended_at_ms=record.ended_at_ms or 0, job_id=record.job_id, repository=repository,
         claim=record.claim, reserved_ms=(wall or 0) * record.claim if finished else 0,
         finished=finished,
-        queue_wait_refusal=(record.state == "refused_before_start"
+        queue_wait_refusal=(record.state == REFUSED_BEFORE_START
                             and record.reason == QUEUE_WAIT_REFUSAL),
     )
 
@@ -406,7 +401,7 @@ class Ledger:
         self.active.pop(record.job_id, None)
         if live:
             self.finished[record.state] += 1
-            if record.state == "refused_before_start" and record.reason == QUEUE_WAIT_REFUSAL:
+            if record.state == REFUSED_BEFORE_START and record.reason == QUEUE_WAIT_REFUSAL:
                 self.hourly.refused(record.ended_at_ms or 0)
         self.repositories.add(window_entry(record, repository))
         self.underused.add(record, repository)
@@ -424,10 +419,10 @@ class Ledger:
         entries.sort()
         self.repositories.rebuild(entries)
         for record, repository in live:
-            if record.state == "running":
+            if record.state == RUNNING:
                 self.running(record, repository)
         for record, repository in live:
-            if record.state == "running":
+            if record.state == RUNNING:
                 self.running(record, repository)
 
     def report(self, now_ms: int) -> dict:

@@ -1,7 +1,7 @@
 """The HTTP API of motor as a plain ASGI application (no framework).
 
 `make_app(runner)` returns an ASGI callable that answers the routes of
-../../docs/protocol.md on behalf of a Runner (see ../facade_contract.md).  It speaks
+../../docs/protocol.md on behalf of a `Runner` (the facade in ../runner.py).  It speaks
 lifespan (hypercorn sends startup/shutdown), JSON bodies, and newline-delimited JSON
 streams (`application/x-ndjson`), one event a line, flushed per event.
 
@@ -38,10 +38,8 @@ from motor.records import (
     JobRequest,
     Refusal,
     RefusedError,
-    RequestError,
     encode_event,
     public_record,
-    validate_request,
 )
 
 log = logging.getLogger("motor.api")
@@ -389,10 +387,8 @@ class MotorApp:
             raise _refuse("bad_request", str(exc)) from None
         except RecursionError:
             raise _refuse("bad_request", "malformed job request: JSON nested too deeply") from None
-        try:
-            validate_request(req)
-        except RequestError as exc:
-            raise _refuse("bad_request", str(exc)) from None
+        # the runner validates the request (records.validate_request, once, in the dispatcher)
+        # and refuses it bad_request: the same answer for the API and embedded callers
         record = await self.runner.submit(req, follow=follow)
         if follow:
             await self._stream_events(receive, send, 202, self.runner.follow(record.job_id))

@@ -41,7 +41,6 @@ import actors
 from .. import faults
 from ..accounting.actor import JobEnded, JobStarted, notify
 from ..accounting.core import with_reservation_use
-from ..clock import uuid7_ms
 from ..cpu.actor import Release
 from ..disk.actor import JobIdle, PrepareSetup, offload
 from ..disk.bundles import BundleError, unpack_into
@@ -49,8 +48,10 @@ from ..scheduling.messages import Finished, SetupDone, StartFailed
 from ..store.actor import Save
 from ..store.db import StoreFull
 from ..store.files import job_umask
+from ..lifecycle import (
+    CANCEL, REFUSE, RUNNING, SPAWN, advance, retain_until, terminal_from_status,  # noqa: F401 (re-exported)
+)
 from ..records import Refusal, JobRecord, Output, Started, Terminal, public_record
-from .. import faults
 from . import joblog
 from .spawner import (
     JobDirClaimed, KeeperNotStarted, SpawnerError, cancel_keeper, kill_marked_processes,
@@ -59,7 +60,6 @@ from .spawner import (
 
 log = logging.getLogger("motor.execution")
 
-RETENTION_MS = 24 * 3600 * 1000  # scheduling.md, "Retention": 24 hours
 POLL_S = 0.02  # output tail interval while a job runs
 READ_BATCH_BYTES = joblog.READ_MAX_BYTES  # output.log bytes turned into events per store call
 STORE_FULL_RETRY_S = 1.0  # a save refused for lack of space is retried after this
@@ -90,57 +90,6 @@ class JobDeps:
 
 def job_dir(deps: JobDeps, job_id: str) -> Path:
     return deps.jobs_dir / job_id
-
-
-def retain_until(record: JobRecord) -> int:
-    return max(record.ended_at_ms or 0, uuid7_ms(record.job_id)) + RETENTION_MS
-
-
-def terminal_from_status(record: JobRecord, status: dict | None, now_ms: int,
-                         facts: dict | None = None) -> JobRecord:
-    """The terminal record for a job whose keeper has exited (status None: lost).
-
-    `facts` are the isolation backend's findings (`oom_killed`, `memory_max`, `start_error`):
-    an OOM kill ends the job `failed` with reason `oom_killed`, and a job the backend never
-    got into its unit (`start_error`) with reason `spawn_failed`, unless the keeper gave a
-    reason of its own (timed out, cancelled, its own spawn failure); the exit code or signal stay what the keeper saw (the victim may
-    have been a child of the job's main process).
-    """
-    oom = bool(facts and facts.get("oom_killed"))
-    oom_detail = (f"killed by the kernel OOM killer (memory limit "
-                  f"{(facts or {}).get('memory_max') or record.memory_max_bytes} bytes)")
-    if status is None:
-        return msgspec.structs.replace(
-            record, state="lost", ended_at_ms=now_ms, reason="keeper_lost",
-            detail="the job's keeper exited without recording an exit status"
-                   + (f"; {oom_detail}" if oom else ""),
-            waiting_on=None, waiting_on_job=None)
-    reason = status.get("reason")
-    exit_code, signal = status.get("exit_code"), status.get("signal")
-    start_error = (facts or {}).get("start_error")
-    if start_error and reason is None:
-        # the backend never got the job into its unit (e.g. systemd refused the scope); the
-        # keeper's own verdicts (spawn_failed, timed_out, cancelled) come first
-        reason, status = "spawn_failed", {**status, "detail": start_error}
-    elif oom and reason not in ("timed_out", "cancelled"):
-        reason = "oom_killed"
-        status = {**status, "detail": oom_detail}
-    if reason == "oom_killed":
-        state = "failed"
-    elif reason == "timed_out":
-        state = "timed_out"
-    elif reason == "cancelled":
-        state = "cancelled"
-    elif exit_code == 0 and signal is None:
-        state = "succeeded"
-    else:
-        state = "failed"
-    return msgspec.structs.replace(
-        record, state=state, exit_code=exit_code, signal=signal, reason=reason,
-        detail=status.get("detail") or record.detail,
-        ended_at_ms=status.get("ended_at_ms") or now_ms,
-        started_at_ms=record.started_at_ms or status.get("started_at_ms"),
-        waiting_on=None, waiting_on_job=None)
 
 
 class JobExecution(actors.Actor):
@@ -203,7 +152,7 @@ class JobExecution(actors.Actor):
             log.info("%s: adopted (keeper %s)", self.name, self.keeper)
             if not await trio.to_thread.run_sync(self.deps.backend.adopt, self.record.job_id):
                 log.warning("%s: its isolation group is gone; following it without one", self.name)
-            if self.record.state != "running":
+            if self.record.state != RUNNING:
                 await self._mark_running(kept.get("started_at_ms"))
         if self.cancel_requested and self.keeper is not None:
             cancel_keeper(*self.keeper)
@@ -298,16 +247,16 @@ class JobExecution(actors.Actor):
         """A cancel that arrived before the keeper was spawned: the job ends `cancelled`
         without a `started` event (its command never ran)."""
         log.info("%s: cancelled during setup", self.name)
-        await self._end(msgspec.structs.replace(
-            self.record, state="cancelled", reason="cancelled", detail="cancelled during setup",
+        await self._end(advance(
+            self.record, CANCEL, who=self.name, reason="cancelled", detail="cancelled during setup",
             ended_at_ms=self.deps.clock.now_ms(), waiting_on=None, waiting_on_job=None))
 
     async def _refuse_setup(self, refusal) -> None:
         """End the job refused_before_start (e.g. runner_disk_full at the setup check)."""
         deps = self.deps
         log.warning("%s: refused at setup: %s", self.name, refusal.line())
-        record = msgspec.structs.replace(
-            self.record, state="refused_before_start", reason=refusal.code,
+        record = advance(
+            self.record, REFUSE, who=self.name, reason=refusal.code,
             detail=refusal.detail, ended_at_ms=deps.clock.now_ms(), waiting_on=None,
             waiting_on_job=None)
         await self._end(record)
@@ -339,8 +288,8 @@ class JobExecution(actors.Actor):
 
     async def _mark_running(self, started_at_ms):
         now = self.deps.clock.now_ms()
-        self.record = msgspec.structs.replace(
-            self.record, state="running", started_at_ms=started_at_ms or now,
+        self.record = advance(
+            self.record, SPAWN, who=self.name, started_at_ms=started_at_ms or now,
             waiting_on=None, waiting_on_job=None)
         await self._store(_save(self.record, [Started(cpus=self.record.cpus,
                                                                attempt=self.record.attempts)]))

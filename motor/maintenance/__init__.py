@@ -85,12 +85,11 @@ class Maintenance(actors.Actor):
                 self.ceiling = ceiling
                 await self.dispatcher().cast(CeilingChanged(ceiling))
                 changed = True
-        disk = None
         if self.disk is not None:  # trash, idle expiry, daily sweep, guard, bundles, pressure
             try:
                 from ..disk.actor import Periodic
 
-                disk = await self.disk().call(Periodic(), timeout=600)
+                await self.disk().call(Periodic(), timeout=600)
             except (actors.ActorDead, actors.CallTimeout) as exc:
                 log.warning("maintenance: disk pass failed: %s", exc)
         self.passes += 1

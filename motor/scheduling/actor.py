@@ -32,7 +32,8 @@ from ..clock import uuid7
 from ..config import parse_size
 from ..cpu.actor import Place, Release
 from ..disk.actor import Admit, HasBundle
-from ..execution.actor import Cancel, JobDeps, JobExecution, retain_until
+from ..execution.actor import Cancel, JobDeps, JobExecution
+from ..lifecycle import CANCEL, PLACE, QUEUED, START_FAILED, WITHDRAW, advance, retain_until
 from ..memory.core import MemoryCeiling, admission as memory_admission, unit_limit
 from ..records import (
     Accepted, JobRecord, JobRequest, Queued, Refusal, RequestError, Terminal, caller_root_for,
@@ -113,6 +114,8 @@ class Dispatcher(actors.Actor):
             default_spill_s=config.queue_wait_default_s,
         )
         self.ceiling = deps.ceiling  # the memory ceiling admission decides with
+        self.caller_roots = config.caller_roots  # parsed once, as the disk actor's
+        self.per_vcpu_bytes = parse_size(config.memory_per_vcpu_bytes)  # a claim's default memory
         self.queued: dict[str, JobRecord] = {}  # {job_id: record} jobs waiting (owned here)
         self.active: set[str] = set()  # job ids setting up or running (records owned by job actors)
         self._dispatch_pending = False  # a _Dispatch message is in our inbox
@@ -140,7 +143,7 @@ class Dispatcher(actors.Actor):
         children = set(deps.execution.children())
         for record in deps.job.db.live():
             spec = spec_of(record)
-            if record.state == "queued":
+            if record.state == QUEUED:
                 if spec.runner_enforces_budget or record.job_id not in deps.followers:
                     # no live follower holds this budget (none survives a process restart)
                     record = msgspec.structs.replace(record, budget_enforced_by="runner")
@@ -247,9 +250,8 @@ class Dispatcher(actors.Actor):
             validate_request(req)
         except RequestError as exc:
             return Refusal(code="bad_request", detail=str(exc))
-        roots = _caller_roots(deps.job.config)
         for name in (req.workspace, *req.siblings):
-            if name.startswith("/") and caller_root_for(name, roots) is None:
+            if name.startswith("/") and caller_root_for(name, self.caller_roots) is None:
                 return Refusal(code="bad_request", detail=(
                     f"workspace {name!r} is not a plain name and no --caller-root serves it"))
         claim = claim_for(req.weight_hint, req.kind, deps.claim_limit)
@@ -261,11 +263,11 @@ class Dispatcher(actors.Actor):
             refusal = await deps.disk.call(Admit(job_id, req.workspace, tuple(req.siblings)))
         gate = gate_honoured(req.gate, req.capabilities) and "gate_jobs" in deps.capabilities
         record = JobRecord(
-            job_id=job_id, state="queued", workspace=req.workspace,
+            job_id=job_id, state=QUEUED, workspace=req.workspace,
             workspace_kind=req.workspace_kind, siblings=list(req.siblings),
             repository=req.repository, command=list(req.command), kind=req.kind, gate=gate,
             claim=claim,
-            memory_max_bytes=unit_limit(req.memory_max_bytes or claim * _per_vcpu(deps), self.ceiling),
+            memory_max_bytes=unit_limit(req.memory_max_bytes or claim * self.per_vcpu_bytes, self.ceiling),
             accepted_at_ms=deps.job.clock.now_ms(), timeout_s=req.timeout_s,
             queue_wait_limit_s=req.queue_wait_limit_s, spill_eligible=req.spill_eligible,
             follow=follow, env=dict(req.env), bundle_sha256=req.bundle_sha256,
@@ -311,8 +313,8 @@ class Dispatcher(actors.Actor):
             record = self.queued.pop(start.job_id)
             status = self.core.wait_status(start.job_id, now)
             cpus = await deps.job.cpu.call(Place(start.job_id, start.claim))
-            setup = msgspec.structs.replace(
-                record, state="setup", cpus=cpus, attempts=record.attempts + 1,
+            setup = advance(
+                record, PLACE, who=self.name, cpus=cpus, attempts=record.attempts + 1,
                 queue_wait_ms=status.queue_wait_ms, waiting_on=None, waiting_on_job=None,
                 waiting_detail=None, queue_clock_running=False)
             self._clock_saved.pop(start.job_id, None)
@@ -342,7 +344,7 @@ class Dispatcher(actors.Actor):
         self.active.discard(msg.job_id)
         self.core.start_failed(msg.job_id, now, cleanup_pending=msg.cleanup_pending)
         record = self.deps.job.db.get(msg.job_id)
-        record = msgspec.structs.replace(record, state="queued", cpus=None, detail=msg.detail)
+        record = advance(record, START_FAILED, who=self.name, cpus=None, detail=msg.detail)
         self.queued[msg.job_id] = record
         self._clock_saved.pop(msg.job_id, None)  # its clock resumes: persist that
         await self._save_or_defer(Save(record=record, events=[
@@ -352,7 +354,7 @@ class Dispatcher(actors.Actor):
     async def _cancel(self, job_id: str, now: float) -> str:
         if job_id in self.queued:
             self.core.cancel(job_id, now)
-            await self._end_queued(job_id, now, state="cancelled", reason="cancelled",
+            await self._end_queued(job_id, now, CANCEL, reason="cancelled",
                                    detail="cancelled before start")
             return "cancelled"
         if job_id in self.active:
@@ -392,16 +394,16 @@ class Dispatcher(actors.Actor):
                 detail += (f"; {record.attempts} start attempt"
                            f"{'s' if record.attempts != 1 else ''} failed, the last: {record.detail}")
             await self._end_queued(
-                job_id, now, state="refused_before_start", reason=reason,
+                job_id, now, WITHDRAW, reason=reason,
                 detail=detail, queue_wait_ms=waited_ms)
         return answer
 
-    async def _end_queued(self, job_id, now, *, state, reason, detail, queue_wait_ms=None):
+    async def _end_queued(self, job_id, now, event, *, reason, detail, queue_wait_ms=None):
         record = self.queued.pop(job_id)
         self._clock_saved.pop(job_id, None)
         ended = self.deps.job.clock.now_ms()
-        record = msgspec.structs.replace(
-            record, state=state, reason=reason, detail=detail, ended_at_ms=ended,
+        record = advance(
+            record, event, who=self.name, reason=reason, detail=detail, ended_at_ms=ended,
             waiting_on=None, waiting_on_job=None, waiting_detail=None, queue_clock_running=False,
             queue_wait_ms=record.queue_wait_ms if queue_wait_ms is None else queue_wait_ms)
         await self._save_or_defer(Save(
@@ -529,12 +531,3 @@ def _resume_clock(record: JobRecord, wall_ms: int) -> tuple[float, float]:
         ready_at = record.queued_at_ms
     age_ms = 0 if ready_at is None else max(0, wall_ms - ready_at)
     return waited_ms / 1000.0, age_ms / 1000.0
-
-
-def _caller_roots(config) -> dict[str, str]:
-    """--caller-root CALLER=HOST options as {caller prefix: host dir}."""
-    return dict(spec.split("=", 1) for spec in (getattr(config, "caller_root", None) or []))
-
-
-def _per_vcpu(deps: DispatchDeps) -> int:
-    return parse_size(deps.job.config.memory_per_vcpu_bytes)

@@ -35,7 +35,8 @@ class Finished:
 
 @dataclass(frozen=True)
 class CancelJob:
-    """Reply: "cancelled" (was queued), "signalled" (running: the keeper ends it), "ended", "unknown"."""
+    """Reply: "cancelled" (was queued), "signalled" (setting up or running: its job actor
+    ends it), "unknown" (not live here: never seen, or already ended)."""
 
     job_id: str
 
@@ -56,7 +57,9 @@ class QueuedView:
 
 @dataclass(frozen=True)
 class StatusView:
-    """Reply: {"queued": [records], "capacity": {...}}."""
+    """Reply: {"queued": [public records, live queue_wait_ms/waiting_on], "active": [job ids
+    setting up or running], "capacity": {max_weight, claim_limit, held_permits,
+    setup_permits, max_queue_depth, pending_jobs}}."""
 
 
 @dataclass(frozen=True)

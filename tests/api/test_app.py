@@ -230,9 +230,11 @@ async def test_events_refusals_get_their_status(http, fake):
     assert_refusal(await http.get("/v1/jobs/old/events?from_seq=3"), 410, "history_expired")
 
 
-async def test_bundle_upload_is_not_supported_yet(http):
+async def test_bundle_upload_to_a_runner_without_a_bundle_store_is_not_found(http):
+    # the fake runner has no put_bundle (the real one does: tests/disk, tests/e2e)
     resp = await http.put("/v1/bundles/" + "0" * 64, content=b"tar")
     assert_refusal(resp, 404, "not_found")
+    assert "not supported by this runner" in resp.json()["detail"]
 
 
 async def test_deeply_nested_json_is_a_bad_request_not_a_500(http, fake):

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "api"))
+from fake_runner import FakeRunner  # tests/fake_runner.py (tests/ is on sys.path)
 
-from fake_runner import FakeRunner  # noqa: E402
-
-from motor.api import make_app, serve_api  # noqa: E402
-from motor.config import RunnerConfig  # noqa: E402
+from motor.api import make_app, serve_api
+from motor.config import RunnerConfig
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""A fake Runner (the facade of motor/facade_contract.md) for API and CLI tests.
+"""A fake Runner (the facade `motor.runner.Runner`, in memory) for API and CLI tests.
 
 Jobs live in memory; each job's events come from a script (an async function that calls
 `job.emit(event)` and `job.finish(state=..., ...)`).  With a nursery the script runs in the
