@@ -514,7 +514,7 @@ async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runn
             raise StartupError(str(exc)) from None
         clock = config.clock or WallClock()
         hub = ChangeHub()
-        await _sweep_leftover_groups(host.backend, db)
+        await _sweep_leftover_groups(host.backend, db, jobs_dir)
         try:
             async with open_spawner() as spawner:
                 tree = _Tree()
@@ -541,11 +541,13 @@ async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runn
         lock.release()
 
 
-async def _sweep_leftover_groups(backend, db) -> None:
-    """Before any job is adopted: remove the isolation groups/units of jobs the store does
-    not know as setting up or running (docs/isolation.md, "Start-up sweep")."""
+async def _sweep_leftover_groups(backend, db, jobs_dir: Path) -> None:
+    """Before any job is adopted: remove the isolation groups/units of this state dir's jobs
+    that the store does not know as setting up or running; another runner's on a shared
+    parent are left alone (docs/isolation.md, "Start-up sweep")."""
     known = {r.job_id for r in db.live() if r.state in ("setup", "running")}
-    for line in await trio.to_thread.run_sync(backend.sweep, known):
+    owned = {p.name for p in jobs_dir.iterdir() if p.is_dir()}  # this state dir's jobs
+    for line in await trio.to_thread.run_sync(backend.sweep, known, owned):
         logging.getLogger("motor.isolation").warning("start-up sweep: %s", line)
 
 

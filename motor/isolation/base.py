@@ -47,8 +47,11 @@ class Backend:
         """Re-adoption after a runner restart: is the job's confinement still there?"""
         return True
 
-    def sweep(self, known: set[str]) -> list[str]:
-        """Start-up: remove leftover confinement of jobs the store no longer knows."""
+    def sweep(self, known: set[str], owned: set[str] | None = None) -> list[str]:
+        """Start-up: remove leftover confinement of jobs the store no longer knows as
+        setting up or running. `owned`: the job ids this runner's state dir has a job
+        directory for; confinement of any other job id (another runner's on a shared
+        parent) is left alone. None: every unknown job's (tests of one backend)."""
         return []
 
     def parent_memory_limit(self) -> int | None:

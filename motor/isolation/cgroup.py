@@ -538,14 +538,21 @@ class CgroupBackend(Backend):
         except IsolationError:
             return False
 
-    def sweep(self, known: set[str]) -> list[str]:
+    def sweep(self, known: set[str], owned: set[str] | None = None) -> list[str]:
         """Kill the processes of, and remove, every job group under the parent whose job
-        the store does not know as setting up or running. Never raises."""
+        the store does not know as setting up or running (and, given `owned`, that is a
+        job of this state dir, or a probe group). Never raises."""
         swept: list[str] = []
         try:
             leftovers = sorted(self.flavour.listed() - set(known))
         except Exception as exc:  # noqa: BLE001 - start-up must go on
             return [f"cannot list the job groups under {self.flavour.describe_parent()}: {exc}"]
+        if owned is not None:
+            foreign = [j for j in leftovers if j not in owned and not j.startswith("probe-")]
+            leftovers = [j for j in leftovers if j not in foreign]
+            if foreign:
+                swept.append(f"left alone: {len(foreign)} group(s) of jobs this state dir does"
+                             f" not hold (another runner's?): {', '.join(foreign[:5])}")
         for job_id in leftovers:
             try:
                 pids = self.flavour.pids(job_id)

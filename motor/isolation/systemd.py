@@ -428,14 +428,20 @@ class SystemdBackend(Backend):
             facts["cleanup_error"] = f"{type(exc).__name__}: {exc}"
         return facts
 
-    def sweep(self, known: set[str]) -> list[str]:
-        """Stop every `<parent>-j*.slice` unit whose job the store does not know. Never raises."""
-        keep = set()
-        for job_id in known:
-            try:
-                keep.add(job_slice(self.parent, job_id))
-            except IsolationError:
-                continue
+    def sweep(self, known: set[str], owned: set[str] | None = None) -> list[str]:
+        """Stop every `<parent>-j*.slice` unit whose job the store does not know (and, given
+        `owned`, that is a job of this state dir). Never raises."""
+        def slices(job_ids):
+            names = set()
+            for job_id in job_ids:
+                try:
+                    names.add(job_slice(self.parent, job_id))
+                except IsolationError:
+                    continue
+            return names
+
+        keep = slices(known)
+        mine = None if owned is None else slices(owned)
         swept: list[str] = []
         try:
             with self.manager() as m:
@@ -444,6 +450,9 @@ class SystemdBackend(Backend):
                 for unit in units:
                     name = unit[0]
                     if name in keep:
+                        continue
+                    if mine is not None and name not in mine:
+                        swept.append(f"unit {name}: left alone (not a job of this state dir)")
                         continue
                     try:
                         m.stop(name)

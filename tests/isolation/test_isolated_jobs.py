@@ -90,18 +90,28 @@ def test_start_up_sweep_removes_a_leftover_group_and_keeps_the_running_jobs(
     known = [os.path.dirname(p) for p in backend.flavour.create(job_id, None, None)["procs"]]
     leftover = [os.path.dirname(p)
                 for p in backend.flavour.create("forgotten-1", None, None)["procs"]]
+    (serve.state_dir / "jobs" / "forgotten-1").mkdir()  # a job of this state dir
+    # a group of a job this state dir never held: another runner's on the same parent
+    foreign = [os.path.dirname(p)
+               for p in backend.flavour.create("other-runner-1", None, None)["procs"]]
     sleeper = subprocess.Popen(["sleep", "1000"])
+    neighbour = subprocess.Popen(["sleep", "1000"])
     try:
-        for path in leftover:
-            with open(os.path.join(path, "cgroup.procs"), "w") as f:
-                f.write(str(sleeper.pid))
+        for paths, proc in ((leftover, sleeper), (foreign, neighbour)):
+            for path in paths:
+                with open(os.path.join(path, "cgroup.procs"), "w") as f:
+                    f.write(str(proc.pid))
         serve.start()
         assert sleeper.wait(10) == -9
         assert not any(os.path.exists(p) for p in leftover)
         assert all(os.path.isdir(p) for p in known)
-        assert b"start-up sweep: group job-forgotten-1" in serve.log.read_bytes()
+        assert all(os.path.isdir(p) for p in foreign) and neighbour.poll() is None
+        log = serve.log.read_bytes()
+        assert b"start-up sweep: group job-forgotten-1" in log
+        assert b"left alone: 1 group(s)" in log and b"other-runner-1" in log
         barrier.touch()
         assert serve.cli("attach", job_id).returncode == 0
     finally:
-        sleeper.kill()
-        sleeper.wait()
+        for proc in (sleeper, neighbour):
+            proc.kill()
+            proc.wait()

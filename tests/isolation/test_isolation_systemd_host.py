@@ -144,6 +144,7 @@ def test_a_job_in_a_systemd_unit_outlives_the_runner_and_is_readopted(
                               "--slice=motor-jobs-jfeedbeef.slice", "sleep", "1000")
     assert leftover.returncode == 0, leftover.stderr
     assert "motor-jobs-jfeedbeef.slice" in job_units(systemd_ns)
+    (serve.state_dir / "jobs" / "feedbeef").mkdir()  # a job of this state dir
     serve.start()
     wait_for(lambda: sorted(job_units(systemd_ns)) == [f"{unit}.scope", f"{unit}.slice"],
              what="the leftover slice to be stopped, the job's units kept")

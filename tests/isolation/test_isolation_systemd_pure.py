@@ -265,3 +265,13 @@ def test_the_start_up_sweep_stops_job_slices_the_store_does_not_know(fake_manage
     assert fake_manager.units == [known]
     listed = [c[1] for c in fake_manager.calls if c[0] == "ListUnitsByPatterns"]
     assert listed == [([], ["motor-jobs-j*.slice"])]
+
+
+def test_the_start_up_sweep_leaves_slices_of_jobs_this_state_dir_never_held(fake_manager):
+    """Two runners on one jobs slice: a runner sweeps only its own jobs' leftovers."""
+    backend = SystemdBackend(systemd_run="/usr/bin/systemd-run", address=fake_manager.path)
+    fake_manager.units = ["motor-jobs-jdeadbeef.slice", "motor-jobs-jfeedbeef.slice"]
+    assert backend.sweep(set(), owned={"deadbeef"}) == [
+        "unit motor-jobs-jdeadbeef.slice: stopped",
+        "unit motor-jobs-jfeedbeef.slice: left alone (not a job of this state dir)"]
+    assert fake_manager.units == ["motor-jobs-jfeedbeef.slice"]
