@@ -265,3 +265,31 @@ def test_the_start_up_sweep_stops_job_slices_the_store_does_not_know(fake_manage
     assert fake_manager.units == [known]
     listed = [c[1] for c in fake_manager.calls if c[0] == "ListUnitsByPatterns"]
     assert listed == [([], ["motor-jobs-j*.slice"])]
+
+
+def test_systemd_health_never_touches_the_bus(tmp_path):
+    """`/metrics` and `motor health` run on the event loop: the systemd backend's health
+    reports the jobs slice's MemoryMax as last read (at start-up, then by maintenance, off
+    the loop), never with a blocking D-Bus call of its own. A manager socket that accepts
+    but never answers would stall the loop for the read timeout."""
+    import socket as socketlib
+
+    from motor.isolation.systemd import SystemdBackend
+
+    path = str(tmp_path / "stalled-manager")
+    listener = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+    try:
+        listener.bind(path)
+        listener.listen(4)
+        listener.setblocking(False)
+        health = SystemdBackend(address=path).health()
+        try:
+            conn, _ = listener.accept()
+        except BlockingIOError:
+            conn = None
+        else:
+            conn.close()
+    finally:
+        listener.close()
+    assert conn is None, "health() connected to the systemd manager"
+    assert health["backend"] == "systemd" and health["memory_max"] is None  # nothing read yet
