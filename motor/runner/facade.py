@@ -287,7 +287,7 @@ class Runner:
     async def metrics_text(self) -> bytes:
         """`GET /metrics`: the health figures in Prometheus text format (a registry per runner)."""
         if getattr(self, "_metrics", None) is None:
-            from .accounting.metrics import Metrics
+            from ..accounting.metrics import Metrics
 
             self._metrics = Metrics()
         return self._metrics.render(await self.health())

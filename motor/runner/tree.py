@@ -86,7 +86,7 @@ async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runn
         check_database_present(state / "motor.db", jobs_dir)
         host = probe_host(config)
         if api:
-            from .api.server import SocketInUse, claim_socket_path
+            from ..api.server import SocketInUse, claim_socket_path
 
             try:
                 await claim_socket_path(config.socket_path)
@@ -177,13 +177,13 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, tree: _Tree, api: 
         _single("maintenance", lambda: Maintenance(
             store=tree.root.ref("store").ref("store"), clock=job_deps.clock,
             jobs_dir=job_deps.jobs_dir, read_ceiling=read_memory_ceiling,
-            interval_s=config.maintenance_interval_s,
+            interval_s=config.maintenance_interval_s, offload=job_deps.clock.offload,
             disk=lambda: tree.root.ref("disk").ref("disk"),
             dispatcher=lambda: tree.root.ref("dispatcher").ref("dispatcher"),
             ceiling=host.ceiling)),
     ]
     if api:
-        from .api.actor import ApiActor
+        from ..api.actor import ApiActor
 
         specs.append(_single("api", lambda: ApiActor(tree)))
     return specs
