@@ -2,7 +2,7 @@
 
 Production passes the real ones (`Spawner`, whose keepers are real processes, and
 `thread_offload`, a worker thread); actor-level tests pass in-process fakes
-(tests/fakes.py) and run under trio's MockClock with no process and no thread.
+(tests/fakes.py) and run in virtual time (`autojump_clock`) with no process and no thread.
 """
 
 from __future__ import annotations
