@@ -7,6 +7,7 @@ with `MockWallClock` tied to trio's MockClock so a day of retention passes in mi
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
@@ -17,6 +18,25 @@ class WallClock:
 
     def now_ms(self) -> int:
         return time.time_ns() // 1_000_000
+
+    def guard_fail_after(self, seconds: float):
+        """A guard in real seconds against a hung outside process (the forkserver):
+        `trio.fail_after` under a real trio clock."""
+        import trio
+
+        return trio.fail_after(seconds)
+
+    def guard_move_on_after(self, seconds: float):
+        """Like `guard_fail_after`, but gives up quietly (`trio.move_on_after`)."""
+        import trio
+
+        return trio.move_on_after(seconds)
+
+    async def offload(self, fn, *args):
+        """Run short blocking host reads away from the event loop: a worker thread."""
+        import trio
+
+        return await trio.to_thread.run_sync(fn, *args)
 
 
 class MockWallClock(WallClock):
@@ -38,6 +58,22 @@ class MockWallClock(WallClock):
         if self._t0 is None:  # trio's clock may not start at 0: count from first use
             self._t0 = now
         return self.epoch_ms + int((now - self._t0) * 1000)
+
+    # Under trio's MockClock virtual time jumps while the runner waits on a real process, so
+    # a virtual deadline would fire at once: the real-seconds guards are off (tests bound
+    # their own run time); a zero timeout still means "do not wait".
+
+    def guard_fail_after(self, seconds: float):
+        return contextlib.nullcontext()
+
+    async def offload(self, fn, *args):
+        # inline: while a worker thread ran, virtual time would jump past every deadline
+        return fn(*args)
+
+    def guard_move_on_after(self, seconds: float):
+        import trio
+
+        return trio.move_on_after(seconds) if seconds <= 0 else contextlib.nullcontext()
 
 
 _last = [0, 0]  # [ms, counter] keeps ids from one process strictly increasing

@@ -8,7 +8,7 @@
                        (an explicit barrier a test releases by creating the file);
 - `actor.NAME=crash`   the subsystem NAME starts normally, then its actor raises
                        FaultInjected on every message it handles (a crash loop that its
-                       supervisor gives up on; motor/runner.py).
+                       supervisor gives up on; motor/runner/tree.py).
 
 Named points (each documented where it is hit):
 

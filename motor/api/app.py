@@ -1,7 +1,7 @@
 """The HTTP API of motor as a plain ASGI application (no framework).
 
 `make_app(runner)` returns an ASGI callable that answers the routes of
-../../docs/protocol.md on behalf of a `Runner` (the facade in ../runner.py).  It speaks
+../../docs/protocol.md on behalf of a `Runner` (the facade in ../runner/facade.py).  It speaks
 lifespan (hypercorn sends startup/shutdown), JSON bodies, and newline-delimited JSON
 streams (`application/x-ndjson`), one event a line, flushed per event.
 

@@ -1,6 +1,8 @@
-"""CPU topology and placement (pure). The trio actor lives in motor.cpu.actor."""
+"""CPU topology and placement (pure). The sysfs reader lives in motor.cpu.host, the trio
+actor in motor.cpu.actor."""
 
 from .core import CpuPlacement, Placement, PlacementStats, RateLimitedWarning
+from .host import read_topology
 from .topology import (
     Topology,
     TopologyError,
@@ -9,7 +11,6 @@ from .topology import (
     format_cpu_list,
     kept_back,
     parse_cpu_list,
-    read_topology,
     topology_from_texts,
     validate_linux_cpus,
 )

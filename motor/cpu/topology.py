@@ -1,13 +1,12 @@
 """Host CPU topology: online CPUs, hyperthread sibling groups, the kept-back core,
 the allocatable CPU set and the vCPU claim limit.
 
-Everything here is pure except :func:`read_topology`, a thin reader over sysfs
-that hands the file contents to :func:`topology_from_texts`.
+Everything here is pure: the sysfs reader, :func:`motor.cpu.host.read_topology`, hands
+the file contents to :func:`topology_from_texts`.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -21,7 +20,6 @@ __all__ = [
     "format_cpu_list",
     "kept_back",
     "parse_cpu_list",
-    "read_topology",
     "topology_from_texts",
     "validate_linux_cpus",
 ]
@@ -209,7 +207,7 @@ def topology_from_texts(
     online_path: str = "online",
     siblings_paths: Mapping[int, str] | None = None,
 ) -> Topology:
-    """Pure parser behind :func:`read_topology`.
+    """Pure parser behind :func:`motor.cpu.host.read_topology`.
 
     ``siblings_texts`` maps an online CPU to the contents of its siblings file, or
     None when it has none (the CPU is its own core). Paths are only used in errors.
@@ -232,47 +230,6 @@ def topology_from_texts(
             raise TopologyError(f"{path}: sibling list {text.strip()!r} does not contain cpu{cpu}")
         groups.append(group)
     return Topology.from_groups(online, groups)
-
-
-def _read_text(path: str) -> str:
-    with open(path, encoding="ascii", errors="strict") as f:
-        return f.read()
-
-
-def read_topology(sysfs_root: str | os.PathLike[str] = "/sys") -> Topology:
-    """Read online CPUs and hyperthread siblings from ``<sysfs_root>/devices/system/cpu``.
-
-    Per online CPU: ``cpuN/topology/thread_siblings_list``, else ``core_cpus_list``;
-    a CPU with neither (or no topology directory) is its own core. Raises
-    TopologyError naming the path on a missing or malformed ``online`` file or a
-    malformed or unreadable siblings file.
-    """
-    base = os.path.join(os.fspath(sysfs_root), "devices", "system", "cpu")
-    online_path = os.path.join(base, "online")
-    try:
-        online_text = _read_text(online_path)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TopologyError(f"{online_path}: cannot read: {exc}") from None
-    try:
-        online = parse_cpu_list(online_text)
-    except ValueError as exc:
-        raise TopologyError(f"{online_path}: {exc}") from None
-    texts: dict[int, str | None] = {}
-    paths: dict[int, str] = {}
-    for cpu in online:
-        topo_dir = os.path.join(base, f"cpu{cpu}", "topology")
-        texts[cpu] = None
-        for name in ("thread_siblings_list", "core_cpus_list"):
-            path = os.path.join(topo_dir, name)
-            try:
-                texts[cpu] = _read_text(path)
-            except FileNotFoundError:
-                continue
-            except (OSError, UnicodeDecodeError) as exc:
-                raise TopologyError(f"{path}: cannot read: {exc}") from None
-            paths[cpu] = path
-            break
-    return topology_from_texts(online_text, texts, online_path=online_path, siblings_paths=paths)
 
 
 # --------------------------------------------------------------------------- allocation

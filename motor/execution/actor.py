@@ -42,7 +42,7 @@ from .. import faults
 from ..accounting.actor import JobEnded, JobStarted, notify
 from ..accounting.core import with_reservation_use
 from ..cpu.actor import Release
-from ..disk.actor import JobIdle, PrepareSetup, offload
+from ..disk.actor import JobIdle, PrepareSetup
 from ..disk.bundles import BundleError, unpack_into
 from ..scheduling.messages import Finished, SetupDone, StartFailed
 from ..store.actor import Save
@@ -53,10 +53,8 @@ from ..lifecycle import (
 )
 from ..records import Refusal, JobRecord, Output, Started, Terminal, public_record
 from . import joblog
-from .spawner import (
-    JobDirClaimed, KeeperNotStarted, SpawnerError, cancel_keeper, kill_marked_processes,
-    wait_process_exit,
-)
+from .ports import Offload, thread_offload
+from .spawner import JobDirClaimed, KeeperNotStarted, SpawnerError
 
 log = logging.getLogger("motor.execution")
 
@@ -86,6 +84,8 @@ class JobDeps:
     jobs_dir: Path
     workspace_root: Path
     disk: Any = None  # ActorRef of the disk actor (setup admission, bundles, idle workspaces)
+    #: runs blocking work (file system, isolation backend) away from the event loop
+    offload: Offload = thread_offload
 
 
 def job_dir(deps: JobDeps, job_id: str) -> Path:
@@ -113,7 +113,7 @@ class JobExecution(actors.Actor):
         if isinstance(msg, Cancel):
             self.cancel_requested = True
             if self.keeper is not None:
-                return cancel_keeper(*self.keeper)
+                return self.deps.spawner.cancel(*self.keeper)
             return True
         raise TypeError(f"{self.name}: unknown message {msg!r}")
 
@@ -135,8 +135,8 @@ class JobExecution(actors.Actor):
                 # A start cut short (runner restart, failed start): no keeper was released
                 # (the claim comes first), but make sure nothing of this job still runs
                 # before it is spawned again.
-                killed = await trio.to_thread.run_sync(
-                    kill_marked_processes, self.record.job_id)
+                killed = await self.deps.offload(
+                    self.deps.spawner.kill_marked, self.record.job_id)
                 if killed:
                     log.warning("%s: killed %d stray process(es) of the job before its start: %s",
                                 self.name, len(killed), killed)
@@ -150,12 +150,12 @@ class JobExecution(actors.Actor):
             if kept:
                 self.keeper = (kept["keeper_pid"], kept["keeper_create_time"])
             log.info("%s: adopted (keeper %s)", self.name, self.keeper)
-            if not await trio.to_thread.run_sync(self.deps.backend.adopt, self.record.job_id):
+            if not await self.deps.offload(self.deps.backend.adopt, self.record.job_id):
                 log.warning("%s: its isolation group is gone; following it without one", self.name)
             if self.record.state != RUNNING:
                 await self._mark_running(kept.get("started_at_ms"))
         if self.cancel_requested and self.keeper is not None:
-            cancel_keeper(*self.keeper)
+            self.deps.spawner.cancel(*self.keeper)
         await self._follow()
         await self._finish()
         self.stop()
@@ -183,7 +183,7 @@ class JobExecution(actors.Actor):
             cwd.mkdir(parents=True, exist_ok=True)
             if deps.disk is not None and plan.bundle is not None:
                 try:  # the bundle becomes the workspace's source before anything runs
-                    await offload(
+                    await deps.offload(
                         unpack_into, Path(plan.bundle), str(cwd), plan.root, record.job_id)
                 except BundleError as exc:
                     await self._refuse_setup(Refusal(code="workspace_setup_failed", detail=str(exc)))
@@ -210,10 +210,10 @@ class JobExecution(actors.Actor):
             }
             # the isolation backend confines the job (cgroup: its groups, limits, cgroup.procs)
             prepared = True
-            spec.update(await trio.to_thread.run_sync(
+            spec.update(await deps.offload(
                 deps.backend.prepare, record.job_id, record.cpus, record.memory_max_bytes))
             if self.cancel_requested:  # cancelled during setup: it never starts
-                await trio.to_thread.run_sync(deps.backend.finish, record.job_id)
+                await deps.offload(deps.backend.finish, record.job_id)
                 await self._cancel_in_setup()
                 return None
             joblog.write_json_atomic(self.dir / "spec.json", spec)
@@ -234,7 +234,7 @@ class JobExecution(actors.Actor):
                 return "claimed"
             log.warning("%s: start failed: %s", self.name, exc)
             if prepared:  # remove the job's groups again
-                await trio.to_thread.run_sync(deps.backend.finish, record.job_id)
+                await deps.offload(deps.backend.finish, record.job_id)
             await deps.cpu.call(_release(record.job_id))
             await deps.dispatcher.cast(StartFailed(record.job_id, f"{type(exc).__name__}: {exc}"))
             return None
@@ -305,7 +305,7 @@ class JobExecution(actors.Actor):
 
         async def watch_exit():
             if self.keeper is not None:
-                await wait_process_exit(*self.keeper)
+                await self.deps.spawner.wait_exit(*self.keeper)
             done.set()
 
         async with trio.open_nursery() as nursery:
@@ -361,11 +361,11 @@ class JobExecution(actors.Actor):
             # The keeper died without a status: whatever is left of its job must not
             # outlive the record that says the job is over (the cgroup backends drain
             # their groups in finish(); the marker finds the rest).
-            killed = await trio.to_thread.run_sync(kill_marked_processes, self.record.job_id)
+            killed = await deps.offload(deps.spawner.kill_marked, self.record.job_id)
             if killed:
                 log.warning("%s: keeper lost; killed %d leftover process(es): %s",
                             self.name, len(killed), killed)
-        facts = await trio.to_thread.run_sync(
+        facts = await deps.offload(
             deps.backend.finish, self.record.job_id, status.get("signal") if status else None)
         for problem in ("collect_error", "cleanup_error"):
             if facts.get(problem):

@@ -9,7 +9,6 @@ checks their identity with ``process_alive`` (pid + create time).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -21,6 +20,8 @@ from dataclasses import dataclass
 
 import psutil
 import trio
+
+from ..clock import WallClock
 
 __all__ = [
     "CREATE_TIME_TOLERANCE_S",
@@ -211,8 +212,9 @@ def cancel_keeper(pid: int, create_time: float, *, tolerance: float = CREATE_TIM
 class _Forkserver:
     """One running forkserver process and its line-oriented pipes."""
 
-    def __init__(self, proc: trio.Process) -> None:
+    def __init__(self, proc: trio.Process, clock: WallClock) -> None:
         self.proc = proc
+        self.clock = clock
         self.pid = proc.pid
         self._buf = bytearray()
         self.broken = False
@@ -244,33 +246,12 @@ class _Forkserver:
                 await self.proc.stdin.aclose()
             except trio.BrokenResourceError:  # pragma: no cover
                 pass
-            with _real_move_on_after(timeout):
+            with self.clock.guard_move_on_after(timeout):
                 await self.proc.wait()
             if self.proc.returncode is None:
                 self.proc.kill()
                 await self.proc.wait()
             await self.proc.stdout.aclose()
-
-
-def _mock_clock() -> bool:
-    import trio.testing
-
-    return isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock)
-
-
-def _real_fail_after(seconds: float):
-    """A guard against a hung forkserver, in real seconds.
-
-    Under a test's MockClock virtual time jumps while we wait on a real process, so a
-    virtual deadline would fire at once: the guard is off there (the tests bound their
-    own run time)."""
-    return contextlib.nullcontext() if _mock_clock() else trio.fail_after(seconds)
-
-
-def _real_move_on_after(seconds: float):
-    if _mock_clock():
-        return trio.move_on_after(seconds) if seconds <= 0 else contextlib.nullcontext()
-    return trio.move_on_after(seconds)
 
 
 class Spawner:
@@ -281,10 +262,13 @@ class Spawner:
     anyway) and tagged with ids.
     """
 
-    def __init__(self, *, python: str = sys.executable, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *, python: str = sys.executable, env: dict[str, str] | None = None,
+                 clock: WallClock | None = None) -> None:
         # By path, not ``-m``: see forkserver._bootstrap_as_script.
         self._cmd = [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkserver.py")]
         self._env = env
+        #: its guards against a hung forkserver run in real seconds (see WallClock)
+        self._clock = clock or WallClock()
         self._lock = trio.Lock()
         self._server: _Forkserver | None = None
         self._next_id = 0
@@ -302,10 +286,10 @@ class Spawner:
             )
         except OSError as exc:
             raise SpawnerError(f"cannot start forkserver: {exc}") from exc
-        server = _Forkserver(proc)
+        server = _Forkserver(proc, self._clock)
         try:
             with trio.CancelScope(shield=True):
-                with _real_fail_after(STARTUP_TIMEOUT_S):
+                with self._clock.guard_fail_after(STARTUP_TIMEOUT_S):
                     hello = await server.read_line()
             if not hello.get("ready"):
                 raise SpawnerError(f"unexpected forkserver greeting {hello!r}")
@@ -365,7 +349,7 @@ class Spawner:
                 if attempt == 2:
                     raise SpawnerError(f"forkserver pipe broken: {exc!r}") from exc
         try:
-            with _real_fail_after(SPAWN_TIMEOUT_S):
+            with self._clock.guard_fail_after(SPAWN_TIMEOUT_S):
                 while True:
                     resp = await server.read_line()
                     if resp.get("id") == req_id:
@@ -384,6 +368,17 @@ class Spawner:
             raise SpawnerError(f"forkserver could not spawn {path}: {resp['error']}")
         return KeeperHandle(pid=int(resp["pid"]), create_time=float(resp["create_time"]))
 
+    # -- the keepers it started: real processes (motor.execution.ports.Keepers) ----------
+
+    async def wait_exit(self, pid: int, create_time: float) -> None:
+        await wait_process_exit(pid, create_time)
+
+    def cancel(self, pid: int, create_time: float) -> bool:
+        return cancel_keeper(pid, create_time)
+
+    def kill_marked(self, job_id: str) -> list[int]:
+        return kill_marked_processes(job_id)
+
     async def aclose(self) -> None:
         """Stop the forkserver (keepers keep running)."""
         self._closed = True
@@ -395,10 +390,11 @@ class Spawner:
 
 @asynccontextmanager
 async def open_spawner(
-    *, python: str = sys.executable, env: dict[str, str] | None = None
+    *, python: str = sys.executable, env: dict[str, str] | None = None,
+    clock: WallClock | None = None,
 ) -> AsyncIterator[Spawner]:
     """Start a forkserver; stop it on exit.  Keepers it forked keep running."""
-    spawner = Spawner(python=python, env=env)
+    spawner = Spawner(python=python, env=env, clock=clock)
     async with spawner._lock:
         spawner._server = await spawner._start()
     try:

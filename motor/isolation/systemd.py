@@ -353,6 +353,8 @@ class SystemdBackend(Backend):
     systemd_run: str = "systemd-run"
     address: str = field(default_factory=default_address)
     cgroup_root: str = CGROUP_ROOT
+    #: the last MemoryMax read by parent_memory_limit (what health reports)
+    last_read: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def parent_slice(self) -> str:
@@ -471,20 +473,21 @@ class SystemdBackend(Backend):
             return False
 
     def parent_memory_limit(self) -> int | None:
-        # Read by maintenance on the event loop: a short timeout, and a failure keeps the
-        # last reading (motor.memory.host.read_ceiling).
+        # A blocking D-Bus read: start-up makes it, then maintenance in a worker thread, with
+        # a short timeout; a failure keeps the last reading (motor.memory.host.read_ceiling).
         with SystemdManager(self.address, timeout=LIMIT_READ_TIMEOUT_S) as m:
             path = m.unit_path(self.parent_slice, load=True)
-            return None if path is None else _uint(m.get(path, SLICE, "MemoryMax"))
+            limit = None if path is None else _uint(m.get(path, SLICE, "MemoryMax"))
+        self.last_read["memory_max"] = limit
+        return limit
 
     def health(self) -> dict:
+        """Never calls systemd (health and /metrics run on the event loop): memory_max is
+        the jobs slice's MemoryMax as last read, None before any read succeeded."""
         out = super().health()
         out["parent"] = self.parent_slice
         out["address"] = self.address
-        try:
-            out["memory_max"] = self.parent_memory_limit()
-        except IsolationError:
-            out["memory_max"] = None
+        out["memory_max"] = self.last_read.get("memory_max")
         return out
 
 

@@ -21,6 +21,7 @@ import trio
 
 import actors
 
+from ..execution.ports import Offload, thread_offload
 from ..memory.core import MemoryCeiling
 from ..scheduling.messages import CeilingChanged
 from ..store.actor import Expire
@@ -38,8 +39,10 @@ class Maintenance(actors.Actor):
     def __init__(self, *, store: Any, clock: Any, jobs_dir: Path, interval_s: float = 60.0,
                  read_ceiling: Callable[[], MemoryCeiling] | None = None,
                  dispatcher: Callable[[], Any] | None = None, ceiling: MemoryCeiling | None = None,
-                 disk: Callable[[], Any] | None = None):
+                 disk: Callable[[], Any] | None = None, offload: Offload = thread_offload):
         super().__init__(name="maintenance")
+        #: runs the ceiling read (a file, and under systemd a blocking D-Bus call) off the loop
+        self.offload = offload
         self.disk = disk  # () -> the disk actor's ref: its periodic work runs in each pass
         self.read_ceiling = read_ceiling
         self.dispatcher = dispatcher
@@ -79,7 +82,7 @@ class Maintenance(actors.Actor):
                 break
         changed = False
         if self.read_ceiling is not None:
-            ceiling = self.read_ceiling()
+            ceiling = await self.offload(self.read_ceiling)
             if ceiling != self.ceiling:
                 log.info("maintenance: memory ceiling now %s", ceiling)
                 self.ceiling = ceiling

@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from motor.cpu.core import CpuPlacement
+from motor.cpu.host import read_topology
 from motor.cpu.topology import (
     MAX_CPU,
     Topology,
@@ -19,7 +20,6 @@ from motor.cpu.topology import (
     format_cpu_list,
     kept_back,
     parse_cpu_list,
-    read_topology,
     topology_from_texts,
     validate_linux_cpus,
 )

@@ -275,3 +275,31 @@ def test_the_start_up_sweep_leaves_slices_of_jobs_this_state_dir_never_held(fake
         "unit motor-jobs-jdeadbeef.slice: stopped",
         "unit motor-jobs-jfeedbeef.slice: left alone (not a job of this state dir)"]
     assert fake_manager.units == ["motor-jobs-jfeedbeef.slice"]
+
+
+def test_systemd_health_never_touches_the_bus(tmp_path):
+    """`/metrics` and `motor health` run on the event loop: the systemd backend's health
+    reports the jobs slice's MemoryMax as last read (at start-up, then by maintenance, off
+    the loop), never with a blocking D-Bus call of its own. A manager socket that accepts
+    but never answers would stall the loop for the read timeout."""
+    import socket as socketlib
+
+    from motor.isolation.systemd import SystemdBackend
+
+    path = str(tmp_path / "stalled-manager")
+    listener = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+    try:
+        listener.bind(path)
+        listener.listen(4)
+        listener.setblocking(False)
+        health = SystemdBackend(address=path).health()
+        try:
+            conn, _ = listener.accept()
+        except BlockingIOError:
+            conn = None
+        else:
+            conn.close()
+    finally:
+        listener.close()
+    assert conn is None, "health() connected to the systemd manager"
+    assert health["backend"] == "systemd" and health["memory_max"] is None  # nothing read yet

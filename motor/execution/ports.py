@@ -1,0 +1,43 @@
+"""The outside world the job execution actor talks to, as two small protocols.
+
+Production passes the real ones (`Spawner`, whose keepers are real processes, and
+`thread_offload`, a worker thread); actor-level tests pass in-process fakes
+(tests/fakes.py) and run in virtual time (`autojump_clock`) with no process and no thread.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Awaitable, Callable, Protocol
+
+import trio
+
+from .spawner import KeeperHandle
+
+
+class Keepers(Protocol):
+    """Starts a job's keeper and watches it (motor.execution.spawner.Spawner)."""
+
+    async def spawn(self, job_dir: os.PathLike[str] | str) -> KeeperHandle:
+        """Fork a keeper for the job directory (raises JobDirClaimed, KeeperNotStarted,
+        SpawnerError)."""
+
+    async def wait_exit(self, pid: int, create_time: float) -> None:
+        """Return once that keeper process has exited."""
+
+    def cancel(self, pid: int, create_time: float) -> bool:
+        """Ask that keeper to cancel its job; True when a signal was sent."""
+
+    def kill_marked(self, job_id: str) -> list[int]:
+        """Kill what is left of the job's process tree (blocking: call it offloaded)."""
+
+
+class Offload(Protocol):
+    """Runs a blocking function away from the event loop and returns its result."""
+
+    def __call__(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]: ...
+
+
+async def thread_offload(fn: Callable[..., Any], *args: Any) -> Any:
+    """The production offloader: a trio worker thread."""
+    return await trio.to_thread.run_sync(fn, *args)

@@ -1,0 +1,60 @@
+"""open_runner: the runner's supervisor tree, and the `Runner` facade over it.
+
+host.py holds start-up's host reads (state dir, lock, probe), tree.py the tree wiring,
+facade.py the `Runner` embedding API; `serve_forever` (below) is `motor serve`.
+
+```
+runner (one_for_one)
+├── store        StoreActor        sole writer of records and events (SQLite)
+├── cpu          CpuActor          placement state
+├── disk         DiskActor         free-space admission
+├── accounting   AccountingActor   refusal and end counts for health
+├── execution    (dynamic)         one JobExecution per job setting up or running
+├── dispatcher   Dispatcher        queue, permits, start/end/cancel/withdraw
+├── maintenance  Maintenance       retention pass every minute
+└── api          ApiActor          HTTP on the Unix socket (only under `serve`)
+```
+Each subsystem is its own supervisor with its actor as child, so a crash restarts only that
+actor (rebuilding its state from the store). A crash loop escalates to the root, which
+never restarts a subsystem: the runner stops (`serve` exits 3) and the service manager
+starts a fresh one.
+Children start in this order and stop in reverse: the API stops accepting first, the
+store closes last.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import trio
+
+from ..config import RunnerConfig
+from .facade import RETENTION_MS, Runner
+from .host import Host, StartupError, StateDirLock, check_database_present, probe_host
+from .tree import SUBSYSTEM_INTENSITY, SUBSYSTEM_PERIOD_S, open_runner
+
+__all__ = [
+    "Host", "RETENTION_MS", "Runner", "StartupError", "StateDirLock", "SUBSYSTEM_INTENSITY",
+    "SUBSYSTEM_PERIOD_S", "check_database_present", "open_runner", "probe_host", "serve_forever",
+]
+
+log = logging.getLogger("motor.runner")
+
+
+# -- serve -----------------------------------------------------------------------------------
+
+
+async def serve_forever(config: RunnerConfig) -> None:
+    """`motor serve`: run the tree with the API until SIGINT/SIGTERM."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with open_runner(config, api=True) as runner:
+            print(f"motor: listening on {config.socket_path}"
+                  + (f" and http://{config.listen}" if config.listen else ""),
+                  f"(state {config.state_path}, isolation {runner.host.backend.name},"
+                  f" max_weight {config.max_weight}, claim limit {runner.host.claim_limit})",
+                  flush=True)
+            async for signum in signals:
+                log.info("runner: %s, stopping (running jobs keep running)",
+                         signal.Signals(signum).name)
+                break

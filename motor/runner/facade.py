@@ -1,0 +1,291 @@
+"""The `Runner` facade: the embedding API over the supervisor tree (motor/runner/tree.py
+builds the tree and hands the facade its root)."""
+
+from __future__ import annotations
+
+import errno
+from typing import Any, AsyncIterator
+
+import trio
+
+import actors
+
+from ..accounting.actor import AdmissionRefused, Report, notify
+from ..lifecycle import RETENTION_MS, history_expired
+from ..config import RunnerConfig
+from ..cpu.actor import Snapshot
+from ..disk.actor import AdmitUpload, BeginUpload, CommitUpload, Listing, Sample, offload
+from ..disk.bundles import BundleError, valid_sha
+from ..records import (
+    CAPABILITIES, Event, JobRecord, JobRequest, Refusal, RefusedError, TERMINAL_STATES,
+    Truncated, decode_event, public_record,
+)
+from ..scheduling.actor import withdraw_answer
+from ..scheduling.messages import (
+    BundleArrived, CancelJob, Heartbeat, QueuedView, StatusView, Submit, Unfollowed, Withdraw,
+)
+from ..store.actor import ChangeHub
+from .host import Host
+
+
+
+class Runner:
+    """The embedding API: the same actors `serve` runs, called from Python."""
+
+    capabilities = CAPABILITIES
+
+    def __init__(self, config: RunnerConfig, root: actors.Supervisor, db, hub: ChangeHub,
+                 host: Host, clock):
+        self.config = config
+        self.root = root
+        self.db = db
+        self.hub = hub
+        self.host = host
+        self.clock = clock
+        #: ids of jobs a client follows now (the dispatcher reads it when it recovers)
+        self.followers: set[str] = set()
+
+    # -- refs -----------------------------------------------------------------------------
+
+    def actor(self, name: str) -> actors.ActorRef:
+        return self.root.ref(name).ref(name)
+
+    @property
+    def dispatcher(self) -> actors.ActorRef:
+        return self.actor("dispatcher")
+
+    # -- jobs -----------------------------------------------------------------------------
+
+    async def submit(self, req: JobRequest, *, follow: bool = False) -> JobRecord:
+        reply = await self.dispatcher.call(Submit(req, follow))
+        if isinstance(reply, Refusal):
+            raise RefusedError(reply)
+        return reply
+
+    async def get(self, job_id: str) -> JobRecord:
+        record = self.db.get(job_id)
+        if record is None:
+            raise RefusedError(self._missing(job_id))
+        if record.state == "queued":
+            live = await self.dispatcher.call(QueuedView(job_id))
+            if live is not None:
+                return live
+        return record
+
+    def _missing(self, job_id: str) -> Refusal:
+        if history_expired(job_id, self.clock.now_ms()):
+            return Refusal(code="history_expired",
+                           detail=f"job {job_id} is older than the 24 h retention")
+        return Refusal(code="not_found", detail=f"no job {job_id} on this runner")
+
+    async def jobs(self, *, all: bool = False) -> list[JobRecord]:
+        if all:
+            return self.db.listing(limit=10_000)
+        return self.db.listing(limit=200)
+
+    async def events(self, job_id: str, from_seq: int = 0) -> AsyncIterator[Event]:
+        """Replay stored events from `from_seq`, then follow until the terminal event.
+
+        While the job is queued, a `queued` heartbeat with the live queue_wait_ms and
+        waiting_on is yielded every heartbeat interval; heartbeats are not stored and
+        repeat the seq of the latest stored event.
+        """
+        record = self.db.get(job_id)
+        if record is None:
+            raise RefusedError(self._missing(job_id))
+        next_seq = max(from_seq, 0)
+        last_seq = 0
+        while True:
+            changed = self.hub.changed(job_id)
+            truncated = self.db.truncated_before(job_id)
+            if next_seq < truncated:  # those pages were evicted: say so, never skip silently
+                # The boundary comes first (seq just before what is replayed, so seqs stay
+                # ordered), then the lifecycle events that pages never evict, then the rest.
+                yield Truncated(seq=max(next_seq - 1, 0), truncated_before_seq=truncated)
+                kept = [decode_event(raw) for raw in
+                        self.db.events_from(job_id, next_seq, limit=truncated - next_seq)]
+                for event in (e for e in kept if e.seq < truncated):
+                    yield event
+                    last_seq = event.seq
+                    if event.__struct_config__.tag == "terminal":
+                        return
+                next_seq = truncated
+            rows = self.db.events_from(job_id, next_seq)
+            for raw in rows:
+                event = decode_event(raw)
+                yield event
+                next_seq = last_seq = event.seq
+                next_seq += 1
+                if event.__struct_config__.tag == "terminal":
+                    return
+            if rows:
+                continue
+            record = self.db.get(job_id)
+            if record is None:
+                raise RefusedError(self._missing(job_id))
+            if record.state in TERMINAL_STATES and not self.db.events_from(job_id, next_seq):
+                return
+            with trio.move_on_after(self.config.heartbeat_s):
+                await changed.wait()
+                continue
+            if record.state == "queued":
+                try:
+                    beat = await self.dispatcher.call(Heartbeat(job_id))
+                except actors.ActorDead:  # restarting: the next beat comes from its successor
+                    beat = None
+                if beat is not None:
+                    beat.seq = last_seq
+                    yield beat
+
+    async def follow(self, job_id: str) -> AsyncIterator[Event]:
+        """`events(job_id)` for the client that submitted the job and follows it.
+
+        While it follows, that client enforces the job's queue-wait budget (it withdraws
+        the job when its local deadline passes). If it goes away before the job ends, the
+        runner takes over enforcing the budget with the same rule.
+        """
+        ended = False
+        self.followers.add(job_id)
+        try:
+            async for event in self.events(job_id, 0):
+                if event.__struct_config__.tag == "terminal":
+                    ended = True
+                yield event
+        finally:
+            self.followers.discard(job_id)
+            if not ended:
+                with trio.CancelScope(shield=True):
+                    try:
+                        await self.dispatcher.cast(Unfollowed(job_id))
+                    except actors.ActorDead:
+                        pass
+
+    async def cancel(self, job_id: str) -> JobRecord:
+        await self.get(job_id)
+        await self.dispatcher.call(CancelJob(job_id))
+        return await self.get(job_id)
+
+    async def withdraw(self, job_id: str) -> str:
+        await self.get(job_id)
+        answer = await self.dispatcher.call(Withdraw(job_id))
+        if answer == "unknown":  # it ended meanwhile: answer what happened
+            answer = withdraw_answer(self.db.get(job_id))
+        if isinstance(answer, Refusal):
+            raise RefusedError(answer)  # already_ended, naming the state: never "withdrawn"
+        return answer
+
+    # -- reports --------------------------------------------------------------------------
+
+    async def status(self) -> dict:
+        view = await self.dispatcher.call(StatusView())
+        records = (self.db.get(job_id) for job_id in view.pop("active"))
+        view["running"] = [public_record(r) for r in records if r is not None]
+        return view
+
+    async def health(self) -> dict:
+        """The health report. `status` is "ok", or "degraded" with `degraded` listing each
+        subsystem in trouble and why: a write refused for lack of space, recent crashes
+        (restarts counted against its supervisor's budget), or a part that did not answer.
+        A part that does not answer is left out; the probe itself never fails for it."""
+        degraded: list[dict] = []
+
+        async def ask(name: str, msg, timeout: float = 10):
+            try:
+                return await self.actor(name).call(msg, timeout=timeout)
+            except Exception as exc:  # noqa: BLE001 - reported, never raised to the probe
+                degraded.append({"subsystem": name, "cause": f"did not answer: {exc!r}"})
+                return None
+
+        view = await ask("dispatcher", StatusView())
+        disk = await ask("disk", Sample())
+        cpus = await ask("cpu", Snapshot())
+        ledger = await ask("accounting", Report(self.clock.now_ms()))
+        if ledger is None:  # optional figures: a stuck accounting actor never fails a probe
+            ledger = {"admission_refusals": {}, "finished": {}, "underused": [],
+                      "repositories": {}, "queue_wait_hourly": [], "accounting_unavailable": True}
+        report: dict[str, Any] = {"isolation": self.host.backend.health()}
+        if view is not None:
+            report["capacity"] = view["capacity"]
+        if cpus is not None:
+            report["cpus"] = {"online": cpus["online"], "allowed": cpus["allowed"],
+                              "kept_back": cpus["kept_back"], "jobs": cpus["jobs"]}
+        if disk is not None:
+            report["disk"] = {"free_bytes": disk.free_bytes, "total_bytes": disk.total_bytes,
+                              "floor_bytes": self.config.floor_bytes(),
+                              "goal_bytes": self.config.goal_bytes()}
+        report.update(ledger)
+        degraded = self._supervision_troubles() + degraded
+        if self.db.full_error is not None:
+            degraded.insert(0, {"subsystem": "store", "cause": self.db.full_error})
+        report["status"] = "degraded" if degraded else "ok"
+        report["degraded"] = degraded
+        return report
+
+    def _supervision_troubles(self) -> list[dict]:
+        """Subsystems whose supervisor restarted a child within its window, or is down."""
+        out = []
+        for name in self.root.children():
+            try:
+                sup = self.root.ref(name)
+            except KeyError:
+                out.append({"subsystem": name, "cause": "not running"})
+                continue
+            if not isinstance(sup, actors.Supervisor):
+                continue
+            restarts = sup.restarts_in_window()
+            if not restarts:
+                continue
+            child, exc = sup.last_failure or (name, None)
+            out.append({
+                "subsystem": name, "restarts": restarts,
+                "cause": (f"{child} crashed: {exc!r}; restarted {restarts} time(s) in the last"
+                          f" {sup.period:g} s (more than {sup.intensity} stop the runner)")})
+        return out
+
+    async def workspaces(self) -> list[dict]:
+        """The workspace catalog: kind, root, cached sizes, idle time, why protected."""
+        return await self.actor("disk").call(Listing())
+
+    async def put_bundle(self, sha256: str, chunks: AsyncIterator[bytes]) -> dict:
+        """Store a source bundle streamed as `chunks`: refused with runner_disk_full before
+        the first chunk is read when below the floor; the digest is checked before the
+        bundle is renamed into place; a failed upload leaves nothing behind. Jobs awaiting
+        this bundle then join their queues."""
+        disk = self.actor("disk")
+        if not valid_sha(sha256):
+            raise RefusedError(Refusal(
+                code="bad_request",
+                detail="a bundle is named by the 64 lowercase hex digits of its sha256"))
+        refusal = await disk.call(AdmitUpload(sha256))
+        if refusal is not None:  # counted with the submit-time refusals in health
+            notify(self.actor("accounting"), AdmissionRefused(refusal.code))
+            raise RefusedError(refusal)
+        upload = await disk.call(BeginUpload(sha256))
+        try:
+            async for chunk in chunks:
+                if chunk:
+                    await offload(upload.write, chunk)
+            size = await disk.call(CommitUpload(upload))
+        except BundleError as exc:
+            raise RefusedError(Refusal(code="bad_request", detail=str(exc))) from None
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            upload.abort()
+            sample = await disk.call(Sample())
+            notify(self.actor("accounting"), AdmissionRefused("runner_disk_full"))
+            raise RefusedError(Refusal(
+                code="runner_disk_full", detail="the state filesystem filled up during the upload",
+                free_bytes=sample.free_bytes, floor_bytes=self.config.floor_bytes())) from None
+        finally:
+            upload.abort()
+        await self.dispatcher.cast(BundleArrived(sha256))
+        return {"sha256": sha256, "size": size, "stored": True}
+
+    async def metrics_text(self) -> bytes:
+        """`GET /metrics`: the health figures in Prometheus text format (a registry per runner)."""
+        if getattr(self, "_metrics", None) is None:
+            from ..accounting.metrics import Metrics
+
+            self._metrics = Metrics()
+        return self._metrics.render(await self.health())

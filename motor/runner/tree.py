@@ -1,0 +1,192 @@
+"""The runner's supervisor tree: start-up in order (state dir, lock, host probe, store,
+sweep, spawner), the subsystems' child specs and how each finds its siblings, and the
+orderly stop. The tree's shape is drawn in motor/runner/__init__.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import AsyncIterator
+
+import trio
+
+import actors
+
+from .. import faults
+from ..accounting.actor import AccountingActor
+from ..clock import WallClock
+from ..config import RunnerConfig, parse_size
+from ..cpu.actor import CpuActor
+from ..disk.actor import DiskActor
+from ..execution.actor import JobDeps
+from ..execution.spawner import open_spawner
+from ..maintenance import Maintenance
+from ..memory.host import read_ceiling
+from ..records import CAPABILITIES
+from ..scheduling.actor import DispatchDeps, Dispatcher
+from ..store.actor import ChangeHub, StoreActor, open_database
+from ..store.db import StoreError
+from ..store.files import private_umask
+from .facade import Runner
+from .host import (
+    Host, StartupError, StateDirLock, _make_dir, _state_dir_problem, check_database_present,
+    probe_host,
+)
+
+
+#: a subsystem's supervisor restarts its actor up to this many times in this many seconds,
+#: then gives up, which stops the runner (exit status 3)
+SUBSYSTEM_INTENSITY, SUBSYSTEM_PERIOD_S = 5, 10.0
+
+def _crashing(factory):
+    def make():
+        actor = factory()
+
+        async def handle(msg):
+            raise faults.FaultInjected(f"{actor.name}: injected crash on {type(msg).__name__}")
+
+        actor.handle = handle
+        return actor
+
+    return make
+
+
+def _single(name: str, factory) -> actors.ChildSpec:
+    """A subsystem: its own supervisor with its actor as the only child."""
+    if faults.crashes(name):
+        factory = _crashing(factory)
+    return actors.ChildSpec(name=name, factory=lambda: actors.Supervisor(
+        name, [actors.ChildSpec(name=name, factory=factory)], strategy="one_for_one",
+        intensity=SUBSYSTEM_INTENSITY, period=SUBSYSTEM_PERIOD_S))
+
+
+@asynccontextmanager
+async def open_runner(config: RunnerConfig, *, api: bool = False) -> AsyncIterator[Runner]:
+    """Start the runner's supervisor tree; stop it in order on exit."""
+    config.validate()
+    with private_umask():  # before anything is created: state files are 0600, dirs 0700
+        async with _open_runner(config, api=api) as runner:
+            yield runner
+
+
+@asynccontextmanager
+async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runner]:
+    state = config.state_path
+    jobs_dir = state / "jobs"
+    roots = config.workspace_roots
+    for path in (state, jobs_dir, *roots):
+        _make_dir(path, state)
+    lock = StateDirLock(state)
+    try:
+        lock.acquire()
+    except OSError as exc:
+        raise StartupError(_state_dir_problem(state, lock.path, exc)) from None
+    try:
+        check_database_present(state / "motor.db", jobs_dir)
+        host = probe_host(config)
+        if api:
+            from ..api.server import SocketInUse, claim_socket_path
+
+            try:
+                await claim_socket_path(config.socket_path)
+            except SocketInUse as exc:
+                raise StartupError(str(exc)) from None
+        try:
+            db = open_database(state, max_output_bytes=parse_size(config.max_output_bytes_per_job))
+        except StoreError as exc:
+            raise StartupError(str(exc)) from None
+        clock = config.clock or WallClock()
+        hub = ChangeHub()
+        await _sweep_leftover_groups(host.backend, db, jobs_dir)
+        try:
+            async with open_spawner(clock=clock) as spawner:
+                tree = _Tree()
+                job_deps = JobDeps(
+                    config=config, db=db, store=None, dispatcher=None, cpu=None,
+                    accounting=None, spawner=spawner, backend=host.backend, clock=clock,
+                    jobs_dir=jobs_dir, workspace_root=roots[0])
+                children = _children(config, host, db, hub, job_deps, tree, api)
+                # A subsystem whose supervisor gives up takes the runner down (the
+                # service manager restarts it): never limp on with a dead subsystem.
+                root = actors.Supervisor("runner", children, strategy="one_for_one",
+                                         intensity=0, period=30.0)
+                tree.root = root
+                tree.runner = runner = Runner(config, root, db, hub, host, clock)
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(root.run)
+                    try:
+                        yield runner
+                    finally:
+                        root.shutdown()
+        finally:
+            db.close()
+    finally:
+        lock.release()
+
+
+async def _sweep_leftover_groups(backend, db, jobs_dir: Path) -> None:
+    """Before any job is adopted: remove the isolation groups/units of this state dir's jobs
+    that the store does not know as setting up or running; another runner's on a shared
+    parent are left alone (docs/isolation.md, "Start-up sweep")."""
+    known = {r.job_id for r in db.live() if r.state in ("setup", "running")}
+    owned = {p.name for p in jobs_dir.iterdir() if p.is_dir()}  # this state dir's jobs
+    for line in await trio.to_thread.run_sync(backend.sweep, known, owned):
+        logging.getLogger("motor.isolation").warning("start-up sweep: %s", line)
+
+
+class _Tree:
+    """Lets children's factories find their siblings' refs once the root exists."""
+
+    root: actors.Supervisor
+    runner: "Runner"
+
+
+def _children(config, host: Host, db, hub, job_deps: JobDeps, tree: _Tree, api: bool):
+    def recorded_cpus():
+        return {r.job_id: r.cpus for r in db.live() if r.state in ("setup", "running") and r.cpus}
+
+    def dispatcher():
+        root = tree.root
+        job_deps.store = root.ref("store").ref("store")
+        job_deps.cpu = root.ref("cpu").ref("cpu")
+        job_deps.accounting = root.ref("accounting").ref("accounting")
+        job_deps.disk = root.ref("disk").ref("disk")
+        return Dispatcher(DispatchDeps(
+            job=job_deps, execution=root.ref("execution"),
+            disk=root.ref("disk").ref("disk"), claim_limit=host.claim_limit,
+            capabilities=CAPABILITIES, ceiling=host.ceiling, followers=tree.runner.followers))
+
+    def read_memory_ceiling():
+        host.ceiling = read_ceiling(config.capacity_file, host.slice_limit, host.ceiling)
+        return host.ceiling
+
+    specs = [
+        _single("store", lambda: StoreActor(db, hub)),
+        _single("cpu", lambda: CpuActor(host.topology, host.allowed, host.kept_back, recorded_cpus,
+                                        windows_cpus=host.windows,
+                                        windows_slot_lock=config.windows_slot_lock)),
+        _single("disk", lambda: DiskActor(
+            config.state_path, config.floor_bytes(), config.goal_bytes(),
+            workspace_roots=config.workspace_roots, caller_roots=config.caller_roots,
+            cap_bytes=parse_size(config.build_folder_cap_bytes), clock=job_deps.clock,
+            live_jobs=db.live, compile_cache=config.compile_cache,
+            job_recorded=lambda job_id: db.get(job_id) is not None)),
+        _single("accounting", lambda: AccountingActor(db, job_deps.clock)),
+        actors.ChildSpec(name="execution", factory=lambda: actors.Supervisor(
+            "execution", [], strategy="one_for_one", intensity=50, period=10.0)),
+        _single("dispatcher", dispatcher),
+        _single("maintenance", lambda: Maintenance(
+            store=tree.root.ref("store").ref("store"), clock=job_deps.clock,
+            jobs_dir=job_deps.jobs_dir, read_ceiling=read_memory_ceiling,
+            interval_s=config.maintenance_interval_s, offload=job_deps.clock.offload,
+            disk=lambda: tree.root.ref("disk").ref("disk"),
+            dispatcher=lambda: tree.root.ref("dispatcher").ref("dispatcher"),
+            ceiling=host.ceiling)),
+    ]
+    if api:
+        from ..api.actor import ApiActor
+
+        specs.append(_single("api", lambda: ApiActor(tree)))
+    return specs
