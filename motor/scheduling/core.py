@@ -382,6 +382,7 @@ class Scheduler:
         self._due: list[tuple] = []  # sorted [(budget due time, enrolment, job_id)]
         self._breakpoints: list[tuple[float, str]] = []  # heap [(time, head job_id)], lazy
         self._dirty: set[str] = set()  # workspaces changed since the last clock pass
+        self._fresh: list[_Job] = []  # jobs that joined a queue since the last clock pass
         self._t = -math.inf
 
     # --- admission ------------------------------------------------------------------
@@ -464,7 +465,7 @@ class Scheduler:
             self._file_head(ws)
         if job.spec.runner_enforces_budget:
             self._enrol(job)
-        self._dirty.add(ws)
+        self._fresh.append(job)
         self._tell(job, now, "ready: joined the queue of workspace "
                    f"{ws} at position {len(dq)}"
                    + (f", resuming at {waited_s:.3f}s waited, ready {ready_age_s:.3f}s ago"
@@ -1019,8 +1020,9 @@ class Scheduler:
 
         Only a job whose own workspace is *occupied* (owned, or used as a sibling, by an
         active job) can have such a blocker, so every queued job elsewhere advances.  The
-        pass therefore (1) starts the clocks of the jobs in workspaces changed since the
-        last pass that are not occupied, and (2) re-decides the jobs queued in occupied
+        pass therefore (1) starts the clocks of the jobs that joined a queue since the last
+        pass, and of the jobs in workspaces freed or changed since then, unless the
+        workspace is occupied, and (2) re-decides the jobs queued in occupied
         workspaces (few: at most the touched sets of the active jobs), walking the heads
         for the fence only when one of them could pause.
         """
@@ -1036,6 +1038,13 @@ class Scheduler:
                         if job.clock_since is None:
                             self._set_clock(job, now, True)
             self._dirty.clear()
+        if self._fresh:
+            for job in self._fresh:
+                if job.state == "queued" and job.clock_since is None \
+                        and job.spec.workspace not in self._owner \
+                        and job.spec.workspace not in self._sib_user:
+                    self._set_clock(job, now, True)
+            self._fresh.clear()
         occupied = [(ws, h) for table in (self._owner, self._sib_user)
                     for ws, h in table.items() if ws in self._queues]
         if not occupied:
@@ -1060,9 +1069,10 @@ class Scheduler:
                 if pausable and now >= job.retry_at and job.claim <= room:
                     if not walked:
                         _, fence = self._walk(now, need_fence=True)
+                        fence_key = None if fence is None else self._order_key(fence, now)
                         walked = True
                     if fence is None or fence is job or \
-                            not self._order_key(fence, now) < self._order_key(job, now):
+                            not fence_key < self._order_key(job, now):
                         advancing = False
                 self._set_clock(job, now, advancing)
 
