@@ -56,7 +56,8 @@ from .records import (
 )
 from .scheduling.actor import DispatchDeps, Dispatcher, withdraw_answer
 from .scheduling.messages import (
-    BundleArrived, CancelJob, Heartbeat, QueuedView, StatusView, Submit, Unfollowed, Withdraw,
+    BundleArrived, CancelJob, CapacityView, Heartbeat, QueuedView, StatusView, Submit, Unfollowed,
+    Withdraw,
 )
 from .store.actor import ChangeHub, StoreActor, open_database
 from .store.db import StoreError
@@ -310,7 +311,7 @@ class Runner:
         return view
 
     async def health(self) -> dict:
-        view = await self.dispatcher.call(StatusView())
+        capacity = await self.dispatcher.call(CapacityView())  # O(1): no per-job view
         disk = await self.actor("disk").call(Sample())
         cpus = await self.actor("cpu").call(Snapshot())
         try:  # accounting figures are optional: a stuck accounting actor never stalls a probe
@@ -320,7 +321,7 @@ class Runner:
                       "repositories": {}, "queue_wait_hourly": [], "accounting_unavailable": True}
         report = {
             "isolation": self.host.backend.health(),
-            "capacity": view["capacity"],
+            "capacity": capacity,
             "cpus": {"online": cpus["online"], "allowed": cpus["allowed"],
                      "kept_back": cpus["kept_back"], "jobs": cpus["jobs"]},
             "disk": {"free_bytes": disk.free_bytes, "total_bytes": disk.total_bytes,

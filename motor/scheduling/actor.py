@@ -41,7 +41,7 @@ from ..records import (
 from ..store.actor import Save
 from .core import JobSpec, Scheduler, claim_for, gate_honoured, queue_wait_budget_s
 from .messages import (
-    BundleArrived, CancelJob, CeilingChanged, Finished, Heartbeat, QueuedView, SetupDone, StartFailed, StatusView, Submit, Tick,
+    BundleArrived, CancelJob, CapacityView, CeilingChanged, Finished, Heartbeat, QueuedView, SetupDone, StartFailed, StatusView, Submit, Tick,
     Unfollowed, Withdraw,
 )
 
@@ -188,6 +188,8 @@ class Dispatcher(actors.Actor):
                 self._clock_saved.pop(msg.job_id, None)  # persist the new enforcer
         elif isinstance(msg, StatusView):
             reply = self._status(now)
+        elif isinstance(msg, CapacityView):
+            reply = self._capacity()
         elif isinstance(msg, Tick):
             await self._start_heads()  # a head that can start now starts before its budget ends
             for job_id in self.core.expired(now):
@@ -196,7 +198,7 @@ class Dispatcher(actors.Actor):
             self._dispatch_pending = False
         else:
             raise TypeError(f"dispatcher: unknown message {msg!r}")
-        if isinstance(msg, (QueuedView, Heartbeat, StatusView)):
+        if isinstance(msg, (QueuedView, Heartbeat, StatusView, CapacityView)):
             return reply  # read-only: nothing to decide
         if isinstance(msg, Submit):
             # Answer the submitter first; the start decision follows as the next message.
@@ -403,18 +405,21 @@ class Dispatcher(actors.Actor):
         return msgspec.structs.replace(record, **self._wait_fields(record.job_id, now))
 
     def _status(self, now: float) -> dict:
-        stats = self.core.statistics()
         return {
             "queued": [public_record(self._live_view(r, now)) for r in self.queued.values()],
             "active": sorted(self.active),
-            "capacity": {
-                "max_weight": self.deps.job.config.max_weight,
-                "claim_limit": self.deps.claim_limit,
-                "held_permits": stats.held_permits,
-                "setup_permits": stats.setup_permits,
-                "max_queue_depth": self.deps.job.config.max_queue_depth,
-                "pending_jobs": stats.pending,
-            },
+            "capacity": self._capacity(),
+        }
+
+    def _capacity(self) -> dict:
+        stats = self.core.statistics()
+        return {
+            "max_weight": self.deps.job.config.max_weight,
+            "claim_limit": self.deps.claim_limit,
+            "held_permits": stats.held_permits,
+            "setup_permits": stats.setup_permits,
+            "max_queue_depth": self.deps.job.config.max_queue_depth,
+            "pending_jobs": stats.pending,
         }
 
     def _job_ref(self, job_id: str):
