@@ -97,6 +97,9 @@ class Dispatcher(actors.Actor):
         self._wakeup = math.inf
         #: {job_id: queue_clock_running} as last persisted for each queued job
         self._clock_saved: dict[str, bool] = {}
+        #: queued jobs whose clock may differ from what was persisted (the core reports
+        #: clock changes; an enforcer change or a requeue adds the job here)
+        self._clock_check: set[str] = set()
 
     # -- life ---------------------------------------------------------------------------
 
@@ -186,6 +189,7 @@ class Dispatcher(actors.Actor):
                 self.queued[msg.job_id] = msgspec.structs.replace(
                     self.queued[msg.job_id], budget_enforced_by="runner")
                 self._clock_saved.pop(msg.job_id, None)  # persist the new enforcer
+                self._clock_check.add(msg.job_id)
         elif isinstance(msg, StatusView):
             reply = self._status(now)
         elif isinstance(msg, CapacityView):
@@ -304,6 +308,7 @@ class Dispatcher(actors.Actor):
         record = msgspec.structs.replace(record, state="queued", cpus=None, detail=msg.detail)
         self.queued[msg.job_id] = record
         self._clock_saved.pop(msg.job_id, None)  # its clock resumes: persist that
+        self._clock_check.add(msg.job_id)
         await self.deps.job.store.call(Save(record=record, events=[
             Queued(**self._wait_fields(msg.job_id, now),
                    queue_wait_budget_ms=int(self._budget_s(msg.job_id) * 1000))]))
@@ -372,13 +377,18 @@ class Dispatcher(actors.Actor):
         """Persist each queued job's clock when it changes course (starts, pauses, resumes)
         or its enforcer changes: its value then, the wall time, whether it advances, and
         when the job became ready.  Between such changes the clock is linear in time, so
-        that is enough for a restart to resume it (and the 60 s aging) exactly."""
+        that is enough for a restart to resume it (and the 60 s aging) exactly.  Only the
+        jobs whose clock changed since the last call are looked at (the core reports them)."""
         wall = None
-        for job_id, record in list(self.queued.items()):
-            if self.core.job_state(job_id) != "queued":
-                continue  # still awaiting its bundles: no clock yet
+        self._clock_check |= self.core.take_clock_changes(now)
+        for job_id in list(self._clock_check):
+            record = self.queued.get(job_id)
+            if record is None or self.core.job_state(job_id) != "queued":
+                self._clock_check.discard(job_id)
+                continue  # ended, started, or still awaiting its bundles: no clock yet
             waited_s, running, age_s = self.core.clock_state(job_id, now)
             if self._clock_saved.get(job_id) is running:
+                self._clock_check.discard(job_id)
                 continue
             wall = self.deps.job.clock.now_ms() if wall is None else wall
             record = msgspec.structs.replace(
@@ -389,6 +399,7 @@ class Dispatcher(actors.Actor):
             await self.deps.job.store.call(Save(record=record))
             self.queued[job_id] = record
             self._clock_saved[job_id] = running
+            self._clock_check.discard(job_id)
 
     # -- views ---------------------------------------------------------------------------
 

@@ -383,6 +383,7 @@ class Scheduler:
         self._breakpoints: list[tuple[float, str]] = []  # heap [(time, head job_id)], lazy
         self._dirty: set[str] = set()  # workspaces changed since the last clock pass
         self._fresh: list[_Job] = []  # jobs that joined a queue since the last clock pass
+        self._clock_changed: set[str] = set()  # for take_clock_changes()
         self._t = -math.inf
 
     # --- admission ------------------------------------------------------------------
@@ -466,6 +467,7 @@ class Scheduler:
         if job.spec.runner_enforces_budget:
             self._enrol(job)
         self._fresh.append(job)
+        self._clock_changed.add(job_id)
         self._tell(job, now, "ready: joined the queue of workspace "
                    f"{ws} at position {len(dq)}"
                    + (f", resuming at {waited_s:.3f}s waited, ready {ready_age_s:.3f}s ago"
@@ -560,6 +562,7 @@ class Scheduler:
         self._file_head(ws)
         if job.spec.runner_enforces_budget:
             self._enrol(job)
+        self._clock_changed.add(job_id)
         self._tell(job, now, f"start failed (#{job.failures}): requeued at its place, "
                    f"retry in {delay:g}s" + (", cleanup pending" if cleanup_pending else ""))
         self._reclassify(now)
@@ -644,6 +647,15 @@ class Scheduler:
         now = self._refresh(now)
         age = 0.0 if math.isnan(job.ready_at) else max(0.0, now - job.ready_at)
         return job.queue_wait_s(now), job.clock_since is not None, age
+
+    def take_clock_changes(self, now: float) -> set[str]:
+        """Ids of the jobs that joined a queue, or whose queue-wait clock started, paused or
+        resumed, since the previous call (as of ``now``); the dispatcher persists the clocks
+        of exactly these instead of looking at every queued job after every message.  Ids
+        may since have left the queue."""
+        self._refresh(now)
+        changed, self._clock_changed = self._clock_changed, set()
+        return changed
 
     def job_state(self, job_id: str) -> str | None:
         """"awaiting_bundles" | "queued" | "setting_up" | "running", or None when not live."""
@@ -730,6 +742,7 @@ class Scheduler:
     def _forget(self, job: _Job, now: float, outcome: str) -> None:
         self._tell(job, now, outcome)
         del self._jobs[job.job_id]
+        self._clock_changed.discard(job.job_id)
         self._ended[job.job_id] = (outcome, list(job.story))
         while len(self._ended) > ENDED_MEMORY:
             self._ended.popitem(last=False)
@@ -1006,6 +1019,7 @@ class Scheduler:
             self._start_clock(job, now)
         else:
             self._stop_clock(job, now)
+        self._clock_changed.add(job.job_id)
         self._tell(job, now, ("clock advancing" if advancing else "clock paused")
                    + f" at {job.queue_wait_s(now):.3f}s")
 

@@ -57,6 +57,7 @@ class Differential(RuleBasedStateMachine):
         self.counter = 0
         self.ids: list[str] = []  # every id ever accepted (live, ended or refused)
         self.steps: list[str] = []
+        self.clock_seen: dict[str, bool] = {}  # queued job -> advancing, at the last take
 
     # --- helpers ---------------------------------------------------------------------
 
@@ -213,6 +214,20 @@ class Differential(RuleBasedStateMachine):
             self.both("budget_s", job_id)
             if state == "queued":
                 self.both("clock_state", job_id, self.now)
+
+    @invariant()
+    def clock_changes_cover_every_change(self):
+        """take_clock_changes() (incremental core only: what the dispatcher persists) names
+        every queued job that is new or whose clock changed course since the last take."""
+        changed = self.new.take_clock_changes(self.now)
+        seen, self.clock_seen = self.clock_seen, {}
+        for job_id in self.ids:
+            if self.ref.job_state(job_id) != "queued":
+                continue
+            advancing = self.ref.clock_state(job_id, self.now)[1]
+            if seen.get(job_id) is not advancing:
+                assert job_id in changed, self.explain(f"{job_id} changed, not reported")
+            self.clock_seen[job_id] = advancing
 
 
 TestDifferential = Differential.TestCase
