@@ -45,7 +45,14 @@ State fields of `Scheduler`
 ``_held``            sum of claims of active jobs (running + setting up).
 ``_setup_held``      sum of claims of setting-up jobs.
 ``_n_awaiting``, ``_n_queued``, ``_n_setting_up``, ``_n_running``   counters.
-``_enforced``        ids of queued jobs with ``runner_enforces_budget`` (for `expired`).
+``_rot_claims``, ``_bg_claims``   claim -> count of ordinary / background heads (walk cut-offs).
+``_enforced``        queued jobs with ``runner_enforces_budget`` -> enrolment order (`expired`).
+``_due``             sorted [(time the budget runs out, enrolment, job_id)] of enforced jobs
+                     whose clock advances (or -inf: paused and already run out).
+``_breakpoints``     heap [(time, job_id)]: heads' aging points and retry ends (lazy deletion).
+``_dirty``, ``_fresh``   workspaces freed/changed, jobs that joined a queue, since the last
+                     clock pass (`_reclassify`).
+``_clock_changed``   ids whose clock changed course since `take_clock_changes`.
 ``_t``               the latest time the core has been told about; clocks are settled to it.
 
 Invariants (checked by tests/scheduling/test_state_machine.py)
@@ -81,9 +88,15 @@ their workspace; background heads oldest first -- and for each head:
 clock advances, and its budget applies.
 
 The walk touches only heads (never every queued job of every workspace) and stops at the
-first fence.  Queue-wait clock bookkeeping is a separate pass (`_reclassify`) over queued
-jobs; it is needed because a pause/advance decision depends on held permits, which any
-event changes.
+first fence.  Queue-wait clock bookkeeping is a separate pass (`_reclassify`): only a job
+whose own workspace is occupied by an active job can have its clock paused, so the pass
+re-decides the jobs queued in occupied workspaces and starts the clocks of jobs that joined
+a queue or whose workspace was freed; everything else keeps advancing untouched.
+
+This core is incremental (issue 14); motor/scheduling/reference.py keeps the previous
+straightforward core (a pass over every queued job per event) and
+tests/scheduling/test_differential.py proves both give the same answers.  See "How the
+core stays incremental" in docs/scheduling.md.
 """
 
 from __future__ import annotations
