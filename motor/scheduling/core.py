@@ -333,6 +333,9 @@ class _Job:
         return self.clock_acc + max(0.0, now - self.clock_since)
 
 
+_UNWALKED = object()  # no fence was looked for
+
+
 def _sorted_remove(lst: list, key) -> None:
     i = bisect.bisect_left(lst, key)
     assert lst[i] == key
@@ -397,6 +400,9 @@ class Scheduler:
         self._dirty: set[str] = set()  # workspaces changed since the last clock pass
         self._fresh: list[_Job] = []  # jobs that joined a queue since the last clock pass
         self._clock_changed: set[str] = set()  # for take_clock_changes()
+        #: occupied workspace -> (holder, head, room, claims behind the head, fence) at its
+        #: last full clock pass (see `_reclassify`)
+        self._occupied_seen: dict[str, tuple] = {}
         self._t = -math.inf
 
     # --- admission ------------------------------------------------------------------
@@ -1053,9 +1059,11 @@ class Scheduler:
         workspaces (few: at most the touched sets of the active jobs), walking the heads
         for the fence only when one of them could pause.
         """
+        cache = self._occupied_seen
         if self._dirty:
             owner, sib_user = self._owner, self._sib_user
             for ws in self._dirty:
+                cache.pop(ws, None)
                 if ws in owner or ws in sib_user:
                     continue
                 dq = self._queues.get(ws)
@@ -1067,6 +1075,7 @@ class Scheduler:
             self._dirty.clear()
         if self._fresh:
             for job in self._fresh:
+                cache.pop(job.spec.workspace, None)
                 if job.state == "queued" and job.clock_since is None \
                         and job.spec.workspace not in self._owner \
                         and job.spec.workspace not in self._sib_user:
@@ -1077,31 +1086,65 @@ class Scheduler:
         if not occupied:
             return
         walked = False
-        fence = None
+        fence = fence_key = None
+
+        def pauses(job: _Job, room: int) -> bool:
+            """A pausable job: does its clock pause (fits once its holder frees, not in a
+            retry delay, no fence ahead of it)?"""
+            nonlocal walked, fence, fence_key
+            if not (now >= job.retry_at and job.claim <= room):
+                return False
+            if not walked:
+                _, fence = self._walk(now, need_fence=True)
+                fence_key = None if fence is None else self._order_key(fence, now)
+                walked = True
+            return fence is None or fence is job or not fence_key < self._order_key(job, now)
+
         for ws, holder in occupied:
             dq = self._queues[ws]
             room = self.max_weight - (self._held - self._jobs[holder].claim)
-            for i, job_id in enumerate(dq):
-                job = self._jobs[job_id]
-                advancing = True
-                pausable = True
-                if i == 0:
-                    if job.cleanup_pending:
+            head = self._jobs[dq[0]]
+            pausable = not head.cleanup_pending
+            if pausable:
+                for w in head.touched[1:]:
+                    if w in self._owner or w in self._sib_user:
                         pausable = False
-                    else:
-                        for w in job.touched[1:]:
-                            if w in self._owner or w in self._sib_user:
-                                pausable = False
-                                break
-                if pausable and now >= job.retry_at and job.claim <= room:
+                        break
+            self._set_clock(head, now, not (pausable and pauses(head, room)))
+            if len(dq) == 1:
+                continue
+            # The jobs behind the head all pause or not by (their claim <= room, the fence):
+            # whether a job is behind a given fence does not change with time (a job that
+            # has not aged is behind an aged fence either way).  So when the holder, the
+            # head, the fence and the claims' side of room are what they were at this
+            # workspace's last pass, and its queue has not changed, nothing behind the head
+            # can change: skip them.
+            seen = cache.get(ws)
+            if seen is not None:
+                s_holder, s_head, s_room, s_claims, s_fence = seen
+                lo, hi = min(s_room, room), max(s_room, room)
+                if s_holder == holder and s_head == dq[0] and \
+                        not any(lo < c <= hi for c in s_claims):
+                    if not any(c <= room for c in s_claims):
+                        continue  # none of them fits: all advance, as they did
                     if not walked:
                         _, fence = self._walk(now, need_fence=True)
                         fence_key = None if fence is None else self._order_key(fence, now)
                         walked = True
-                    if fence is None or fence is job or \
-                            not fence_key < self._order_key(job, now):
-                        advancing = False
-                self._set_clock(job, now, advancing)
+                    if fence is s_fence:
+                        continue
+            claims = set()
+            cacheable = True
+            for i in range(1, len(dq)):
+                job = self._jobs[dq[i]]
+                claims.add(job.claim)
+                if job.retry_at > now:
+                    cacheable = False  # (never seen: only a head is in a retry delay)
+                self._set_clock(job, now, not pauses(job, room))
+            if cacheable:
+                cache[ws] = (holder, dq[0], room, claims, fence if walked else _UNWALKED)
+            else:
+                cache.pop(ws, None)
 
     def _next_breakpoint(self) -> float | None:
         """Earliest time > the core's time at which a head ages (60 s) or leaves its retry
