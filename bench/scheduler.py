@@ -1,6 +1,7 @@
 """The pure scheduler at scale: the reference core (before) against the incremental core (after).
 
 Run: python bench/scheduler.py [--sizes 1000,10000] [--rounds 21] [--only core|reference]
+                              [--workspaces 2000]
 
 Setup per size N: max_weight 8, N jobs queued over 2,000 workspaces (job i in workspace
 i % 2000, claim 2, every tenth a warm_build, every fiftieth with a sibling workspace, half
@@ -121,14 +122,22 @@ def bench(mod, n: int, rounds: int) -> dict[str, float]:
     return out
 
 
+def WORKSPACES_SET(n: int) -> None:  # noqa: N802
+    global WORKSPACES
+    WORKSPACES = n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="1000,10000")
     ap.add_argument("--rounds", type=int, default=21)
     ap.add_argument("--only", choices=["core", "reference"])
+    ap.add_argument("--workspaces", type=int, default=WORKSPACES,
+                    help="spread the jobs over this many workspaces (1: one deep queue)")
     args = ap.parse_args()
+    WORKSPACES_SET(args.workspaces)
     load = os.getloadavg()
-    print(f"bench/scheduler.py: max_weight {MAX_WEIGHT}, {WORKSPACES} workspaces, "
+    print(f"bench/scheduler.py: max_weight {MAX_WEIGHT}, {args.workspaces} workspaces, "
           f"median of {args.rounds} rounds; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     mods = [("reference (before)", reference), ("core (after)", core)]
     if args.only:

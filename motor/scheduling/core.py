@@ -1073,9 +1073,11 @@ class Scheduler:
                         if job.clock_since is None:
                             self._set_clock(job, now, True)
             self._dirty.clear()
+        fresh_in: dict[str, list[_Job]] = {}  # occupied workspace -> jobs that joined it
         if self._fresh:
             for job in self._fresh:
-                cache.pop(job.spec.workspace, None)
+                if job.state == "queued":
+                    fresh_in.setdefault(job.spec.workspace, []).append(job)
                 if job.state == "queued" and job.clock_since is None \
                         and job.spec.workspace not in self._owner \
                         and job.spec.workspace not in self._sib_user:
@@ -1125,13 +1127,23 @@ class Scheduler:
                 lo, hi = min(s_room, room), max(s_room, room)
                 if s_holder == holder and s_head == dq[0] and \
                         not any(lo < c <= hi for c in s_claims):
-                    if not any(c <= room for c in s_claims):
-                        continue  # none of them fits: all advance, as they did
-                    if not walked:
-                        _, fence = self._walk(now, need_fence=True)
-                        fence_key = None if fence is None else self._order_key(fence, now)
-                        walked = True
-                    if fence is s_fence:
+                    same = not any(c <= room for c in s_claims)  # all advance, as they did
+                    if not same:
+                        if not walked:
+                            _, fence = self._walk(now, need_fence=True)
+                            fence_key = None if fence is None else self._order_key(fence, now)
+                            walked = True
+                        same = fence is s_fence
+                    if same:
+                        # Jobs that joined the tail since: decided alone (a job joining
+                        # changes no other job's answer); the record now covers them too.
+                        joined = [j for j in fresh_in.get(ws, ()) if j is not head]
+                        if joined:
+                            for job in joined:
+                                self._set_clock(job, now, not pauses(job, room))
+                            cache[ws] = (holder, dq[0], room,
+                                         s_claims | {j.claim for j in joined},
+                                         fence if walked else s_fence)
                         continue
             claims = set()
             cacheable = True
