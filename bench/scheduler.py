@@ -15,7 +15,7 @@ Printed: the median of the rounds, per call.  Then, once per size:
   finished() after the heads pass 60 s  (time jumps 61 s: every head ages on the way),
   status view  wait_status() + clock_state() of every queued job (what GET /v1/status does),
   recovery     a fresh core re-admitting N queued jobs (accept(force) + ready(waited, age))
-               and adopting the 4 running ones, as the dispatcher does after a restart.
+               and adopting the running ones, as the dispatcher does after a restart.
 Single-shot rows say "1 run".  Times are wall-clock (time.perf_counter); the machine is
 shared, so read them as orders of magnitude.
 """
