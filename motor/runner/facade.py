@@ -22,7 +22,8 @@ from ..records import (
 )
 from ..scheduling.actor import withdraw_answer
 from ..scheduling.messages import (
-    BundleArrived, CancelJob, Heartbeat, QueuedView, StatusView, Submit, Unfollowed, Withdraw,
+    BundleArrived, CancelJob, CapacityView, Heartbeat, QueuedView, StatusView, Submit, Unfollowed,
+    Withdraw,
 )
 from ..store.actor import ChangeHub
 from .host import Host
@@ -196,7 +197,7 @@ class Runner:
                 degraded.append({"subsystem": name, "cause": f"did not answer: {exc!r}"})
                 return None
 
-        view = await ask("dispatcher", StatusView())
+        capacity = await ask("dispatcher", CapacityView())  # O(1): no per-job view
         disk = await ask("disk", Sample())
         cpus = await ask("cpu", Snapshot())
         ledger = await ask("accounting", Report(self.clock.now_ms()))
@@ -204,8 +205,8 @@ class Runner:
             ledger = {"admission_refusals": {}, "finished": {}, "underused": [],
                       "repositories": {}, "queue_wait_hourly": [], "accounting_unavailable": True}
         report: dict[str, Any] = {"isolation": self.host.backend.health()}
-        if view is not None:
-            report["capacity"] = view["capacity"]
+        if capacity is not None:
+            report["capacity"] = capacity
         if cpus is not None:
             report["cpus"] = {"online": cpus["online"], "allowed": cpus["allowed"],
                               "kept_back": cpus["kept_back"], "jobs": cpus["jobs"]}

@@ -44,7 +44,7 @@ from ..store.actor import Save
 from ..store.db import StoreFull
 from .core import JobSpec, Scheduler, claim_for, gate_honoured, queue_wait_budget_s
 from .messages import (
-    BundleArrived, CancelJob, CeilingChanged, Finished, Heartbeat, QueuedView, SetupDone, StartFailed, StatusView, Submit, Tick,
+    BundleArrived, CancelJob, CapacityView, CeilingChanged, Finished, Heartbeat, QueuedView, SetupDone, StartFailed, StatusView, Submit, Tick,
     Unfollowed, Withdraw,
 )
 
@@ -127,6 +127,9 @@ class Dispatcher(actors.Actor):
         #: retried every STORE_FULL_RETRY_S; a later save of the same job supersedes it
         self._unsaved: dict[str, Save] = {}
         self._flush_armed = False
+        #: queued jobs whose clock may differ from what was persisted (the core reports
+        #: clock changes; an enforcer change or a requeue adds the job here)
+        self._clock_check: set[str] = set()
 
     # -- life ---------------------------------------------------------------------------
 
@@ -216,8 +219,11 @@ class Dispatcher(actors.Actor):
                 self.queued[msg.job_id] = msgspec.structs.replace(
                     self.queued[msg.job_id], budget_enforced_by="runner")
                 self._clock_saved.pop(msg.job_id, None)  # persist the new enforcer
+                self._clock_check.add(msg.job_id)
         elif isinstance(msg, StatusView):
             reply = self._status(now)
+        elif isinstance(msg, CapacityView):
+            reply = self._capacity()
         elif isinstance(msg, Tick):
             await self._start_heads()  # a head that can start now starts before its budget ends
             for job_id in self.core.expired(now):
@@ -229,7 +235,7 @@ class Dispatcher(actors.Actor):
             await self._flush_unsaved()
         else:
             raise TypeError(f"dispatcher: unknown message {msg!r}")
-        if isinstance(msg, (QueuedView, Heartbeat, StatusView)):
+        if isinstance(msg, (QueuedView, Heartbeat, StatusView, CapacityView)):
             return reply  # read-only: nothing to decide
         if isinstance(msg, Submit):
             # Answer the submitter first; the start decision follows as the next message.
@@ -347,6 +353,7 @@ class Dispatcher(actors.Actor):
         record = advance(record, START_FAILED, who=self.name, cpus=None, detail=msg.detail)
         self.queued[msg.job_id] = record
         self._clock_saved.pop(msg.job_id, None)  # its clock resumes: persist that
+        self._clock_check.add(msg.job_id)
         await self._save_or_defer(Save(record=record, events=[
             Queued(**self._wait_fields(msg.job_id, now),
                    queue_wait_budget_ms=int(self._budget_s(msg.job_id) * 1000))]))
@@ -415,13 +422,18 @@ class Dispatcher(actors.Actor):
         """Persist each queued job's clock when it changes course (starts, pauses, resumes)
         or its enforcer changes: its value then, the wall time, whether it advances, and
         when the job became ready.  Between such changes the clock is linear in time, so
-        that is enough for a restart to resume it (and the 60 s aging) exactly."""
+        that is enough for a restart to resume it (and the 60 s aging) exactly.  Only the
+        jobs whose clock changed since the last call are looked at (the core reports them)."""
         wall = None
-        for job_id, record in list(self.queued.items()):
-            if self.core.job_state(job_id) != "queued":
-                continue  # still awaiting its bundles: no clock yet
+        self._clock_check |= self.core.take_clock_changes(now)
+        for job_id in list(self._clock_check):
+            record = self.queued.get(job_id)
+            if record is None or self.core.job_state(job_id) != "queued":
+                self._clock_check.discard(job_id)
+                continue  # ended, started, or still awaiting its bundles: no clock yet
             waited_s, running, age_s = self.core.clock_state(job_id, now)
             if self._clock_saved.get(job_id) is running:
+                self._clock_check.discard(job_id)
                 continue
             wall = self.deps.job.clock.now_ms() if wall is None else wall
             record = msgspec.structs.replace(
@@ -436,6 +448,7 @@ class Dispatcher(actors.Actor):
                 return
             self.queued[job_id] = record
             self._clock_saved[job_id] = running
+            self._clock_check.discard(job_id)
 
     async def _save_or_defer(self, msg: Save) -> None:
         """Record a decision already taken here (requeue, cancel, withdraw). If the state
@@ -487,18 +500,21 @@ class Dispatcher(actors.Actor):
         return msgspec.structs.replace(record, **self._wait_fields(record.job_id, now))
 
     def _status(self, now: float) -> dict:
-        stats = self.core.statistics()
         return {
             "queued": [public_record(self._live_view(r, now)) for r in self.queued.values()],
             "active": sorted(self.active),
-            "capacity": {
-                "max_weight": self.deps.job.config.max_weight,
-                "claim_limit": self.deps.claim_limit,
-                "held_permits": stats.held_permits,
-                "setup_permits": stats.setup_permits,
-                "max_queue_depth": self.deps.job.config.max_queue_depth,
-                "pending_jobs": stats.pending,
-            },
+            "capacity": self._capacity(),
+        }
+
+    def _capacity(self) -> dict:
+        stats = self.core.statistics()
+        return {
+            "max_weight": self.deps.job.config.max_weight,
+            "claim_limit": self.deps.claim_limit,
+            "held_permits": stats.held_permits,
+            "setup_permits": stats.setup_permits,
+            "max_queue_depth": self.deps.job.config.max_queue_depth,
+            "pending_jobs": stats.pending,
         }
 
     def _job_ref(self, job_id: str):

@@ -45,7 +45,14 @@ State fields of `Scheduler`
 ``_held``            sum of claims of active jobs (running + setting up).
 ``_setup_held``      sum of claims of setting-up jobs.
 ``_n_awaiting``, ``_n_queued``, ``_n_setting_up``, ``_n_running``   counters.
-``_enforced``        ids of queued jobs with ``runner_enforces_budget`` (for `expired`).
+``_rot_claims``, ``_bg_claims``   claim -> count of ordinary / background heads (walk cut-offs).
+``_enforced``        queued jobs with ``runner_enforces_budget`` -> enrolment order (`expired`).
+``_due``             sorted [(time the budget runs out, enrolment, job_id)] of enforced jobs
+                     whose clock advances (or -inf: paused and already run out).
+``_breakpoints``     heap [(time, job_id)]: heads' aging points and retry ends (lazy deletion).
+``_dirty``, ``_fresh``   workspaces freed/changed, jobs that joined a queue, since the last
+                     clock pass (`_reclassify`).
+``_clock_changed``   ids whose clock changed course since `take_clock_changes`.
 ``_t``               the latest time the core has been told about; clocks are settled to it.
 
 Invariants (checked by tests/scheduling/test_state_machine.py)
@@ -81,18 +88,25 @@ their workspace; background heads oldest first -- and for each head:
 clock advances, and its budget applies.
 
 The walk touches only heads (never every queued job of every workspace) and stops at the
-first fence.  Queue-wait clock bookkeeping is a separate pass (`_reclassify`) over queued
-jobs; it is needed because a pause/advance decision depends on held permits, which any
-event changes.
+first fence.  Queue-wait clock bookkeeping is a separate pass (`_reclassify`): only a job
+whose own workspace is occupied by an active job can have its clock paused, so the pass
+re-decides the jobs queued in occupied workspaces and starts the clocks of jobs that joined
+a queue or whose workspace was freed; everything else keeps advancing untouched.
+
+This core is incremental (issue 14); motor/scheduling/reference.py keeps the previous
+straightforward core (a pass over every queued job per event) and
+tests/scheduling/test_differential.py proves both give the same answers.  See "How the
+core stays incremental" in docs/scheduling.md.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import heapq
 import itertools
 import math
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
 from ..records import Refusal
@@ -131,6 +145,9 @@ ENDED_MEMORY = 4096
 #: Budget comparisons tolerate float rounding (a deadline computed as t + remaining must be
 #: expired when the timer fires at exactly that t).
 _EPS_S = 1e-6
+#: Budget due times are filed as computed when a clock starts; entries this close to now are
+#: re-checked with the exact formula (`expired`, `next_wakeup`), so rounding never decides.
+_DUE_MARGIN_S = 1e-3
 
 
 # --- plain data in and out ------------------------------------------------------------
@@ -253,11 +270,8 @@ class _Job:
     retry_at: float = -math.inf
     prev_dispatch: int | None = None  # its workspace's last dispatch before this job's start
     cleanup_pending: bool = False
-    waiting_on: str | None = None
-    waiting_on_job: str | None = None
-    fenced_by: str | None = None
-    told_advancing: bool | None = None  # last clock state written to the story
     head_keys: list = field(default_factory=list)  # [(index list name, key)] while filed as head
+    due_key: tuple | None = None  # its entry in Scheduler._due while it has one
     story: deque = field(default_factory=lambda: deque(maxlen=STORY_LINES))
 
     @property
@@ -276,6 +290,15 @@ class _Job:
         if self.clock_since is None:
             return self.clock_acc
         return self.clock_acc + max(0.0, now - self.clock_since)
+
+
+_UNWALKED = object()  # no fence was looked for
+
+
+def _sorted_remove(lst: list, key) -> None:
+    i = bisect.bisect_left(lst, key)
+    assert lst[i] == key
+    del lst[i]
 
 
 # --- the state machine -----------------------------------------------------------------
@@ -315,6 +338,8 @@ class Scheduler:
         self._ready_heads: list[tuple] = []
         self._rot_heads: list[tuple] = []
         self._bg_heads: list[tuple] = []
+        self._rot_claims: Counter[int] = Counter()  # claims of ordinary heads
+        self._bg_claims: Counter[int] = Counter()  # claims of background heads
         self._last_dispatch: dict[str, int] = {}
         self._dispatch_counter = itertools.count(1)
         self._accept_seq = itertools.count(1)
@@ -327,7 +352,16 @@ class Scheduler:
         self._n_queued = 0
         self._n_setting_up = 0
         self._n_running = 0
-        self._enforced: dict[str, None] = {}
+        self._enforced: dict[str, int] = {}  # queued runner-enforced job -> enrolment order
+        self._enforced_seq = itertools.count(1)
+        self._due: list[tuple] = []  # sorted [(budget due time, enrolment, job_id)]
+        self._breakpoints: list[tuple[float, str]] = []  # heap [(time, head job_id)], lazy
+        self._dirty: set[str] = set()  # workspaces changed since the last clock pass
+        self._fresh: list[_Job] = []  # jobs that joined a queue since the last clock pass
+        self._clock_changed: set[str] = set()  # for take_clock_changes()
+        #: occupied workspace -> (holder, head, room, claims behind the head, fence) at its
+        #: last full clock pass (see `_reclassify`)
+        self._occupied_seen: dict[str, tuple] = {}
         self._t = -math.inf
 
     # --- admission ------------------------------------------------------------------
@@ -409,12 +443,17 @@ class Scheduler:
         if len(dq) == 1:
             self._file_head(ws)
         if job.spec.runner_enforces_budget:
-            self._enforced[job_id] = None
+            self._enrol(job)
+        self._fresh.append(job)
+        self._clock_changed.add(job_id)
         self._tell(job, now, "ready: joined the queue of workspace "
                    f"{ws} at position {len(dq)}"
                    + (f", resuming at {waited_s:.3f}s waited, ready {ready_age_s:.3f}s ago"
                       if waited_s or ready_age_s else ""))
         self._reclassify(now)
+        waiting_on, on_job, _, _ = self._blockers(job, dq, dq[0] == job_id)
+        self._tell(job, now, f"waiting on {waiting_on}" + (f" ({on_job})" if on_job else "")
+                   + (", clock advancing" if job.clock_since is not None else ", clock paused"))
         return True
 
     def set_runner_enforced(self, job_id: str, enforced: bool) -> None:
@@ -426,9 +465,9 @@ class Scheduler:
         job.spec = dataclasses.replace(job.spec, runner_enforces_budget=enforced)
         if job.state == "queued":
             if enforced:
-                self._enforced[job_id] = None
+                self._enrol(job)
             else:
-                self._enforced.pop(job_id, None)
+                self._unenrol(job)
         self._tell(job, self._t, "budget enforced by the " + ("runner" if enforced else "client"))
 
     def adopt_running(self, spec: JobSpec, now: float) -> None:
@@ -456,9 +495,11 @@ class Scheduler:
     def decide(self, now: float) -> list[Start]:
         """The heads to start now, in order; each is already counted as setting up."""
         now = self._refresh(now)
-        starts, _ = self._walk(now, commit=True)
-        if starts:
-            self._reclassify(now)
+        chosen, _ = self._walk(now, need_fence=False)
+        if not chosen:
+            return []
+        starts = [self._start(job, now) for job in chosen]
+        self._reclassify(now)
         return starts
 
     def setup_done(self, job_id: str, now: float) -> None:
@@ -506,7 +547,8 @@ class Scheduler:
         dq.appendleft(job_id)
         self._file_head(ws)
         if job.spec.runner_enforces_budget:
-            self._enforced[job_id] = None
+            self._enrol(job)
+        self._clock_changed.add(job_id)
         self._tell(job, now, f"start failed (#{job.failures}): requeued at its place, "
                    f"retry in {delay:g}s" + (", cleanup pending" if cleanup_pending else ""))
         self._reclassify(now)
@@ -518,6 +560,7 @@ class Scheduler:
             return False
         now = self._refresh(now)
         job.cleanup_pending = False
+        self._dirty.add(job.spec.workspace)
         self._tell(job, now, "cleanup of the failed start done")
         self._reclassify(now)
         return True
@@ -568,7 +611,8 @@ class Scheduler:
     # --- queries --------------------------------------------------------------------
 
     def wait_status(self, job_id: str, now: float) -> WaitStatus:
-        """Blocker and queue-wait clock of a live job (KeyError if not live)."""
+        """Blocker and queue-wait clock of a live job (KeyError if not live).  The blocker is
+        computed here, when asked: it depends only on the state, which the last event set."""
         job = self._jobs[job_id]
         now = self._refresh(now)
         ms = int(job.queue_wait_s(self._t) * 1000.0 + _EPS_S * 1000.0)  # no 29999 for 30 s
@@ -578,7 +622,9 @@ class Scheduler:
         if job.claim > self.max_weight:
             detail = (f"claim {job.claim} vCPUs exceeds max_weight {self.max_weight}: "
                       "it waits until it fits (serve --max-weight)")
-        return WaitStatus(job.waiting_on, job.waiting_on_job, ms, detail)
+        dq = self._queues[job.spec.workspace]
+        waiting_on, on_job, _, _ = self._blockers(job, dq, dq[0] == job_id)
+        return WaitStatus(waiting_on, on_job, ms, detail)
 
     def clock_state(self, job_id: str, now: float) -> tuple[float, bool, float]:
         """(queue wait so far in s, whether the clock advances now, seconds since ready())
@@ -587,6 +633,15 @@ class Scheduler:
         now = self._refresh(now)
         age = 0.0 if math.isnan(job.ready_at) else max(0.0, now - job.ready_at)
         return job.queue_wait_s(now), job.clock_since is not None, age
+
+    def take_clock_changes(self, now: float) -> set[str]:
+        """Ids of the jobs that joined a queue, or whose queue-wait clock started, paused or
+        resumed, since the previous call (as of ``now``); the dispatcher persists the clocks
+        of exactly these instead of looking at every queued job after every message.  Ids
+        may since have left the queue."""
+        self._refresh(now)
+        changed, self._clock_changed = self._clock_changed, set()
+        return changed
 
     def job_state(self, job_id: str) -> str | None:
         """"awaiting_bundles" | "queued" | "setting_up" | "running", or None when not live."""
@@ -599,12 +654,16 @@ class Scheduler:
     def expired(self, now: float) -> list[str]:
         """Queued runner-enforced jobs whose observed queue wait reached their budget."""
         now = self._refresh(now)
-        out = []
-        for job_id in self._enforced:
+        t = self._t
+        found = []
+        for due, order, job_id in self._due:
+            if due > t + _DUE_MARGIN_S:
+                break
             job = self._jobs[job_id]
-            if job.queue_wait_s(self._t) + _EPS_S >= job.budget_s:
-                out.append(job_id)
-        return out
+            if job.queue_wait_s(t) + _EPS_S >= job.budget_s:
+                found.append((order, job_id))
+        found.sort()
+        return [job_id for _, job_id in found]
 
     def next_wakeup(self, now: float) -> float | None:
         """The earliest time at which decide()/expired() could change on their own: a head
@@ -612,17 +671,24 @@ class Scheduler:
         that is already due (a zero budget, or one reached exactly now) answers ``now``, so
         the dispatcher acts on it at once instead of at the next breakpoint."""
         now = self._refresh(now)
-        best = self._next_breakpoint(self._t)
-        for job_id in self._enforced:
+        t = self._t
+        best_budget = None
+        for due, _, job_id in self._due:
+            if due > t + _DUE_MARGIN_S and best_budget is not None \
+                    and due > best_budget + _DUE_MARGIN_S:
+                break
             job = self._jobs[job_id]
-            remaining = job.budget_s - job.queue_wait_s(self._t)
+            remaining = job.budget_s - job.queue_wait_s(t)
             if remaining <= _EPS_S:
-                return self._t  # due now (paused or not): expired() lists it
+                return t  # due now (paused or not): expired() lists it
             if job.clock_since is None:
                 continue  # paused: its budget cannot run out until the clock advances again
-            at = self._t + remaining
-            if best is None or at < best:
-                best = at
+            at = t + remaining
+            if best_budget is None or at < best_budget:
+                best_budget = at
+        best = self._next_breakpoint()
+        if best_budget is not None and (best is None or best_budget < best):
+            best = best_budget
         return best
 
     def statistics(self) -> SchedulerStats:
@@ -662,6 +728,7 @@ class Scheduler:
     def _forget(self, job: _Job, now: float, outcome: str) -> None:
         self._tell(job, now, outcome)
         del self._jobs[job.job_id]
+        self._clock_changed.discard(job.job_id)
         self._ended[job.job_id] = (outcome, list(job.story))
         while len(self._ended) > ENDED_MEMORY:
             self._ended.popitem(last=False)
@@ -681,8 +748,9 @@ class Scheduler:
             elif was_head:
                 self._file_head(ws)
             self._n_queued -= 1
-            self._enforced.pop(job.job_id, None)
+            self._unenrol(job)
             self._stop_clock(job, now)
+            self._dirty.add(ws)
             self._tell(job, now, f"queue wait {job.clock_acc:.3f}s")
         self._forget(job, now, outcome)
 
@@ -693,12 +761,53 @@ class Scheduler:
         for s in job.touched[1:]:
             if self._sib_user.get(s) == job.job_id:
                 del self._sib_user[s]
+        self._dirty.update(job.touched)
         self._held -= job.claim
+
+    def _start_clock(self, job: _Job, now: float) -> None:
+        if job.clock_since is None:
+            job.clock_since = now
+            self._redue(job)
 
     def _stop_clock(self, job: _Job, now: float) -> None:
         if job.clock_since is not None:
             job.clock_acc += max(0.0, now - job.clock_since)
             job.clock_since = None
+            self._redue(job)
+
+    # --- internals: budget deadlines ------------------------------------------------
+
+    def _enrol(self, job: _Job) -> None:
+        """The runner enforces this queued job's budget (`expired`, `next_wakeup`)."""
+        if job.job_id not in self._enforced:
+            self._enforced[job.job_id] = next(self._enforced_seq)
+        self._redue(job)
+
+    def _unenrol(self, job: _Job) -> None:
+        if self._enforced.pop(job.job_id, None) is not None:
+            self._redue(job)
+
+    def _redue(self, job: _Job) -> None:
+        """Keep the job's entry in ``_due`` (sorted by the time its budget runs out) true:
+        an advancing clock runs out at ``clock_since + budget - clock_acc``; a paused one
+        never, unless it already has (then it is filed at -inf)."""
+        order = self._enforced.get(job.job_id)
+        key = None
+        if order is not None:
+            remaining = job.budget_s - job.clock_acc
+            if job.clock_since is not None:
+                key = (job.clock_since + remaining, order, job.job_id)
+            elif remaining <= _EPS_S or job.clock_acc + _EPS_S >= job.budget_s:
+                key = (-math.inf, order, job.job_id)
+        if key == job.due_key:
+            return
+        if job.due_key is not None:
+            _sorted_remove(self._due, job.due_key)
+        if key is not None:
+            bisect.insort(self._due, key)
+        job.due_key = key
+
+    # --- internals: starts and head indexes -----------------------------------------
 
     def _start(self, job: _Job, now: float) -> Start:
         ws = job.spec.workspace
@@ -714,10 +823,9 @@ class Scheduler:
             del self._queues[ws]
         self._n_queued -= 1
         self._n_setting_up += 1
-        self._enforced.pop(job.job_id, None)
+        self._unenrol(job)
         self._stop_clock(job, now)
         job.state = "setting_up"
-        job.waiting_on = job.waiting_on_job = job.fenced_by = None
         self._held += job.claim
         self._setup_held += job.claim
         self._owner[ws] = job.job_id
@@ -727,8 +835,6 @@ class Scheduler:
                    f"/{self.max_weight}, queue wait {job.clock_acc:.3f}s")
         return Start(job.job_id, job.claim)
 
-    # --- internals: head indexes ----------------------------------------------------
-
     def _file_head(self, ws: str) -> None:
         job = self._jobs[self._queues[ws][0]]
         self._head_of[ws] = job.job_id
@@ -737,12 +843,18 @@ class Scheduler:
             keys = [(self._gate_heads, (job.accept_seq, job.job_id))]
         elif job.background:
             keys = [(self._bg_heads, ready_key)]
+            self._bg_claims[job.claim] += 1
         else:
             keys = [(self._ready_heads, ready_key),
                     (self._rot_heads, (self._last_dispatch.get(ws, 0), *ready_key))]
+            self._rot_claims[job.claim] += 1
         for lst, key in keys:
             bisect.insort(lst, key)
         job.head_keys = keys
+        # its time-driven breakpoints (aging, end of retry delay), if still to come
+        for at in (job.ready_at + GRACE_S, job.retry_at):
+            if at > self._t:
+                heapq.heappush(self._breakpoints, (at, job.job_id))
 
     def _unfile_head(self, ws: str) -> None:
         job_id = self._head_of.pop(ws, None)
@@ -750,25 +862,13 @@ class Scheduler:
             return
         job = self._jobs[job_id]
         for lst, key in job.head_keys:
-            i = bisect.bisect_left(lst, key)
-            assert lst[i] == key
-            del lst[i]
+            _sorted_remove(lst, key)
+        if not job.spec.gate:
+            counter = self._bg_claims if job.background else self._rot_claims
+            counter[job.claim] -= 1
+            if not counter[job.claim]:
+                del counter[job.claim]
         job.head_keys = []
-
-    def _ordered_heads(self, now: float):
-        """Heads in dispatch order (classes 1-4); tolerant of index changes while iterating."""
-        for _, job_id in list(self._gate_heads):
-            yield job_id
-        cut = now - GRACE_S
-        for ready_at, _, job_id in list(self._ready_heads):
-            if ready_at > cut:
-                break
-            yield job_id
-        for _, ready_at, _, job_id in list(self._rot_heads):
-            if ready_at > cut:
-                yield job_id
-        for _, _, job_id in list(self._bg_heads):
-            yield job_id
 
     # --- internals: the rules -------------------------------------------------------
 
@@ -799,30 +899,65 @@ class Scheduler:
                 return True
         return False
 
-    def _walk(self, now: float, *, commit: bool) -> tuple[list[Start], _Job | None]:
-        """Walk the heads in order; start (commit) or pretend to start (dry run) those that
-        may start; return the starts and the fence the walk stopped at, if any."""
+    def _walk(self, now: float, *, need_fence: bool) -> tuple[list[_Job], _Job | None]:
+        """Walk the heads in dispatch order as if starting those that may start (nothing is
+        changed); return the heads to start, in order, and the fence the walk stops at.
+
+        Same walk as the reference, with two shortcuts that cannot change its outcome:
+        ordinary heads that have not aged never fence, so once the permits left are below
+        the smallest ordinary head's claim the rotation (class 3) is skipped; background
+        heads fence only once aged (a prefix of their order), so once the permits left are
+        below the smallest background claim only that prefix is looked at, for the fence
+        (and not at all when the caller does not need the fence)."""
+        jobs = self._jobs
         held = self._held
         extra: set[str] = set()
-        starts: list[Start] = []
-        seen: set[str] = set()
-        for job_id in self._ordered_heads(now):
-            job = self._jobs.get(job_id)
-            if job is None or job.state != "queued" or job_id in seen:
-                continue
-            seen.add(job_id)
+        starts: list[_Job] = []
+        cut = now - GRACE_S
+
+        def visit(job: _Job) -> bool:
+            """True when the walk stops at this head (a fence)."""
+            nonlocal held
             if job.cleanup_pending or self._conflict(job, extra):
-                continue  # blocked by its own workspace: stops no one
-            if now >= job.retry_at and self._fits(job.claim, held):
-                if commit:
-                    starts.append(self._start(job, now))
-                else:
-                    extra.update(job.touched)
-                    starts.append(Start(job_id, job.claim))
+                return False
+            if now >= job.retry_at and job.claim <= self.max_weight - held:
+                extra.update(job.touched)
+                starts.append(job)
                 held += job.claim
-                continue
-            if self._fences(job, now):
+                return False
+            return self._fences(job, now)
+
+        for _, job_id in self._gate_heads:
+            job = jobs[job_id]
+            if visit(job):
                 return starts, job
+        for ready_at, _, job_id in self._ready_heads:
+            if ready_at > cut:
+                break
+            job = jobs[job_id]
+            if visit(job):
+                return starts, job
+        if self._rot_claims and self.max_weight - held >= min(self._rot_claims):
+            smallest = min(self._rot_claims)
+            for _, ready_at, _, job_id in self._rot_heads:
+                if ready_at > cut:
+                    visit(jobs[job_id])  # an ordinary head that has not aged never fences
+                    if self.max_weight - held < smallest:
+                        break
+        if self._bg_claims:
+            may_start = self.max_weight - held >= min(self._bg_claims)
+            if not may_start and not need_fence:
+                return starts, None
+            for ready_at, _, job_id in self._bg_heads:
+                if not may_start and ready_at > cut:
+                    break  # only aged background heads fence; nothing here can start
+                job = jobs[job_id]
+                if visit(job):
+                    return starts, job
+                if may_start and self.max_weight - held < min(self._bg_claims):
+                    may_start = False
+                    if not need_fence:
+                        break
         return starts, None
 
     def _blockers(self, job: _Job, dq: deque[str], is_head: bool
@@ -863,65 +998,161 @@ class Scheduler:
             return "permits", None, [], False
         return first[0], first[1], holders, pausable
 
+    def _set_clock(self, job: _Job, now: float, advancing: bool) -> None:
+        if advancing == (job.clock_since is not None):
+            return
+        if advancing:
+            self._start_clock(job, now)
+        else:
+            self._stop_clock(job, now)
+        self._clock_changed.add(job.job_id)
+        self._tell(job, now, ("clock advancing" if advancing else "clock paused")
+                   + f" at {job.queue_wait_s(now):.3f}s")
+
     def _reclassify(self, now: float) -> None:
-        """Recompute every queued job's blocker and whether its clock advances, as of now.
+        """Decide, as of now, which queued clocks advance -- touching only what can differ.
 
         Clock rule: the clock pauses only when the job's blockers are the seed's two (an
         earlier job owning its workspace, or a sibling user of its workspace; see
         `_blockers`) AND it would fit once those holders free their permits AND no fence
         stands ahead of it in order AND it is not in a start-retry delay.  Otherwise it
         advances.
-        """
-        _, fence = self._walk(now, commit=False)
-        for ws, dq in self._queues.items():
-            for i, job_id in enumerate(dq):
-                job = self._jobs[job_id]
-                waiting_on, on_job, holders, pausable = self._blockers(job, dq, i == 0)
-                advancing = True
-                behind = None
-                if fence is not None and fence is not job and \
-                        self._order_key(fence, now) < self._order_key(job, now):
-                    behind = fence.job_id
-                if pausable and now >= job.retry_at and behind is None:
-                    freed = sum(self._jobs[h].claim for h in holders
-                                if self._jobs[h].state in ("setting_up", "running"))
-                    if self._fits(job.claim, self._held - freed):
-                        advancing = False
-                if advancing and job.clock_since is None:
-                    job.clock_since = now
-                elif not advancing and job.clock_since is not None:
-                    self._stop_clock(job, now)
-                changed = (waiting_on != job.waiting_on or on_job != job.waiting_on_job
-                           or behind != job.fenced_by or advancing != job.told_advancing)
-                job.waiting_on, job.waiting_on_job, job.fenced_by = waiting_on, on_job, behind
-                if changed:
-                    job.told_advancing = advancing
-                    self._tell(job, now, f"waiting on {waiting_on}"
-                               + (f" ({on_job})" if on_job else "")
-                               + (f", behind fence {behind}" if behind else "")
-                               + (", clock advancing" if advancing else ", clock paused")
-                               + f" at {job.queue_wait_s(now):.3f}s")
 
-    def _next_breakpoint(self, after: float) -> float | None:
-        """Earliest time > after at which a head ages (60 s) or leaves its retry delay."""
-        best = None
-        for job_id in self._head_of.values():
-            job = self._jobs[job_id]
-            for at in (job.ready_at + GRACE_S, job.retry_at):
-                if at > after and (best is None or at < best):
-                    best = at
-        return best
+        Only a job whose own workspace is *occupied* (owned, or used as a sibling, by an
+        active job) can have such a blocker, so every queued job elsewhere advances.  The
+        pass therefore (1) starts the clocks of the jobs that joined a queue since the last
+        pass, and of the jobs in workspaces freed or changed since then, unless the
+        workspace is occupied, and (2) re-decides the jobs queued in occupied
+        workspaces (few: at most the touched sets of the active jobs), walking the heads
+        for the fence only when one of them could pause.
+        """
+        cache = self._occupied_seen
+        if self._dirty:
+            owner, sib_user = self._owner, self._sib_user
+            for ws in self._dirty:
+                cache.pop(ws, None)
+                if ws in owner or ws in sib_user:
+                    continue
+                dq = self._queues.get(ws)
+                if dq:
+                    for job_id in dq:
+                        job = self._jobs[job_id]
+                        if job.clock_since is None:
+                            self._set_clock(job, now, True)
+            self._dirty.clear()
+        fresh_in: dict[str, list[_Job]] = {}  # occupied workspace -> jobs that joined it
+        if self._fresh:
+            for job in self._fresh:
+                if job.state == "queued":
+                    fresh_in.setdefault(job.spec.workspace, []).append(job)
+                if job.state == "queued" and job.clock_since is None \
+                        and job.spec.workspace not in self._owner \
+                        and job.spec.workspace not in self._sib_user:
+                    self._set_clock(job, now, True)
+            self._fresh.clear()
+        occupied = [(ws, h) for table in (self._owner, self._sib_user)
+                    for ws, h in table.items() if ws in self._queues]
+        if not occupied:
+            return
+        walked = False
+        fence = fence_key = None
+
+        def pauses(job: _Job, room: int) -> bool:
+            """A pausable job: does its clock pause (fits once its holder frees, not in a
+            retry delay, no fence ahead of it)?"""
+            nonlocal walked, fence, fence_key
+            if not (now >= job.retry_at and job.claim <= room):
+                return False
+            if not walked:
+                _, fence = self._walk(now, need_fence=True)
+                fence_key = None if fence is None else self._order_key(fence, now)
+                walked = True
+            return fence is None or fence is job or not fence_key < self._order_key(job, now)
+
+        for ws, holder in occupied:
+            dq = self._queues[ws]
+            room = self.max_weight - (self._held - self._jobs[holder].claim)
+            head = self._jobs[dq[0]]
+            pausable = not head.cleanup_pending
+            if pausable:
+                for w in head.touched[1:]:
+                    if w in self._owner or w in self._sib_user:
+                        pausable = False
+                        break
+            self._set_clock(head, now, not (pausable and pauses(head, room)))
+            if len(dq) == 1:
+                continue
+            # The jobs behind the head all pause or not by (their claim <= room, the fence):
+            # whether a job is behind a given fence does not change with time (a job that
+            # has not aged is behind an aged fence either way).  So when the holder, the
+            # head, the fence and the claims' side of room are what they were at this
+            # workspace's last pass, and its queue has not changed, nothing behind the head
+            # can change: skip them.
+            seen = cache.get(ws)
+            if seen is not None:
+                s_holder, s_head, s_room, s_claims, s_fence = seen
+                lo, hi = min(s_room, room), max(s_room, room)
+                if s_holder == holder and s_head == dq[0] and \
+                        not any(lo < c <= hi for c in s_claims):
+                    same = not any(c <= room for c in s_claims)  # all advance, as they did
+                    if not same:
+                        if not walked:
+                            _, fence = self._walk(now, need_fence=True)
+                            fence_key = None if fence is None else self._order_key(fence, now)
+                            walked = True
+                        same = fence is s_fence
+                    if same:
+                        # Jobs that joined the tail since: decided alone (a job joining
+                        # changes no other job's answer); the record now covers them too.
+                        joined = [j for j in fresh_in.get(ws, ()) if j is not head]
+                        if joined:
+                            for job in joined:
+                                self._set_clock(job, now, not pauses(job, room))
+                            cache[ws] = (holder, dq[0], room,
+                                         s_claims | {j.claim for j in joined},
+                                         fence if walked else s_fence)
+                        continue
+            claims = set()
+            cacheable = True
+            for i in range(1, len(dq)):
+                job = self._jobs[dq[i]]
+                claims.add(job.claim)
+                if job.retry_at > now:
+                    cacheable = False  # (never seen: only a head is in a retry delay)
+                self._set_clock(job, now, not pauses(job, room))
+            if cacheable:
+                cache[ws] = (holder, dq[0], room, claims, fence if walked else _UNWALKED)
+            else:
+                cache.pop(ws, None)
+
+    def _next_breakpoint(self) -> float | None:
+        """Earliest time > the core's time at which a head ages (60 s) or leaves its retry
+        delay.  Stale heap entries (no longer a head, or a time that is no longer its own)
+        are dropped on the way."""
+        heap = self._breakpoints
+        while heap:
+            at, job_id = heap[0]
+            if at > self._t and self._is_breakpoint(at, job_id):
+                return at
+            heapq.heappop(heap)
+        return None
+
+    def _is_breakpoint(self, at: float, job_id: str) -> bool:
+        job = self._jobs.get(job_id)
+        return (job is not None and job.state == "queued"
+                and self._head_of.get(job.spec.workspace) == job_id
+                and (at == job.ready_at + GRACE_S or at == job.retry_at))
 
     def _refresh(self, now: float) -> float:
-        """Bring the core up to ``now``: re-decide blockers and clock pauses at each
-        time-driven change between the previous call and now (a head reaching 60 s, a retry
-        delay ending), in time order.  Between such breakpoints and events nothing changes,
-        and every mutating method ends with `_reclassify`, so no pass is needed at ``now``
-        itself unless it is a breakpoint.  Returns the effective time."""
+        """Bring the core up to ``now``: re-decide clock pauses at each time-driven change
+        between the previous call and now (a head reaching 60 s, a retry delay ending), in
+        time order, exactly as an event would.  Between such breakpoints and events nothing
+        changes, and every mutating method ends with `_reclassify`, so no pass is needed at
+        ``now`` itself unless it is a breakpoint.  Returns the effective time."""
         if now < self._t:
             now = self._t  # time never goes back; a stale `now` counts as the latest one
         while True:
-            at = self._next_breakpoint(self._t)
+            at = self._next_breakpoint()
             if at is None or at > now:
                 break
             self._t = at

@@ -63,6 +63,12 @@ class StatusView:
 
 
 @dataclass(frozen=True)
+class CapacityView:
+    """Reply: the "capacity" part of the status view alone (what /v1/health reports):
+    O(1), no per-job work."""
+
+
+@dataclass(frozen=True)
 class Tick:
     """Internal: a retry delay, grace or budget deadline has passed."""
 

@@ -469,3 +469,36 @@ def test_queue_depth_counts_sixty_four_awaiting_bundles(serve_factory, tmp_path)
         assert resp.status_code == 202, resp.text
         for job_id in ids[1:] + [resp.json()["job_id"]]:
             http.post(f"/v1/jobs/{job_id}/cancel")
+
+
+# --- issue 14: health reads capacity without building the per-job status view ----------------
+
+
+async def test_health_capacity_comes_from_the_capacity_only_view(tmp_path, monkeypatch,
+                                                                 autojump_clock):
+    """/v1/health reports the same capacity as /v1/status, but the dispatcher builds no live
+    view of any queued job for it (at 10k queued that view costs seconds)."""
+    from motor.scheduling.actor import Dispatcher
+
+    go = tmp_path / "go"
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=1)) as runner:
+        jobs = [await runner.submit(barrier_job(go, weight_hint=1, workspace=f"w{i}"))
+                for i in range(3)]
+        await wait_until(lambda: _all_in(runner, jobs[:1], "running"), "one job to run")
+        status = await runner.status()
+        assert len(status["queued"]) == 2 and status["capacity"]["held_permits"] == 1
+        views: list[str] = []
+        real = Dispatcher._live_view
+
+        def counting(self, record, now):
+            views.append(record.job_id)
+            return real(self, record, now)
+
+        monkeypatch.setattr(Dispatcher, "_live_view", counting)
+        health = await runner.health()
+        assert health["capacity"] == status["capacity"]
+        assert views == [], "health built the per-job queued view"
+        assert len((await runner.status())["queued"]) == 2 and len(views) == 2  # status still does
+        go.write_text("")
+        for job in jobs:
+            assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"

@@ -1,0 +1,294 @@
+"""Differential test: the incremental core (motor/scheduling/core.py) against the
+straightforward reference (motor/scheduling/reference.py, a whole-queue pass per event).
+
+Hypothesis drives both with the same random sequence of events -- accept (siblings, gates,
+kinds, claims above max_weight, budgets, runner enforcement), ready (also resumed after a
+restart), decide, setup_done, start_failed (with and without cleanup), cleanup_done,
+finished, cancel, withdraw, set_runner_enforced, adopt_running and time advances (fixed
+steps, exact breakpoints, exact wake-ups) -- and after every step compares every answer:
+each returned decision, next_wakeup, expired, statistics, and for every live job its state,
+wait_status (waiting_on, waiting_on_job, queue_wait_ms, detail) and clock_state (queue
+wait in float seconds, advancing, age).  Floats are compared exactly: both cores must do
+the same arithmetic at the same moments.  Stories are not compared (the incremental core
+writes fewer, different "waiting on" lines; see docs/scheduling.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from motor.scheduling import core, reference
+
+MAX_WEIGHT = 6
+CLAIM_LIMIT = 8  # claims 7 and 8 are above max_weight: accepted, they never start
+DEPTH = 14
+WORKSPACES = ("a", "b", "c", "d")
+CLAIMS = [1, 1, 2, 2, 2, 3, 4, 6, 7, 0]
+
+
+def _plain(value):
+    """Both modules define their own dataclasses (Start, WaitStatus...): compare the fields."""
+    if dataclasses.is_dataclass(value):
+        return (type(value).__name__, dataclasses.astuple(value))
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _call(fn, *args, **kwargs):
+    """The result of a call, or the exception type and text it raised (compared too)."""
+    try:
+        return ("ok", _plain(fn(*args, **kwargs)))
+    except (ValueError, KeyError) as exc:
+        return ("raised", type(exc).__name__, str(exc))
+
+
+class Differential(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        kwargs = dict(max_weight=MAX_WEIGHT, max_queue_depth=DEPTH, claim_limit=CLAIM_LIMIT,
+                      default_spill_s=90.0)
+        self.new = core.Scheduler(**kwargs)
+        self.ref = reference.Scheduler(**kwargs)
+        self.now = 0.0
+        self.counter = 0
+        self.ids: list[str] = []  # every id ever accepted (live, ended or refused)
+        self.steps: list[str] = []
+        self.clock_seen: dict[str, bool] = {}  # queued job -> advancing, at the last take
+
+    # --- helpers ---------------------------------------------------------------------
+
+    def both(self, name: str, *args, **kwargs):
+        self.steps.append(f"t={self.now} {name}{args}{kwargs or ''}")
+        got = _call(getattr(self.new, name), *args, **kwargs)
+        want = _call(getattr(self.ref, name), *args, **kwargs)
+        assert got == want, self.explain(f"{name}{args}: incremental {got!r} != reference {want!r}")
+        return want[1] if want[0] == "ok" else None
+
+    def explain(self, what: str) -> str:
+        return what + "\nsteps:\n  " + "\n  ".join(self.steps[-40:])
+
+    def in_state(self, *states: str) -> list[str]:
+        return [j for j in self.ids if self.ref.job_state(j) in states]
+
+    def spec(self, ws, siblings, claim, gate, kind, limit, timeout, spill, enforce):
+        self.counter += 1
+        job_id = f"j{self.counter}"
+        self.ids.append(job_id)
+        return core.JobSpec(job_id, ws, siblings=tuple(w for w in siblings if w != ws),
+                            claim=claim, gate=gate and kind == "job", kind=kind,
+                            queue_wait_limit_s=limit, timeout_s=timeout,
+                            spill_eligible=spill, runner_enforces_budget=enforce)
+
+    # --- rules -----------------------------------------------------------------------
+
+    @rule(ws=st.sampled_from(WORKSPACES),
+          siblings=st.lists(st.sampled_from(WORKSPACES), max_size=2, unique=True),
+          claim=st.sampled_from(CLAIMS),
+          gate=st.sampled_from([False, False, True]),
+          kind=st.sampled_from(["job", "job", "job", "warm_build", "cache_fill"]),
+          limit=st.sampled_from([None, None, 0, 1.5, 30, 61, 400]),
+          timeout=st.sampled_from([None, None, 45.0]),
+          spill=st.booleans(),
+          enforce=st.booleans(),
+          ready_now=st.sampled_from([True, True, True, False]),
+          then_decide=st.booleans())
+    def accept(self, ws, siblings, claim, gate, kind, limit, timeout, spill, enforce,
+               ready_now, then_decide):
+        spec = self.spec(ws, siblings, claim, gate, kind, limit, timeout, spill, enforce)
+        refusal = self.both("accept", spec, self.now)
+        if refusal is None and ready_now:
+            self.both("ready", spec.job_id, self.now)
+        if then_decide:
+            self.both("decide", self.now)
+
+    @precondition(lambda self: self.in_state("awaiting_bundles"))
+    @rule(data=st.data(),
+          waited=st.sampled_from([0.0, 0.0, 0.0, 12.5, 60.0, 400.0]),
+          age=st.sampled_from([0.0, 0.0, 30.0, 60.0, 75.0]),
+          then_decide=st.booleans())
+    def ready(self, data, waited, age, then_decide):
+        job_id = data.draw(st.sampled_from(self.in_state("awaiting_bundles")))
+        self.both("ready", job_id, self.now, waited_s=waited, ready_age_s=age)
+        if then_decide:
+            self.both("decide", self.now)
+
+    @rule()
+    def decide(self):
+        self.both("decide", self.now)
+
+    @precondition(lambda self: self.in_state("setting_up"))
+    @rule(data=st.data())
+    def setup_done(self, data):
+        self.both("setup_done", data.draw(st.sampled_from(self.in_state("setting_up"))), self.now)
+
+    @precondition(lambda self: self.in_state("setting_up", "running"))
+    @rule(data=st.data(), then_decide=st.booleans())
+    def finished(self, data, then_decide):
+        self.both("finished", data.draw(st.sampled_from(self.in_state("setting_up", "running"))),
+                  self.now)
+        if then_decide:
+            self.both("decide", self.now)
+
+    @precondition(lambda self: self.in_state("setting_up"))
+    @rule(data=st.data(), cleanup=st.booleans(), then_decide=st.booleans())
+    def start_failed(self, data, cleanup, then_decide):
+        job_id = data.draw(st.sampled_from(self.in_state("setting_up")))
+        self.both("start_failed", job_id, self.now, cleanup_pending=cleanup)
+        if then_decide:
+            self.both("decide", self.now)
+
+    @precondition(lambda self: self.ids)
+    @rule(data=st.data(), then_decide=st.booleans())
+    def cleanup_done(self, data, then_decide):
+        self.both("cleanup_done", data.draw(st.sampled_from(self.ids)), self.now)
+        if then_decide:
+            self.both("decide", self.now)
+
+    @precondition(lambda self: self.ids)
+    @rule(data=st.data(), how=st.sampled_from(["cancel", "withdraw"]), then_decide=st.booleans())
+    def remove(self, data, how, then_decide):
+        job_id = data.draw(st.sampled_from(self.ids + ["nobody"]))
+        self.both(how, job_id, self.now)
+        if then_decide:
+            self.both("decide", self.now)
+
+    @precondition(lambda self: self.in_state("awaiting_bundles", "queued"))
+    @rule(data=st.data(), enforced=st.booleans())
+    def set_runner_enforced(self, data, enforced):
+        job_id = data.draw(st.sampled_from(self.in_state("awaiting_bundles", "queued")))
+        self.both("set_runner_enforced", job_id, enforced)
+
+    @rule(ws=st.sampled_from(WORKSPACES),
+          siblings=st.lists(st.sampled_from(WORKSPACES), max_size=1, unique=True),
+          claim=st.sampled_from([1, 2, 4]))
+    def adopt_running(self, ws, siblings, claim):
+        touched = {ws, *siblings}
+        busy = set()
+        for job_id in self.in_state("setting_up", "running"):
+            busy |= set(self.ref._jobs[job_id].touched)
+        if touched & busy:
+            return  # a restart never adopts two jobs in one workspace
+        spec = self.spec(ws, siblings, claim, False, "job", None, None, False, False)
+        self.both("adopt_running", spec, self.now)
+
+    @rule(dt=st.sampled_from([0.0, 0.25, 0.5, 1.0, 2.0, 29.75, 30.0, 59.75, 60.0, 61.0, 300.0]),
+          then_decide=st.booleans())
+    def advance(self, dt, then_decide):
+        self.now += dt
+        if then_decide:
+            self.both("decide", self.now)
+
+    @rule(then_decide=st.booleans())
+    def to_next_wakeup(self, then_decide):
+        at = self.both("next_wakeup", self.now)
+        if at is not None:
+            self.now = max(self.now, at)
+        for job_id in self.both("expired", self.now):
+            self.both("withdraw", job_id, self.now)
+        if then_decide:
+            self.both("decide", self.now)
+
+    @rule(data=st.data())
+    def to_a_breakpoint(self, data):
+        """Exactly at a head's aging point or retry end (the reference's own breakpoint)."""
+        at = self.ref._next_breakpoint(self.now)
+        if at is not None:
+            self.now = at + data.draw(st.sampled_from([0.0, 0.0, 1e-9, -1e-9]))
+
+    # --- every answer the same -------------------------------------------------------
+
+    @invariant()
+    def same_answers(self):
+        self.both("next_wakeup", self.now)
+        self.both("expired", self.now)
+        self.both("statistics")
+        for job_id in self.ids:
+            state = self.both("job_state", job_id)
+            if state is None:
+                continue
+            self.both("wait_status", job_id, self.now)
+            self.both("budget_s", job_id)
+            if state == "queued":
+                self.both("clock_state", job_id, self.now)
+
+    @invariant()
+    def clock_changes_cover_every_change(self):
+        """take_clock_changes() (incremental core only: what the dispatcher persists) names
+        every queued job that is new or whose clock changed course since the last take."""
+        changed = self.new.take_clock_changes(self.now)
+        seen, self.clock_seen = self.clock_seen, {}
+        for job_id in self.ids:
+            if self.ref.job_state(job_id) != "queued":
+                continue
+            advancing = self.ref.clock_state(job_id, self.now)[1]
+            if seen.get(job_id) is not advancing:
+                assert job_id in changed, self.explain(f"{job_id} changed, not reported")
+            self.clock_seen[job_id] = advancing
+
+
+TestDifferential = Differential.TestCase
+TestDifferential.settings = settings(
+    max_examples=250,
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+def test_differential_smoke_many_workspaces():
+    """A longer fixed run over many workspaces: thousands of events, same answers."""
+    import random
+
+    rnd = random.Random(14)
+    kwargs = dict(max_weight=8, max_queue_depth=10_000, claim_limit=10)
+    new, ref = core.Scheduler(**kwargs), reference.Scheduler(**kwargs)
+    now, n, live = 0.0, 0, []
+    workspaces = [f"w{i}" for i in range(30)]
+
+    def both(name, *args, **kw):
+        got = _call(getattr(new, name), *args, **kw)
+        want = _call(getattr(ref, name), *args, **kw)
+        assert got == want, (name, args, got, want)
+        return want[1] if want[0] == "ok" else None
+
+    for _ in range(3000):
+        r = rnd.random()
+        if r < 0.35:
+            n += 1
+            ws = rnd.choice(workspaces)
+            sibs = tuple(s for s in rnd.sample(workspaces, rnd.choice([0, 0, 0, 1])) if s != ws)
+            spec = core.JobSpec(f"j{n}", ws, siblings=sibs, claim=rnd.choice([1, 2, 2, 4, 9]),
+                                gate=rnd.random() < 0.1,
+                                kind=rnd.choice(["job"] * 8 + ["warm_build"]),
+                                queue_wait_limit_s=rnd.choice([None, 90.0, 600.0]),
+                                runner_enforces_budget=rnd.random() < 0.5)
+            if both("accept", spec, now) is None:
+                both("ready", spec.job_id, now)
+                live.append(spec.job_id)
+        elif r < 0.55:
+            active = [j for j in live if ref.job_state(j) in ("setting_up", "running")]
+            if active:
+                job_id = rnd.choice(active)
+                if ref.job_state(job_id) == "setting_up" and rnd.random() < 0.2:
+                    both("start_failed", job_id, now)
+                else:
+                    both("finished", job_id, now)
+        elif r < 0.65:
+            setting_up = [j for j in live if ref.job_state(j) == "setting_up"]
+            if setting_up:
+                both("setup_done", rnd.choice(setting_up), now)
+        elif r < 0.7 and live:
+            both("withdraw", rnd.choice(live), now)
+        else:
+            now += rnd.choice([0.0, 0.5, 3.0, 20.0, 61.0])
+        both("decide", now)
+        both("next_wakeup", now)
+        for job_id in both("expired", now):
+            both("withdraw", job_id, now)
+        live = [j for j in live if ref.job_state(j) is not None]
+        for job_id in rnd.sample(live, min(5, len(live))):
+            both("wait_status", job_id, now)
