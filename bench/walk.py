@@ -1,8 +1,9 @@
 """Benchmark: motor's read-only size walk against `du -s --block-size=1`.
 
 Creates a tree of 200,000 small files in a temporary directory, then times the walk and du
-on the same tree with a warm cache (one untimed warm-up, then several runs each; the best
-and the median are printed), their ratio, and both byte totals.
+on the same tree with a warm cache (one untimed warm-up, then --runs interleaved rounds, at
+least 3; the best and the median are printed), their ratio, both byte totals and the load
+average before and after.
 
     python bench/walk.py [--files N] [--runs K] [--dir PARENT]
 """
@@ -48,11 +49,13 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--dir", default=None, help="parent of the temporary tree")
     args = ap.parse_args()
+    args.runs = max(3, args.runs)
     root = tempfile.mkdtemp(prefix="motor-walk-bench-", dir=args.dir)
     try:
         t = time.perf_counter()
         build(root, args.files)
         print(f"tree: {args.files} files under {root} (built in {time.perf_counter() - t:.1f} s)")
+        print("load average: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
         mounts = mount_points()
         time_walk(root, mounts)  # warm the cache
         time_du(root)
@@ -71,6 +74,7 @@ def main() -> None:
         print(f"ratio walk/du (best): {bw / bd:.2f}x; "
               f"(median): {statistics.median(walks) / statistics.median(dus):.2f}x; "
               f"totals {'equal' if walk_bytes == du_bytes else 'DIFFER'}")
+        print("load average: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
