@@ -33,6 +33,7 @@ from . import bundles as bundles_mod
 from . import cargo, sizes, trash
 from .bundles import BundleError, BundleStore
 from .catalog import Catalog
+from .live import LiveIndex
 from .core import (
     CompileCache, DiskSample, DropIncremental, DropStaleUnits, EvictCompileCache, EvictWorkspace,
     RECENT_MS, RemoveStaging,
@@ -176,7 +177,8 @@ class DiskActor(actors.Actor):
                  cap_bytes: int = 64 * 1024**3, clock: Any = None,
                  live_jobs: Callable[[], Iterable[Any]] | None = None,
                  compile_cache: str | None = None,
-                 job_recorded: Callable[[str], bool] | None = None):
+                 job_recorded: Callable[[str], bool] | None = None,
+                 live_index: LiveIndex | None = None):
         super().__init__(name="disk")
         self.state_dir = Path(state_dir)
         self.floor_bytes = floor_bytes
@@ -191,6 +193,12 @@ class DiskActor(actors.Actor):
         self.cap_bytes = cap_bytes
         self.clock = clock
         self.live_jobs = live_jobs or (lambda: ())
+        #: Maintained from committed records (the runner's); without it, `live_jobs()` is
+        #: read and indexed on every check (the reference way, kept for embedded use).
+        self.live_index = live_index
+        self._canon_memo: dict[str, str] = {}
+        self._canon_key: tuple = ()
+        self._live_memo: tuple | None = None  # (key, running keys, reserved keys)
         #: Whether a job id has a record at all (live or ended): ends its in-flight protection.
         self.job_recorded = job_recorded or (lambda job_id: False)
         self.compile_cache = compile_cache
@@ -198,6 +206,10 @@ class DiskActor(actors.Actor):
         self.bundles: BundleStore | None = None
         self.cache: dict[str, sizes.Sizes] = {}  # in memory only: a restart starts empty
         self.stale: dict[str, int] = {}
+        #: Workspaces used since their last walk (a job ended in them): walked when next
+        #: needed (the guard, a cleanup or maintenance pass, a listing), once however many
+        #: jobs ended in between.
+        self.dirty: set[str] = set()
         self.last_sweep: dict[str, int] = {}
         self.guard_pending: set[str] = set()
         self.inflight: dict[str, tuple[frozenset[str], float]] = {}
@@ -213,6 +225,10 @@ class DiskActor(actors.Actor):
             removed, left = await offload(bundles_mod.sweep_staging, root)
             if removed or left:
                 log.info("disk: swept %d staging leftovers under %s (%d stay)", removed, root, left)
+
+    async def on_stop(self):
+        if self.catalog is not None:
+            self.catalog.close()
 
     def now_ms(self) -> int:
         if self.clock is not None:
@@ -252,7 +268,7 @@ class DiskActor(actors.Actor):
         if isinstance(msg, Sample):
             return self.probe(self.state_dir)
         if isinstance(msg, Listing):
-            return self._listing()
+            return await self._listing()
         raise TypeError(f"disk: unknown message {msg!r}")
 
     # -- names and paths ----------------------------------------------------------------
@@ -279,32 +295,43 @@ class DiskActor(actors.Actor):
         return None
 
     def _canon(self, name: str) -> str:
-        return self.workspace_path(name)[0]
+        """A name's canonical host path, memoized until the catalog's names or paths change
+        (or the next maintenance pass, which also picks up symlinks changed on disk)."""
+        key = (self.catalog.generation if self.catalog else -1, self._canon_epoch)
+        if key != self._canon_key:
+            self._canon_memo.clear()
+            self._canon_key = key
+        path = self._canon_memo.get(name)
+        if path is None:
+            path = self._canon_memo[name] = self.workspace_path(name)[0]
+        return path
+
+    _canon_epoch = 0
 
     def _touched(self, workspace: str | None, siblings: Iterable[str]) -> frozenset[str]:
         names = [n for n in (workspace, *siblings) if n]
         return frozenset(names) | frozenset(self._canon(n) for n in names)
 
     def _live(self) -> _Live:
-        live = _Live()
         now = trio.current_time()
         for job_id, (touched, until) in list(self.inflight.items()):
             if until < now:
                 del self.inflight[job_id]
-        recorded = set()
-        for r in self.live_jobs():
-            recorded.add(r.job_id)
-            touched = self._touched(r.workspace, r.siblings)
-            if r.state in ("setup", "running"):
-                live.running |= touched
-                live.filling |= getattr(r, "kind", "job") == "cache_fill"
-                if r.state == "setup":
-                    live.setting_up.add(r.job_id)
-            else:
-                live.reserved |= touched
-            if getattr(r, "bundle_sha256", None):
-                live.bundles.add(r.bundle_sha256)
-        for job_id in [j for j in self.inflight if j in recorded or self.job_recorded(j)]:
+        if self.live_index is not None:
+            index = self.live_index
+            index.ensure_loaded()
+            key = (index.version, self.catalog.generation if self.catalog else -1,
+                   self._canon_epoch)
+            if self._live_memo is None or self._live_memo[0] != key:
+                self._live_memo = (key, self._keys(index.running), self._keys(index.reserved))
+            running, reserved = self._live_memo[1], self._live_memo[2]
+        else:
+            index = LiveIndex.from_records(self.live_jobs())
+            running, reserved = self._keys(index.running), self._keys(index.reserved)
+        live = _Live(running=running, reserved=reserved,  # frozen: `|=` below rebinds
+                     bundles=set(index.bundles), setting_up=set(index.setting_up),
+                     filling=index.filling > 0)
+        for job_id in [j for j in self.inflight if j in index or self.job_recorded(j)]:
             del self.inflight[job_id]
         for touched, _ in self.inflight.values():
             live.reserved |= touched
@@ -313,6 +340,11 @@ class DiskActor(actors.Actor):
         return live
 
     # -- planner input ----------------------------------------------------------------
+
+    def _keys(self, names: Iterable[str]) -> frozenset[str]:
+        """Names and their canonical paths (a workspace is matched by either)."""
+        names = list(names)
+        return frozenset(names) | frozenset(self._canon(n) for n in names)
 
     def _dev(self, path: str) -> int | None:
         try:
@@ -324,23 +356,30 @@ class DiskActor(actors.Actor):
         now = self.now_ms()
         result = await offload(lambda: sizes.measure(path, now_ms=now))
         self.cache[name] = result
+        self.dirty.discard(name)
         try:
             self.stale[name] = await offload(lambda: cargo.stale_bytes(path, now))
         except OSError:
             self.stale[name] = 0
         return result
 
-    async def _workspaces(self, live: _Live, dev: int | None) -> list[Workspace]:
+    async def _workspaces(self, live: _Live, dev: int | None,
+                          names: Iterable[str] | None = None) -> list[Workspace]:
+        if names is None:
+            entries = list(self.catalog.entries.values())
+        else:
+            entries = [e for e in map(self.catalog.get, names) if e is not None]
         out = []
-        for entry in list(self.catalog.entries.values()):
+        for entry in entries:
             if dev is not None and self._dev(entry.root) != dev:
                 continue
             if not os.path.lexists(entry.path):
                 self.catalog.forget(entry.name)
                 self.cache.pop(entry.name, None)
+                self.dirty.discard(entry.name)
                 continue
             cached = self.cache.get(entry.name)
-            if cached is None:  # populated lazily for ranking
+            if cached is None or entry.name in self.dirty:  # lazily, for ranking
                 cached = await self._measure(entry.name, entry.path)
             keys = {entry.name, entry.path}
             out.append(Workspace(
@@ -443,6 +482,7 @@ class DiskActor(actors.Actor):
                 return False
             self.catalog.forget(action.workspace)
             self.cache.pop(action.workspace, None)
+            self.dirty.discard(action.workspace)
             self.stale.pop(action.workspace, None)
         elif isinstance(action, DropIncremental):
             await offload(lambda: drop_incremental(action.path, root))
@@ -511,28 +551,36 @@ class DiskActor(actors.Actor):
     # -- idle, guard, maintenance -------------------------------------------------------
 
     async def _idle(self, msg: JobIdle):
+        """Touch the workspace and siblings (one journal line each) and mark them for a walk;
+        the guard walks the workspace now unless another job holds it (then the walk waits
+        for the guard's retry, a cleanup, maintenance or a listing: one walk however many
+        jobs end there meanwhile)."""
         now = self.now_ms()
         self.inflight.pop(msg.job_id, None)  # the job has ended: its protection ends with it
         for name in (msg.workspace, *msg.siblings):
             if self.catalog.get(name) is None:
                 continue
             self.catalog.touch(name, now)
-            entry = self.catalog.get(name)
-            await self._measure(name, entry.path)
+            self.dirty.add(name)
         self.guard_pending.add(msg.workspace)
-        return await self._guard()
+        return await self._guard([msg.workspace])
 
-    async def _guard(self) -> list[str]:
-        """Build-folder cap for idle workspaces; deferred while a job is queued for them."""
-        if not self.guard_pending:
+    async def _guard(self, names: Iterable[str] | None = None) -> list[str]:
+        """Build-folder cap for idle workspaces; deferred while a job is queued for them.
+        `names`: only those (a job end); None: every pending one (maintenance)."""
+        pending = self.guard_pending if names is None else self.guard_pending.intersection(names)
+        if not pending:
             return []
         live = self._live()
         dropped = []
-        for name in sorted(self.guard_pending):
+        for name in sorted(pending):
             entry = self.catalog.get(name)
             if entry is None:
                 self.guard_pending.discard(name)
                 continue
+            keys = (name, entry.path)
+            if any(k in live.running or k in live.reserved for k in keys):
+                continue  # deferred, unmeasured: stays pending
             ws = (await self._workspaces_named(live, [name]) or [None])[0]
             if ws is None:
                 self.guard_pending.discard(name)
@@ -551,10 +599,11 @@ class DiskActor(actors.Actor):
         return dropped
 
     async def _workspaces_named(self, live: _Live, names: list[str]) -> list[Workspace]:
-        return [w for w in await self._workspaces(live, None) if w.name in names]
+        return await self._workspaces(live, None, names)
 
     async def _periodic(self) -> dict:
         now = self.now_ms()
+        self._canon_epoch += 1  # resolve names again: symlinks may have changed on disk
         live = self._live()
         summary = {"trash_left": 0, "expired_workspaces": [], "swept": [], "bundles_expired": [],
                    "guarded": []}
@@ -590,11 +639,16 @@ class DiskActor(actors.Actor):
         entry = self.catalog.record(msg.name, path, root, kind=msg.kind, now_ms=self.now_ms(),
                                     caller_path=msg.caller_path)
         if msg.referenced_by:
-            entry.referenced_by = list(msg.referenced_by)
-            self.catalog.save()
+            self.catalog.set_references(msg.name, list(msg.referenced_by))
         return entry
 
-    def _listing(self) -> list[dict]:
+    async def _listing(self) -> list[dict]:
+        for name in sorted(self.dirty):  # sizes as of the last job end, as before
+            entry = self.catalog.get(name)
+            if entry is None:
+                self.dirty.discard(name)
+            else:
+                await self._measure(name, entry.path)
         now = self.now_ms()
         live = self._live()
         rows = []
