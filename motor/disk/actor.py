@@ -297,6 +297,8 @@ class DiskActor(actors.Actor):
     def _canon(self, name: str) -> str:
         """A name's canonical host path, memoized until the catalog's names or paths change
         (or the next maintenance pass, which also picks up symlinks changed on disk)."""
+        if self.live_index is None:  # the reference way: resolve on every check
+            return self.workspace_path(name)[0]
         key = (self.catalog.generation if self.catalog else -1, self._canon_epoch)
         if key != self._canon_key:
             self._canon_memo.clear()
