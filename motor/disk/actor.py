@@ -23,6 +23,7 @@ import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections import Counter
 from typing import Any, Callable, Iterable
 
 import trio
@@ -161,10 +162,29 @@ class Listing:
     """Reply: the catalog as rows for `motor workspaces`."""
 
 
+class _Held:
+    """Membership in held names or their canonical paths (containers kept by the index and
+    the actor, not copied), plus extra keys (admissions in flight, reservations)."""
+
+    __slots__ = ("names", "paths", "extra")
+
+    def __init__(self, names=frozenset(), paths=frozenset(), extra: frozenset = frozenset()):
+        self.names, self.paths, self.extra = names, paths, extra
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.names or key in self.paths or key in self.extra
+
+    def __or__(self, keys) -> "_Held":
+        return _Held(self.names, self.paths, self.extra | frozenset(keys))
+
+    def __iter__(self):
+        return iter({*self.names, *self.paths, *self.extra})
+
+
 @dataclass
 class _Live:
-    running: set[str] = field(default_factory=set)
-    reserved: set[str] = field(default_factory=set)
+    running: _Held = field(default_factory=_Held)
+    reserved: _Held = field(default_factory=_Held)
     bundles: set[str] = field(default_factory=set)
     setting_up: set[str] = field(default_factory=set)  # job ids
     filling: bool = False  # a cache_fill job is setting up or running
@@ -198,7 +218,12 @@ class DiskActor(actors.Actor):
         self.live_index = live_index
         self._canon_memo: dict[str, str] = {}
         self._canon_key: tuple = ()
-        self._live_memo: tuple | None = None  # (key, running keys, reserved keys)
+        # Canonical paths of the names the index holds, kept from its changes:
+        # {which: {name: path}} and {which: Counter(path)}; recomputed when `_paths_key`
+        # (catalog generation, canon epoch) changes.
+        self._path_of: dict[str, dict[str, str]] = {"running": {}, "reserved": {}}
+        self._path_count: dict[str, Counter] = {"running": Counter(), "reserved": Counter()}
+        self._paths_key: tuple = ()
         #: Whether a job id has a record at all (live or ended): ends its in-flight protection.
         self.job_recorded = job_recorded or (lambda job_id: False)
         self.compile_cache = compile_cache
@@ -322,15 +347,14 @@ class DiskActor(actors.Actor):
         if self.live_index is not None:
             index = self.live_index
             index.ensure_loaded()
-            key = (index.version, self.catalog.generation if self.catalog else -1,
-                   self._canon_epoch)
-            if self._live_memo is None or self._live_memo[0] != key:
-                self._live_memo = (key, self._keys(index.running), self._keys(index.reserved))
-            running, reserved = self._live_memo[1], self._live_memo[2]
+            self._follow(index)
+            running = _Held(index.running, self._path_count["running"])
+            reserved = _Held(index.reserved, self._path_count["reserved"])
         else:
             index = LiveIndex.from_records(self.live_jobs())
-            running, reserved = self._keys(index.running), self._keys(index.reserved)
-        live = _Live(running=running, reserved=reserved,  # frozen: `|=` below rebinds
+            running = _Held(index.running, self._keys(index.running))
+            reserved = _Held(index.reserved, self._keys(index.reserved))
+        live = _Live(running=running, reserved=reserved,  # `|=` below makes a new view
                      bundles=set(index.bundles), setting_up=set(index.setting_up),
                      filling=index.filling > 0)
         for job_id in [j for j in self.inflight if j in index or self.job_recorded(j)]:
@@ -344,9 +368,35 @@ class DiskActor(actors.Actor):
     # -- planner input ----------------------------------------------------------------
 
     def _keys(self, names: Iterable[str]) -> frozenset[str]:
-        """Names and their canonical paths (a workspace is matched by either)."""
-        names = list(names)
-        return frozenset(names) | frozenset(self._canon(n) for n in names)
+        """The canonical paths of names (a workspace is matched by name or path)."""
+        return frozenset(self._canon(n) for n in names)
+
+    def _follow(self, index: LiveIndex) -> None:
+        """Bring the held paths up to date with the index: the names that became held or
+        free since the last check (work per change, not per live job); all of them again
+        after the catalog renamed something, at maintenance, or after a flood of changes."""
+        key = (self.catalog.generation if self.catalog else -1, self._canon_epoch)
+        changes = index.take_changes()
+        if changes is None or key != self._paths_key:
+            self._paths_key = key
+            for which, names in (("running", index.running), ("reserved", index.reserved)):
+                self._path_of[which] = {n: self._canon(n) for n in names}
+                self._path_count[which] = Counter(self._path_of[which].values())
+            return
+        for which, name, held in changes:
+            path_of, count = self._path_of[which], self._path_count[which]
+            if held:
+                path = path_of[name] = self._canon(name)
+                count[path] += 1
+            else:
+                path = path_of.pop(name, None)
+                if path is None:
+                    continue
+                left = count[path] - 1
+                if left <= 0:
+                    del count[path]
+                else:
+                    count[path] = left
 
     def _dev(self, path: str) -> int | None:
         try:
@@ -383,15 +433,15 @@ class DiskActor(actors.Actor):
             cached = self.cache.get(entry.name)
             if cached is None or entry.name in self.dirty:  # lazily, for ranking
                 cached = await self._measure(entry.name, entry.path)
-            keys = {entry.name, entry.path}
+            keys = (entry.name, entry.path)
             out.append(Workspace(
                 name=entry.name, path=entry.path,
                 root=sizes_root(entry.path, self.allowed_roots),
                 kind=entry.kind, allocated_bytes=cached.allocated_bytes,
                 target_bytes=cached.target_bytes, incremental_bytes=cached.incremental_bytes,
                 stale_bytes=self.stale.get(entry.name, 0), complete=cached.complete,
-                last_used_ms=entry.last_used_ms, running=bool(keys & live.running),
-                reserved=bool(keys & live.reserved),
+                last_used_ms=entry.last_used_ms, running=any(k in live.running for k in keys),
+                reserved=any(k in live.reserved for k in keys),
                 referenced_by=tuple(entry.referenced_by)))
         return out
 
@@ -657,10 +707,11 @@ class DiskActor(actors.Actor):
         hard = self.probe(self.state_dir).free_bytes < self.floor_bytes
         for entry in sorted(self.catalog.entries.values(), key=lambda e: e.name):
             cached = self.cache.get(entry.name)
-            keys = {entry.name, entry.path}
+            keys = (entry.name, entry.path)
             ws = Workspace(name=entry.name, path=entry.path, root=entry.root, kind=entry.kind,
-                           last_used_ms=entry.last_used_ms, running=bool(keys & live.running),
-                           reserved=bool(keys & live.reserved))
+                           last_used_ms=entry.last_used_ms,
+                           running=any(k in live.running for k in keys),
+                           reserved=any(k in live.reserved for k in keys))
             why = protection(ws, PlanInput(workspaces=(), free_bytes=0, floor_bytes=0,
                                            goal_bytes=0, now_ms=now,
                                            allowed_roots=self.allowed_roots), hard=hard)

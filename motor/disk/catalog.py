@@ -104,13 +104,13 @@ class Catalog:
             self.save()
 
     def _put(self, entry: Entry) -> None:
-        self._append({"put": asdict(entry)})
+        self._append({"put": vars(entry)})  # (asdict's deep copy is 5x slower)
 
     def save(self) -> None:
         """Write the snapshot, then empty the journal (compaction)."""
         tmp = self.path.with_name(f"catalog.json.{uuid.uuid4().hex[:8]}")
         body = json.dumps({"workspaces": [asdict(e) for e in self.entries.values()]},
-                          sort_keys=True, indent=1)
+                          sort_keys=True, separators=(",", ":"))
         with open(tmp, "w") as f:  # no fsync: a lost entry after a crash only means a tree
             f.write(body)          # that is never evicted, the safe direction
         os.replace(tmp, self.path)

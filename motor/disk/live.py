@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable
 from ..records import TERMINAL_STATES
 
 RUNNING_STATES = ("setup", "running")
+MAX_CHANGES = 100_000
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,10 @@ class LiveIndex:
         self.filling = 0
         #: Bumped on every change of `running`/`reserved` names (derived views cache on it).
         self.version = 0
+        #: Names that became held or free since the consumer last looked, in order:
+        #: (which, name, held) with which "running" | "reserved". None once more than
+        #: MAX_CHANGES piled up (the consumer then recomputes from the counters).
+        self.changes: list[tuple[str, str, bool]] | None = []
 
     @classmethod
     def from_records(cls, records: Iterable[Any]) -> "LiveIndex":
@@ -97,10 +102,12 @@ class LiveIndex:
 
     def _add(self, job_id: str, hold: Hold) -> None:
         self.jobs[job_id] = hold
+        which = "running" if hold.running else "reserved"
         names = self.running if hold.running else self.reserved
         for n in hold.names:
             if names[n] == 0:
                 self.version += 1
+                self._changed(which, n, True)
             names[n] += 1
         if hold.setting_up:
             self.setting_up.add(job_id)
@@ -111,12 +118,14 @@ class LiveIndex:
 
     def _remove(self, job_id: str, hold: Hold) -> None:
         del self.jobs[job_id]
+        which = "running" if hold.running else "reserved"
         names = self.running if hold.running else self.reserved
         for n in hold.names:
             left = names[n] - 1
             if left <= 0:
                 del names[n]
                 self.version += 1
+                self._changed(which, n, False)
             else:
                 names[n] = left
         if hold.setting_up:
@@ -129,6 +138,17 @@ class LiveIndex:
                 del self.bundles[hold.bundle]
             else:
                 self.bundles[hold.bundle] = left
+
+    def _changed(self, which: str, name: str, held: bool) -> None:
+        if self.changes is not None:
+            self.changes.append((which, name, held))
+            if len(self.changes) > MAX_CHANGES:
+                self.changes = None
+
+    def take_changes(self) -> list[tuple[str, str, bool]] | None:
+        """The changes since the last call (None: too many, recompute), and start afresh."""
+        changes, self.changes = self.changes, []
+        return changes
 
     def view(self) -> tuple[frozenset[str], frozenset[str], frozenset[str], frozenset[str], bool]:
         """(running names, reserved names, bundles, jobs setting up, filling): plain sets,
