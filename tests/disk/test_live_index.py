@@ -118,3 +118,34 @@ async def test_the_actor_protects_the_same_workspaces_with_the_index_as_with_rec
                 set(b.running), set(b.reserved), b.bundles, b.setting_up, b.filling), step
         for a in (ref_actor, idx_actor):
             a.stop()
+
+
+async def test_the_runner_keeps_the_index_equal_to_its_live_records(tmp_path, autojump_clock):
+    """Through the embedded runner: jobs running, queued behind them and ended; after each
+    step the index the store's commits feed equals the one read from the database."""
+    import motor
+    from runner_helpers import barrier_job, embedded_config, event_of, terminal_of
+
+    from motor.records import JobRequest
+
+    async with motor.open_runner(embedded_config(tmp_path)) as runner:
+        index = next(w.__self__ for w in runner.hub.watchers
+                     if isinstance(getattr(w, "__self__", None), LiveIndex))
+
+        def check():
+            index.ensure_loaded()
+            assert index.view() == LiveIndex.from_records(runner.db.live()).view()
+
+        gate = tmp_path / "go"
+        held = await runner.submit(barrier_job(gate, workspace="a", siblings=["b"]))
+        await event_of(runner, held.job_id, "started")
+        check()
+        queued = [await runner.submit(JobRequest(command=["true"], workspace=w))
+                  for w in ("a", "b", "c")]
+        check()
+        assert "a" in index.running and "b" in index.running
+        gate.touch()
+        for job in (held, *queued):
+            assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
+        check()
+        assert not index.jobs and not index.running and not index.reserved
