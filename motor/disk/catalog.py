@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -109,7 +109,7 @@ class Catalog:
     def save(self) -> None:
         """Write the snapshot, then empty the journal (compaction)."""
         tmp = self.path.with_name(f"catalog.json.{uuid.uuid4().hex[:8]}")
-        body = json.dumps({"workspaces": [asdict(e) for e in self.entries.values()]},
+        body = json.dumps({"workspaces": [vars(e) for e in self.entries.values()]},
                           sort_keys=True, separators=(",", ":"))
         with open(tmp, "w") as f:  # no fsync: a lost entry after a crash only means a tree
             f.write(body)          # that is never evicted, the safe direction
