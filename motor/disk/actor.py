@@ -81,7 +81,8 @@ class BeginUpload:
 
 @dataclass(frozen=True)
 class CommitUpload:
-    """Reply: the bundle size; raises BundleError on a digest mismatch (nothing kept)."""
+    """Reply: the bundle size; or the BundleError (digest mismatch, nothing kept) or OSError
+    to raise: returned, not raised, so a bad upload does not restart the disk actor."""
 
     upload: Any
 
@@ -269,7 +270,10 @@ class DiskActor(actors.Actor):
         if isinstance(msg, BeginUpload):
             return self.bundles.begin(msg.sha256)
         if isinstance(msg, CommitUpload):
-            return msg.upload.commit(self.now_ms())
+            try:
+                return msg.upload.commit(self.now_ms())
+            except (BundleError, OSError) as exc:  # the client's fault or a full disk:
+                return exc  # the caller raises it; the actor (and its state) carries on
         if isinstance(msg, HasBundle):
             if self.bundles.has(msg.sha256):
                 self.bundles.touch(msg.sha256, self.now_ms())
