@@ -23,6 +23,7 @@ import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections import Counter
 from typing import Any, Callable, Iterable
 
 import trio
@@ -33,6 +34,7 @@ from . import bundles as bundles_mod
 from . import cargo, sizes, trash
 from .bundles import BundleError, BundleStore
 from .catalog import Catalog
+from .live import LiveIndex
 from .core import (
     CompileCache, DiskSample, DropIncremental, DropStaleUnits, EvictCompileCache, EvictWorkspace,
     RECENT_MS, RemoveStaging,
@@ -79,7 +81,8 @@ class BeginUpload:
 
 @dataclass(frozen=True)
 class CommitUpload:
-    """Reply: the bundle size; raises BundleError on a digest mismatch (nothing kept)."""
+    """Reply: the bundle size; or the BundleError (digest mismatch, nothing kept) or OSError
+    to raise: returned, not raised, so a bad upload does not restart the disk actor."""
 
     upload: Any
 
@@ -160,10 +163,29 @@ class Listing:
     """Reply: the catalog as rows for `motor workspaces`."""
 
 
+class _Held:
+    """Membership in held names or their canonical paths (containers kept by the index and
+    the actor, not copied), plus extra keys (admissions in flight, reservations)."""
+
+    __slots__ = ("names", "paths", "extra")
+
+    def __init__(self, names=frozenset(), paths=frozenset(), extra: frozenset = frozenset()):
+        self.names, self.paths, self.extra = names, paths, extra
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.names or key in self.paths or key in self.extra
+
+    def __or__(self, keys) -> "_Held":
+        return _Held(self.names, self.paths, self.extra | frozenset(keys))
+
+    def __iter__(self):
+        return iter({*self.names, *self.paths, *self.extra})
+
+
 @dataclass
 class _Live:
-    running: set[str] = field(default_factory=set)
-    reserved: set[str] = field(default_factory=set)
+    running: _Held = field(default_factory=_Held)
+    reserved: _Held = field(default_factory=_Held)
     bundles: set[str] = field(default_factory=set)
     setting_up: set[str] = field(default_factory=set)  # job ids
     filling: bool = False  # a cache_fill job is setting up or running
@@ -179,7 +201,8 @@ class DiskActor(actors.Actor):
                  cap_bytes: int = 64 * 1024**3, clock: Any = None,
                  live_jobs: Callable[[], Iterable[Any]] | None = None,
                  compile_cache: str | None = None,
-                 job_recorded: Callable[[str], bool] | None = None):
+                 job_recorded: Callable[[str], bool] | None = None,
+                 live_index: LiveIndex | None = None):
         super().__init__(name="disk")
         self.state_dir = Path(state_dir)
         self.floor_bytes = floor_bytes
@@ -194,6 +217,17 @@ class DiskActor(actors.Actor):
         self.cap_bytes = cap_bytes
         self.clock = clock
         self.live_jobs = live_jobs or (lambda: ())
+        #: Maintained from committed records (the runner's); without it, `live_jobs()` is
+        #: read and indexed on every check (the reference way, kept for embedded use).
+        self.live_index = live_index
+        self._canon_memo: dict[str, str] = {}
+        self._canon_key: tuple = ()
+        # Canonical paths of the names the index holds, kept from its changes:
+        # {which: {name: path}} and {which: Counter(path)}; recomputed when `_paths_key`
+        # (catalog generation, canon epoch) changes.
+        self._path_of: dict[str, dict[str, str]] = {"running": {}, "reserved": {}}
+        self._path_count: dict[str, Counter] = {"running": Counter(), "reserved": Counter()}
+        self._paths_key: tuple = ()
         #: Whether a job id has a record at all (live or ended): ends its in-flight protection.
         self.job_recorded = job_recorded or (lambda job_id: False)
         self.compile_cache = compile_cache
@@ -201,6 +235,10 @@ class DiskActor(actors.Actor):
         self.bundles: BundleStore | None = None
         self.cache: dict[str, sizes.Sizes] = {}  # in memory only: a restart starts empty
         self.stale: dict[str, int] = {}
+        #: Workspaces used since their last walk (a job ended in them): walked when next
+        #: needed (the guard, a cleanup or maintenance pass, a listing), once however many
+        #: jobs ended in between.
+        self.dirty: set[str] = set()
         self.last_sweep: dict[str, int] = {}
         self.guard_pending: set[str] = set()
         self.inflight: dict[str, tuple[frozenset[str], float]] = {}
@@ -217,6 +255,10 @@ class DiskActor(actors.Actor):
             if removed or left:
                 log.info("disk: swept %d staging leftovers under %s (%d stay)", removed, root, left)
 
+    async def on_stop(self):
+        if self.catalog is not None:
+            self.catalog.close()
+
     def now_ms(self) -> int:
         if self.clock is not None:
             return self.clock.now_ms()
@@ -231,7 +273,10 @@ class DiskActor(actors.Actor):
         if isinstance(msg, BeginUpload):
             return self.bundles.begin(msg.sha256)
         if isinstance(msg, CommitUpload):
-            return msg.upload.commit(self.now_ms())
+            try:
+                return msg.upload.commit(self.now_ms())
+            except (BundleError, OSError) as exc:  # the client's fault or a full disk:
+                return exc  # the caller raises it; the actor (and its state) carries on
         if isinstance(msg, HasBundle):
             if self.bundles.has(msg.sha256):
                 self.bundles.touch(msg.sha256, self.now_ms())
@@ -255,7 +300,7 @@ class DiskActor(actors.Actor):
         if isinstance(msg, Sample):
             return self.probe(self.state_dir)
         if isinstance(msg, Listing):
-            return self._listing()
+            return await self._listing()
         raise TypeError(f"disk: unknown message {msg!r}")
 
     # -- names and paths ----------------------------------------------------------------
@@ -282,32 +327,44 @@ class DiskActor(actors.Actor):
         return None
 
     def _canon(self, name: str) -> str:
-        return self.workspace_path(name)[0]
+        """A name's canonical host path, memoized until the catalog's names or paths change
+        (or the next maintenance pass, which also picks up symlinks changed on disk)."""
+        if self.live_index is None:  # the reference way: resolve on every check
+            return self.workspace_path(name)[0]
+        key = (self.catalog.generation if self.catalog else -1, self._canon_epoch)
+        if key != self._canon_key:
+            self._canon_memo.clear()
+            self._canon_key = key
+        path = self._canon_memo.get(name)
+        if path is None:
+            path = self._canon_memo[name] = self.workspace_path(name)[0]
+        return path
+
+    _canon_epoch = 0
 
     def _touched(self, workspace: str | None, siblings: Iterable[str]) -> frozenset[str]:
         names = [n for n in (workspace, *siblings) if n]
         return frozenset(names) | frozenset(self._canon(n) for n in names)
 
     def _live(self) -> _Live:
-        live = _Live()
         now = trio.current_time()
         for job_id, (touched, until) in list(self.inflight.items()):
             if until < now:
                 del self.inflight[job_id]
-        recorded = set()
-        for r in self.live_jobs():
-            recorded.add(r.job_id)
-            touched = self._touched(r.workspace, r.siblings)
-            if r.state in ("setup", "running"):
-                live.running |= touched
-                live.filling |= getattr(r, "kind", "job") == "cache_fill"
-                if r.state == "setup":
-                    live.setting_up.add(r.job_id)
-            else:
-                live.reserved |= touched
-            if getattr(r, "bundle_sha256", None):
-                live.bundles.add(r.bundle_sha256)
-        for job_id in [j for j in self.inflight if j in recorded or self.job_recorded(j)]:
+        if self.live_index is not None:
+            index = self.live_index
+            index.ensure_loaded()
+            self._follow(index)
+            running = _Held(index.running, self._path_count["running"])
+            reserved = _Held(index.reserved, self._path_count["reserved"])
+        else:
+            index = LiveIndex.from_records(self.live_jobs())
+            running = _Held(index.running, self._keys(index.running))
+            reserved = _Held(index.reserved, self._keys(index.reserved))
+        live = _Live(running=running, reserved=reserved,  # `|=` below makes a new view
+                     bundles=set(index.bundles), setting_up=set(index.setting_up),
+                     filling=index.filling > 0)
+        for job_id in [j for j in self.inflight if j in index or self.job_recorded(j)]:
             del self.inflight[job_id]
         for touched, _ in self.inflight.values():
             live.reserved |= touched
@@ -316,6 +373,37 @@ class DiskActor(actors.Actor):
         return live
 
     # -- planner input ----------------------------------------------------------------
+
+    def _keys(self, names: Iterable[str]) -> frozenset[str]:
+        """The canonical paths of names (a workspace is matched by name or path)."""
+        return frozenset(self._canon(n) for n in names)
+
+    def _follow(self, index: LiveIndex) -> None:
+        """Bring the held paths up to date with the index: the names that became held or
+        free since the last check (work per change, not per live job); all of them again
+        after the catalog renamed something, at maintenance, or after a flood of changes."""
+        key = (self.catalog.generation if self.catalog else -1, self._canon_epoch)
+        changes = index.take_changes()
+        if changes is None or key != self._paths_key:
+            self._paths_key = key
+            for which, names in (("running", index.running), ("reserved", index.reserved)):
+                self._path_of[which] = {n: self._canon(n) for n in names}
+                self._path_count[which] = Counter(self._path_of[which].values())
+            return
+        for which, name, held in changes:
+            path_of, count = self._path_of[which], self._path_count[which]
+            if held:
+                path = path_of[name] = self._canon(name)
+                count[path] += 1
+            else:
+                path = path_of.pop(name, None)
+                if path is None:
+                    continue
+                left = count[path] - 1
+                if left <= 0:
+                    del count[path]
+                else:
+                    count[path] = left
 
     def _dev(self, path: str) -> int | None:
         try:
@@ -327,33 +415,40 @@ class DiskActor(actors.Actor):
         now = self.now_ms()
         result = await offload(lambda: sizes.measure(path, now_ms=now))
         self.cache[name] = result
+        self.dirty.discard(name)
         try:
             self.stale[name] = await offload(lambda: cargo.stale_bytes(path, now))
         except OSError:
             self.stale[name] = 0
         return result
 
-    async def _workspaces(self, live: _Live, dev: int | None) -> list[Workspace]:
+    async def _workspaces(self, live: _Live, dev: int | None,
+                          names: Iterable[str] | None = None) -> list[Workspace]:
+        if names is None:
+            entries = list(self.catalog.entries.values())
+        else:
+            entries = [e for e in map(self.catalog.get, names) if e is not None]
         out = []
-        for entry in list(self.catalog.entries.values()):
+        for entry in entries:
             if dev is not None and self._dev(entry.root) != dev:
                 continue
             if not os.path.lexists(entry.path):
                 self.catalog.forget(entry.name)
                 self.cache.pop(entry.name, None)
+                self.dirty.discard(entry.name)
                 continue
             cached = self.cache.get(entry.name)
-            if cached is None:  # populated lazily for ranking
+            if cached is None or entry.name in self.dirty:  # lazily, for ranking
                 cached = await self._measure(entry.name, entry.path)
-            keys = {entry.name, entry.path}
+            keys = (entry.name, entry.path)
             out.append(Workspace(
                 name=entry.name, path=entry.path,
                 root=sizes_root(entry.path, self.allowed_roots),
                 kind=entry.kind, allocated_bytes=cached.allocated_bytes,
                 target_bytes=cached.target_bytes, incremental_bytes=cached.incremental_bytes,
                 stale_bytes=self.stale.get(entry.name, 0), complete=cached.complete,
-                last_used_ms=entry.last_used_ms, running=bool(keys & live.running),
-                reserved=bool(keys & live.reserved),
+                last_used_ms=entry.last_used_ms, running=any(k in live.running for k in keys),
+                reserved=any(k in live.reserved for k in keys),
                 referenced_by=tuple(entry.referenced_by)))
         return out
 
@@ -446,6 +541,7 @@ class DiskActor(actors.Actor):
                 return False
             self.catalog.forget(action.workspace)
             self.cache.pop(action.workspace, None)
+            self.dirty.discard(action.workspace)
             self.stale.pop(action.workspace, None)
         elif isinstance(action, DropIncremental):
             await offload(lambda: drop_incremental(action.path, root))
@@ -514,28 +610,36 @@ class DiskActor(actors.Actor):
     # -- idle, guard, maintenance -------------------------------------------------------
 
     async def _idle(self, msg: JobIdle):
+        """Touch the workspace and siblings (one journal line each) and mark them for a walk;
+        the guard walks the workspace now unless another job holds it (then the walk waits
+        for the guard's retry, a cleanup, maintenance or a listing: one walk however many
+        jobs end there meanwhile)."""
         now = self.now_ms()
         self.inflight.pop(msg.job_id, None)  # the job has ended: its protection ends with it
         for name in (msg.workspace, *msg.siblings):
             if self.catalog.get(name) is None:
                 continue
             self.catalog.touch(name, now)
-            entry = self.catalog.get(name)
-            await self._measure(name, entry.path)
+            self.dirty.add(name)
         self.guard_pending.add(msg.workspace)
-        return await self._guard()
+        return await self._guard([msg.workspace])
 
-    async def _guard(self) -> list[str]:
-        """Build-folder cap for idle workspaces; deferred while a job is queued for them."""
-        if not self.guard_pending:
+    async def _guard(self, names: Iterable[str] | None = None) -> list[str]:
+        """Build-folder cap for idle workspaces; deferred while a job is queued for them.
+        `names`: only those (a job end); None: every pending one (maintenance)."""
+        pending = self.guard_pending if names is None else self.guard_pending.intersection(names)
+        if not pending:
             return []
         live = self._live()
         dropped = []
-        for name in sorted(self.guard_pending):
+        for name in sorted(pending):
             entry = self.catalog.get(name)
             if entry is None:
                 self.guard_pending.discard(name)
                 continue
+            keys = (name, entry.path)
+            if any(k in live.running or k in live.reserved for k in keys):
+                continue  # deferred, unmeasured: stays pending
             ws = (await self._workspaces_named(live, [name]) or [None])[0]
             if ws is None:
                 self.guard_pending.discard(name)
@@ -554,10 +658,11 @@ class DiskActor(actors.Actor):
         return dropped
 
     async def _workspaces_named(self, live: _Live, names: list[str]) -> list[Workspace]:
-        return [w for w in await self._workspaces(live, None) if w.name in names]
+        return await self._workspaces(live, None, names)
 
     async def _periodic(self) -> dict:
         now = self.now_ms()
+        self._canon_epoch += 1  # resolve names again: symlinks may have changed on disk
         live = self._live()
         summary = {"trash_left": 0, "expired_workspaces": [], "swept": [], "bundles_expired": [],
                    "guarded": []}
@@ -593,21 +698,27 @@ class DiskActor(actors.Actor):
         entry = self.catalog.record(msg.name, path, root, kind=msg.kind, now_ms=self.now_ms(),
                                     caller_path=msg.caller_path)
         if msg.referenced_by:
-            entry.referenced_by = list(msg.referenced_by)
-            self.catalog.save()
+            self.catalog.set_references(msg.name, list(msg.referenced_by))
         return entry
 
-    def _listing(self) -> list[dict]:
+    async def _listing(self) -> list[dict]:
+        for name in sorted(self.dirty):  # sizes as of the last job end, as before
+            entry = self.catalog.get(name)
+            if entry is None:
+                self.dirty.discard(name)
+            else:
+                await self._measure(name, entry.path)
         now = self.now_ms()
         live = self._live()
         rows = []
         hard = self.probe(self.state_dir).free_bytes < self.floor_bytes
         for entry in sorted(self.catalog.entries.values(), key=lambda e: e.name):
             cached = self.cache.get(entry.name)
-            keys = {entry.name, entry.path}
+            keys = (entry.name, entry.path)
             ws = Workspace(name=entry.name, path=entry.path, root=entry.root, kind=entry.kind,
-                           last_used_ms=entry.last_used_ms, running=bool(keys & live.running),
-                           reserved=bool(keys & live.reserved))
+                           last_used_ms=entry.last_used_ms,
+                           running=any(k in live.running for k in keys),
+                           reserved=any(k in live.reserved for k in keys))
             why = protection(ws, PlanInput(workspaces=(), free_bytes=0, floor_bytes=0,
                                            goal_bytes=0, now_ms=now,
                                            allowed_roots=self.allowed_roots), hard=hard)

@@ -64,10 +64,17 @@ def _is_incremental(rel_parts: tuple[str, ...]) -> bool:
 
 
 def measure(path: str, *, now_ms: int = 0, mounts: frozenset[str] | None = None) -> Sizes:
-    """Walk `path` read-only; sizes of the whole tree, `target/` and its incremental dirs."""
+    """Walk `path` read-only; sizes of the whole tree, `target/` and its incremental dirs.
+
+    One `lstat` per entry, made relative to the directory's fd (`fstatat`: the kernel does
+    not resolve the full path again; a name the listing gave that the fd's directory lacks,
+    after a concurrent rename, counts as unreadable), and no per-entry Python object kept
+    beyond one directory's names: only directories still to visit sit on the stack, as (path, depth, class) with
+    class 0 (plain), 1 (under `target/`) or 2 (under an incremental dir). Hard links are
+    remembered only for files with more than one link."""
     mounts = mount_points() if mounts is None else mounts
     seen: set[tuple[int, int]] = set()
-    total = target = incremental = 0
+    total = target = incremental = 0  # in 512-byte blocks
     unreadable = 0
     first_error: str | None = None
     try:
@@ -78,50 +85,73 @@ def measure(path: str, *, now_ms: int = 0, mounts: frozenset[str] | None = None)
     if not stat.S_ISDIR(top.st_mode):
         return Sizes(top.st_blocks * 512, 0, 0, True, now_ms)
     dev = top.st_dev
-    total += top.st_blocks * 512
-    # stack of (absolute path, relative parts, in_target, in_incremental)
-    stack = [(path, (), False, False)]
+    total += top.st_blocks
+    lstat_at = os.stat
+    isdir = stat.S_ISDIR
+    join = os.path.join
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    stack: list[tuple[str, int, int]] = [(path, 0, 0)]
+    pop, push = stack.pop, stack.append
     while stack:
-        d, rel, in_t, in_i = stack.pop()
+        d, depth, cls = pop()
         try:
-            with os.scandir(d) as it:
-                entries = list(it)
+            fd = os.open(d, flags)
+            try:
+                with os.scandir(d) as it:
+                    names = [e.name for e in it]
+            except BaseException:
+                os.close(fd)
+                raise
         except OSError as exc:
             unreadable += 1
             if first_error is None:
                 first_error = f"{d}: {exc.strerror}"
             continue
-        for e in entries:
-            try:
-                st = e.stat(follow_symlinks=False)
-            except OSError as exc:
-                unreadable += 1
-                if first_error is None:
-                    first_error = f"{e.path}: {exc.strerror}"
-                continue
-            if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
-                key = (st.st_dev, st.st_ino)
-                if key in seen:
+        try:
+            child_depth = depth + 1
+            for name in names:
+                try:
+                    st = lstat_at(name, dir_fd=fd, follow_symlinks=False)
+                except OSError as exc:
+                    unreadable += 1
+                    if first_error is None:
+                        first_error = f"{join(d, name)}: {exc.strerror}"
                     continue
-                seen.add(key)
-            is_dir = stat.S_ISDIR(st.st_mode)
-            if is_dir and (st.st_dev != dev or e.path in mounts):
-                continue  # another mount: not ours to count
-            size = st.st_blocks * 512
-            r = rel + (e.name,)
-            t = in_t or (len(r) == 1 and e.name == "target" and is_dir)
-            inc = in_i or (is_dir and _is_incremental(r))
-            total += size
-            if t:
-                target += size
-            if inc:
-                incremental += size
-            if is_dir:
-                stack.append((e.path, r, t, inc))
+                blocks = st.st_blocks
+                if isdir(st.st_mode):
+                    child = join(d, name)
+                    if st.st_dev != dev or child in mounts:
+                        continue  # another mount: not ours to count
+                    c = cls
+                    if c == 0:
+                        if child_depth == 1 and name == "target":
+                            c = 1
+                    elif c == 1 and name == INCREMENTAL and child_depth in (3, 4):
+                        c = 2
+                    push((child, child_depth, c))
+                    total += blocks
+                    if c:
+                        target += blocks
+                        if c == 2:
+                            incremental += blocks
+                    continue
+                if st.st_nlink > 1:
+                    key = (st.st_dev, st.st_ino)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                total += blocks
+                if cls:
+                    target += blocks
+                    if cls == 2:
+                        incremental += blocks
+        finally:
+            os.close(fd)
     if first_error is not None:
         log.warning("disk: size of %s is incomplete: %d unreadable subtrees (first: %s)",
                     path, unreadable, first_error)
-    return Sizes(total, target, incremental, unreadable == 0, now_ms, unreadable)
+    return Sizes(total * 512, target * 512, incremental * 512, unreadable == 0, now_ms,
+                 unreadable)
 
 
 def incremental_dirs(path: str) -> list[str]:

@@ -267,6 +267,8 @@ class Runner:
                 if chunk:
                     await offload(upload.write, chunk)
             size = await disk.call(CommitUpload(upload))
+            if isinstance(size, Exception):  # returned by the disk actor, which carries on
+                raise size
         except BundleError as exc:
             raise RefusedError(Refusal(code="bad_request", detail=str(exc))) from None
         except OSError as exc:

@@ -20,6 +20,7 @@ from ..clock import WallClock
 from ..config import RunnerConfig, parse_size
 from ..cpu.actor import CpuActor
 from ..disk.actor import DiskActor
+from ..disk.live import LiveIndex
 from ..execution.actor import JobDeps
 from ..execution.spawner import open_spawner
 from ..maintenance import Maintenance
@@ -162,6 +163,8 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, tree: _Tree, api: 
         host.ceiling = read_ceiling(config.capacity_file, host.slice_limit, host.ceiling)
         return host.ceiling
 
+    live_index = LiveIndex(db.live)  # outlives disk actor restarts; fed by every commit
+    hub.watchers.append(live_index.apply)
     specs = [
         _single("store", lambda: StoreActor(db, hub)),
         _single("cpu", lambda: CpuActor(host.topology, host.allowed, host.kept_back, recorded_cpus,
@@ -171,7 +174,7 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, tree: _Tree, api: 
             config.state_path, config.floor_bytes(), config.goal_bytes(),
             workspace_roots=config.workspace_roots, caller_roots=config.caller_roots,
             cap_bytes=parse_size(config.build_folder_cap_bytes), clock=job_deps.clock,
-            live_jobs=db.live, compile_cache=config.compile_cache,
+            live_jobs=db.live, compile_cache=config.compile_cache, live_index=live_index,
             job_recorded=lambda job_id: db.get(job_id) is not None)),
         _single("accounting", lambda: AccountingActor(db, job_deps.clock)),
         actors.ChildSpec(name="execution", factory=lambda: actors.Supervisor(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import trio
 
@@ -42,6 +42,9 @@ class ChangeHub:
 
     def __init__(self) -> None:
         self._events: dict[str, trio.Event] = {}  # {job_id: Event} only for followed jobs
+        #: Called with every committed record, in commit order (e.g. the disk actor's live
+        #: workspace index); synchronous, so cheap and never raising.
+        self.watchers: list[Callable[[JobRecord], None]] = []
 
     def changed(self, job_id: str) -> trio.Event:
         """An Event set at the next commit touching `job_id` (shared by all its followers)."""
@@ -49,6 +52,10 @@ class ChangeHub:
         if event is None:
             event = self._events[job_id] = trio.Event()
         return event
+
+    def saved(self, record: JobRecord) -> None:
+        for watch in self.watchers:
+            watch(record)
 
     def fire(self, job_id: str) -> None:
         event = self._events.pop(job_id, None)
@@ -73,6 +80,7 @@ class StoreActor(actors.Actor):
             stamped = self.db.save(msg.record, msg.events, log_offset=msg.log_offset,
                                    retain_until_ms=msg.retain_until_ms)
             self.saves += 1
+            self.hub.saved(msg.record)
             self.hub.fire(msg.record.job_id)
             return stamped
         if isinstance(msg, Expire):

@@ -1,0 +1,166 @@
+"""Which workspaces live jobs hold: an index maintained from job-record changes.
+
+The disk actor needs, on every check, the workspace names that jobs in setup or running use
+(`running`), those that queued or bundle-waiting jobs reserve (`reserved`), the bundles live
+jobs still need, the jobs setting up and whether a cache fill is active. Recomputing that from
+every live record on each job end (decode each record, resolve each path) made the disk actor
+the bottleneck of a 10,000-job drain. `LiveIndex` keeps it instead: `apply(record)` is called
+with every committed record (the store's `ChangeHub.saved`), removes the job's previous hold
+and adds its new one (nothing when the record is terminal). Names are reference-counted, so a
+workspace stays held while any job holds it. Work per change: the names of that one job.
+
+The index is built once from the live records (`load`, e.g. `Database.live`) on first use;
+changes applied before that are already in what `load` reads (the store commits before it
+tells the index), so they are skipped. `from_records` is the straightforward reference: the
+same index computed from a list of live records in one pass.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from ..records import TERMINAL_STATES
+
+RUNNING_STATES = ("setup", "running")
+MAX_CHANGES = 100_000
+
+
+@dataclass(frozen=True)
+class Hold:
+    names: tuple[str, ...]  # workspace and siblings, as the record names them
+    running: bool  # setup or running (else: queued, awaiting bundles: reserved)
+    setting_up: bool
+    filling: bool  # a cache_fill job in setup or running
+    bundle: str | None
+
+
+def hold_of(record: Any) -> Hold | None:
+    """What a record holds; None for a terminal record."""
+    if record.state in TERMINAL_STATES:
+        return None
+    return hold_of_live(record)
+
+
+class LiveIndex:
+    def __init__(self, load: Callable[[], Iterable[Any]] | None = None):
+        self._load = load
+        self.loaded = load is None
+        self.jobs: dict[str, Hold] = {}
+        self.running: Counter[str] = Counter()
+        self.reserved: Counter[str] = Counter()
+        self.bundles: Counter[str] = Counter()
+        self.setting_up: set[str] = set()
+        self.filling = 0
+        #: Bumped on every change of `running`/`reserved` names (derived views cache on it).
+        self.version = 0
+        #: Names that became held or free since the consumer last looked, in order:
+        #: (which, name, held) with which "running" | "reserved". None once more than
+        #: MAX_CHANGES piled up (the consumer then recomputes from the counters).
+        self.changes: list[tuple[str, str, bool]] | None = []
+
+    @classmethod
+    def from_records(cls, records: Iterable[Any]) -> "LiveIndex":
+        """The reference: every given record taken as live (a `live_jobs()` answer)."""
+        index = cls()
+        for r in records:
+            index._add(r.job_id, hold_of_live(r))
+        return index
+
+    def ensure_loaded(self) -> None:
+        if self.loaded:
+            return
+        records = list(self._load())
+        self.loaded = True
+        for r in records:
+            self.apply(r)
+
+    def apply(self, record: Any) -> None:
+        """A committed record: replace its job's hold."""
+        if not self.loaded:
+            return  # `load` will read it
+        job_id = record.job_id
+        new = hold_of(record)
+        old = self.jobs.get(job_id)
+        if old == new:
+            return
+        if old is not None:
+            self._remove(job_id, old)
+        if new is not None:
+            self._add(job_id, new)
+
+    def forget(self, job_id: str) -> None:
+        old = self.jobs.get(job_id)
+        if old is not None:
+            self._remove(job_id, old)
+
+    def __contains__(self, job_id: str) -> bool:
+        return job_id in self.jobs
+
+    # -- counting ----------------------------------------------------------------------
+
+    def _add(self, job_id: str, hold: Hold) -> None:
+        self.jobs[job_id] = hold
+        which = "running" if hold.running else "reserved"
+        names = self.running if hold.running else self.reserved
+        for n in hold.names:
+            if names[n] == 0:
+                self.version += 1
+                self._changed(which, n, True)
+            names[n] += 1
+        if hold.setting_up:
+            self.setting_up.add(job_id)
+        if hold.filling:
+            self.filling += 1
+        if hold.bundle:
+            self.bundles[hold.bundle] += 1
+
+    def _remove(self, job_id: str, hold: Hold) -> None:
+        del self.jobs[job_id]
+        which = "running" if hold.running else "reserved"
+        names = self.running if hold.running else self.reserved
+        for n in hold.names:
+            left = names[n] - 1
+            if left <= 0:
+                del names[n]
+                self.version += 1
+                self._changed(which, n, False)
+            else:
+                names[n] = left
+        if hold.setting_up:
+            self.setting_up.discard(job_id)
+        if hold.filling:
+            self.filling -= 1
+        if hold.bundle:
+            left = self.bundles[hold.bundle] - 1
+            if left <= 0:
+                del self.bundles[hold.bundle]
+            else:
+                self.bundles[hold.bundle] = left
+
+    def _changed(self, which: str, name: str, held: bool) -> None:
+        if self.changes is not None:
+            self.changes.append((which, name, held))
+            if len(self.changes) > MAX_CHANGES:
+                self.changes = None
+
+    def take_changes(self) -> list[tuple[str, str, bool]] | None:
+        """The changes since the last call (None: too many, recompute), and start afresh."""
+        changes, self.changes = self.changes, []
+        return changes
+
+    def view(self) -> tuple[frozenset[str], frozenset[str], frozenset[str], frozenset[str], bool]:
+        """(running names, reserved names, bundles, jobs setting up, filling): plain sets,
+        for comparisons."""
+        return (frozenset(self.running), frozenset(self.reserved), frozenset(self.bundles),
+                frozenset(self.setting_up), self.filling > 0)
+
+
+def hold_of_live(record: Any) -> Hold:
+    """What a record known to be live holds (its state is not checked for terminal)."""
+    names = tuple(n for n in (record.workspace, *(record.siblings or ())) if n)
+    running = record.state in RUNNING_STATES
+    return Hold(names=names, running=running, setting_up=record.state == "setup",
+                filling=running and getattr(record, "kind", "job") == "cache_fill",
+                bundle=getattr(record, "bundle_sha256", None) or None)

@@ -1,0 +1,115 @@
+"""The catalog's batching: each change is one journal append, the snapshot is rewritten
+rarely, and nothing the actor was told is lost when the process dies without stopping."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+
+import pytest
+import trio
+
+import actors
+from motor.disk.actor import DiskActor, JobIdle, PrepareSetup
+from motor.disk.catalog import COMPACT_MIN, Catalog
+
+
+def _crashed(state) -> dict:
+    """What a process starting after a crash reads: the files as they are (no close())."""
+    return {k: asdict(v) for k, v in Catalog(state).entries.items()}
+
+
+def _entries(catalog: Catalog) -> dict:
+    return {k: asdict(v) for k, v in catalog.entries.items()}
+
+
+def test_every_change_is_on_disk_without_a_snapshot_rewrite(tmp_path):
+    c = Catalog(tmp_path)
+    c.record("a", "/w/a", "/w", kind="task", now_ms=1)
+    c.record("b", "/w/b", "/w", kind="task", now_ms=2)
+    c.record("c", "/w/c", "/w", kind="head", now_ms=3, caller_path=None)
+    c.touch("a", 10)
+    c.forget("b")
+    c.set_references("c", ["a"])
+    assert c.compactions == 0 and not c.path.exists()  # no whole-catalog rewrite yet
+    assert c.journal_lines == 6
+    assert _crashed(tmp_path) == _entries(c)
+    assert _crashed(tmp_path)["a"]["last_used_ms"] == 10
+
+
+def test_a_torn_last_line_is_ignored(tmp_path):
+    c = Catalog(tmp_path)
+    c.record("a", "/w/a", "/w", kind="task", now_ms=1)
+    with open(c.journal_path, "a") as f:
+        f.write('{"put": {"name": "b", "pa')  # the crash cut this append short
+    assert _crashed(tmp_path) == _entries(c)
+
+
+def test_a_crash_between_snapshot_and_journal_truncation_replays_harmlessly(tmp_path):
+    c = Catalog(tmp_path)
+    for i in range(5):
+        c.record(f"w{i}", f"/w/{i}", "/w", kind="task", now_ms=i)
+    c.touch("w1", 99)
+    c.forget("w3")
+    journal = c.journal_path.read_bytes()
+    c.save()
+    c.journal_path.write_bytes(journal)  # as if the process died right after the rename
+    assert _crashed(tmp_path) == _entries(c)
+
+
+def test_snapshot_rewrites_are_amortized_over_many_changes(tmp_path):
+    c = Catalog(tmp_path)
+    for i in range(10):
+        c.record(f"w{i}", f"/w/{i}", "/w", kind="task", now_ms=i)
+    for t in range(2000):
+        c.touch(f"w{t % 10}", 100 + t)
+    # one snapshot per COMPACT_MIN + 1 changes (the catalog is smaller than COMPACT_MIN)
+    assert c.compactions == 2010 // (COMPACT_MIN + 1)
+    assert c.journal_lines <= COMPACT_MIN
+    assert _crashed(tmp_path) == _entries(c)
+    c.close()  # an orderly stop: everything in the snapshot, the journal empty
+    assert c.journal_path.read_bytes() == b""
+    body = json.loads(c.path.read_text())
+    assert {w["name"]: w["last_used_ms"] for w in body["workspaces"]}["w9"] == 100 + 1999
+
+
+async def test_a_job_end_is_on_disk_when_the_actor_has_handled_it(tmp_path):
+    """The actor's answer to JobIdle (or PrepareSetup) means the catalog files hold it."""
+    state = tmp_path / "state"
+    ms = [1_800_000_000_000]
+
+    class Clock:
+        def now_ms(self):
+            return ms[0]
+
+    actor = DiskActor(state, 0, 0, workspace_roots=[tmp_path / "ws"], clock=Clock())
+    sup = actors.Supervisor("t", [actors.ChildSpec(name="disk", factory=lambda: actor)])
+    async with trio.open_nursery() as n:
+        await n.start(sup.run)
+        ref = sup.ref("disk")
+        for i in range(30):
+            name = f"w{i % 4}"
+            plan = await ref.call(PrepareSetup(f"job{i}", name))
+            assert plan.refusal is None
+            os.makedirs(plan.path, exist_ok=True)  # the job's setup makes the tree
+            ms[0] += 1000
+            await ref.call(JobIdle(f"job{i}", name))
+            on_disk = _crashed(state)
+            assert on_disk == _entries(actor.catalog), i
+            assert on_disk[name]["last_used_ms"] == ms[0]
+        assert actor.catalog.compactions == 0  # 34 changes, not 34 catalog rewrites
+        sup.shutdown()
+
+
+@pytest.mark.e2e
+def test_runner_killed_right_after_job_ends_still_has_their_workspaces(serve_factory):
+    serve = serve_factory().start()
+    for i in range(4):
+        result = serve.cli("run", "--workspace", f"w{i % 3}", "--", "true")
+        assert result.returncode == 0, result.stderr.decode()
+    serve.kill9()  # no orderly stop: no compaction
+    serve = serve_factory().start()
+    rows = {row["name"]: row for row in serve.cli_json("workspaces")}
+    assert set(rows) == {"w0", "w1", "w2"}
+    assert all(row["path"].endswith("/" + name) for name, row in rows.items())
