@@ -25,26 +25,29 @@ def remove_private_parent(parent: str) -> None:
     except IsolationError:
         return
     for path in paths:
-        _remove(path)
+        kill_and_remove(path)
 
 
-def _remove(path: str) -> None:
+def kill_and_remove(path: str, *, strict: bool = False) -> None:
+    """Best-effort removal of one group directory tree (children first): SIGKILL what is
+    in it until rmdir succeeds, for at most 5 s (then raise when `strict`)."""
     if not os.path.isdir(path):
         return
     for entry in os.scandir(path):
         if entry.is_dir(follow_symlinks=False):
-            _remove(entry.path)
+            kill_and_remove(entry.path, strict=strict)
     deadline = time.monotonic() + 5
     while True:
         try:
             with open(os.path.join(path, "cgroup.procs")) as f:
-                for pid in f.read().split():
-                    try:
-                        os.kill(int(pid), signal.SIGKILL)
-                    except OSError:
-                        pass
+                pids = [int(p) for p in f.read().split()]
         except OSError:
-            pass
+            pids = []
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         try:
             os.rmdir(path)
             return
@@ -52,5 +55,7 @@ def _remove(path: str) -> None:
             return
         except OSError:
             if time.monotonic() > deadline:
+                if strict:
+                    raise
                 return
             time.sleep(0.02)
