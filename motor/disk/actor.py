@@ -33,6 +33,7 @@ import actors
 from . import bundles as bundles_mod
 from . import cargo, sizes, trash
 from .bundles import BundleError, BundleStore
+from ..offload import Offload, thread_offload
 from .catalog import Catalog
 from .live import LiveIndex
 from .core import (
@@ -202,7 +203,7 @@ class DiskActor(actors.Actor):
                  live_jobs: Callable[[], Iterable[Any]] | None = None,
                  compile_cache: str | None = None,
                  job_recorded: Callable[[str], bool] | None = None,
-                 live_index: LiveIndex | None = None):
+                 live_index: LiveIndex | None = None, offload: Offload = thread_offload):
         super().__init__(name="disk")
         self.state_dir = Path(state_dir)
         self.floor_bytes = floor_bytes
@@ -216,6 +217,9 @@ class DiskActor(actors.Actor):
             [*self.workspace_roots, *self.caller_roots.values()]))
         self.cap_bytes = cap_bytes
         self.clock = clock
+        #: Blocking file-system work (walks, deletions, unpacking checks) goes through it:
+        #: a worker thread by default; the runner passes its clock's (motor/clock.py).
+        self.offload = offload
         self.live_jobs = live_jobs or (lambda: ())
         #: Maintained from committed records (the runner's); without it, `live_jobs()` is
         #: read and indexed on every check (the reference way, kept for embedded use).
@@ -251,7 +255,7 @@ class DiskActor(actors.Actor):
         self.catalog = Catalog(self.state_dir)
         self.bundles = BundleStore(self.state_dir)
         for root in self.allowed_roots:  # leftovers of a runner killed mid-unpack
-            removed, left = await offload(bundles_mod.sweep_staging, root)
+            removed, left = await self.offload(bundles_mod.sweep_staging, root)
             if removed or left:
                 log.info("disk: swept %d staging leftovers under %s (%d stay)", removed, root, left)
 
@@ -413,11 +417,11 @@ class DiskActor(actors.Actor):
 
     async def _measure(self, name: str, path: str) -> sizes.Sizes:
         now = self.now_ms()
-        result = await offload(lambda: sizes.measure(path, now_ms=now))
+        result = await self.offload(lambda: sizes.measure(path, now_ms=now))
         self.cache[name] = result
         self.dirty.discard(name)
         try:
-            self.stale[name] = await offload(lambda: cargo.stale_bytes(path, now))
+            self.stale[name] = await self.offload(lambda: cargo.stale_bytes(path, now))
         except OSError:
             self.stale[name] = 0
         return result
@@ -511,8 +515,8 @@ class DiskActor(actors.Actor):
             live = self._live()
             wss = await self._workspaces(live, dev)
             wss = [w if w.name not in repaired else _complete(w) for w in wss]
-            staging = await offload(lambda: self._staging(live, dev))
-            cache = await offload(lambda: self._compile_cache(live, dev))
+            staging = await self.offload(lambda: self._staging(live, dev))
+            cache = await self.offload(lambda: self._compile_cache(live, dev))
             actions = plan_cleanup(PlanInput(
                 workspaces=tuple(wss), staging=tuple(staging), compile_cache=cache,
                 free_bytes=sample.free_bytes,
@@ -534,7 +538,7 @@ class DiskActor(actors.Actor):
         entry = self.catalog.get(getattr(action, "workspace", "")) if hasattr(action, "workspace") else None
         root = entry.root if entry is not None else ""
         if isinstance(action, EvictWorkspace):
-            await offload(lambda: _safe(trash.delete_tree, action.path, root))
+            await self.offload(lambda: _safe(trash.delete_tree, action.path, root))
             if os.path.lexists(action.path):  # not moved out: keep the entry, retry later
                 log.warning("disk: evicting %s failed; its catalog entry stays for a retry",
                             action.workspace)
@@ -544,22 +548,22 @@ class DiskActor(actors.Actor):
             self.dirty.discard(action.workspace)
             self.stale.pop(action.workspace, None)
         elif isinstance(action, DropIncremental):
-            await offload(lambda: drop_incremental(action.path, root))
+            await self.offload(lambda: drop_incremental(action.path, root))
             await self._measure(action.workspace, action.path)
         elif isinstance(action, DropStaleUnits):
             now = self.now_ms()
-            await offload(lambda: cargo.sweep(action.path, root, now))
+            await self.offload(lambda: cargo.sweep(action.path, root, now))
             await self._measure(action.workspace, action.path)
             self.stale[action.workspace] = 0
         elif isinstance(action, RemoveStaging):
-            await offload(lambda: _safe(trash.purge, action.path))
+            await self.offload(lambda: _safe(trash.purge, action.path))
             if os.path.lexists(action.path):
                 return False
         elif isinstance(action, EvictCompileCache):  # the whole cache, then an empty one
-            await offload(lambda: _safe(trash.delete_tree, action.path, os.path.dirname(action.path)))
+            await self.offload(lambda: _safe(trash.delete_tree, action.path, os.path.dirname(action.path)))
             os.makedirs(action.path, exist_ok=True)
         elif isinstance(action, Repair):
-            await offload(lambda: repair(action.path))
+            await self.offload(lambda: repair(action.path))
             await self._measure(action.workspace, action.path)
         return True
 
@@ -667,7 +671,7 @@ class DiskActor(actors.Actor):
         summary = {"trash_left": 0, "expired_workspaces": [], "swept": [], "bundles_expired": [],
                    "guarded": []}
         for root in self.allowed_roots:
-            summary["trash_left"] += await offload(lambda: trash.collect_trash(root))
+            summary["trash_left"] += await self.offload(lambda: trash.collect_trash(root))
         for ws in await self._workspaces(live, None):
             if protection(ws, _input_for(self, ws), hard=True) is not None:
                 continue
@@ -679,7 +683,7 @@ class DiskActor(actors.Actor):
                 self.last_sweep[ws.name] = now
                 if not ws.complete:  # claim and repair, measure again, then decide
                     await self._execute(Repair(ws.name, ws.path, "sweep"))
-                result = await offload(lambda: cargo.sweep(ws.path, ws.root, now))
+                result = await self.offload(lambda: cargo.sweep(ws.path, ws.root, now))
                 if result["units"] or result["incremental"]:
                     summary["swept"].append(ws.name)
                     await self._measure(ws.name, ws.path)
@@ -735,16 +739,6 @@ class DiskActor(actors.Actor):
                 "protected": why,
             })
         return rows
-
-
-async def offload(fn, *args):
-    """Run blocking file-system work in a worker thread, except under trio's MockClock,
-    where a thread would let the virtual clock jump ahead (tests): there it runs inline."""
-    import trio.testing
-
-    if isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock):
-        return fn(*args)
-    return await trio.to_thread.run_sync(fn, *args)
 
 
 def _input_for(actor: DiskActor, ws: Workspace) -> PlanInput:
