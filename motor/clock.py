@@ -34,9 +34,9 @@ class WallClock:
 
     async def offload(self, fn, *args):
         """Run short blocking host reads away from the event loop: a worker thread."""
-        import trio
+        from .offload import thread_offload
 
-        return await trio.to_thread.run_sync(fn, *args)
+        return await thread_offload(fn, *args)
 
 
 class MockWallClock(WallClock):

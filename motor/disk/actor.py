@@ -11,19 +11,20 @@ live) protects nothing.
 Cleanup (`_cleanup`): plan with the pure core, carry out the first action, probe free space
 again for real, re-plan; until the plan is empty. A cleanup that starts below the hard floor
 stays hard until the soft goal is met. A deletion that fails keeps its catalog entry and is
-skipped for the rest of that cleanup; the next cleanup or maintenance pass retries it. Heavy work (walks, deletions, unpacking
-checks) runs in worker threads; messages still go one at a time.
+skipped for the rest of that cleanup; the next cleanup or maintenance pass retries it. Heavy
+work (walks, deletions, unpacking checks) goes through the injected offloader (motor/offload.py:
+worker threads in production); messages still go one at a time.
+
+This file holds the message handling only: the messages are in `messages.py` (re-exported
+here), the file-system helpers, planner inputs and listing rows in `host.py`, the view of
+what live jobs hold in `live.py`, the rules in `core.py`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
-import stat
-from dataclasses import dataclass, field
 from pathlib import Path
-from collections import Counter
 from typing import Any, Callable, Iterable
 
 import trio
@@ -32,163 +33,26 @@ import actors
 
 from . import bundles as bundles_mod
 from . import cargo, sizes, trash
+from . import host as hostio
+from ..offload import Offload, thread_offload
 from .bundles import BundleError, BundleStore
 from .catalog import Catalog
-from .live import LiveIndex
 from .core import (
-    CompileCache, DiskSample, DropIncremental, DropStaleUnits, EvictCompileCache, EvictWorkspace,
-    RECENT_MS, RemoveStaging,
-    Repair, Staging, Workspace, PlanInput, admission, guard_action, idle_expired, plan_cleanup,
-    protection, sweep_due,
+    DiskSample, DropIncremental, DropStaleUnits, EvictCompileCache, EvictWorkspace, RECENT_MS,
+    RemoveStaging, Repair, Workspace, PlanInput, admission, guard_action, idle_expired,
+    plan_cleanup, protection, sweep_due,
+)
+from .host import device, drop_incremental, probe_path, repair, safe, sizes_root
+from .live import HeldPaths, Live, LiveIndex, live_view
+from .messages import (
+    Admit, AdmitUpload, BeginUpload, CommitUpload, HasBundle, JobIdle, Listing, Periodic,
+    PrepareSetup, Register, Reserve, Sample, SetupPlan, Unreserve,
 )
 
 log = logging.getLogger("motor.disk")
 
 INFLIGHT_S = 60.0  # an admission protects its workspaces until recorded, at most this long
 MAX_STEPS = 10_000
-
-
-def probe_path(path: Path) -> DiskSample:
-    usage = shutil.disk_usage(path)
-    return DiskSample(free_bytes=usage.free, total_bytes=usage.total)
-
-
-# --- messages --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Admit:
-    """Reply: a Refusal, or None when there is room (after cleanup)."""
-
-    job_id: str | None = None
-    workspace: str | None = None
-    siblings: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class AdmitUpload:
-    """Before an upload's body is read. Reply: a Refusal, or None."""
-
-    sha256: str
-
-
-@dataclass(frozen=True)
-class BeginUpload:
-    """Reply: a bundles.Upload to write chunks into (raises BundleError on a bad name)."""
-
-    sha256: str
-
-
-@dataclass(frozen=True)
-class CommitUpload:
-    """Reply: the bundle size; or the BundleError (digest mismatch, nothing kept) or OSError
-    to raise: returned, not raised, so a bad upload does not restart the disk actor."""
-
-    upload: Any
-
-
-@dataclass(frozen=True)
-class HasBundle:
-    """Reply: True when the verified bundle is stored (its retention clock restarts)."""
-
-    sha256: str
-
-
-@dataclass(frozen=True)
-class PrepareSetup:
-    """Before a job's setup: floor check again, catalog its workspace.
-    Reply: SetupPlan."""
-
-    job_id: str
-    workspace: str
-    siblings: tuple[str, ...] = ()
-    kind: str = "task"
-    bundle_sha256: str | None = None
-
-
-@dataclass(frozen=True)
-class SetupPlan:
-    refusal: Any  # Refusal | None
-    path: str = ""
-    root: str = ""
-    bundle: str | None = None
-
-
-@dataclass(frozen=True)
-class JobIdle:
-    """A job left its workspace: touch it, measure it, apply the build-folder cap."""
-
-    job_id: str
-    workspace: str
-    siblings: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Register:
-    """Catalog a workspace (caller-root trees and snapshots). Reply: the entry."""
-
-    name: str
-    path: str
-    kind: str = "task"
-    caller_path: str | None = None
-    referenced_by: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Reserve:
-    """Protect workspaces (by name or path) under `token` until `Unreserve(token)`."""
-
-    token: str
-    names: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Unreserve:
-    token: str
-
-
-@dataclass(frozen=True)
-class Periodic:
-    """Maintenance: trash, idle expiry, daily sweep, guard, bundle retention, cleanup.
-    Reply: a summary dict."""
-
-
-@dataclass(frozen=True)
-class Sample:
-    """Reply: the current DiskSample of the state filesystem."""
-
-
-@dataclass(frozen=True)
-class Listing:
-    """Reply: the catalog as rows for `motor workspaces`."""
-
-
-class _Held:
-    """Membership in held names or their canonical paths (containers kept by the index and
-    the actor, not copied), plus extra keys (admissions in flight, reservations)."""
-
-    __slots__ = ("names", "paths", "extra")
-
-    def __init__(self, names=frozenset(), paths=frozenset(), extra: frozenset = frozenset()):
-        self.names, self.paths, self.extra = names, paths, extra
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.names or key in self.paths or key in self.extra
-
-    def __or__(self, keys) -> "_Held":
-        return _Held(self.names, self.paths, self.extra | frozenset(keys))
-
-    def __iter__(self):
-        return iter({*self.names, *self.paths, *self.extra})
-
-
-@dataclass
-class _Live:
-    running: _Held = field(default_factory=_Held)
-    reserved: _Held = field(default_factory=_Held)
-    bundles: set[str] = field(default_factory=set)
-    setting_up: set[str] = field(default_factory=set)  # job ids
-    filling: bool = False  # a cache_fill job is setting up or running
 
 
 class DiskActor(actors.Actor):
@@ -202,7 +66,7 @@ class DiskActor(actors.Actor):
                  live_jobs: Callable[[], Iterable[Any]] | None = None,
                  compile_cache: str | None = None,
                  job_recorded: Callable[[str], bool] | None = None,
-                 live_index: LiveIndex | None = None):
+                 live_index: LiveIndex | None = None, offload: Offload = thread_offload):
         super().__init__(name="disk")
         self.state_dir = Path(state_dir)
         self.floor_bytes = floor_bytes
@@ -216,18 +80,17 @@ class DiskActor(actors.Actor):
             [*self.workspace_roots, *self.caller_roots.values()]))
         self.cap_bytes = cap_bytes
         self.clock = clock
+        #: Blocking file-system work (walks, deletions, unpacking checks) goes through it:
+        #: a worker thread by default; the runner passes its clock's (motor/clock.py).
+        self.offload = offload
         self.live_jobs = live_jobs or (lambda: ())
         #: Maintained from committed records (the runner's); without it, `live_jobs()` is
         #: read and indexed on every check (the reference way, kept for embedded use).
         self.live_index = live_index
         self._canon_memo: dict[str, str] = {}
         self._canon_key: tuple = ()
-        # Canonical paths of the names the index holds, kept from its changes:
-        # {which: {name: path}} and {which: Counter(path)}; recomputed when `_paths_key`
-        # (catalog generation, canon epoch) changes.
-        self._path_of: dict[str, dict[str, str]] = {"running": {}, "reserved": {}}
-        self._path_count: dict[str, Counter] = {"running": Counter(), "reserved": Counter()}
-        self._paths_key: tuple = ()
+        #: canonical paths of the names the index holds, kept from its changes
+        self.held_paths = HeldPaths()
         #: Whether a job id has a record at all (live or ended): ends its in-flight protection.
         self.job_recorded = job_recorded or (lambda job_id: False)
         self.compile_cache = compile_cache
@@ -251,7 +114,7 @@ class DiskActor(actors.Actor):
         self.catalog = Catalog(self.state_dir)
         self.bundles = BundleStore(self.state_dir)
         for root in self.allowed_roots:  # leftovers of a runner killed mid-unpack
-            removed, left = await offload(bundles_mod.sweep_staging, root)
+            removed, left = await self.offload(bundles_mod.sweep_staging, root)
             if removed or left:
                 log.info("disk: swept %d staging leftovers under %s (%d stay)", removed, root, left)
 
@@ -346,7 +209,7 @@ class DiskActor(actors.Actor):
         names = [n for n in (workspace, *siblings) if n]
         return frozenset(names) | frozenset(self._canon(n) for n in names)
 
-    def _live(self) -> _Live:
+    def _live(self) -> Live:
         now = trio.current_time()
         for job_id, (touched, until) in list(self.inflight.items()):
             if until < now:
@@ -354,23 +217,16 @@ class DiskActor(actors.Actor):
         if self.live_index is not None:
             index = self.live_index
             index.ensure_loaded()
-            self._follow(index)
-            running = _Held(index.running, self._path_count["running"])
-            reserved = _Held(index.reserved, self._path_count["reserved"])
+            key = (self.catalog.generation if self.catalog else -1, self._canon_epoch)
+            self.held_paths.follow(index, key, self._canon)
+            running, reserved = self.held_paths.count["running"], self.held_paths.count["reserved"]
         else:
             index = LiveIndex.from_records(self.live_jobs())
-            running = _Held(index.running, self._keys(index.running))
-            reserved = _Held(index.reserved, self._keys(index.reserved))
-        live = _Live(running=running, reserved=reserved,  # `|=` below makes a new view
-                     bundles=set(index.bundles), setting_up=set(index.setting_up),
-                     filling=index.filling > 0)
+            running, reserved = self._keys(index.running), self._keys(index.reserved)
         for job_id in [j for j in self.inflight if j in index or self.job_recorded(j)]:
             del self.inflight[job_id]
-        for touched, _ in self.inflight.values():
-            live.reserved |= touched
-        for touched in self.reservations.values():
-            live.reserved |= touched
-        return live
+        return live_view(index, running, reserved,
+                         [*(t for t, _ in self.inflight.values()), *self.reservations.values()])
 
     # -- planner input ----------------------------------------------------------------
 
@@ -378,51 +234,18 @@ class DiskActor(actors.Actor):
         """The canonical paths of names (a workspace is matched by name or path)."""
         return frozenset(self._canon(n) for n in names)
 
-    def _follow(self, index: LiveIndex) -> None:
-        """Bring the held paths up to date with the index: the names that became held or
-        free since the last check (work per change, not per live job); all of them again
-        after the catalog renamed something, at maintenance, or after a flood of changes."""
-        key = (self.catalog.generation if self.catalog else -1, self._canon_epoch)
-        changes = index.take_changes()
-        if changes is None or key != self._paths_key:
-            self._paths_key = key
-            for which, names in (("running", index.running), ("reserved", index.reserved)):
-                self._path_of[which] = {n: self._canon(n) for n in names}
-                self._path_count[which] = Counter(self._path_of[which].values())
-            return
-        for which, name, held in changes:
-            path_of, count = self._path_of[which], self._path_count[which]
-            if held:
-                path = path_of[name] = self._canon(name)
-                count[path] += 1
-            else:
-                path = path_of.pop(name, None)
-                if path is None:
-                    continue
-                left = count[path] - 1
-                if left <= 0:
-                    del count[path]
-                else:
-                    count[path] = left
-
-    def _dev(self, path: str) -> int | None:
-        try:
-            return os.stat(path).st_dev
-        except OSError:
-            return None
-
     async def _measure(self, name: str, path: str) -> sizes.Sizes:
         now = self.now_ms()
-        result = await offload(lambda: sizes.measure(path, now_ms=now))
+        result = await self.offload(lambda: sizes.measure(path, now_ms=now))
         self.cache[name] = result
         self.dirty.discard(name)
         try:
-            self.stale[name] = await offload(lambda: cargo.stale_bytes(path, now))
+            self.stale[name] = await self.offload(lambda: cargo.stale_bytes(path, now))
         except OSError:
             self.stale[name] = 0
         return result
 
-    async def _workspaces(self, live: _Live, dev: int | None,
+    async def _workspaces(self, live: Live, dev: int | None,
                           names: Iterable[str] | None = None) -> list[Workspace]:
         if names is None:
             entries = list(self.catalog.entries.values())
@@ -430,7 +253,7 @@ class DiskActor(actors.Actor):
             entries = [e for e in map(self.catalog.get, names) if e is not None]
         out = []
         for entry in entries:
-            if dev is not None and self._dev(entry.root) != dev:
+            if dev is not None and device(entry.root) != dev:
                 continue
             if not os.path.lexists(entry.path):
                 self.catalog.forget(entry.name)
@@ -440,65 +263,14 @@ class DiskActor(actors.Actor):
             cached = self.cache.get(entry.name)
             if cached is None or entry.name in self.dirty:  # lazily, for ranking
                 cached = await self._measure(entry.name, entry.path)
-            keys = (entry.name, entry.path)
-            out.append(Workspace(
-                name=entry.name, path=entry.path,
-                root=sizes_root(entry.path, self.allowed_roots),
-                kind=entry.kind, allocated_bytes=cached.allocated_bytes,
-                target_bytes=cached.target_bytes, incremental_bytes=cached.incremental_bytes,
-                stale_bytes=self.stale.get(entry.name, 0), complete=cached.complete,
-                last_used_ms=entry.last_used_ms, running=any(k in live.running for k in keys),
-                reserved=any(k in live.reserved for k in keys),
-                referenced_by=tuple(entry.referenced_by)))
+            out.append(hostio.workspace(entry, cached, self.stale.get(entry.name, 0), live,
+                                      self.allowed_roots))
         return out
-
-    def _staging(self, live: _Live, dev: int | None) -> list[Staging]:
-        out = []
-        dirs = []
-        for root in self.allowed_roots:
-            if dev is not None and self._dev(root) != dev:
-                continue
-            dirs.append(os.path.join(root, bundles_mod.STAGING))
-            dirs.append(os.path.join(root, trash.TRASH))
-        for d in dirs:
-            try:
-                entries = list(os.scandir(d))
-            except OSError:
-                continue
-            for e in entries:
-                active = e.name.split(".")[0] in live.setting_up
-                try:
-                    st = e.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                measured = sizes.measure(e.path)
-                out.append(Staging(path=e.path, allocated_bytes=measured.allocated_bytes,
-                                   last_used_ms=int(st.st_mtime * 1000), active=active))
-        return out
-
-    def _compile_cache(self, live: _Live, dev: int | None) -> CompileCache | None:
-        """The compile cache as one candidate (measured on each pass, like staging)."""
-        path = self.compile_cache
-        if not path:
-            return None
-        try:
-            st = os.stat(path, follow_symlinks=False)
-        except OSError:
-            return None
-        if dev is not None and st.st_dev != dev:
-            return None
-        try:
-            if not os.listdir(path):
-                return None  # empty: nothing to reclaim
-        except OSError:
-            return None
-        return CompileCache(path=path, allocated_bytes=sizes.measure(path).allocated_bytes,
-                            last_used_ms=int(st.st_mtime * 1000), filling=live.filling)
 
     # -- cleanup ------------------------------------------------------------------------
 
     async def _cleanup(self, where: str, incoming: frozenset[str]) -> DiskSample:
-        dev = self._dev(where)
+        dev = device(where)
         repaired: set[str] = set()
         failed: set[str] = set()  # deletions that failed: retried by the next cleanup
         hard = False  # once below the floor, recent workspaces stay eligible until the goal
@@ -510,9 +282,9 @@ class DiskActor(actors.Actor):
             hard = hard or sample.free_bytes < self.floor_bytes
             live = self._live()
             wss = await self._workspaces(live, dev)
-            wss = [w if w.name not in repaired else _complete(w) for w in wss]
-            staging = await offload(lambda: self._staging(live, dev))
-            cache = await offload(lambda: self._compile_cache(live, dev))
+            wss = [w if w.name not in repaired else hostio.complete(w) for w in wss]
+            staging = await self.offload(hostio.staging, self.allowed_roots, live.setting_up, dev)
+            cache = await self.offload(hostio.compile_cache, self.compile_cache, live.filling, dev)
             actions = plan_cleanup(PlanInput(
                 workspaces=tuple(wss), staging=tuple(staging), compile_cache=cache,
                 free_bytes=sample.free_bytes,
@@ -534,7 +306,7 @@ class DiskActor(actors.Actor):
         entry = self.catalog.get(getattr(action, "workspace", "")) if hasattr(action, "workspace") else None
         root = entry.root if entry is not None else ""
         if isinstance(action, EvictWorkspace):
-            await offload(lambda: _safe(trash.delete_tree, action.path, root))
+            await self.offload(lambda: safe(trash.delete_tree, action.path, root))
             if os.path.lexists(action.path):  # not moved out: keep the entry, retry later
                 log.warning("disk: evicting %s failed; its catalog entry stays for a retry",
                             action.workspace)
@@ -544,22 +316,22 @@ class DiskActor(actors.Actor):
             self.dirty.discard(action.workspace)
             self.stale.pop(action.workspace, None)
         elif isinstance(action, DropIncremental):
-            await offload(lambda: drop_incremental(action.path, root))
+            await self.offload(lambda: drop_incremental(action.path, root))
             await self._measure(action.workspace, action.path)
         elif isinstance(action, DropStaleUnits):
             now = self.now_ms()
-            await offload(lambda: cargo.sweep(action.path, root, now))
+            await self.offload(lambda: cargo.sweep(action.path, root, now))
             await self._measure(action.workspace, action.path)
             self.stale[action.workspace] = 0
         elif isinstance(action, RemoveStaging):
-            await offload(lambda: _safe(trash.purge, action.path))
+            await self.offload(lambda: safe(trash.purge, action.path))
             if os.path.lexists(action.path):
                 return False
         elif isinstance(action, EvictCompileCache):  # the whole cache, then an empty one
-            await offload(lambda: _safe(trash.delete_tree, action.path, os.path.dirname(action.path)))
+            await self.offload(lambda: safe(trash.delete_tree, action.path, os.path.dirname(action.path)))
             os.makedirs(action.path, exist_ok=True)
         elif isinstance(action, Repair):
-            await offload(lambda: repair(action.path))
+            await self.offload(lambda: repair(action.path))
             await self._measure(action.workspace, action.path)
         return True
 
@@ -573,7 +345,7 @@ class DiskActor(actors.Actor):
         refusal = admission(sample, self.floor_bytes)
         if refusal is None and msg.workspace:
             path, root = self.workspace_path(msg.workspace)
-            if self._dev(root) not in (None, self._dev(str(self.state_dir))):
+            if device(root) not in (None, device(str(self.state_dir))):
                 refusal = admission(await self._cleanup(root, incoming), self.floor_bytes)
         if refusal is not None and msg.job_id is not None:
             self.inflight.pop(msg.job_id, None)
@@ -588,7 +360,7 @@ class DiskActor(actors.Actor):
         sample = await self._cleanup(str(self.state_dir), incoming)
         refusal = admission(sample, self.floor_bytes)
         path, root = self.workspace_path(msg.workspace)
-        if refusal is None and self._dev(root) not in (None, self._dev(str(self.state_dir))):
+        if refusal is None and device(root) not in (None, device(str(self.state_dir))):
             refusal = admission(await self._cleanup(root, incoming), self.floor_bytes)
         if refusal is not None:
             return SetupPlan(refusal=refusal)
@@ -651,13 +423,13 @@ class DiskActor(actors.Actor):
             if isinstance(action, Repair):
                 await self._execute(action)
                 ws = (await self._workspaces_named(self._live(), [name]))[0]
-                action = guard_action(_complete(ws), self.cap_bytes)
+                action = guard_action(hostio.complete(ws), self.cap_bytes)
             if isinstance(action, DropIncremental):
                 await self._execute(action)
                 dropped.append(name)
         return dropped
 
-    async def _workspaces_named(self, live: _Live, names: list[str]) -> list[Workspace]:
+    async def _workspaces_named(self, live: Live, names: list[str]) -> list[Workspace]:
         return await self._workspaces(live, None, names)
 
     async def _periodic(self) -> dict:
@@ -667,9 +439,10 @@ class DiskActor(actors.Actor):
         summary = {"trash_left": 0, "expired_workspaces": [], "swept": [], "bundles_expired": [],
                    "guarded": []}
         for root in self.allowed_roots:
-            summary["trash_left"] += await offload(lambda: trash.collect_trash(root))
+            summary["trash_left"] += await self.offload(lambda: trash.collect_trash(root))
         for ws in await self._workspaces(live, None):
-            if protection(ws, _input_for(self, ws), hard=True) is not None:
+            if protection(ws, hostio.plan_input_for(self.now_ms(), self.allowed_roots),
+                          hard=True) is not None:
                 continue
             if idle_expired(ws, now):
                 if await self._execute(EvictWorkspace(ws.name, ws.path, ws.allocated_bytes or 0)):
@@ -679,7 +452,7 @@ class DiskActor(actors.Actor):
                 self.last_sweep[ws.name] = now
                 if not ws.complete:  # claim and repair, measure again, then decide
                     await self._execute(Repair(ws.name, ws.path, "sweep"))
-                result = await offload(lambda: cargo.sweep(ws.path, ws.root, now))
+                result = await self.offload(lambda: cargo.sweep(ws.path, ws.root, now))
                 if result["units"] or result["incremental"]:
                     summary["swept"].append(ws.name)
                     await self._measure(ws.name, ws.path)
@@ -713,102 +486,9 @@ class DiskActor(actors.Actor):
         rows = []
         hard = self.probe(self.state_dir).free_bytes < self.floor_bytes
         for entry in sorted(self.catalog.entries.values(), key=lambda e: e.name):
-            cached = self.cache.get(entry.name)
-            keys = (entry.name, entry.path)
-            ws = Workspace(name=entry.name, path=entry.path, root=entry.root, kind=entry.kind,
-                           last_used_ms=entry.last_used_ms,
-                           running=any(k in live.running for k in keys),
-                           reserved=any(k in live.reserved for k in keys))
-            why = protection(ws, PlanInput(workspaces=(), free_bytes=0, floor_bytes=0,
-                                           goal_bytes=0, now_ms=now,
-                                           allowed_roots=self.allowed_roots), hard=hard)
-            rows.append({
-                "name": entry.name, "kind": entry.kind, "root": entry.root, "path": entry.path,
-                "caller_path": entry.caller_path,
-                "allocated_bytes": cached.allocated_bytes if cached else None,
-                "target_bytes": cached.target_bytes if cached else None,
-                "incremental_bytes": cached.incremental_bytes if cached else None,
-                "complete": cached.complete if cached else None,
-                "measured_ms": cached.measured_ms if cached else None,  # wall time
-                "measured_age_ms": max(0, now - cached.measured_ms) if cached else None,
-                "idle_ms": max(0, now - entry.last_used_ms),
-                "protected": why,
-            })
+            rows.append(hostio.listing_row(entry, self.cache.get(entry.name), live, now, hard,
+                                         self.allowed_roots))
         return rows
-
-
-async def offload(fn, *args):
-    """Run blocking file-system work in a worker thread, except under trio's MockClock,
-    where a thread would let the virtual clock jump ahead (tests): there it runs inline."""
-    import trio.testing
-
-    if isinstance(trio.lowlevel.current_clock(), trio.testing.MockClock):
-        return fn(*args)
-    return await trio.to_thread.run_sync(fn, *args)
-
-
-def _input_for(actor: DiskActor, ws: Workspace) -> PlanInput:
-    return PlanInput(workspaces=(), free_bytes=0, floor_bytes=0, goal_bytes=0,
-                     now_ms=actor.now_ms(), allowed_roots=actor.allowed_roots)
-
-
-def _complete(ws: Workspace) -> Workspace:
-    from dataclasses import replace
-    return replace(ws, complete=True)
-
-
-def _safe(fn, *args):
-    try:
-        return fn(*args)
-    except (OSError, trash.UnsafeDelete) as exc:
-        log.warning("disk: %s%s failed: %s", fn.__name__, args, exc)
-        return None
-
-
-def sizes_root(path: str, roots) -> str:
-    from .core import under_root
-    return under_root(path, roots)
-
-
-def drop_incremental(path: str, root: str) -> int:
-    n = 0
-    for inc in sizes.incremental_dirs(path):
-        if _safe(trash.delete_tree, inc, root) is not None:
-            n += 1
-    return n
-
-
-def repair(path: str) -> int:
-    """Claim a workspace for the runner: make every directory readable and searchable by
-    us (never through symlinks, never across mounts). Only used before deleting from it."""
-    fixed = 0
-    try:
-        top = os.lstat(path)
-    except OSError:
-        return 0
-    if not stat.S_ISDIR(top.st_mode):
-        return 0
-    mounts = sizes.mount_points()
-    uid = os.geteuid()
-    stack = [path]
-    while stack:
-        d = stack.pop()
-        try:
-            st = os.lstat(d)
-            if st.st_uid != uid and uid == 0:
-                os.lchown(d, uid, -1)
-            if st.st_mode & 0o700 != 0o700:
-                os.chmod(d, stat.S_IMODE(st.st_mode) | 0o700)
-                fixed += 1
-            with os.scandir(d) as it:
-                for e in it:
-                    if e.is_dir(follow_symlinks=False):
-                        est = e.stat(follow_symlinks=False)
-                        if est.st_dev == top.st_dev and e.path not in mounts:
-                            stack.append(e.path)
-        except OSError:
-            continue
-    return fixed
 
 
 # Re-exported for the runner facade.

@@ -18,7 +18,7 @@ same index computed from a list of live records in one pass.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from ..records import TERMINAL_STATES
@@ -164,3 +164,84 @@ def hold_of_live(record: Any) -> Hold:
     return Hold(names=names, running=running, setting_up=record.state == "setup",
                 filling=running and getattr(record, "kind", "job") == "cache_fill",
                 bundle=getattr(record, "bundle_sha256", None) or None)
+
+
+# --- the disk actor's view of what is held (moved from disk/actor.py) ---------------------
+
+
+class Held:
+    """Membership in held names or their canonical paths (containers kept by the index and
+    the actor, not copied), plus extra keys (admissions in flight, reservations)."""
+
+    __slots__ = ("names", "paths", "extra")
+
+    def __init__(self, names=frozenset(), paths=frozenset(), extra: frozenset = frozenset()):
+        self.names, self.paths, self.extra = names, paths, extra
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.names or key in self.paths or key in self.extra
+
+    def __or__(self, keys) -> "Held":
+        return Held(self.names, self.paths, self.extra | frozenset(keys))
+
+    def __iter__(self):
+        return iter({*self.names, *self.paths, *self.extra})
+
+
+@dataclass
+class Live:
+    running: Held = field(default_factory=Held)
+    reserved: Held = field(default_factory=Held)
+    bundles: set[str] = field(default_factory=set)
+    setting_up: set[str] = field(default_factory=set)  # job ids
+    filling: bool = False  # a cache_fill job is setting up or running
+
+
+def live_view(index: LiveIndex, running_paths, reserved_paths,
+              extra: Iterable[frozenset[str]] = ()) -> Live:
+    """What is held now, from the index (names) and their canonical paths, plus extra
+    reserved keys (admissions in flight, reservations): a pure function of its inputs."""
+    live = Live(running=Held(index.running, running_paths),
+                reserved=Held(index.reserved, reserved_paths),  # `|=` below makes a new view
+                bundles=set(index.bundles), setting_up=set(index.setting_up),
+                filling=index.filling > 0)
+    for touched in extra:
+        live.reserved |= touched
+    return live
+
+
+class HeldPaths:
+    """The canonical paths of the names an index holds, kept from its changes:
+    {which: {name: path}} and {which: Counter(path)}; recomputed when `key` (the catalog's
+    generation and the actor's canon epoch) changes."""
+
+    def __init__(self) -> None:
+        self.path_of: dict[str, dict[str, str]] = {"running": {}, "reserved": {}}
+        self.count: dict[str, Counter] = {"running": Counter(), "reserved": Counter()}
+        self.key: tuple = ()
+
+    def follow(self, index: LiveIndex, key: tuple, canon: Callable[[str], str]) -> None:
+        """Bring the held paths up to date with the index: the names that became held or
+        free since the last check (work per change, not per live job); all of them again
+        after the catalog renamed something, at maintenance, or after a flood of changes."""
+        changes = index.take_changes()
+        if changes is None or key != self.key:
+            self.key = key
+            for which, names in (("running", index.running), ("reserved", index.reserved)):
+                self.path_of[which] = {n: canon(n) for n in names}
+                self.count[which] = Counter(self.path_of[which].values())
+            return
+        for which, name, held in changes:
+            path_of, count = self.path_of[which], self.count[which]
+            if held:
+                path = path_of[name] = canon(name)
+                count[path] += 1
+            else:
+                path = path_of.pop(name, None)
+                if path is None:
+                    continue
+                left = count[path] - 1
+                if left <= 0:
+                    del count[path]
+                else:
+                    count[path] = left

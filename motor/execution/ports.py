@@ -1,18 +1,19 @@
 """The outside world the job execution actor talks to, as two small protocols.
 
 Production passes the real ones (`Spawner`, whose keepers are real processes, and
-`thread_offload`, a worker thread); actor-level tests pass in-process fakes
+`thread_offload` from motor/offload.py, a worker thread); actor-level tests pass in-process fakes
 (tests/fakes.py) and run in virtual time (`autojump_clock`) with no process and no thread.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Protocol
 
-import trio
-
+from ..offload import Offload, thread_offload
 from .spawner import KeeperHandle
+
+__all__ = ["Keepers", "KeeperHandle", "Offload", "thread_offload"]
 
 
 class Keepers(Protocol):
@@ -31,13 +32,3 @@ class Keepers(Protocol):
     def kill_marked(self, job_id: str) -> list[int]:
         """Kill what is left of the job's process tree (blocking: call it offloaded)."""
 
-
-class Offload(Protocol):
-    """Runs a blocking function away from the event loop and returns its result."""
-
-    def __call__(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]: ...
-
-
-async def thread_offload(fn: Callable[..., Any], *args: Any) -> Any:
-    """The production offloader: a trio worker thread."""
-    return await trio.to_thread.run_sync(fn, *args)

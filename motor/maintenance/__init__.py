@@ -21,7 +21,7 @@ import trio
 
 import actors
 
-from ..execution.ports import Offload, thread_offload
+from ..offload import Offload, thread_offload
 from ..memory.core import MemoryCeiling
 from ..scheduling.messages import CeilingChanged
 from ..store.actor import Expire

@@ -14,7 +14,7 @@ from ..accounting.actor import AdmissionRefused, Report, notify
 from ..lifecycle import RETENTION_MS, history_expired
 from ..config import RunnerConfig
 from ..cpu.actor import Snapshot
-from ..disk.actor import AdmitUpload, BeginUpload, CommitUpload, Listing, Sample, offload
+from ..disk.actor import AdmitUpload, BeginUpload, CommitUpload, Listing, Sample
 from ..disk.bundles import BundleError, valid_sha
 from ..records import (
     CAPABILITIES, Event, JobRecord, JobRequest, Refusal, RefusedError, TERMINAL_STATES,
@@ -265,7 +265,7 @@ class Runner:
         try:
             async for chunk in chunks:
                 if chunk:
-                    await offload(upload.write, chunk)
+                    await self.clock.offload(upload.write, chunk)
             size = await disk.call(CommitUpload(upload))
             if isinstance(size, Exception):  # returned by the disk actor, which carries on
                 raise size

@@ -175,7 +175,8 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, tree: _Tree, api: 
             workspace_roots=config.workspace_roots, caller_roots=config.caller_roots,
             cap_bytes=parse_size(config.build_folder_cap_bytes), clock=job_deps.clock,
             live_jobs=db.live, compile_cache=config.compile_cache, live_index=live_index,
-            job_recorded=lambda job_id: db.get(job_id) is not None)),
+            job_recorded=lambda job_id: db.get(job_id) is not None,
+            offload=job_deps.clock.offload)),
         _single("accounting", lambda: AccountingActor(db, job_deps.clock)),
         actors.ChildSpec(name="execution", factory=lambda: actors.Supervisor(
             "execution", [], strategy="one_for_one", intensity=50, period=10.0)),

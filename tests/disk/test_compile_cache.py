@@ -6,6 +6,7 @@ import os
 
 import trio
 
+from fakes import inline_offload
 from motor.disk.actor import DiskActor
 from motor.disk.core import (
     CompileCache, DiskSample, EvictCompileCache, PlanInput, plan_cleanup,
@@ -63,6 +64,7 @@ async def test_the_disk_actor_empties_the_whole_cache_only_without_a_fill(tmp_pa
         return DiskSample(free_bytes=free["bytes"], total_bytes=10**12)
 
     actor = DiskActor(tmp_path / "state", floor_bytes=1000, goal_bytes=2000, probe=probe,
+                      offload=inline_offload,  # virtual time: no worker thread
                       workspace_roots=[tmp_path / "ws"], live_jobs=lambda: jobs,
                       compile_cache=str(cache))
     (tmp_path / "state").mkdir()

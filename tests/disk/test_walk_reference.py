@@ -58,6 +58,8 @@ def test_the_walk_equals_a_straightforward_walk(spec):
         files = []
         for parts, kind, size in spec:
             p = os.path.join(root, *parts)
+            if any(os.path.islink(os.path.join(root, *parts[:i])) for i in range(1, len(parts))):
+                continue  # never write through a symlink: "link" points at /usr/lib
             try:
                 if kind == "dir":
                     os.makedirs(p, exist_ok=True)

@@ -1,0 +1,26 @@
+"""Blocking work away from the event loop, behind one small protocol.
+
+Actors that do blocking file-system or host reads (the disk actor, the job execution
+actor, maintenance, the facade's upload path) receive an `Offload` instead of calling
+`trio.to_thread` themselves. Production passes `thread_offload` (a worker thread); the
+runner passes its clock's `offload` (motor/clock.py: a thread under the real clock, inline
+under the test clock, where a thread would let virtual time jump); actor-level tests pass
+`inline_offload` (tests/fakes.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable, Protocol
+
+import trio
+
+
+class Offload(Protocol):
+    """Runs a blocking function away from the event loop and returns its result."""
+
+    def __call__(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]: ...
+
+
+async def thread_offload(fn: Callable[..., Any], *args: Any) -> Any:
+    """The production offloader: a trio worker thread."""
+    return await trio.to_thread.run_sync(fn, *args)
