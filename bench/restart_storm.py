@@ -267,7 +267,9 @@ def main() -> int:
                       ledger, errors)
     finally:
         runner.stop()
-        end_keepers(state)
+        from motor.execution.spawner import cancel_keepers_under
+
+        cancel_keepers_under(state)
         for d in Path("/sys/fs/cgroup").glob(f"*/motor-storm-{os.getpid()}"):
             subprocess.run(["rmdir", str(d)], capture_output=True)  # empty by now
         subprocess.run(["rmdir", f"/sys/fs/cgroup/motor-storm-{os.getpid()}"], capture_output=True)
@@ -366,20 +368,6 @@ def report(args, runner, kills, wall, max_weight, allowed, accepted, records, st
             print(f"  {k}: {line}")
     print(f"wall_s={wall:.2f}")
     return 1 if total else 0
-
-
-def end_keepers(state: Path) -> None:
-    """Jobs outlive the runner: cancel any keeper still running under this state dir."""
-    from motor.execution.spawner import cancel_keeper
-
-    for kj in state.glob("jobs/*/keeper.json"):
-        if (kj.parent / "status.json").exists():
-            continue
-        try:
-            kept = json.loads(kj.read_text())
-            cancel_keeper(kept["keeper_pid"], kept["keeper_create_time"])
-        except (OSError, ValueError, KeyError):
-            pass
 
 
 if __name__ == "__main__":

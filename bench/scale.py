@@ -28,7 +28,6 @@ ended (jobs outlive runners).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -42,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from motor.client import Client, RunnerUnavailable  # noqa: E402
+from motor.execution.spawner import cancel_keepers_under  # noqa: E402
 from motor.records import TERMINAL_STATES, RefusedError  # noqa: E402
 
 
@@ -120,19 +120,6 @@ def timed(fn, tries: int) -> list[float]:
         fn()
         out.append((time.perf_counter() - t0) * 1000.0)
     return out
-
-
-def end_keepers(state: Path) -> None:
-    from motor.execution.spawner import cancel_keeper
-
-    for kj in state.glob("**/jobs/*/keeper.json"):
-        if (kj.parent / "status.json").exists():
-            continue
-        try:
-            kept = json.loads(kj.read_text())
-            cancel_keeper(kept["keeper_pid"], kept["keeper_create_time"])
-        except (OSError, ValueError, KeyError):
-            pass
 
 
 def main() -> int:
@@ -233,7 +220,7 @@ def main() -> int:
                 except (RunnerUnavailable, RefusedError):
                     pass
             runner.stop()
-            end_keepers(runner.state)
+            cancel_keepers_under(runner.state)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from motor.execution.spawner import cancel_keepers_under
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -98,25 +100,11 @@ class Serve:
         return json.loads(result.stdout)
 
 
-def end_keepers_under(root: Path) -> None:
-    """Cancel every job keeper recorded under `root` (jobs outlive runners, and tests)."""
-    from motor.execution.spawner import cancel_keeper
-
-    for kj in root.glob("**/jobs/*/keeper.json"):
-        if (kj.parent / "status.json").exists():
-            continue
-        try:
-            kept = json.loads(kj.read_text())
-            cancel_keeper(kept["keeper_pid"], kept["keeper_create_time"])
-        except (OSError, ValueError, KeyError):
-            pass
-
-
 @pytest.fixture(autouse=True)
 def _no_leaked_jobs(tmp_path):
     """A test that ends early (failed, or never released its barrier) leaves no job running."""
     yield
-    end_keepers_under(tmp_path)
+    cancel_keepers_under(tmp_path)
 
 
 @pytest.fixture
@@ -133,7 +121,7 @@ def serve_factory(tmp_path):
         if s.proc is not None and s.proc.poll() is None:
             s.stop()
     for s in started:  # keepers of jobs still running in a test's state dir: end them
-        end_keepers_under(s.state_dir)
+        cancel_keepers_under(s.state_dir)
 
 
 @pytest.fixture

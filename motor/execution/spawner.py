@@ -206,6 +206,24 @@ def cancel_keeper(pid: int, create_time: float, *, tolerance: float = CREATE_TIM
     return True
 
 
+def cancel_keepers_under(root: os.PathLike[str] | str) -> int:
+    """Cancel every keeper recorded under `root` (any `jobs/<id>/keeper.json` below it)
+    whose job has no status yet: jobs outlive their runner, so a test or bench that
+    stops its runners ends their jobs with this. Returns how many were signalled."""
+    from pathlib import Path
+
+    n = 0
+    for kj in Path(root).glob("**/jobs/*/keeper.json"):
+        if (kj.parent / "status.json").exists():
+            continue
+        try:
+            kept = json.loads(kj.read_text())
+            n += cancel_keeper(kept["keeper_pid"], kept["keeper_create_time"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return n
+
+
 # -- forkserver client -----------------------------------------------------
 
 

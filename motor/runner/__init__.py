@@ -30,7 +30,8 @@ import signal
 import trio
 
 from ..config import RunnerConfig
-from .facade import RETENTION_MS, Runner
+from ..lifecycle import RETENTION_MS
+from .facade import Runner
 from .host import Host, StartupError, StateDirLock, check_database_present, probe_host
 from .tree import SUBSYSTEM_INTENSITY, SUBSYSTEM_PERIOD_S, open_runner
 

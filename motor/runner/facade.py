@@ -11,7 +11,7 @@ import trio
 import actors
 
 from ..accounting.actor import AdmissionRefused, Report, notify
-from ..lifecycle import RETENTION_MS, history_expired
+from ..lifecycle import history_expired
 from ..config import RunnerConfig
 from ..cpu.actor import Snapshot
 from ..disk.actor import AdmitUpload, BeginUpload, CommitUpload, Listing, Sample
