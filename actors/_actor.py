@@ -195,6 +195,24 @@ class Actor:
     def ref(self) -> ActorRef:
         return self._ref
 
+    async def cast_self(self, msg: Any) -> None:
+        """Queue ``msg`` in this incarnation's own inbox (waiting for room), also while
+        ``on_start`` still runs and the ref does not reach it yet: for an actor's own
+        timers and follow-ups. Handled after ``on_start``, in order with other messages."""
+        try:
+            await self._send.send(_Envelope(msg, None))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise ActorDead(self.name) from None
+
+    def cast_self_nowait(self, msg: Any) -> None:
+        """``cast_self`` that raises ``InboxFull`` instead of waiting."""
+        try:
+            self._send.send_nowait(_Envelope(msg, None))
+        except trio.WouldBlock:
+            raise InboxFull(self.name) from None
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise ActorDead(self.name) from None
+
     def stop(self) -> None:
         """Finish the current message, then stop normally."""
         self._stopping = True

@@ -36,12 +36,16 @@ class ChildSpec:
     (restarted only after a crash) or "temporary" (never restarted; removed
     when it ends). ``shutdown``: seconds to wait for an orderly stop before
     cancelling the child (None: 5s for actors, forever for supervisors).
+    ``ref``: for an actor child, the ``ActorRef`` it answers on, made by whoever wires the
+    tree before anything starts (so siblings can be handed it at construction); None: the
+    supervisor makes one when the child first starts.
     """
 
     name: str
     factory: Callable[[], Union[Actor, "Supervisor"]]
     restart: Restart = "permanent"
     shutdown: float | None = None
+    ref: ActorRef | None = None
 
     def __post_init__(self) -> None:
         if self.restart not in ("permanent", "transient", "temporary"):
@@ -53,7 +57,7 @@ class _Child:
 
     def __init__(self, spec: ChildSpec):
         self.spec = spec
-        self.ref: ActorRef | None = None
+        self.ref: ActorRef | None = spec.ref
         self.instance: Actor | Supervisor | None = None
         self.done: trio.Event | None = None
         self.scope: trio.CancelScope | None = None

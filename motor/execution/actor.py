@@ -30,7 +30,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -39,13 +39,9 @@ import msgspec
 import actors
 
 from .. import faults
-from ..accounting.actor import JobEnded, JobStarted, notify
+from ..accounting.actor import JobStarted
 from ..accounting.core import with_reservation_use
-from ..cpu.actor import Release
-from ..disk.actor import JobIdle, PrepareSetup
 from ..disk.bundles import BundleError, unpack_into
-from ..scheduling.messages import Finished, SetupDone, StartFailed
-from ..store.actor import Save
 from ..store.db import StoreFull
 from ..store.files import job_umask
 from ..lifecycle import (
@@ -55,6 +51,11 @@ from ..records import Refusal, JobRecord, Output, Started, Terminal, public_reco
 from . import joblog
 from .ports import Offload, thread_offload
 from .spawner import JobDirClaimed, KeeperNotStarted, SpawnerError
+
+if TYPE_CHECKING:
+    from ..handles import (
+        AccountingHandle, CpuHandle, DiskHandle, DispatcherHandle, Records, StoreHandle,
+    )
 
 log = logging.getLogger("motor.execution")
 
@@ -68,22 +69,23 @@ class Cancel:
     """Reply: True when a signal was sent (or will be, once the keeper exists)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class JobDeps:
-    """What every job actor needs: the other actors' refs and the shared resources."""
+    """What every job actor needs: typed handles of the other actors (motor/handles.py,
+    made before the tree starts) and the shared resources. Built once, never filled in."""
 
     config: Any
-    db: Any
-    store: Any  # ActorRef of the store
-    dispatcher: Any  # ActorRef of the dispatcher
-    cpu: Any
-    accounting: Any
+    records: "Records"  # read-only view of job records
+    store: "StoreHandle"
+    dispatcher: "DispatcherHandle"
+    cpu: "CpuHandle"
+    accounting: "AccountingHandle"
     spawner: Any
     backend: Any
     clock: Any
     jobs_dir: Path
     workspace_root: Path
-    disk: Any = None  # ActorRef of the disk actor (setup admission, bundles, idle workspaces)
+    disk: "DiskHandle | None" = None  # setup admission, bundles, idle workspaces
     #: runs blocking work (file system, isolation backend) away from the event loop
     offload: Offload = thread_offload
 
@@ -170,9 +172,9 @@ class JobExecution(actors.Actor):
             await faults.ahit("setup.begin")  # tests: a barrier or a crash at this point
             cwd = deps.workspace_root / record.workspace
             if deps.disk is not None:  # disk check again before setup; catalog the workspace
-                plan = await deps.disk.call(PrepareSetup(
-                    record.job_id, record.workspace, tuple(record.siblings),
-                    kind=record.workspace_kind, bundle_sha256=record.bundle_sha256), timeout=600)
+                plan = await deps.disk.prepare_setup(
+                    record.job_id, record.workspace, record.siblings,
+                    kind=record.workspace_kind, bundle_sha256=record.bundle_sha256)
                 if plan.refusal is not None:
                     await self._refuse_setup(plan.refusal)
                     return None
@@ -235,8 +237,8 @@ class JobExecution(actors.Actor):
             log.warning("%s: start failed: %s", self.name, exc)
             if prepared:  # remove the job's groups again
                 await deps.offload(deps.backend.finish, record.job_id)
-            await deps.cpu.call(_release(record.job_id))
-            await deps.dispatcher.cast(StartFailed(record.job_id, f"{type(exc).__name__}: {exc}"))
+            await deps.cpu.release(record.job_id)
+            await deps.dispatcher.start_failed(record.job_id, f"{type(exc).__name__}: {exc}")
             return None
         self.keeper = (handle.pid, handle.create_time)
         await faults.ahit("setup.spawned")  # tests/bench: a crash before keeper.json may exist
@@ -266,20 +268,20 @@ class JobExecution(actors.Actor):
         terminal event also sees the permits free), then the store, then accounting."""
         deps = self.deps
         self.record = record
-        await deps.cpu.call(_release(record.job_id))
-        await deps.dispatcher.call(Finished(record.job_id))
-        await self._store(_save(record, [Terminal(record=public_record(record))],
-                                    retain_until_ms=retain_until(record)))
-        notify(deps.accounting, JobEnded(record))
+        await deps.cpu.release(record.job_id)
+        await deps.dispatcher.finished(record.job_id)
+        await self._store(record, [Terminal(record=public_record(record))],
+                          retain_until_ms=retain_until(record))
+        deps.accounting.ended(record)
 
-    async def _store(self, msg: Save):
+    async def _store(self, record: JobRecord, events=(), **kw):
         """Save through the store. While the state filesystem is full (StoreFull), wait and
         retry: meanwhile the job's output stays in output.log (the log offset is not
         advanced) and its exit in status.json, so nothing is lost and nothing crashes."""
         waited = False
         while True:
             try:
-                return await self.deps.store.call(msg)
+                return await self.deps.store.save(record, events, **kw)
             except StoreFull as exc:
                 if not waited:
                     log.warning("%s: waiting for space to record the job: %s", self.name, exc)
@@ -291,16 +293,16 @@ class JobExecution(actors.Actor):
         self.record = advance(
             self.record, SPAWN, who=self.name, started_at_ms=started_at_ms or now,
             waiting_on=None, waiting_on_job=None)
-        await self._store(_save(self.record, [Started(cpus=self.record.cpus,
-                                                               attempt=self.record.attempts)]))
-        await self.deps.dispatcher.cast(SetupDone(self.record.job_id))
-        notify(self.deps.accounting, JobStarted(
+        await self._store(self.record, [Started(cpus=self.record.cpus,
+                                                attempt=self.record.attempts)])
+        await self.deps.dispatcher.setup_done(self.record.job_id)
+        self.deps.accounting.started(JobStarted(
             self.record.job_id, self.record.repository, self.record.workspace, self.record.claim,
             self.record.started_at_ms, self.record.queue_wait_ms))
 
     async def _follow(self):
         log_path = self.dir / "output.log"
-        offset = self.deps.db.log_offset(self.record.job_id)
+        offset = self.deps.records.log_offset(self.record.job_id)
         done = trio.Event()
 
         async def watch_exit():
@@ -345,7 +347,7 @@ class JobExecution(actors.Actor):
                 if text:
                     events.append(Output(stream=stream, data=text))
             del records
-            await self._store(_save(self.record, events, log_offset=new_offset))
+            await self._store(self.record, events, log_offset=new_offset)
             offset = new_offset
         return offset
 
@@ -379,14 +381,6 @@ class JobExecution(actors.Actor):
                 d for d in (record.detail, self.output_error) if d))
         await self._end(record)
         if deps.disk is not None:  # idle now: measure it, apply the build-folder cap
-            await deps.disk.cast(JobIdle(record.job_id, record.workspace, tuple(record.siblings)))
+            await deps.disk.job_idle(record.job_id, record.workspace, record.siblings)
         log.info("%s: %s (exit %s, signal %s)", self.name, record.state, record.exit_code,
                  record.signal)
-
-
-def _save(record, events=(), **kw):
-    return Save(record=record, events=list(events), **kw)
-
-
-def _release(job_id):
-    return Release(job_id)

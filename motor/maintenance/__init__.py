@@ -15,7 +15,7 @@ import logging
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import trio
 
@@ -23,9 +23,10 @@ import actors
 
 from ..offload import Offload, thread_offload
 from ..memory.core import MemoryCeiling
-from ..scheduling.messages import CeilingChanged
-from ..store.actor import Expire
 from ..store.db import StoreFull
+
+if TYPE_CHECKING:
+    from ..handles import DiskHandle, DispatcherHandle, StoreHandle
 
 log = logging.getLogger("motor.maintenance")
 
@@ -36,14 +37,16 @@ class RunPass:
 
 
 class Maintenance(actors.Actor):
-    def __init__(self, *, store: Any, clock: Any, jobs_dir: Path, interval_s: float = 60.0,
+    def __init__(self, *, store: "StoreHandle", clock: Any, jobs_dir: Path,
+                 interval_s: float = 60.0,
                  read_ceiling: Callable[[], MemoryCeiling] | None = None,
-                 dispatcher: Callable[[], Any] | None = None, ceiling: MemoryCeiling | None = None,
-                 disk: Callable[[], Any] | None = None, offload: Offload = thread_offload):
+                 dispatcher: "DispatcherHandle | None" = None,
+                 ceiling: MemoryCeiling | None = None,
+                 disk: "DiskHandle | None" = None, offload: Offload = thread_offload):
         super().__init__(name="maintenance")
         #: runs the ceiling read (a file, and under systemd a blocking D-Bus call) off the loop
         self.offload = offload
-        self.disk = disk  # () -> the disk actor's ref: its periodic work runs in each pass
+        self.disk = disk  # its periodic work runs in each pass
         self.read_ceiling = read_ceiling
         self.dispatcher = dispatcher
         self.ceiling = ceiling
@@ -60,7 +63,7 @@ class Maintenance(actors.Actor):
     async def _periodic(self):
         while True:
             await trio.sleep(self.interval_s)
-            await self.ref.cast(RunPass())
+            await self.cast_self(RunPass())
 
     async def handle(self, msg):
         if isinstance(msg, RunPass):
@@ -71,7 +74,7 @@ class Maintenance(actors.Actor):
         expired = 0
         while True:
             try:
-                ids = await self.store.call(Expire(self.clock.now_ms()))
+                ids = await self.store.expire(self.clock.now_ms())
             except StoreFull as exc:  # deleting needs room in the WAL too: next pass
                 log.warning("maintenance: retention pass skipped: %s", exc)
                 break
@@ -86,13 +89,11 @@ class Maintenance(actors.Actor):
             if ceiling != self.ceiling:
                 log.info("maintenance: memory ceiling now %s", ceiling)
                 self.ceiling = ceiling
-                await self.dispatcher().cast(CeilingChanged(ceiling))
+                await self.dispatcher.ceiling_changed(ceiling)
                 changed = True
         if self.disk is not None:  # trash, idle expiry, daily sweep, guard, bundles, pressure
             try:
-                from ..disk.actor import Periodic
-
-                await self.disk().call(Periodic(), timeout=600)
+                await self.disk.periodic(timeout=600)
             except (actors.ActorDead, actors.CallTimeout) as exc:
                 log.warning("maintenance: disk pass failed: %s", exc)
         self.passes += 1

@@ -36,7 +36,7 @@ class Runner:
     capabilities = CAPABILITIES
 
     def __init__(self, config: RunnerConfig, root: actors.Supervisor, db, hub: ChangeHub,
-                 host: Host, clock):
+                 host: Host, clock, *, followers: set[str] | None = None):
         self.config = config
         self.root = root
         self.db = db
@@ -44,7 +44,7 @@ class Runner:
         self.host = host
         self.clock = clock
         #: ids of jobs a client follows now (the dispatcher reads it when it recovers)
-        self.followers: set[str] = set()
+        self.followers: set[str] = set() if followers is None else followers
 
     # -- refs -----------------------------------------------------------------------------
 

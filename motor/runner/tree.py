@@ -23,6 +23,10 @@ from ..disk.actor import DiskActor
 from ..disk.live import LiveIndex
 from ..execution.actor import JobDeps
 from ..execution.spawner import open_spawner
+from ..handles import (
+    AccountingHandle, CpuHandle, DiskHandle, DispatcherHandle, ExecutionHandle, Records,
+    StoreHandle,
+)
 from ..maintenance import Maintenance
 from ..memory.host import read_ceiling
 from ..records import CAPABILITIES
@@ -54,13 +58,34 @@ def _crashing(factory):
     return make
 
 
-def _single(name: str, factory) -> actors.ChildSpec:
-    """A subsystem: its own supervisor with its actor as the only child."""
+def _single(name: str, factory, ref: actors.ActorRef) -> actors.ChildSpec:
+    """A subsystem: its own supervisor with its actor as the only child, answering on `ref`
+    (made before the tree starts, so siblings get their handles at construction)."""
     if faults.crashes(name):
         factory = _crashing(factory)
     return actors.ChildSpec(name=name, factory=lambda: actors.Supervisor(
-        name, [actors.ChildSpec(name=name, factory=factory)], strategy="one_for_one",
+        name, [actors.ChildSpec(name=name, factory=factory, ref=ref)], strategy="one_for_one",
         intensity=SUBSYSTEM_INTENSITY, period=SUBSYSTEM_PERIOD_S))
+
+
+#: the subsystems that are one actor each, in start order (the execution supervisor, with
+#: one child per job, starts between accounting and the dispatcher)
+SUBSYSTEMS = ("store", "cpu", "disk", "accounting", "dispatcher", "maintenance", "api")
+
+
+class Handles:
+    """Every subsystem's ref and typed handle, made before anything starts."""
+
+    def __init__(self, db, tree: "_Tree"):
+        self.refs = {name: actors.ActorRef(name) for name in SUBSYSTEMS}
+        self.records = Records(db)
+        self.store = StoreHandle(self.refs["store"])
+        self.cpu = CpuHandle(self.refs["cpu"])
+        self.disk = DiskHandle(self.refs["disk"])
+        self.accounting = AccountingHandle(self.refs["accounting"])
+        self.dispatcher = DispatcherHandle(self.refs["dispatcher"])
+        #: a nested supervisor is a new object after a restart: looked up when used
+        self.execution = ExecutionHandle(lambda: tree.root.ref("execution"))
 
 
 @asynccontextmanager
@@ -104,17 +129,23 @@ async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runn
         try:
             async with open_spawner(clock=clock) as spawner:
                 tree = _Tree()
+                handles = Handles(db, tree)
                 job_deps = JobDeps(
-                    config=config, db=db, store=None, dispatcher=None, cpu=None,
-                    accounting=None, spawner=spawner, backend=host.backend, clock=clock,
-                    jobs_dir=jobs_dir, workspace_root=roots[0])
-                children = _children(config, host, db, hub, job_deps, tree, api)
+                    config=config, records=handles.records, store=handles.store,
+                    dispatcher=handles.dispatcher, cpu=handles.cpu,
+                    accounting=handles.accounting, disk=handles.disk, spawner=spawner,
+                    backend=host.backend, clock=clock, jobs_dir=jobs_dir,
+                    workspace_root=roots[0])
+                followers: set[str] = set()  # jobs a client follows (kept across restarts)
+                children = _children(config, host, db, hub, job_deps, handles, followers,
+                                     tree, api)
                 # A subsystem whose supervisor gives up takes the runner down (the
                 # service manager restarts it): never limp on with a dead subsystem.
                 root = actors.Supervisor("runner", children, strategy="one_for_one",
                                          intensity=0, period=30.0)
                 tree.root = root
-                tree.runner = runner = Runner(config, root, db, hub, host, clock)
+                tree.runner = runner = Runner(config, root, db, hub, host, clock,
+                                              followers=followers)
                 async with trio.open_nursery() as nursery:
                     await nursery.start(root.run)
                     try:
@@ -138,26 +169,25 @@ async def _sweep_leftover_groups(backend, db, jobs_dir: Path) -> None:
 
 
 class _Tree:
-    """Lets children's factories find their siblings' refs once the root exists."""
+    """The root supervisor and the facade, for what is made after the children's specs
+    (the execution supervisor's current incarnation, the api's runner)."""
 
     root: actors.Supervisor
     runner: "Runner"
 
 
-def _children(config, host: Host, db, hub, job_deps: JobDeps, tree: _Tree, api: bool):
+def _children(config, host: Host, db, hub, job_deps: JobDeps, handles: Handles,
+              followers: set[str], tree: _Tree, api: bool):
+    refs = handles.refs
+
     def recorded_cpus():
         return {r.job_id: r.cpus for r in db.live() if r.state in ("setup", "running") and r.cpus}
 
     def dispatcher():
-        root = tree.root
-        job_deps.store = root.ref("store").ref("store")
-        job_deps.cpu = root.ref("cpu").ref("cpu")
-        job_deps.accounting = root.ref("accounting").ref("accounting")
-        job_deps.disk = root.ref("disk").ref("disk")
         return Dispatcher(DispatchDeps(
-            job=job_deps, execution=root.ref("execution"),
-            disk=root.ref("disk").ref("disk"), claim_limit=host.claim_limit,
-            capabilities=CAPABILITIES, ceiling=host.ceiling, followers=tree.runner.followers))
+            job=job_deps, execution=handles.execution, disk=handles.disk,
+            claim_limit=host.claim_limit, capabilities=CAPABILITIES, ceiling=host.ceiling,
+            followers=followers))
 
     def read_memory_ceiling():
         host.ceiling = read_ceiling(config.capacity_file, host.slice_limit, host.ceiling)
@@ -166,31 +196,32 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, tree: _Tree, api: 
     live_index = LiveIndex(db.live)  # outlives disk actor restarts; fed by every commit
     hub.watchers.append(live_index.apply)
     specs = [
-        _single("store", lambda: StoreActor(db, hub)),
+        _single("store", lambda: StoreActor(db, hub), refs["store"]),
         _single("cpu", lambda: CpuActor(host.topology, host.allowed, host.kept_back, recorded_cpus,
                                         windows_cpus=host.windows,
-                                        windows_slot_lock=config.windows_slot_lock)),
+                                        windows_slot_lock=config.windows_slot_lock),
+                refs["cpu"]),
         _single("disk", lambda: DiskActor(
             config.state_path, config.floor_bytes(), config.goal_bytes(),
             workspace_roots=config.workspace_roots, caller_roots=config.caller_roots,
             cap_bytes=parse_size(config.build_folder_cap_bytes), clock=job_deps.clock,
             live_jobs=db.live, compile_cache=config.compile_cache, live_index=live_index,
             job_recorded=lambda job_id: db.get(job_id) is not None,
-            offload=job_deps.clock.offload)),
-        _single("accounting", lambda: AccountingActor(db, job_deps.clock)),
+            offload=job_deps.clock.offload), refs["disk"]),
+        _single("accounting", lambda: AccountingActor(handles.records, job_deps.clock),
+                refs["accounting"]),
         actors.ChildSpec(name="execution", factory=lambda: actors.Supervisor(
             "execution", [], strategy="one_for_one", intensity=50, period=10.0)),
-        _single("dispatcher", dispatcher),
+        _single("dispatcher", dispatcher, refs["dispatcher"]),
         _single("maintenance", lambda: Maintenance(
-            store=tree.root.ref("store").ref("store"), clock=job_deps.clock,
+            store=handles.store, clock=job_deps.clock,
             jobs_dir=job_deps.jobs_dir, read_ceiling=read_memory_ceiling,
             interval_s=config.maintenance_interval_s, offload=job_deps.clock.offload,
-            disk=lambda: tree.root.ref("disk").ref("disk"),
-            dispatcher=lambda: tree.root.ref("dispatcher").ref("dispatcher"),
-            ceiling=host.ceiling)),
+            disk=handles.disk, dispatcher=handles.dispatcher,
+            ceiling=host.ceiling), refs["maintenance"]),
     ]
     if api:
         from ..api.actor import ApiActor
 
-        specs.append(_single("api", lambda: ApiActor(tree)))
+        specs.append(_single("api", lambda: ApiActor(tree), refs["api"]))
     return specs

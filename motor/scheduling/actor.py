@@ -20,18 +20,15 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import msgspec
 import trio
 
 import actors
 
-from ..accounting.actor import AdmissionRefused, JobEnded, notify
 from ..clock import uuid7
 from ..config import parse_size
-from ..cpu.actor import Place, Release
-from ..disk.actor import Admit, HasBundle
 from ..execution.actor import Cancel, JobDeps, JobExecution
 from ..lifecycle import CANCEL, PLACE, QUEUED, START_FAILED, WITHDRAW, advance, retain_until
 from ..memory.core import MemoryCeiling, admission as memory_admission, unit_limit
@@ -48,14 +45,17 @@ from .messages import (
     Unfollowed, Withdraw,
 )
 
+if TYPE_CHECKING:
+    from ..handles import DiskHandle, ExecutionHandle
+
 log = logging.getLogger("motor.dispatcher")
 
 
 @dataclass
 class DispatchDeps:
     job: JobDeps
-    execution: Any  # the execution Supervisor (dynamic children, one per job)
-    disk: Any
+    execution: "ExecutionHandle"  # one transient job actor per job setting up or running
+    disk: "DiskHandle"
     claim_limit: int
     capabilities: tuple[str, ...]
     ceiling: MemoryCeiling = MemoryCeiling()  # as read at start-up; maintenance sends changes
@@ -134,7 +134,6 @@ class Dispatcher(actors.Actor):
     # -- life ---------------------------------------------------------------------------
 
     async def on_start(self):
-        self.deps.job.dispatcher = self.ref  # job actors report to us; the ref survives restarts
         await self._recover()
         self.nursery.start_soon(self._timer_loop)
         await self._start_heads()
@@ -143,8 +142,8 @@ class Dispatcher(actors.Actor):
         deps = self.deps
         now = trio.current_time()
         wall = deps.job.clock.now_ms()
-        children = set(deps.execution.children())
-        for record in deps.job.db.live():
+        children = deps.execution.jobs()
+        for record in deps.job.records.live():
             spec = spec_of(record)
             if record.state == QUEUED:
                 if spec.runner_enforces_budget or record.job_id not in deps.followers:
@@ -152,14 +151,14 @@ class Dispatcher(actors.Actor):
                     record = msgspec.structs.replace(record, budget_enforced_by="runner")
                     spec = spec_of(record)
                 self.core.accept(spec, now, force=True)
-                if record.bundle_sha256 is None or await deps.disk.call(HasBundle(record.bundle_sha256)):
+                if record.bundle_sha256 is None or await deps.disk.has_bundle(record.bundle_sha256):
                     waited_s, age_s = _resume_clock(record, wall)
                     self.core.ready(record.job_id, now, waited_s=waited_s, ready_age_s=age_s)
                 self.queued[record.job_id] = record
                 continue
             self.core.adopt_running(spec, now)
             self.active.add(record.job_id)
-            if f"job-{record.job_id}" not in children:
+            if record.job_id not in children:
                 await self._start_job_actor(record.job_id)
         if self.queued or self.active:
             log.info("dispatcher: recovered %d queued and %d running jobs",
@@ -173,9 +172,7 @@ class Dispatcher(actors.Actor):
             self._timer = None
             if trio.current_time() >= self._wakeup:
                 self._wakeup = math.inf
-                while not self.ref.alive:  # still in on_start: the inbox opens right after
-                    await trio.sleep(0.001)
-                await self.ref.cast(Tick())
+                await self.cast_self(Tick())  # also while on_start still runs
 
     def _rearm(self):
         wakeup = self.core.next_wakeup(trio.current_time())
@@ -241,7 +238,7 @@ class Dispatcher(actors.Actor):
             # Answer the submitter first; the start decision follows as the next message.
             if not self._dispatch_pending:
                 try:
-                    self.ref.cast_nowait(_Dispatch())
+                    self.cast_self_nowait(_Dispatch())
                     self._dispatch_pending = True
                 except actors.InboxFull:
                     await self._start_heads()
@@ -266,7 +263,7 @@ class Dispatcher(actors.Actor):
             refusal = memory_admission(self.ceiling)
         job_id = uuid7(deps.job.clock.now_ms())
         if refusal is None:  # protects the job's workspace and siblings from cleanup from now on
-            refusal = await deps.disk.call(Admit(job_id, req.workspace, tuple(req.siblings)))
+            refusal = await deps.disk.admit(job_id, req.workspace, req.siblings)
         gate = gate_honoured(req.gate, req.capabilities) and "gate_jobs" in deps.capabilities
         record = JobRecord(
             job_id=job_id, state=QUEUED, workspace=req.workspace,
@@ -284,25 +281,25 @@ class Dispatcher(actors.Actor):
             if core_refusal is not None:
                 refusal = Refusal(code=core_refusal.code, detail=core_refusal.detail)
         if refusal is not None:
-            notify(deps.job.accounting, AdmissionRefused(refusal.code))
+            deps.job.accounting.refused(refusal.code)
             return refusal if isinstance(refusal, Refusal) else Refusal(
                 code=refusal.code, detail=refusal.detail)
         record = msgspec.structs.replace(record, queued_at_ms=record.accepted_at_ms)
         budget_ms = int(queue_wait_budget_s(spec_of(record),
                                             default_spill_s=deps.job.config.queue_wait_default_s) * 1000)
         try:
-            await deps.job.store.call(Save(record=record, events=[
+            await deps.job.store.save(record, [
                 Accepted(job_id=job_id, claim=claim, capabilities=list(deps.capabilities)),
                 Queued(queue_wait_budget_ms=budget_ms),
-            ]))
+            ])
         except StoreFull as exc:  # not recorded, so not accepted: undo the core's accept
             self.core.cancel(job_id, now)
-            notify(deps.job.accounting, AdmissionRefused("runner_disk_full"))
+            deps.job.accounting.refused("runner_disk_full")
             return _disk_full_refusal(deps, str(exc))
         self.queued[job_id] = record
         # Bundle present (verified, pinned): ready now. Missing: it waits, accepted and counted
         # in max_queue_depth, until the upload arrives (BundleArrived); its clock starts then.
-        if req.bundle_sha256 is None or await deps.disk.call(HasBundle(req.bundle_sha256)):
+        if req.bundle_sha256 is None or await deps.disk.has_bundle(req.bundle_sha256):
             self.core.ready(job_id, now)
         return record
 
@@ -318,17 +315,17 @@ class Dispatcher(actors.Actor):
         for start in self.core.decide(now):
             record = self.queued.pop(start.job_id)
             status = self.core.wait_status(start.job_id, now)
-            cpus = await deps.job.cpu.call(Place(start.job_id, start.claim))
+            cpus = await deps.job.cpu.place(start.job_id, start.claim)
             setup = advance(
                 record, PLACE, who=self.name, cpus=cpus, attempts=record.attempts + 1,
                 queue_wait_ms=status.queue_wait_ms, waiting_on=None, waiting_on_job=None,
                 waiting_detail=None, queue_clock_running=False)
             self._clock_saved.pop(start.job_id, None)
             try:
-                await deps.job.store.call(Save(record=setup))
+                await deps.job.store.save(setup)
             except StoreFull as exc:  # nothing runs unrecorded: back to its queue, retry later
                 log.warning("dispatcher: cannot start %s: %s", start.job_id, exc)
-                await deps.job.cpu.call(Release(start.job_id))
+                await deps.job.cpu.release(start.job_id)
                 self.core.start_failed(start.job_id, now)
                 self.queued[start.job_id] = record
                 continue
@@ -341,15 +338,14 @@ class Dispatcher(actors.Actor):
         deps = self.deps
 
         def factory():
-            return JobExecution(deps.job.db.get(job_id), deps.job)
+            return JobExecution(deps.job.records.get(job_id), deps.job)
 
-        await deps.execution.start_child(
-            actors.ChildSpec(name=f"job-{job_id}", factory=factory, restart="transient"))
+        await deps.execution.start_job(job_id, factory)
 
     async def _start_failed(self, msg: StartFailed, now: float):
         self.active.discard(msg.job_id)
         self.core.start_failed(msg.job_id, now, cleanup_pending=msg.cleanup_pending)
-        record = self.deps.job.db.get(msg.job_id)
+        record = self.deps.job.records.get(msg.job_id)
         record = advance(record, START_FAILED, who=self.name, cpus=None, detail=msg.detail)
         self.queued[msg.job_id] = record
         self._clock_saved.pop(msg.job_id, None)  # its clock resumes: persist that
@@ -365,7 +361,7 @@ class Dispatcher(actors.Actor):
                                    detail="cancelled before start")
             return "cancelled"
         if job_id in self.active:
-            ref = self._job_ref(job_id)
+            ref = self.deps.execution.job(job_id)
             if ref is not None:
                 try:
                     await ref.call(Cancel(), timeout=10)
@@ -381,7 +377,7 @@ class Dispatcher(actors.Actor):
         if job_id not in self.queued:
             if job_id in self.active:
                 return "started"
-            record = self.deps.job.db.get(job_id)
+            record = self.deps.job.records.get(job_id)
             if record is None or not record.terminal:
                 return "unknown"
             return withdraw_answer(record)
@@ -416,7 +412,7 @@ class Dispatcher(actors.Actor):
         await self._save_or_defer(Save(
             record=record, events=[Terminal(record=public_record(record))],
             retain_until_ms=retain_until(record)))
-        notify(self.deps.job.accounting, JobEnded(record))
+        self.deps.job.accounting.ended(record)
 
     async def _persist_clocks(self, now: float) -> None:
         """Persist each queued job's clock when it changes course (starts, pauses, resumes)
@@ -442,7 +438,7 @@ class Dispatcher(actors.Actor):
                 ready_at_ms=record.ready_at_ms if record.ready_at_ms is not None
                 else wall - int(age_s * 1000))
             try:
-                await self.deps.job.store.call(Save(record=record))
+                await self.deps.job.store.save(record)
             except StoreFull as exc:  # a full state fs: the clocks are persisted next time
                 log.warning("dispatcher: queue-wait clocks not persisted yet: %s", exc)
                 return
@@ -457,7 +453,7 @@ class Dispatcher(actors.Actor):
         job_id = msg.record.job_id
         self._unsaved.pop(job_id, None)  # superseded by this newer save
         try:
-            await self.deps.job.store.call(msg)
+            await _save(self.deps.job.store, msg)
         except StoreFull as exc:
             log.warning("dispatcher: %s %s, not recorded yet (retrying): %s",
                         job_id, msg.record.state, exc)
@@ -471,14 +467,14 @@ class Dispatcher(actors.Actor):
 
         async def later():
             await trio.sleep(STORE_FULL_RETRY_S)
-            await self.ref.cast(_FlushUnsaved())
+            await self.cast_self(_FlushUnsaved())
 
         self.nursery.start_soon(later)
 
     async def _flush_unsaved(self) -> None:
         for job_id, msg in list(self._unsaved.items()):
             try:
-                await self.deps.job.store.call(msg)
+                await _save(self.deps.job.store, msg)
             except StoreFull:
                 break
             if self._unsaved.get(job_id) is msg:
@@ -517,11 +513,9 @@ class Dispatcher(actors.Actor):
             "pending_jobs": stats.pending,
         }
 
-    def _job_ref(self, job_id: str):
-        try:
-            return self.deps.execution.ref(f"job-{job_id}")
-        except KeyError:
-            return None
+
+async def _save(store, msg: Save) -> None:
+    await store.save(msg.record, msg.events, retain_until_ms=msg.retain_until_ms)
 
 
 def withdraw_answer(record: JobRecord) -> str | Refusal:

@@ -15,6 +15,7 @@ from motor.accounting.actor import AccountingActor, Report
 from motor.clock import MockWallClock, uuid7
 from motor.execution import joblog
 from motor.execution.actor import JobDeps, JobExecution
+from motor.handles import AccountingHandle, CpuHandle, DispatcherHandle, Records, StoreHandle
 from motor.isolation import NONE
 from motor.records import JobRecord, JobRequest
 from motor.store.db import Database
@@ -115,8 +116,10 @@ async def test_long_job_status_figures_feed_the_underused_index_core(tmp_path, a
         accounting = await nursery.start(AccountingActor(db, clock).run)
         store = _Ref(lambda msg: db.save(msg.record, msg.events,
                                          retain_until_ms=msg.retain_until_ms))
-        deps = JobDeps(config=None, db=db, store=store, dispatcher=_Ref(), cpu=_Ref(),
-                       accounting=accounting, spawner=None, backend=NONE, clock=clock,
+        deps = JobDeps(config=None, records=Records(db), store=StoreHandle(store),
+                       dispatcher=DispatcherHandle(_Ref()), cpu=CpuHandle(_Ref()),
+                       accounting=AccountingHandle(accounting), spawner=None, backend=NONE,
+                       clock=clock,
                        jobs_dir=tmp_path / "jobs", workspace_root=tmp_path / "ws")
         with trio.fail_after(5):
             await JobExecution(record, deps)._finish()

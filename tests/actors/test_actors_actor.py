@@ -311,3 +311,26 @@ async def test_an_error_not_listed_as_replied_still_crashes_the_actor():
                 await ref.call("crash")
             await trio.sleep_forever()  # the actor crash cancels us
     assert not ref.alive
+
+
+async def test_cast_self_during_on_start_is_handled_after_it_without_polling():
+    seen = []
+
+    class Timer(actors.Actor):
+        async def on_start(self):
+            self.nursery.start_soon(self._fire)
+            await trio.testing.wait_all_tasks_blocked()  # _fire has queued its message
+            seen.append(("on_start done", self.ref.alive))
+
+        async def _fire(self):
+            await self.cast_self("tick")
+
+        async def handle(self, msg):
+            seen.append(msg)
+
+    async with trio.open_nursery() as nursery:
+        actor = Timer(name="timer")
+        await nursery.start(actor.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert seen == [("on_start done", False), "tick"]
+        actor.stop()

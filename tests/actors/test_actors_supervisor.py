@@ -350,3 +350,23 @@ async def test_crash_and_restart_are_logged(caplog):
     assert crash and crash[0].exc_info is not None
     assert any(r.levelno == logging.INFO and "restarting child w" in r.getMessage()
                and "logsup" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_ref_made_before_the_tree_reaches_the_child_and_survives_restarts():
+    ref = actors.ActorRef("echo")
+
+    class Echo(actors.Actor):
+        async def handle(self, msg):
+            if msg == "crash":
+                raise RuntimeError("boom")
+            return msg
+
+    spec = actors.ChildSpec(name="echo", factory=Echo, ref=ref)
+    assert not ref.alive  # nothing runs yet, but siblings can already hold it
+    async with actors.open_supervisor("top", [spec]) as sup:
+        assert sup.ref("echo") is ref
+        assert await ref.call("hi") == "hi"
+        with pytest.raises(RuntimeError):
+            await ref.call("crash")
+        await trio.testing.wait_all_tasks_blocked()
+        assert await ref.call("again") == "again" and ref.restarts == 1

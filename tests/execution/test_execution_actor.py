@@ -12,6 +12,9 @@ import trio.testing
 from fakes import FakeKeepers, Recorder, inline_offload
 from motor.clock import MockWallClock, uuid7
 from motor.execution.actor import Cancel, JobDeps, JobExecution
+from motor.handles import (
+    AccountingHandle, CpuHandle, DispatcherHandle, Records, StoreHandle,
+)
 from motor.execution.spawner import KeeperNotStarted, SpawnerError
 from motor.isolation import NONE
 from motor.records import JobRecord
@@ -37,9 +40,12 @@ class World:
     async def start(self) -> tuple[JobExecution, object]:
         n = self.nursery
         deps = JobDeps(
-            config=None, db=self.db, store=await n.start(StoreActor(self.db, ChangeHub()).run),
-            dispatcher=await n.start(self.dispatcher.run), cpu=await n.start(self.cpu.run),
-            accounting=await n.start(self.accounting.run), spawner=self.keepers, backend=NONE,
+            config=None, records=Records(self.db),
+            store=StoreHandle(await n.start(StoreActor(self.db, ChangeHub()).run)),
+            dispatcher=DispatcherHandle(await n.start(self.dispatcher.run)),
+            cpu=CpuHandle(await n.start(self.cpu.run)),
+            accounting=AccountingHandle(await n.start(self.accounting.run)),
+            spawner=self.keepers, backend=NONE,
             clock=self.clock, jobs_dir=self.tmp_path / "jobs",
             workspace_root=self.tmp_path / "ws", offload=self.offload)
         job = JobExecution(self.record, deps)

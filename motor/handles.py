@@ -1,0 +1,237 @@
+"""Typed handles: what one actor may ask of another, as methods (OTP's API functions).
+
+Each handle wraps the `ActorRef` of one subsystem (made before the tree starts, see
+motor/runner/tree.py) and hides its message protocol: callers write
+`await store.save(record, events)` or `await cpu.place(job_id, claim)`, never build
+message objects, and a protocol change stays inside the subsystem and this file.
+Handles are plain objects, stable across restarts of the actor they point at, and cheap
+to fake in tests (any object with the same methods will do).
+
+Calls raise what the ref raises: the replied error of the callee (e.g. `StoreFull`),
+`actors.ActorDead` while it is down, `actors.CallTimeout` past the timeout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from .accounting.actor import AdmissionRefused, JobEnded, JobStarted, Report, notify
+from .cpu.actor import Place, Release, Snapshot
+from .disk.messages import (
+    Admit, AdmitUpload, BeginUpload, CommitUpload, HasBundle, JobIdle, Listing, Periodic,
+    PrepareSetup, Register, Reserve, Sample, SetupPlan, Unreserve,
+)
+from .memory.core import MemoryCeiling
+from .records import Event, JobRecord, JobRequest
+from .scheduling.messages import (
+    BundleArrived, CancelJob, CapacityView, CeilingChanged, Finished, Heartbeat, QueuedView,
+    SetupDone, StartFailed, StatusView, Submit, Unfollowed, Withdraw,
+)
+from .store.actor import Expire, Save
+
+__all__ = [
+    "AccountingHandle", "CpuHandle", "DiskHandle", "DispatcherHandle", "ExecutionHandle",
+    "Records", "StoreHandle",
+]
+
+
+class _Handle:
+    __slots__ = ("ref",)
+
+    def __init__(self, ref: Any):
+        self.ref = ref
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.ref!r}>"
+
+
+class StoreHandle(_Handle):
+    """The store actor: every write of a job record or event."""
+
+    async def save(self, record: JobRecord, events: Sequence[Event] = (), *,
+                   log_offset: int | None = None, retain_until_ms: int | None = None,
+                   timeout: float | None = 30.0) -> list:
+        """Upsert `record` and append `events` in one commit; the events with their seqs.
+        Raises `StoreFull` when the state filesystem is full (nothing written)."""
+        return await self.ref.call(Save(record=record, events=tuple(events), log_offset=log_offset,
+                                        retain_until_ms=retain_until_ms), timeout=timeout)
+
+    async def expire(self, now_ms: int) -> list[str]:
+        """Delete records past their retention; the ids deleted."""
+        return await self.ref.call(Expire(now_ms))
+
+
+class CpuHandle(_Handle):
+    """The CPU allocator."""
+
+    async def place(self, job_id: str, claim: int) -> list[int]:
+        return await self.ref.call(Place(job_id, claim))
+
+    async def release(self, job_id: str) -> None:
+        await self.ref.call(Release(job_id))
+
+    async def snapshot(self) -> dict:
+        return await self.ref.call(Snapshot())
+
+
+class DiskHandle(_Handle):
+    """The disk manager."""
+
+    async def admit(self, job_id: str | None = None, workspace: str | None = None,
+                    siblings: Iterable[str] = (), *, timeout: float | None = 30.0):
+        """A Refusal, or None when there is room (after cleanup)."""
+        return await self.ref.call(Admit(job_id, workspace, tuple(siblings)), timeout=timeout)
+
+    async def has_bundle(self, sha256: str) -> bool:
+        return await self.ref.call(HasBundle(sha256))
+
+    async def prepare_setup(self, job_id: str, workspace: str, siblings: Iterable[str] = (), *,
+                            kind: str = "task", bundle_sha256: str | None = None) -> SetupPlan:
+        return await self.ref.call(PrepareSetup(job_id, workspace, tuple(siblings), kind,
+                                                bundle_sha256))
+
+    async def job_idle(self, job_id: str, workspace: str, siblings: Iterable[str] = ()) -> None:
+        await self.ref.cast(JobIdle(job_id, workspace, tuple(siblings)))
+
+    async def register(self, msg: Register):
+        return await self.ref.call(msg)
+
+    async def reserve(self, token: str, names: Iterable[str]) -> None:
+        await self.ref.call(Reserve(token, tuple(names)))
+
+    async def unreserve(self, token: str) -> None:
+        await self.ref.call(Unreserve(token))
+
+    async def admit_upload(self, sha256: str):
+        return await self.ref.call(AdmitUpload(sha256))
+
+    async def begin_upload(self, sha256: str):
+        return await self.ref.call(BeginUpload(sha256))
+
+    async def commit_upload(self, upload: Any):
+        return await self.ref.call(CommitUpload(upload))
+
+    async def periodic(self, *, timeout: float | None = 600) -> dict:
+        return await self.ref.call(Periodic(), timeout=timeout)
+
+    async def sample(self):
+        return await self.ref.call(Sample())
+
+    async def listing(self) -> list:
+        return await self.ref.call(Listing())
+
+
+class AccountingHandle(_Handle):
+    """Accounting: told, never waited for (a dropped note is logged, never costs a job)."""
+
+    def refused(self, code: str) -> bool:
+        return notify(self.ref, AdmissionRefused(code))
+
+    def started(self, msg: JobStarted) -> bool:
+        return notify(self.ref, msg)
+
+    def ended(self, record: JobRecord) -> bool:
+        return notify(self.ref, JobEnded(record))
+
+    async def report(self, now_ms: int | None = None) -> dict:
+        return await self.ref.call(Report(now_ms))
+
+
+class DispatcherHandle(_Handle):
+    """The dispatcher (the seed's state lock)."""
+
+    async def submit(self, request: JobRequest, follow: bool = False):
+        """The accepted JobRecord, or a Refusal."""
+        return await self.ref.call(Submit(request, follow))
+
+    async def cancel(self, job_id: str) -> str:
+        return await self.ref.call(CancelJob(job_id))
+
+    async def withdraw(self, job_id: str):
+        return await self.ref.call(Withdraw(job_id))
+
+    async def queued_view(self, job_id: str):
+        return await self.ref.call(QueuedView(job_id))
+
+    async def heartbeat(self, job_id: str):
+        return await self.ref.call(Heartbeat(job_id))
+
+    async def status_view(self) -> dict:
+        return await self.ref.call(StatusView())
+
+    async def capacity(self) -> dict:
+        return await self.ref.call(CapacityView())
+
+    async def unfollowed(self, job_id: str) -> None:
+        await self.ref.cast(Unfollowed(job_id))
+
+    async def bundle_arrived(self, sha256: str) -> None:
+        await self.ref.cast(BundleArrived(sha256))
+
+    async def ceiling_changed(self, ceiling: MemoryCeiling) -> None:
+        await self.ref.cast(CeilingChanged(ceiling))
+
+    # from the job actors
+    async def setup_done(self, job_id: str) -> None:
+        await self.ref.cast(SetupDone(job_id))
+
+    async def start_failed(self, job_id: str, detail: str, *, cleanup_pending: bool = False) -> None:
+        await self.ref.cast(StartFailed(job_id, detail, cleanup_pending))
+
+    async def finished(self, job_id: str) -> None:
+        """Waits until the dispatcher has returned the job's permits."""
+        await self.ref.call(Finished(job_id))
+
+
+class ExecutionHandle:
+    """The execution supervisor: one transient child actor per job setting up or running.
+
+    It holds a function returning the supervisor, not the supervisor itself: a nested
+    supervisor is a new object after each restart of its own supervisor."""
+
+    __slots__ = ("_supervisor",)
+
+    def __init__(self, supervisor: Callable[[], Any]):
+        self._supervisor = supervisor
+
+    def jobs(self) -> set[str]:
+        """Ids of the jobs that have an actor now."""
+        return {name.removeprefix("job-") for name in self._supervisor().children()}
+
+    def job(self, job_id: str):
+        """The job actor's ref, or None."""
+        try:
+            return self._supervisor().ref(f"job-{job_id}")
+        except KeyError:
+            return None
+
+    async def start_job(self, job_id: str, factory: Callable[[], Any]) -> None:
+        import actors  # the runtime, not motor: imported here to keep this module light
+
+        await self._supervisor().start_child(
+            actors.ChildSpec(name=f"job-{job_id}", factory=factory, restart="transient"))
+
+
+class Records:
+    """Read-only view of job records for actors that read what the store wrote (the
+    dispatcher's recovery, job actors, accounting): not the `Database`, which only the
+    store actor writes through. SQLite in WAL mode gives each read a consistent snapshot."""
+
+    __slots__ = ("_db",)
+
+    def __init__(self, db: Any):
+        self._db = db
+
+    def get(self, job_id: str) -> JobRecord | None:
+        return self._db.get(job_id)
+
+    def live(self) -> list[JobRecord]:
+        """Records not yet terminal (queued, setting up, running)."""
+        return self._db.live()
+
+    def log_offset(self, job_id: str) -> int:
+        return self._db.log_offset(job_id)
+
+    def iter_terminal(self, *args, **kwargs):
+        return self._db.iter_terminal(*args, **kwargs)
