@@ -21,10 +21,9 @@ from motor.tasks.records import QueueEntry, TaskRecord, TurnRecord
 class TurnRunner(actors.Actor):
     """Runs one turn: chooses a worker, dispatches the turn as a runner job (bundle of the
     project worktree, workspace named for the task), streams its output into
-    C/turns/<task>/<turn>/, imports the terminal record, and removes the row.
-
-    `result` is the turn's final TurnRecord (or None when the turn went back to the queue,
-    e.g. no worker answered).  `echo`: write the output to our stdout/stderr too (attached)."""
+    C/turns/<task>/<turn>/, imports the terminal record, and removes the row.  `result`: the
+    turn's final TurnRecord (None: it went back to the queue, e.g. no worker answered).
+    `echo`: write the output to our stdout/stderr too (attached)."""
 
     def __init__(self, tc: TaskClient, task_id: str, turn_id: str, *, echo: bool = False,
                  reassign: bool = False, wait_for_worker: bool | None = None):
@@ -103,8 +102,7 @@ class TurnRunner(actors.Actor):
         return None
 
     async def _dispatch_now(self, task: TaskRecord, row: QueueEntry) -> QueueEntry | None:
-        """Attached execution and re-attach: dispatch to the best answering worker at once
-        (the worker queues the job when it is busy)."""
+        """Attached execution and re-attach: dispatch at once (a busy worker queues the job)."""
         reports = await self._own_reports(task, row)
         return None if reports is None else await self._locked(sections.dispatch_locked, self.tc.me, reports)
 
