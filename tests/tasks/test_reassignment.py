@@ -4,7 +4,7 @@ Every decision is one QueueLock critical section (`claim_locked`, run through a 
 ClientDir: real flock, real files).  Process identities are the conftest fixture whose
 liveness the test controls; worker observations are health-report dicts handed to the claim
 (what the runner's /v1/health probes return); where the runner itself is driven, the probe is
-replaced by such an observation fixture.  Races are staged with a threading.Barrier; no sleeps.
+injected (TaskClient(probe=...)) as such an observation fixture.  Races are staged with a threading.Barrier; no sleeps.
 The saturated pool end to end, with real `motor serve` workers, is in test_fleet_e2e.py."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from motor.tasks import context, core, host
 from motor.tasks.client import TaskClient
 from motor.tasks.detached import detached_runner, host_turn
 from motor.tasks.queue import open_queue
-from motor.tasks.sections import claim_locked, reconcile_plan
 from motor.tasks.records import RunnerRecord, encode
+from motor.tasks.sections import claim_locked, reconcile_plan
 from motor.tasks.store import ClientDir
 from motor.tasks.workers import Fleet, WorkerSpec
 from tests.conftest import ROOT, motor_env
