@@ -5,7 +5,8 @@ ClientDir: real flock, real files).  Process identities are the conftest fixture
 liveness the test controls; worker observations are health-report dicts handed to the claim
 (what the runner's /v1/health probes return); where the runner itself is driven, the probe is
 injected (TaskClient(probe=...)) as such an observation fixture.  Races are staged with a
-threading.Barrier; no sleeps.  The saturated pool end to end, with real `motor serve` workers, is in test_fleet_e2e.py."""
+threading.Barrier; no sleeps.  The saturated pool end to end, with real `motor serve`
+workers, is in test_fleet_e2e.py."""
 
 from __future__ import annotations
 
