@@ -115,7 +115,7 @@ def _run(args, body) -> int:
     """Open the queue actor in a trio nursery and run `body(cdir, fleet, queue, nursery)`."""
     import trio  # only the task commands need it (the client commands stay lean)
 
-    from motor.tasks.actor import open_queue
+    from motor.tasks.queue import open_queue
 
     try:
         cdir = _client_dir(args)
@@ -145,7 +145,7 @@ def _run(args, body) -> int:
 
 
 def _task_client(cdir, fleet, queue, **kw):
-    from motor.tasks.actor import TaskClient
+    from motor.tasks.client import TaskClient
 
     return TaskClient(cdir, queue, fleet, **kw)
 
@@ -186,7 +186,8 @@ def cmd_submit(args) -> int:
 
     async def body(cdir, fleet, queue, nursery):
         from motor.tasks import core
-        from motor.tasks.actor import probe_health, retire, run_turn
+        from motor.tasks.detached import retire, run_turn
+        from motor.tasks.remote import probe_health
 
         if args.pin and fleet.get(args.pin) is None:
             raise BadInput(f"motor: error: unknown worker {args.pin!r} (workers.toml lists: "
@@ -402,7 +403,7 @@ def cmd_worker_runner(args) -> int:
         raise UsageError(f"--slot-token {args.slot_token!r} is not a UUID") from None
 
     async def body(cdir, fleet, queue, nursery):
-        from motor.tasks.actor import detached_runner
+        from motor.tasks.detached import detached_runner
 
         tc = _task_client(cdir, fleet, queue)
         return await detached_runner(tc, args.task, args.turn, token)

@@ -3,11 +3,11 @@
 Theory of operation
 -------------------
 Every function here runs inside ONE QueueLock critical section (one message to the queue
-actor, see motor.tasks.actor): it gets the decoded queue (`QueueFile`, mutated in place),
-the task.runner records (`runners`: {task_id: RunnerRecord}) and a liveness oracle
-`observe(identity) -> "matching" | "ambiguous" | "mismatch" | "gone"`, and decides.  No
-trio, no files, no clock: times, fresh tokens and the oracle are arguments.  The shell writes
-what changed.
+actor, motor.tasks.queue; the bodies are in motor.tasks.sections): it gets the decoded
+queue (`QueueFile`, mutated in place), the task.runner records (`runners`: {task_id:
+RunnerRecord}) and a liveness oracle `observe(identity) -> "matching" | "ambiguous" |
+"mismatch" | "gone"`, and decides.  No trio, no files, no clock: times, fresh tokens and the
+oracle are arguments.  The shell writes what changed.
 
 Occupancy (`occupied_runner_slots_locked`) counts, per the seed:
   unique live identities among task.runner records and acting queue holders

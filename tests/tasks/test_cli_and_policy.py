@@ -10,7 +10,8 @@ import pytest
 import trio
 
 from motor.tasks import core
-from motor.tasks.actor import TaskClient, open_queue
+from motor.tasks.client import TaskClient
+from motor.tasks.queue import open_queue
 from motor.tasks.records import QueueFile
 from motor.tasks.store import ClientDir
 from motor.tasks.workers import FleetError, load_fleet

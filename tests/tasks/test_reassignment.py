@@ -4,8 +4,9 @@ Every decision is one QueueLock critical section (`claim_locked`, run through a 
 ClientDir: real flock, real files).  Process identities are the conftest fixture whose
 liveness the test controls; worker observations are health-report dicts handed to the claim
 (what the runner's /v1/health probes return); where the runner itself is driven, the probe is
-replaced by such an observation fixture.  Races are staged with a threading.Barrier; no sleeps.
-The saturated pool end to end, with real `motor serve` workers, is in test_fleet_e2e.py."""
+injected (TaskClient(probe=...)) as such an observation fixture.  Races are staged with a
+threading.Barrier; no sleeps.  The saturated pool end to end, with real `motor serve`
+workers, is in test_fleet_e2e.py."""
 
 from __future__ import annotations
 
@@ -18,9 +19,12 @@ import threading
 
 import pytest
 
-from motor.tasks import actor, context, core
-from motor.tasks.actor import TaskClient, claim_locked, detached_runner, host_turn, open_queue, reconcile_plan
+from motor.tasks import context, core, host
+from motor.tasks.client import TaskClient
+from motor.tasks.detached import detached_runner, host_turn
+from motor.tasks.queue import open_queue
 from motor.tasks.records import RunnerRecord, encode
+from motor.tasks.sections import claim_locked, reconcile_plan
 from motor.tasks.store import ClientDir
 from motor.tasks.workers import Fleet, WorkerSpec
 from tests.conftest import ROOT, motor_env
@@ -244,7 +248,6 @@ async def test_failed_post_publication_update_keeps_recoverable_ownership(pool, 
 
     async def observed(spec, timeout=5.0):   # the workers' health reports (an observation fixture)
         return OK
-    monkeypatch.setattr(actor, "probe_health", observed)
     monkeypatch.setenv("MOTOR_TASK_FAULT", "reassign_after_publish:raise")
     # rb is the detached runner of b (it took b over on a reserved slot)
     pool.set(b, state="parked")
@@ -252,7 +255,7 @@ async def test_failed_post_publication_update_keeps_recoverable_ownership(pool, 
     token = pool.cdir.critical(lambda L: core.reserve_runner_slot(
         L.queue, L.runners, L.observe, task_id=b, turn_id="1", reserver=pool.tc.me, cap=99,
         new_token=tokens).token)
-    runner_tc = TaskClient(pool.cdir, pool.tc.queue, pool.fleet, me=rb, token_source=tokens)
+    runner_tc = TaskClient(pool.cdir, pool.tc.queue, pool.fleet, me=rb, token_source=tokens, probe=observed)
     assert await detached_runner(runner_tc, b, "1", token) == 1           # it exits with an error
     q = pool.cdir.read_queue()
     assert core.find_row(q, b, "1").state == "parked"                     # published ...
@@ -307,9 +310,9 @@ async def test_cross_project_and_linked_worktree_use_the_recipients_context(pool
     assert str(linked) not in pool.cdir.queue_path.read_text()   # public JSON: opaque ids only
     assert pool.claim(b, rb, {"mini-1": OK, "mini-2": OK}).task_id == d
     # execution (and the bundle it uploads) use the recipient's saved worktree, not the cwd
-    project = actor.resolve_project(pool.cdir, pool.cdir.read_task(d))
+    project = host.resolve_project(pool.cdir, pool.cdir.read_task(d))
     assert project == linked.resolve()
-    bundle, _ = actor.make_bundle(project, tmp_path / "bundles")
+    bundle, _ = host.make_bundle(project, tmp_path / "bundles")
     import tarfile
     with tarfile.open(bundle) as tf:
         assert tf.extractfile("file").read() == b"linked worktree\n"
@@ -318,7 +321,7 @@ async def test_cross_project_and_linked_worktree_use_the_recipients_context(pool
     linked.rename(moved)
     linked.symlink_to(moved)
     with pytest.raises(context.ContextError) as err:
-        actor.resolve_project(pool.cdir, pool.cdir.read_task(d))
+        host.resolve_project(pool.cdir, pool.cdir.read_task(d))
     assert err.value.code == context.CONTEXT_REDIRECTED
     ctx_file.write_bytes(ctx_file.read_bytes().replace(b'{"version"', b'{ "version"'))
     with pytest.raises(context.ContextError) as err:
@@ -351,7 +354,7 @@ async def test_attached_execution_never_changes_tasks(pool, procs, tmp_path, mon
 
     async def observed(spec, timeout=5.0):
         return OK
-    monkeypatch.setattr(actor, "probe_health", observed)
+    monkeypatch.setattr(pool.tc, "probe", observed)
     before_d = encode(pool.row(d))
     # the claim itself refuses an attached donor, and without opt-in it never moves
     with pytest.raises(core.QueueError):

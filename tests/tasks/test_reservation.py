@@ -15,7 +15,9 @@ import pytest
 import trio
 
 from motor.tasks import core
-from motor.tasks.actor import TaskClient, open_queue, take_over_reserved_slot
+from motor.tasks.client import TaskClient
+from motor.tasks.detached import take_over_reserved_slot
+from motor.tasks.queue import open_queue
 from motor.tasks.records import (
     NIL_TOKEN,
     ProcessIdentity,
@@ -378,8 +380,9 @@ async def test_interrupted_legacy_reassignment_recovers_from_an_unrelated_workin
     while the interrupted owner lives (also not when the interrupted process reconciles
     itself: exclude_reserver false), and exactly one runner once it is gone; the recovered
     turn executes the inherited worktree, never the reconciler's cwd."""
-    from motor.tasks import actor, context
-    from motor.tasks.actor import claim_locked, resolve_project
+    from motor.tasks import context, sections
+    from motor.tasks.host import resolve_project
+    from motor.tasks.sections import claim_locked
 
     base = tmp_path / "base"
     project = base / "project"
@@ -418,10 +421,10 @@ async def test_interrupted_legacy_reassignment_recovers_from_an_unrelated_workin
     assert core.find_row(q, legacy, "1").dispatch_owner == interrupted
     assert context.task_project_path(cdir.turns_dir, legacy, "project") == project   # inherited, durable
     monkeypatch.chdir(elsewhere)
-    assert cdir.critical(lambda L: actor.reconcile_plan(L, interrupted, 2, {}, tokens)) == []
-    assert cdir.critical(lambda L: actor.reconcile_plan(L, procs.spawn(), 2, {}, tokens)) == []
+    assert cdir.critical(lambda L: sections.reconcile_plan(L, interrupted, 2, {}, tokens)) == []
+    assert cdir.critical(lambda L: sections.reconcile_plan(L, procs.spawn(), 2, {}, tokens)) == []
     procs.kill(interrupted)
-    starts = cdir.critical(lambda L: actor.reconcile_plan(L, procs.spawn(), 2, {}, tokens))
+    starts = cdir.critical(lambda L: sections.reconcile_plan(L, procs.spawn(), 2, {}, tokens))
     assert [(t, u) for t, u, _ in starts] == [(legacy, "1")]
     assert resolve_project(cdir, cdir.read_task(legacy)) == project                  # not elsewhere/
     assert cdir.read_task(legacy).project == "project"      # the record keeps its opaque legacy value

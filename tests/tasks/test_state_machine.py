@@ -7,7 +7,7 @@ Invariants after every step:
 - never two live acting runners for one turn;
 - tokens are never reused (a token once retired never becomes current again);
 - FIFO: queue ids follow enqueue order and enqueued_at_millis never decreases along them.
-The critical-section bodies are the ones the real shell runs (motor.tasks.actor), on an
+The critical-section bodies are the ones the real shell runs (motor.tasks.sections), on an
 in-memory queue instead of the locked file."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from motor.tasks import core
-from motor.tasks.actor import complete_locked, next_parked_locked, reconcile_plan, take_over_locked
+from motor.tasks.sections import complete_locked, next_parked_locked, reconcile_plan, take_over_locked
 from motor.tasks.records import QueueFile, RunnerRecord
 from tests.tasks.conftest import Processes
 
