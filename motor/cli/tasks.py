@@ -210,8 +210,9 @@ def cmd_submit(args) -> int:
                                                 reserver=tc.me, cap=core.UNCAPPED, new_token=tc.new_token)
 
             r = await queue.locked(reserve)
-            if not r.acquired:  # cannot happen for a fresh attached row; say so if it does
-                raise BadInput(f"motor: task {task_id}: no runner slot ({r.kind})", 1)
+            # uncapped, and the row was made by this process in the lock hold before: no
+            # reservation, live runner or foreign holder can exist for it yet
+            assert r.acquired, f"attached turn {task_id}/{turn_id} not reserved: {r.kind}"
             await tc.complete_runner_spawn(task_id, turn_id, r.token, tc.me, mode="attached")
             turn = await run_turn(tc, task_id, turn_id, echo=True)
             await retire(tc, task_id)
