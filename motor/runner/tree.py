@@ -224,5 +224,6 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, handles: Handles,
     if api:
         from ..api.actor import ApiActor
 
-        specs.append(_single("api", lambda: ApiActor(tree), refs["api"]))
+        # called when the tree starts, once the facade exists
+        specs.append(_single("api", lambda: ApiActor(tree.runner), refs["api"]))
     return specs
