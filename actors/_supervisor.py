@@ -1,4 +1,11 @@
-"""OTP-style supervisors built from trio nurseries."""
+"""OTP-style supervisors built from trio nurseries.
+
+One task owns a supervisor's children: the task running ``Supervisor.run``. Everything
+that changes the children list reaches it as an event on one channel, handled one at a
+time in arrival order: a child's exit, a ``start_child`` or ``stop_child`` request (whose
+caller waits for the answer), the shutdown. No lock: the channel serializes, as an OTP
+supervisor's mailbox does.
+"""
 
 from __future__ import annotations
 
@@ -78,6 +85,27 @@ class _StartedProxy:
 _SHUTDOWN = object()
 
 
+class _Request:
+    """A start_child / stop_child request on the supervisor's event channel; its caller
+    waits on ``done`` for ``result`` or ``error``."""
+
+    __slots__ = ("kind", "arg", "done", "result", "error", "abandoned", "scope")
+
+    def __init__(self, kind: Literal["start", "stop"], arg):
+        self.kind = kind
+        self.arg = arg
+        self.done = trio.Event()
+        self.result = None
+        self.error: BaseException | None = None
+        self.abandoned = False  # its caller was cancelled before it was served: skip it
+        self.scope: trio.CancelScope | None = None  # a start being served: its caller's cancel
+
+    def answer(self, result=None, error: BaseException | None = None) -> None:
+        if not self.done.is_set():
+            self.result, self.error = result, error
+            self.done.set()
+
+
 class Supervisor:
     """Starts children in order, restarts them per ``strategy``, stops them in reverse."""
 
@@ -101,11 +129,11 @@ class Supervisor:
         self._budget = RestartBudget(intensity, period)
         self._children: list[_Child] = []
         self._nursery: trio.Nursery | None = None
-        self._lock: trio.Lock | None = None
         self._events_send: trio.MemorySendChannel | None = None
         self._events_recv: trio.MemoryReceiveChannel | None = None
         self._ran = False
-        self._running = False
+        self._running = False  # initial children started, not stopping yet
+        self._stopping = False  # run() is stopping the children (shutdown, escalation, cancel)
         self._shutdown_requested = False
         self._done = trio.Event()
         #: (child name, exception) of the latest crash or failed start, for health reports
@@ -155,25 +183,23 @@ class Supervisor:
         if self._ran:
             raise RuntimeError(f"{self!r} already ran; create a new instance per incarnation")
         self._ran = True
-        self._lock = trio.Lock()
         self._events_send, self._events_recv = trio.open_memory_channel(math.inf)
         escalation: SupervisorEscalation | None = None
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 try:
-                    async with self._lock:
-                        for spec in self._specs:
-                            child = _Child(spec)
-                            self._children.append(child)
-                            try:
-                                await self._start_instance(child)
-                            except Exception as exc:
-                                logger.warning(
-                                    "supervisor %s: child %s failed to start: %r",
-                                    self.name, spec.name, exc,
-                                )
-                                await self._handle_exit(child, None, exc)
+                    for spec in self._specs:
+                        child = _Child(spec)
+                        self._children.append(child)
+                        try:
+                            await self._start_instance(child)
+                        except Exception as exc:
+                            logger.warning(
+                                "supervisor %s: child %s failed to start: %r",
+                                self.name, spec.name, exc,
+                            )
+                            await self._handle_exit(child, None, exc)
                     self._running = True
                     logger.debug("supervisor %s started", self.name)
                     task_status.started(self)
@@ -182,10 +208,15 @@ class Supervisor:
                     escalation = exc
                 finally:
                     self._running = False
-                    await self._stop_all()
-                    nursery.cancel_scope.cancel()
+                    self._stopping = True
+                    try:
+                        await self._stop_all()
+                    finally:
+                        self._answer_pending()
+                        nursery.cancel_scope.cancel()
         finally:
             self._running = False
+            self._stopping = True
             self._done.set()
         if escalation is not None:
             raise escalation
@@ -204,43 +235,119 @@ class Supervisor:
             await self._done.wait()
 
     async def start_child(self, spec: ChildSpec) -> ActorRef | Supervisor:
-        """Add and start a child; returns its ref. A start failure is raised here."""
-        if not self._running or self._lock is None:
-            raise RuntimeError(f"supervisor {self.name!r} is not running")
-        async with self._lock:
-            if not self._running:
-                raise RuntimeError(f"supervisor {self.name!r} is shutting down")
-            if any(child.spec.name == spec.name for child in self._children):
-                raise ValueError(f"supervisor {self.name!r} already has a child {spec.name!r}")
-            child = _Child(spec)
-            self._children.append(child)
-            try:
-                await self._start_instance(child)
-            except BaseException:
-                self._children.remove(child)
-                raise
-        return self.ref(spec.name)
+        """Add and start a child; returns its ref once it is started (its ``on_start``
+        done). A start failure is raised here and the child is not added.
+
+        The request waits its turn behind the exits and requests before it (one at a
+        time, as in OTP). Raises RuntimeError when the supervisor is not running or is
+        shutting down; a request still queued when a shutdown begins is refused the same
+        way, its factory never called."""
+        if not self._running or self._shutdown_requested:
+            raise RuntimeError(self._not_running())
+        return await self._request(_Request("start", spec))
 
     async def stop_child(self, name: str) -> None:
-        """Stop a child orderly (on_stop runs) and remove it."""
-        if self._lock is None:
-            raise RuntimeError(f"supervisor {self.name!r} is not running")
-        async with self._lock:
-            child = self._find(name)
-            await self._stop_instance(child)
-            self._children.remove(child)
+        """Stop a child orderly (on_stop runs) and remove it; KeyError if there is no
+        such child when the request is served. While the supervisor shuts down (or after),
+        returns once the tree has stopped: every child is stopped then."""
+        if not self._ran or (not self._running and not self._stopping):
+            raise RuntimeError(self._not_running())
+        if self._stopping or self._shutdown_requested:
+            await self._done.wait()
+            return
+        await self._request(_Request("stop", name))
+
+    def _not_running(self) -> str:
+        if self._shutdown_requested or self._stopping:
+            return f"supervisor {self.name!r} is shutting down"
+        return f"supervisor {self.name!r} is not running"
 
     # -- internals ------------------------------------------------------------
+    async def _request(self, req: _Request):
+        assert self._events_send is not None
+        self._events_send.send_nowait(req)  # unbounded: never blocks, never fails
+        try:
+            await req.done.wait()
+        except BaseException:
+            # cancelled: a request not yet served is skipped; a start being served is
+            # cancelled (its child is removed, as if it never started); a stop goes on
+            req.abandoned = True
+            if req.kind == "start" and req.scope is not None:
+                req.scope.cancel()
+            raise
+        if req.error is not None:
+            raise req.error
+        return req.result
+
     async def _loop(self) -> None:
-        assert self._events_recv is not None and self._lock is not None
+        """The one task that changes the children: exits, requests, shutdown, in order."""
+        assert self._events_recv is not None
         if self._shutdown_requested:
             return
         async for event in self._events_recv:
             if event is _SHUTDOWN:
                 return
-            child, instance, exc = event
-            async with self._lock:
-                await self._handle_exit(child, instance, exc)
+            if isinstance(event, _Request):
+                await self._serve(event)
+            else:
+                await self._handle_exit(*event)
+
+    async def _serve(self, req: _Request) -> None:
+        if req.abandoned:
+            return
+        if req.kind == "start" and self._shutdown_requested:
+            req.answer(error=RuntimeError(self._not_running()))
+            return
+        req.scope = trio.CancelScope()
+        try:
+            with req.scope:
+                if req.kind == "start":
+                    result = await self._add(req.arg)
+                else:
+                    result = await self._remove(req.arg)
+        except Exception as exc:
+            req.answer(error=exc)
+            return
+        except BaseException:  # cancelled with the tree: _answer_pending cannot see it
+            self._answer_stopped(req)
+            raise
+        if not req.scope.cancelled_caught:  # else its caller is gone and no child was left
+            req.answer(result)
+
+    async def _add(self, spec: ChildSpec) -> ActorRef | Supervisor:
+        if any(child.spec.name == spec.name for child in self._children):
+            raise ValueError(f"supervisor {self.name!r} already has a child {spec.name!r}")
+        child = _Child(spec)
+        self._children.append(child)
+        try:
+            await self._start_instance(child)
+        except BaseException:
+            self._children.remove(child)
+            raise
+        return self.ref(spec.name)
+
+    async def _remove(self, name: str) -> None:
+        child = self._find(name)
+        await self._stop_instance(child)
+        self._children.remove(child)
+
+    def _answer_stopped(self, req: _Request) -> None:
+        """Answer a request the stopped supervisor will never serve."""
+        if req.kind == "start":
+            req.answer(error=RuntimeError(f"supervisor {self.name!r} stopped before "
+                                          f"starting child {req.arg.name!r}"))
+        else:
+            req.answer(None)  # the child is stopped with the rest of the tree
+
+    def _answer_pending(self) -> None:
+        assert self._events_recv is not None
+        while True:
+            try:
+                event = self._events_recv.receive_nowait()
+            except trio.WouldBlock:
+                return
+            if isinstance(event, _Request):
+                self._answer_stopped(event)
 
     async def _start_instance(self, child: _Child) -> None:
         assert self._nursery is not None
@@ -352,11 +459,9 @@ class Supervisor:
             await done.wait()
 
     async def _stop_all(self) -> None:
-        assert self._lock is not None
-        async with self._lock:
-            for child in reversed(list(self._children)):
-                await self._stop_instance(child)
-            self._children.clear()
+        for child in reversed(list(self._children)):
+            await self._stop_instance(child)
+        self._children.clear()
 
 
 @asynccontextmanager

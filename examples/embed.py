@@ -1,6 +1,7 @@
 """Embedding motor: the same actors `motor serve` runs, driven from Python.
 
 Run: python examples/embed.py   (uses a temporary state dir; isolation "none")
+docs/embedding.md walks through it; tests/test_examples.py runs it.
 """
 
 import sys
@@ -24,6 +25,12 @@ async def main() -> int:
                     print(event.data, end="")
                 elif event.__struct_config__.tag == "terminal":
                     print("state:", event.record["state"], "exit:", event.record["exit_code"])
+            record = await runner.get(job.job_id)
+            print("recorded:", record.state, "on cpus", record.cpus)
+            try:  # a claim above max_weight can never run: refused at once
+                await runner.submit(motor.JobRequest(command=["make"], weight_hint=8))
+            except motor.RefusedError as exc:
+                print("refused:", exc.refusal.code)
             health = await runner.health()
             print("held permits after the job:", health["capacity"]["held_permits"])
     return 0

@@ -31,7 +31,27 @@ def test_embed_example_runs_a_job_through_the_embedding_api():
     assert result.returncode == 0, result.stderr
     assert "built 1 vCPUs" in result.stdout
     assert "state: succeeded exit: 0" in result.stdout
+    assert "recorded: succeeded on cpus [" in result.stdout
+    assert "refused: runner_full" in result.stdout
     assert "held permits after the job: 0" in result.stdout
+
+
+def test_embedding_doc_shows_the_example_that_runs():
+    """docs/embedding.md quotes examples/embed.py whole: the code a reader copies is the
+    code the test above runs."""
+    doc = (EXAMPLES.parent / "docs" / "embedding.md").read_text()
+    blocks = doc.split("```python\n")[1:]
+    quoted = [block.split("```", 1)[0] for block in blocks]
+    assert (EXAMPLES / "embed.py").read_text() in quoted
+
+
+def test_embedding_doc_names_every_runner_method():
+    from motor.runner import Runner
+
+    doc = (EXAMPLES.parent / "docs" / "embedding.md").read_text()
+    public = [name for name in vars(Runner) if not name.startswith("_")]
+    assert public and not [name for name in public
+                           if f"`{name}(" not in doc and f"`{name}`" not in doc]
 
 
 def test_runner_toml_is_a_valid_config():

@@ -4,61 +4,63 @@ builds the tree and hands the facade its root)."""
 from __future__ import annotations
 
 import errno
-from typing import Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 import trio
 
 import actors
 
-from ..accounting.actor import AdmissionRefused, Report, notify
-from ..lifecycle import history_expired
 from ..config import RunnerConfig
-from ..cpu.actor import Snapshot
-from ..disk.actor import AdmitUpload, BeginUpload, CommitUpload, Listing, Sample
 from ..disk.bundles import BundleError, valid_sha
+from ..lifecycle import QUEUED, history_expired
 from ..records import (
     CAPABILITIES, Event, JobRecord, JobRequest, Refusal, RefusedError, TERMINAL_STATES,
     Truncated, decode_event, public_record,
 )
 from ..scheduling.actor import withdraw_answer
-from ..scheduling.messages import (
-    BundleArrived, CancelJob, CapacityView, Heartbeat, QueuedView, StatusView, Submit, Unfollowed,
-    Withdraw,
-)
 from ..store.actor import ChangeHub
 from .host import Host
+
+if TYPE_CHECKING:
+    from .tree import Handles
 
 
 
 class Runner:
-    """The embedding API: the same actors `serve` runs, called from Python."""
+    """The embedding API: the same actors `serve` runs, called from Python.
+
+    It speaks to the subsystems through their typed handles (motor/handles.py, made by
+    motor/runner/tree.py before the tree starts), never by building their messages."""
 
     capabilities = CAPABILITIES
 
     def __init__(self, config: RunnerConfig, root: actors.Supervisor, db, hub: ChangeHub,
-                 host: Host, clock, *, followers: set[str] | None = None):
+                 host: Host, clock, *, handles: Handles, followers: set[str] | None = None):
         self.config = config
         self.root = root
         self.db = db
         self.hub = hub
         self.host = host
         self.clock = clock
+        #: every subsystem's ref and typed handle (tree.py's `Handles`)
+        self.handles = handles
         #: ids of jobs a client follows now (the dispatcher reads it when it recovers)
         self.followers: set[str] = set() if followers is None else followers
 
     # -- refs -----------------------------------------------------------------------------
 
     def actor(self, name: str) -> actors.ActorRef:
-        return self.root.ref(name).ref(name)
+        """A subsystem actor's ref (stable across its restarts), for tests and introspection."""
+        return self.handles.refs[name]
 
     @property
     def dispatcher(self) -> actors.ActorRef:
-        return self.actor("dispatcher")
+        return self.handles.dispatcher.ref
 
     # -- jobs -----------------------------------------------------------------------------
 
     async def submit(self, req: JobRequest, *, follow: bool = False) -> JobRecord:
-        reply = await self.dispatcher.call(Submit(req, follow))
+        reply = await self.handles.dispatcher.submit(req, follow)
         if isinstance(reply, Refusal):
             raise RefusedError(reply)
         return reply
@@ -67,8 +69,8 @@ class Runner:
         record = self.db.get(job_id)
         if record is None:
             raise RefusedError(self._missing(job_id))
-        if record.state == "queued":
-            live = await self.dispatcher.call(QueuedView(job_id))
+        if record.state == QUEUED:
+            live = await self.handles.dispatcher.queued_view(job_id)
             if live is not None:
                 return live
         return record
@@ -129,9 +131,9 @@ class Runner:
             with trio.move_on_after(self.config.heartbeat_s):
                 await changed.wait()
                 continue
-            if record.state == "queued":
+            if record.state == QUEUED:
                 try:
-                    beat = await self.dispatcher.call(Heartbeat(job_id))
+                    beat = await self.handles.dispatcher.heartbeat(job_id)
                 except actors.ActorDead:  # restarting: the next beat comes from its successor
                     beat = None
                 if beat is not None:
@@ -157,18 +159,18 @@ class Runner:
             if not ended:
                 with trio.CancelScope(shield=True):
                     try:
-                        await self.dispatcher.cast(Unfollowed(job_id))
+                        await self.handles.dispatcher.unfollowed(job_id)
                     except actors.ActorDead:
                         pass
 
     async def cancel(self, job_id: str) -> JobRecord:
         await self.get(job_id)
-        await self.dispatcher.call(CancelJob(job_id))
+        await self.handles.dispatcher.cancel(job_id)
         return await self.get(job_id)
 
     async def withdraw(self, job_id: str) -> str:
         await self.get(job_id)
-        answer = await self.dispatcher.call(Withdraw(job_id))
+        answer = await self.handles.dispatcher.withdraw(job_id)
         if answer == "unknown":  # it ended meanwhile: answer what happened
             answer = withdraw_answer(self.db.get(job_id))
         if isinstance(answer, Refusal):
@@ -178,7 +180,7 @@ class Runner:
     # -- reports --------------------------------------------------------------------------
 
     async def status(self) -> dict:
-        view = await self.dispatcher.call(StatusView())
+        view = await self.handles.dispatcher.status_view()
         records = (self.db.get(job_id) for job_id in view.pop("active"))
         view["running"] = [public_record(r) for r in records if r is not None]
         return view
@@ -189,18 +191,23 @@ class Runner:
         (restarts counted against its supervisor's budget), or a part that did not answer.
         A part that does not answer is left out; the probe itself never fails for it."""
         degraded: list[dict] = []
+        h = self.handles
 
-        async def ask(name: str, msg, timeout: float = 10):
+        async def ask(name: str, question, *args, timeout: float = 10):
             try:
-                return await self.actor(name).call(msg, timeout=timeout)
+                with trio.fail_after(timeout):
+                    return await question(*args)
+            except trio.TooSlowError:
+                degraded.append({"subsystem": name,
+                                 "cause": f"did not answer within {timeout:g} s"})
             except Exception as exc:  # noqa: BLE001 - reported, never raised to the probe
                 degraded.append({"subsystem": name, "cause": f"did not answer: {exc!r}"})
-                return None
+            return None
 
-        capacity = await ask("dispatcher", CapacityView())  # O(1): no per-job view
-        disk = await ask("disk", Sample())
-        cpus = await ask("cpu", Snapshot())
-        ledger = await ask("accounting", Report(self.clock.now_ms()))
+        capacity = await ask("dispatcher", h.dispatcher.capacity)  # O(1): no per-job view
+        disk = await ask("disk", h.disk.sample)
+        cpus = await ask("cpu", h.cpu.snapshot)
+        ledger = await ask("accounting", h.accounting.report, self.clock.now_ms())
         if ledger is None:  # optional figures: a stuck accounting actor never fails a probe
             ledger = {"admission_refusals": {}, "finished": {}, "underused": [],
                       "repositories": {}, "queue_wait_hourly": [], "accounting_unavailable": True}
@@ -245,28 +252,28 @@ class Runner:
 
     async def workspaces(self) -> list[dict]:
         """The workspace catalog: kind, root, cached sizes, idle time, why protected."""
-        return await self.actor("disk").call(Listing())
+        return await self.handles.disk.listing()
 
     async def put_bundle(self, sha256: str, chunks: AsyncIterator[bytes]) -> dict:
         """Store a source bundle streamed as `chunks`: refused with runner_disk_full before
         the first chunk is read when below the floor; the digest is checked before the
         bundle is renamed into place; a failed upload leaves nothing behind. Jobs awaiting
         this bundle then join their queues."""
-        disk = self.actor("disk")
+        disk, accounting = self.handles.disk, self.handles.accounting
         if not valid_sha(sha256):
             raise RefusedError(Refusal(
                 code="bad_request",
                 detail="a bundle is named by the 64 lowercase hex digits of its sha256"))
-        refusal = await disk.call(AdmitUpload(sha256))
+        refusal = await disk.admit_upload(sha256)
         if refusal is not None:  # counted with the submit-time refusals in health
-            notify(self.actor("accounting"), AdmissionRefused(refusal.code))
+            accounting.refused(refusal.code)
             raise RefusedError(refusal)
-        upload = await disk.call(BeginUpload(sha256))
+        upload = await disk.begin_upload(sha256)
         try:
             async for chunk in chunks:
                 if chunk:
                     await self.clock.offload(upload.write, chunk)
-            size = await disk.call(CommitUpload(upload))
+            size = await disk.commit_upload(upload)
             if isinstance(size, Exception):  # returned by the disk actor, which carries on
                 raise size
         except BundleError as exc:
@@ -275,14 +282,14 @@ class Runner:
             if exc.errno != errno.ENOSPC:
                 raise
             upload.abort()
-            sample = await disk.call(Sample())
-            notify(self.actor("accounting"), AdmissionRefused("runner_disk_full"))
+            sample = await disk.sample()
+            accounting.refused("runner_disk_full")
             raise RefusedError(Refusal(
                 code="runner_disk_full", detail="the state filesystem filled up during the upload",
                 free_bytes=sample.free_bytes, floor_bytes=self.config.floor_bytes())) from None
         finally:
             upload.abort()
-        await self.dispatcher.cast(BundleArrived(sha256))
+        await self.handles.dispatcher.bundle_arrived(sha256)
         return {"sha256": sha256, "size": size, "stored": True}
 
     async def metrics_text(self) -> bytes:

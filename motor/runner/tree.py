@@ -27,6 +27,7 @@ from ..handles import (
     AccountingHandle, CpuHandle, DiskHandle, DispatcherHandle, ExecutionHandle, Records,
     StoreHandle,
 )
+from ..lifecycle import ACTIVE_STATES
 from ..maintenance import Maintenance
 from ..memory.host import read_ceiling
 from ..records import CAPABILITIES
@@ -145,7 +146,7 @@ async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runn
                                          intensity=0, period=30.0)
                 tree.root = root
                 tree.runner = runner = Runner(config, root, db, hub, host, clock,
-                                              followers=followers)
+                                              handles=handles, followers=followers)
                 async with trio.open_nursery() as nursery:
                     await nursery.start(root.run)
                     try:
@@ -162,7 +163,7 @@ async def _sweep_leftover_groups(backend, db, jobs_dir: Path) -> None:
     """Before any job is adopted: remove the isolation groups/units of this state dir's jobs
     that the store does not know as setting up or running; another runner's on a shared
     parent are left alone (docs/isolation.md, "Start-up sweep")."""
-    known = {r.job_id for r in db.live() if r.state in ("setup", "running")}
+    known = {r.job_id for r in db.live() if r.state in ACTIVE_STATES}
     owned = {p.name for p in jobs_dir.iterdir() if p.is_dir()}  # this state dir's jobs
     for line in await trio.to_thread.run_sync(backend.sweep, known, owned):
         logging.getLogger("motor.isolation").warning("start-up sweep: %s", line)
@@ -181,7 +182,7 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, handles: Handles,
     refs = handles.refs
 
     def recorded_cpus():
-        return {r.job_id: r.cpus for r in db.live() if r.state in ("setup", "running") and r.cpus}
+        return {r.job_id: r.cpus for r in db.live() if r.state in ACTIVE_STATES and r.cpus}
 
     def dispatcher():
         return Dispatcher(DispatchDeps(
@@ -223,5 +224,6 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, handles: Handles,
     if api:
         from ..api.actor import ApiActor
 
-        specs.append(_single("api", lambda: ApiActor(tree), refs["api"]))
+        # called when the tree starts, once the facade exists
+        specs.append(_single("api", lambda: ApiActor(tree.runner), refs["api"]))
     return specs

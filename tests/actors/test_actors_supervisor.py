@@ -370,3 +370,183 @@ async def test_a_ref_made_before_the_tree_reaches_the_child_and_survives_restart
             await ref.call("crash")
         await trio.testing.wait_all_tasks_blocked()
         assert await ref.call("again") == "again" and ref.restarts == 1
+
+
+# -- one task owns the children: requests and exits are served one at a time, in order ----
+
+
+class GatedRestart(Echo):
+    """Its second incarnation's on_start waits for `gate`: while it waits, the supervisor
+    is busy restarting it and serves nothing else (exits and requests queue up)."""
+
+    gate: trio.Event
+    made: list
+
+    async def on_start(self):
+        await super().on_start()
+        if len(self.made) > 1:
+            await self.gate.wait()
+
+
+def gated(log=None):
+    factory = Factory(GatedRestart, log=[] if log is None else log)
+    GatedRestart.made = factory.made
+    GatedRestart.gate = trio.Event()
+    return factory
+
+
+async def _busy_restarting(sup, name):
+    """Crash child `name` (a GatedRestart): the supervisor is then stuck in its restart."""
+    with pytest.raises(Boom):
+        await sup.ref(name).call("crash")
+    await trio.testing.wait_all_tasks_blocked()
+
+
+async def test_start_child_waits_for_a_restart_in_progress_then_both_run(autojump_clock):
+    g, b = gated(), Factory()
+    async with actors.open_supervisor("sup", [ChildSpec("g", g)]) as sup:
+        await _busy_restarting(sup, "g")
+        started = []
+
+        async def start_b():
+            started.append(await sup.start_child(ChildSpec("b", b, restart="temporary")))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(start_b)
+            await trio.testing.wait_all_tasks_blocked()
+            assert b.made == [] and started == []  # queued behind the restart
+            GatedRestart.gate.set()
+        assert started == [sup.ref("b")] and len(b.made) == 1
+        assert sup.children() == ["g", "b"]
+        assert sup.ref("g").alive and await sup.ref("g").call("g") == "g"
+        assert await started[0].call("b") == "b"
+
+
+async def test_stop_child_racing_that_childs_crash_exit_first(autojump_clock):
+    """The crash is queued before the stop: the child is restarted (its exit comes first),
+    then the stop stops the new incarnation orderly and removes it."""
+    log = []
+    g, x = gated(), Factory(log=log)
+    async with actors.open_supervisor("sup", [ChildSpec("g", g), ChildSpec("x", x)]) as sup:
+        await _busy_restarting(sup, "g")
+        with pytest.raises(Boom):
+            await sup.ref("x").call("crash")
+        stopped = []
+
+        async def stop_x():
+            await sup.stop_child("x")
+            stopped.append(True)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop_x)
+            await trio.testing.wait_all_tasks_blocked()
+            assert stopped == [] and len(x.made) == 1
+            GatedRestart.gate.set()
+        assert stopped == [True] and len(x.made) == 2
+        assert log == [("start", "x"), ("start", "x"), ("stop", "x")]
+        assert sup.children() == ["g"]
+        assert sup.restarts_in_window() == 2
+
+
+async def test_stop_child_racing_that_childs_crash_stop_first(autojump_clock):
+    """The stop is queued before the crash: the stop removes the (dead) child, and its
+    exit, arriving for a child no longer there, restarts nothing."""
+    log = []
+    g, x = gated(), Factory(log=log)
+    async with actors.open_supervisor("sup", [ChildSpec("g", g), ChildSpec("x", x)]) as sup:
+        await _busy_restarting(sup, "g")
+        xref = sup.ref("x")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sup.stop_child, "x")
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(Boom):
+                await xref.call("crash")
+            GatedRestart.gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(x.made) == 1 and not xref.alive
+        assert log == [("start", "x")]  # crashed: no on_stop
+        assert sup.children() == ["g"]
+        assert sup.restarts_in_window() == 1  # g's restart only
+
+
+async def test_start_child_during_shutdown_is_refused_and_never_started(autojump_clock):
+    log = []
+    g, late, later = gated(), Factory(), Factory()
+    sup = actors.Supervisor("sup", [ChildSpec("g", g), ChildSpec("x", Factory(log=log))])
+    errors, stopped = [], []
+
+    async def start(factory, name):
+        try:
+            await sup.start_child(ChildSpec(name, factory, restart="temporary"))
+        except RuntimeError as exc:
+            errors.append(str(exc))
+
+    async def stop_x():
+        await sup.stop_child("x")
+        stopped.append(list(log))
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sup.run)
+        await _busy_restarting(sup, "g")
+        nursery.start_soon(start, late, "late")  # queued before the shutdown
+        await trio.testing.wait_all_tasks_blocked()
+        sup.shutdown()
+        await start(later, "later")  # after it: refused at once
+        nursery.start_soon(stop_x)  # during it: returns once the tree has stopped
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(errors) == 1 and "shutting down" in errors[0] and stopped == []
+        GatedRestart.gate.set()
+    assert late.made == [] and later.made == []
+    assert len(errors) == 2 and all("shutting down" in e for e in errors)
+    assert stopped == [[("start", "x"), ("stop", "x")]]
+    assert sup.children() == [] and not sup.alive
+
+
+async def test_a_blocked_on_start_holds_back_other_exits_until_it_is_done(autojump_clock):
+    """OTP's rule: a supervisor serves one request at a time. While a start_child's
+    on_start blocks, a sibling's crash waits in the queue (it is not restarted yet and its
+    ref says dead); it is handled as soon as that start is done."""
+    gate = trio.Event()
+
+    class SlowStart(Echo):
+        async def on_start(self):
+            await gate.wait()
+
+    a = Factory()
+    async with actors.open_supervisor("sup", [ChildSpec("a", a)]) as sup:
+        aref = sup.ref("a")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sup.start_child, ChildSpec("slow", SlowStart, restart="temporary"))
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(Boom):
+                await aref.call("crash")
+            await trio.testing.wait_all_tasks_blocked()
+            assert len(a.made) == 1 and not aref.alive  # its exit waits its turn
+            gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(a.made) == 2 and aref.alive
+        assert sup.children() == ["a", "slow"]
+
+
+async def test_start_child_cancelled_by_its_caller_leaves_no_child(autojump_clock):
+    gate = trio.Event()
+    g = gated()
+
+    class Blocks(Echo):
+        async def on_start(self):
+            await gate.wait()
+
+    queued, blocked = Factory(), Factory(Blocks)
+    async with actors.open_supervisor("sup", [ChildSpec("g", g)]) as sup:
+        await _busy_restarting(sup, "g")
+        with trio.move_on_after(1):  # still queued behind g's restart when cancelled
+            await sup.start_child(ChildSpec("queued", queued))
+        GatedRestart.gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert queued.made == [] and sup.children() == ["g"]
+        with trio.move_on_after(1):  # cancelled in the middle of its on_start
+            await sup.start_child(ChildSpec("blocked", blocked))
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(blocked.made) == 1 and sup.children() == ["g"]
+        ref = await sup.start_child(ChildSpec("after", Factory()))  # still serving
+        assert await ref.call("ok") == "ok"
