@@ -22,7 +22,7 @@ from ..records import (
 )
 from ..scheduling.actor import withdraw_answer
 from ..scheduling.messages import (
-    BundleArrived, CancelJob, CapacityView, Heartbeat, QueuedView, StatusView, Submit, Unfollowed,
+    SUBMIT_TIMEOUT_S, BundleArrived, CancelJob, CapacityView, Heartbeat, QueuedView, StatusView, Submit, Unfollowed,
     Withdraw,
 )
 from ..store.actor import ChangeHub
@@ -58,7 +58,7 @@ class Runner:
     # -- jobs -----------------------------------------------------------------------------
 
     async def submit(self, req: JobRequest, *, follow: bool = False) -> JobRecord:
-        reply = await self.dispatcher.call(Submit(req, follow))
+        reply = await self.dispatcher.call(Submit(req, follow), timeout=SUBMIT_TIMEOUT_S)
         if isinstance(reply, Refusal):
             raise RefusedError(reply)
         return reply

@@ -478,7 +478,7 @@ async def test_health_capacity_comes_from_the_capacity_only_view(tmp_path, monke
                                                                  autojump_clock):
     """/v1/health reports the same capacity as /v1/status, but the dispatcher builds no live
     view of any queued job for it (at 10k queued that view costs seconds)."""
-    from motor.scheduling.actor import Dispatcher
+    from motor.scheduling.machine import DispatchMachine
 
     go = tmp_path / "go"
     async with motor.open_runner(embedded_config(tmp_path, max_weight=1)) as runner:
@@ -488,13 +488,13 @@ async def test_health_capacity_comes_from_the_capacity_only_view(tmp_path, monke
         status = await runner.status()
         assert len(status["queued"]) == 2 and status["capacity"]["held_permits"] == 1
         views: list[str] = []
-        real = Dispatcher._live_view
+        real = DispatchMachine._live_view
 
         def counting(self, record, now):
             views.append(record.job_id)
             return real(self, record, now)
 
-        monkeypatch.setattr(Dispatcher, "_live_view", counting)
+        monkeypatch.setattr(DispatchMachine, "_live_view", counting)
         health = await runner.health()
         assert health["capacity"] == status["capacity"]
         assert views == [], "health built the per-job queued view"
