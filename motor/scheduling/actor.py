@@ -1,28 +1,20 @@
-"""The dispatcher actor: the seed's "state lock", as one serializing actor, and a thin shell.
+"""The dispatcher actor (the seed's "state lock", one serializing actor): a thin shell.
 
 Every admission, start, end, cancel and withdraw passes through its inbox one message at a
-time. The decisions are machine.py's (a pure `handle(event, now, wall_ms) -> [effects]`
-over the Scheduler core, admission.py builds the records); this shell turns each message
-into an event and carries out the effects through the typed handles: saves (store), CPU
-placement (cpu), job actors (execution), notes (accounting), timers, replies.
-
-It never awaits the disk inside a decision: disk admission (which may run a long cleanup)
-is asked by a task of its own, in arrival order, and the answer comes back as a message;
-the submitter's reply is deferred until then (actors' `defer_reply`), and the dispatcher
-serves other messages meanwhile.
-
-On start (runner start-up, or a restart of this actor) the machine is rebuilt from the
-store: queued jobs rejoin their queues in id (arrival) order; jobs recorded as setting up or
-running are adopted, and a job actor is started for each that has none.
+time. machine.py decides (a pure `handle(event, now, wall_ms) -> [effects]`); this shell
+turns messages into events and carries out the effects through the typed handles. It never
+awaits the disk inside a decision: a task of its own asks the disk, in arrival order, and
+the answer comes back as a message; the submitter's reply is deferred until then. On start
+(or a restart) the machine is rebuilt from the store (docs/scheduling.md, "The dispatcher").
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-import os
+import shutil
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import trio
 
@@ -30,19 +22,16 @@ import actors
 
 from ..clock import uuid7
 from ..execution.actor import Cancel, JobDeps, JobExecution
-from ..memory.core import MemoryCeiling
+from ..handles import DiskHandle, ExecutionHandle
 from ..lifecycle import QUEUED
+from ..memory.core import MemoryCeiling
 from ..records import Refusal
 from ..store.db import StoreFull
 from . import machine as m
 from .admission import AdmissionSettings, withdraw_answer  # noqa: F401 - facade's import
-from .messages import (
-    DISK_ADMIT_TIMEOUT_S, BundleArrived, CancelJob, CapacityView, CeilingChanged, Finished, Heartbeat, QueuedView,
-    SetupDone, StartFailed, StatusView, Submit, Unfollowed, Withdraw,
-)
-
-if TYPE_CHECKING:
-    from ..handles import DiskHandle, ExecutionHandle
+from .messages import (DISK_ADMIT_TIMEOUT_S, BundleArrived, CancelJob, CapacityView,
+                       CeilingChanged, Finished, Heartbeat, QueuedView, SetupDone, StartFailed,
+                       StatusView, Submit, Unfollowed, Withdraw)
 
 log = logging.getLogger("motor.dispatcher")
 
@@ -50,19 +39,19 @@ log = logging.getLogger("motor.dispatcher")
 @dataclass
 class DispatchDeps:
     job: JobDeps
-    execution: "ExecutionHandle"  # one transient job actor per job setting up or running
-    disk: "DiskHandle"
+    execution: ExecutionHandle  # one transient job actor per job setting up or running
+    disk: DiskHandle
     claim_limit: int
     capabilities: tuple[str, ...]
     ceiling: MemoryCeiling = MemoryCeiling()  # as read at start-up; maintenance sends changes
-    #: Ids of jobs a client follows right now (kept by the Runner; it outlives a restart of
-    #: this actor but not of the process): a recovered queued job not in it has no live
-    #: follower, so the runner enforces its budget.
+    #: Ids of jobs a client follows now (kept by the Runner, it outlives a restart of this
+    #: actor): a recovered queued job not in it has no follower; the runner enforces its budget
     followers: set = field(default_factory=set)
 
 
-_QUERIES = {QueuedView: "queued_view", Heartbeat: "heartbeat", StatusView: "status",
-            CapacityView: "capacity"}
+#: the messages that are the machine's events as they are
+_AS_IS = (SetupDone, Finished, CancelJob, Unfollowed, BundleArrived, QueuedView, Heartbeat,
+          StatusView, CapacityView, m.DiskAnswered, m.TimerFired, m.FlushUnsaved)
 
 
 class Dispatcher(actors.Actor):
@@ -99,43 +88,31 @@ class Dispatcher(actors.Actor):
         return self._answer
 
     def _event(self, msg):
-        if type(msg) in _QUERIES:
-            return m.Query(_QUERIES[type(msg)], getattr(msg, "job_id", None))
+        if isinstance(msg, _AS_IS):
+            return msg
         if isinstance(msg, Submit):  # answered once the disk has answered (DiskAnswered)
             return m.SubmitReceived(self.defer_reply(), msg.request, msg.follow,
                                     uuid7(self.job.clock.now_ms()))
-        if isinstance(msg, SetupDone):
-            return m.JobSetupDone(msg.job_id)
         if isinstance(msg, StartFailed):
             return m.JobStartFailed(msg.job_id, msg.detail, msg.cleanup_pending,
                                     self.job.records.get(msg.job_id))
-        if isinstance(msg, Finished):
-            return m.JobFinished(msg.job_id)
-        if isinstance(msg, CancelJob):
-            return m.Cancel(msg.job_id)
         if isinstance(msg, Withdraw):
             return m.WithdrawJob(msg.job_id, self.job.records.get(msg.job_id))
-        if isinstance(msg, Unfollowed):
-            return m.ClientLeft(msg.job_id)
         if isinstance(msg, CeilingChanged):
             self.deps.ceiling = msg.ceiling  # a restarted dispatcher starts from it
-            return m.NewCeiling(msg.ceiling)
-        if isinstance(msg, BundleArrived):
-            return m.BundleReady(msg.sha256)
-        if isinstance(msg, (m.DiskAnswered, m.TimerFired, m.FlushUnsaved)):
-            return msg  # our own tasks' messages
+            return msg
         raise TypeError(f"dispatcher: unknown message {msg!r}")
 
     async def _run(self, event) -> None:
         """Hand `event` to the machine and carry out its effects in order; an effect's
         answer goes back to the machine before the next effect (depth first)."""
-        pending = list(reversed(self.machine.handle(event, trio.current_time(),
-                                                    self.job.clock.now_ms())))
-        while pending:
-            answer = await self._do(pending.pop())
-            if answer is not None:
-                more = self.machine.handle(answer, trio.current_time(), self.job.clock.now_ms())
-                pending.extend(reversed(more))
+        pending = []
+        while event is not None:
+            effects = self.machine.handle(event, trio.current_time(), self.job.clock.now_ms())
+            pending.extend(reversed(effects))
+            event = None
+            while pending and event is None:
+                event = await self._do(pending.pop())
 
     async def _do(self, effect):
         job = self.job
@@ -167,10 +144,8 @@ class Dispatcher(actors.Actor):
         elif isinstance(effect, m.CancelJobActor):
             ref = self.deps.execution.job(effect.job_id)
             if ref is not None:
-                try:
+                with contextlib.suppress(actors.ActorDead):
                     await ref.call(Cancel(), timeout=10)
-                except actors.ActorDead:
-                    pass
         elif isinstance(effect, m.NoteRefused):
             job.accounting.refused(effect.code)
         elif isinstance(effect, m.NoteEnded):
@@ -180,7 +155,7 @@ class Dispatcher(actors.Actor):
             if self._timer is not None:
                 self._timer.deadline = self._wakeup
         elif isinstance(effect, m.ArmFlush):
-            self.nursery.start_soon(self._later, effect.delay_s, m.FlushUnsaved())
+            self.nursery.start_soon(self._flush_later, effect.delay_s)
         elif isinstance(effect, m.Continue):
             return effect.event
         else:
@@ -188,8 +163,7 @@ class Dispatcher(actors.Actor):
         return None
 
     async def _disk_asker(self):
-        """Disk admissions one at a time, in arrival (job-id) order; each answer comes back
-        as a DiskAnswered message. The disk actor answers in FIFO order anyway."""
+        """Disk admissions one at a time, in arrival order; each answer comes back as a message."""
         disk = self.deps.disk
         async for ask in self._asks:
             try:
@@ -212,14 +186,12 @@ class Dispatcher(actors.Actor):
                 self._wakeup = math.inf
                 await self.cast_self(m.TimerFired())  # also while on_start still runs
 
-    async def _later(self, delay_s: float, msg) -> None:
+    async def _flush_later(self, delay_s: float) -> None:
         await trio.sleep(delay_s)
-        await self.cast_self(msg)
+        await self.cast_self(m.FlushUnsaved())
 
 
 def _free_bytes(path) -> int | None:
-    try:
-        free = os.statvfs(path)
-    except OSError:
-        return None
-    return free.f_bavail * free.f_frsize
+    with contextlib.suppress(OSError):
+        return shutil.disk_usage(path).free
+    return None

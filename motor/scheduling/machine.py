@@ -35,11 +35,17 @@ from .admission import (
     check_capacity, check_form, spec_of, withdraw_answer,
 )
 from .core import AWAITING_BUNDLES, Scheduler, queue_wait_budget_s
+from .messages import (
+    BundleArrived, CancelJob, CeilingChanged, Finished, Heartbeat, QueuedView, SetupDone,
+    Unfollowed,
+)
 
 #: how long the dispatcher waits before retrying saves the store refused for lack of space
 STORE_FULL_RETRY_S = 1.0
 
 # --- events: what the shell hands in ------------------------------------------------------
+# The dispatcher's messages (messages.py) are events as they are, except Submit, StartFailed
+# and Withdraw, which the shell completes (a deferred reply and a job id; the stored record).
 
 
 @dataclass(frozen=True)
@@ -89,11 +95,6 @@ class SaveFailed:
 
 
 @dataclass(frozen=True)
-class JobSetupDone:
-    job_id: str
-
-
-@dataclass(frozen=True)
 class JobStartFailed:
     job_id: str
     detail: str
@@ -102,42 +103,9 @@ class JobStartFailed:
 
 
 @dataclass(frozen=True)
-class JobFinished:
-    job_id: str
-
-
-@dataclass(frozen=True)
-class Cancel:
-    job_id: str
-
-
-@dataclass(frozen=True)
 class WithdrawJob:
     job_id: str
     stored: JobRecord | None  # its record in the store, for a job no longer queued here
-
-
-@dataclass(frozen=True)
-class Query:
-    """Read-only: kind is "queued_view" | "heartbeat" | "status" | "capacity"."""
-
-    kind: str
-    job_id: str | None = None
-
-
-@dataclass(frozen=True)
-class ClientLeft:
-    job_id: str
-
-
-@dataclass(frozen=True)
-class NewCeiling:
-    ceiling: MemoryCeiling
-
-
-@dataclass(frozen=True)
-class BundleReady:
-    sha256: str
 
 
 @dataclass(frozen=True)
@@ -361,7 +329,7 @@ class DispatchMachine:
         record = save.record
         self.queued[record.job_id] = record
         # Bundle present (verified, pinned): ready now. Missing: it waits, accepted and counted
-        # in max_queue_depth, until the upload arrives (BundleReady); its clock starts then.
+        # in max_queue_depth, until the upload arrives (BundleArrived); its clock starts then.
         if save.ready:
             self.core.ready(record.job_id, now)
         return [Reply(save.token, record), *self._after(now)]
@@ -424,7 +392,7 @@ class DispatchMachine:
 
     # -- job actors ----------------------------------------------------------------------------
 
-    def _on_JobSetupDone(self, event: JobSetupDone, now, wall_ms):
+    def _on_SetupDone(self, event: SetupDone, now, wall_ms):
         if self.core.job_state(event.job_id) == SETUP:  # adopted after a restart: running
             self.core.setup_done(event.job_id, now)
         return self._after(now)
@@ -442,14 +410,14 @@ class DispatchMachine:
             **self._wait_fields(job_id, now), queue_wait_budget_ms=self._budget_ms(job_id)),))),
             *self._after(now)]
 
-    def _on_JobFinished(self, event: JobFinished, now, wall_ms):
+    def _on_Finished(self, event: Finished, now, wall_ms):
         self.active.discard(event.job_id)
         self.core.finished(event.job_id, now)
         return [*self._after(now), Reply(None, None)]
 
     # -- clients -------------------------------------------------------------------------------
 
-    def _on_Cancel(self, event: Cancel, now, wall_ms):
+    def _on_CancelJob(self, event: CancelJob, now, wall_ms):
         job_id = event.job_id
         if job_id in self.queued:
             self.core.cancel(job_id, now)
@@ -503,7 +471,7 @@ class DispatchMachine:
                           retain_until_ms=retain_until(record))
         return [*self._save_or_defer(save), NoteEnded(record)]
 
-    def _on_ClientLeft(self, event: ClientLeft, now, wall_ms):
+    def _on_Unfollowed(self, event: Unfollowed, now, wall_ms):
         job_id = event.job_id
         if job_id in self.queued:
             self.core.set_runner_enforced(job_id, True)
@@ -513,11 +481,11 @@ class DispatchMachine:
             self.clock_check.add(job_id)
         return self._after(now)
 
-    def _on_NewCeiling(self, event: NewCeiling, now, wall_ms):
+    def _on_CeilingChanged(self, event: CeilingChanged, now, wall_ms):
         self.ceiling = event.ceiling
         return self._after(now)
 
-    def _on_BundleReady(self, event: BundleReady, now, wall_ms):
+    def _on_BundleArrived(self, event: BundleArrived, now, wall_ms):
         for pending in self.admitting.values():  # answered "missing" before it arrived
             if pending.request.bundle_sha256 == event.sha256:
                 pending.bundle_arrived = True
@@ -586,27 +554,25 @@ class DispatchMachine:
 
     # -- views ------------------------------------------------------------------------------
 
-    def _on_Query(self, event: Query, now, wall_ms):
-        return [Reply(None, self.query(event.kind, event.job_id, now))]
+    def _on_QueuedView(self, event: QueuedView, now, wall_ms):
+        record = self.queued.get(event.job_id)
+        return [Reply(None, None if record is None else self._live_view(record, now))]
 
-    def query(self, kind: str, job_id: str | None, now: float):
-        if kind == "queued_view":
-            record = self.queued.get(job_id)
-            return None if record is None else self._live_view(record, now)
-        if kind == "heartbeat":
-            if job_id not in self.queued:
-                return None
-            return Queued(**self._wait_fields(job_id, now),
-                          queue_wait_budget_ms=self._budget_ms(job_id))
-        if kind == "status":
-            return {
-                "queued": [public_record(self._live_view(r, now)) for r in self.queued.values()],
-                "active": sorted(self.active),
-                "capacity": self.capacity(),
-            }
-        if kind == "capacity":
-            return self.capacity()
-        raise ValueError(f"dispatcher: unknown query {kind!r}")
+    def _on_Heartbeat(self, event: Heartbeat, now, wall_ms):
+        if event.job_id not in self.queued:
+            return [Reply(None, None)]
+        return [Reply(None, Queued(**self._wait_fields(event.job_id, now),
+                                   queue_wait_budget_ms=self._budget_ms(event.job_id)))]
+
+    def _on_StatusView(self, event, now, wall_ms):
+        return [Reply(None, {
+            "queued": [public_record(self._live_view(r, now)) for r in self.queued.values()],
+            "active": sorted(self.active),
+            "capacity": self.capacity(),
+        })]
+
+    def _on_CapacityView(self, event, now, wall_ms):
+        return [Reply(None, self.capacity())]
 
     def _budget_s(self, job_id: str) -> float:
         return queue_wait_budget_s(spec_of(self.queued[job_id]),
