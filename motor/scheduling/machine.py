@@ -29,7 +29,7 @@ import msgspec
 
 from ..lifecycle import CANCEL, PLACE, QUEUED, SETUP, START_FAILED, WITHDRAW, advance, retain_until
 from ..memory.core import MemoryCeiling
-from ..records import JobRecord, JobRequest, Queued, Refusal, Terminal, public_record
+from ..records import JobRecord, JobRequest, Queued, Terminal, public_record
 from .admission import (
     AdmissionSettings, accepted_events, as_refusal, build_record, disk_full_refusal, resume_clock,
     check_capacity, check_form, spec_of, withdraw_answer,
