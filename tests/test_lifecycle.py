@@ -76,7 +76,7 @@ def test_an_unknown_event_or_state_is_illegal_too():
     with pytest.raises(lc.LifecycleError, match="'explode'.*'running'"):
         lc.next_state("running", "explode")
     with pytest.raises(lc.LifecycleError, match="'place'.*'setting_up'"):
-        lc.next_state("setting_up", "place")  # the scheduling core's word, not a record state
+        lc.next_state("setting_up", "place")  # the scheduling core's old word, not a state
 
 
 def test_terminal_from_status_moves_by_the_table():
