@@ -251,3 +251,27 @@ async def test_a_restarted_dispatcher_recovers_queued_and_running_jobs(tmp_path,
         assert world.execution.started[-1] == second.job_id
         assert msgspec.structs.asdict(world.db.get(second.job_id))["attempts"] == 1
         nursery.cancel_scope.cancel()
+
+
+async def test_a_disk_admission_past_its_limit_is_refused_and_nothing_recorded(
+        tmp_path, autojump_clock):
+    """The disk's cleanup outlasts DISK_ADMIT_TIMEOUT_S: the submit is refused
+    runner_disk_full before its submitter's own timeout, and the dispatcher goes on."""
+    from motor.scheduling.messages import DISK_ADMIT_TIMEOUT_S, SUBMIT_TIMEOUT_S
+
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery)
+        dispatcher = await world.start()
+        world.disk.admit_s = DISK_ADMIT_TIMEOUT_S + 100
+        t0 = trio.current_time()
+        refusal = await dispatcher.submit(request())
+        waited = trio.current_time() - t0
+        assert abs(waited - DISK_ADMIT_TIMEOUT_S) < 1e-6 and waited < SUBMIT_TIMEOUT_S
+        assert refusal.code == "runner_disk_full" and "did not complete" in refusal.detail
+        assert world.db.live() == [] and dispatcher.ref.alive
+        assert (await dispatcher.capacity())["pending_jobs"] == 0
+        world.disk.admit_s = 0
+        await trio.sleep(101)  # the disk finishes the abandoned cleanup
+        record = await dispatcher.submit(request())
+        assert record.state == "queued"
+        nursery.cancel_scope.cancel()
