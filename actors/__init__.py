@@ -3,7 +3,7 @@
 See docs/actors.md. This package must not import anything from ``motor``.
 """
 
-from ._actor import Actor, ActorRef, ActorStatistics
+from ._actor import Actor, ActorRef, ActorStatistics, DeferredReply
 from ._budget import RestartBudget
 from ._errors import ActorDead, CallTimeout, InboxFull, SupervisorEscalation
 from ._supervisor import ChildSpec, Supervisor, open_supervisor
@@ -15,6 +15,7 @@ __all__ = [
     "ActorStatistics",
     "CallTimeout",
     "ChildSpec",
+    "DeferredReply",
     "InboxFull",
     "RestartBudget",
     "Supervisor",

@@ -13,7 +13,7 @@ import trio
 from ._errors import ActorDead, CallTimeout, InboxFull
 from ._util import single_leaf
 
-__all__ = ["Actor", "ActorRef", "ActorStatistics"]
+__all__ = ["Actor", "ActorRef", "ActorStatistics", "DeferredReply"]
 
 logger = logging.getLogger("actors")
 
@@ -44,11 +44,39 @@ class _Reply:
 
 
 class _Envelope:
-    __slots__ = ("msg", "reply")
+    __slots__ = ("msg", "reply", "deferred")
 
     def __init__(self, msg: Any, reply: _Reply | None):
         self.msg = msg
         self.reply = reply
+        self.deferred = False
+
+
+class DeferredReply:
+    """The answer to one ``call``, owed later (OTP's ``{noreply, State}`` and
+    ``gen_server:reply/2``): from ``Actor.defer_reply()`` inside ``handle``. Answer it once,
+    from any later message or task of the same incarnation, with ``reply(value)`` or
+    ``fail(exc)``; later answers are ignored. If the actor stops or crashes first, the
+    caller gets ``ActorDead``; if the caller gave up (``CallTimeout``), the answer is dropped."""
+
+    __slots__ = ("_reply", "_actor")
+
+    def __init__(self, reply: _Reply, actor: "Actor"):
+        self._reply, self._actor = reply, actor
+
+    @property
+    def answered(self) -> bool:
+        return self._reply.result is not None
+
+    def reply(self, value: Any) -> None:
+        self._answer(outcome.Value(value))
+
+    def fail(self, exc: BaseException) -> None:
+        self._answer(outcome.Error(exc))
+
+    def _answer(self, result: outcome.Outcome) -> None:
+        self._actor._pending.discard(self._reply)
+        self._reply.set(result)
 
 
 class ActorRef:
@@ -175,6 +203,7 @@ class Actor:
         self._closed = False
         self._pending: set[_Reply] = set()
         self._wait_scope: trio.CancelScope | None = None
+        self._current: _Envelope | None = None  # the message ``handle`` is working on
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
@@ -212,6 +241,17 @@ class Actor:
             raise InboxFull(self.name) from None
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise ActorDead(self.name) from None
+
+    def defer_reply(self) -> DeferredReply:
+        """Inside ``handle`` of a ``call``: do not answer when ``handle`` returns (its return
+        value is dropped); answer later through the returned token, while this actor goes on
+        serving other messages. The caller keeps waiting up to its own timeout. Raises
+        ``RuntimeError`` outside ``handle`` or for a ``cast`` (nobody waits for an answer)."""
+        env = self._current
+        if env is None or env.reply is None:
+            raise RuntimeError(f"{self!r}: defer_reply() outside handle() of a call")
+        env.deferred = True
+        return DeferredReply(env.reply, self)
 
     def stop(self) -> None:
         """Finish the current message, then stop normally."""
@@ -268,6 +308,7 @@ class Actor:
 
     async def _dispatch(self, env: _Envelope) -> None:
         reply = env.reply
+        self._current = env
         try:
             result = await self.handle(env.msg)
         except Exception as exc:
@@ -280,8 +321,9 @@ class Actor:
                 logger.warning("actor %s: cast %r failed: %r", self.name, env.msg, exc)
             return
         finally:
+            self._current = None
             self._ref._messages_handled += 1
-        if reply is not None:
+        if reply is not None and not env.deferred:
             reply.set(outcome.Value(result))
 
     def _close_inbox(self) -> None:

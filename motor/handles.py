@@ -26,7 +26,7 @@ from .memory.core import MemoryCeiling
 from .records import Event, JobRecord, JobRequest
 from .scheduling.messages import (
     BundleArrived, CancelJob, CapacityView, CeilingChanged, Finished, Heartbeat, QueuedView,
-    SetupDone, StartFailed, StatusView, Submit, Unfollowed, Withdraw,
+    SUBMIT_TIMEOUT_S, SetupDone, StartFailed, StatusView, Submit, Unfollowed, Withdraw,
 )
 from .store.actor import Expire, Save
 
@@ -143,7 +143,7 @@ class DispatcherHandle(_Handle):
 
     async def submit(self, request: JobRequest, follow: bool = False):
         """The accepted JobRecord, or a Refusal."""
-        return await self.ref.call(Submit(request, follow))
+        return await self.ref.call(Submit(request, follow), timeout=SUBMIT_TIMEOUT_S)
 
     async def cancel(self, job_id: str) -> str:
         return await self.ref.call(CancelJob(job_id))

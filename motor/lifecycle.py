@@ -17,9 +17,9 @@ a queued job's clock, a job actor saving output) is not a move and needs no even
     queued --withdraw--> refused_before_start
     setup --refuse--> refused_before_start   setup --fail--> failed (keeper never started)
 
-Who moves what: the dispatcher (scheduling/actor.py) accepts, places, requeues after
-`start_failed`, cancels and withdraws queued jobs; the job's actor (execution/actor.py)
-owns the record from `setup` on. docs/lifecycle.md draws the table; a test checks that
+Who moves what: the dispatcher (its decisions in scheduling/machine.py) accepts, places,
+requeues after `start_failed`, cancels and withdraws queued jobs; the job's actor
+(execution/actor.py) owns the record from `setup` on. docs/lifecycle.md draws the table; a test checks that
 drawing against `TRANSITIONS`.
 
 `terminal_from_status` turns a keeper's status.json into the terminal record, and

@@ -76,7 +76,7 @@ def test_an_unknown_event_or_state_is_illegal_too():
     with pytest.raises(lc.LifecycleError, match="'explode'.*'running'"):
         lc.next_state("running", "explode")
     with pytest.raises(lc.LifecycleError, match="'place'.*'setting_up'"):
-        lc.next_state("setting_up", "place")  # the scheduling core's word, not a record state
+        lc.next_state("setting_up", "place")  # the scheduling core's old word, not a state
 
 
 def test_terminal_from_status_moves_by_the_table():
@@ -108,7 +108,7 @@ def test_retain_until_is_24_hours_after_the_later_of_end_and_birth():
 def test_the_one_retention_rule_is_used_everywhere():
     from motor.accounting import core as accounting_core
     from motor.execution import actor as execution_actor
-    from motor.scheduling import actor as scheduling_actor
+    from motor.scheduling import machine as scheduling_actor
 
     for module in (accounting_core, execution_actor, scheduling_actor):
         assert module.retain_until is lc.retain_until, module.__name__

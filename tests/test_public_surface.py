@@ -14,6 +14,7 @@ ACTORS_ALL = [
     "ActorStatistics",
     "CallTimeout",
     "ChildSpec",
+    "DeferredReply",
     "InboxFull",
     "RestartBudget",
     "Supervisor",

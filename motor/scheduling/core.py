@@ -12,7 +12,7 @@ Theory of operation
 
 Job life in the core::
 
-    accept() -> awaiting_bundles --ready()--> queued --decide()--> setting_up --setup_done()--> running
+    accept() -> awaiting_bundles --ready()--> queued --decide()--> setup --setup_done()--> running
                      |                         ^  |                    |                            |
                      | cancel()/withdraw()     |  | cancel()/withdraw() | start_failed()            | finished()
                      v                         |  v                    v                            v
@@ -44,7 +44,7 @@ State fields of `Scheduler`
 ``_sib_user``        workspace -> the active job that checks that workspace out as a sibling.
 ``_held``            sum of claims of active jobs (running + setting up).
 ``_setup_held``      sum of claims of setting-up jobs.
-``_n_awaiting``, ``_n_queued``, ``_n_setting_up``, ``_n_running``   counters.
+``_n_awaiting``, ``_n_queued``, ``_n_setup``, ``_n_running``   counters.
 ``_rot_claims``, ``_bg_claims``   claim -> count of ordinary / background heads (walk cut-offs).
 ``_enforced``        queued jobs with ``runner_enforces_budget`` -> enrolment order (`expired`).
 ``_due``             sorted [(time the budget runs out, enrolment, job_id)] of enforced jobs
@@ -109,7 +109,12 @@ import math
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 
+from ..lifecycle import QUEUED, RUNNING, SETUP
 from ..records import Refusal
+
+#: The scheduling core's own sub-state of `queued` (lifecycle.QUEUED): accepted, counted in
+#: max_queue_depth, not yet in its workspace queue (its source bundle is still uploading).
+AWAITING_BUNDLES = "awaiting_bundles"
 
 __all__ = [
     "BACKGROUND_KINDS",
@@ -196,7 +201,7 @@ class SchedulerStats:
     held_permits: int  # claims of running + setting-up jobs
     setup_permits: int  # claims of setting-up jobs
     running: int
-    setting_up: int
+    setup: int
     pending: int  # accepted, not yet running: awaiting bundles + queued + setting up (max_queue_depth)
     awaiting_bundles: int
     queued: int
@@ -261,7 +266,7 @@ class _Job:
     accepted_at: float
     budget_s: float
     touched: tuple[str, ...]  # (workspace, *siblings), deduplicated
-    state: str = "awaiting_bundles"  # | "queued" | "setting_up" | "running"
+    state: str = AWAITING_BUNDLES  # | QUEUED | SETUP | RUNNING
     ready_at: float = math.nan
     ready_seq: int = 0
     clock_acc: float = 0.0
@@ -350,7 +355,7 @@ class Scheduler:
         self._setup_held = 0
         self._n_awaiting = 0
         self._n_queued = 0
-        self._n_setting_up = 0
+        self._n_setup = 0
         self._n_running = 0
         self._enforced: dict[str, int] = {}  # queued runner-enforced job -> enrolment order
         self._enforced_seq = itertools.count(1)
@@ -389,7 +394,7 @@ class Scheduler:
         refusal = None if force else self.check_claim(spec.claim)
         if refusal is not None:
             return refusal
-        pending = self._n_awaiting + self._n_queued + self._n_setting_up
+        pending = self._n_awaiting + self._n_queued + self._n_setup
         if pending >= self.max_queue_depth and not force:
             return Refusal(
                 code="runner_full",
@@ -426,12 +431,12 @@ class Scheduler:
         job = self._jobs.get(job_id)
         if job is None:
             return False
-        if job.state != "awaiting_bundles":
+        if job.state != AWAITING_BUNDLES:
             raise ValueError(f"ready({job_id!r}) in state {job.state}")
         now = self._refresh(now)
         self._n_awaiting -= 1
         self._n_queued += 1
-        job.state = "queued"
+        job.state = QUEUED
         job.ready_at = now - max(0.0, ready_age_s)
         job.clock_acc = max(0.0, waited_s)
         job.ready_seq = next(self._ready_seq)
@@ -460,10 +465,10 @@ class Scheduler:
         """Who enforces a pending job's queue-wait budget: the runner (`expired`) or a client
         that follows it. A follower that goes away hands enforcement back to the runner."""
         job = self._jobs.get(job_id)
-        if job is None or job.state not in ("awaiting_bundles", "queued"):
+        if job is None or job.state not in (AWAITING_BUNDLES, QUEUED):
             return
         job.spec = dataclasses.replace(job.spec, runner_enforces_budget=enforced)
-        if job.state == "queued":
+        if job.state == QUEUED:
             if enforced:
                 self._enrol(job)
             else:
@@ -481,7 +486,7 @@ class Scheduler:
         now = self._refresh(now)
         self._n_awaiting -= 1
         self._n_running += 1
-        job.state = "running"
+        job.state = RUNNING
         job.ready_at = now
         self._held += job.claim
         self._owner[spec.workspace] = job.job_id
@@ -503,11 +508,11 @@ class Scheduler:
         return starts
 
     def setup_done(self, job_id: str, now: float) -> None:
-        job = self._get(job_id, "setting_up")
+        job = self._get(job_id, SETUP)
         now = self._refresh(now)
-        job.state = "running"
+        job.state = RUNNING
         job.failures = 0
-        self._n_setting_up -= 1
+        self._n_setup -= 1
         self._n_running += 1
         self._setup_held -= job.claim
         self._tell(job, now, "setup done: running")
@@ -518,17 +523,17 @@ class Scheduler:
         A job adopted after a restart while it was setting up counts as running; its setup
         is redone, and if that fails it is requeued the same way."""
         job = self._jobs.get(job_id)
-        if job is None or job.state != "running":
-            job = self._get(job_id, "setting_up")
+        if job is None or job.state != RUNNING:
+            job = self._get(job_id, SETUP)
         now = self._refresh(now)
         self._release(job)
-        if job.state == "running":  # adopted: it never spawned
+        if job.state == RUNNING:  # adopted: it never spawned
             self._n_running -= 1
         else:
-            self._n_setting_up -= 1
+            self._n_setup -= 1
             self._setup_held -= job.claim
         self._n_queued += 1
-        job.state = "queued"
+        job.state = QUEUED
         job.failures += 1
         delay = retry_delay_s(job.failures)
         job.retry_at = now + delay
@@ -556,7 +561,7 @@ class Scheduler:
     def cleanup_done(self, job_id: str, now: float) -> bool:
         """The failed start attempt's cleanup finished; False if there was none pending."""
         job = self._jobs.get(job_id)
-        if job is None or job.state != "queued" or not job.cleanup_pending:
+        if job is None or job.state != QUEUED or not job.cleanup_pending:
             return False
         now = self._refresh(now)
         job.cleanup_pending = False
@@ -568,12 +573,12 @@ class Scheduler:
     def finished(self, job_id: str, now: float) -> None:
         """A running (or setting-up) job ended: its permits and workspaces are free."""
         job = self._jobs.get(job_id)
-        if job is None or job.state not in ("setting_up", "running"):
+        if job is None or job.state not in (SETUP, RUNNING):
             raise ValueError(f"finished({job_id!r}): not setting up or running")
         now = self._refresh(now)
         self._release(job)
-        if job.state == "setting_up":
-            self._n_setting_up -= 1
+        if job.state == SETUP:
+            self._n_setup -= 1
             self._setup_held -= job.claim
         else:
             self._n_running -= 1
@@ -583,7 +588,7 @@ class Scheduler:
     def cancel(self, job_id: str, now: float) -> bool:
         """Remove a queued or awaiting-bundle job.  False (no error) when there is none."""
         job = self._jobs.get(job_id)
-        if job is None or job.state not in ("awaiting_bundles", "queued"):
+        if job is None or job.state not in (AWAITING_BUNDLES, QUEUED):
             return False
         now = self._refresh(now)
         self._remove_pending(job, now, "cancelled")
@@ -600,7 +605,7 @@ class Scheduler:
             if ended is None:
                 return "unknown"
             return "started" if ended[0] == "finished" else "already_ended"
-        if job.state in ("setting_up", "running"):
+        if job.state in (SETUP, RUNNING):
             self._tell(job, now, "withdraw asked: already started")
             return "started"
         now = self._refresh(now)
@@ -616,7 +621,7 @@ class Scheduler:
         job = self._jobs[job_id]
         now = self._refresh(now)
         ms = int(job.queue_wait_s(self._t) * 1000.0 + _EPS_S * 1000.0)  # no 29999 for 30 s
-        if job.state != "queued":
+        if job.state != QUEUED:
             return WaitStatus(None, None, ms)
         detail = None
         if job.claim > self.max_weight:
@@ -644,7 +649,7 @@ class Scheduler:
         return changed
 
     def job_state(self, job_id: str) -> str | None:
-        """"awaiting_bundles" | "queued" | "setting_up" | "running", or None when not live."""
+        """AWAITING_BUNDLES, or lifecycle.QUEUED, SETUP ("setup"), RUNNING; None when not live."""
         job = self._jobs.get(job_id)
         return None if job is None else job.state
 
@@ -696,8 +701,8 @@ class Scheduler:
             held_permits=self._held,
             setup_permits=self._setup_held,
             running=self._n_running,
-            setting_up=self._n_setting_up,
-            pending=self._n_awaiting + self._n_queued + self._n_setting_up,
+            setup=self._n_setup,
+            pending=self._n_awaiting + self._n_queued + self._n_setup,
             awaiting_bundles=self._n_awaiting,
             queued=self._n_queued,
             queued_heads=len(self._head_of),
@@ -734,7 +739,7 @@ class Scheduler:
             self._ended.popitem(last=False)
 
     def _remove_pending(self, job: _Job, now: float, outcome: str) -> None:
-        if job.state == "awaiting_bundles":
+        if job.state == AWAITING_BUNDLES:
             self._n_awaiting -= 1
         else:
             ws = job.spec.workspace
@@ -822,10 +827,10 @@ class Scheduler:
         else:
             del self._queues[ws]
         self._n_queued -= 1
-        self._n_setting_up += 1
+        self._n_setup += 1
         self._unenrol(job)
         self._stop_clock(job, now)
-        job.state = "setting_up"
+        job.state = SETUP
         self._held += job.claim
         self._setup_held += job.claim
         self._owner[ws] = job.job_id
@@ -1043,9 +1048,9 @@ class Scheduler:
         fresh_in: dict[str, list[_Job]] = {}  # occupied workspace -> jobs that joined it
         if self._fresh:
             for job in self._fresh:
-                if job.state == "queued":
+                if job.state == QUEUED:
                     fresh_in.setdefault(job.spec.workspace, []).append(job)
-                if job.state == "queued" and job.clock_since is None \
+                if job.state == QUEUED and job.clock_since is None \
                         and job.spec.workspace not in self._owner \
                         and job.spec.workspace not in self._sib_user:
                     self._set_clock(job, now, True)
@@ -1139,7 +1144,7 @@ class Scheduler:
 
     def _is_breakpoint(self, at: float, job_id: str) -> bool:
         job = self._jobs.get(job_id)
-        return (job is not None and job.state == "queued"
+        return (job is not None and job.state == QUEUED
                 and self._head_of.get(job.spec.workspace) == job_id
                 and (at == job.ready_at + GRACE_S or at == job.retry_at))
 

@@ -8,9 +8,17 @@ from ..memory.core import MemoryCeiling
 from ..records import JobRequest
 
 
+#: How long one disk admission may take (its cleanup included) before the dispatcher refuses
+#: the submit `runner_disk_full`; a submitter waits SUBMIT_TIMEOUT_S, longer, so it always
+#: gets the dispatcher's answer (docs/scheduling.md, "Admission and the disk").
+DISK_ADMIT_TIMEOUT_S = 300.0
+SUBMIT_TIMEOUT_S = DISK_ADMIT_TIMEOUT_S + 30.0
+
+
 @dataclass(frozen=True)
 class Submit:
-    """Reply: the accepted JobRecord, or a Refusal."""
+    """Reply: the accepted JobRecord, or a Refusal. Answered once the disk has admitted the
+    job (a cleanup may run first): call it with `timeout=SUBMIT_TIMEOUT_S`."""
 
     request: JobRequest
     follow: bool = False

@@ -334,3 +334,103 @@ async def test_cast_self_during_on_start_is_handled_after_it_without_polling():
         await trio.testing.wait_all_tasks_blocked()
         assert seen == [("on_start done", False), "tick"]
         actor.stop()
+
+
+class _Gatekeeper(actors.Actor):
+    """Defers every ("ask", key) call; ("answer", key, value) answers it from another
+    message; ("fail", key) answers it with an error; anything else is answered at once."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.owed: dict = {}
+
+    async def handle(self, msg):
+        if msg[0] == "ask":
+            self.owed[msg[1]] = self.defer_reply()
+            return "dropped: the reply is deferred"
+        if msg[0] == "answer":
+            self.owed.pop(msg[1]).reply(msg[2])
+            return "answered"
+        if msg[0] == "fail":
+            self.owed.pop(msg[1]).fail(Boom(msg[1]))
+            return "failed"
+        if msg[0] == "defer-on-cast":
+            self.defer_reply()
+        return msg
+
+
+async def test_a_deferred_reply_is_answered_later_while_the_actor_serves_others(autojump_clock):
+    got = {}
+
+    async def ask(ref, key):
+        got[key] = await ref.call(("ask", key), timeout=None)
+
+    async with trio.open_nursery() as nursery:
+        actor = _Gatekeeper(name="gate")
+        ref = await nursery.start(actor.run)
+        nursery.start_soon(ask, ref, "a")
+        nursery.start_soon(ask, ref, "b")
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == {} and set(actor.owed) == {"a", "b"}
+        assert await ref.call(("status",)) == ("status",)  # not blocked by the owed answers
+        assert await ref.call(("answer", "b", 2)) == "answered"
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == {"b": 2}  # answered out of order; the return value of handle is dropped
+        await ref.call(("answer", "a", 1))
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == {"a": 1, "b": 2}
+        assert ref.statistics().messages_handled == 5
+        actor.stop()
+
+
+async def test_a_deferred_reply_can_fail_and_answers_once():
+    async with trio.open_nursery() as nursery:
+        actor = _Gatekeeper(name="gate")
+        ref = await nursery.start(actor.run)
+        result = []
+
+        async def ask():
+            try:
+                await ref.call(("ask", "x"))
+            except Boom as exc:
+                result.append(exc.args)
+
+        nursery.start_soon(ask)
+        await trio.testing.wait_all_tasks_blocked()
+        token = actor.owed["x"]
+        await ref.call(("fail", "x"))
+        token.reply("too late")  # a second answer is ignored
+        await trio.testing.wait_all_tasks_blocked()
+        assert result == [("x",)] and token.answered
+        actor.stop()
+
+
+async def test_an_owed_reply_becomes_actor_dead_when_the_actor_stops_or_crashes():
+    async with trio.open_nursery() as nursery:
+        actor = _Gatekeeper(name="gate")
+        ref = await nursery.start(actor.run)
+        outcomes = []
+
+        async def ask():
+            try:
+                await ref.call(("ask", "x"))
+            except actors.ActorDead:
+                outcomes.append("dead")
+
+        nursery.start_soon(ask)
+        await trio.testing.wait_all_tasks_blocked()
+        actor.stop()
+        await trio.testing.wait_all_tasks_blocked()
+        assert outcomes == ["dead"]
+        actor.owed["x"].reply("after death")  # harmless
+
+
+async def test_defer_reply_outside_a_call_is_an_error():
+    actor = _Gatekeeper(name="gate")
+    with pytest.raises(RuntimeError, match="outside handle"):
+        actor.defer_reply()
+    with pytest.raises(BaseExceptionGroup) as info:  # nobody waits for a cast's answer
+        async with trio.open_nursery() as nursery:
+            ref = await nursery.start(actor.run)
+            await ref.cast(("defer-on-cast",))
+    assert "of a call" in str(info.value.exceptions[0]) and not ref.alive

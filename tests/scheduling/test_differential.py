@@ -120,23 +120,23 @@ class Differential(RuleBasedStateMachine):
     def decide(self):
         self.both("decide", self.now)
 
-    @precondition(lambda self: self.in_state("setting_up"))
+    @precondition(lambda self: self.in_state("setup"))
     @rule(data=st.data())
     def setup_done(self, data):
-        self.both("setup_done", data.draw(st.sampled_from(self.in_state("setting_up"))), self.now)
+        self.both("setup_done", data.draw(st.sampled_from(self.in_state("setup"))), self.now)
 
-    @precondition(lambda self: self.in_state("setting_up", "running"))
+    @precondition(lambda self: self.in_state("setup", "running"))
     @rule(data=st.data(), then_decide=st.booleans())
     def finished(self, data, then_decide):
-        self.both("finished", data.draw(st.sampled_from(self.in_state("setting_up", "running"))),
+        self.both("finished", data.draw(st.sampled_from(self.in_state("setup", "running"))),
                   self.now)
         if then_decide:
             self.both("decide", self.now)
 
-    @precondition(lambda self: self.in_state("setting_up"))
+    @precondition(lambda self: self.in_state("setup"))
     @rule(data=st.data(), cleanup=st.booleans(), then_decide=st.booleans())
     def start_failed(self, data, cleanup, then_decide):
-        job_id = data.draw(st.sampled_from(self.in_state("setting_up")))
+        job_id = data.draw(st.sampled_from(self.in_state("setup")))
         self.both("start_failed", job_id, self.now, cleanup_pending=cleanup)
         if then_decide:
             self.both("decide", self.now)
@@ -168,7 +168,7 @@ class Differential(RuleBasedStateMachine):
     def adopt_running(self, ws, siblings, claim):
         touched = {ws, *siblings}
         busy = set()
-        for job_id in self.in_state("setting_up", "running"):
+        for job_id in self.in_state("setup", "running"):
             busy |= set(self.ref._jobs[job_id].touched)
         if touched & busy:
             return  # a restart never adopts two jobs in one workspace
@@ -270,15 +270,15 @@ def test_differential_smoke_many_workspaces():
                 both("ready", spec.job_id, now)
                 live.append(spec.job_id)
         elif r < 0.55:
-            active = [j for j in live if ref.job_state(j) in ("setting_up", "running")]
+            active = [j for j in live if ref.job_state(j) in ("setup", "running")]
             if active:
                 job_id = rnd.choice(active)
-                if ref.job_state(job_id) == "setting_up" and rnd.random() < 0.2:
+                if ref.job_state(job_id) == "setup" and rnd.random() < 0.2:
                     both("start_failed", job_id, now)
                 else:
                     both("finished", job_id, now)
         elif r < 0.65:
-            setting_up = [j for j in live if ref.job_state(j) == "setting_up"]
+            setting_up = [j for j in live if ref.job_state(j) == "setup"]
             if setting_up:
                 both("setup_done", rnd.choice(setting_up), now)
         elif r < 0.7 and live:

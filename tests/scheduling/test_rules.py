@@ -149,7 +149,7 @@ def test_dispatch_indexes_add_each_starting_weight_and_cpu_claim_before_selectin
     # not (it would make 9), the 2 does
     assert [(st.job_id, st.claim) for st in starts] == [("j0", 3), ("j1", 3), ("j3", 2)]
     stats = s.statistics()
-    assert stats.held_permits == 8 and stats.setup_permits == 8 and stats.setting_up == 3
+    assert stats.held_permits == 8 and stats.setup_permits == 8 and stats.setup == 3
     assert stats.queued == 1 and s.job_state("j2") == "queued"
     assert s.decide(1.0) == []
     s.setup_done("j0", 2.0)
@@ -169,7 +169,7 @@ def test_queue_depth_counts_sixty_four_awaiting_bundles_core():
     assert s.job_state("j64") is None and s.statistics().pending == 64
     # a job in setup is accepted and not yet running: it still counts
     s.ready("j0", 2.0)
-    assert started(s, 2.0) == ["j0"] and s.job_state("j0") == "setting_up"
+    assert started(s, 2.0) == ["j0"] and s.job_state("j0") == "setup"
     assert s.statistics().pending == 64
     assert s.accept(JobSpec("j64", "w64"), 3.0).code == "runner_full"
     # once it runs, there is room again

@@ -478,7 +478,7 @@ async def test_health_capacity_comes_from_the_capacity_only_view(tmp_path, monke
                                                                  autojump_clock):
     """/v1/health reports the same capacity as /v1/status, but the dispatcher builds no live
     view of any queued job for it (at 10k queued that view costs seconds)."""
-    from motor.scheduling.actor import Dispatcher
+    from motor.scheduling.machine import DispatchMachine
 
     go = tmp_path / "go"
     async with motor.open_runner(embedded_config(tmp_path, max_weight=1)) as runner:
@@ -488,13 +488,13 @@ async def test_health_capacity_comes_from_the_capacity_only_view(tmp_path, monke
         status = await runner.status()
         assert len(status["queued"]) == 2 and status["capacity"]["held_permits"] == 1
         views: list[str] = []
-        real = Dispatcher._live_view
+        real = DispatchMachine._live_view
 
         def counting(self, record, now):
             views.append(record.job_id)
             return real(self, record, now)
 
-        monkeypatch.setattr(Dispatcher, "_live_view", counting)
+        monkeypatch.setattr(DispatchMachine, "_live_view", counting)
         health = await runner.health()
         assert health["capacity"] == status["capacity"]
         assert views == [], "health built the per-job queued view"
@@ -502,3 +502,56 @@ async def test_health_capacity_comes_from_the_capacity_only_view(tmp_path, monke
         go.write_text("")
         for job in jobs:
             assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
+
+
+# --- issue 15: the dispatcher never awaits the disk inside a decision -------------------------
+
+
+async def test_a_long_disk_cleanup_at_admission_keeps_the_runner_serving(
+        tmp_path, monkeypatch, autojump_clock):
+    """The disk's admission of a submit takes 60 s (a long eviction, staged by delaying the
+    disk actor's Admit): meanwhile the runner's status and health answer at once, and then
+    the submit gets its record and the job runs. (When the dispatcher awaited the disk
+    inside the Submit, it crashed at its 30 s call timeout.)"""
+    from motor.disk.actor import DiskActor
+    from motor.disk.messages import Admit
+
+    real = DiskActor.handle
+    slow: list[str] = []
+
+    async def handle(self, msg):
+        if isinstance(msg, Admit) and msg.workspace == "slow":
+            slow.append(msg.job_id)
+            await trio.sleep(60)
+        return await real(self, msg)
+
+    monkeypatch.setattr(DiskActor, "handle", handle)
+    go = tmp_path / "go"
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=1)) as runner:
+        holder = await runner.submit(barrier_job(go, weight_hint=1, workspace="fast"))
+        await wait_until(lambda: _all_in(runner, [holder], "running"), "the holder to run")
+        got: dict = {}
+
+        async def submit():
+            got["record"] = await runner.submit(
+                JobRequest(command=["true"], weight_hint=1, workspace="slow"))
+            got["at"] = trio.current_time()
+
+        t0 = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(submit)
+            await wait_until(lambda: _true(bool(slow)), "the disk to start its cleanup")
+            status = await runner.status()
+            assert [r["job_id"] for r in status["running"]] == [holder.job_id]
+            assert status["queued"] == []
+            assert (await runner.health())["capacity"]["held_permits"] == 1
+            assert got == {} and trio.current_time() - t0 < 60  # the disk is still at it
+            go.write_text("")  # (waiting for real processes lets virtual time jump)
+            assert (await terminal_of(runner, holder.job_id))["state"] == "succeeded"
+        assert got["at"] - t0 >= 60 and got["record"].state == "queued"
+        assert (await terminal_of(runner, got["record"].job_id))["state"] == "succeeded"
+        assert (await runner.health())["capacity"]["held_permits"] == 0
+
+
+async def _true(value: bool) -> bool:
+    return value

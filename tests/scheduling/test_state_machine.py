@@ -14,7 +14,7 @@ MAX_WEIGHT = 8
 CLAIM_LIMIT = 12  # claims 9..12 are over max_weight: accepted, they wait and never start
 DEPTH = 12
 WORKSPACES = ("a", "b", "c", "d", "e")
-ACTIVE = ("setting_up", "running")
+ACTIVE = ("setup", "running")
 
 
 class _M:
@@ -84,7 +84,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         sibs = tuple(w for w in siblings if w != ws)
         spec = JobSpec(job_id, ws, siblings=sibs, claim=claim, gate=gate and kind == "job",
                        kind=kind, queue_wait_limit_s=limit, runner_enforces_budget=enforce)
-        pending = len(self.in_state("awaiting_bundles", "queued", "setting_up"))
+        pending = len(self.in_state("awaiting_bundles", "queued", "setup"))
         refusal = self.s.accept(spec, self.now)
         if claim < 1 or claim > CLAIM_LIMIT or pending >= DEPTH:
             assert refusal is not None and refusal.code == "runner_full"
@@ -129,7 +129,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             assert self.now >= m.retry_at and not m.cleanup
             assert m.spec.claim <= MAX_WEIGHT, "max_weight is a hard bound"
             self.fifo[m.spec.workspace].pop(0)
-            m.state = "setting_up"
+            m.state = "setup"
             started.append(m)
         self.check_fences(started)
         self.check_liveness(started)
@@ -162,10 +162,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert all(h.cleanup or h.spec.claim > MAX_WEIGHT for h in heads) \
             or any(self.now < h.retry_at for h in heads), [self.why(h.spec.job_id) for h in heads]
 
-    @precondition(lambda self: self.in_state("setting_up"))
+    @precondition(lambda self: self.in_state("setup"))
     @rule(data=st.data())
     def setup_done(self, data):
-        job_id = data.draw(st.sampled_from(self.in_state("setting_up")))
+        job_id = data.draw(st.sampled_from(self.in_state("setup")))
         self.s.setup_done(job_id, self.now)
         self.jobs[job_id].state = "running"
         self.jobs[job_id].failures = 0
@@ -179,10 +179,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.jobs[job_id].ran = True
         self.then_decide(then)
 
-    @precondition(lambda self: self.in_state("setting_up"))
+    @precondition(lambda self: self.in_state("setup"))
     @rule(data=st.data(), cleanup=st.booleans(), then=st.booleans())
     def start_failed(self, data, cleanup, then):
-        job_id = data.draw(st.sampled_from(self.in_state("setting_up")))
+        job_id = data.draw(st.sampled_from(self.in_state("setup")))
         self.s.start_failed(job_id, self.now, cleanup_pending=cleanup)
         m = self.jobs[job_id]
         m.state = "queued"
@@ -287,8 +287,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         stats = self.s.statistics()
         assert stats.queued == len(self.in_state("queued"))
         assert stats.awaiting_bundles == len(self.in_state("awaiting_bundles"))
-        assert stats.pending == stats.queued + stats.awaiting_bundles + stats.setting_up
-        assert stats.setting_up == len(self.in_state("setting_up"))
+        assert stats.pending == stats.queued + stats.awaiting_bundles + stats.setup
+        assert stats.setup == len(self.in_state("setup"))
         assert stats.running == len(self.in_state("running"))
         assert stats.queued_heads == len(self.heads())
 
@@ -298,7 +298,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         held = sum(m.spec.claim for m in active)
         stats = self.s.statistics()
         assert stats.held_permits == held
-        assert stats.setup_permits == sum(m.spec.claim for m in active if m.state == "setting_up")
+        assert stats.setup_permits == sum(m.spec.claim for m in active if m.state == "setup")
         assert held <= MAX_WEIGHT  # a hard bound: over-max claims never start
         seen: set[str] = set()
         for m in active:

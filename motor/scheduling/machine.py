@@ -1,0 +1,601 @@
+"""The dispatcher's state machine: `handle(event, now, wall_ms) -> [effects]`, no I/O.
+
+In the manner of distributed's worker state machine: the actor shell (actor.py) turns each
+message into an event, hands it here, and carries out the effects returned, in order. Some
+effects have an answer the decision depends on (the CPUs placed, a save the store refused
+for lack of space): the shell hands that answer back as an event (`Placed`, `SaveDone`,
+`SaveFailed`) before it carries out the next effect, so a decision and its consequences
+stay in one message. `Continue(event)` asks the shell to hand `event` back once the effects
+before it (and theirs) are done.
+
+The machine owns the Scheduler core, the records of queued jobs, the set of active jobs
+(setting up or running: their records belong to their job actors), the admissions waiting
+for the disk, the saves the store refused for lack of space (retried), and which queue-wait
+clocks are persisted.
+
+Disk admission is an effect (`AskDisk`) whose answer comes back as an event (`DiskAnswered`)
+in a later message: the dispatcher serves other messages meanwhile, and the submitter's
+reply is deferred until then. Admissions complete in job-id (arrival) order whatever order
+their answers come in, so queue order stays job-id order, as recovery rebuilds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from ..lifecycle import CANCEL, PLACE, QUEUED, SETUP, START_FAILED, WITHDRAW, advance, retain_until
+from ..memory.core import MemoryCeiling
+from ..records import JobRecord, JobRequest, Queued, Terminal, public_record
+from .admission import (
+    AdmissionSettings, accepted_events, as_refusal, build_record, disk_full_refusal, resume_clock,
+    check_capacity, check_form, spec_of, withdraw_answer,
+)
+from .core import AWAITING_BUNDLES, Scheduler, queue_wait_budget_s
+from .messages import (
+    BundleArrived, CancelJob, CeilingChanged, Finished, Heartbeat, QueuedView, SetupDone,
+    Unfollowed,
+)
+
+#: how long the dispatcher waits before retrying saves the store refused for lack of space
+STORE_FULL_RETRY_S = 1.0
+
+# --- events: what the shell hands in ------------------------------------------------------
+# The dispatcher's messages (messages.py) are events as they are, except Submit, StartFailed
+# and Withdraw, which the shell completes (a deferred reply and a job id; the stored record).
+
+
+@dataclass(frozen=True)
+class Recover:
+    """Start-up: the live records, the jobs that still have an actor, the bundles present
+    (of the queued jobs that name one), the jobs a client follows."""
+
+    records: tuple[JobRecord, ...]
+    with_actor: Collection[str] = ()
+    bundles_present: Collection[str] = ()
+    followers: Collection[str] = ()
+
+
+@dataclass(frozen=True)
+class SubmitReceived:
+    token: Any  # where the answer goes (a deferred reply)
+    request: JobRequest
+    follow: bool
+    job_id: str  # minted on arrival: ids follow arrival order
+
+
+@dataclass(frozen=True)
+class DiskAnswered:
+    job_id: str
+    refusal: Any  # a Refusal, or None: admitted
+    bundle_present: bool = True
+
+
+@dataclass(frozen=True)
+class Placed:
+    job_id: str
+    cpus: list
+
+
+@dataclass(frozen=True)
+class SaveDone:
+    save: "SaveRecord"
+
+
+@dataclass(frozen=True)
+class SaveFailed:
+    """The store refused `save` for lack of space (StoreFull): nothing was written."""
+
+    save: "SaveRecord"
+    detail: str
+    free_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class JobStartFailed:
+    job_id: str
+    detail: str
+    cleanup_pending: bool
+    record: JobRecord  # as the job actor left it (state setup)
+
+
+@dataclass(frozen=True)
+class WithdrawJob:
+    job_id: str
+    stored: JobRecord | None  # its record in the store, for a job no longer queued here
+
+
+@dataclass(frozen=True)
+class TimerFired:
+    pass
+
+
+@dataclass(frozen=True)
+class FlushUnsaved:
+    pass
+
+
+@dataclass(frozen=True)
+class Settle:
+    """Internal: the starts are carried out; arm the timer and persist the clocks."""
+
+
+# --- effects: what the shell carries out --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reply:
+    token: Any  # None: the answer to the message being handled
+    value: Any
+
+
+@dataclass(frozen=True)
+class AskDisk:
+    """Disk admission (cleanup if needed); answer: DiskAnswered, in a later message."""
+
+    job_id: str
+    workspace: str
+    siblings: tuple[str, ...]
+    bundle_sha256: str | None
+
+
+@dataclass(frozen=True)
+class SaveRecord:
+    """Save a record (and events); answer: SaveDone, or SaveFailed on StoreFull."""
+
+    record: JobRecord
+    events: tuple = ()
+    retain_until_ms: int | None = None
+    purpose: str = "defer"  # "accept" | "start" | "defer" | "flush" | "clock"
+    token: Any = None  # accept: the submitter's deferred reply
+    running: bool | None = None  # clock: the clock's course saved
+    ready: bool = False  # accept: its bundle is present (or it names none): it joins its queue
+
+
+@dataclass(frozen=True)
+class PlaceCpus:
+    """Answer: Placed (its CPUs)."""
+
+    job_id: str
+    claim: int
+
+
+@dataclass(frozen=True)
+class ReleaseCpus:
+    job_id: str
+
+
+@dataclass(frozen=True)
+class StartJobActor:
+    job_id: str
+
+
+@dataclass(frozen=True)
+class CancelJobActor:
+    job_id: str
+
+
+@dataclass(frozen=True)
+class NoteRefused:
+    code: str
+
+
+@dataclass(frozen=True)
+class NoteEnded:
+    record: JobRecord
+
+
+@dataclass(frozen=True)
+class ArmTimer:
+    deadline: float | None  # None: nothing to wake up for
+
+
+@dataclass(frozen=True)
+class ArmFlush:
+    delay_s: float
+
+
+@dataclass(frozen=True)
+class Continue:
+    event: Any
+
+
+@dataclass
+class _Admission:
+    token: Any
+    request: JobRequest
+    follow: bool
+    claim: int
+    answer: DiskAnswered | None = None
+    bundle_arrived: bool = False
+
+
+@dataclass
+class DispatchMachine:
+    settings: AdmissionSettings
+    core: Scheduler
+    ceiling: MemoryCeiling = MemoryCeiling()
+    queued: dict[str, JobRecord] = field(default_factory=dict)  # jobs waiting (owned here)
+    active: set[str] = field(default_factory=set)  # setting up or running
+    #: admissions waiting for the disk, in job-id order
+    admitting: dict[str, _Admission] = field(default_factory=dict)
+    #: {job_id: the queued record} of jobs being placed and saved as `setup`
+    starting: dict[str, JobRecord] = field(default_factory=dict)
+    #: {job_id: queue_clock_running} as last persisted for each queued job
+    clock_saved: dict[str, bool] = field(default_factory=dict)
+    #: queued jobs whose clock may differ from what was persisted
+    clock_check: set[str] = field(default_factory=set)
+    #: {job_id: SaveRecord} decided here, refused by the store for lack of space: retried
+    #: every STORE_FULL_RETRY_S; a later save of the same job supersedes it
+    unsaved: dict[str, SaveRecord] = field(default_factory=dict)
+    flush_armed: bool = False
+
+    @classmethod
+    def new(cls, settings: AdmissionSettings, *, confined_cpu_list=None,
+            ceiling: MemoryCeiling = MemoryCeiling()) -> "DispatchMachine":
+        core = Scheduler(max_weight=settings.max_weight, max_queue_depth=settings.max_queue_depth,
+                         claim_limit=settings.claim_limit, confined_cpu_list=confined_cpu_list,
+                         default_spill_s=settings.default_spill_s)
+        return cls(settings=settings, core=core, ceiling=ceiling)
+
+    # -- the one entry point -----------------------------------------------------------------
+
+    def handle(self, event: Any, now: float, wall_ms: int) -> list:
+        method = getattr(self, "_on_" + type(event).__name__, None)
+        if method is None:
+            raise TypeError(f"dispatcher: unknown event {event!r}")
+        return method(event, now, wall_ms)
+
+    def _after(self, now: float) -> list:
+        """After every event that may change the core: start the heads that can start."""
+        effects: list = []
+        for start in self.core.decide(now):
+            self.starting[start.job_id] = self.queued.pop(start.job_id)
+            effects.append(PlaceCpus(start.job_id, start.claim))
+        return [*effects, Continue(Settle())]
+
+    def _on_Settle(self, event, now, wall_ms):
+        wakeup = self.core.next_wakeup(now)
+        return [ArmTimer(wakeup), *self._next_clock_save(now, wall_ms)]
+
+    # -- start-up --------------------------------------------------------------------------
+
+    def _on_Recover(self, event: Recover, now, wall_ms):
+        effects: list = []
+        for record in event.records:
+            spec = spec_of(record)
+            if record.state == QUEUED:
+                if spec.runner_enforces_budget or record.job_id not in event.followers:
+                    # no live follower holds this budget (none survives a process restart)
+                    record = msgspec.structs.replace(record, budget_enforced_by="runner")
+                    spec = spec_of(record)
+                self.core.accept(spec, now, force=True)
+                if record.bundle_sha256 is None or record.bundle_sha256 in event.bundles_present:
+                    waited_s, age_s = resume_clock(record, wall_ms)
+                    self.core.ready(record.job_id, now, waited_s=waited_s, ready_age_s=age_s)
+                self.queued[record.job_id] = record
+                continue
+            self.core.adopt_running(spec, now)
+            self.active.add(record.job_id)
+            if record.job_id not in event.with_actor:
+                effects.append(StartJobActor(record.job_id))
+        return effects + self._after(now)
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def _on_SubmitReceived(self, event: SubmitReceived, now, wall_ms):
+        req = event.request
+        refusal = check_form(req, self.settings)
+        if refusal is not None:
+            return [Reply(event.token, refusal)]
+        claim, refusal = check_capacity(req, self.settings, self.core, self.ceiling)
+        if refusal is not None:
+            return [NoteRefused(refusal.code), Reply(event.token, refusal)]
+        self.admitting[event.job_id] = _Admission(event.token, req, event.follow, claim)
+        return [AskDisk(event.job_id, req.workspace, tuple(req.siblings), req.bundle_sha256)]
+
+    def _on_DiskAnswered(self, event: DiskAnswered, now, wall_ms):
+        pending = self.admitting.get(event.job_id)
+        if pending is None:
+            return []
+        pending.answer = event
+        effects: list = []
+        while self.admitting:  # complete in job-id order: queue order is arrival order
+            job_id, first = next(iter(self.admitting.items()))
+            if first.answer is None:
+                break
+            del self.admitting[job_id]
+            effects += self._admit(job_id, first, now, wall_ms)
+        return effects
+
+    def _admit(self, job_id: str, pending: _Admission, now, wall_ms) -> list:
+        refusal = pending.answer.refusal
+        record = build_record(pending.request, job_id=job_id, follow=pending.follow,
+                              claim=pending.claim, settings=self.settings,
+                              ceiling=self.ceiling, now_ms=wall_ms)
+        if refusal is None:
+            refusal = self.core.accept(spec_of(record), now)
+        if refusal is not None:
+            refusal = as_refusal(refusal)
+            return [NoteRefused(refusal.code), Reply(pending.token, refusal)]
+        ready = pending.answer.bundle_present or pending.bundle_arrived
+        return [SaveRecord(record, tuple(accepted_events(record, self.settings)),
+                           purpose="accept", token=pending.token, ready=ready)]
+
+    def _accept_saved(self, save: SaveRecord, now) -> list:
+        record = save.record
+        self.queued[record.job_id] = record
+        # Bundle present (verified, pinned): ready now. Missing: it waits, accepted and counted
+        # in max_queue_depth, until the upload arrives (BundleArrived); its clock starts then.
+        if save.ready:
+            self.core.ready(record.job_id, now)
+        return [Reply(save.token, record), *self._after(now)]
+
+    def _accept_failed(self, failed: SaveFailed, now) -> list:
+        # not recorded, so not accepted: undo the core's accept
+        self.core.cancel(failed.save.record.job_id, now)
+        return [NoteRefused("runner_disk_full"), Reply(failed.save.token, disk_full_refusal(
+            failed.detail, self.settings, failed.free_bytes))]
+
+    # -- answers of the shell's effects -----------------------------------------------------------
+
+    def _on_Placed(self, event: Placed, now, wall_ms):
+        record = self.starting[event.job_id]
+        status = self.core.wait_status(event.job_id, now)
+        setup = advance(
+            record, PLACE, who="dispatcher", cpus=event.cpus, attempts=record.attempts + 1,
+            queue_wait_ms=status.queue_wait_ms, waiting_on=None, waiting_on_job=None,
+            waiting_detail=None, queue_clock_running=False)
+        self.clock_saved.pop(event.job_id, None)
+        return [SaveRecord(setup, purpose="start")]
+
+    def _on_SaveDone(self, event: SaveDone, now, wall_ms):
+        save = event.save
+        job_id = save.record.job_id
+        if save.purpose == "accept":
+            return self._accept_saved(save, now)
+        if save.purpose == "start":
+            del self.starting[job_id]
+            self.unsaved.pop(job_id, None)  # superseded (a deferred requeue)
+            self.active.add(job_id)
+            return [StartJobActor(job_id)]
+        if save.purpose == "clock":
+            self.queued[job_id] = save.record
+            self.clock_saved[job_id] = save.running
+            self.clock_check.discard(job_id)
+            return self._next_clock_save(now, wall_ms)
+        if save.purpose == "flush":
+            current = self.unsaved.get(job_id)
+            if current is not None and current.record is save.record:  # not superseded
+                del self.unsaved[job_id]
+            return self._next_flush()
+        return []
+
+    def _on_SaveFailed(self, event: SaveFailed, now, wall_ms):
+        save = event.save
+        job_id = save.record.job_id
+        if save.purpose == "accept":
+            return self._accept_failed(event, now)
+        if save.purpose == "start":  # nothing runs unrecorded: back to its queue, retry later
+            record = self.starting.pop(job_id)
+            self.core.start_failed(job_id, now)
+            self.queued[job_id] = record
+            return [ReleaseCpus(job_id)]  # Settle, after the other starts, re-arms the timer
+        if save.purpose == "clock":  # a full state fs: the clocks are persisted next time
+            return []
+        if save.purpose == "defer":
+            self.unsaved[job_id] = save
+        return self._arm_flush()  # "flush": it stays unsaved; stop and retry later
+
+    # -- job actors ----------------------------------------------------------------------------
+
+    def _on_SetupDone(self, event: SetupDone, now, wall_ms):
+        if self.core.job_state(event.job_id) == SETUP:  # adopted after a restart: running
+            self.core.setup_done(event.job_id, now)
+        return self._after(now)
+
+    def _on_JobStartFailed(self, event: JobStartFailed, now, wall_ms):
+        job_id = event.job_id
+        self.active.discard(job_id)
+        self.core.start_failed(job_id, now, cleanup_pending=event.cleanup_pending)
+        record = advance(event.record, START_FAILED, who="dispatcher", cpus=None,
+                         detail=event.detail)
+        self.queued[job_id] = record
+        self.clock_saved.pop(job_id, None)  # its clock resumes: persist that
+        self.clock_check.add(job_id)
+        return [*self._save_or_defer(SaveRecord(record, (Queued(
+            **self._wait_fields(job_id, now), queue_wait_budget_ms=self._budget_ms(job_id)),))),
+            *self._after(now)]
+
+    def _on_Finished(self, event: Finished, now, wall_ms):
+        self.active.discard(event.job_id)
+        self.core.finished(event.job_id, now)
+        return [*self._after(now), Reply(None, None)]
+
+    # -- clients -------------------------------------------------------------------------------
+
+    def _on_CancelJob(self, event: CancelJob, now, wall_ms):
+        job_id = event.job_id
+        if job_id in self.queued:
+            self.core.cancel(job_id, now)
+            effects = self._end_queued(job_id, wall_ms, CANCEL, reason="cancelled",
+                                       detail="cancelled before start")
+            return [*effects, *self._after(now), Reply(None, "cancelled")]
+        if job_id in self.active:
+            return [CancelJobActor(job_id), *self._after(now), Reply(None, "signalled")]
+        return [*self._after(now), Reply(None, "unknown")]
+
+    def _on_WithdrawJob(self, event: WithdrawJob, now, wall_ms):
+        answer, effects = self._withdraw(event.job_id, event.stored, now, wall_ms)
+        return [*effects, *self._after(now), Reply(None, answer)]
+
+    def _withdraw(self, job_id: str, stored: JobRecord | None, now, wall_ms):
+        """"withdrawn", "started" (setting up, running, or it ran: too late), "unknown", or
+        an `already_ended` refusal naming the state of a job that ended before it started
+        (cancelled, or withdrawn already): never "withdrawn" twice."""
+        if job_id not in self.queued:
+            if job_id in self.active or job_id in self.starting:
+                return "started", []
+            if stored is None or not stored.terminal:
+                return "unknown", []
+            return withdraw_answer(stored), []
+        status = self.core.wait_status(job_id, now)
+        budget_s = self._budget_s(job_id)
+        record = self.queued[job_id]
+        answer = self.core.withdraw(job_id, now)
+        if answer != "withdrawn":
+            return answer, []
+        waited = f"waited {status.queue_wait_ms} ms"
+        if status.waiting_detail:
+            waited += f"; {status.waiting_detail}"
+        elif status.waiting_on:
+            waited += f", last waiting on {status.waiting_on}"
+        detail = f"queue wait budget of {budget_s:g} s exhausted before start ({waited})"
+        if record.detail and record.attempts:  # its starts failed: keep the last failure
+            detail += (f"; {record.attempts} start attempt"
+                       f"{'s' if record.attempts != 1 else ''} failed, the last: {record.detail}")
+        return answer, self._end_queued(job_id, wall_ms, WITHDRAW, reason="queue_wait_exceeded",
+                                        detail=detail, queue_wait_ms=status.queue_wait_ms)
+
+    def _end_queued(self, job_id, wall_ms, event, *, reason, detail, queue_wait_ms=None) -> list:
+        record = self.queued.pop(job_id)
+        self.clock_saved.pop(job_id, None)
+        record = advance(
+            record, event, who="dispatcher", reason=reason, detail=detail, ended_at_ms=wall_ms,
+            waiting_on=None, waiting_on_job=None, waiting_detail=None, queue_clock_running=False,
+            queue_wait_ms=record.queue_wait_ms if queue_wait_ms is None else queue_wait_ms)
+        save = SaveRecord(record, (Terminal(record=public_record(record)),),
+                          retain_until_ms=retain_until(record))
+        return [*self._save_or_defer(save), NoteEnded(record)]
+
+    def _on_Unfollowed(self, event: Unfollowed, now, wall_ms):
+        job_id = event.job_id
+        if job_id in self.queued:
+            self.core.set_runner_enforced(job_id, True)
+            self.queued[job_id] = msgspec.structs.replace(
+                self.queued[job_id], budget_enforced_by="runner")
+            self.clock_saved.pop(job_id, None)  # persist the new enforcer
+            self.clock_check.add(job_id)
+        return self._after(now)
+
+    def _on_CeilingChanged(self, event: CeilingChanged, now, wall_ms):
+        self.ceiling = event.ceiling
+        return self._after(now)
+
+    def _on_BundleArrived(self, event: BundleArrived, now, wall_ms):
+        for pending in self.admitting.values():  # answered "missing" before it arrived
+            if pending.request.bundle_sha256 == event.sha256:
+                pending.bundle_arrived = True
+        for job_id, record in list(self.queued.items()):
+            if (record.bundle_sha256 == event.sha256
+                    and self.core.job_state(job_id) == AWAITING_BUNDLES):
+                self.core.ready(job_id, now)
+        return self._after(now)
+
+    def _on_TimerFired(self, event, now, wall_ms):
+        effects = self._after(now)[:-1]  # a head that can start now starts before its budget ends
+        for job_id in self.core.expired(now):
+            effects += self._withdraw(job_id, None, now, wall_ms)[1]
+        return effects + self._after(now)
+
+    # -- saves refused for lack of space ------------------------------------------------------------
+
+    def _save_or_defer(self, save: SaveRecord) -> list:
+        """Record a decision already taken here (requeue, cancel, withdraw). If the state
+        filesystem is full, the decision stands in memory and the save is retried every
+        STORE_FULL_RETRY_S until it succeeds (health shows the store degraded meanwhile)."""
+        self.unsaved.pop(save.record.job_id, None)  # superseded by this newer save
+        return [save]
+
+    def _arm_flush(self) -> list:
+        if self.flush_armed or not self.unsaved:
+            return []
+        self.flush_armed = True
+        return [ArmFlush(STORE_FULL_RETRY_S)]
+
+    def _on_FlushUnsaved(self, event, now, wall_ms):
+        self.flush_armed = False
+        return self._next_flush()
+
+    def _next_flush(self) -> list:
+        for save in self.unsaved.values():  # one at a time: the first refusal stops the round
+            return [SaveRecord(save.record, save.events, save.retain_until_ms, purpose="flush")]
+        return []
+
+    # -- queue-wait clocks ---------------------------------------------------------------------------
+
+    def _next_clock_save(self, now: float, wall_ms: int) -> list:
+        """The next save of a queued job's clock that changed course (starts, pauses, resumes)
+        or whose enforcer changed: its value then, the wall time, whether it advances, and
+        when the job became ready. Between such changes the clock is linear in time, so that
+        is enough for a restart to resume it (and the 60 s aging) exactly. Only the jobs whose
+        clock changed are looked at (the core reports them); one save at a time, the first
+        refusal (a full state fs) ends the round."""
+        self.clock_check |= self.core.take_clock_changes(now)
+        for job_id in list(self.clock_check):
+            record = self.queued.get(job_id)
+            if record is None or self.core.job_state(job_id) != QUEUED:
+                self.clock_check.discard(job_id)
+                continue  # ended, started, or still awaiting its bundles: no clock yet
+            waited_s, running, age_s = self.core.clock_state(job_id, now)
+            if self.clock_saved.get(job_id) is running:
+                self.clock_check.discard(job_id)
+                continue
+            record = msgspec.structs.replace(
+                record, queue_wait_ms=int(waited_s * 1000), queue_clock_at_ms=wall_ms,
+                queue_clock_running=running,
+                ready_at_ms=record.ready_at_ms if record.ready_at_ms is not None
+                else wall_ms - int(age_s * 1000))
+            return [SaveRecord(record, purpose="clock", running=running)]
+        return []
+
+    # -- views ------------------------------------------------------------------------------
+
+    def _on_QueuedView(self, event: QueuedView, now, wall_ms):
+        record = self.queued.get(event.job_id)
+        return [Reply(None, None if record is None else self._live_view(record, now))]
+
+    def _on_Heartbeat(self, event: Heartbeat, now, wall_ms):
+        if event.job_id not in self.queued:
+            return [Reply(None, None)]
+        return [Reply(None, Queued(**self._wait_fields(event.job_id, now),
+                                   queue_wait_budget_ms=self._budget_ms(event.job_id)))]
+
+    def _on_StatusView(self, event, now, wall_ms):
+        return [Reply(None, {
+            "queued": [public_record(self._live_view(r, now)) for r in self.queued.values()],
+            "active": sorted(self.active),
+            "capacity": self.capacity(),
+        })]
+
+    def _on_CapacityView(self, event, now, wall_ms):
+        return [Reply(None, self.capacity())]
+
+    def _budget_s(self, job_id: str) -> float:
+        return queue_wait_budget_s(spec_of(self.queued[job_id]),
+                                   default_spill_s=self.settings.default_spill_s)
+
+    def _budget_ms(self, job_id: str) -> int:
+        return int(self._budget_s(job_id) * 1000)
+
+    def _wait_fields(self, job_id: str, now: float) -> dict:
+        status = self.core.wait_status(job_id, now)
+        return {"queue_wait_ms": status.queue_wait_ms, "waiting_on": status.waiting_on,
+                "waiting_on_job": status.waiting_on_job, "waiting_detail": status.waiting_detail}
+
+    def _live_view(self, record: JobRecord, now: float) -> JobRecord:
+        return msgspec.structs.replace(record, **self._wait_fields(record.job_id, now))
+
+    def capacity(self) -> dict:
+        stats = self.core.statistics()
+        return {
+            "max_weight": self.settings.max_weight,
+            "claim_limit": self.settings.claim_limit,
+            "held_permits": stats.held_permits,
+            "setup_permits": stats.setup_permits,
+            "max_queue_depth": self.settings.max_queue_depth,
+            "pending_jobs": stats.pending,
+        }

@@ -1,0 +1,277 @@
+"""The dispatcher actor on its own, under MockClock: a real store (SQLite on disk) and
+recording stand-ins for the other actors (tests/fakes.py Recorder, a disk whose admission
+takes as long as the test says, an execution handle that records the job actors started).
+Every step is synchronised with `wait_all_tasks_blocked` or virtual time, never with real
+processes or polling. The same paths through the whole runner: tests/scheduling/
+test_runner_rules.py, tests/runner, tests/e2e."""
+
+from __future__ import annotations
+
+import msgspec
+import trio
+import trio.testing
+
+import actors
+from fakes import Recorder
+from motor.clock import MockWallClock, uuid7
+from motor.config import RunnerConfig
+from motor.cpu.actor import Place
+from motor.disk.messages import Admit, HasBundle
+from motor.execution.actor import JobDeps
+from motor.handles import AccountingHandle, CpuHandle, DiskHandle, Records, StoreHandle
+from motor.handles import DispatcherHandle
+from motor.records import JobRecord, JobRequest
+from motor.scheduling.actor import DispatchDeps, Dispatcher
+from motor.scheduling.core import retry_delay_s
+from motor.store.actor import ChangeHub, Save, StoreActor
+from motor.store.db import Database, StoreFull
+
+
+class SlowDisk(actors.Actor):
+    """The disk actor's admission: each Admit takes `admit_s` seconds (a cleanup)."""
+
+    def __init__(self):
+        super().__init__(name="disk")
+        self.admit_s = 0.0
+        self.admitted: list[str] = []
+
+    async def handle(self, msg):
+        if isinstance(msg, Admit):
+            await trio.sleep(self.admit_s)
+            self.admitted.append(msg.job_id)
+            return None
+        if isinstance(msg, HasBundle):
+            return True
+        raise TypeError(msg)
+
+
+class FullStore(StoreActor):
+    """The real store, except that while `full_for` holds a state, saves of records in
+    that state are refused as the state filesystem being full (nothing written)."""
+
+    full_for: str | None = None
+
+    async def handle(self, msg):
+        if isinstance(msg, Save) and msg.record.state == self.full_for:
+            raise StoreFull("database or disk is full")
+        return await super().handle(msg)
+
+
+class FakeExecution:
+    """The execution supervisor's handle: records the job actors started (never runs them)."""
+
+    def __init__(self, running=()):
+        self.started: list[str] = []
+        self.running = set(running)
+
+    def jobs(self) -> set[str]:
+        return set(self.running)
+
+    def job(self, job_id):
+        return None
+
+    async def start_job(self, job_id, factory) -> None:
+        self.started.append(job_id)
+        self.running.add(job_id)
+
+
+class World:
+    def __init__(self, tmp_path, nursery, *, max_weight=2):
+        self.tmp_path, self.nursery = tmp_path, nursery
+        self.clock = MockWallClock()
+        self.config = RunnerConfig(state_dir=str(tmp_path), max_weight=max_weight,
+                                   free_space_floor_bytes=0)
+        self.db = Database(tmp_path / "motor.db")
+        self.store = FullStore(self.db, ChangeHub())
+        self.disk = SlowDisk()
+        self.cpu = Recorder("cpu", reply=lambda msg: [0] if isinstance(msg, Place) else None)
+        self.accounting = Recorder("accounting")
+        self.execution = FakeExecution()
+        self.dispatcher: Dispatcher | None = None
+
+    async def start(self) -> DispatcherHandle:
+        n = self.nursery
+        self.job_deps = JobDeps(
+            config=self.config, records=Records(self.db),
+            store=StoreHandle(await n.start(self.store.run)), dispatcher=None,
+            cpu=CpuHandle(await n.start(self.cpu.run)),
+            accounting=AccountingHandle(await n.start(self.accounting.run)),
+            spawner=None, backend=None, clock=self.clock, jobs_dir=self.tmp_path / "jobs",
+            workspace_root=self.tmp_path / "ws")
+        self.disk_handle = DiskHandle(await n.start(self.disk.run))
+        return await self.start_dispatcher()
+
+    async def start_dispatcher(self) -> DispatcherHandle:
+        """A (new) incarnation of the dispatcher, on the same store and neighbours."""
+        self.dispatcher = Dispatcher(DispatchDeps(
+            job=self.job_deps, execution=self.execution, disk=self.disk_handle,
+            claim_limit=self.config.max_weight, capabilities=()))
+        handle = DispatcherHandle(await self.nursery.start(self.dispatcher.run))
+        await trio.testing.wait_all_tasks_blocked()
+        return handle
+
+    def state(self, job_id: str) -> str | None:
+        record = self.db.get(job_id)
+        return None if record is None else record.state
+
+
+def request(workspace="ws", weight=2) -> JobRequest:
+    return JobRequest(command=["make"], workspace=workspace, weight_hint=weight)
+
+
+async def test_a_long_disk_admission_does_not_block_the_dispatcher(tmp_path, autojump_clock):
+    """The disk cleans up for 60 s before admitting a submit (twice the dispatcher's
+    call timeout): meanwhile the dispatcher serves a status view and a Finished, and the
+    submit then gets its record and starts. (Before the disk answered as a message, the
+    dispatcher awaited the disk inside the Submit: it crashed at 30 s with CallTimeout.)"""
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery)
+        running = JobRecord(job_id=uuid7(world.clock.now_ms()), state="running", workspace="old",
+                            claim=2, cpus=[0], command=["make"],
+                            accepted_at_ms=world.clock.now_ms())
+        world.db.save(running)
+        world.execution.running.add(running.job_id)
+        dispatcher = await world.start()
+        world.disk.admit_s = 60.0
+        t0 = trio.current_time()
+        got = {}
+
+        async def submit():
+            got["record"] = await dispatcher.submit(request())
+            got["at"] = trio.current_time() - t0
+
+        nursery.start_soon(submit)
+        await trio.testing.wait_all_tasks_blocked()  # the disk is cleaning up
+        status = await dispatcher.status_view()
+        assert status["active"] == [running.job_id] and status["capacity"]["held_permits"] == 2
+        await dispatcher.finished(running.job_id)
+        assert (await dispatcher.capacity())["held_permits"] == 0
+        assert trio.current_time() - t0 < 1.0 and got == {}  # served while the disk works
+
+        await trio.sleep(61)
+        record = got["record"]
+        assert abs(got["at"] - 60.0) < 1e-6 and record.state == "queued" and world.disk.admitted == [
+            record.job_id]
+        await trio.testing.wait_all_tasks_blocked()
+        assert world.state(record.job_id) == "setup" and world.execution.started == [
+            record.job_id]
+        assert world.cpu.kinds() == ["Place"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_concurrent_submits_join_the_queue_in_arrival_order(tmp_path, autojump_clock):
+    """Three submits arrive while the disk works; each is answered once the disk admitted
+    it, and the queue holds them in job-id (arrival) order."""
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery, max_weight=2)
+        dispatcher = await world.start()
+        world.disk.admit_s = 10.0
+        records = {}
+
+        async def submit(i):
+            records[i] = await dispatcher.submit(request(weight=2))
+
+        for i in range(3):
+            nursery.start_soon(submit, i)
+            await trio.testing.wait_all_tasks_blocked()
+        assert records == {}
+        await trio.sleep(31)
+        ids = [records[i].job_id for i in range(3)]
+        assert ids == sorted(ids) and world.disk.admitted == ids
+        status = await dispatcher.status_view()
+        assert status["active"] == ids[:1]
+        assert [r["job_id"] for r in status["queued"]] == ids[1:]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_start_the_store_cannot_record_goes_back_to_its_queue(tmp_path, autojump_clock):
+    """The store refuses the `setup` save (state fs full): nothing runs unrecorded, the CPUs
+    placed are released and the job waits in its queue; it starts once the store has room."""
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery)
+        dispatcher = await world.start()
+        world.store.full_for = "setup"
+        record = await dispatcher.submit(request())
+        await trio.testing.wait_all_tasks_blocked()
+        assert world.cpu.kinds() == ["Place", "Release"]
+        assert world.state(record.job_id) == "queued" and world.execution.started == []
+        status = await dispatcher.status_view()
+        assert status["active"] == [] and [r["job_id"] for r in status["queued"]] == [record.job_id]
+        assert status["capacity"]["held_permits"] == 0
+
+        world.store.full_for = None
+        await trio.sleep(retry_delay_s(1) + 0.5)  # its retry delay passes: it starts
+        assert world.state(record.job_id) == "setup"
+        assert world.execution.started == [record.job_id]
+        assert world.cpu.kinds() == ["Place", "Release", "Place"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_submit_the_store_cannot_record_is_refused_disk_full(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery)
+        dispatcher = await world.start()
+        world.store.full_for = "queued"
+        refusal = await dispatcher.submit(request())
+        assert refusal.code == "runner_disk_full" and refusal.floor_bytes == 0
+        assert "full" in refusal.detail and world.db.live() == []
+        assert (await dispatcher.capacity())["pending_jobs"] == 0
+        await trio.testing.wait_all_tasks_blocked()
+        assert "AdmissionRefused" in world.accounting.kinds()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_restarted_dispatcher_recovers_queued_and_running_jobs(tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery, max_weight=3)
+        dispatcher = await world.start()
+        first = await dispatcher.submit(request(workspace="a"))
+        second = await dispatcher.submit(request(workspace="b"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert world.state(first.job_id) == "setup" and world.state(second.job_id) == "queued"
+        orphan = JobRecord(job_id=uuid7(world.clock.now_ms()), state="running", workspace="c",
+                           claim=1, cpus=[1], command=["make"],
+                           accepted_at_ms=world.clock.now_ms())
+        world.db.save(orphan)  # recorded running, but its actor is gone
+        old = world.dispatcher
+        old.stop()
+        await trio.testing.wait_all_tasks_blocked()
+        assert not dispatcher.ref.alive
+
+        dispatcher = await world.start_dispatcher()
+        status = await dispatcher.status_view()
+        assert status["active"] == sorted([first.job_id, orphan.job_id])
+        assert [r["job_id"] for r in status["queued"]] == [second.job_id]
+        assert world.execution.started == [first.job_id, orphan.job_id]  # only the orphan anew
+        assert status["capacity"]["held_permits"] == 3
+
+        await dispatcher.finished(first.job_id)  # its permits return: the queued job starts
+        await trio.testing.wait_all_tasks_blocked()
+        assert world.state(second.job_id) == "setup"
+        assert world.execution.started[-1] == second.job_id
+        assert msgspec.structs.asdict(world.db.get(second.job_id))["attempts"] == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_disk_admission_past_its_limit_is_refused_and_nothing_recorded(
+        tmp_path, autojump_clock):
+    """The disk's cleanup outlasts DISK_ADMIT_TIMEOUT_S: the submit is refused
+    runner_disk_full before its submitter's own timeout, and the dispatcher goes on."""
+    from motor.scheduling.messages import DISK_ADMIT_TIMEOUT_S, SUBMIT_TIMEOUT_S
+
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery)
+        dispatcher = await world.start()
+        world.disk.admit_s = DISK_ADMIT_TIMEOUT_S + 100
+        t0 = trio.current_time()
+        refusal = await dispatcher.submit(request())
+        waited = trio.current_time() - t0
+        assert abs(waited - DISK_ADMIT_TIMEOUT_S) < 1e-6 and waited < SUBMIT_TIMEOUT_S
+        assert refusal.code == "runner_disk_full" and "did not complete" in refusal.detail
+        assert world.db.live() == [] and dispatcher.ref.alive
+        assert (await dispatcher.capacity())["pending_jobs"] == 0
+        world.disk.admit_s = 0
+        await trio.sleep(101)  # the disk finishes the abandoned cleanup
+        record = await dispatcher.submit(request())
+        assert record.state == "queued"
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,166 @@
+"""The dispatcher's state machine (motor/scheduling/machine.py) driven directly: events in,
+effects out, no trio. `Shell` stands in for the actor shell: it carries out the effects the
+way scheduling/actor.py does (depth first, answers handed back) against in-memory stand-ins."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from motor.memory.core import MemoryCeiling
+from motor.records import JobRecord, JobRequest, Refusal
+from motor.scheduling import machine as m
+from motor.scheduling.admission import AdmissionSettings
+from motor.scheduling.messages import BundleArrived, CancelJob, StatusView
+
+SETTINGS = AdmissionSettings(claim_limit=4, max_weight=4, max_queue_depth=8)
+
+
+class Shell:
+    def __init__(self, machine: m.DispatchMachine):
+        self.machine = machine
+        self.done: list = []  # effects carried out, in order
+        self.full = False  # the store refuses every save (StoreFull)
+        self.now, self.wall_ms = 0.0, 1_000_000
+
+    def run(self, event) -> list:
+        self.done = []
+        pending = list(reversed(self.machine.handle(event, self.now, self.wall_ms)))
+        while pending:
+            effect = pending.pop()
+            self.done.append(effect)
+            answer = None
+            if isinstance(effect, m.SaveRecord):
+                answer = (m.SaveFailed(effect, "database or disk is full", 0) if self.full
+                          else m.SaveDone(effect))
+            elif isinstance(effect, m.PlaceCpus):
+                answer = m.Placed(effect.job_id, list(range(effect.claim)))
+            elif isinstance(effect, m.Continue):
+                answer = effect.event
+            if answer is not None:
+                more = self.machine.handle(answer, self.now, self.wall_ms)
+                pending.extend(reversed(more))
+        return self.done
+
+    def of(self, kind) -> list:
+        return [e for e in self.done if isinstance(e, kind)]
+
+
+def submit(shell: Shell, job_id: str, token: str, **kw) -> list:
+    req = JobRequest(command=["make"], **{"workspace": "w", "weight_hint": 4, **kw})
+    return shell.run(m.SubmitReceived(token, req, False, job_id))
+
+
+def test_a_submit_asks_the_disk_and_is_answered_only_when_the_disk_answers():
+    shell = Shell(m.DispatchMachine.new(SETTINGS))
+    assert submit(shell, "j1", "t1") == [m.AskDisk("j1", "w", (), None)]
+    assert shell.machine.core.statistics().pending == 0  # not accepted before the disk said yes
+    shell.run(m.DiskAnswered("j1", None))
+    [reply] = shell.of(m.Reply)
+    assert reply.token == "t1" and reply.value.state == "queued" and reply.value.job_id == "j1"
+    assert [e.purpose for e in shell.of(m.SaveRecord)] == ["accept", "start"]
+    assert shell.of(m.StartJobActor) == [m.StartJobActor("j1")] and shell.machine.active == {"j1"}
+
+
+def test_answers_out_of_order_still_queue_jobs_in_job_id_order():
+    shell = Shell(m.DispatchMachine.new(SETTINGS))
+    for i in (1, 2, 3):
+        submit(shell, f"j{i}", f"t{i}", workspace="same")
+    assert shell.run(m.DiskAnswered("j3", None)) == []  # waits for the earlier ones
+    assert shell.run(m.DiskAnswered("j2", None)) == []
+    shell.run(m.DiskAnswered("j1", None))
+    assert [r.token for r in shell.of(m.Reply)] == ["t1", "t2", "t3"]
+    assert shell.of(m.StartJobActor) == [m.StartJobActor("j1")]
+    assert list(shell.machine.queued) == ["j2", "j3"]
+
+
+def test_a_disk_refusal_is_the_answer_and_leaves_nothing():
+    shell = Shell(m.DispatchMachine.new(SETTINGS))
+    submit(shell, "j1", "t1")
+    full = Refusal(code="runner_disk_full", detail="no room")
+    assert shell.run(m.DiskAnswered("j1", full)) == [
+        m.NoteRefused("runner_disk_full"), m.Reply("t1", full)]
+    assert shell.machine.core.statistics().pending == 0 and not shell.machine.queued
+
+
+def test_malformed_requests_are_answered_at_once_and_not_counted():
+    shell = Shell(m.DispatchMachine.new(SETTINGS))
+    [reply] = submit(shell, "j1", "t1", workspace="..")
+    assert reply.value.code == "bad_request"
+    effects = submit(shell, "j2", "t2", weight_hint=9)
+    assert [type(e) for e in effects] == [m.NoteRefused, m.Reply]
+    assert effects[1].value.code == "runner_full"
+    memory = Shell(m.DispatchMachine.new(SETTINGS,
+                                         ceiling=MemoryCeiling(declared_min_bytes=1)))
+    assert submit(memory, "j3", "t3")[0] == m.NoteRefused("workspace_setup_failed")
+
+
+def test_a_bundle_that_arrives_while_the_disk_decides_is_not_missed():
+    shell = Shell(m.DispatchMachine.new(SETTINGS))
+    sha = "a" * 64
+    submit(shell, "j1", "t1", bundle_sha256=sha)
+    shell.run(BundleArrived(sha))  # uploaded after the disk looked for it
+    shell.run(m.DiskAnswered("j1", None, bundle_present=False))
+    assert shell.of(m.StartJobActor) == [m.StartJobActor("j1")]
+
+
+def test_a_start_the_store_refuses_releases_its_cpus_and_requeues():
+    shell = Shell(m.DispatchMachine.new(SETTINGS))
+    submit(shell, "j1", "t1")
+    shell.run(m.DiskAnswered("j1", None))
+    shell.run(m.Finished("j1"))
+    submit(shell, "j2", "t2")
+    shell.full = False
+    machine = shell.machine
+    # the accept is recorded, then the store fills before the start is
+    effects = machine.handle(m.DiskAnswered("j2", None), 0.0, 1)
+    [accept] = effects
+    follow = machine.handle(m.SaveDone(accept), 0.0, 1)
+    assert isinstance(follow[0], m.Reply) and isinstance(follow[1], m.PlaceCpus)
+    [save] = machine.handle(m.Placed("j2", [0, 1, 2, 3]), 0.0, 1)
+    assert save.purpose == "start" and save.record.state == "setup"
+    assert machine.handle(m.SaveFailed(save, "full", 0), 0.0, 1) == [m.ReleaseCpus("j2")]
+    assert list(machine.queued) == ["j2"] and machine.queued["j2"].state == "queued"
+    assert machine.core.statistics().held_permits == 0 and "j2" not in machine.active
+
+
+def test_a_cancel_the_store_cannot_record_stands_and_is_retried():
+    shell = Shell(m.DispatchMachine.new(SETTINGS))
+    submit(shell, "j1", "t1")
+    shell.run(m.DiskAnswered("j1", None))
+    submit(shell, "j2", "t2")
+    shell.run(m.DiskAnswered("j2", None))  # queued behind j1
+    shell.full = True
+    effects = shell.run(CancelJob("j2"))
+    assert shell.of(m.Reply)[-1].value == "cancelled" and m.ArmFlush(m.STORE_FULL_RETRY_S) in effects
+    assert "j2" in shell.machine.unsaved and "j2" not in shell.machine.queued
+    shell.run(m.FlushUnsaved())  # still full: armed again
+    assert shell.of(m.ArmFlush) and "j2" in shell.machine.unsaved
+    shell.full = False
+    shell.run(m.FlushUnsaved())
+    [save] = shell.of(m.SaveRecord)
+    assert save.record.state == "cancelled" and shell.machine.unsaved == {}
+
+
+def test_recovery_adopts_running_jobs_and_requeues_queued_ones_in_id_order():
+    records = (
+        JobRecord(job_id="j1", state="running", workspace="a", claim=2, cpus=[0, 1]),
+        JobRecord(job_id="j2", state="setup", workspace="b", claim=2, cpus=[2, 3]),
+        JobRecord(job_id="j3", state="queued", workspace="c", claim=2, queued_at_ms=1),
+        JobRecord(job_id="j4", state="queued", workspace="c", claim=1, queued_at_ms=2),
+    )
+    shell = Shell(m.DispatchMachine.new(SETTINGS))
+    shell.run(m.Recover(records, with_actor={"j1"}))
+    assert shell.of(m.StartJobActor) == [m.StartJobActor("j2")]
+    assert shell.machine.active == {"j1", "j2"} and list(shell.machine.queued) == ["j3", "j4"]
+    assert all(r.budget_enforced_by == "runner" for r in shell.machine.queued.values())
+    shell.run(StatusView())
+    [reply] = shell.of(m.Reply)
+    assert reply.value["capacity"]["held_permits"] == 4
+
+
+def test_the_machine_and_admission_import_no_trio():
+    code = ("import sys, motor.scheduling.machine, motor.scheduling.admission; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('trio', 'actors')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
