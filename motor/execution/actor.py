@@ -1,15 +1,13 @@
 """One actor per job setting up or running: the shell that carries its messages.
 
-Setup (disk check, workspace, spec.json, isolation groups, the keeper's spawn), `running`,
-output.log followed into the store batch by batch until the keeper exits, then status.json
-to the terminal record. The rules are in execution/core.py (pure), the blocking file work in
-execution/jobdir.py (through `JobDeps.offload`), the message in execution/messages.py. The
-keeper owns the job's output and exit status, so a job outlives the runner; a restarted
-actor adopts what the job directory says (docs/keeper.md, "Start protocol").
+Setup and spawn, `running`, output.log into the store batch by batch until the keeper
+exits, status.json to the terminal record (theory of operation: execution/core.py, which
+holds the rules; blocking file work: execution/jobdir.py, through `JobDeps.offload`).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from pathlib import Path
@@ -20,21 +18,16 @@ import actors
 
 from .. import faults
 from ..accounting.actor import JobStarted
-from ..disk.bundles import BundleError
 from ..lifecycle import RUNNING, retain_until, terminal_from_status  # noqa: F401 (re-exported)
 from ..records import JobRecord, Refusal, Started, Terminal, public_record
-from ..store.db import StoreFull
 from ..store.files import job_umask
 from . import core, jobdir, joblog
-from .messages import Cancel, JobDeps
+from .messages import Cancel, JobDeps, save_when_room
 from .spawner import JobDirClaimed, KeeperNotStarted, SpawnerError
-
-__all__ = ["Cancel", "JobDeps", "JobExecution"]
 
 log = logging.getLogger("motor.execution")
 
 POLL_S = 0.02  # output tail interval while a job runs
-STORE_FULL_RETRY_S = 1.0  # a save refused for lack of space is retried after this
 _ERRORS = ((JobDirClaimed, "claimed"), (KeeperNotStarted, "not_started"), (SpawnerError, "spawner"))
 
 
@@ -44,6 +37,7 @@ class JobExecution(actors.Actor):
     def __init__(self, record: JobRecord, deps: JobDeps):
         super().__init__(name=f"job-{record.job_id}")
         self.deps, self.dir = deps, deps.jobs_dir / record.job_id
+        self.save = functools.partial(save_when_room, deps.store, self.name)  # StoreFull: retried
         self.run_state = core.JobRun(record)  # the record, phase, keeper, pending cancel, output
 
     record = property(lambda self: self.run_state.record)
@@ -93,21 +87,19 @@ class JobExecution(actors.Actor):
                     record.job_id, record.workspace, record.siblings,
                     kind=record.workspace_kind, bundle_sha256=record.bundle_sha256)
                 if plan.refusal is not None:
-                    return await self._refused(plan.refusal)
+                    return await self._end_in_setup(plan.refusal)
                 cwd, bundle, root = Path(plan.path), plan.bundle, plan.root
             if self.run_state.setup_cancelled():
-                return await self._cancelled()
-            try:  # a bundle becomes the workspace's source before anything runs
-                await io(jobdir.prepare, cwd, self.dir, bundle, root, record.job_id)
-            except BundleError as exc:
-                return await self._refused(Refusal(code="workspace_setup_failed", detail=str(exc)))
+                return await self._end_in_setup()
+            if refusal := await io(jobdir.prepare, cwd, self.dir, bundle, root, record.job_id):
+                return await self._end_in_setup(refusal)
             env = core.job_env(record, os.environ, getattr(deps.config, "compile_cache", None))
             prepared = True  # the isolation backend confines the job (its groups, limits)
             isolation = await io(deps.backend.prepare, record.job_id, record.cpus,
                                  record.memory_max_bytes)
             if self.run_state.setup_cancelled():
                 await io(deps.backend.finish, record.job_id)
-                return await self._cancelled()
+                return await self._end_in_setup()
             await io(jobdir.write_spec, self.dir,
                      core.job_spec(record, str(cwd), env, job_umask(), isolation))
             self.run_state.spawning()
@@ -128,7 +120,6 @@ class JobExecution(actors.Actor):
             log.warning("%s: a keeper holds the job directory (%s): adopting it", self.name, exc)
             return core.adopted(await deps.offload(joblog.read_keeper, self.dir) or {})
         if outcome == core.SPAWN_FAILED:  # the identity is not durable: the job never ran
-            log.warning("%s: keeper not started: %s", self.name, exc)
             return await self._finish(core.spawn_failed_status(str(exc)))
         log.warning("%s: start failed: %s", self.name, exc)  # requeued with its retry delay
         if prepared:  # remove the job's groups again
@@ -136,44 +127,27 @@ class JobExecution(actors.Actor):
         await deps.cpu.release(job_id)
         await deps.dispatcher.start_failed(job_id, f"{type(exc).__name__}: {exc}")
 
-    def _now(self) -> int:
-        return self.deps.clock.now_ms()
-
-    async def _cancelled(self) -> None:
-        log.info("%s: cancelled during setup", self.name)
-        await self._end(core.cancelled_in_setup(self.record, self._now(), self.name))
-
-    async def _refused(self, refusal: Refusal) -> None:
-        log.warning("%s: refused at setup: %s", self.name, refusal.line())
-        await self._end(core.refused_in_setup(self.record, refusal, self._now(), self.name))
+    async def _end_in_setup(self, refusal: Refusal | None = None) -> None:
+        """Refused at the setup check, or (no refusal) cancelled: it never starts."""
+        now = self.deps.clock.now_ms()
+        await self._end(core.ended_in_setup(self.record, refusal, now, self.name))
 
     async def _end(self, record: JobRecord) -> None:
         """Make `record` the job's terminal record: capacity first (so whoever sees the
         terminal event also sees the permits free), then the store, then accounting."""
         self.run_state.record = record
+        log.info("%s: %s (%s; exit %s, signal %s)", self.name, record.state,
+                 record.detail or record.reason, record.exit_code, record.signal)
         await self.deps.cpu.release(record.job_id)
         await self.deps.dispatcher.finished(record.job_id)
-        await self._store(record, [Terminal(record=public_record(record))],
-                          retain_until_ms=retain_until(record))
+        await self.save(record, [Terminal(record=public_record(record))],
+                        retain_until_ms=retain_until(record))
         self.deps.accounting.ended(record)
-
-    async def _store(self, record: JobRecord, events=(), **kw):
-        """Save; while the state filesystem is full (StoreFull), wait and retry: output stays
-        in output.log (its offset not advanced), the exit in status.json, nothing is lost."""
-        waited = False
-        while True:
-            try:
-                return await self.deps.store.save(record, events, **kw)
-            except StoreFull as exc:
-                if not waited:
-                    log.warning("%s: waiting for space to record the job: %s", self.name, exc)
-                    waited = True
-                await trio.sleep(STORE_FULL_RETRY_S)
 
     async def _mark_running(self, started_at_ms: int | None) -> None:
         r = self.run_state.record = core.running_record(
-            self.record, started_at_ms, self._now(), self.name)
-        await self._store(r, [Started(cpus=r.cpus, attempt=r.attempts)])
+            self.record, started_at_ms, self.deps.clock.now_ms(), self.name)
+        await self.save(r, [Started(cpus=r.cpus, attempt=r.attempts)])
         await self.deps.dispatcher.setup_done(r.job_id)
         self.deps.accounting.started(JobStarted(
             r.job_id, r.repository, r.workspace, r.claim, r.started_at_ms, r.queue_wait_ms))
@@ -208,28 +182,17 @@ class JobExecution(actors.Actor):
                 break
             if new == offset:
                 break
-            await self._store(self.record, events, log_offset=new)
+            await self.save(self.record, events, log_offset=new)
             offset = new
         return offset
 
     async def _finish(self, status: dict | None = None) -> None:
+        """The keeper exited (`status`: None, read status.json): the terminal record."""
         deps, job_id = self.deps, self.record.job_id
-        if status is None:
-            try:
-                status = await deps.offload(jobdir.read_status, self.dir)
-            except joblog.JobDirError as exc:
-                log.warning("%s: %s", self.name, exc)
-        if status is None:  # keeper lost: nothing of its job may outlive the terminal record
-            if killed := await deps.offload(deps.spawner.kill_marked, job_id):
-                log.warning("%s: keeper lost; killed %d leftover process(es): %s",
-                            self.name, len(killed), killed)
-        facts = await deps.offload(deps.backend.finish, job_id, (status or {}).get("signal"))
-        for problem, text in core.isolation_problems(facts):
-            log.warning("%s: isolation %s: %s", self.name, problem, text)
-        record = core.terminal_record(self.record, status, self._now(), facts,
+        status, facts = await deps.offload(
+            jobdir.close, self.dir, deps.spawner, deps.backend, job_id, status, self.name)
+        record = core.terminal_record(self.record, status, deps.clock.now_ms(), facts,
                                       self.run_state.output.error)
         await self._end(record)
         if deps.disk is not None:  # idle now: measure it, apply the build-folder cap
             await deps.disk.job_idle(job_id, record.workspace, record.siblings)
-        log.info("%s: %s (exit %s, signal %s)", self.name, record.state, record.exit_code,
-                 record.signal)

@@ -42,8 +42,8 @@ from . import joblog
 __all__ = [
     "ADOPT", "DEFER", "FOLLOWING", "IGNORE", "KILL_GRACE_S", "READ_BATCH_BYTES", "REQUEUE",
     "SETUP", "SIGNAL", "SPAWNING", "SPAWN_FAILED", "Found", "JobRun", "OutputDecoder",
-    "after_start_error", "cancelled_in_setup", "found", "job_env", "job_spec",
-    "output_stopped", "refused_in_setup", "running_record", "spawn_failed_status",
+    "adopted", "after_start_error", "ended_in_setup", "found", "isolation_problems",
+    "job_env", "job_spec", "output_stopped", "running_record", "spawn_failed_status",
     "terminal_record",
 ]
 
@@ -150,15 +150,15 @@ def spawn_failed_status(detail: str) -> dict[str, Any]:
             "started_at_ms": None, "ended_at_ms": None}
 
 
-def cancelled_in_setup(record: JobRecord, now_ms: int, who: str | None = None) -> JobRecord:
-    """A cancel before the keeper was spawned: `cancelled`, never started."""
-    return advance(record, CANCEL, who=who, reason="cancelled", detail="cancelled during setup",
-                   ended_at_ms=now_ms, waiting_on=None, waiting_on_job=None)
-
-
-def refused_in_setup(record: JobRecord, refusal: Any, now_ms: int,
-                     who: str | None = None) -> JobRecord:
-    """Refused at the setup check (e.g. runner_disk_full, a bad bundle)."""
+def ended_in_setup(record: JobRecord, refusal: Any, now_ms: int,
+                   who: str | None = None) -> JobRecord:
+    """The job ends before its keeper was spawned, never started: `refused_before_start`
+    with the `refusal`'s code (e.g. runner_disk_full at the setup check, a bad bundle), or
+    `cancelled` (refusal None: a cancel arrived during setup)."""
+    if refusal is None:
+        return advance(record, CANCEL, who=who, reason="cancelled",
+                       detail="cancelled during setup", ended_at_ms=now_ms, waiting_on=None,
+                       waiting_on_job=None)
     return advance(record, REFUSE, who=who, reason=refusal.code, detail=refusal.detail,
                    ended_at_ms=now_ms, waiting_on=None, waiting_on_job=None)
 

@@ -3,18 +3,26 @@ handles the message and re-exports both)."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import trio
+
 from ..offload import Offload, thread_offload
+from ..store.db import StoreFull
 
 if TYPE_CHECKING:
     from ..handles import (
         AccountingHandle, CpuHandle, DiskHandle, DispatcherHandle, Records, StoreHandle,
     )
 
-__all__ = ["Cancel", "JobDeps"]
+__all__ = ["Cancel", "JobDeps", "STORE_FULL_RETRY_S", "save_when_room"]
+
+log = logging.getLogger("motor.execution")
+
+STORE_FULL_RETRY_S = 1.0  # a save refused for lack of space is retried after this
 
 
 @dataclass(frozen=True)
@@ -47,3 +55,19 @@ class JobDeps:
     def __post_init__(self) -> None:
         if self.offload is None:
             object.__setattr__(self, "offload", getattr(self.clock, "offload", thread_offload))
+
+
+async def save_when_room(store: "StoreHandle", who: str, record, events=(), **kw) -> list:
+    """`store.save`, retried every STORE_FULL_RETRY_S while the state filesystem is full
+    (StoreFull): meanwhile a job's output stays in output.log (its saved offset does not
+    advance) and its exit in status.json, so nothing is lost and nothing crashes. (A
+    `StoreHandle` method in waiting: motor/handles.py belongs to another change.)"""
+    waited = False
+    while True:
+        try:
+            return await store.save(record, events, **kw)
+        except StoreFull as exc:
+            if not waited:
+                log.warning("%s: waiting for space to record the job: %s", who, exc)
+                waited = True
+            await trio.sleep(STORE_FULL_RETRY_S)
