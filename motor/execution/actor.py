@@ -57,9 +57,7 @@ class JobExecution(actors.Actor):
         deps, job_id = self.deps, self.record.job_id
         found = core.found(*await deps.offload(jobdir.look, self.dir))
         if found.kill_strays:  # a start cut short: nothing of the job may run before its start
-            if killed := await deps.offload(deps.spawner.kill_marked, job_id):
-                log.warning("%s: killed %d stray process(es) of the job before its start: %s",
-                            self.name, len(killed), killed)
+            await deps.offload(jobdir.kill_strays, deps.spawner, job_id, self.name)
         if not found.adopt and (found := await self._setup()) is None:
             return self.stop()  # it ended, or went back to the queue
         if found.adopt:
@@ -114,17 +112,19 @@ class JobExecution(actors.Actor):
     async def _start_error(self, exc: Exception, prepared: bool) -> core.Found | None:
         deps, job_id = self.deps, self.record.job_id
         error = next((kind for cls, kind in _ERRORS if isinstance(exc, cls)), "other")
-        outcome = core.after_start_error(
-            error, error == "spawner" and await deps.offload(jobdir.claimed, self.dir))
+        claim = error == "spawner" and await deps.offload(jobdir.claimed, self.dir)
+        outcome = core.after_start_error(error, claim, self.run_state.cancel_requested)
         if outcome == core.ADOPT:
             log.warning("%s: a keeper holds the job directory (%s): adopting it", self.name, exc)
             return core.adopted(await deps.offload(joblog.read_keeper, self.dir) or {})
         if outcome == core.SPAWN_FAILED:  # the identity is not durable: the job never ran
             return await self._finish(core.spawn_failed_status(str(exc)))
-        log.warning("%s: start failed: %s", self.name, exc)  # requeued with its retry delay
+        log.warning("%s: start failed: %s", self.name, exc)
         if prepared:  # remove the job's groups again
             await deps.offload(deps.backend.finish, job_id)
-        await deps.cpu.release(job_id)
+        if outcome == core.CANCELLED:
+            return await self._end_in_setup()
+        await deps.cpu.release(job_id)  # requeued with its retry delay
         await deps.dispatcher.start_failed(job_id, f"{type(exc).__name__}: {exc}")
 
     async def _end_in_setup(self, refusal: Refusal | None = None) -> None:

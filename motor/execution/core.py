@@ -40,11 +40,11 @@ from ..records import JobRecord, Output
 from . import joblog
 
 __all__ = [
-    "ADOPT", "DEFER", "FOLLOWING", "IGNORE", "KILL_GRACE_S", "READ_BATCH_BYTES", "REQUEUE",
-    "SETUP", "SIGNAL", "SPAWNING", "SPAWN_FAILED", "Found", "JobRun", "OutputDecoder",
-    "adopted", "after_start_error", "ended_in_setup", "found", "isolation_problems",
-    "job_env", "job_spec", "output_stopped", "running_record", "spawn_failed_status",
-    "terminal_record",
+    "ADOPT", "CANCELLED", "DEFER", "FOLLOWING", "IGNORE", "KILL_GRACE_S", "READ_BATCH_BYTES",
+    "REQUEUE", "SETUP", "SIGNAL", "SPAWNING", "SPAWN_FAILED", "Found", "JobRun",
+    "OutputDecoder", "adopted", "after_start_error", "ended_in_setup", "found",
+    "isolation_problems", "job_env", "job_spec", "output_stopped", "running_record",
+    "spawn_failed_status", "terminal_record",
 ]
 
 KILL_GRACE_S = 10.0  # the keeper's SIGTERM-to-SIGKILL grace on cancel and timeout
@@ -64,6 +64,7 @@ IGNORE = "ignore"  # nothing left to signal: the keeper has already exited
 ADOPT = "adopt"  # a keeper holds the job directory: follow it
 SPAWN_FAILED = "spawn_failed"  # the keeper never started the job: it ends failed
 REQUEUE = "requeue"  # nothing ran: back to the dispatcher's queue with the retry delay
+CANCELLED = "cancelled"  # nothing ran and a cancel came meanwhile: it ends cancelled
 
 
 # --- the job directory ----------------------------------------------------------------------
@@ -131,17 +132,19 @@ def job_spec(record: JobRecord, cwd: str, env: Mapping[str, str], umask: int,
     }
 
 
-def after_start_error(error: str, claim_on_disk: bool) -> str:
+def after_start_error(error: str, claim_on_disk: bool, cancel_requested: bool = False) -> str:
     """What a failed setup or spawn means. `error`: "claimed" (JobDirClaimed: another
     keeper holds the directory), "not_started" (KeeperNotStarted: the keeper's identity is
     not durable), "spawner" (SpawnerError: the forkserver failed mid-request) or anything
     else (the workspace, the isolation backend, spec.json); `claim_on_disk`: keeper.json
-    exists. A claim on disk means a keeper may run the job: adopt it, never spawn again."""
+    exists. A claim on disk means a keeper may run the job: adopt it, never spawn again
+    (a pending cancel then signals it). Otherwise nothing ran: the job goes back to its
+    queue, unless a cancel came meanwhile (during the spawn), which it ends `cancelled`."""
     if error == "claimed" or (error == "spawner" and claim_on_disk):
         return ADOPT
     if error == "not_started":
         return SPAWN_FAILED
-    return REQUEUE
+    return CANCELLED if cancel_requested else REQUEUE
 
 
 def spawn_failed_status(detail: str) -> dict[str, Any]:

@@ -17,7 +17,8 @@ from ..records import Output, Refusal
 from . import joblog
 from .core import OutputDecoder, isolation_problems
 
-__all__ = ["claimed", "close", "look", "prepare", "read_output", "read_status", "write_spec"]
+__all__ = ["claimed", "close", "kill_strays", "look", "prepare", "read_output", "read_status",
+           "write_spec"]
 
 log = logging.getLogger("motor.execution")
 
@@ -27,6 +28,14 @@ def look(job_dir: Path) -> tuple[dict[str, Any] | None, bool, bool]:
     absent; JobDirError when corrupt), whether status.json and the directory exist."""
     keeper = joblog.read_keeper(job_dir)
     return keeper, (job_dir / joblog.STATUS_FILE).exists(), job_dir.exists()
+
+
+def kill_strays(spawner: Any, job_id: str, who: str = "") -> None:
+    """Before a job is set up again over a start cut short (no keeper was released: the
+    claim comes first), kill whatever still carries its marker (defence in depth)."""
+    if killed := spawner.kill_marked(job_id):
+        log.warning("%s: killed %d stray process(es) of the job before its start: %s",
+                    who, len(killed), killed)
 
 
 def claimed(job_dir: Path) -> bool:

@@ -325,3 +325,25 @@ async def test_a_full_store_holds_the_terminal_record_until_there_is_room(
         assert world.state().state == "succeeded" and tags(world) == ["started", "terminal"]
         assert world.accounting.kinds().count("JobEnded") == 1 and not ref.alive
         nursery.cancel_scope.cancel()
+
+
+async def test_a_cancel_during_a_spawn_that_fails_ends_the_job_cancelled(tmp_path, autojump_clock):
+    """The cancel came while the forkserver was asked for a keeper, and the spawn failed
+    with nothing started: the job ends `cancelled`, it does not go back to the queue (the
+    client was told it was signalled; a requeued job would run later all the same)."""
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery)
+        world.keepers.gate = trio.Event()
+        world.keepers.fail = SpawnerError("forkserver exited")
+        job, ref = await world.start()
+        assert len(world.keepers.spawned) == 1 and job.keeper is None  # spawn in flight
+        assert await ref.call(Cancel()) is True
+        world.keepers.gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        record = world.state()
+        assert (record.state, record.reason, record.detail) == (
+            "cancelled", "cancelled", "cancelled during setup")
+        assert world.dispatcher.kinds() == ["Finished"]  # not StartFailed: never requeued
+        assert world.cpu.kinds() == ["Release"] and tags(world) == ["terminal"]
+        assert not ref.alive
+        nursery.cancel_scope.cancel()

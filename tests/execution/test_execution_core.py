@@ -92,14 +92,15 @@ ERRORS = ["claimed", "not_started", "spawner", "other"]
 
 @pytest.mark.parametrize("error", ERRORS)
 @pytest.mark.parametrize("claim", [False, True])
-def test_a_claim_on_disk_is_adopted_and_never_spawned_again(error, claim):
-    outcome = core.after_start_error(error, claim)
+@pytest.mark.parametrize("cancel", [False, True])
+def test_a_claim_on_disk_is_adopted_and_never_spawned_again(error, claim, cancel):
+    outcome = core.after_start_error(error, claim, cancel)
     if error == "claimed" or (error == "spawner" and claim):
-        assert outcome == core.ADOPT
+        assert outcome == core.ADOPT  # a keeper may run the job (a cancel then signals it)
     elif error == "not_started":
         assert outcome == core.SPAWN_FAILED
-    else:
-        assert outcome == core.REQUEUE
+    else:  # nothing ran: requeued, unless cancelled meanwhile
+        assert outcome == (core.CANCELLED if cancel else core.REQUEUE)
 
 
 def test_a_keeper_that_never_started_leaves_a_spawn_failed_status():
