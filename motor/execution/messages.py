@@ -48,13 +48,9 @@ class JobDeps:
     workspace_root: Path
     disk: "DiskHandle | None" = None  # setup admission, bundles, idle workspaces
     #: runs blocking work (execution/jobdir.py, the isolation backend) away from the event
-    #: loop; None: the clock's, as for the disk actor (a worker thread; inline under
-    #: MockWallClock, where a thread would let virtual time jump past every deadline)
-    offload: Offload | None = None
-
-    def __post_init__(self) -> None:
-        if self.offload is None:
-            object.__setattr__(self, "offload", getattr(self.clock, "offload", thread_offload))
+    #: loop: a worker thread, also under the runner's test clock (a blocking setup step must
+    #: not stall the event loop: tests/scheduling hold one at a barrier)
+    offload: Offload = thread_offload
 
 
 async def save_when_room(store: "StoreHandle", who: str, record, events=(), **kw) -> list:
