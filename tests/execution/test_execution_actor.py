@@ -6,28 +6,33 @@ polling. The same paths with real keepers are covered through the runner
 
 from __future__ import annotations
 
+import pytest
 import trio
 import trio.testing
 
+import actors
 from fakes import FakeKeepers, Recorder, inline_offload
 from motor.clock import MockWallClock, uuid7
+from motor.disk.messages import PrepareSetup, SetupPlan
+from motor.execution import jobdir
 from motor.execution.actor import Cancel, JobDeps, JobExecution
+from motor.execution.messages import STORE_FULL_RETRY_S
 from motor.handles import (
-    AccountingHandle, CpuHandle, DispatcherHandle, Records, StoreHandle,
+    AccountingHandle, CpuHandle, DiskHandle, DispatcherHandle, Records, StoreHandle,
 )
-from motor.execution.spawner import KeeperNotStarted, SpawnerError
+from motor.execution.spawner import JobDirClaimed, KeeperNotStarted, SpawnerError
 from motor.isolation import NONE
-from motor.records import JobRecord
+from motor.records import JobRecord, Refusal, Terminal
 from motor.store.actor import ChangeHub, StoreActor
-from motor.store.db import Database
+from motor.store.db import Database, StoreFull
 
 
 class World:
     """One job in state `setup` (as the dispatcher saves it) and its actor's neighbours."""
 
-    def __init__(self, tmp_path, nursery, offload=inline_offload):
+    def __init__(self, tmp_path, nursery, offload=inline_offload, disk=None, db=Database):
         self.clock = MockWallClock()
-        self.db = Database(tmp_path / "motor.db")
+        self.db = db(tmp_path / "motor.db")
         now = self.clock.now_ms()
         self.record = JobRecord(job_id=uuid7(now), state="setup", workspace="ws", claim=1,
                                 cpus=[0], command=["make"], accepted_at_ms=now)
@@ -36,6 +41,8 @@ class World:
         self.keepers = FakeKeepers()
         self.cpu, self.dispatcher, self.accounting = (
             Recorder("cpu"), Recorder("dispatcher"), Recorder("accounting"))
+        self.disk = disk  # an actor answering PrepareSetup, or None: no disk manager
+        self.job_dir = tmp_path / "jobs" / self.record.job_id
 
     async def start(self) -> tuple[JobExecution, object]:
         n = self.nursery
@@ -47,7 +54,8 @@ class World:
             accounting=AccountingHandle(await n.start(self.accounting.run)),
             spawner=self.keepers, backend=NONE,
             clock=self.clock, jobs_dir=self.tmp_path / "jobs",
-            workspace_root=self.tmp_path / "ws", offload=self.offload)
+            workspace_root=self.tmp_path / "ws", offload=self.offload,
+            disk=None if self.disk is None else DiskHandle(await n.start(self.disk.run)))
         job = JobExecution(self.record, deps)
         ref = await n.start(job.run)
         await trio.testing.wait_all_tasks_blocked()
@@ -162,4 +170,180 @@ async def test_a_keeper_that_times_out_ends_the_job_timed_out(tmp_path, autojump
         record = world.state()
         assert (record.state, record.reason, record.signal) == ("timed_out", "timed_out", 9)
         assert record.detail == "timed out after 60 s" and not ref.alive
+        nursery.cancel_scope.cancel()
+
+
+class GatedDisk(actors.Actor):
+    """The disk manager's setup check, answered when the test opens `gate`."""
+
+    def __init__(self, plan: SetupPlan):
+        super().__init__(name="disk")
+        self.plan, self.gate, self.seen = plan, trio.Event(), []
+
+    async def handle(self, msg):
+        self.seen.append(msg)
+        if isinstance(msg, PrepareSetup):
+            await self.gate.wait()
+            return self.plan
+
+
+async def test_a_start_refused_by_the_disk_ends_the_job_before_any_keeper(
+        tmp_path, autojump_clock):
+    refusal = Refusal(code="runner_disk_full", detail="free 1 MiB below the floor 2 GiB")
+    async with trio.open_nursery() as nursery:
+        disk = Recorder("disk", reply=lambda msg: SetupPlan(refusal=refusal))
+        world = World(tmp_path, nursery, disk=disk)
+        _, ref = await world.start()
+        record = world.state()
+        assert (record.state, record.reason, record.detail) == (
+            "refused_before_start", "runner_disk_full", "free 1 MiB below the floor 2 GiB")
+        assert world.keepers.spawned == [] and tags(world) == ["terminal"]
+        assert not world.job_dir.exists()  # nothing of the job was made
+        assert world.cpu.kinds() == ["Release"] and world.dispatcher.kinds() == ["Finished"]
+        assert world.accounting.kinds() == ["JobEnded"] and not ref.alive
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_bundle_that_cannot_be_unpacked_refuses_the_job(tmp_path, autojump_clock):
+    bundle = tmp_path / "bad.tar"
+    bundle.write_bytes(b"not a tar at all" * 64)
+    root = tmp_path / "ws"
+    plan = SetupPlan(refusal=None, path=str(root / "ws"), root=str(root), bundle=str(bundle))
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery, disk=Recorder("disk", reply=lambda msg: plan))
+        await world.start()
+        record = world.state()
+        assert (record.state, record.reason) == ("refused_before_start", "workspace_setup_failed")
+        assert "not a readable tar" in record.detail
+        assert world.keepers.spawned == [] and tags(world) == ["terminal"]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_cancel_during_the_disk_check_ends_the_job_before_its_workspace(
+        tmp_path, autojump_clock):
+    workspace = tmp_path / "ws" / "ws"
+    async with trio.open_nursery() as nursery:
+        disk = GatedDisk(SetupPlan(refusal=None, path=str(workspace), root=str(tmp_path / "ws")))
+        world = World(tmp_path, nursery, disk=disk)
+        _, ref = await world.start()
+        assert [type(m).__name__ for m in disk.seen] == ["PrepareSetup"]  # held there
+        assert await ref.call(Cancel()) is True  # no keeper yet: it will never start
+        disk.gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        record = world.state()
+        assert (record.state, record.detail) == ("cancelled", "cancelled during setup")
+        assert not workspace.exists() and not world.job_dir.exists()
+        assert world.keepers.spawned == [] and tags(world) == ["terminal"]
+        assert world.cpu.kinds() == ["Release"] and world.dispatcher.kinds() == ["Finished"]
+        assert not ref.alive
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("state", ["setup", "running"])
+async def test_a_restarted_actor_adopts_the_keeper_that_claimed_the_directory(
+        tmp_path, autojump_clock, state):
+    """The runner (or this actor) went down after the claim: the keeper the claim names is
+    followed, never a second one spawned; a job still recorded in `setup` is marked running
+    once, from the keeper's own start time."""
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery)
+        world.record.state = state
+        world.db.save(world.record)
+        world.job_dir.mkdir(parents=True)
+        keeper = await world.keepers.spawn(world.job_dir)  # the claim, before the restart
+        job, ref = await world.start()
+        assert job.keeper == (keeper.pid, keeper.create_time)
+        assert len(world.keepers.spawned) == 1  # only the claim: nothing spawned again
+        assert not (world.job_dir / "spec.json").exists()
+        assert world.state().state == "running"
+        assert tags(world) == (["started"] if state == "setup" else [])
+        assert world.dispatcher.kinds() == (["SetupDone"] if state == "setup" else [])
+        world.keepers.exit(keeper.pid, exit_code=3)
+        await trio.testing.wait_all_tasks_blocked()
+        record = world.state()
+        assert (record.state, record.exit_code) == ("failed", 3) and not ref.alive
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("error", [JobDirClaimed("claimed"), SpawnerError("forkserver died")])
+async def test_a_spawn_that_finds_the_directory_claimed_adopts_that_keeper(
+        tmp_path, autojump_clock, error):
+    """Another forkserver's keeper claims the directory between spec.json and the spawn:
+    the spawn answers `claimed` (or the forkserver fails after the claim) and the actor
+    adopts the keeper the claim names instead of requeueing the job."""
+    claims = []
+
+    async def offload(fn, *args):
+        result = fn(*args)
+        if fn is jobdir.write_spec:
+            claims.append(await world.keepers.spawn(args[0]))  # the other claim wins
+            world.keepers.fail = error
+        return result
+
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery, offload=offload)
+        job, ref = await world.start()
+        [other] = claims
+        assert job.keeper == (other.pid, other.create_time)
+        assert world.state().state == "running" and tags(world) == ["started"]
+        assert world.dispatcher.kinds() == ["SetupDone"] and world.cpu.seen == []
+        world.keepers.exit(other.pid, exit_code=0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert world.state().state == "succeeded" and not ref.alive
+        nursery.cancel_scope.cancel()
+
+
+class FullDatabase(Database):
+    """A state filesystem that is full for terminal records while `full` is set."""
+
+    full = False
+    refused = 0
+
+    def save(self, record, events=(), **kw):
+        if self.full and any(isinstance(e, Terminal) for e in events):
+            self.refused += 1
+            raise StoreFull("database or disk is full")
+        return super().save(record, events, **kw)
+
+
+async def test_a_full_store_holds_the_terminal_record_until_there_is_room(
+        tmp_path, autojump_clock):
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery, db=FullDatabase)
+        job, ref = await world.start()
+        world.db.full = True
+        world.keepers.exit(job.keeper[0], exit_code=0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert world.db.refused == 1 and world.state().state == "running"
+        assert world.cpu.kinds() == ["Release"]  # capacity first: already free
+        assert world.dispatcher.kinds() == ["SetupDone", "Finished"]
+        assert "JobEnded" not in world.accounting.kinds() and ref.alive  # waiting, not crashed
+        await trio.sleep(10 * STORE_FULL_RETRY_S + STORE_FULL_RETRY_S / 2)
+        assert world.db.refused == 11 and world.state().state == "running"
+        world.db.full = False
+        await trio.sleep(STORE_FULL_RETRY_S)
+        assert world.state().state == "succeeded" and tags(world) == ["started", "terminal"]
+        assert world.accounting.kinds().count("JobEnded") == 1 and not ref.alive
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_cancel_during_a_spawn_that_fails_ends_the_job_cancelled(tmp_path, autojump_clock):
+    """The cancel came while the forkserver was asked for a keeper, and the spawn failed
+    with nothing started: the job ends `cancelled`, it does not go back to the queue (the
+    client was told it was signalled; a requeued job would run later all the same)."""
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery)
+        world.keepers.gate = trio.Event()
+        world.keepers.fail = SpawnerError("forkserver exited")
+        job, ref = await world.start()
+        assert len(world.keepers.spawned) == 1 and job.keeper is None  # spawn in flight
+        assert await ref.call(Cancel()) is True
+        world.keepers.gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        record = world.state()
+        assert (record.state, record.reason, record.detail) == (
+            "cancelled", "cancelled", "cancelled during setup")
+        assert world.dispatcher.kinds() == ["Finished"]  # not StartFailed: never requeued
+        assert world.cpu.kinds() == ["Release"] and tags(world) == ["terminal"]
+        assert not ref.alive
         nursery.cancel_scope.cancel()

@@ -1,0 +1,263 @@
+"""The job execution actor's rules, pure: no trio, no I/O (the shell is execution/actor.py,
+its blocking file work execution/jobdir.py).
+
+Theory of operation
+-------------------
+The dispatcher has already placed the job's CPUs and saved the record in state `setup`.
+The job's actor then sets the job up, spawns its keeper, follows `output.log` into the
+store and turns `status.json` into the terminal record. What it decides, it asks here:
+
+- `found`: what the job directory says about a keeper (docs/keeper.md, "Start protocol"):
+  a claim (keeper.json) or an exit status means a keeper holds or held the job, which is
+  adopted, never spawned again; neither means no keeper was ever released, and the job is
+  set up (again), after killing strays of a start cut short.
+- `job_env`, `job_spec`: the job's environment and the keeper's `spec.json`.
+- `JobRun`: the job's phase (setup, spawning, following) and what a cancel does in each:
+  before the keeper exists it is remembered (setup ends the job `cancelled` at its next
+  checkpoint; a spawn in flight is cancelled once the keeper is known), afterwards the
+  keeper is signalled.
+- `after_start_error`: what a failed setup or spawn means (adopt a claimed directory, end
+  `failed`/`spawn_failed`, or go back to the queue).
+- `OutputDecoder`, `output_stopped`: output.log records to `output` events, batch by batch
+  (an incremental UTF-8 decoder per stream, so a character split across records or batches
+  is decoded whole), and what a log that cannot be parsed leaves in the terminal record.
+- `terminal_record`: the keeper's status (or its absence) and the isolation backend's
+  facts to the terminal record (motor/lifecycle.py `terminal_from_status`, reservation use).
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from ..accounting.core import with_reservation_use
+from ..lifecycle import CANCEL, REFUSE, SPAWN, advance, terminal_from_status
+from ..records import JobRecord, Output
+from . import joblog
+
+__all__ = [
+    "ADOPT", "CANCELLED", "DEFER", "FOLLOWING", "IGNORE", "KILL_GRACE_S", "READ_BATCH_BYTES",
+    "REQUEUE", "SETUP", "SIGNAL", "SPAWNING", "SPAWN_FAILED", "Found", "JobRun",
+    "OutputDecoder", "adopted", "after_start_error", "ended_in_setup", "found",
+    "isolation_problems", "job_env", "job_spec", "output_stopped", "running_record",
+    "spawn_failed_status", "terminal_record",
+]
+
+KILL_GRACE_S = 10.0  # the keeper's SIGTERM-to-SIGKILL grace on cancel and timeout
+READ_BATCH_BYTES = joblog.READ_MAX_BYTES  # output.log bytes turned into events per store call
+
+# phases of a job's actor
+SETUP = "setup"  # before the spawn: disk check, workspace, isolation groups
+SPAWNING = "spawning"  # the forkserver is asked for a keeper
+FOLLOWING = "following"  # a keeper holds (or held) the job: output and exit
+
+# what a cancel does
+DEFER = "defer"  # remember it: setup stops at its next checkpoint / the keeper once known
+SIGNAL = "signal"  # signal the keeper now
+IGNORE = "ignore"  # nothing left to signal: the keeper has already exited
+
+# outcomes of a failed start
+ADOPT = "adopt"  # a keeper holds the job directory: follow it
+SPAWN_FAILED = "spawn_failed"  # the keeper never started the job: it ends failed
+REQUEUE = "requeue"  # nothing ran: back to the dispatcher's queue with the retry delay
+CANCELLED = "cancelled"  # nothing ran and a cancel came meanwhile: it ends cancelled
+
+
+# --- the job directory ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Found:
+    """What the job directory says when the actor starts (or restarts)."""
+
+    adopt: bool  # a keeper holds or held the job: follow it, never spawn again
+    keeper: tuple[int, float] | None = None  # (pid, create time) when a claim names it
+    started_at_ms: int | None = None  # when the keeper started the job, if it said
+    kill_strays: bool = False  # set up again over a start cut short: kill its leftovers first
+
+
+def found(keeper: Mapping[str, Any] | None, status_exists: bool, dir_exists: bool) -> Found:
+    """`keeper`: keeper.json's contents (None when absent); `status_exists`: status.json
+    is there; `dir_exists`: the job directory is."""
+    if keeper is None and not status_exists:
+        return Found(adopt=False, kill_strays=dir_exists)
+    return adopted(keeper or {})
+
+
+def adopted(keeper: Mapping[str, Any]) -> Found:
+    """Adopt the keeper a claim names (an empty claim: only its exit status is left)."""
+    if not keeper:
+        return Found(adopt=True)
+    return Found(adopt=True, keeper=(keeper["keeper_pid"], keeper["keeper_create_time"]),
+                 started_at_ms=keeper.get("started_at_ms"))
+
+
+# --- setup ----------------------------------------------------------------------------------
+
+
+def job_env(record: JobRecord, base: Mapping[str, str],
+            compile_cache: str | None = None) -> dict[str, str]:
+    """The job's environment: the runner's, the request's `env`, then the runner's own
+    variables (which the request cannot override; MOTOR_JOB_ID is the job marker)."""
+    env = dict(base)
+    env.update(record.env)
+    env["MOTOR_JOB_ID"] = record.job_id
+    env["MOTOR_WORKSPACE"] = record.workspace
+    env["MOTOR_VCPUS"] = str(record.claim)
+    if compile_cache:
+        env["MOTOR_COMPILE_CACHE"] = compile_cache
+    if record.cpus:
+        env["MOTOR_CPUS"] = ",".join(map(str, record.cpus))
+    return env
+
+
+def job_spec(record: JobRecord, cwd: str, env: Mapping[str, str], umask: int,
+             isolation: Mapping[str, Any] = {}) -> dict[str, Any]:
+    """The keeper's spec.json: the command and its place, and the isolation backend's fields
+    (cgroup paths, limits), which come last."""
+    return {
+        "job_id": record.job_id,
+        "command": record.command,
+        "cwd": cwd,
+        "env": dict(env),
+        "cpus": record.cpus,
+        "timeout_s": record.timeout_s,
+        "kill_grace_s": KILL_GRACE_S,
+        "umask": umask,  # the operator's; the runner's own is 077
+        **isolation,
+    }
+
+
+def after_start_error(error: str, claim_on_disk: bool, cancel_requested: bool = False) -> str:
+    """What a failed setup or spawn means. `error`: "claimed" (JobDirClaimed: another
+    keeper holds the directory), "not_started" (KeeperNotStarted: the keeper's identity is
+    not durable), "spawner" (SpawnerError: the forkserver failed mid-request) or anything
+    else (the workspace, the isolation backend, spec.json); `claim_on_disk`: keeper.json
+    exists. A claim on disk means a keeper may run the job: adopt it, never spawn again
+    (a pending cancel then signals it). Otherwise nothing ran: the job goes back to its
+    queue, unless a cancel came meanwhile (during the spawn), which it ends `cancelled`."""
+    if error == "claimed" or (error == "spawner" and claim_on_disk):
+        return ADOPT
+    if error == "not_started":
+        return SPAWN_FAILED
+    return CANCELLED if cancel_requested else REQUEUE
+
+
+def spawn_failed_status(detail: str) -> dict[str, Any]:
+    """The status a keeper that never started the job leaves (ends failed/spawn_failed)."""
+    return {"exit_code": None, "signal": None, "reason": "spawn_failed", "detail": detail,
+            "started_at_ms": None, "ended_at_ms": None}
+
+
+def ended_in_setup(record: JobRecord, refusal: Any, now_ms: int,
+                   who: str | None = None) -> JobRecord:
+    """The job ends before its keeper was spawned, never started: `refused_before_start`
+    with the `refusal`'s code (e.g. runner_disk_full at the setup check, a bad bundle), or
+    `cancelled` (refusal None: a cancel arrived during setup)."""
+    if refusal is None:
+        return advance(record, CANCEL, who=who, reason="cancelled",
+                       detail="cancelled during setup", ended_at_ms=now_ms, waiting_on=None,
+                       waiting_on_job=None)
+    return advance(record, REFUSE, who=who, reason=refusal.code, detail=refusal.detail,
+                   ended_at_ms=now_ms, waiting_on=None, waiting_on_job=None)
+
+
+def running_record(record: JobRecord, started_at_ms: int | None, now_ms: int,
+                   who: str | None = None) -> JobRecord:
+    """A keeper holds the job: `running` since the keeper's start time (or now)."""
+    return advance(record, SPAWN, who=who, started_at_ms=started_at_ms or now_ms,
+                   waiting_on=None, waiting_on_job=None)
+
+
+class JobRun:
+    """One job's execution as its actor's decisions see it: the record, the phase, the
+    keeper once known, a cancel not yet carried out, and the output decoder."""
+
+    def __init__(self, record: JobRecord):
+        self.record = record
+        self.phase = SETUP
+        self.keeper: tuple[int, float] | None = None
+        self.cancel_requested = False
+        self.output = OutputDecoder()
+
+    def cancel(self) -> str:
+        """A cancel arrived: DEFER (no keeper yet), SIGNAL (signal the keeper now) or IGNORE
+        (following a job whose keeper had exited: only its status is left)."""
+        self.cancel_requested = True
+        if self.keeper is not None:
+            return SIGNAL
+        return IGNORE if self.phase == FOLLOWING else DEFER
+
+    def setup_cancelled(self) -> bool:
+        """At a setup checkpoint: stop here, the job ends cancelled without a start."""
+        return self.phase == SETUP and self.cancel_requested
+
+    def spawning(self) -> None:
+        self.phase = SPAWNING
+
+    def follow(self, keeper: tuple[int, float] | None) -> None:
+        """A keeper holds the job (spawned or adopted; None: it exited before the runner
+        saw it)."""
+        self.phase, self.keeper = FOLLOWING, keeper
+
+    def cancel_due(self) -> bool:
+        """Once following: a cancel that arrived before the keeper was known is due now."""
+        return self.cancel_requested and self.keeper is not None
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+class OutputDecoder:
+    """output.log records to `output` events, one incremental UTF-8 decoder per stream
+    (invalid bytes become U+FFFD; a character split across records stays whole). Once the
+    log could not be parsed, `error` says where and why, and no more output is read."""
+
+    def __init__(self) -> None:
+        self._decoders = {s: codecs.getincrementaldecoder("utf-8")("replace")
+                          for s in ("stdout", "stderr")}
+        self.error: str | None = None
+
+    def events(self, records: Sequence[tuple[str, bytes]]) -> list[Output]:
+        out = []
+        for stream, data in records:
+            text = self._decoders[stream].decode(data)
+            if text:
+                out.append(Output(stream=stream, data=text))
+        return out
+
+    def stopped(self, offset: int, exc: BaseException) -> str:
+        """The log cannot be read past `offset`: output ends at the last good record."""
+        self.error = output_stopped(offset, exc)
+        return self.error
+
+
+def output_stopped(offset: int, exc: BaseException) -> str:
+    return f"output stopped at byte {offset} of output.log: {exc}"
+
+
+# --- the end ----------------------------------------------------------------------------------
+
+
+def terminal_record(record: JobRecord, status: dict | None, now_ms: int, facts: dict,
+                    output_error: str | None = None) -> JobRecord:
+    """The terminal record from the keeper's status (None: the keeper was lost) and the
+    isolation backend's `facts`: the group's CPU time covers the whole process tree and
+    replaces the keeper's figure; a reason output stopped early joins the detail."""
+    if status is not None and facts.get("cpu_time_ms") is not None:
+        status = {**status, "cpu_time_ms": facts["cpu_time_ms"]}
+    ended = terminal_from_status(record, status, now_ms, facts)
+    ended = with_reservation_use(ended, status)  # unchanged when unmeasured
+    if output_error is not None:
+        ended = msgspec.structs.replace(ended, detail="; ".join(
+            d for d in (ended.detail, output_error) if d))
+    return ended
+
+
+def isolation_problems(facts: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """What the isolation backend could not do at the end (logged, never fatal)."""
+    return [(p, facts[p]) for p in ("collect_error", "cleanup_error") if facts.get(p)]

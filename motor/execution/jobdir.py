@@ -1,0 +1,98 @@
+"""The job execution actor's blocking file work: the job directory and the workspace.
+
+Every function here blocks (file system, a bundle's unpacking) and is called by
+execution/actor.py through its injected offloader (`JobDeps.offload`: a worker thread in
+production, inline in actor-level tests), never on the event loop. The rules stay in
+execution/core.py; the on-disk format, shared with the keeper, in execution/joblog.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from ..disk.bundles import BundleError, unpack_into
+from ..records import Output, Refusal
+from . import joblog
+from .core import OutputDecoder, isolation_problems
+
+__all__ = ["claimed", "close", "kill_strays", "look", "prepare", "read_output", "read_status",
+           "write_spec"]
+
+log = logging.getLogger("motor.execution")
+
+
+def look(job_dir: Path) -> tuple[dict[str, Any] | None, bool, bool]:
+    """What is in the job directory, for `core.found`: keeper.json's contents (None when
+    absent; JobDirError when corrupt), whether status.json and the directory exist."""
+    keeper = joblog.read_keeper(job_dir)
+    return keeper, (job_dir / joblog.STATUS_FILE).exists(), job_dir.exists()
+
+
+def kill_strays(spawner: Any, job_id: str, who: str = "") -> None:
+    """Before a job is set up again over a start cut short (no keeper was released: the
+    claim comes first), kill whatever still carries its marker (defence in depth)."""
+    if killed := spawner.kill_marked(job_id):
+        log.warning("%s: killed %d stray process(es) of the job before its start: %s",
+                    who, len(killed), killed)
+
+
+def claimed(job_dir: Path) -> bool:
+    """A keeper's claim (keeper.json) is in the job directory."""
+    return (job_dir / joblog.KEEPER_FILE).exists()
+
+
+def prepare(cwd: Path, job_dir: Path, bundle: str | None, root: str | None,
+            job_id: str) -> Refusal | None:
+    """Make the workspace, its source unpacked from `bundle` if any, and the job directory.
+    A bundle that cannot be unpacked is a refusal (`workspace_setup_failed`, nothing of it
+    left behind); any other failure raises (a failed start, retried)."""
+    cwd.mkdir(parents=True, exist_ok=True)
+    if bundle is not None:
+        try:
+            unpack_into(Path(bundle), str(cwd), root, job_id)
+        except BundleError as exc:
+            return Refusal(code="workspace_setup_failed", detail=str(exc))
+    job_dir.mkdir(parents=True, exist_ok=True)
+    return None
+
+
+def write_spec(job_dir: Path, spec: dict[str, Any]) -> None:
+    """The keeper's spec.json, atomically (mode 0600: it holds the environment)."""
+    joblog.write_json_atomic(job_dir / joblog.SPEC_FILE, spec)
+
+
+def read_output(job_dir: Path, offset: int, max_bytes: int,
+                decoder: OutputDecoder) -> tuple[list[Output], int]:
+    """One batch of output.log from `offset` as output events, and the offset after it
+    (JobDirError or OSError when the log cannot be read). The raw bytes live only here:
+    the caller holds one batch of events, never the log."""
+    records, new_offset = joblog.read_records(job_dir / joblog.OUTPUT_FILE, offset, max_bytes)
+    return decoder.events(records), new_offset
+
+
+def read_status(job_dir: Path, who: str = "") -> dict[str, Any] | None:
+    """The keeper's status.json; None when absent, or corrupt (logged): the keeper is lost."""
+    try:
+        return joblog.read_status(job_dir)
+    except joblog.JobDirError as exc:
+        log.warning("%s: %s", who, exc)
+        return None
+
+
+def close(job_dir: Path, spawner: Any, backend: Any, job_id: str, status: dict[str, Any] | None,
+          who: str = "") -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """After the keeper exited: its status (read from status.json unless given) and the
+    isolation backend's facts. A keeper lost without a status leaves nothing of its job
+    behind (whatever carries the job's marker is killed; the cgroup backends drain their
+    groups in `finish`); the backend's findings (OOM kill, CPU time) are collected and its
+    groups removed, and what it could not do is logged, never fatal."""
+    if status is None:
+        status = read_status(job_dir, who)
+    if status is None and (killed := spawner.kill_marked(job_id)):
+        log.warning("%s: keeper lost; killed %d leftover process(es): %s", who, len(killed), killed)
+    facts = backend.finish(job_id, (status or {}).get("signal"))
+    for problem, text in isolation_problems(facts):
+        log.warning("%s: isolation %s: %s", who, problem, text)
+    return status, facts

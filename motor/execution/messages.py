@@ -1,0 +1,69 @@
+"""The job execution actor's message and what it is built with (motor/execution/actor.py
+handles the message and re-exports both)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ..offload import Offload, thread_offload
+from ..store.db import StoreFull
+
+if TYPE_CHECKING:
+    from ..handles import (
+        AccountingHandle, CpuHandle, DiskHandle, DispatcherHandle, Records, StoreHandle,
+    )
+
+__all__ = ["Cancel", "JobDeps", "STORE_FULL_RETRY_S", "save_when_room"]
+
+log = logging.getLogger("motor.execution")
+
+STORE_FULL_RETRY_S = 1.0  # a save refused for lack of space is retried after this
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Reply: True when a signal was sent (or will be, once the keeper exists)."""
+
+
+@dataclass(frozen=True)
+class JobDeps:
+    """What every job actor needs: typed handles of the other actors (motor/handles.py,
+    made before the tree starts) and the shared resources. Built once, never filled in."""
+
+    config: Any
+    records: "Records"  # read-only view of job records
+    store: "StoreHandle"
+    dispatcher: "DispatcherHandle"
+    cpu: "CpuHandle"
+    accounting: "AccountingHandle"
+    spawner: Any  # the execution/ports.py Keepers protocol (execution/spawner.py Spawner)
+    backend: Any  # the isolation backend (motor/isolation)
+    clock: Any
+    jobs_dir: Path
+    workspace_root: Path
+    disk: "DiskHandle | None" = None  # setup admission, bundles, idle workspaces
+    #: runs blocking work (execution/jobdir.py, the isolation backend) away from the event
+    #: loop: a worker thread, also under the runner's test clock (a blocking setup step must
+    #: not stall the event loop: tests/scheduling hold one at a barrier)
+    offload: Offload = thread_offload
+
+
+async def save_when_room(store: "StoreHandle", who: str, record, events=(), **kw) -> list:
+    """`store.save`, retried every STORE_FULL_RETRY_S while the state filesystem is full
+    (StoreFull): meanwhile a job's output stays in output.log (its saved offset does not
+    advance) and its exit in status.json, so nothing is lost and nothing crashes. (A
+    `StoreHandle` method in waiting: motor/handles.py belongs to another change.)"""
+    waited = False
+    while True:
+        try:
+            return await store.save(record, events, **kw)
+        except StoreFull as exc:
+            if not waited:
+                log.warning("%s: waiting for space to record the job: %s", who, exc)
+                waited = True
+            await trio.sleep(STORE_FULL_RETRY_S)
