@@ -40,7 +40,7 @@ def _output(events, stream="stdout") -> str:
                    if e.__struct_config__.tag == "output" and e.stream == stream)
 
 
-async def test_a_runner_opens_a_schema_1_state_dir_and_serves_its_records(tmp_path, autojump_clock):
+async def test_a_runner_opens_a_schema_1_state_dir_and_serves_its_records(tmp_path):
     state, ids = _copy_fixture(tmp_path)
     with sqlite3.connect(state / "motor.db") as conn:
         assert conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == ("1",)
