@@ -203,3 +203,11 @@ def test_the_pure_parts_import_no_trio():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "False"
+
+
+def test_the_disk_actor_shell_stays_under_200_lines():
+    """Issue 15: the shell carries messages; rules and I/O live beside it."""
+    import motor.disk.actor as shell
+
+    with open(shell.__file__) as f:
+        assert len(f.read().splitlines()) < 200
