@@ -89,7 +89,7 @@ class _Fstatat:
     five integers. Here one directory's names are `fstatat`ed by `map` (no Python bytecode
     per entry) into consecutive `struct stat` slots of one buffer, and the sizes are summed
     from strided memoryviews of it; entries need Python code only when they are directories,
-    have more than one link, or failed. Only used when the machine's layout is known *and*
+    have other than one link, or failed. Only used when the machine's layout is known *and*
     a check at first use (`native()`) agrees with the `os.stat` walk on a small tree of
     every kind of entry; otherwise the walk uses `os.stat` (same results, slower). Each walk
     gets its own buffer (`Slots`): the call releases the GIL, so two walks in two threads
@@ -316,7 +316,7 @@ def _walk_portable(top: bytes, dev: int, mounts: frozenset[bytes], _at=None):
 def _walk_native(top: bytes, dev: int, mounts: frozenset[bytes], at: _Fstatat):
     """The same walk with the ctypes `fstatat`, a directory at a time: every name is
     `fstatat`ed into its slot, then the slots' blocks are summed at once. A directory where
-    a call failed or a file has more than one link goes entry by entry (`_Walk.entries`);
+    a call failed or a file has other than one link goes entry by entry (`_Walk.entries`);
     so does nothing else. Same results as `_walk_portable` (test_walk_reference.py)."""
     w = _Walk(top, dev, mounts)
     call, nofollow = at.call, _AT_SYMLINK_NOFOLLOW
@@ -345,8 +345,10 @@ def _walk_native(top: bytes, dev: int, mounts: frozenset[bytes], at: _Fstatat):
             types = raw[type_0:type_0 + n * type_s:type_s].tobytes()
             dirs = list(_ones(types.translate(_IS_DIR)))
             nl_v, nl_0, nl_s = slots.view["nlink"]
-            links = sum(nl_v[nl_0:nl_0 + n * nl_s:nl_s])
-            if links - sum(nl_v[nl_0 + i * nl_s] for i in dirs) != n - len(dirs):
+            # every non-directory has exactly one link? (directories may have 1 too: btrfs)
+            single = nl_v[nl_0:nl_0 + n * nl_s:nl_s].tolist().count(1)
+            single -= sum(1 for i in dirs if nl_v[nl_0 + i * nl_s] == 1)
+            if single != n - len(dirs):
                 w.entries(d, fd, names, depth, cls)  # hard links: remembered one by one
                 continue
         finally:
