@@ -90,6 +90,14 @@ class BundleStore:
     def has(self, sha: str) -> bool:
         return valid_sha(sha) and self.path(sha).is_file()
 
+    def use(self, sha: str, now_ms: int) -> Path | None:
+        """A use of a stored bundle (a presence check at submit, a setup): its path, and
+        its retention clock restarts; None when it is not stored."""
+        if not self.has(sha):
+            return None
+        self.touch(sha, now_ms)
+        return self.path(sha)
+
     # -- upload -----------------------------------------------------------------------
 
     def begin(self, sha: str) -> "Upload":
@@ -168,6 +176,14 @@ class Upload:
             return self.size
         finally:
             self.abort()
+
+    def commit_reply(self, now_ms: int) -> "int | BundleError | OSError":
+        """`commit`, with a digest mismatch or an I/O error (a full disk) returned instead of
+        raised: the disk actor hands it back for its caller to raise, and carries on."""
+        try:
+            return self.commit(now_ms)
+        except (BundleError, OSError) as exc:
+            return exc
 
     def abort(self) -> None:
         if self.done:

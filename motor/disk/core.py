@@ -31,7 +31,7 @@ and never repairs another once the goal is met.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Union
 
 from ..records import Refusal
@@ -41,6 +41,7 @@ STALE_UNIT_MS = 48 * 3600 * 1000  # stale Cargo unit: every output's atime older
 SWEEP_EVERY_MS = 24 * 3600 * 1000  # daily stale-unit sweep, once per workspace per day
 TASK_IDLE_MS = 24 * 3600 * 1000  # task workspaces are deleted after 24 h idle
 BUNDLE_RETENTION_MS = 24 * 3600 * 1000  # bundles pinned 24 h after their last use
+MAX_STEPS = 10_000  # actions in one cleanup, at most
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,12 @@ def admission(sample: DiskSample, floor_bytes: int) -> Refusal | None:
         free_bytes=sample.free_bytes,
         floor_bytes=floor_bytes,
     )
+
+
+def bundle_gone(sha256: str) -> Refusal:
+    """A job's bundle went missing between its admission and its setup."""
+    return Refusal(code="workspace_setup_failed",
+                   detail=f"bundle {sha256} is no longer stored on the runner")
 
 
 # --- planner inputs ----------------------------------------------------------------------
@@ -341,3 +348,65 @@ def idle_expired(ws: Workspace, now_ms: int) -> bool:
 def bundle_pinned(last_used_ms: int, needed: bool, now_ms: int) -> bool:
     """A bundle stays while a job or transfer needs it and 24 h after its last use."""
     return needed or now_ms - last_used_ms < BUNDLE_RETENTION_MS
+
+
+# --- one cleanup, step by step (the actor probes, gathers and carries out) -----------------
+
+
+@dataclass
+class CleanupRun:
+    """The decisions of one cleanup: plan with `plan_cleanup`, carry out the first action,
+    probe again for real, re-plan, until the plan is empty. Once below the hard floor the
+    run stays hard until the soft goal is met; a deletion that fails is skipped for the rest
+    of the run (the next cleanup retries it); a repaired workspace counts as complete."""
+
+    floor_bytes: int
+    goal_bytes: int
+    hard: bool = False
+    repaired: set[str] = field(default_factory=set)
+    failed: set[str] = field(default_factory=set)
+
+    def needed(self, sample: DiskSample) -> bool:
+        """False once the goal is met; else go on (and remember a dip below the floor)."""
+        if sample.free_bytes >= self.goal_bytes:
+            return False
+        self.hard = self.hard or sample.free_bytes < self.floor_bytes
+        return True
+
+    def next_action(self, workspaces, staging, compile_cache, sample: DiskSample, now_ms: int,
+                    allowed_roots, incoming: frozenset[str]) -> Action | None:
+        wss = tuple(w if w.name not in self.repaired else complete(w) for w in workspaces)
+        actions = plan_cleanup(PlanInput(
+            workspaces=wss, staging=tuple(staging), compile_cache=compile_cache,
+            free_bytes=sample.free_bytes, floor_bytes=self.floor_bytes,
+            goal_bytes=self.goal_bytes, now_ms=now_ms, allowed_roots=tuple(allowed_roots),
+            incoming=incoming, hard=self.hard, skip=frozenset(self.failed)))
+        if not actions:
+            return None
+        if isinstance(actions[0], Repair):
+            self.repaired.add(actions[0].workspace)
+        return actions[0]
+
+    def done(self, action: Action, ok: bool) -> None:
+        if not ok:
+            self.failed.add(getattr(action, "workspace", None) or action.path)
+
+
+def complete(ws: Workspace) -> Workspace:
+    """The workspace as a complete estimate (after its repair)."""
+    return replace(ws, complete=True)
+
+
+def maintenance_due(ws: Workspace, last_sweep_ms: int | None, now_ms: int,
+                    allowed_roots) -> str | None:
+    """What a maintenance pass does to one workspace: "expire" (idle too long), "sweep"
+    (the daily stale-unit sweep) or None (nothing, or protected even under hard pressure)."""
+    inp = PlanInput(workspaces=(), free_bytes=0, floor_bytes=0, goal_bytes=0, now_ms=now_ms,
+                    allowed_roots=tuple(allowed_roots))
+    if protection(ws, inp, hard=True) is not None:
+        return None
+    if idle_expired(ws, now_ms):
+        return "expire"
+    if sweep_due(ws, last_sweep_ms, now_ms):
+        return "sweep"
+    return None

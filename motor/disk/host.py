@@ -1,9 +1,10 @@
-"""The disk actor's host side: file-system helpers and the planner's inputs, read from disk.
+"""The disk actor's host side: everything that reads or changes the file system.
 
-Moved out of `actor.py` unchanged: the free-space probe, device numbers, the staging / trash
-and compile-cache candidates for the planner, the rows of `motor workspaces`, the build-tree
-repair, safe deletion and incremental-directory drops. Blocking: the actor calls the walking
-ones through its offloader (motor/offload.py). The rules stay in `core.py`.
+The free-space probe, device numbers, the planner's inputs read from disk (the survey of
+catalogued trees with their walks, the staging / trash and compile-cache candidates), carrying
+out the planner's actions (safe deletion, incremental-directory drops, the stale-unit sweep,
+the build-tree repair). Blocking: the actor calls the walking and deleting ones through its
+offloader (motor/offload.py). The rules stay in `core.py`, the bookkeeping in `book.py`.
 """
 
 from __future__ import annotations
@@ -12,13 +13,16 @@ import logging
 import os
 import shutil
 import stat
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from . import bundles as bundles_mod
-from . import sizes, trash
-from .core import CompileCache, DiskSample, PlanInput, Staging, Workspace, protection, under_root
+from . import cargo, sizes, trash
+from .book import SizeCache, listing_row, workspace_of
+from .core import (
+    CompileCache, DiskSample, DropIncremental, DropStaleUnits, EvictCompileCache, EvictWorkspace,
+    RemoveStaging, Repair, Staging, Workspace,
+)
 
 log = logging.getLogger("motor.disk")
 
@@ -33,10 +37,6 @@ def device(path: str) -> int | None:
         return os.stat(path).st_dev
     except OSError:
         return None
-
-
-def sizes_root(path: str, roots) -> str:
-    return under_root(path, roots)
 
 
 # --- planner input ----------------------------------------------------------------------
@@ -88,58 +88,51 @@ def compile_cache(path: str | None, filling: bool, dev: int | None) -> CompileCa
                         last_used_ms=int(st.st_mtime * 1000), filling=filling)
 
 
-def workspace(entry: Any, cached: sizes.Sizes, stale_bytes: int, live: Any,
-              allowed_roots) -> Workspace:
-    """A catalog entry, its measured sizes and the live holds as the planner's Workspace."""
-    keys = (entry.name, entry.path)
-    return Workspace(
-        name=entry.name, path=entry.path,
-        root=sizes_root(entry.path, allowed_roots),
-        kind=entry.kind, allocated_bytes=cached.allocated_bytes,
-        target_bytes=cached.target_bytes, incremental_bytes=cached.incremental_bytes,
-        stale_bytes=stale_bytes, complete=cached.complete,
-        last_used_ms=entry.last_used_ms, running=any(k in live.running for k in keys),
-        reserved=any(k in live.reserved for k in keys),
-        referenced_by=tuple(entry.referenced_by))
+def measure(path: str, now_ms: int) -> tuple[sizes.Sizes, int]:
+    """A workspace's sizes and its stale Cargo bytes (0 when the unit scan fails): one walk
+    and one unit scan, together in one offloaded call."""
+    result = sizes.measure(path, now_ms=now_ms)
+    try:
+        stale = cargo.stale_bytes(path, now_ms)
+    except OSError:
+        stale = 0
+    return result, stale
 
 
-def plan_input_for(now_ms: int, allowed_roots) -> PlanInput:
-    """The planner input `protection` needs for one workspace (no space figures)."""
-    return PlanInput(workspaces=(), free_bytes=0, floor_bytes=0, goal_bytes=0,
-                     now_ms=now_ms, allowed_roots=allowed_roots)
+def measure_all(items, now_ms: int) -> dict[str, tuple[sizes.Sizes, int]]:
+    """`measure` for each (name, path), in order."""
+    return {name: measure(path, now_ms) for name, path in items}
 
 
-def complete(ws: Workspace) -> Workspace:
-    return replace(ws, complete=True)
+def survey(entries, dev: int | None, wanted: set[str], now_ms: int):
+    """For the planner: of the catalog `entries`, the names on device `dev` (None: all)
+    whose tree still exists, the names whose tree is gone (to forget), and the sizes of the
+    `wanted` ones among those present (walked now: never measured, or used since).
+    Returns (present, gone, measured)."""
+    present, gone, walk = [], [], []
+    for entry in entries:
+        if dev is not None and device(entry.root) != dev:
+            continue
+        if not os.path.lexists(entry.path):
+            gone.append(entry.name)
+            continue
+        present.append(entry.name)
+        if entry.name in wanted:
+            walk.append((entry.name, entry.path))
+    return present, gone, measure_all(walk, now_ms)
 
 
-# --- listing ----------------------------------------------------------------------------
+def sweep_staging(roots) -> None:
+    """At start: remove staging leftovers of a runner killed mid-unpack under every root."""
+    for root in roots:
+        removed, left = bundles_mod.sweep_staging(root)
+        if removed or left:
+            log.info("disk: swept %d staging leftovers under %s (%d stay)", removed, root, left)
 
 
-def listing_row(entry: Any, cached: sizes.Sizes | None, live: Any, now: int, hard: bool,
-                allowed_roots) -> dict:
-    """One row of `motor workspaces`: catalog entry, cached sizes (None: not measured yet),
-    and why it is protected now, if it is."""
-    keys = (entry.name, entry.path)
-    ws = Workspace(name=entry.name, path=entry.path, root=entry.root, kind=entry.kind,
-                   last_used_ms=entry.last_used_ms,
-                   running=any(k in live.running for k in keys),
-                   reserved=any(k in live.reserved for k in keys))
-    why = protection(ws, PlanInput(workspaces=(), free_bytes=0, floor_bytes=0,
-                                   goal_bytes=0, now_ms=now,
-                                   allowed_roots=allowed_roots), hard=hard)
-    return {
-        "name": entry.name, "kind": entry.kind, "root": entry.root, "path": entry.path,
-        "caller_path": entry.caller_path,
-        "allocated_bytes": cached.allocated_bytes if cached else None,
-        "target_bytes": cached.target_bytes if cached else None,
-        "incremental_bytes": cached.incremental_bytes if cached else None,
-        "complete": cached.complete if cached else None,
-        "measured_ms": cached.measured_ms if cached else None,  # wall time
-        "measured_age_ms": max(0, now - cached.measured_ms) if cached else None,
-        "idle_ms": max(0, now - entry.last_used_ms),
-        "protected": why,
-    }
+def collect_trash(roots) -> int:
+    """Empty each root's trash; the number of entries that stay (see trash.collect_trash)."""
+    return sum(trash.collect_trash(root) for root in roots)
 
 
 # --- deleting and repairing -------------------------------------------------------------
@@ -192,3 +185,151 @@ def repair(path: str) -> int:
         except OSError:
             continue
     return fixed
+
+
+def carry_out(action, root: str, now_ms: int) -> bool:
+    """Carry out one planner action on disk; False when a deletion failed (the tree is still
+    there: its catalog entry stays for a retry). `root`: the workspace's allowed root."""
+    if isinstance(action, EvictWorkspace):
+        safe(trash.delete_tree, action.path, root)
+        return not os.path.lexists(action.path)  # not moved out: keep the entry
+    if isinstance(action, DropIncremental):
+        drop_incremental(action.path, root)
+    elif isinstance(action, DropStaleUnits):
+        cargo.sweep(action.path, root, now_ms)
+    elif isinstance(action, RemoveStaging):
+        safe(trash.purge, action.path)
+        return not os.path.lexists(action.path)
+    elif isinstance(action, EvictCompileCache):  # the whole cache, then an empty one
+        safe(trash.delete_tree, action.path, os.path.dirname(action.path))
+        os.makedirs(action.path, exist_ok=True)
+    elif isinstance(action, Repair):
+        repair(action.path)
+    return True
+
+
+def candidates(entries, dev: int | None, wanted: set[str], now_ms: int, allowed_roots,
+               setting_up, cache_dir: str | None, filling: bool):
+    """Everything one cleanup round ranks on device `dev`, read in one offloaded call:
+    `survey`'s (present, gone, measured), then the staging entries and the compile cache."""
+    return (*survey(entries, dev, wanted, now_ms), staging(allowed_roots, setting_up, dev),
+            compile_cache(cache_dir, filling, dev))
+
+
+# --- the catalogued trees, as the disk actor sees them -----------------------------------
+
+
+class Trees:
+    """The disk actor's file-system side: the catalog, the size cache (book.SizeCache) and
+    the work on the trees (surveys and walks for the planner and the listing, carrying out
+    actions), every blocking call through the injected offloader. Used by the disk actor
+    only, one message at a time; `live` arguments are its live.Live view."""
+
+    def __init__(self, catalog, names, offload, clock):
+        self.catalog, self.names, self.offload, self.clock = catalog, names, offload, clock
+        self.sizes = SizeCache()
+
+    def register(self, msg) -> Any:
+        """Catalog a tree (a `Register` message: caller-root trees, snapshots)."""
+        entry = self.catalog.record(msg.name, *self.names.registered(msg.path), kind=msg.kind,
+                                    now_ms=self.clock.now_ms(), caller_path=msg.caller_path)
+        if msg.referenced_by:
+            self.catalog.set_references(msg.name, list(msg.referenced_by))
+        return entry
+
+    def prepare(self, workspace: str, kind: str) -> tuple[str, str]:
+        """Catalog a job's workspace before its setup: (canonical path, allowed root)."""
+        path, root = self.names.workspace_path(workspace)
+        self.catalog.record(workspace, path, root, kind=kind, now_ms=self.clock.now_ms(),
+                            caller_path=workspace if workspace.startswith("/") else None)
+        return path, root
+
+    def used(self, workspace: str, siblings, now_ms: int) -> None:
+        """A job left its workspace and siblings: touch each catalogued one (one journal line)
+        and mark it for a walk; the workspace waits for the build-folder guard."""
+        for name in (workspace, *siblings):
+            if self.catalog.get(name) is not None:
+                self.catalog.touch(name, now_ms)
+                self.sizes.used(name)
+        self.sizes.guard_pending.add(workspace)
+
+    async def walk(self, items: list[tuple[str, str]]) -> None:
+        """Walk each (name, path) and store its sizes."""
+        measured = await self.offload(measure_all, items, self.clock.now_ms())
+        for name, (result, stale) in measured.items():
+            self.sizes.store(name, result, stale)
+
+    def forget(self, name: str) -> None:
+        self.catalog.forget(name)
+        self.sizes.forget(name)
+
+    def _kept(self, live, present, gone, measured) -> list[Workspace]:
+        """Apply a survey: forget gone trees, store the walks; the planner's view."""
+        for name in gone:
+            self.forget(name)
+        for name, (result, stale) in measured.items():
+            self.sizes.store(name, result, stale)
+        return [workspace_of(self.catalog.get(n), self.sizes, live, self.names.allowed_roots)
+                for n in present]
+
+    def _entries(self, names=None) -> list:
+        keys = self.catalog.entries if names is None else names
+        return [e for e in map(self.catalog.get, keys) if e is not None]
+
+    async def workspaces(self, live, names=None) -> list[Workspace]:
+        """The planner's view of the named catalogued trees (None: all); gone ones are
+        forgotten, unmeasured or used ones walked first."""
+        entries = self._entries(names)
+        wanted = self.sizes.wanted(e.name for e in entries)
+        return self._kept(live, *await self.offload(survey, entries, None, wanted,
+                                                    self.clock.now_ms()))
+
+    async def candidates(self, live, dev: int | None, cache_dir: str | None):
+        """What one cleanup round ranks on `dev`: (workspaces, staging, compile cache)."""
+        entries = self._entries()
+        *found, staged, cache = await self.offload(
+            candidates, entries, dev, self.sizes.wanted(e.name for e in entries),
+            self.clock.now_ms(), self.names.allowed_roots, live.setting_up, cache_dir,
+            live.filling)
+        return self._kept(live, *found), staged, cache
+
+    async def execute(self, action) -> bool:
+        """Carry out one action and update the catalog and cache; False when a deletion
+        failed (the tree is still there: its entry stays for a retry)."""
+        log.info("disk: %s", action)
+        entry = self.catalog.get(getattr(action, "workspace", ""))
+        ok = await self.offload(carry_out, action, entry.root if entry else "",
+                                self.clock.now_ms())
+        if isinstance(action, EvictWorkspace) and ok:
+            self.forget(action.workspace)
+        elif isinstance(action, EvictWorkspace):
+            log.warning("disk: evicting %s failed; its catalog entry stays for a retry",
+                        action.workspace)
+        elif isinstance(action, (DropIncremental, DropStaleUnits, Repair)):
+            await self.walk([(action.workspace, action.path)])
+            if isinstance(action, DropStaleUnits):
+                self.sizes.stale[action.workspace] = 0
+        return ok
+
+    async def sweep(self, ws: Workspace, now_ms: int) -> bool:
+        """The daily stale-unit sweep of one idle workspace (repaired and measured first when
+        its estimate is incomplete); True when it removed something."""
+        self.sizes.last_sweep[ws.name] = now_ms
+        if not ws.complete:
+            await self.execute(Repair(ws.name, ws.path, "sweep"))
+        result = await self.offload(cargo.sweep, ws.path, ws.root, now_ms)
+        swept = bool(result["units"] or result["incremental"])
+        if swept:
+            await self.walk([(ws.name, ws.path)])
+        self.sizes.stale[ws.name] = 0
+        return swept
+
+    async def listing(self, live, hard: bool) -> list[dict]:
+        """The rows of `motor workspaces`, after walking what changed since (sizes as of the
+        last job end)."""
+        await self.walk([(e.name, e.path) for e in self._entries(sorted(self.sizes.dirty))])
+        self.sizes.dirty.intersection_update(self.catalog.entries)
+        now = self.clock.now_ms()
+        return [listing_row(e, self.sizes.sizes.get(e.name), live, now, hard,
+                            self.names.allowed_roots)
+                for e in sorted(self.catalog.entries.values(), key=lambda e: e.name)]

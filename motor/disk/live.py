@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable
 from ..records import TERMINAL_STATES
 
 RUNNING_STATES = ("setup", "running")
+INFLIGHT_S = 60.0  # an admission protects its workspaces until recorded, at most this long
 MAX_CHANGES = 100_000
 
 
@@ -245,3 +246,58 @@ class HeldPaths:
                     del count[path]
                 else:
                     count[path] = left
+
+
+class Holds:
+    """Everything that protects workspaces now (moved from disk/actor.py's `_live`): live
+    jobs (the index kept from record changes, or without one the reference: `live_jobs()`
+    read and indexed on each check), admissions in flight and explicit reservations.
+
+    An admission protects its workspace and siblings from `Admit` until the job is recorded
+    (`recorded(job_id)`, or the index has it), until it ends (`release`) or until its
+    deadline passes. Bookkeeping only: the caller passes the time and `names` (an object with
+    `canon(name)` and `key()`, disk/names.py) that resolves names to canonical paths."""
+
+    def __init__(self, live_index: LiveIndex | None = None,
+                 live_jobs: Callable[[], Iterable[Any]] | None = None,
+                 recorded: Callable[[str], bool] | None = None):
+        self.live_index = live_index
+        self.live_jobs = live_jobs or (lambda: ())
+        self.recorded = recorded or (lambda job_id: False)
+        self.inflight: dict[str, tuple[frozenset[str], float]] = {}
+        self.reservations: dict[str, frozenset[str]] = {}
+        #: canonical paths of the names the index holds, kept from its changes
+        self.held_paths = HeldPaths()
+
+    def admit(self, job_id: str | None, touched: frozenset[str], now: float) -> None:
+        """An admission (of a job with an id) protects `touched` until its job is recorded,
+        ends or INFLIGHT_S pass."""
+        if job_id is not None:
+            self.inflight[job_id] = (touched, now + INFLIGHT_S)
+
+    def release(self, job_id: str | None) -> None:
+        self.inflight.pop(job_id, None)
+
+    def reserve(self, token: str, keys: frozenset[str]) -> None:
+        self.reservations[token] = keys
+
+    def unreserve(self, token: str) -> None:
+        self.reservations.pop(token, None)
+
+    def view(self, now: float, names: Any) -> Live:
+        for job_id, (_, until) in list(self.inflight.items()):
+            if until < now:
+                del self.inflight[job_id]
+        if self.live_index is not None:
+            index = self.live_index
+            index.ensure_loaded()
+            self.held_paths.follow(index, names.key(), names.canon)
+            running, reserved = self.held_paths.count["running"], self.held_paths.count["reserved"]
+        else:
+            index = LiveIndex.from_records(self.live_jobs())
+            running = frozenset(names.canon(n) for n in index.running)
+            reserved = frozenset(names.canon(n) for n in index.reserved)
+        for job_id in [j for j in self.inflight if j in index or self.recorded(j)]:
+            del self.inflight[job_id]
+        return live_view(index, running, reserved,
+                         [*(t for t, _ in self.inflight.values()), *self.reservations.values()])

@@ -200,7 +200,7 @@ async def test_disk_stale_unit_maintenance_deletes_whole_units_and_runs_once_dai
         make_target(ws, old_ms=now_ms - 72 * HOUR)
         deps = ws / "target" / "debug" / "deps"
         first = await ref.call(Periodic())
-        assert first["swept"] == ["ws"], (first, actor.last_sweep, await ref.call(Listing()))
+        assert first["swept"] == ["ws"], (first, actor.sizes.last_sweep, await ref.call(Listing()))
         assert not (deps / f"libserde-{H1}.rlib").exists()
         assert not (ws / "target" / "debug" / "build" / f"serde-{H1}").exists()
         assert (deps / "README-not-a-unit").exists() and (deps / f"libfresh-{'00112233aabbccdd'}.rlib").exists()
@@ -245,7 +245,7 @@ async def test_head_workspace_is_lru_evictable_outside_task_roots(tmp_path):
         fill(stray, 50 * MB)
         probe.free = 150 * MB  # soft pressure (floor 100, goal 200): both are candidates
         calls = []
-        orig = actor._execute
+        orig = actor.trees.execute
 
         async def record(action):
             calls.append(action)
@@ -253,7 +253,7 @@ async def test_head_workspace_is_lru_evictable_outside_task_roots(tmp_path):
                 probe.free = 250 * MB  # the first eviction reached the goal
             await orig(action)
 
-        actor._execute = record
+        actor.trees.execute = record
         await ref.call(Periodic())
         assert [c.workspace for c in calls] == ["old-head"]
         assert not old.exists() and new.exists() and stray.exists()
@@ -430,13 +430,13 @@ async def cargo_ws(ref, name, *, clock, idle_ms, stale=0, inc=0, other=0) -> Pat
 
 def _spy(actor) -> list:
     done = []
-    orig = actor._execute
+    orig = actor.trees.execute
 
     async def record(action):
         done.append((type(action).__name__, getattr(action, "workspace", None)))
         return await orig(action)
 
-    actor._execute = record
+    actor.trees.execute = record
     return done
 
 

@@ -24,17 +24,20 @@ HOUR = 3600 * 1000
 def unprivileged_scandir(monkeypatch, under):
     """Fault injection: the runner reads the test's tree as an unprivileged user would, so a
     directory without owner read+search permission cannot be listed (tests run as root)."""
-    real = os.scandir
+    def unprivileged(real):
+        def listing(path="."):
+            if isinstance(path, (str, bytes, os.PathLike)) and os.fsdecode(path).startswith(
+                    str(under)):
+                mode = os.lstat(path).st_mode
+                if stat.S_ISDIR(mode) and mode & 0o500 != 0o500:
+                    raise PermissionError(13, "Permission denied", os.fsdecode(path))
+            return real(path)
+        return listing
 
-    def scandir(path="."):
-        if isinstance(path, (str, os.PathLike)) and str(path).startswith(str(under)):
-            mode = os.lstat(path).st_mode
-            if stat.S_ISDIR(mode) and mode & 0o500 != 0o500:
-                raise PermissionError(13, "Permission denied", str(path))
-        return real(path)
-
-    monkeypatch.setattr(os, "scandir", scandir)
-    assert sizes.os.scandir is scandir and cargo.os.scandir is scandir
+    # the size walk lists with os.listdir, the Cargo sweep with os.scandir
+    monkeypatch.setattr(os, "scandir", unprivileged(os.scandir))
+    monkeypatch.setattr(os, "listdir", unprivileged(os.listdir))
+    assert sizes.os.listdir is os.listdir and cargo.os.scandir is os.scandir
 
 
 async def _row(runner, name):

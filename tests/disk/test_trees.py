@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import platform
 import subprocess
 import tarfile
 import time
@@ -112,22 +113,76 @@ def test_measure_counts_allocated_bytes_once_and_splits_target(root):
     assert 20000 <= m.incremental_bytes < m.target_bytes
 
 
-def test_unreadable_subtree_marks_incomplete_with_one_warning(root, monkeypatch, caplog):
+WALKS = [pytest.param(False, id="os.stat")] + (  # see test_walk_reference.FAST
+    [pytest.param(True, id="native")] if platform.machine() in sizes._LAYOUTS else [])
+
+
+@pytest.mark.parametrize("fast", WALKS)
+def test_unreadable_subtree_marks_incomplete_with_one_warning(root, monkeypatch, caplog, fast):
     ws = root / "ws"
     for d in ("a", "b", "c"):
         (ws / d).mkdir(parents=True)
-    real = os.scandir
+        (ws / d / "f").write_bytes(b"x" * 5000)
+    real = os.listdir
 
-    def scandir(path="."):
-        if isinstance(path, str) and os.path.basename(path) in ("a", "b"):
+    def listdir(path="."):  # as root, permissions do not stop a read: fail it here
+        if isinstance(path, bytes) and os.path.basename(path.rstrip(b"/")) in (b"a", b"b"):
             raise PermissionError(13, "Permission denied")
         return real(path)
 
-    monkeypatch.setattr(sizes.os, "scandir", scandir)
+    monkeypatch.setattr(sizes.os, "listdir", listdir)
     with caplog.at_level("WARNING", logger="motor.disk"):
-        m = sizes.measure(str(ws))
+        m = sizes.measure(str(ws), fast=fast)
     assert not m.complete and m.unreadable == 2
-    assert len([r for r in caplog.records if "incomplete" in r.message]) == 1
+    warnings = [r.getMessage() for r in caplog.records if "incomplete" in r.message]
+    assert len(warnings) == 1 and "Permission denied" in warnings[0]
+    # what could be read is counted: c's file and the four directories
+    monkeypatch.setattr(sizes.os, "listdir", real)
+    readable = sum(os.lstat(p).st_blocks * 512 for p in (ws, ws / "a", ws / "b", ws / "c",
+                                                          ws / "c" / "f"))
+    assert m.allocated_bytes == readable
+
+
+@pytest.mark.parametrize("fast", WALKS)
+def test_an_entry_that_vanishes_between_listing_and_stat_is_unreadable(root, monkeypatch, fast):
+    """The listing names a file the directory no longer has (a concurrent delete)."""
+    ws = root / "ws"
+    ws.mkdir()
+    for i in range(3):
+        (ws / f"f{i}").write_bytes(b"x" * 5000)
+    real = os.listdir
+
+    def listdir(path="."):
+        names = real(path)
+        return [*names, b"gone"] if isinstance(path, bytes) else names
+
+    monkeypatch.setattr(sizes.os, "listdir", listdir)
+    m = sizes.measure(str(ws), fast=fast)
+    monkeypatch.setattr(sizes.os, "listdir", real)
+    assert (m.complete, m.unreadable) == (False, 1)
+    assert m.allocated_bytes == sum(os.lstat(p).st_blocks * 512
+                                    for p in (ws, *(ws / f"f{i}" for i in range(3))))
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="mounts need root")
+@pytest.mark.parametrize("fast", WALKS)
+def test_the_walk_counts_neither_another_filesystem_nor_a_bind_mount(root, tmp_path, fast):
+    ws = root / "ws"
+    (ws / "fs").mkdir(parents=True)
+    (ws / "bind").mkdir()
+    (ws / "own").write_bytes(b"o" * 9000)
+    src = tmp_path / "bound"
+    (src / "sub").mkdir(parents=True)
+    (src / "data").write_bytes(b"d" * 50_000)
+    if not (_mount("-t", "tmpfs", "-o", "size=1m", "tmpfs", str(ws / "fs"))
+            and _mount("--bind", str(src), str(ws / "bind"))):
+        pytest.skip("mounts not permitted here")
+    (ws / "fs" / "inside").write_bytes(b"i" * 100_000)
+    # another filesystem: st_dev alone stops it (no mount list); the bind mount of the same
+    # filesystem: the mount list does. Neither mount point nor what is under it counts.
+    m = sizes.measure(str(ws), mounts=frozenset({str(ws / "bind")}), fast=fast)
+    assert m.complete
+    assert m.allocated_bytes == (os.lstat(ws).st_blocks + os.lstat(ws / "own").st_blocks) * 512
 
 
 # --- Cargo units -----------------------------------------------------------------------------

@@ -1,0 +1,88 @@
+"""Workspace names to canonical host paths (moved from disk/actor.py, unchanged).
+
+A workspace is named by a plain name (a directory under the first workspace root), by a
+caller's absolute path mapped through `--caller-root CALLER=HOST`, or by its catalog entry.
+Resolution reads the file system (`os.path.realpath`); it is cheap and runs in the disk
+actor's event loop, as before. `canon` memoizes a name's path until the catalog's names or
+paths change (its generation) or `rescan()` is called (each maintenance pass: symlinks may
+have changed on disk); without a live index (the reference way) every call resolves again.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from .core import under_root
+
+
+class Names:
+    def __init__(self, state_dir: Path, workspace_roots: Iterable[Path] = (),
+                 caller_roots: dict[str, str] | None = None, *, memo: bool = True):
+        roots = [Path(r) for r in workspace_roots] or [Path(state_dir) / "workspaces"]
+        self.workspace_roots = [os.path.realpath(r) for r in roots]
+        self.caller_roots = {c.rstrip("/"): os.path.realpath(h)
+                             for c, h in (caller_roots or {}).items()}
+        self.allowed_roots = tuple(dict.fromkeys(
+            [*self.workspace_roots, *self.caller_roots.values()]))
+        self.catalog: Any = None  # set by the actor once the catalog is open
+        self.memo = memo
+        self._memo: dict[str, str] = {}
+        self._key: tuple = ()
+        self.epoch = 0
+
+    def key(self) -> tuple:
+        """Changes whenever a memoized path may be stale."""
+        return (self.catalog.generation if self.catalog else -1, self.epoch)
+
+    def rescan(self) -> None:
+        self.epoch += 1
+
+    def workspace_path(self, name: str) -> tuple[str, str]:
+        """(canonical host path, allowed root) of a workspace name or caller path."""
+        entry = self.catalog.get(name) if self.catalog else None
+        if entry is not None:
+            return entry.path, entry.root
+        host = self.host_path(name)
+        if host is not None:
+            return host
+        root = self.workspace_roots[0]
+        return os.path.realpath(os.path.join(root, name)), root
+
+    def host_path(self, caller_path: str) -> tuple[str, str] | None:
+        """A caller's path mapped through --caller-root to (host path, host root)."""
+        if not caller_path.startswith("/"):
+            return None
+        for caller, host in self.caller_roots.items():
+            if caller_path == caller or caller_path.startswith(caller + "/"):
+                rest = caller_path[len(caller):].lstrip("/")
+                return os.path.realpath(os.path.join(host, rest)), host
+        return None
+
+    def canon(self, name: str) -> str:
+        """A name's canonical host path (memoized, see the module docstring)."""
+        if not self.memo:  # the reference way: resolve on every check
+            return self.workspace_path(name)[0]
+        key = self.key()
+        if key != self._key:
+            self._memo.clear()
+            self._key = key
+        path = self._memo.get(name)
+        if path is None:
+            path = self._memo[name] = self.workspace_path(name)[0]
+        return path
+
+    def registered(self, path: str) -> tuple[str, str]:
+        """(canonical path, allowed root) of a tree to catalog (`Register`); ValueError when
+        it is not under an allowed root."""
+        canonical = os.path.realpath(path)
+        root = under_root(canonical, self.allowed_roots)
+        if not root:
+            raise ValueError(f"{path} is not under an allowed workspace root")
+        return canonical, root
+
+    def touched(self, workspace: str | None, siblings: Iterable[str]) -> frozenset[str]:
+        """The names and canonical paths of a job's workspace and siblings."""
+        names = [n for n in (workspace, *siblings) if n]
+        return frozenset(names) | frozenset(self.canon(n) for n in names)
