@@ -7,7 +7,6 @@ It owns them all and only carries messages (`messages.py`, re-exported here). Th
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any, Callable, Iterable
 

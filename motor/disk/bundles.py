@@ -45,7 +45,6 @@ from .core import BUNDLE_RETENTION_MS
 
 log = logging.getLogger("motor.disk")
 
-CHUNK = 256 * 1024
 STAGING = ".motor-staging"
 
 

@@ -42,7 +42,7 @@ def device(path: str) -> int | None:
 # --- planner input ----------------------------------------------------------------------
 
 
-def staging(allowed_roots, setting_up, dev: int | None) -> list[Staging]:
+def staging(allowed_roots, in_setup, dev: int | None) -> list[Staging]:
     """Bundle-unpack staging and trash entries under the roots on `dev` (None: all), each a
     candidate; those of jobs setting up are active."""
     out = []
@@ -58,7 +58,7 @@ def staging(allowed_roots, setting_up, dev: int | None) -> list[Staging]:
         except OSError:
             continue
         for e in entries:
-            active = e.name.split(".")[0] in setting_up
+            active = e.name.split(".")[0] in in_setup
             try:
                 st = e.stat(follow_symlinks=False)
             except OSError:
@@ -209,10 +209,10 @@ def carry_out(action, root: str, now_ms: int) -> bool:
 
 
 def candidates(entries, dev: int | None, wanted: set[str], now_ms: int, allowed_roots,
-               setting_up, cache_dir: str | None, filling: bool):
+               in_setup, cache_dir: str | None, filling: bool):
     """Everything one cleanup round ranks on device `dev`, read in one offloaded call:
     `survey`'s (present, gone, measured), then the staging entries and the compile cache."""
-    return (*survey(entries, dev, wanted, now_ms), staging(allowed_roots, setting_up, dev),
+    return (*survey(entries, dev, wanted, now_ms), staging(allowed_roots, in_setup, dev),
             compile_cache(cache_dir, filling, dev))
 
 
@@ -289,7 +289,7 @@ class Trees:
         entries = self._entries()
         *found, staged, cache = await self.offload(
             candidates, entries, dev, self.sizes.wanted(e.name for e in entries),
-            self.clock.now_ms(), self.names.allowed_roots, live.setting_up, cache_dir,
+            self.clock.now_ms(), self.names.allowed_roots, live.in_setup, cache_dir,
             live.filling)
         return self._kept(live, *found), staged, cache
 

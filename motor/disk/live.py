@@ -21,9 +21,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from ..lifecycle import ACTIVE_STATES, SETUP
 from ..records import TERMINAL_STATES
 
-RUNNING_STATES = ("setup", "running")
 INFLIGHT_S = 60.0  # an admission protects its workspaces until recorded, at most this long
 MAX_CHANGES = 100_000
 
@@ -32,7 +32,7 @@ MAX_CHANGES = 100_000
 class Hold:
     names: tuple[str, ...]  # workspace and siblings, as the record names them
     running: bool  # setup or running (else: queued, awaiting bundles: reserved)
-    setting_up: bool
+    in_setup: bool
     filling: bool  # a cache_fill job in setup or running
     bundle: str | None
 
@@ -52,7 +52,7 @@ class LiveIndex:
         self.running: Counter[str] = Counter()
         self.reserved: Counter[str] = Counter()
         self.bundles: Counter[str] = Counter()
-        self.setting_up: set[str] = set()
+        self.in_setup: set[str] = set()
         self.filling = 0
         #: Bumped on every change of `running`/`reserved` names (derived views cache on it).
         self.version = 0
@@ -110,8 +110,8 @@ class LiveIndex:
                 self.version += 1
                 self._changed(which, n, True)
             names[n] += 1
-        if hold.setting_up:
-            self.setting_up.add(job_id)
+        if hold.in_setup:
+            self.in_setup.add(job_id)
         if hold.filling:
             self.filling += 1
         if hold.bundle:
@@ -129,8 +129,8 @@ class LiveIndex:
                 self._changed(which, n, False)
             else:
                 names[n] = left
-        if hold.setting_up:
-            self.setting_up.discard(job_id)
+        if hold.in_setup:
+            self.in_setup.discard(job_id)
         if hold.filling:
             self.filling -= 1
         if hold.bundle:
@@ -155,14 +155,14 @@ class LiveIndex:
         """(running names, reserved names, bundles, jobs setting up, filling): plain sets,
         for comparisons."""
         return (frozenset(self.running), frozenset(self.reserved), frozenset(self.bundles),
-                frozenset(self.setting_up), self.filling > 0)
+                frozenset(self.in_setup), self.filling > 0)
 
 
 def hold_of_live(record: Any) -> Hold:
     """What a record known to be live holds (its state is not checked for terminal)."""
     names = tuple(n for n in (record.workspace, *(record.siblings or ())) if n)
-    running = record.state in RUNNING_STATES
-    return Hold(names=names, running=running, setting_up=record.state == "setup",
+    running = record.state in ACTIVE_STATES  # held from setup to the end
+    return Hold(names=names, running=running, in_setup=record.state == SETUP,
                 filling=running and getattr(record, "kind", "job") == "cache_fill",
                 bundle=getattr(record, "bundle_sha256", None) or None)
 
@@ -194,7 +194,7 @@ class Live:
     running: Held = field(default_factory=Held)
     reserved: Held = field(default_factory=Held)
     bundles: set[str] = field(default_factory=set)
-    setting_up: set[str] = field(default_factory=set)  # job ids
+    in_setup: set[str] = field(default_factory=set)  # job ids
     filling: bool = False  # a cache_fill job is setting up or running
 
 
@@ -204,7 +204,7 @@ def live_view(index: LiveIndex, running_paths, reserved_paths,
     reserved keys (admissions in flight, reservations): a pure function of its inputs."""
     live = Live(running=Held(index.running, running_paths),
                 reserved=Held(index.reserved, reserved_paths),  # `|=` below makes a new view
-                bundles=set(index.bundles), setting_up=set(index.setting_up),
+                bundles=set(index.bundles), in_setup=set(index.in_setup),
                 filling=index.filling > 0)
     for touched in extra:
         live.reserved |= touched

@@ -114,8 +114,8 @@ async def test_the_actor_protects_the_same_workspaces_with_the_index_as_with_rec
                 db.save(r)
                 index.apply(r)
             a, b = ref_actor._live(), idx_actor._live()
-            assert (set(a.running), set(a.reserved), a.bundles, a.setting_up, a.filling) == (
-                set(b.running), set(b.reserved), b.bundles, b.setting_up, b.filling), step
+            assert (set(a.running), set(a.reserved), a.bundles, a.in_setup, a.filling) == (
+                set(b.running), set(b.reserved), b.bundles, b.in_setup, b.filling), step
         for a in (ref_actor, idx_actor):
             a.stop()
 
