@@ -18,7 +18,7 @@ import actors
 
 from .. import faults
 from ..accounting.actor import JobStarted
-from ..lifecycle import RUNNING, retain_until, terminal_from_status  # noqa: F401 (re-exported)
+from ..lifecycle import RUNNING, retain_until
 from ..records import JobRecord, Refusal, Started, Terminal, public_record
 from ..store.files import job_umask
 from . import core, jobdir, joblog

@@ -17,7 +17,7 @@ from ..records import (
     CAPABILITIES, Event, JobRecord, JobRequest, Refusal, RefusedError, TERMINAL_STATES,
     Truncated, decode_event, public_record,
 )
-from ..scheduling.actor import withdraw_answer
+from ..scheduling.admission import withdraw_answer
 from ..store.actor import ChangeHub
 from .host import Host
 

@@ -28,7 +28,7 @@ from ..memory.core import MemoryCeiling
 from ..records import Refusal
 from ..store.db import StoreFull
 from . import machine as m
-from .admission import AdmissionSettings, withdraw_answer  # noqa: F401 - facade's import
+from .admission import AdmissionSettings
 from .messages import (DISK_ADMIT_TIMEOUT_S, BundleArrived, CancelJob, CapacityView,
                        CeilingChanged, Finished, Heartbeat, QueuedView, SetupDone, StartFailed,
                        StatusView, Submit, Unfollowed, Withdraw)

@@ -15,7 +15,7 @@ from motor.accounting.core import (
 )
 from motor.accounting.host import HostSampler, resolve_repository
 from motor.clock import uuid7
-from motor.execution.actor import terminal_from_status
+from motor.lifecycle import terminal_from_status
 from motor.records import JobRecord, ReservationUse, public_record
 
 T0 = 1_790_000_000_000 - 1_790_000_000_000 % HOUR_MS  # an hour boundary

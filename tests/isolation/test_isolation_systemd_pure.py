@@ -140,7 +140,7 @@ def test_the_unified_cpu_figure_and_whether_anything_ran_in_the_slice(tmp_path):
 
 
 def test_a_job_never_put_in_its_unit_ends_spawn_failed_unless_cancelled():
-    from motor.execution.actor import terminal_from_status
+    from motor.lifecycle import terminal_from_status
     from motor.records import JobRecord
 
     record = JobRecord(job_id=JOB, state="running", workspace="w", command=["true"], claim=1,
