@@ -228,6 +228,7 @@ def test_v2_layout_on_a_fake_tree(fake_v2):
     for name, text in V2_FILES.items():
         (fake_v2 / "motor-jobs" / name).write_text(text)
     (fake_v2 / "motor-jobs" / "memory.max").write_text("1073741824\n")
+    flavour.ensure_parent()  # once, when the backend opens (open_cgroup_backend's probe)
     fields = backend.prepare("j1", [2, 3], 4 << 30)
     group = fake_v2 / "motor-jobs" / "job-j1"
     assert fields == {"pin": True, "cgroup_procs": [str(group / "cgroup.procs")]}

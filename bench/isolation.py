@@ -1,0 +1,210 @@
+"""Per-job cost of an isolation backend: prepare, join, run, finish (medians), beside the load.
+
+    python bench/isolation.py [--backend cgroup] [--n 40] [--rounds 3] [--gap-ms 100]
+    python bench/isolation.py --backend systemd --systemd-namespace [--n 40]
+
+cgroup: each job is `prepare` (the job's groups and limits), then a forked child joins the
+groups (writes its pid into every `cgroup_procs` file, as the keeper does, timed in the
+child: `join`), execs `true`, and is waited for (`run`, fork to reaped), then `finish`.
+`--gap-ms` spaces the jobs out (the first join after an idle spell pays a kernel RCU grace
+period on cgroup v1 hosts without favordynmods: docs/isolation.md); `--gap-ms 0` runs them
+back to back. Also printed: the mkdir calls per prepare (the parent group is made once, at
+start-up), and whether the kernel's favordynmods mount option is in effect.
+
+systemd: each job is `prepare` (the job's slice over D-Bus), then the keeper's command
+prefix (`systemd-run --scope ... -- true`) run to completion (`run`), then `finish`; with
+the D-Bus round trips per job. `--systemd-namespace` runs the measurement inside a real
+systemd that is PID 1 of its own namespaces (tests/isolation/systemd_ns.py; root, cgroup
+v1 hosts), for hosts where PID 1 is not systemd.
+
+Lines in the peers' format (`peer=motor metric=... value=... unit=ms`), then medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def favordynmods() -> bool:
+    return any("favordynmods" in line.split()[3].split(",")
+               for line in Path("/proc/self/mounts").read_text().splitlines()
+               if line.split()[2] in ("cgroup", "cgroup2"))
+
+
+def emit(metric: str, values: list[float], extra: str = "") -> float:
+    med = statistics.median(values)
+    print(f"peer=motor metric={metric} value={med:.3f} unit=ms n={len(values)} "
+          f"max={max(values):.3f}{' ' + extra if extra else ''}", flush=True)
+    return med
+
+
+def join_and_run(procs: list[str]) -> tuple[float, float]:
+    """Fork a child that joins the groups (timed inside it) and execs `true`; return
+    (join ms, fork-to-reaped ms)."""
+    r, w = os.pipe()
+    t0 = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:  # the child: join as the keeper does, then exec
+        try:
+            os.close(r)
+            me = str(os.getpid()).encode()
+            a = time.perf_counter()
+            for path in procs:
+                fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    os.write(fd, me)
+                finally:
+                    os.close(fd)
+            os.write(w, f"{(time.perf_counter() - a) * 1000:.6f}".encode())
+            os.close(w)
+            os.execv("/bin/true", ["true"])
+        finally:
+            os._exit(127)
+    os.close(w)
+    join_ms = float(os.read(r, 64) or b"nan")
+    os.close(r)
+    os.waitpid(pid, 0)
+    return join_ms, (time.perf_counter() - t0) * 1000
+
+
+def bench_cgroup(args) -> None:
+    from motor.isolation import cgroup as cg
+
+    parent = f"motor-bench-{os.getpid()}"
+    backend = cg.open_cgroup_backend(parent=parent)
+    mkdirs = 0
+    real_mkdir = os.mkdir
+
+    def counting_mkdir(path, *a, **kw):
+        nonlocal mkdirs
+        mkdirs += 1
+        return real_mkdir(path, *a, **kw)
+
+    cg.os.mkdir = counting_mkdir
+    cpu = max(os.sched_getaffinity(0))
+    print(f"# cgroup v{backend.version} under {backend.flavour.describe_parent()}; "
+          f"favordynmods={'on' if favordynmods() else 'off (per mount options)'}; "
+          f"gap {args.gap_ms} ms; load {load()}", flush=True)
+    try:
+        for rnd in range(args.rounds):
+            phases: dict[str, list[float]] = {"prepare": [], "join": [], "run": [], "finish": []}
+            mkdirs = 0
+            for i in range(args.n):
+                time.sleep(args.gap_ms / 1000)
+                jid = f"bench-{uuid.uuid4().hex}"
+                t0 = time.perf_counter()
+                fields = backend.prepare(jid, [cpu], 256 << 20)
+                t1 = time.perf_counter()
+                join_ms, run_ms = join_and_run(fields["cgroup_procs"])
+                t2 = time.perf_counter()
+                result = backend.finish(jid)
+                t3 = time.perf_counter()
+                if result.get("cleanup_error"):
+                    raise SystemExit(f"finish: {result['cleanup_error']}")
+                phases["prepare"].append((t1 - t0) * 1000)
+                phases["join"].append(join_ms)
+                phases["run"].append(run_ms)
+                phases["finish"].append((t3 - t2) * 1000)
+            for name, values in phases.items():
+                emit(f"cgroup_{name}", values, f"round={rnd} gap_ms={args.gap_ms}")
+            print(f"# round {rnd}: mkdir calls per prepare {mkdirs / args.n:.2f}; "
+                  f"load {load()}", flush=True)
+    finally:
+        cg.os.mkdir = real_mkdir
+        for path in backend.flavour.parent_paths():
+            try:
+                os.rmdir(path)
+            except OSError as exc:
+                print(f"# cannot remove {path}: {exc}", file=sys.stderr)
+
+
+def bench_systemd(args) -> None:
+    from jeepney import HeaderFields
+
+    from motor.isolation import systemd as sd
+
+    backend = sd.open_systemd_backend()
+    calls: dict[str, int] = {}
+    real_call = sd.SystemdManager._call
+    real_connect = sd.SystemdManager.connect
+
+    def counting_call(self, message):
+        member = message.header.fields.get(HeaderFields.member)
+        calls[member] = calls.get(member, 0) + 1
+        return real_call(self, message)
+
+    def counting_connect(self):
+        calls["(connect)"] = calls.get("(connect)", 0) + 1
+        return real_connect(self)
+
+    sd.SystemdManager._call = counting_call
+    sd.SystemdManager.connect = counting_connect
+    print(f"# systemd backend; {backend.notes[0]}; gap {args.gap_ms} ms; load {load()}",
+          flush=True)
+    for rnd in range(args.rounds):
+        phases: dict[str, list[float]] = {"prepare": [], "run": [], "finish": [], "total": []}
+        calls.clear()
+        for i in range(args.n):
+            time.sleep(args.gap_ms / 1000)
+            jid = uuid.uuid4().hex
+            t0 = time.perf_counter()
+            fields = backend.prepare(jid, [max(os.sched_getaffinity(0))], 256 << 20)
+            t1 = time.perf_counter()
+            subprocess.run([*fields["command_prefix"], "/bin/true"], check=True)
+            t2 = time.perf_counter()
+            result = backend.finish(jid)
+            t3 = time.perf_counter()
+            if result.get("cleanup_error") or result.get("start_error"):
+                raise SystemExit(f"finish: {result}")
+            for name, value in (("prepare", t1 - t0), ("run", t2 - t1), ("finish", t3 - t2),
+                                ("total", t3 - t0)):
+                phases[name].append(value * 1000)
+        for name, values in phases.items():
+            emit(f"systemd_{name}", values, f"round={rnd}")
+        per_job = ", ".join(f"{k} {v / args.n:.2f}" for k, v in sorted(calls.items()))
+        print(f"# round {rnd}: D-Bus calls per job: {per_job}; load {load()}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--backend", choices=("cgroup", "systemd"), default="cgroup")
+    ap.add_argument("--n", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--gap-ms", type=float, default=100.0)
+    ap.add_argument("--systemd-namespace", action="store_true")
+    args = ap.parse_args()
+    if args.systemd_namespace:
+        sys.path.insert(0, str(ROOT / "tests" / "isolation"))
+        from systemd_ns import SystemdNamespace
+
+        argv = [a for a in sys.argv[1:] if a != "--systemd-namespace"]
+        with tempfile.TemporaryDirectory(prefix="motor-bench-") as tmp:
+            ns = SystemdNamespace(Path(tmp)).start()
+            try:
+                rc = subprocess.run(ns.enter(sys.executable, __file__, *argv,
+                                             cwd=str(ROOT))).returncode
+            finally:
+                ns.stop()
+        raise SystemExit(rc)
+    if args.backend == "cgroup":
+        bench_cgroup(args)
+    else:
+        bench_systemd(args)
+
+
+if __name__ == "__main__":
+    main()
