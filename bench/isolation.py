@@ -11,9 +11,10 @@ period on cgroup v1 hosts without favordynmods: docs/isolation.md); `--gap-ms 0`
 back to back. Also printed: the mkdir calls per prepare (the parent group is made once, at
 start-up), and whether the kernel's favordynmods mount option is in effect.
 
-systemd: each job is `prepare` (the job's slice over D-Bus), then the keeper's command
-prefix (`systemd-run --scope ... -- true`) run to completion (`run`), then `finish`; with
-the D-Bus round trips per job. `--systemd-namespace` runs the measurement inside a real
+systemd: each job is `prepare` (the job's slice over D-Bus), then a forked child that
+joins the job's scope as the keeper does (`join`: StartTransientUnit with its own pid) and
+execs `true` (`run`: fork to reaped; older code: `systemd-run --scope ... -- true`), then
+`finish`; with the D-Bus round trips per job. `--systemd-namespace` runs the measurement inside a real
 systemd that is PID 1 of its own namespaces (tests/isolation/systemd_ns.py; root, cgroup
 v1 hosts), for hosts where PID 1 is not systemd.
 
@@ -46,29 +47,34 @@ def favordynmods() -> bool:
 
 
 def emit(metric: str, values: list[float], extra: str = "") -> float:
+    values = [v for v in values if v == v]  # NaN: not measured
+    if not values:
+        return float("nan")
     med = statistics.median(values)
     print(f"peer=motor metric={metric} value={med:.3f} unit=ms n={len(values)} "
           f"max={max(values):.3f}{' ' + extra if extra else ''}", flush=True)
     return med
 
 
-def join_and_run(procs: list[str]) -> tuple[float, float]:
-    """Fork a child that joins the groups (timed inside it) and execs `true`; return
-    (join ms, fork-to-reaped ms)."""
+def join_and_run(spec: dict) -> tuple[float, float]:
+    """Fork a child that joins the job's confinement as the keeper does (timed inside
+    it: motor/isolation/join.py) and execs `true`; return (join ms, fork-to-reaped ms)."""
+    try:
+        from motor.isolation.join import join_confinement
+    except ImportError:  # older code (bench it before/after): the keeper's inline loop
+        def join_confinement(spec):
+            for path in spec["cgroup_procs"]:
+                with open(path, "w") as f:
+                    f.write(str(os.getpid()))
+
     r, w = os.pipe()
     t0 = time.perf_counter()
     pid = os.fork()
     if pid == 0:  # the child: join as the keeper does, then exec
         try:
             os.close(r)
-            me = str(os.getpid()).encode()
             a = time.perf_counter()
-            for path in procs:
-                fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-                try:
-                    os.write(fd, me)
-                finally:
-                    os.close(fd)
+            join_confinement(spec)
             os.write(w, f"{(time.perf_counter() - a) * 1000:.6f}".encode())
             os.close(w)
             os.execv("/bin/true", ["true"])
@@ -109,7 +115,7 @@ def bench_cgroup(args) -> None:
                 t0 = time.perf_counter()
                 fields = backend.prepare(jid, [cpu], 256 << 20)
                 t1 = time.perf_counter()
-                join_ms, run_ms = join_and_run(fields["cgroup_procs"])
+                join_ms, run_ms = join_and_run(fields)
                 t2 = time.perf_counter()
                 result = backend.finish(jid)
                 t3 = time.perf_counter()
@@ -156,7 +162,8 @@ def bench_systemd(args) -> None:
     print(f"# systemd backend; {backend.notes[0]}; gap {args.gap_ms} ms; load {load()}",
           flush=True)
     for rnd in range(args.rounds):
-        phases: dict[str, list[float]] = {"prepare": [], "run": [], "finish": [], "total": []}
+        phases: dict[str, list[float]] = {"prepare": [], "join": [], "run": [], "finish": [],
+                                          "total": []}
         calls.clear()
         for i in range(args.n):
             time.sleep(args.gap_ms / 1000)
@@ -164,7 +171,11 @@ def bench_systemd(args) -> None:
             t0 = time.perf_counter()
             fields = backend.prepare(jid, [max(os.sched_getaffinity(0))], 256 << 20)
             t1 = time.perf_counter()
-            subprocess.run([*fields["command_prefix"], "/bin/true"], check=True)
+            if "command_prefix" in fields:  # before the join step started the scope itself
+                join_ms = float("nan")
+                subprocess.run([*fields["command_prefix"], "/bin/true"], check=True)
+            else:
+                join_ms, _ = join_and_run(fields)
             t2 = time.perf_counter()
             result = backend.finish(jid)
             t3 = time.perf_counter()
@@ -173,6 +184,7 @@ def bench_systemd(args) -> None:
             for name, value in (("prepare", t1 - t0), ("run", t2 - t1), ("finish", t3 - t2),
                                 ("total", t3 - t0)):
                 phases[name].append(value * 1000)
+            phases["join"].append(join_ms)
         for name, values in phases.items():
             emit(f"systemd_{name}", values, f"round={rnd}")
         per_job = ", ".join(f"{k} {v / args.n:.2f}" for k, v in sorted(calls.items()))
