@@ -46,6 +46,17 @@ def favordynmods() -> bool:
                if line.split()[2] in ("cgroup", "cgroup2"))
 
 
+def pid_cpu_ms(pid: int) -> float:
+    """utime + stime of a process, in ms."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_ms() -> float:
+    t = os.times()
+    return (t.user + t.system + t.children_user + t.children_system) * 1000
+
+
 def emit(metric: str, values: list[float], extra: str = "") -> float:
     values = [v for v in values if v == v]  # NaN: not measured
     if not values:
@@ -165,6 +176,7 @@ def bench_systemd(args) -> None:
         phases: dict[str, list[float]] = {"prepare": [], "join": [], "run": [], "finish": [],
                                           "total": []}
         calls.clear()
+        pid1_before, own_before = pid_cpu_ms(1), own_cpu_ms()
         for i in range(args.n):
             time.sleep(args.gap_ms / 1000)
             jid = uuid.uuid4().hex
@@ -187,6 +199,11 @@ def bench_systemd(args) -> None:
             phases["join"].append(join_ms)
         for name, values in phases.items():
             emit(f"systemd_{name}", values, f"round={rnd}")
+        pid1_cpu = (pid_cpu_ms(1) - pid1_before) / args.n
+        own_cpu = (own_cpu_ms() - own_before) / args.n
+        print(f"peer=motor metric=systemd_cpu_per_job value={pid1_cpu + own_cpu:.2f} unit=ms "
+              f"systemd_pid1={pid1_cpu:.2f} bench_and_children={own_cpu:.2f} round={rnd}",
+              flush=True)
         per_job = ", ".join(f"{k} {v / args.n:.2f}" for k, v in sorted(calls.items()))
         print(f"# round {rnd}: D-Bus calls per job: {per_job}; load {load()}", flush=True)
 

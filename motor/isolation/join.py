@@ -206,7 +206,8 @@ def _parse(message: bytes) -> tuple[int, dict, bytes, bool]:
     return kind, fields, message[r.pos:], little
 
 
-def _message_length(head: bytes) -> int:
+def message_length(head: bytes) -> int:
+    """The length of the D-Bus message whose first 16 bytes are `head`."""
     e = "<" if head[0:1] == b"l" else ">"
     body_len, _serial, fields_len = struct.unpack_from(e + "III", head, 4)
     return 16 + fields_len + (-fields_len % 8) + body_len
@@ -244,13 +245,17 @@ class _Conn:
         self.buf += data
 
     def next_message(self) -> tuple[int, dict, bytes, bool]:
-        while len(self.buf) < 16:
-            self._more()
-        n = _message_length(self.buf)
-        while len(self.buf) < n:
-            self._more()
-        message, self.buf = self.buf[:n], self.buf[n:]
-        return _parse(message)
+        """The next message, parsed; signals other than JobRemoved are skipped unparsed
+        (systemd's private socket sends every signal to every connection)."""
+        while True:
+            while len(self.buf) < 16:
+                self._more()
+            n = message_length(self.buf)
+            while len(self.buf) < n:
+                self._more()
+            message, self.buf = self.buf[:n], self.buf[n:]
+            if message[1] != _SIGNAL or b"JobRemoved" in message:
+                return _parse(message)
 
     def close(self) -> None:
         self.sock.close()
