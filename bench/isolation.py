@@ -18,6 +18,11 @@ execs `true` (`run`: fork to reaped; older code: `systemd-run --scope ... -- tru
 systemd that is PID 1 of its own namespaces (tests/isolation/systemd_ns.py; root, cgroup
 v1 hosts), for hosts where PID 1 is not systemd.
 
+`--runner N`: N `true` jobs through a real `motor serve --isolation <backend>` (2 slots,
+inside the systemd namespace with `--systemd-namespace`): jobs/s, and the CPU time per job
+of the runner, of the forkserver with its keepers and jobs, and of systemd (PID 1): on a
+loaded 2-core host the CPU per job is the steadier figure.
+
 Lines in the peers' format (`peer=motor metric=... value=... unit=ms`), then medians.
 """
 
@@ -208,14 +213,107 @@ def bench_systemd(args) -> None:
         print(f"# round {rnd}: D-Bus calls per job: {per_job}; load {load()}", flush=True)
 
 
+def children(pid: int) -> list[int]:
+    """The children of every thread of `pid`."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def tree_cpu_ms(pid: int) -> float:
+    """utime+stime of a process and of its reaped descendants (cutime, cstime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def bench_runner(args) -> None:
+    """N `true` jobs through a real `motor serve` (2 slots): the wall time, and the CPU
+    time per job of the runner, of the forkserver with its keepers and jobs, and (systemd)
+    of PID 1: the figure that decides throughput on a loaded 2-core host."""
+    import httpx
+
+    sys.path.insert(0, str(ROOT / "tests" / "isolation"))
+    with tempfile.TemporaryDirectory(prefix="motor-bench-") as tmp:
+        ns, prefix = None, []
+        if args.systemd_namespace:
+            from systemd_ns import SystemdNamespace
+
+            ns = SystemdNamespace(Path(tmp)).start()
+            prefix = ns.enter(cwd=str(ROOT))
+        state = Path(tmp) / "state"
+        log = open(Path(tmp) / "serve.log", "wb")
+        proc = subprocess.Popen(
+            [*prefix, sys.executable, "-m", "motor", "serve", "--state-dir", str(state),
+             "--max-weight", "2", "--max-queue-depth", str(args.runner + 10),
+             "--free-space-floor-bytes", "0", "--isolation", args.backend],
+            stdout=log, stderr=subprocess.STDOUT)
+        try:
+            sock = state / "motor.sock"
+            deadline = time.monotonic() + 30
+            while not sock.exists():
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise SystemExit(f"serve did not start: {(Path(tmp) / 'serve.log').read_text()}")
+                time.sleep(0.01)
+            runner = proc.pid
+            while Path(f"/proc/{runner}/comm").read_text().strip() == "nsenter":
+                runner = children(runner)[0]  # nsenter forks the runner in the namespace
+            forkserver = next(c for c in children(runner)
+                              if b"forkserver" in Path(f"/proc/{c}/cmdline").read_bytes())
+            parts = {"runner": runner, "forkserver_keepers_jobs": forkserver}
+            if ns is not None:
+                parts["systemd_pid1"] = ns.pid1
+            transport = httpx.HTTPTransport(uds=str(sock))
+            with httpx.Client(transport=transport, base_url="http://motor", timeout=60) as c:
+                c.get("/v1/health").raise_for_status()
+                before = {k: tree_cpu_ms(p) for k, p in parts.items()}
+                t0 = time.perf_counter()
+                for i in range(args.runner):
+                    r = c.post("/v1/jobs", json={"command": ["true"], "weight_hint": 1,
+                                                 "workspace": f"ws{i % 4}"})
+                    r.raise_for_status()
+                while True:
+                    status = c.get("/v1/status").json()
+                    if not status["queued"] and not status["running"]:
+                        break
+                    time.sleep(0.002)
+                wall = time.perf_counter() - t0
+                after = {k: tree_cpu_ms(p) for k, p in parts.items()}
+                jobs = c.get("/v1/jobs", params={"all": 1}).json()
+                ok = sum(1 for j in jobs if j["state"] == "succeeded")
+            per_job = {k: (after[k] - before[k]) / args.runner for k in parts}
+            total = sum(per_job.values())
+            print(f"peer=motor metric=runner_cpu_per_job value={total:.2f} unit=ms "
+                  + " ".join(f"{k}={v:.2f}" for k, v in per_job.items())
+                  + f" isolation={args.backend} jobs_per_s={args.runner / wall:.1f} "
+                  f"succeeded={ok}/{args.runner} load1={load().split()[0]}", flush=True)
+        finally:
+            if ns is not None:
+                ns.stop()
+            else:
+                proc.terminate()
+            proc.wait(30)
+            log.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--backend", choices=("cgroup", "systemd"), default="cgroup")
+    ap.add_argument("--backend", choices=("cgroup", "systemd", "affinity"), default="cgroup",
+                    help="affinity: --runner only")
     ap.add_argument("--n", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gap-ms", type=float, default=100.0)
     ap.add_argument("--systemd-namespace", action="store_true")
+    ap.add_argument("--runner", type=int, default=0, metavar="N",
+                    help="N true jobs through a real motor serve: wall and CPU per job")
     args = ap.parse_args()
+    if args.runner:
+        for _ in range(args.rounds):
+            bench_runner(args)
+        return
     if args.systemd_namespace:
         sys.path.insert(0, str(ROOT / "tests" / "isolation"))
         from systemd_ns import SystemdNamespace

@@ -478,6 +478,14 @@ def detect(root: str = CGROUP_ROOT, parent: str = PARENT) -> Flavour:
     raise IsolationError(f"no usable cgroups: {why_not_v2}; {why_not_v1}{extra}")
 
 
+def favordynmods(mounts: str = "/proc/self/mounts") -> bool:
+    """Whether a cgroup hierarchy is mounted with `favordynmods`: then a process joins a
+    group without waiting for an RCU grace period (docs/isolation.md, "The join")."""
+    text = _try_read(mounts) or ""
+    return any(len(f) > 3 and f[2] in ("cgroup", "cgroup2") and "favordynmods" in f[3].split(",")
+               for f in (line.split() for line in text.splitlines()))
+
+
 def probe(flavour: Flavour) -> None:
     """Prove the parent group is writable: create it, then create and remove a test group."""
     flavour.ensure_parent()
@@ -611,4 +619,8 @@ def open_cgroup_backend(root: str = CGROUP_ROOT, parent: str = PARENT) -> Cgroup
     notes = [f"cgroup v{flavour.version}: a group per job under {flavour.describe_parent()}"]
     if flavour.version == 1:
         notes.append("memory.limit_in_bytes caps RAM only; swap is not capped (memory.memsw unset)")
+    if not favordynmods():
+        notes.append("a job's first process joins its group by a migration: after an idle "
+                     "spell it waits an RCU grace period (10-20 ms here) unless cgroups are "
+                     "mounted with favordynmods (docs/isolation.md, 'The join')")
     return CgroupBackend(notes=tuple(notes), flavour=flavour)
