@@ -279,17 +279,22 @@ def bench_runner(args) -> None:
                     status = c.get("/v1/status").json()
                     if not status["queued"] and not status["running"]:
                         break
-                    time.sleep(0.002)
+                    time.sleep(0.02)  # light polling: its CPU counts in the runner's
                 wall = time.perf_counter() - t0
                 after = {k: tree_cpu_ms(p) for k, p in parts.items()}
                 jobs = c.get("/v1/jobs", params={"all": 1}).json()
                 ok = sum(1 for j in jobs if j["state"] == "succeeded")
             per_job = {k: (after[k] - before[k]) / args.runner for k in parts}
+            warnings = [line for line in (Path(tmp) / "serve.log").read_text(
+                errors="replace").splitlines() if "WARNING" in line or "ERROR" in line]
+            for line in warnings[:5]:
+                print(f"# serve: {line[:300]}", flush=True)
             total = sum(per_job.values())
             print(f"peer=motor metric=runner_cpu_per_job value={total:.2f} unit=ms "
                   + " ".join(f"{k}={v:.2f}" for k, v in per_job.items())
                   + f" isolation={args.backend} jobs_per_s={args.runner / wall:.1f} "
-                  f"succeeded={ok}/{args.runner} load1={load().split()[0]}", flush=True)
+                  f"succeeded={ok}/{args.runner} warnings={len(warnings)} "
+                  f"load1={load().split()[0]}", flush=True)
         finally:
             if ns is not None:
                 ns.stop()
