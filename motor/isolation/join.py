@@ -19,7 +19,6 @@ just the one call and the replies it needs; the runner's own D-Bus client is jee
 from __future__ import annotations
 
 import os
-import socket
 import struct
 import time
 
@@ -216,7 +215,12 @@ def message_length(head: bytes) -> int:
 class _Conn:
     def __init__(self, address: str, timeout: float) -> None:
         self.deadline = time.monotonic() + timeout
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        # _socket, not socket: the forkserver that imports this module stays small (the
+        # socket module's enums made every keeper fork measurably dearer), and only a
+        # systemd keeper gets here
+        import _socket
+
+        self.sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
         self.buf = b""
         try:
             self.sock.settimeout(timeout)
@@ -237,7 +241,7 @@ class _Conn:
     def _more(self) -> None:
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
-            raise socket.timeout("timed out")
+            raise TimeoutError("timed out")
         self.sock.settimeout(remaining)
         data = self.sock.recv(65536)
         if not data:
