@@ -230,6 +230,10 @@ class FakeManager:
                     elif member == "StartTransientUnit" and msg.body[0] in self.units:
                         reply = new_error(msg, "org.freedesktop.systemd1.UnitExists", "s",
                                           (f"Unit {msg.body[0]} already exists.",))
+                    elif member == "Hello":
+                        reply = new_method_return(msg, "s", (":1.42",))
+                    elif member in ("AddMatch", "Subscribe"):
+                        reply = new_method_return(msg)
                     elif member == "GetUnit":
                         reply = new_error(msg, "org.freedesktop.systemd1.NoSuchUnit", "s",
                                           (f"Unit {msg.body[0]} not loaded.",))
@@ -363,3 +367,39 @@ def test_prepare_and_finish_reuse_one_connection(fake_manager):
     backend.pool.close()  # idle connections closed (as after IDLE_CLOSE_S): connect again
     backend.finish(JOB)
     assert fake_manager.accepted == 2
+
+
+def test_the_join_step_through_a_bus_daemon_says_hello_and_listens(tmp_path):
+    """Not root: the system bus. The join step says Hello, asks for JobRemoved signals
+    (AddMatch, Subscribe), then starts the scope."""
+    from motor.isolation.join import join_confinement
+
+    manager = FakeManager(tmp_path / "system_bus_socket")
+    try:
+        manager.accept_scopes = True
+        spec = SystemdBackend(address=manager.path).spec_fields(JOB, [1], 64 * MiB)
+        assert join_confinement(spec) is True
+        assert [c[0] for c in manager.calls] == ["Hello", "AddMatch", "Subscribe",
+                                                 "StartTransientUnit"]
+        assert "member='JobRemoved'" in manager.calls[1][1][0]
+    finally:
+        manager.close()
+
+
+def test_an_idle_pooled_connection_is_closed(fake_manager):
+    """systemd's private socket sends every signal to every connection: a pooled
+    connection left idle is closed by the janitor, not kept piling them up."""
+    from polling import wait_for
+
+    from motor.isolation.systemd import ConnectionPool
+
+    pool = ConnectionPool(fake_manager.path, idle_close_s=0.05)
+    with pool.connection() as m:
+        assert m.version() == "252-fake"
+    assert len(pool._idle) == 1
+    wait_for(lambda: not pool._idle and m._sock is None, timeout=10,
+             what="the idle connection to be closed")
+    with pool.connection() as again:  # a new one when needed
+        assert again is not m and again.version() == "252-fake"
+    assert pool.opened == 2
+    pool.close()
