@@ -32,6 +32,7 @@ from motor.execution.joblog import (
     read_spec,
     write_json_atomic,
 )
+from motor.isolation.join import JoinError, join_confinement
 
 __all__ = ["abandon", "claim_job_dir", "proc_create_time", "run_keeper", "main"]
 
@@ -454,16 +455,10 @@ class _Keeper:
                 os.sched_setaffinity(0, cpus)
             except (OSError, ValueError, TypeError) as exc:
                 raise _SpawnFailed(f"cannot pin to cpus {cpus!r}: {exc}") from None
-        me = str(os.getpid()).encode()
-        for procs in spec.get("cgroup_procs") or ():
-            try:
-                fd = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
-                try:
-                    os.write(fd, me)
-                finally:
-                    os.close(fd)
-            except OSError as exc:
-                raise _SpawnFailed(f"cannot join cgroup via {procs!r}: {exc.strerror}") from None
+        try:  # the job's groups / systemd scope (motor/isolation/join.py)
+            joined = join_confinement(spec)
+        except JoinError as exc:
+            raise _SpawnFailed(str(exc)) from None
         if self.cancel_requested:
             return None, -1, -1, spec
 
@@ -471,7 +466,7 @@ class _Keeper:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         self.started_at_ms = _now_ms()
-        restore_oom = _raise_oom_score_for_spawn() if spec.get("cgroup_procs") else None
+        restore_oom = _raise_oom_score_for_spawn() if joined else None
         try:
             exe = _resolve_executable(cmd0, env)
             argv = command

@@ -21,7 +21,23 @@ downgrades silently: it is a start-up error naming what the host lacks.
 
 from __future__ import annotations
 
-from .base import AFFINITY, NONE, Backend, IsolationError, affinity_supported
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .base import Backend
+
+# The base names load on first use (PEP 562): the keeper's forkserver imports
+# `motor.isolation.join` (stdlib only) and must not pull in dataclasses with `base`.
+_BASE_NAMES = ("AFFINITY", "NONE", "Backend", "IsolationError", "affinity_supported")
+
+
+def __getattr__(name: str):
+    if name in _BASE_NAMES:
+        from . import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AFFINITY",
@@ -63,10 +79,14 @@ class HostProbe:
         return open_cgroup_backend(parent=self.cgroup_parent)
 
     def affinity(self) -> bool:
+        from .base import affinity_supported
+
         return affinity_supported()
 
 
 def choose_backend(requested: str, *, probe: HostProbe | None = None) -> Backend:
+    from .base import AFFINITY, NONE, IsolationError
+
     probe = probe or HostProbe()
     if requested == "none":
         return NONE

@@ -155,6 +155,10 @@ def _write(path: str, value: str) -> None:
             f"cgroup: cannot write {value!r} to {path}: {exc.strerror or exc}") from None
 
 
+class _ParentGone(IsolationError):
+    """mkdir of a group found no parent directory (ENOENT)."""
+
+
 def _mkdir(path: str) -> bool:
     """Create a group; True when it was created now, False when it already existed."""
     try:
@@ -163,7 +167,18 @@ def _mkdir(path: str) -> bool:
     except FileExistsError:
         return False
     except OSError as exc:
-        raise IsolationError(f"cgroup: cannot create {path}: {exc.strerror or exc}") from None
+        kind = _ParentGone if exc.errno == errno.ENOENT else IsolationError
+        raise kind(f"cgroup: cannot create {path}: {exc.strerror or exc}") from None
+
+
+def _mkdir_job(path: str, ensure_parent) -> bool:
+    """Create a job's group under a parent made once at start-up. Only when the parent is
+    gone (removed by hand while the runner runs: ENOENT) is it made again, then the group."""
+    try:
+        return _mkdir(path)
+    except _ParentGone:
+        ensure_parent()
+        return _mkdir(path)
 
 
 def _pids(procs_path: str) -> list[int]:
@@ -215,6 +230,7 @@ class CgroupV1:
         self.root = root
         self.parent = parent
         self.mounts = {c: os.path.join(root, c) for c in V1_CONTROLLERS}
+        self._mems: str | None = None  # the parent's cpuset.mems, read once
 
     # where things are
     def parent_dir(self, controller: str) -> str:
@@ -244,6 +260,9 @@ class CgroupV1:
         return None
 
     def ensure_parent(self) -> None:
+        """Create (or find) and initialise the parent groups: once, when the backend opens
+        (and again only if a job's mkdir finds the parent gone)."""
+        self._mems = None
         for c in V1_CONTROLLERS:
             _mkdir(self.parent_dir(c))
         # A new cpuset group starts with empty cpus/mems and no task may join it until both
@@ -270,14 +289,18 @@ class CgroupV1:
                        for p in _pids(os.path.join(d, "cgroup.procs"))})
 
     def create(self, job_id: str, cpus: list[int] | None, memory_max: int | None) -> dict:
+        """The job's groups and limits. The parent exists (made once by `ensure_parent`
+        when the backend opened); per job: 3 mkdirs and 3 writes, one read of the
+        parent's memory limit (an operator may change it while the runner runs)."""
         dirs = self.job_dirs(job_id)
-        self.ensure_parent()
         for d in dirs.values():
-            _mkdir(d)
+            _mkdir_job(d, self.ensure_parent)
         cs = dirs["cpuset"]
         parent_cs = self.parent_dir("cpuset")
+        if self._mems is None:
+            self._mems = _read(os.path.join(parent_cs, "cpuset.mems")).strip()
         # mems first: a cpuset without mems accepts no task.
-        _write(os.path.join(cs, "cpuset.mems"), _read(os.path.join(parent_cs, "cpuset.mems")).strip())
+        _write(os.path.join(cs, "cpuset.mems"), self._mems)
         want = format_cpus(cpus) if cpus else _read(os.path.join(parent_cs, "cpuset.cpus")).strip()
         _write(os.path.join(cs, "cpuset.cpus"), want)
         limit = clamp(memory_max, self.parent_memory_limit())
@@ -391,8 +414,7 @@ class CgroupV2:
 
     def create(self, job_id: str, cpus: list[int] | None, memory_max: int | None) -> dict:
         d = self.job_dir(job_id)
-        self.ensure_parent()
-        _mkdir(d)
+        _mkdir_job(d, self.ensure_parent)  # the parent was made once, when the backend opened
         want = format_cpus(cpus) if cpus else ""
         _write(os.path.join(d, "cpuset.cpus"), want or "\n")  # empty = the parent's CPUs
         limit = clamp(memory_max, self.parent_memory_limit())
@@ -454,6 +476,14 @@ def detect(root: str = CGROUP_ROOT, parent: str = PARENT) -> Flavour:
     if os.path.exists(os.path.join(unified, "cgroup.controllers")):
         extra = f"; {unified} has controllers: {(_try_read(os.path.join(unified, 'cgroup.controllers')) or '').strip() or 'none'}"
     raise IsolationError(f"no usable cgroups: {why_not_v2}; {why_not_v1}{extra}")
+
+
+def favordynmods(mounts: str = "/proc/self/mounts") -> bool:
+    """Whether a cgroup hierarchy is mounted with `favordynmods`: then a process joins a
+    group without waiting for an RCU grace period (docs/isolation.md, "The join")."""
+    text = _try_read(mounts) or ""
+    return any(len(f) > 3 and f[2] in ("cgroup", "cgroup2") and "favordynmods" in f[3].split(",")
+               for f in (line.split() for line in text.splitlines()))
 
 
 def probe(flavour: Flavour) -> None:
@@ -589,4 +619,8 @@ def open_cgroup_backend(root: str = CGROUP_ROOT, parent: str = PARENT) -> Cgroup
     notes = [f"cgroup v{flavour.version}: a group per job under {flavour.describe_parent()}"]
     if flavour.version == 1:
         notes.append("memory.limit_in_bytes caps RAM only; swap is not capped (memory.memsw unset)")
+    if not favordynmods():
+        notes.append("a job's first process joins its group by a migration: after an idle "
+                     "spell it waits an RCU grace period (10-20 ms here) unless cgroups are "
+                     "mounted with favordynmods (docs/isolation.md, 'The join')")
     return CgroupBackend(notes=tuple(notes), flavour=flavour)

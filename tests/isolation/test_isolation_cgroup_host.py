@@ -238,3 +238,45 @@ def test_sweep_removes_unknown_job_groups_and_keeps_known_ones(cgroup_backend):
         sleeper.kill()
         sleeper.wait()
         cgroup_backend.finish(known)
+
+
+def test_prepare_creates_only_the_jobs_groups_never_the_parent(cgroup_backend, monkeypatch):
+    """The parent group is made once, when the backend opens (the probe); a job's
+    prepare makes exactly its own group(s) and nothing else (issue 14: it used to try
+    the parent again for every job, one failing mkdir per hierarchy)."""
+    from motor.isolation import cgroup as cg
+
+    made: list[str] = []
+    real_mkdir = os.mkdir
+
+    def counting_mkdir(path, *args, **kw):
+        made.append(str(path))
+        return real_mkdir(path, *args, **kw)
+
+    monkeypatch.setattr(cg.os, "mkdir", counting_mkdir)
+    jid = job_id("once")
+    try:
+        fields = cgroup_backend.prepare(jid, [last_cpu()], 32 * MiB)
+    finally:
+        monkeypatch.setattr(cg.os, "mkdir", real_mkdir)
+        result = cgroup_backend.finish(jid)
+    assert sorted(made) == sorted(os.path.dirname(p) for p in fields["cgroup_procs"]), made
+    assert all(p.endswith(f"/job-{jid}") for p in made)
+    assert result["cleanup_error"] is None
+
+
+def test_a_parent_removed_while_running_is_made_again_by_the_next_prepare(cgroup_backend):
+    """An operator (or a cleanup script) removed the empty parent group while the runner
+    runs: the next job's prepare re-creates and re-initialises it instead of failing."""
+    for path in cgroup_backend.flavour.parent_paths():
+        os.rmdir(path)
+    jid = job_id("regrow")
+    fields = cgroup_backend.prepare(jid, [last_cpu()], 32 * MiB)
+    try:
+        dirs = [os.path.dirname(p) for p in fields["cgroup_procs"]]
+        assert all(os.path.isdir(d) for d in dirs)
+        if cgroup_backend.version == 1:
+            assert read(f"{dirs[0]}/cpuset.cpus").strip() == str(last_cpu())
+            assert read(f"{dirs[0]}/cpuset.mems").strip() != ""
+    finally:
+        assert cgroup_backend.finish(jid)["cleanup_error"] is None

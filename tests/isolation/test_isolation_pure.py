@@ -228,6 +228,7 @@ def test_v2_layout_on_a_fake_tree(fake_v2):
     for name, text in V2_FILES.items():
         (fake_v2 / "motor-jobs" / name).write_text(text)
     (fake_v2 / "motor-jobs" / "memory.max").write_text("1073741824\n")
+    flavour.ensure_parent()  # once, when the backend opens (open_cgroup_backend's probe)
     fields = backend.prepare("j1", [2, 3], 4 << 30)
     group = fake_v2 / "motor-jobs" / "job-j1"
     assert fields == {"pin": True, "cgroup_procs": [str(group / "cgroup.procs")]}
@@ -252,3 +253,15 @@ def test_finish_never_raises_even_without_a_group(fake_v2):
     assert result["cleanup_error"] is None
     assert backend.finish("../bad")["cleanup_error"]
     assert backend.adopt("never-prepared") is False and backend.adopt("../bad") is False
+
+
+def test_favordynmods_is_read_from_the_cgroup_mount_options(tmp_path):
+    from motor.isolation.cgroup import favordynmods
+
+    mounts = tmp_path / "mounts"
+    mounts.write_text("cgroup /sys/fs/cgroup/cpuset cgroup rw,relatime,cpuset 0 0\n"
+                      "tmpfs /run tmpfs rw,favordynmods 0 0\n")
+    assert favordynmods(str(mounts)) is False  # not a cgroup mount
+    mounts.write_text("cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate,favordynmods 0 0\n")
+    assert favordynmods(str(mounts)) is True
+    assert favordynmods(str(tmp_path / "absent")) is False

@@ -255,7 +255,7 @@ def test_prepare_is_idempotent_and_finish_removes_the_slice(systemd_ns):
 
 
 REFUSED_SCRIPT = r"""
-import json, subprocess, time
+import json, subprocess, sys, time
 from motor.isolation.systemd import open_systemd_backend, job_scope
 backend = open_systemd_backend()
 job = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5c"
@@ -265,7 +265,15 @@ holder = subprocess.Popen(["systemd-run", "--scope", "--quiet",
                            "--unit=" + job_scope("motor-jobs", job), "sleep", "30"])
 while subprocess.run(["systemctl", "is-active", "--quiet", job_scope("motor-jobs", job)]).returncode:
     time.sleep(0.01)
-run = subprocess.run(fields["command_prefix"] + ["/bin/true"], capture_output=True, text=True)
+# the keeper's join step, in a process of its own
+join = ("import json, sys\n"
+        "from motor.isolation.join import JoinError, join_confinement\n"
+        "try:\n"
+        "    join_confinement(json.loads(sys.argv[1]))\n"
+        "except JoinError as exc:\n"
+        "    sys.exit(str(exc))\n")
+run = subprocess.run([sys.executable, "-c", join, json.dumps(fields)], capture_output=True,
+                     text=True)
 facts = backend.finish(job)
 holder.kill()
 print(json.dumps({"rc": run.returncode, "stderr": run.stderr, "facts": facts}))
@@ -276,7 +284,8 @@ def test_a_scope_systemd_refuses_is_reported_as_a_start_error(systemd_ns):
     result = systemd_ns.run(sys.executable, "-c", REFUSED_SCRIPT, cwd=str(ROOT))
     assert result.returncode == 0, result.stderr.decode()
     out = json.loads(result.stdout)
-    assert out["rc"] == 1 and "already loaded" in out["stderr"], out
+    assert out["rc"] == 1 and "UnitExists" in out["stderr"], out
+    assert "already" in out["stderr"], out
     assert "did not start the job's scope" in out["facts"]["start_error"], out
 
 

@@ -10,7 +10,7 @@ import socket
 import threading
 
 import pytest
-from jeepney import Parser, new_error, new_method_return
+from jeepney import DBusAddress, Parser, new_error, new_method_return, new_signal
 
 from motor.isolation import IsolationError
 from motor.isolation.systemd import (
@@ -61,13 +61,17 @@ def test_slice_properties_carry_the_limits_and_accounting():
     assert "MemoryMax" not in bare and "AllowedCPUs" not in bare
 
 
-def test_the_keeper_prefix_puts_the_job_in_a_scope_in_its_slice():
-    backend = SystemdBackend(systemd_run="/usr/bin/systemd-run", address="/nonexistent")
+def test_the_keeper_joins_a_scope_in_the_jobs_slice_itself():
+    """No `systemd-run` per job: the spec names the scope, and the keeper's join step asks
+    systemd for it with its own pid (motor/isolation/join.py)."""
+    backend = SystemdBackend(address="/nonexistent")
     fields = backend.spec_fields(JOB, [1], 64 * MiB)
     assert fields["pin"] is True and fields["cgroup_procs"] == []
-    assert fields["command_prefix"] == scope_argv(
-        "/usr/bin/systemd-run", job_scope("motor-jobs", JOB), job_slice("motor-jobs", JOB))
-    assert fields["command_prefix"][-1] == "--"
+    assert "command_prefix" not in fields
+    assert fields["systemd_scope"] == {"address": "/nonexistent",
+                                       "scope": job_scope("motor-jobs", JOB),
+                                       "slice": job_slice("motor-jobs", JOB),
+                                       "description": f"motor job {JOB}"}
     assert backend.spec_fields(JOB, None, None)["pin"] is False
 
 
@@ -168,6 +172,8 @@ class FakeManager:
         self.path = str(path)
         self.calls: list[tuple[str, tuple]] = []
         self.units: list[str] = []  # loaded units (ListUnitsByPatterns, StopUnit answer them)
+        self.accept_scopes = False  # StartTransientUnit of a .scope: a job and its JobRemoved
+        self.accepted = 0  # connections accepted
         self.sock = socket.socket(socket.AF_UNIX)
         self.sock.bind(self.path)
         self.sock.listen()
@@ -180,6 +186,7 @@ class FakeManager:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
+            self.accepted += 1
             with conn:
                 buf = b""
                 while b"BEGIN\r\n" not in buf:
@@ -208,6 +215,25 @@ class FakeManager:
                     elif member == "StopUnit" and msg.body[0] in self.units:
                         self.units.remove(msg.body[0])
                         reply = new_method_return(msg, "o", ("/org/freedesktop/systemd1/job/1",))
+                    elif (member == "StartTransientUnit" and self.accept_scopes
+                          and msg.body[0].endswith(".scope") and msg.body[0] not in self.units):
+                        self.units.append(msg.body[0])
+                        job = f"/org/freedesktop/systemd1/job/{len(self.calls)}"
+                        conn.sendall(new_method_return(msg, "o", (job,)).serialise(
+                            serial=1000 + len(self.calls)))
+                        removed = new_signal(
+                            DBusAddress("/org/freedesktop/systemd1",
+                                        interface="org.freedesktop.systemd1.Manager"),
+                            "JobRemoved", "uoss", (len(self.calls), job, msg.body[0], "done"))
+                        conn.sendall(removed.serialise(serial=2000 + len(self.calls)))
+                        continue
+                    elif member == "StartTransientUnit" and msg.body[0] in self.units:
+                        reply = new_error(msg, "org.freedesktop.systemd1.UnitExists", "s",
+                                          (f"Unit {msg.body[0]} already exists.",))
+                    elif member == "Hello":
+                        reply = new_method_return(msg, "s", (":1.42",))
+                    elif member in ("AddMatch", "Subscribe"):
+                        reply = new_method_return(msg)
                     elif member == "GetUnit":
                         reply = new_error(msg, "org.freedesktop.systemd1.NoSuchUnit", "s",
                                           (f"Unit {msg.body[0]} not loaded.",))
@@ -303,3 +329,77 @@ def test_systemd_health_never_touches_the_bus(tmp_path):
         listener.close()
     assert conn is None, "health() connected to the systemd manager"
     assert health["backend"] == "systemd" and health["memory_max"] is None  # nothing read yet
+
+
+def test_the_join_step_asks_systemd_for_the_scope_with_its_own_pid(fake_manager):
+    """motor/isolation/join.py marshals StartTransientUnit by hand (stdlib only, for the
+    keeper): the manager decodes it with jeepney; the start job's JobRemoved ends the wait;
+    a refusal keeps systemd's error name and words."""
+    from motor.isolation.join import JoinError, join_confinement
+
+    fake_manager.accept_scopes = True
+    spec = SystemdBackend(address=fake_manager.path).spec_fields(JOB, [1], 64 * MiB)
+    assert join_confinement(spec) is True
+    member, (name, mode, props, aux) = fake_manager.calls[-1]
+    assert member == "StartTransientUnit" and mode == "fail" and aux == []
+    assert name == job_scope("motor-jobs", JOB)
+    assert dict(props) == {"Description": ("s", f"motor job {JOB}"),
+                           "Slice": ("s", job_slice("motor-jobs", JOB)),
+                           "CollectMode": ("s", "inactive-or-failed"),
+                           "PIDs": ("au", [os.getpid()])}
+    with pytest.raises(JoinError, match="UnitExists: Unit .* already exists"):
+        join_confinement(spec)  # the scope's name is taken now
+    fake_manager.accept_scopes = False
+    with pytest.raises(JoinError, match="AccessDenied"):
+        join_confinement({"systemd_scope": dict(spec["systemd_scope"], scope="x.scope")})
+    with pytest.raises(JoinError, match="cannot connect"):
+        join_confinement({"systemd_scope": dict(spec["systemd_scope"], address="/nonexistent")})
+
+
+def test_prepare_and_finish_reuse_one_connection(fake_manager):
+    """A job's prepare and finish do not each connect and authenticate: the backend keeps
+    idle connections (and closes one the manager dropped)."""
+    backend = SystemdBackend(address=fake_manager.path)
+    for _ in range(3):
+        backend.finish(JOB)
+        assert backend.adopt(JOB) is False
+    assert fake_manager.accepted == 1
+    backend.pool.close()  # idle connections closed (as after IDLE_CLOSE_S): connect again
+    backend.finish(JOB)
+    assert fake_manager.accepted == 2
+
+
+def test_the_join_step_through_a_bus_daemon_says_hello_and_listens(tmp_path):
+    """Not root: the system bus. The join step says Hello, asks for JobRemoved signals
+    (AddMatch, Subscribe), then starts the scope."""
+    from motor.isolation.join import join_confinement
+
+    manager = FakeManager(tmp_path / "system_bus_socket")
+    try:
+        manager.accept_scopes = True
+        spec = SystemdBackend(address=manager.path).spec_fields(JOB, [1], 64 * MiB)
+        assert join_confinement(spec) is True
+        assert [c[0] for c in manager.calls] == ["Hello", "AddMatch", "Subscribe",
+                                                 "StartTransientUnit"]
+        assert "member='JobRemoved'" in manager.calls[1][1][0]
+    finally:
+        manager.close()
+
+
+def test_an_idle_pooled_connection_is_closed(fake_manager):
+    """systemd's private socket sends every signal to every connection: a pooled
+    connection left idle is closed by the janitor, not kept piling them up."""
+    from polling import wait_for
+
+    from motor.isolation.systemd import ConnectionPool
+
+    pool = ConnectionPool(fake_manager.path, idle_close_s=0.05)
+    with pool.connection() as m:
+        assert m.version() == "252-fake"
+    assert len(pool._idle) == 1
+    wait_for(lambda: not pool._idle and m._sock is None, timeout=10,
+             what="the idle connection to be closed")
+    with pool.connection() as again:  # a new one when needed
+        assert again is not m and again.version() == "252-fake"
+    assert pool.opened == 2
+    pool.close()

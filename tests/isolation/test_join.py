@@ -1,0 +1,98 @@
+"""The join step (motor/isolation/join.py) for real on this host: a process joins a job's
+v1/v2 groups by writing cgroup.procs; on a cgroup v2 hierarchy a child is born in a group
+with clone3(CLONE_INTO_CGROUP), without any migration.
+
+The v2 test needs a writable cgroup v2 mount: /sys/fs/cgroup itself, or a hybrid host's
+/sys/fs/cgroup/unified (this build machine); it skips with the reason elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from isolation_helpers import needs_cgroups
+from private_cgroup import kill_and_remove
+
+from motor.isolation.join import JoinError, fork_into_cgroup, join_cgroups, join_confinement
+
+
+def _v2_mount() -> str | None:
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        if fields[2] == "cgroup2" and os.access(fields[1], os.W_OK):
+            return fields[1]
+    return None
+
+
+V2 = _v2_mount()
+needs_v2 = pytest.mark.skipif(os.geteuid() != 0 or V2 is None,
+                              reason="needs root and a writable cgroup v2 mount")
+
+
+def _child_group(pid_fn) -> tuple[str, int]:
+    """Run pid_fn() -> pid of a child that writes its /proc/self/cgroup v2 line to fd w."""
+    r, w = os.pipe()
+    pid = pid_fn(w)
+    os.close(w)
+    with os.fdopen(r) as f:
+        line = f.read()
+    _, status = os.waitpid(pid, 0)
+    return line, status
+
+
+@needs_v2
+def test_a_child_is_born_in_the_v2_group_and_the_parent_stays_put(tmp_path):
+    group = os.path.join(V2, f"motor-test-join-{os.getpid()}")
+    os.mkdir(group)
+    try:
+        def spawn(w):
+            pid = fork_into_cgroup(group)
+            if pid == 0:  # the child: never returns into pytest
+                try:
+                    os.write(w, [ln for ln in Path("/proc/self/cgroup").read_text().splitlines()
+                                 if ln.startswith("0::")][0].encode())
+                finally:
+                    os._exit(0)
+            return pid
+
+        line, status = _child_group(spawn)
+        rel = "/" + os.path.relpath(group, V2)
+        assert line.endswith(rel), line
+        assert os.waitstatus_to_exitcode(status) == 0
+        mine = [ln for ln in Path("/proc/self/cgroup").read_text().splitlines()
+                if ln.startswith("0::")][0]
+        assert not mine.endswith(rel)
+    finally:
+        kill_and_remove(group, strict=True)
+
+
+def test_clone_into_a_directory_that_is_no_v2_group_forks_nothing(tmp_path):
+    with pytest.raises(OSError):
+        fork_into_cgroup(str(tmp_path))  # a plain directory: EBADF/EINVAL, no child
+
+
+@needs_cgroups
+def test_join_writes_the_callers_pid_into_every_group_and_names_a_bad_one(cgroup_backend):
+    jid = f"t{os.getpid()}-join"
+    fields = cgroup_backend.prepare(jid, None, None)
+    try:
+        def spawn(w):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    assert join_confinement(fields) is True
+                    os.write(w, Path("/proc/self/cgroup").read_text().encode())
+                finally:
+                    os._exit(0)
+            return pid
+
+        text, status = _child_group(spawn)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert text.count(f"/job-{jid}") == len(fields["cgroup_procs"]), text
+        assert join_confinement({"cgroup_procs": []}) is False
+        with pytest.raises(JoinError, match="cannot join cgroup via .*nothing-here"):
+            join_cgroups(["/sys/fs/cgroup/nothing-here/cgroup.procs"])
+    finally:
+        assert cgroup_backend.finish(jid)["cleanup_error"] is None
