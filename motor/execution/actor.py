@@ -113,7 +113,7 @@ class JobExecution(actors.Actor):
         if isinstance(msg, Cancel):
             self.cancel_requested = True
             if self.keeper is not None:
-                return self.deps.spawner.cancel(*self.keeper)
+                return self.deps.spawner.cancel(*self.keeper, self.dir)
             return True
         raise TypeError(f"{self.name}: unknown message {msg!r}")
 
@@ -155,7 +155,7 @@ class JobExecution(actors.Actor):
             if self.record.state != RUNNING:
                 await self._mark_running(kept.get("started_at_ms"))
         if self.cancel_requested and self.keeper is not None:
-            self.deps.spawner.cancel(*self.keeper)
+            self.deps.spawner.cancel(*self.keeper, self.dir)
         await self._follow()
         await self._finish()
         self.stop()
@@ -305,7 +305,7 @@ class JobExecution(actors.Actor):
 
         async def watch_exit():
             if self.keeper is not None:
-                await self.deps.spawner.wait_exit(*self.keeper)
+                await self.deps.spawner.wait_exit(*self.keeper, self.dir)
             done.set()
 
         async with trio.open_nursery() as nursery:

@@ -33,7 +33,7 @@ from motor.execution.joblog import (
     write_json_atomic,
 )
 
-__all__ = ["abandon", "claim_job_dir", "proc_create_time", "run_keeper", "main"]
+__all__ = ["abandon", "claim_job_dir", "join_cgroups", "proc_create_time", "run_keeper", "main"]
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 READ_CHUNK = 65536
@@ -108,7 +108,8 @@ def proc_create_time(pid: int) -> float:
     return float(fields[19]) / CLOCK_TICKS + _boot_time()
 
 
-def claim_job_dir(job_dir: str, keeper_pid: int, keeper_create_time: float) -> None:
+def claim_job_dir(job_dir: str, keeper_pid: int, keeper_create_time: float,
+                  kind: str | None = None) -> None:
     """Record a keeper's identity as ``<job_dir>/keeper.json``, exclusively.
 
     Called by the forkserver before it releases the keeper. ``link(2)`` of a fully
@@ -121,7 +122,8 @@ def claim_job_dir(job_dir: str, keeper_pid: int, keeper_create_time: float) -> N
     tmp = os.path.join(job_dir, f".{KEEPER_FILE}.{keeper_pid}.claim")
     data = (
         '{"keeper_pid":%d,"keeper_create_time":%r,"job_pid":null,'
-        '"job_create_time":null,"started_at_ms":null}' % (keeper_pid, keeper_create_time)
+        '"job_create_time":null,"started_at_ms":null%s}' % (
+            keeper_pid, keeper_create_time, ',"kind":%s' % json.dumps(kind) if kind else "")
     ).encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
@@ -137,6 +139,23 @@ def claim_job_dir(job_dir: str, keeper_pid: int, keeper_create_time: float) -> N
             os.unlink(tmp)
         except OSError:
             pass
+
+
+def join_cgroups(cgroup_procs: list[str] | None, pid: int | None = None) -> None:
+    """Move ``pid`` (default: the calling process) into the job's isolation groups: write
+    it into each ``cgroup.procs`` file of the spec (opened without ``O_CREAT``). The one
+    place a process joins a job's groups (the per-job keeper joins itself before spawning,
+    keeperd's forked child before exec). Raises OSError naming the file."""
+    me = str(os.getpid() if pid is None else pid).encode()
+    for procs in cgroup_procs or ():
+        try:
+            fd = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, me)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot join cgroup via {procs!r}: {exc.strerror}") from None
 
 
 def abandon(job_dir: str) -> int:
@@ -454,16 +473,10 @@ class _Keeper:
                 os.sched_setaffinity(0, cpus)
             except (OSError, ValueError, TypeError) as exc:
                 raise _SpawnFailed(f"cannot pin to cpus {cpus!r}: {exc}") from None
-        me = str(os.getpid()).encode()
-        for procs in spec.get("cgroup_procs") or ():
-            try:
-                fd = os.open(procs, os.O_WRONLY | os.O_CLOEXEC)
-                try:
-                    os.write(fd, me)
-                finally:
-                    os.close(fd)
-            except OSError as exc:
-                raise _SpawnFailed(f"cannot join cgroup via {procs!r}: {exc.strerror}") from None
+        try:
+            join_cgroups(spec.get("cgroup_procs"))
+        except OSError as exc:
+            raise _SpawnFailed(exc.strerror or str(exc)) from None
         if self.cancel_requested:
             return None, -1, -1, spec
 

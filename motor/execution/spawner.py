@@ -388,10 +388,16 @@ class Spawner:
 
     # -- the keepers it started: real processes (motor.execution.ports.Keepers) ----------
 
-    async def wait_exit(self, pid: int, create_time: float) -> None:
+    async def wait_exit(self, pid: int, create_time: float,
+                        job_dir: os.PathLike[str] | str | None = None) -> None:
+        if job_dir is not None and _keeperd_claim(job_dir):
+            raise SpawnerError(f"{job_dir} is kept by keeperd: use the keeperd spawner")
         await wait_process_exit(pid, create_time)
 
-    def cancel(self, pid: int, create_time: float) -> bool:
+    def cancel(self, pid: int, create_time: float,
+               job_dir: os.PathLike[str] | str | None = None) -> bool:
+        if job_dir is not None and _keeperd_claim(job_dir):
+            return False  # never SIGTERM keeperd for one job: that cancels all of them
         return cancel_keeper(pid, create_time)
 
     def kill_marked(self, job_id: str) -> list[int]:
@@ -406,12 +412,41 @@ class Spawner:
                 await server.stop()
 
 
+def _keeperd_claim(job_dir: os.PathLike[str] | str) -> bool:
+    from .keeperd_client import is_keeperd_claim
+
+    return is_keeperd_claim(job_dir)
+
+
+#: How jobs are kept: "keeperd" (one long-lived keeper per state directory) or "forkserver"
+#: (a keeper forked per job). Chosen with the environment variable MOTOR_SPAWNER.
+SPAWNER_ENV = "MOTOR_SPAWNER"
+SPAWNER_MODES = ("keeperd", "forkserver")
+DEFAULT_SPAWNER_MODE = "forkserver"
+
+
+def spawner_mode(mode: str | None = None) -> str:
+    mode = mode or os.environ.get(SPAWNER_ENV) or DEFAULT_SPAWNER_MODE
+    if mode not in SPAWNER_MODES:
+        raise SpawnerError(f"{SPAWNER_ENV}={mode!r}: expected one of {', '.join(SPAWNER_MODES)}")
+    return mode
+
+
 @asynccontextmanager
 async def open_spawner(
     *, python: str = sys.executable, env: dict[str, str] | None = None,
-    clock: WallClock | None = None,
+    clock: WallClock | None = None, state_dir: os.PathLike[str] | str | None = None,
+    mode: str | None = None,
 ) -> AsyncIterator[Spawner]:
-    """Start a forkserver; stop it on exit.  Keepers it forked keep running."""
+    """The runner's Keepers: with ``state_dir`` and mode "keeperd" (``spawner_mode``) a
+    client of that state directory's keeperd (started if none runs); otherwise a forkserver
+    that forks a keeper per job, stopped on exit. Keepers and jobs keep running either way."""
+    if state_dir is not None and spawner_mode(mode) == "keeperd":
+        from .keeperd_client import open_keeperd_spawner
+
+        async with open_keeperd_spawner(state_dir, python=python, env=env, clock=clock) as kd:
+            yield kd  # type: ignore[misc]
+        return
     spawner = Spawner(python=python, env=env, clock=clock)
     async with spawner._lock:
         spawner._server = await spawner._start()

@@ -102,7 +102,7 @@ async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runn
         hub = ChangeHub()
         await _sweep_leftover_groups(host.backend, db, jobs_dir)
         try:
-            async with open_spawner(clock=clock) as spawner:
+            async with open_spawner(clock=clock, state_dir=state) as spawner:
                 tree = _Tree()
                 job_deps = JobDeps(
                     config=config, db=db, store=None, dispatcher=None, cpu=None,
