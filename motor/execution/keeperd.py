@@ -438,6 +438,9 @@ class Keeperd:
     def _spawn(self, job_dir: str) -> dict:
         if job_dir in self.jobs:
             return {"code": "claimed", "error": f"{job_dir} already has a keeper (keeperd keeps it)"}
+        # The start steps keep the forkserver's point names (motor/faults.py): the same
+        # step of the start protocol, in the process that spawns.
+        faults.hit("forkserver.forked")  # tests: the request is in, the claim not written
         try:
             K.claim_job_dir(job_dir, self.pid, self.create_time, kind=KIND)
         except FileExistsError:
@@ -445,7 +448,7 @@ class Keeperd:
         except OSError as exc:
             return {"code": "spawn_failed", "error": "cannot record the keeper's identity in "
                     f"{os.path.join(job_dir, KEEPER_FILE)}: {exc}"}
-        faults.hit("keeperd.claimed")  # tests: claimed, the job not yet spawned
+        faults.hit("forkserver.claimed")  # tests: claimed, the job not yet spawned
         job = Job(job_dir)
         self.jobs[job_dir] = job
         try:
@@ -851,6 +854,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     daemon = Keeperd(state_dir, listener, lock_fd)
+    try:  # who holds the lock, for operators and tests (the flock is what counts)
+        os.ftruncate(lock_fd, 0)
+        os.pwrite(lock_fd, b"%d\n" % daemon.pid, 0)
+    except OSError:
+        pass
     daemon.sock_ino = sock_ino
 
     def on_term(signum: int, frame: Any) -> None:
