@@ -341,8 +341,9 @@ class KeeperdSpawner:
         tree, SIGKILLs it after the grace, records "cancelled"). False when it is gone."""
         if job_dir is None or not is_keeperd_claim(job_dir):
             return cancel_keeper(pid, create_time)
-        if not process_alive(pid, create_time):
-            return False
+        if not process_alive(pid, create_time) or os.path.exists(
+                os.path.join(job_dir, joblog.STATUS_FILE)):
+            return False  # keeperd is gone, or done with this job
         self._submit(_Req("cancel", os.path.abspath(os.fspath(job_dir)), launch=False))
         return True
 
