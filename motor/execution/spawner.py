@@ -10,6 +10,7 @@ checks their identity with ``process_alive`` (pid + create time).
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -272,12 +273,22 @@ class _Forkserver:
             await self.proc.stdout.aclose()
 
 
+class _SpawnRequest:
+    __slots__ = ("path", "event", "handle", "exc")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.event = trio.Event()
+        self.handle: KeeperHandle | None = None
+        self.exc: BaseException | None = None
+
+
 class Spawner:
     """Client of one forkserver; use via ``open_spawner()``.
 
-    ``spawn`` is safe to call from many tasks at once: request/response pairs
-    are serialized with a lock (the forkserver handles one request at a time
-    anyway) and tagged with ids.
+    ``spawn`` is safe to call from many tasks at once: requests go into a memory channel
+    and one task (``_serve``, started by ``open_spawner``) owns the forkserver and handles
+    them one at a time (the forkserver handles one at a time anyway). No lock.
     """
 
     def __init__(self, *, python: str = sys.executable, env: dict[str, str] | None = None,
@@ -287,7 +298,7 @@ class Spawner:
         self._env = env
         #: its guards against a hung forkserver run in real seconds (see WallClock)
         self._clock = clock or WallClock()
-        self._lock = trio.Lock()
+        self._send, self._receive = trio.open_memory_channel[_SpawnRequest](math.inf)
         self._server: _Forkserver | None = None
         self._next_id = 0
         self._closed = False
@@ -347,11 +358,38 @@ class Spawner:
         forkserver.
         """
         path = os.path.abspath(os.fspath(job_dir))
-        async with self._lock:
-            with trio.CancelScope(shield=True):
-                return await self._spawn_locked(path)
+        req = _SpawnRequest(path)
+        try:
+            self._send.send_nowait(req)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise SpawnerError("spawner is closed") from None
+        with trio.CancelScope(shield=True):
+            await req.event.wait()
+        if req.exc is not None:
+            raise req.exc
+        assert req.handle is not None
+        return req.handle
 
-    async def _spawn_locked(self, path: str) -> KeeperHandle:
+    async def _serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The one task that talks to the forkserver: a request at a time, in order.
+        Ends when the spawner is closed (after the requests already queued), stopping the
+        forkserver."""
+        task_status.started()
+        with trio.CancelScope(shield=True):
+            async with self._receive:
+                async for req in self._receive:
+                    try:
+                        req.handle = await self._spawn_one(req.path)
+                    except Exception as exc:
+                        req.exc = exc
+                    finally:
+                        req.event.set()
+            self._closed = True
+            if self._server is not None:
+                server, self._server = self._server, None
+                await server.stop()
+
+    async def _spawn_one(self, path: str) -> KeeperHandle:
         self._next_id += 1
         req_id = self._next_id
         line = json.dumps({"id": req_id, "job_dir": path}).encode() + b"\n"
@@ -404,12 +442,8 @@ class Spawner:
         return kill_marked_processes(job_id)
 
     async def aclose(self) -> None:
-        """Stop the forkserver (keepers keep running)."""
-        self._closed = True
-        async with self._lock:
-            if self._server is not None:
-                server, self._server = self._server, None
-                await server.stop()
+        """No more requests; the serving task stops the forkserver (keepers keep running)."""
+        self._send.close()
 
 
 def _keeperd_claim(job_dir: os.PathLike[str] | str) -> bool:
@@ -448,10 +482,10 @@ async def open_spawner(
             yield kd  # type: ignore[misc]
         return
     spawner = Spawner(python=python, env=env, clock=clock)
-    async with spawner._lock:
-        spawner._server = await spawner._start()
-    try:
-        yield spawner
-    finally:
-        with trio.CancelScope(shield=True):
-            await spawner.aclose()
+    spawner._server = await spawner._start()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(spawner._serve)
+        try:
+            yield spawner
+        finally:
+            await spawner.aclose()  # the serving task drains the queue, stops the forkserver
