@@ -100,7 +100,7 @@ def test_kill_9_at_a_start_point_never_runs_the_job_twice(
         if point.startswith("forkserver."):
             forkserver.wait(30)  # the old forkserver finishes its request, then exits
     # at most one copy of the job exists at any time (its shell carries the marker)
-    shells = [p for p in marked_processes(job_id) if p.cmdline()[:2] == ["sh", "-c"]]
+    shells = _shells(job_id)
     assert len(shells) <= 1, shells
     barrier.touch()
     result = serve.cli("attach", "--json", job_id)
@@ -139,7 +139,7 @@ def test_kill_9_at_a_start_point_under_keeperd_never_runs_the_job_twice(
     serve.env = {"MOTOR_SPAWNER": "keeperd"}
     serve.start()
     (faults / point).touch()  # a paused keeperd goes on; a killed one is replaced
-    shells = [p for p in marked_processes(job_id) if p.cmdline()[:2] == ["sh", "-c"]]
+    shells = _shells(job_id)
     assert len(shells) <= 1, shells
     barrier.touch()
     result = serve.cli("attach", "--json", job_id)
@@ -185,6 +185,18 @@ def test_kill_9_after_the_status_was_written_ends_the_job_once(serve_factory, tm
     assert len(runs_file.read_text().split()) == 1
     record = json_lines(result.stdout)[-1]["record"]
     assert record["state"] == "failed" and record["exit_code"] == 3
+
+
+def _shells(job_id: str) -> list:
+    """The job's shells (its copies); the job's short-lived `sleep`s may vanish while looked at."""
+    found = []
+    for p in marked_processes(job_id):
+        try:
+            if p.cmdline()[:2] == ["sh", "-c"]:
+                found.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return found
 
 
 def _adopted(serve, job_id: str) -> bool:
