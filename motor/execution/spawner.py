@@ -456,7 +456,7 @@ def _keeperd_claim(job_dir: os.PathLike[str] | str) -> bool:
 #: (a keeper forked per job). Chosen with the environment variable MOTOR_SPAWNER.
 SPAWNER_ENV = "MOTOR_SPAWNER"
 SPAWNER_MODES = ("keeperd", "forkserver")
-DEFAULT_SPAWNER_MODE = "forkserver"
+DEFAULT_SPAWNER_MODE = "keeperd"
 
 
 def spawner_mode(mode: str | None = None) -> str:
