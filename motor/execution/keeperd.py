@@ -158,6 +158,11 @@ class Job:
         self.status_delay = K.STATUS_RETRY_MIN_S
         self.status_fault_passed = False
         self.watchers: list[tuple[Conn, Any]] = []
+        # a forked job on its way to exec: its error pipe, and the rest of its start
+        self.exec_fd = -1
+        self.exec_error = b""
+        self.exec_rest: tuple[int, int, Any] | None = None
+        self.reply_to: tuple[Conn, Any] | None = None
 
     # -- output.log (same hold/drop rules as keeper._Keeper) ----------------------------
 
@@ -418,7 +423,9 @@ class Keeperd:
             self._send(conn, {"id": req_id, "code": "bad_request", "error": f"bad request: {exc}"})
             return
         if op == "spawn":
-            self._send(conn, {"id": req_id, **self._spawn(job_dir)})
+            answer = self._spawn(job_dir, conn, req_id)
+            if answer is not None:
+                self._send(conn, {"id": req_id, **answer})
         elif op == "wait":
             job = self.jobs.get(job_dir)
             if job is None:
@@ -435,7 +442,9 @@ class Keeperd:
 
     # -- a job's start ------------------------------------------------------------------
 
-    def _spawn(self, job_dir: str) -> dict:
+    def _spawn(self, job_dir: str, conn: Conn, req_id: Any) -> dict | None:
+        """Claim and start the job; the answer, or None when it comes later (a forked job
+        still on its way to exec: see _on_exec)."""
         if job_dir in self.jobs:
             return {"code": "claimed", "error": f"{job_dir} already has a keeper (keeperd keeps it)"}
         # The start steps keep the forkserver's point names (motor/faults.py): the same
@@ -451,15 +460,53 @@ class Keeperd:
         faults.hit("forkserver.claimed")  # tests: claimed, the job not yet spawned
         job = Job(job_dir)
         self.jobs[job_dir] = job
+        job.reply_to = (conn, req_id)
         try:
             self._start(job)
         except _SpawnFailed as exc:
-            detail = str(exc)
-            job.write_record(STDERR, f"motor keeper: {detail}\n".encode(errors="replace"))
-            job.exited = True
-            job.set_status(exit_code=K.SPAWN_FAILED_EXIT_CODE, reason="spawn_failed", detail=detail)
-            self._tick(job, time.monotonic())
+            self._spawn_failed(job, str(exc))
+        if job.exec_fd >= 0:
+            return None
+        job.reply_to = None
         return {"pid": self.pid, "create_time": self.create_time, "job_pid": job.pid}
+
+    def _spawn_failed(self, job: Job, detail: str) -> None:
+        job.write_record(STDERR, f"motor keeper: {detail}\n".encode(errors="replace"))
+        job.exited = True
+        job.set_status(exit_code=K.SPAWN_FAILED_EXIT_CODE, reason="spawn_failed", detail=detail)
+        self._tick(job, time.monotonic())
+
+    def _on_exec(self, job: Job) -> None:
+        """The forked job exec'd (its close-on-exec error pipe hit EOF) or reported why it
+        could not (then it exits 127 and is reaped here): finish its start, answer."""
+        chunk = os.read(job.exec_fd, 4096)
+        if chunk:
+            job.exec_error += chunk
+            return  # until EOF: the child writes its reason, then exits
+        self.sel.unregister(job.exec_fd)
+        os.close(job.exec_fd)
+        job.exec_fd = -1
+        out_r, err_r, timeout_s = job.exec_rest
+        job.exec_rest = None
+        pid = job.pid
+        assert pid is not None
+        if job.exec_error:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+            del self.mains[pid]
+            job.pid = None
+            self._spawn_failed(job, job.exec_error.decode(errors="replace"))
+        else:
+            self._started(job, pid, out_r, err_r, timeout_s)
+        if job.reply_to is not None:
+            conn, req_id = job.reply_to
+            job.reply_to = None
+            self._send(conn, {"id": req_id, "pid": self.pid, "create_time": self.create_time,
+                              "job_pid": job.pid})
 
     def _start(self, job: Job) -> None:
         try:
@@ -494,9 +541,9 @@ class Keeperd:
         job.started_at_ms = _now_ms()
         try:
             if spec.get("cgroup_procs"):
-                pid = self._fork_exec(spec, exe, argv, env, out_w, err_w, cmd0)
+                pid, exec_fd = self._fork_exec(spec, exe, argv, env, out_w, err_w, cmd0)
             else:
-                pid = self._posix_spawn(spec, exe, argv, env, out_w, err_w, cmd0)
+                pid, exec_fd = self._posix_spawn(spec, exe, argv, env, out_w, err_w, cmd0), -1
         except BaseException:
             for fd in (out_r, err_r):
                 os.close(fd)
@@ -505,7 +552,15 @@ class Keeperd:
             os.close(out_w)
             os.close(err_w)
         job.pid = pid
-        self.mains[pid] = job
+        self.mains[pid] = job  # ours to reap, never the orphan reaper's
+        if exec_fd >= 0:  # forked: joining its groups may take a while, others go on
+            job.exec_fd = exec_fd
+            job.exec_rest = (out_r, err_r, timeout_s)
+            self.sel.register(exec_fd, selectors.EVENT_READ, lambda ev, j=job: self._on_exec(j))
+            return
+        self._started(job, pid, out_r, err_r, timeout_s)
+
+    def _started(self, job: Job, pid: int, out_r: int, err_r: int, timeout_s: Any) -> None:
         job.start = time.monotonic()
         if timeout_s is not None:
             job.timeout_s = float(timeout_s)
@@ -566,7 +621,7 @@ class Keeperd:
             if cwd:
                 os.chdir("/")
 
-    def _fork_exec(self, spec, exe, argv, env, out_w, err_w, cmd0) -> int:
+    def _fork_exec(self, spec, exe, argv, env, out_w, err_w, cmd0) -> tuple[int, int]:
         """The job joins its cgroups before exec (posix_spawn cannot): fork, and in the
         child join (one call: keeper.join_cgroups), chdir, pin, umask, exec. Errors come
         back over a close-on-exec pipe, so a failed exec is a spawn failure."""
@@ -633,25 +688,7 @@ class Keeperd:
                 os._exit(K.SPAWN_FAILED_EXIT_CODE)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         os.close(err_w2)
-        chunks = []
-        try:
-            while True:
-                try:
-                    chunk = os.read(err_r, 4096)
-                except InterruptedError:
-                    continue
-                if not chunk:
-                    break
-                chunks.append(chunk)
-        finally:
-            os.close(err_r)
-        if chunks:
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
-            raise _SpawnFailed(b"".join(chunks).decode(errors="replace"))
-        return pid
+        return pid, err_r  # EOF on err_r: exec'd (see _on_exec)
 
     # -- a running job ------------------------------------------------------------------
 
@@ -728,7 +765,7 @@ class Keeperd:
         self._tick(job, time.monotonic())
 
     def _tick(self, job: Job, now: float) -> None:
-        if job.status is None and not job.exited:
+        if job.status is None and not job.exited and job.exec_fd < 0:  # (not while exec'ing)
             if job.reason is None:
                 if job.cancel_requested:
                     job.reason = "cancelled"

@@ -17,6 +17,14 @@ from motor.execution import process_alive, read_keeper, read_status
 from motor.execution.keeperd_client import open_keeperd_spawner
 
 
+LIST_FDS = ("import json, os\n"
+            "fds = {}\n"
+            "for fd in os.listdir('/proc/self/fd'):\n"
+            "    try: fds[fd] = os.readlink('/proc/self/fd/' + fd)\n"
+            "    except OSError: pass\n"
+            "print(json.dumps(fds))")
+
+
 def _keeperds(state) -> list[psutil.Process]:
     """Every live keeperd process serving `state`."""
     found = []
@@ -121,11 +129,16 @@ async def test_keeperd_jobs_leave_no_fd_to_other_jobs(tmp_path, make_job, worksp
     async with tracked_keepers("keeperd", tmp_path / "state") as jobs:
         first = make_job(["sh", "-c", "while [ ! -e go ]; do sleep 0.01; done"])
         h1 = await jobs.spawn(first)
-        second = make_job(["sh", "-c", "ls -l /proc/$$/fd | tail -n +2 | wc -l"])
+        second = make_job([sys.executable, "-c", LIST_FDS])
         status = await jobs.run(second)
         assert status["exit_code"] == 0
-        # stdin, stdout, stderr, and the fd ls opens to list them
-        assert records(second) == [("stdout", b"4\n")], records(second)
+        fds = json.loads(b"".join(data for _, data in records(second)))
+        # stdin, stdout, stderr (and the directory the listing itself opened): no pipe,
+        # socket or file of keeperd's or of another job's
+        assert sorted(fds)[:3] == ["0", "1", "2"], fds
+        assert all(t.startswith("/proc/") for fd, t in fds.items() if int(fd) > 2), fds
+        assert fds["0"] == "/dev/null" and fds["1"].startswith("pipe:"), fds
+        assert fds["1"] != fds["2"]
         (workspace / "go").touch()
         assert (await finish(h1, first))["exit_code"] == 0
         assert read_keeper(first)["kind"] == "keeperd"
