@@ -8,8 +8,8 @@ that waits for it (by request id). No trio.Lock: the channel is the only way in.
 Connecting: under ``<state>/keeperd.start.lock`` (flock; two runners racing for one state
 dir serialize here) connect to the socket; if nothing answers, start keeperd
 (``python .../keeperd.py STATE``; it detaches and prints one ready line) and connect again.
-A spawn starts keeperd when needed; a wait or a cancel never does (no keeperd: nothing of
-that job is kept any more).
+Opening the spawner and a spawn start keeperd when needed; a wait or a cancel never does
+(no keeperd: nothing of that job is kept any more).
 """
 
 from __future__ import annotations
@@ -102,8 +102,11 @@ def connect_or_launch(state_dir: str, cmd: list[str], env: dict[str, str] | None
     """Blocking (run it in a thread): a connected socket, keeperd's greeting and any bytes
     after it; None when none runs and ``launch`` is false. Raises SpawnerError."""
     deadline = time.monotonic() + timeout
-    lock_fd = os.open(os.path.join(state_dir, START_LOCK_NAME),
-                      os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        lock_fd = os.open(os.path.join(state_dir, START_LOCK_NAME),
+                          os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise SpawnerError(f"cannot reach keeperd in {state_dir}: {exc}") from exc
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         for attempt in range(3):
@@ -364,18 +367,24 @@ async def open_keeperd_spawner(
     state_dir: os.PathLike[str] | str, *, python: str = sys.executable,
     env: dict[str, str] | None = None, clock: WallClock | None = None,
 ) -> AsyncIterator[KeeperdSpawner]:
-    """A KeeperdSpawner for ``state_dir``; it connects (starting keeperd) on first use and
-    disconnects on exit. keeperd and the jobs it keeps outlive it."""
+    """A KeeperdSpawner for ``state_dir``, connected (keeperd started if none runs);
+    disconnects on exit (reconnecting whenever needed meanwhile). keeperd and the jobs it
+    keeps outlive it."""
     spawner = KeeperdSpawner(state_dir, python=python, env=env, clock=clock)
-    async with trio.open_nursery() as nursery:
-        spawner._nursery = nursery
-        await nursery.start(spawner._manage)
-        try:
-            yield spawner
-        finally:
-            await spawner.aclose()
-            nursery.cancel_scope.cancel()
-    if spawner._conn is not None:
-        spawner._conn.lost("spawner closed")
-        spawner._conn.stream.socket.close()
-        spawner._conn = None
+    try:
+        async with trio.open_nursery() as nursery:
+            spawner._nursery = nursery
+            # Connect (starting keeperd if none runs) now, at the runner's start, as the
+            # forkserver is started: the first job does not wait for it.
+            spawner._conn = await spawner._connect(launch=True)
+            await nursery.start(spawner._manage)
+            try:
+                yield spawner
+            finally:
+                await spawner.aclose()
+                nursery.cancel_scope.cancel()
+    finally:  # however the runner ends, our end of the socket is closed (keeperd stays)
+        conn, spawner._conn = spawner._conn, None
+        if conn is not None:
+            conn.lost("spawner closed")
+            conn.stream.socket.close()

@@ -91,7 +91,7 @@ async def test_keeperd_outlives_its_runner_and_a_new_spawner_adopts_through_it(
     the job; the next spawner waits on it through the same keeperd and sees all output."""
     state = tmp_path / "state"
     job_dir = make_job(["sh", "-c", "echo first; while [ ! -e go ]; do sleep 0.01; done; "
-                                    "echo last; exit 3"])
+                                    "echo last; exit 3"])  # (creates the state dir)
     async with open_keeperd_spawner(state) as spawner:
         handle = await spawner.spawn(job_dir)
         await wait_until(lambda: ("stdout", b"first\n") in records(job_dir))
@@ -106,11 +106,13 @@ async def test_keeperd_outlives_its_runner_and_a_new_spawner_adopts_through_it(
     assert records(job_dir) == [("stdout", b"first\n"), ("stdout", b"last\n")]
 
 
-async def test_keeperd_exits_when_idle_and_the_next_spawn_starts_another(tmp_path, make_job):
+async def test_keeperd_exits_when_idle_and_the_next_runner_starts_another(tmp_path, make_job):
     state = tmp_path / "state"
+    state.mkdir()
     async with open_keeperd_spawner(state) as spawner:
         handle = await spawner.spawn(make_job(["true"]))
-    # no job, no runner: it exits (after IDLE_EXIT_S) and removes its socket
+    # no job, no runner: it exits (after IDLE_EXIT_S) and removes its socket; the next
+    # spawner (a runner starting) starts another
     with trio.fail_after(20):
         while process_alive(handle.pid, handle.create_time):
             await trio.sleep(0.05)
