@@ -52,9 +52,10 @@ CASES = [
 ]
 
 # keeperd (one keeper for every job of the state dir, motor/execution/keeperd.py) pauses at the
-# same named steps. (point, also kill keeperd, runs, end state): keeperd is shared, so a paused
-# keeperd is always released once the restarted runner is up (its spawn queues behind the old
-# request), and killing keeperd loses what it kept: a claimed job that never ran ends lost, a
+# same named steps. (point, also kill keeperd, runs, end state): keeperd is shared and serves one
+# request at a time, and a starting runner connects to it before it serves: a paused keeperd is
+# released as the runner restarts (the restarted runner's requests queue behind the dead
+# runner's), and killing keeperd loses what it kept: a claimed job that never ran ends lost, a
 # running one ends lost and its processes are killed.
 KEEPERD_CASES = [
     ("setup.begin", False, 1, "succeeded"),
@@ -136,9 +137,9 @@ def test_kill_9_at_a_start_point_under_keeperd_never_runs_the_job_twice(
         keeperd.kill()
         keeperd.wait(10)
 
+    (faults / point).touch()  # a paused keeperd goes on; a killed one is replaced
     serve.env = {"MOTOR_SPAWNER": "keeperd"}
     serve.start()
-    (faults / point).touch()  # a paused keeperd goes on; a killed one is replaced
     shells = _shells(job_id)
     assert len(shells) <= 1, shells
     barrier.touch()
