@@ -36,7 +36,7 @@ from .spawner import (
     cancel_keeper, kill_marked_processes, process_alive, wait_process_exit,
 )
 
-__all__ = ["KeeperdSpawner", "is_keeperd_claim", "open_keeperd_spawner"]
+__all__ = ["KeeperdSpawner", "cancel_once", "is_keeperd_claim", "open_keeperd_spawner"]
 
 SPAWN_TIMEOUT_S = 30.0
 STARTUP_TIMEOUT_S = 30.0
@@ -146,6 +146,26 @@ def connect_or_launch(state_dir: str, cmd: list[str], env: dict[str, str] | None
         raise SpawnerError(f"cannot reach keeperd in {state_dir}: {exc}") from exc
     finally:
         os.close(lock_fd)
+
+
+def cancel_once(job_dir: os.PathLike[str] | str, timeout: float = 2.0) -> bool:
+    """Blocking: ask the keeperd of the job's state dir (``<state>/jobs/<id>``) to cancel
+    the job over a connection of its own; never starts keeperd. For a runner that keeps its
+    jobs with per-job keepers and finds a job keeperd keeps (docs/keeper.md)."""
+    path = os.path.abspath(os.fspath(job_dir))
+    state_dir = os.path.dirname(os.path.dirname(path))
+    try:
+        got = _try_connect(state_dir, time.monotonic() + timeout)
+        if got is None:
+            return False
+        sock = got[0]
+        with sock:
+            sock.settimeout(timeout)
+            sock.sendall(json.dumps({"id": 1, "op": "cancel", "job_dir": path}).encode() + b"\n")
+            answer = _read_line(sock, time.monotonic() + timeout)
+    except (OSError, ValueError):
+        return False
+    return bool(answer and answer[0].get("sent"))
 
 
 class _Req:

@@ -429,13 +429,21 @@ class Spawner:
     async def wait_exit(self, pid: int, create_time: float,
                         job_dir: os.PathLike[str] | str | None = None) -> None:
         if job_dir is not None and _keeperd_claim(job_dir):
-            raise SpawnerError(f"{job_dir} is kept by keeperd: use the keeperd spawner")
+            # kept by keeperd (a runner that used it before): done once the status is
+            # written or keeperd is gone (a rare path: polled)
+            status = os.path.join(job_dir, "status.json")
+            while not os.path.exists(status) and process_alive(pid, create_time):
+                await trio.sleep(0.05)
+            return
         await wait_process_exit(pid, create_time)
 
     def cancel(self, pid: int, create_time: float,
                job_dir: os.PathLike[str] | str | None = None) -> bool:
         if job_dir is not None and _keeperd_claim(job_dir):
-            return False  # never SIGTERM keeperd for one job: that cancels all of them
+            # never SIGTERM keeperd for one job (that cancels all of them): ask it
+            from .keeperd_client import cancel_once
+
+            return cancel_once(job_dir)
         return cancel_keeper(pid, create_time)
 
     def kill_marked(self, job_id: str) -> list[int]:

@@ -133,3 +133,28 @@ def test_keeperd_killed_its_jobs_end_lost_and_a_new_keeperd_runs_new_jobs(serve_
     again = serve.cli("run", "--weight", "1", "--", "sh", "-c", "echo again")
     assert again.returncode == 0 and again.stdout == b"again\n", again
     assert _keeperd(serve).pid != keeperd.pid
+
+
+def test_a_runner_switched_to_per_job_keepers_adopts_and_cancels_keeperd_jobs(
+        serve_factory, tmp_path):
+    barrier = tmp_path / "go"
+    serve = serve_factory()
+    serve.env = {"MOTOR_SPAWNER": "keeperd"}
+    serve.start()
+    waits = serve.cli_json("submit", "--weight", "1", "--workspace", "w1", "--", "sh", "-c",
+                           f"echo before; while [ ! -e {barrier} ]; do sleep 0.01; done; "
+                           "echo after; exit 6")["job_id"]
+    sleeps = serve.cli_json("submit", "--weight", "1", "--workspace", "w2", "--",
+                            "sh", "-c", "echo up; exec sleep 1000")["job_id"]
+    wait_for(lambda: _has_output(serve, waits, "before") and _has_output(serve, sleeps, "up"),
+             what="both jobs to run")
+    serve.kill9()
+
+    serve.env = {"MOTOR_SPAWNER": "forkserver"}
+    serve.start()
+    assert serve.cli("cancel", sleeps).returncode == 0  # through keeperd, for that job only
+    record = json_lines(serve.cli("attach", "--json", sleeps).stdout)[-1]["record"]
+    assert record["state"] == "cancelled", record
+    barrier.write_text("")
+    result = serve.cli("attach", waits, "--from-seq", "0")
+    assert result.returncode == 6 and result.stdout == b"before\nafter\n"
