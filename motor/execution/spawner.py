@@ -1,4 +1,6 @@
-"""Trio side of job execution: the forkserver client and keeper identity helpers.
+"""Trio side of job execution: the forkserver client, keeper identity helpers, and
+``open_spawner`` (which returns the keeperd client of keeperd_client.py by default; see
+docs/keeper.md).
 
 ``open_spawner()`` starts the forkserver (``python .../motor/execution/forkserver.py``)
 and ``Spawner.spawn(job_dir)`` asks it to fork a keeper for a job directory
