@@ -130,14 +130,16 @@ def test_kill_9_at_a_start_point_under_keeperd_never_runs_the_job_twice(
     job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
                             f"echo $$ >> {runs_file}; echo started; "
                             f"while [ ! -e {barrier} ]; do sleep 0.02; done; echo done")["job_id"]
-    wait_for((faults / f"{point}.reached").exists, what=f"the start to reach {point}")
-    keeperd = _keeperd(serve) if point != "setup.begin" else None
-    serve.kill9()
-    if kill_keeperd and keeperd is not None:
-        keeperd.kill()
-        keeperd.wait(10)
-
-    (faults / point).touch()  # a paused keeperd goes on; a killed one is replaced
+    try:
+        wait_for((faults / f"{point}.reached").exists, what=f"the start to reach {point}")
+        keeperd = _keeperd(serve) if point != "setup.begin" else None
+        serve.kill9()
+        if kill_keeperd and keeperd is not None:
+            keeperd.kill()
+            keeperd.wait(10)
+    finally:
+        (faults / point).touch()  # a paused keeperd goes on (never left paused); a killed
+        # one is replaced
     serve.env = {"MOTOR_SPAWNER": "keeperd"}
     serve.start()
     shells = _shells(job_id)
