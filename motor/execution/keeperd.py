@@ -55,7 +55,6 @@ def _bootstrap_as_script() -> None:
 if __name__ == "__main__" and not __package__:
     _bootstrap_as_script()
 
-import errno  # noqa: E402
 import fcntl  # noqa: E402
 import json  # noqa: E402
 import selectors  # noqa: E402
