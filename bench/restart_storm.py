@@ -2,6 +2,7 @@
 
     python bench/restart_storm.py [--jobs 60] [--kills 10] [--seed 1] [--isolation affinity]
                                   [--max-gap 1.5] [--fault POINT=kill:P] [--keep]
+                                  [--spawner keeperd|forkserver]
 
 Not a test (not in CI): it prints figures and the violations it found, and exits 1 if any.
 
@@ -59,6 +60,8 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+#: MOTOR_SPAWNER for the runner (--spawner); None: the runner's default
+SPAWNER: str | None = None
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out", "lost", "refused_before_start"}
 
 JOB = r'''
@@ -98,7 +101,8 @@ class Runner:
                 [sys.executable, "-m", "motor", "serve", "--state-dir", str(self.state), *self.args],
                 stdout=logf, stderr=subprocess.STDOUT, cwd=ROOT,
                 env={**{k: v for k, v in os.environ.items() if not k.startswith("MOTOR_")},
-                     **({"MOTOR_FAULTS": self.faults} if self.faults else {})})
+                     **({"MOTOR_FAULTS": self.faults} if self.faults else {}),
+                     **({"MOTOR_SPAWNER": SPAWNER} if SPAWNER else {})})
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() == -signal.SIGKILL and self.faults:
@@ -185,10 +189,14 @@ def main() -> int:
     ap.add_argument("--isolation", default="affinity")
     ap.add_argument("--max-gap", type=float, default=1.5)
     ap.add_argument("--keep", action="store_true", help="keep the temporary state dir")
+    ap.add_argument("--spawner", choices=["keeperd", "forkserver"], default=None,
+                    help="MOTOR_SPAWNER for the runner (default: the runner's default)")
     ap.add_argument("--fault", action="append", default=[], metavar="POINT=kill:P",
                     help="also let the runner kill itself at a named point (motor/faults.py), "
                          "e.g. setup.spawned=kill:0.3 aims at the double-spawn window")
     args = ap.parse_args()
+    global SPAWNER
+    SPAWNER = args.spawner
     rng = random.Random(args.seed)
     tmp = Path(tempfile.mkdtemp(prefix="motor-storm-"))
     state, ledger = tmp / "state", tmp / "ledger.txt"
@@ -353,7 +361,8 @@ def report(args, runner, kills, wall, max_weight, allowed, accepted, records, st
     print(f"restart storm: jobs={args.jobs} accepted_acknowledged={len(accepted)} "
           f"accepted_unacknowledged={unacked} kills={kills} fault_kills={runner.fault_kills} "
           f"faults={','.join(args.fault) or '-'} starts={runner.starts} "
-          f"isolation={args.isolation} max_weight={max_weight} allowed_cpus={allowed} "
+          f"isolation={args.isolation} spawner={SPAWNER or 'default'} "
+          f"max_weight={max_weight} allowed_cpus={allowed} "
           f"seed={args.seed}")
     print(f"terminal states: {dict(sorted(states.items()))}")
     print(f"ledger: runs={len(runs)} ids_started={len(starts)} peak_concurrent_claims={peak}")

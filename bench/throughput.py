@@ -1,7 +1,10 @@
 """Overhead per job: N jobs of `true` through a real `motor serve`, beside peers.
 
     python bench/throughput.py [--n 200] [--rounds 3] [--isolation affinity] [--no-peers]
-                               [--systemd-namespace]
+                               [--systemd-namespace] [--spawners keeperd,forkserver]
+
+`--spawners` runs the motor round once per named spawner (MOTOR_SPAWNER, docs/keeper.md),
+interleaved within each round, printed as peer=motor-<spawner>.
 
 `--systemd-namespace` runs each round's runner inside a real systemd that is PID 1 of its
 own namespaces (tests/isolation/systemd_ns.py; root, cgroup v1 hosts), for
@@ -19,6 +22,7 @@ format and, at the end, the medians, jobs/s and ratios.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -37,7 +41,8 @@ def emit(peer: str, wall: float, n: int, extra: str = "") -> None:
           f"jobs_per_s={n / wall:.1f}{' ' + extra if extra else ''}", flush=True)
 
 
-def motor_round(n: int, isolation: str, systemd_namespace: bool = False) -> tuple[float, float]:
+def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
+                spawner: str | None = None) -> tuple[float, float]:
     with tempfile.TemporaryDirectory(prefix="motor-bench-") as tmp:
         ns = None
         prefix: list[str] = []
@@ -53,7 +58,8 @@ def motor_round(n: int, isolation: str, systemd_namespace: bool = False) -> tupl
             [*prefix, sys.executable, "-m", "motor", "serve", "--state-dir", str(state),
              "--max-weight", "2", "--max-queue-depth", str(n + 10),
              "--free-space-floor-bytes", "0", "--isolation", isolation],
-            stdout=log, stderr=subprocess.STDOUT)
+            stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, "MOTOR_SPAWNER": spawner} if spawner else None)
         try:
             sock = state / "motor.sock"
             deadline = time.monotonic() + 30
@@ -112,12 +118,18 @@ def main() -> None:
     ap.add_argument("--isolation", default="affinity")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--systemd-namespace", action="store_true")
+    ap.add_argument("--spawners", default="", help="e.g. keeperd,forkserver (MOTOR_SPAWNER)")
     args = ap.parse_args()
-    walls: dict[str, list[float]] = {"motor": [], "bare-xargs": [], "tsp": []}
+    spawners = [s for s in args.spawners.split(",") if s] or [None]
+    names = {sp: f"motor-{sp}" if sp else "motor" for sp in spawners}
+    walls: dict[str, list[float]] = {**{name: [] for name in names.values()},
+                                     "bare-xargs": [], "tsp": []}
     for _ in range(args.rounds):
-        wall, sub = motor_round(args.n, args.isolation, args.systemd_namespace)
-        emit("motor", wall, args.n, f"submit_s={sub:.6f} isolation={args.isolation}")
-        walls["motor"].append(wall)
+        for sp in spawners:
+            wall, sub = motor_round(args.n, args.isolation, args.systemd_namespace, sp)
+            emit(names[sp], wall, args.n, f"submit_s={sub:.6f} isolation={args.isolation} "
+                 f"load1={os.getloadavg()[0]:.2f}")
+            walls[names[sp]].append(wall)
         if not args.no_peers:
             for peer in ("bare-xargs", "tsp"):
                 value = peer_round(peer, args.n)
@@ -127,9 +139,10 @@ def main() -> None:
     med = {p: statistics.median(v) for p, v in walls.items() if v}
     for peer, m in med.items():
         print(f"# {peer:<11} {m:8.4f} s  {args.n / m:8.1f} jobs/s")
-    for peer in ("bare-xargs", "tsp"):
-        if peer in med:
-            print(f"# motor/{peer} jobs/s ratio: {med[peer] / med['motor']:.3f}")
+    for name in names.values():
+        for peer in ("bare-xargs", "tsp"):
+            if peer in med:
+                print(f"# {name}/{peer} jobs/s ratio: {med[peer] / med[name]:.3f}")
 
 
 if __name__ == "__main__":

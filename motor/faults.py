@@ -19,7 +19,11 @@ Named points (each documented where it is hit):
                        (both motor/execution/forkserver.py; they kill the forkserver);
 - `keeper.spawned`     the job runs, keeper.json does not yet carry its pid;
 - `keeper.status`      the job ended, status.json is not yet written
-                       (both motor/execution/keeper.py; they kill the keeper);
+                       (both motor/execution/keeper.py; they kill the keeper).
+  Under keeperd (motor/execution/keeperd.py) the same four names mark the same steps of
+  the start protocol in keeperd: `forkserver.forked` the spawn request is in, no claim yet;
+  `forkserver.claimed` the claim is written, the job not spawned; `keeper.spawned` and
+  `keeper.status` as above. There they pause or kill keeperd, i.e. every job it keeps;
 - `unpack.extracted`   a bundle is fully extracted into its staging directory, before its
                        entries move into the workspace (motor/disk/bundles.py).
 

@@ -59,10 +59,10 @@ class FakeKeepers:
             "started_at_ms": None, "ended_at_ms": None})
         self._exits[pid].set()
 
-    async def wait_exit(self, pid: int, create_time: float) -> None:
+    async def wait_exit(self, pid: int, create_time: float, job_dir=None) -> None:
         await self._exits[pid].wait()
 
-    def cancel(self, pid: int, create_time: float) -> bool:
+    def cancel(self, pid: int, create_time: float, job_dir=None) -> bool:
         self.cancelled.append(pid)
         if not self._exits[pid].is_set():  # the keeper stops its job and records why
             self.exit(pid, exit_code=None, signal=15, reason="cancelled")

@@ -37,11 +37,17 @@ class Tracker:
     def __init__(self, spawner: Spawner) -> None:
         self.spawner = spawner
         self.handles: list[KeeperHandle] = []
+        self.dirs: list[Path] = []
 
     async def spawn(self, job_dir: Path) -> KeeperHandle:
         handle = await self.spawner.spawn(job_dir)
         self.handles.append(handle)
+        self.dirs.append(Path(job_dir))
         return handle
+
+    def cancel(self, handle: KeeperHandle, job_dir: Path) -> bool:
+        """Cancel the job through its keeper (a per-job keeper or keeperd)."""
+        return self.spawner.cancel(handle.pid, handle.create_time, job_dir)
 
     async def run(self, job_dir: Path, timeout: float = JOB_TIMEOUT_S) -> dict:
         handle = await self.spawn(job_dir)
@@ -49,22 +55,33 @@ class Tracker:
 
 
 async def finish(handle: KeeperHandle, job_dir: Path, timeout: float = JOB_TIMEOUT_S) -> dict:
-    """Wait for the keeper to exit and return its status.json."""
+    """Wait for the keeper to be done with the job and return its status.json: a per-job
+    keeper exits; keeperd (which outlives its jobs) writes status.json, or dies."""
+    from motor.execution.keeperd_client import is_keeperd_claim
+
     with trio.fail_after(timeout):
-        await wait_process_exit(handle.pid, handle.create_time)
+        if is_keeperd_claim(job_dir):
+            while read_status(job_dir) is None and process_alive(handle.pid, handle.create_time):
+                await trio.sleep(0.01)
+        else:
+            await wait_process_exit(handle.pid, handle.create_time)
     status = read_status(job_dir)
     assert status is not None, f"keeper exited without status.json in {job_dir}"
     return status
 
 
 @asynccontextmanager
-async def tracked_keepers():
-    """A spawner and its Tracker; keepers still alive at the end are cancelled."""
-    async with open_spawner() as spawner:
+async def tracked_keepers(mode: str = "forkserver", state_dir: Path | None = None):
+    """A spawner and its Tracker; keepers still alive at the end are cancelled. `mode`
+    "keeperd" keeps the jobs of `state_dir` in its keeperd (motor/execution/keeperd.py)."""
+    if mode == "keeperd":
+        assert state_dir is not None
+        state_dir.mkdir(parents=True, exist_ok=True)
+    async with open_spawner(mode=mode, state_dir=state_dir) as spawner:
         tracker = Tracker(spawner)
         try:
             yield tracker
         finally:
-            for h in tracker.handles:
-                if process_alive(h.pid, h.create_time):
-                    cancel_keeper(h.pid, h.create_time)
+            for h, d in zip(tracker.handles, tracker.dirs):
+                if process_alive(h.pid, h.create_time) and read_status(d) is None:
+                    tracker.cancel(h, d)

@@ -1,4 +1,5 @@
-"""Job execution: per-job keepers forked by a forkserver (see docs/keeper.md).
+"""Job execution: keeperd, one long-lived keeper per state dir, or per-job keepers forked
+by a forkserver (MOTOR_SPAWNER; see docs/keeper.md).
 
 Public names are loaded lazily: the forkserver and keepers import
 ``motor.execution.forkserver`` / ``.keeper`` / ``.joblog`` (stdlib only) and

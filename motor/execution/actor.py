@@ -49,7 +49,7 @@ class JobExecution(actors.Actor):
     async def handle(self, msg):
         if isinstance(msg, Cancel):
             if self.run_state.cancel() == core.SIGNAL:
-                return self.deps.spawner.cancel(*self.keeper)
+                return self.deps.spawner.cancel(*self.keeper, self.dir)
             return True
         raise TypeError(f"{self.name}: unknown message {msg!r}")
 
@@ -68,7 +68,7 @@ class JobExecution(actors.Actor):
             if self.record.state != RUNNING:
                 await self._mark_running(found.started_at_ms)
         if self.run_state.cancel_due():
-            deps.spawner.cancel(*self.keeper)
+            deps.spawner.cancel(*self.keeper, self.dir)
         await self._follow()
         await self._finish()
         self.stop()
@@ -158,7 +158,7 @@ class JobExecution(actors.Actor):
 
         async def watch_exit():
             if self.keeper is not None:
-                await self.deps.spawner.wait_exit(*self.keeper)
+                await self.deps.spawner.wait_exit(*self.keeper, self.dir)
             done.set()
 
         async with trio.open_nursery() as nursery:

@@ -109,7 +109,8 @@ def proc_create_time(pid: int) -> float:
     return float(fields[19]) / CLOCK_TICKS + _boot_time()
 
 
-def claim_job_dir(job_dir: str, keeper_pid: int, keeper_create_time: float) -> None:
+def claim_job_dir(job_dir: str, keeper_pid: int, keeper_create_time: float,
+                  kind: str | None = None) -> None:
     """Record a keeper's identity as ``<job_dir>/keeper.json``, exclusively.
 
     Called by the forkserver before it releases the keeper. ``link(2)`` of a fully
@@ -122,7 +123,8 @@ def claim_job_dir(job_dir: str, keeper_pid: int, keeper_create_time: float) -> N
     tmp = os.path.join(job_dir, f".{KEEPER_FILE}.{keeper_pid}.claim")
     data = (
         '{"keeper_pid":%d,"keeper_create_time":%r,"job_pid":null,'
-        '"job_create_time":null,"started_at_ms":null}' % (keeper_pid, keeper_create_time)
+        '"job_create_time":null,"started_at_ms":null%s}' % (
+            keeper_pid, keeper_create_time, ',"kind":%s' % json.dumps(kind) if kind else "")
     ).encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
@@ -470,10 +472,6 @@ class _Keeper:
         try:
             exe = _resolve_executable(cmd0, env)
             argv = command
-            prefix = spec.get("command_prefix")
-            if prefix:  # e.g. systemd-run --scope ... -- (the job's unit); it execs the job
-                argv = [*prefix, exe, *command[1:]]
-                exe = prefix[0]
             job_umask = spec.get("umask")  # the job runs with the operator's umask, we keep 077
             keeper_umask = os.umask(job_umask) if isinstance(job_umask, int) else None
             try:

@@ -23,11 +23,14 @@ class Keepers(Protocol):
         """Fork a keeper for the job directory (raises JobDirClaimed, KeeperNotStarted,
         SpawnerError)."""
 
-    async def wait_exit(self, pid: int, create_time: float) -> None:
-        """Return once that keeper process has exited."""
+    async def wait_exit(self, pid: int, create_time: float,
+                        job_dir: os.PathLike[str] | str | None = None) -> None:
+        """Return once that keeper is done with the job in `job_dir` (a per-job keeper: its
+        process exited; keeperd: the job's status is written, or keeperd is gone)."""
 
-    def cancel(self, pid: int, create_time: float) -> bool:
-        """Ask that keeper to cancel its job; True when a signal was sent."""
+    def cancel(self, pid: int, create_time: float,
+               job_dir: os.PathLike[str] | str | None = None) -> bool:
+        """Ask that keeper to cancel the job in `job_dir`; True when a request was sent."""
 
     def kill_marked(self, job_id: str) -> list[int]:
         """Kill what is left of the job's process tree (blocking: call it offloaded)."""

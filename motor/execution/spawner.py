@@ -1,4 +1,6 @@
-"""Trio side of job execution: the forkserver client and keeper identity helpers.
+"""Trio side of job execution: the forkserver client, keeper identity helpers, and
+``open_spawner`` (which returns the keeperd client of keeperd_client.py by default; see
+docs/keeper.md).
 
 ``open_spawner()`` starts the forkserver (``python .../motor/execution/forkserver.py``)
 and ``Spawner.spawn(job_dir)`` asks it to fork a keeper for a job directory
@@ -10,6 +12,7 @@ checks their identity with ``process_alive`` (pid + create time).
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -272,12 +275,22 @@ class _Forkserver:
             await self.proc.stdout.aclose()
 
 
+class _SpawnRequest:
+    __slots__ = ("path", "event", "handle", "exc")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.event = trio.Event()
+        self.handle: KeeperHandle | None = None
+        self.exc: BaseException | None = None
+
+
 class Spawner:
     """Client of one forkserver; use via ``open_spawner()``.
 
-    ``spawn`` is safe to call from many tasks at once: request/response pairs
-    are serialized with a lock (the forkserver handles one request at a time
-    anyway) and tagged with ids.
+    ``spawn`` is safe to call from many tasks at once: requests go into a memory channel
+    and one task (``_serve``, started by ``open_spawner``) owns the forkserver and handles
+    them one at a time (the forkserver handles one at a time anyway). No lock.
     """
 
     def __init__(self, *, python: str = sys.executable, env: dict[str, str] | None = None,
@@ -287,7 +300,7 @@ class Spawner:
         self._env = env
         #: its guards against a hung forkserver run in real seconds (see WallClock)
         self._clock = clock or WallClock()
-        self._lock = trio.Lock()
+        self._send, self._receive = trio.open_memory_channel[_SpawnRequest](math.inf)
         self._server: _Forkserver | None = None
         self._next_id = 0
         self._closed = False
@@ -347,11 +360,38 @@ class Spawner:
         forkserver.
         """
         path = os.path.abspath(os.fspath(job_dir))
-        async with self._lock:
-            with trio.CancelScope(shield=True):
-                return await self._spawn_locked(path)
+        req = _SpawnRequest(path)
+        try:
+            self._send.send_nowait(req)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise SpawnerError("spawner is closed") from None
+        with trio.CancelScope(shield=True):
+            await req.event.wait()
+        if req.exc is not None:
+            raise req.exc
+        assert req.handle is not None
+        return req.handle
 
-    async def _spawn_locked(self, path: str) -> KeeperHandle:
+    async def _serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The one task that talks to the forkserver: a request at a time, in order.
+        Ends when the spawner is closed (after the requests already queued), stopping the
+        forkserver."""
+        task_status.started()
+        with trio.CancelScope(shield=True):
+            async with self._receive:
+                async for req in self._receive:
+                    try:
+                        req.handle = await self._spawn_one(req.path)
+                    except Exception as exc:
+                        req.exc = exc
+                    finally:
+                        req.event.set()
+            self._closed = True
+            if self._server is not None:
+                server, self._server = self._server, None
+                await server.stop()
+
+    async def _spawn_one(self, path: str) -> KeeperHandle:
         self._next_id += 1
         req_id = self._next_id
         line = json.dumps({"id": req_id, "job_dir": path}).encode() + b"\n"
@@ -388,35 +428,74 @@ class Spawner:
 
     # -- the keepers it started: real processes (motor.execution.ports.Keepers) ----------
 
-    async def wait_exit(self, pid: int, create_time: float) -> None:
+    async def wait_exit(self, pid: int, create_time: float,
+                        job_dir: os.PathLike[str] | str | None = None) -> None:
+        if job_dir is not None and _keeperd_claim(job_dir):
+            # kept by keeperd (a runner that used it before): done once the status is
+            # written or keeperd is gone (a rare path: polled)
+            status = os.path.join(job_dir, "status.json")
+            while not os.path.exists(status) and process_alive(pid, create_time):
+                await trio.sleep(0.05)
+            return
         await wait_process_exit(pid, create_time)
 
-    def cancel(self, pid: int, create_time: float) -> bool:
+    def cancel(self, pid: int, create_time: float,
+               job_dir: os.PathLike[str] | str | None = None) -> bool:
+        if job_dir is not None and _keeperd_claim(job_dir):
+            # never SIGTERM keeperd for one job (that cancels all of them): ask it
+            from .keeperd_client import cancel_once
+
+            return cancel_once(job_dir)
         return cancel_keeper(pid, create_time)
 
     def kill_marked(self, job_id: str) -> list[int]:
         return kill_marked_processes(job_id)
 
     async def aclose(self) -> None:
-        """Stop the forkserver (keepers keep running)."""
-        self._closed = True
-        async with self._lock:
-            if self._server is not None:
-                server, self._server = self._server, None
-                await server.stop()
+        """No more requests; the serving task stops the forkserver (keepers keep running)."""
+        self._send.close()
+
+
+def _keeperd_claim(job_dir: os.PathLike[str] | str) -> bool:
+    from .keeperd_client import is_keeperd_claim
+
+    return is_keeperd_claim(job_dir)
+
+
+#: How jobs are kept: "keeperd" (one long-lived keeper per state directory) or "forkserver"
+#: (a keeper forked per job). Chosen with the environment variable MOTOR_SPAWNER.
+SPAWNER_ENV = "MOTOR_SPAWNER"
+SPAWNER_MODES = ("keeperd", "forkserver")
+DEFAULT_SPAWNER_MODE = "keeperd"
+
+
+def spawner_mode(mode: str | None = None) -> str:
+    mode = mode or os.environ.get(SPAWNER_ENV) or DEFAULT_SPAWNER_MODE
+    if mode not in SPAWNER_MODES:
+        raise SpawnerError(f"{SPAWNER_ENV}={mode!r}: expected one of {', '.join(SPAWNER_MODES)}")
+    return mode
 
 
 @asynccontextmanager
 async def open_spawner(
     *, python: str = sys.executable, env: dict[str, str] | None = None,
-    clock: WallClock | None = None,
+    clock: WallClock | None = None, state_dir: os.PathLike[str] | str | None = None,
+    mode: str | None = None,
 ) -> AsyncIterator[Spawner]:
-    """Start a forkserver; stop it on exit.  Keepers it forked keep running."""
+    """The runner's Keepers: with ``state_dir`` and mode "keeperd" (``spawner_mode``) a
+    client of that state directory's keeperd (started if none runs); otherwise a forkserver
+    that forks a keeper per job, stopped on exit. Keepers and jobs keep running either way."""
+    if state_dir is not None and spawner_mode(mode) == "keeperd":
+        from .keeperd_client import open_keeperd_spawner
+
+        async with open_keeperd_spawner(state_dir, python=python, env=env, clock=clock) as kd:
+            yield kd  # type: ignore[misc]
+        return
     spawner = Spawner(python=python, env=env, clock=clock)
-    async with spawner._lock:
-        spawner._server = await spawner._start()
-    try:
-        yield spawner
-    finally:
-        with trio.CancelScope(shield=True):
-            await spawner.aclose()
+    spawner._server = await spawner._start()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(spawner._serve)
+        try:
+            yield spawner
+        finally:
+            await spawner.aclose()  # the serving task drains the queue, stops the forkserver

@@ -5,7 +5,8 @@ One interface (`Backend`), chosen at start-up (`--isolation`), reported in healt
 
 - `systemd`: where systemd is PID 1, a transient slice per job inside the jobs slice
   (`motor-jobs.slice`) with `MemoryMax=` and `AllowedCPUs=`, the job in a transient scope
-  in it (`systemd-run --scope`); CPU time from systemd's own summary, OOM kills from the
+  in it, started over D-Bus by the process that becomes the job (motor/isolation/join.py);
+  CPU time from systemd's own summary, OOM kills from the
   slice's memory controller (`motor.isolation.systemd`).
 - `cgroup`: a group per job under a motor parent group (cgroup v2, or writable v1
   cpuset/memory/cpuacct hierarchies). Enforces the CPU set and the memory cap; OOM kills

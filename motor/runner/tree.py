@@ -128,7 +128,7 @@ async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runn
         hub = ChangeHub()
         await _sweep_leftover_groups(host.backend, db, jobs_dir)
         try:
-            async with open_spawner(clock=clock) as spawner:
+            async with open_spawner(clock=clock, state_dir=state) as spawner:
                 tree = _Tree()
                 handles = Handles(db, tree)
                 job_deps = JobDeps(

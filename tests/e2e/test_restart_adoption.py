@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
+import psutil
 import pytest
 
+from job_markers import marked_processes
 from polling import json_lines, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -63,3 +67,94 @@ def test_restarted_runner_counts_a_still_running_jobs_cpus(serve_factory, tmp_pa
 def _has_output(serve, job_id: str, text: str) -> bool:
     record_dir = serve.state_dir / "jobs" / job_id / "output.log"
     return record_dir.exists() and text.encode() in record_dir.read_bytes()
+
+
+# -- keeperd: one keeper per state dir that outlives the runner (motor/execution/keeperd.py) --
+
+
+def _keeperd(serve):
+    """The state dir's keeperd (its pid is written into keeperd.lock, which it holds)."""
+    import psutil
+
+    pid = int((serve.state_dir / "keeperd.lock").read_text())
+    proc = psutil.Process(pid)
+    assert any("keeperd" in part for part in proc.cmdline()), proc.cmdline()
+    return proc
+
+
+def test_keeperd_survives_a_runner_kill_9_and_the_restarted_runner_reconnects(
+        serve_factory, tmp_path):
+    barrier = tmp_path / "go"
+    serve = serve_factory()
+    serve.env = {"MOTOR_SPAWNER": "keeperd"}
+    serve.start()
+    job = serve.cli_json(
+        "submit", "--weight", "1", "--",
+        "sh", "-c", f"echo before; while [ ! -e {barrier} ]; do sleep 0.01; done; "
+                    "seq 1 20000; echo after; exit 4")
+    job_id = job["job_id"]
+    wait_for(lambda: _has_output(serve, job_id, "before"), what="first line")
+    keeperd = _keeperd(serve)
+    kept = json.loads((serve.state_dir / "jobs" / job_id / "keeper.json").read_text())
+    assert (kept["keeper_pid"], kept["kind"]) == (keeperd.pid, "keeperd")
+    assert keeperd.pid not in {c.pid for c in psutil.Process(serve.proc.pid).children()}
+    serve.kill9()
+    assert keeperd.is_running()
+
+    serve.start()  # reconnects to the same keeperd and adopts the job while it runs
+    assert serve.cli_json("status")["running"][0]["job_id"] == job_id
+    barrier.write_text("")
+    result = serve.cli("attach", job_id, "--from-seq", "0")
+    assert result.returncode == 4
+    expected = "before\n" + "".join(f"{i}\n" for i in range(1, 20001)) + "after\n"
+    assert result.stdout.decode() == expected  # output complete across the restart
+    # new jobs go to the same keeperd: there is one per state dir
+    again = serve.cli("run", "--weight", "1", "--", "sh", "-c", "echo again")
+    assert again.returncode == 0 and again.stdout == b"again\n"
+    assert _keeperd(serve).pid == keeperd.pid
+
+
+def test_keeperd_killed_its_jobs_end_lost_and_a_new_keeperd_runs_new_jobs(serve_factory):
+    serve = serve_factory()
+    serve.env = {"MOTOR_SPAWNER": "keeperd"}
+    serve.start()
+    job_id = serve.cli_json("submit", "--weight", "1", "--",
+                            "sh", "-c", "echo up; exec sleep 1000")["job_id"]
+    wait_for(lambda: _has_output(serve, job_id, "up"), what="the job to run")
+    keeperd = _keeperd(serve)
+    keeperd.kill()
+    keeperd.wait(10)
+
+    result = serve.cli("attach", "--json", job_id)
+    record = json_lines(result.stdout)[-1]["record"]
+    assert (record["state"], record["reason"]) == ("lost", "keeper_lost"), record
+    wait_for(lambda: not marked_processes(job_id), what="the lost job's processes to be killed")
+    # the runner starts a new keeperd for the next job
+    again = serve.cli("run", "--weight", "1", "--", "sh", "-c", "echo again")
+    assert again.returncode == 0 and again.stdout == b"again\n", again
+    assert _keeperd(serve).pid != keeperd.pid
+
+
+def test_a_runner_switched_to_per_job_keepers_adopts_and_cancels_keeperd_jobs(
+        serve_factory, tmp_path):
+    barrier = tmp_path / "go"
+    serve = serve_factory()
+    serve.env = {"MOTOR_SPAWNER": "keeperd"}
+    serve.start()
+    waits = serve.cli_json("submit", "--weight", "1", "--workspace", "w1", "--", "sh", "-c",
+                           f"echo before; while [ ! -e {barrier} ]; do sleep 0.01; done; "
+                           "echo after; exit 6")["job_id"]
+    sleeps = serve.cli_json("submit", "--weight", "1", "--workspace", "w2", "--",
+                            "sh", "-c", "echo up; exec sleep 1000")["job_id"]
+    wait_for(lambda: _has_output(serve, waits, "before") and _has_output(serve, sleeps, "up"),
+             what="both jobs to run")
+    serve.kill9()
+
+    serve.env = {"MOTOR_SPAWNER": "forkserver"}
+    serve.start()
+    assert serve.cli("cancel", sleeps).returncode == 0  # through keeperd, for that job only
+    record = json_lines(serve.cli("attach", "--json", sleeps).stdout)[-1]["record"]
+    assert record["state"] == "cancelled", record
+    barrier.write_text("")
+    result = serve.cli("attach", waits, "--from-seq", "0")
+    assert result.returncode == 6 and result.stdout == b"before\nafter\n"

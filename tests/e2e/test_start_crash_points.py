@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import psutil
 import pytest
 
 from job_markers import child_named, marked_processes
@@ -50,6 +51,22 @@ CASES = [
     ("keeper.spawned", True, True, 1),  # the job runs, keeper.json lacks its pid
 ]
 
+# keeperd (one keeper for every job of the state dir, motor/execution/keeperd.py) pauses at the
+# same named steps. (point, also kill keeperd, runs, end state): keeperd is shared and serves one
+# request at a time, and a starting runner connects to it before it serves: a paused keeperd is
+# released as the runner restarts (the restarted runner's requests queue behind the dead
+# runner's), and killing keeperd loses what it kept: a claimed job that never ran ends lost, a
+# running one ends lost and its processes are killed.
+KEEPERD_CASES = [
+    ("setup.begin", False, 1, "succeeded"),
+    ("forkserver.forked", False, 1, "succeeded"),  # the request is in, no claim yet
+    ("forkserver.forked", True, 1, "succeeded"),
+    ("forkserver.claimed", False, 1, "succeeded"),  # claimed, the job not spawned
+    ("forkserver.claimed", True, 0, "lost"),
+    ("keeper.spawned", False, 1, "succeeded"),  # the job runs, keeper.json lacks its pid
+    ("keeper.spawned", True, 1, "lost"),
+]
+
 
 @pytest.mark.parametrize("point,kill_forkserver,release_late,runs", CASES,
                          ids=[f"{c[0]}-{'both' if c[1] else 'runner'}" for c in CASES])
@@ -59,7 +76,7 @@ def test_kill_9_at_a_start_point_never_runs_the_job_twice(
     faults.mkdir()
     runs_file, barrier = tmp_path / "runs", tmp_path / "go"
     serve = serve_factory(*isolation)
-    serve.env = {"MOTOR_FAULTS": f"{point}=wait:{faults / point}"}
+    serve.env = {"MOTOR_FAULTS": f"{point}=wait:{faults / point}", "MOTOR_SPAWNER": "forkserver"}
     serve.start()
     job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
                             f"echo $$ >> {runs_file}; echo started; "
@@ -74,7 +91,7 @@ def test_kill_9_at_a_start_point_never_runs_the_job_twice(
     if not release_late:
         (faults / point).touch()
 
-    serve.env = {}
+    serve.env = {"MOTOR_SPAWNER": "forkserver"}
     serve.start()
     if release_late:
         if runs:  # the restarted runner's own copy (if any) is running before the old one goes on
@@ -84,7 +101,7 @@ def test_kill_9_at_a_start_point_never_runs_the_job_twice(
         if point.startswith("forkserver."):
             forkserver.wait(30)  # the old forkserver finishes its request, then exits
     # at most one copy of the job exists at any time (its shell carries the marker)
-    shells = [p for p in marked_processes(job_id) if p.cmdline()[:2] == ["sh", "-c"]]
+    shells = _shells(job_id)
     assert len(shells) <= 1, shells
     barrier.touch()
     result = serve.cli("attach", "--json", job_id)
@@ -98,6 +115,59 @@ def test_kill_9_at_a_start_point_never_runs_the_job_twice(
     else:
         assert record["state"] == "failed" and record["reason"] == "spawn_failed", record
     wait_for(lambda: not marked_processes(job_id), what="no process of the job left")
+
+
+@pytest.mark.parametrize("point,kill_keeperd,runs,end", KEEPERD_CASES,
+                         ids=[f"{c[0]}-{'both' if c[1] else 'runner'}" for c in KEEPERD_CASES])
+def test_kill_9_at_a_start_point_under_keeperd_never_runs_the_job_twice(
+        serve_factory, tmp_path, isolation, point, kill_keeperd, runs, end):
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    runs_file, barrier = tmp_path / "runs", tmp_path / "go"
+    serve = serve_factory(*isolation)
+    serve.env = {"MOTOR_FAULTS": f"{point}=wait:{faults / point}", "MOTOR_SPAWNER": "keeperd"}
+    serve.start()
+    job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
+                            f"echo $$ >> {runs_file}; echo started; "
+                            f"while [ ! -e {barrier} ]; do sleep 0.02; done; echo done")["job_id"]
+    try:
+        wait_for((faults / f"{point}.reached").exists, what=f"the start to reach {point}")
+        keeperd = _keeperd(serve) if point != "setup.begin" else None
+        serve.kill9()
+        if kill_keeperd and keeperd is not None:
+            keeperd.kill()
+            keeperd.wait(10)
+    finally:
+        (faults / point).touch()  # a paused keeperd goes on (never left paused); a killed
+        # one is replaced
+    serve.env = {"MOTOR_SPAWNER": "keeperd"}
+    serve.start()
+    shells = _shells(job_id)
+    assert len(shells) <= 1, shells
+    barrier.touch()
+    result = serve.cli("attach", "--json", job_id)
+    record = json_lines(result.stdout)[-1]["record"]
+    lines = runs_file.read_text().split() if runs_file.exists() else []
+    assert len(lines) == runs, (lines, record)
+    assert record["state"] == end, record
+    if end == "succeeded":
+        assert result.returncode == 0, (result.stdout, result.stderr, record)
+        assert record["attempts"] == 1
+    else:
+        assert record["reason"] == "keeper_lost", record
+    wait_for(lambda: not marked_processes(job_id), what="no process of the job left")
+    if kill_keeperd and keeperd is not None:  # a new keeperd took over: new jobs run
+        result = serve.cli("run", "--weight", "1", "--", "sh", "-c", "echo again")
+        assert result.returncode == 0 and result.stdout == b"again\n", result
+        assert _keeperd(serve).pid != keeperd.pid
+
+
+def _keeperd(serve) -> psutil.Process:
+    """The state dir's keeperd (its pid is in keeperd.lock, which it holds)."""
+    pid = int((serve.state_dir / "keeperd.lock").read_text())
+    proc = psutil.Process(pid)
+    assert any("keeperd" in part for part in proc.cmdline()), proc.cmdline()
+    return proc
 
 
 def test_kill_9_after_the_status_was_written_ends_the_job_once(serve_factory, tmp_path,
@@ -118,6 +188,18 @@ def test_kill_9_after_the_status_was_written_ends_the_job_once(serve_factory, tm
     assert len(runs_file.read_text().split()) == 1
     record = json_lines(result.stdout)[-1]["record"]
     assert record["state"] == "failed" and record["exit_code"] == 3
+
+
+def _shells(job_id: str) -> list:
+    """The job's shells (its copies); the job's short-lived `sleep`s may vanish while looked at."""
+    found = []
+    for p in marked_processes(job_id):
+        try:
+            if p.cmdline()[:2] == ["sh", "-c"]:
+                found.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return found
 
 
 def _adopted(serve, job_id: str) -> bool:

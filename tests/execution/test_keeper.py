@@ -1,4 +1,5 @@
-"""Keeper behaviour, end to end through the forkserver with real processes."""
+"""Keeper behaviour, end to end with real processes: every test runs against a per-job keeper
+forked by the forkserver and against keeperd (one keeper for the whole state dir)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import psutil
 import pytest
 import trio
 from keeper_helpers import finish, records, stream_bytes, wait_until
+from keeper_tracking import tracked_keepers
 
 from motor.execution import cancel_keeper, process_alive, read_keeper
 
@@ -27,6 +29,13 @@ for i, stream in enumerate([sys.stdout, sys.stderr, sys.stdout, sys.stderr]):
         time.sleep(0.001)
 sys.exit(7)
 """
+
+
+@pytest.fixture(params=["forkserver", "keeperd"])
+async def jobs(request, tmp_path):
+    async with tracked_keepers(request.param, tmp_path / "state") as tracker:
+        tracker.mode = request.param
+        yield tracker
 
 
 def wait_for_file_cmd(name: str, first: str, last: str) -> list[str]:
@@ -134,12 +143,16 @@ async def test_cancel(jobs, make_job):
     assert info["keeper_create_time"] == handle.create_time
     assert info["job_create_time"] == psutil.Process(info["job_pid"]).create_time()
     assert os.getpgid(info["job_pid"]) == info["job_pid"]  # own process group
-    assert os.getsid(handle.pid) == handle.pid  # keeper is setsid'd
-    assert cancel_keeper(handle.pid, handle.create_time)
+    if jobs.mode == "forkserver":
+        assert os.getsid(handle.pid) == handle.pid  # keeper is setsid'd
+    else:  # keeperd detached: a session of its own, not ours
+        assert os.getsid(handle.pid) != os.getsid(0)
+        assert info["kind"] == "keeperd"
+    assert jobs.cancel(handle, job_dir)
     status = await finish(handle, job_dir)
     assert status["reason"] == "cancelled"
     assert status["signal"] == signal.SIGTERM
-    assert not cancel_keeper(handle.pid, handle.create_time)
+    assert not jobs.cancel(handle, job_dir)
 
 
 async def test_keeper_ignores_sigint_sighup(jobs, make_job, workspace):
@@ -184,7 +197,10 @@ async def test_cgroup_procs_gets_keeper_pid(jobs, make_job, tmp_path):
     handle = await jobs.spawn(job_dir)
     status = await finish(handle, job_dir)
     assert status["exit_code"] == 0
-    assert procs.read_text().strip() == str(handle.pid)
+    # the process that joins is the one the job is spawned from: the per-job keeper itself;
+    # under keeperd the job's own process (forked, it joins before exec), never keeperd
+    joined = handle.pid if jobs.mode == "forkserver" else read_keeper(job_dir)["job_pid"]
+    assert procs.read_text().strip() == str(joined)
 
 
 async def test_leftover_background_process_killed(jobs, make_job):

@@ -1,0 +1,914 @@
+"""keeperd: one long-lived keeper per state directory for every job (docs/keeper.md).
+
+Started detached by the runner's spawner (``sys.executable <path to this file> STATE_DIR``,
+stdout a pipe that receives one ready line) when no keeperd answers on
+``<state>/keeperd.sock``. It holds ``<state>/keeperd.lock`` (flock) for its whole life, so
+only one runs per state directory, and is ``PR_SET_CHILD_SUBREAPER`` for its jobs. One
+event loop (epoll) watches the listening socket, the runner connections, each job's
+pidfd and output pipes, and the timers (timeouts, kill grace, retries on a full disk).
+
+Per job it does exactly what the per-job keeper (keeper.py) does, with the same files and
+formats: the claim ``keeper.json`` first (exclusive link, naming keeperd, ``"kind":
+"keeperd"``), the job spawned in its own process group (``posix_spawn``; fork+exec when the
+job must join cgroups, so the join happens in the child before exec), ``keeper.json``
+completed with the job's pid, ``output.log`` framed records (held in memory up to 4 MiB while
+the disk is full), ``status.json`` written atomically (retried without limit).
+
+Protocol on the socket, one JSON object per line:
+
+- on connect keeperd says ``{"keeperd": true, "pid": P, "create_time": T}``
+- ``{"id": N, "op": "spawn", "job_dir": "/abs"}`` -> ``{"id": N, "pid": P, "create_time": T,
+  "job_pid": J}`` (J null when the spawn failed: status.json says spawn_failed) or
+  ``{"id": N, "error": "...", "code": "claimed" | "spawn_failed" | "bad_request"}``
+- ``{"id": N, "op": "wait", "job_dir": "/abs"}`` -> ``{"id": N, "done": true}`` once the job's
+  status.json is written (at once when keeperd does not keep that job)
+- ``{"id": N, "op": "cancel", "job_dir": "/abs"}`` -> ``{"id": N, "sent": bool}``
+
+SIGTERM to keeperd cancels every job it keeps (as SIGTERM to a per-job keeper cancels its
+job). It exits once it keeps no job and no runner has been connected for ``IDLE_EXIT_S``.
+
+Stdlib only (plus the stdlib-only keeper/joblog modules).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _bootstrap_as_script() -> None:
+    """Run by path: register bare stubs for ``motor``/``motor.execution`` so only the
+    stdlib-only modules load (see forkserver._bootstrap_as_script)."""
+    import types
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    if sys.path and os.path.abspath(sys.path[0] or ".") == here:
+        del sys.path[0]
+    for name, path in (("motor", os.path.dirname(here)), ("motor.execution", here)):
+        if name not in sys.modules:
+            mod = types.ModuleType(name)
+            mod.__path__ = [path]
+            mod.__package__ = name
+            sys.modules[name] = mod
+
+
+if __name__ == "__main__" and not __package__:
+    _bootstrap_as_script()
+
+import fcntl  # noqa: E402
+import json  # noqa: E402
+import selectors  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
+
+from motor import faults  # noqa: E402
+from motor.execution import keeper as K  # noqa: E402
+from motor.isolation.join import JoinError, join_confinement  # noqa: E402
+# the systemd backend's join talks D-Bus (jeepney): imported once, not per forked child
+from motor.isolation import systemd as _systemd  # noqa: E402,F401
+from motor.execution.joblog import (  # noqa: E402
+    KEEPER_FILE, OUTPUT_FILE, STATUS_FILE, STDERR, STDOUT, encode_record, read_spec,
+    write_json_atomic,
+)
+
+__all__ = ["KIND", "LOCK_NAME", "SOCKET_NAME", "START_LOCK_NAME", "main", "socket_address"]
+
+KIND = "keeperd"
+SOCKET_NAME = "keeperd.sock"
+LOCK_NAME = "keeperd.lock"
+#: Held (flock) by a runner while it looks for keeperd and, if none answers, starts one:
+#: two runners racing for one state directory start one keeperd between them.
+START_LOCK_NAME = "keeperd.start.lock"
+#: keeperd exits after this long with no job and no runner connected.
+IDLE_EXIT_S = 2.0
+#: How long a starting keeperd waits for the lock (a predecessor may be exiting).
+LOCK_WAIT_S = 3.0
+SUN_PATH_MAX = 107
+JOB_MARKER = b"MOTOR_JOB_ID="
+
+
+def socket_address(state_dir: str) -> tuple[str, int | None]:
+    """The address of ``<state_dir>/keeperd.sock`` to bind/connect, and a directory fd
+    to close afterwards: a path longer than sun_path allows goes through
+    ``/proc/self/fd/<dirfd>/keeperd.sock``."""
+    path = os.path.join(state_dir, SOCKET_NAME)
+    if len(os.fsencode(path)) <= SUN_PATH_MAX:
+        return path, None
+    dfd = os.open(state_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    return f"/proc/self/fd/{dfd}/{SOCKET_NAME}", dfd
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _children(pid: int) -> list[int]:
+    """The direct children of ``pid`` (single-threaded: its main task's list)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def _carries_marker(pid: int, job_id: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+    except OSError:
+        return False
+    return JOB_MARKER + job_id in env.split(b"\0")
+
+
+class _SpawnFailed(Exception):
+    pass
+
+
+class Job:
+    """One job keeperd keeps: the same state the per-job keeper holds on its stack."""
+
+    def __init__(self, job_dir: str) -> None:
+        self.job_dir = job_dir
+        self.job_id = os.path.basename(job_dir).encode()
+        self.pid: int | None = None
+        self.pidfd = -1
+        self.streams: dict[int, int] = {}
+        self.started_at_ms = _now_ms()
+        self.start = time.monotonic()
+        self.timeout_s: float | None = None
+        self.timeout_at: float | None = None
+        self.grace = K.DEFAULT_KILL_GRACE_S
+        self.cancel_requested = False
+        self.reason: str | None = None
+        self.kill_at: float | None = None
+        self.exited = False
+        self.wait_status = 0
+        self.rusage: Any = None
+        self.drain_until = 0.0
+        # output.log and its hold while the disk is full (as keeper._Keeper)
+        self.out_fd = -1
+        self.pending = bytearray()
+        self.dropped_bytes = 0
+        self.output_error: str | None = None
+        self.retry_output_at: float | None = None
+        self.keeper_json_error: str | None = None
+        # the status, once known; retried until it lands
+        self.status: dict[str, Any] | None = None
+        self.status_retry_at: float | None = None
+        self.status_delay = K.STATUS_RETRY_MIN_S
+        self.status_fault_passed = False
+        self.watchers: list[tuple[Conn, Any]] = []
+        # a forked job on its way to exec: its error pipe, and the rest of its start
+        self.exec_fd = -1
+        self.exec_error = b""
+        self.exec_rest: tuple[int, int, Any] | None = None
+        self.reply_to: tuple[Conn, Any] | None = None
+
+    # -- output.log (same hold/drop rules as keeper._Keeper) ----------------------------
+
+    def write_record(self, stream: int, data: bytes) -> None:
+        record = encode_record(stream, data)
+        if self.pending:
+            self.flush_output()
+        if self.pending:
+            if len(self.pending) + len(record) > K.OUTPUT_HOLD_BYTES:
+                self.dropped_bytes += len(data)
+            else:
+                self.pending += record
+            return
+        self.pending += record
+        self.flush_output()
+
+    def flush_output(self) -> bool:
+        if not self.pending:
+            return True
+        try:
+            if self.out_fd < 0:
+                self.out_fd = os.open(
+                    os.path.join(self.job_dir, OUTPUT_FILE),
+                    os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            while self.pending:
+                n = os.write(self.out_fd, self.pending)
+                del self.pending[:n]
+        except OSError as exc:
+            if self.output_error is None:
+                self.output_error = f"writing {OUTPUT_FILE} failed for a while: {exc}"
+            self.retry_output_at = time.monotonic() + K.OUTPUT_RETRY_S
+            return False
+        self.retry_output_at = None
+        if self.dropped_bytes:
+            note = (f"motor keeper: {self.dropped_bytes} bytes of output were dropped while "
+                    f"{OUTPUT_FILE} could not be written\n")
+            self.output_error = (
+                f"{self.dropped_bytes} bytes of output dropped while {OUTPUT_FILE} could not "
+                f"be written ({self.output_error})")
+            self.dropped_bytes = 0
+            self.pending += encode_record(STDERR, note.encode())
+            return self.flush_output()
+        return True
+
+    def set_status(self, **fields: Any) -> None:
+        ended = _now_ms()
+        status = {"exit_code": None, "signal": None, "reason": None, "detail": None,
+                  "started_at_ms": self.started_at_ms, "ended_at_ms": ended,
+                  "wall_time_ms": max(0, ended - self.started_at_ms), "cpu_time_ms": 0}
+        status.update(fields)
+        self.status = status
+        self.status_retry_at = time.monotonic()
+
+    def try_write_status(self) -> bool:
+        """One attempt: held output first, then status.json. False: retry later."""
+        if not self.status_fault_passed:
+            faults.hit("keeper.status")  # tests: the job ended, status.json not written
+            self.status_fault_passed = True
+        if self.flush_output():
+            try:
+                write_json_atomic(os.path.join(self.job_dir, STATUS_FILE), self.status)
+                self.status_retry_at = None
+                return True
+            except OSError:
+                pass
+        self.status_retry_at = time.monotonic() + self.status_delay
+        self.status_delay = min(K.STATUS_RETRY_MAX_S, self.status_delay * 2)
+        return False
+
+    def deadline(self) -> float | None:
+        ds = [d for d in (self.retry_output_at, self.kill_at, self.status_retry_at) if d is not None]
+        if not self.exited and self.reason is None and self.timeout_at is not None:
+            ds.append(self.timeout_at)
+        if self.exited and self.streams:
+            ds.append(self.drain_until)
+        return min(ds) if ds else None
+
+
+class Conn:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.inbuf = b""
+        self.outbuf = bytearray()
+        self.closed = False
+
+
+class Keeperd:
+    def __init__(self, state_dir: str, listener: socket.socket, lock_fd: int) -> None:
+        self.state_dir = state_dir
+        self.listener = listener
+        self.lock_fd = lock_fd
+        self.pid = os.getpid()
+        self.create_time = K.proc_create_time(self.pid)
+        self.sel = selectors.EpollSelector()
+        self.jobs: dict[str, Job] = {}  # by job_dir
+        self.mains: dict[int, Job] = {}  # by pid, until reaped
+        self.conns: list[Conn] = []
+        self.idle_since: float | None = time.monotonic()
+        self.terminate = False
+        self._orig_affinity: set[int] | None = None
+
+    # -- event loop ---------------------------------------------------------------------
+
+    def run(self, wake_r: int) -> int:
+        self.sel.register(self.listener, selectors.EVENT_READ, self._on_accept)
+        self.sel.register(wake_r, selectors.EVENT_READ, lambda ev: self._on_signal(wake_r))
+        while True:
+            now = time.monotonic()
+            for job in list(self.jobs.values()):
+                self._tick(job, now)
+            if self.jobs or self.conns:
+                self.idle_since = None
+            elif self.idle_since is None:
+                self.idle_since = now
+            elif now - self.idle_since >= IDLE_EXIT_S:
+                break
+            deadlines = [d for d in (j.deadline() for j in self.jobs.values()) if d is not None]
+            if self.idle_since is not None:
+                deadlines.append(self.idle_since + IDLE_EXIT_S)
+            timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+            for key, events in self.sel.select(timeout):
+                try:
+                    key.data(events)
+                except Exception:  # a keeperd bug must not take every job down with it
+                    self._log_exception()
+        self._shutdown()
+        return 0
+
+    def _log_exception(self) -> None:
+        import traceback
+
+        try:
+            with open(os.path.join(self.state_dir, "keeperd.log"), "a") as f:
+                f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} keeperd {self.pid}: "
+                        f"{traceback.format_exc()}\n")
+        except OSError:
+            pass
+
+    def _shutdown(self) -> None:
+        """Stop answering: remove our socket (only if it is still ours), then exit (the
+        lock goes with the process)."""
+        path = os.path.join(self.state_dir, SOCKET_NAME)
+        try:
+            if os.stat(path).st_ino == self.sock_ino:
+                os.unlink(path)
+        except (OSError, AttributeError):
+            pass
+        self.listener.close()
+
+    def _on_signal(self, wake_r: int) -> None:
+        try:
+            while os.read(wake_r, 512):
+                pass
+        except BlockingIOError:
+            pass
+        if self.terminate:
+            self.terminate = False
+            for job in self.jobs.values():
+                job.cancel_requested = True
+        self._reap_orphans()
+
+    def _reap_orphans(self) -> None:
+        """Reap exited processes re-parented to us (we are the jobs' subreaper); never a
+        job's main process (its pidfd handler reaps it with its rusage)."""
+        for pid in _children(self.pid):
+            if pid in self.mains:
+                continue
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+    # -- connections --------------------------------------------------------------------
+
+    def _on_accept(self, events: int) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            sock.setblocking(False)
+            conn = Conn(sock)
+            self.conns.append(conn)
+            self.sel.register(sock, selectors.EVENT_READ, lambda ev, c=conn: self._on_conn(c, ev))
+            self._send(conn, {"keeperd": True, "pid": self.pid, "create_time": self.create_time})
+
+    def _on_conn(self, conn: Conn, events: int) -> None:
+        if events & selectors.EVENT_WRITE:
+            self._flush_conn(conn)
+        if conn.closed or not events & selectors.EVENT_READ:
+            return
+        try:
+            data = conn.sock.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close_conn(conn)
+            return
+        conn.inbuf += data
+        while not conn.closed:
+            nl = conn.inbuf.find(b"\n")
+            if nl < 0:
+                break
+            line, conn.inbuf = conn.inbuf[:nl], conn.inbuf[nl + 1:]
+            if line.strip():
+                self._request(conn, line)
+
+    def _close_conn(self, conn: Conn) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        try:
+            self.sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+        self.conns.remove(conn)
+        for job in self.jobs.values():
+            job.watchers = [w for w in job.watchers if w[0] is not conn]
+
+    def _send(self, conn: Conn, obj: dict) -> None:
+        if conn.closed:
+            return
+        conn.outbuf += json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+        self._flush_conn(conn)
+
+    def _flush_conn(self, conn: Conn) -> None:
+        try:
+            while conn.outbuf:
+                n = conn.sock.send(conn.outbuf)
+                del conn.outbuf[:n]
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            self._close_conn(conn)
+            return
+        mask = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.outbuf else 0)
+        try:
+            self.sel.modify(conn.sock, mask, self.sel.get_key(conn.sock).data)
+        except (KeyError, ValueError):
+            pass
+
+    def _request(self, conn: Conn, line: bytes) -> None:
+        req_id = None
+        try:
+            req = json.loads(line)
+            req_id = req.get("id")
+            op = req["op"]
+            job_dir = req["job_dir"]
+            if not isinstance(job_dir, str) or not os.path.isabs(job_dir):
+                raise ValueError(f"job_dir must be an absolute path, got {job_dir!r}")
+            job_dir = os.path.normpath(job_dir)
+        except Exception as exc:
+            self._send(conn, {"id": req_id, "code": "bad_request", "error": f"bad request: {exc}"})
+            return
+        if op == "spawn":
+            answer = self._spawn(job_dir, conn, req_id)
+            if answer is not None:
+                self._send(conn, {"id": req_id, **answer})
+        elif op == "wait":
+            job = self.jobs.get(job_dir)
+            if job is None:
+                self._send(conn, {"id": req_id, "done": True})
+            else:
+                job.watchers.append((conn, req_id))
+        elif op == "cancel":
+            job = self.jobs.get(job_dir)
+            if job is not None and job.status is None:
+                job.cancel_requested = True
+            self._send(conn, {"id": req_id, "sent": job is not None})
+        else:
+            self._send(conn, {"id": req_id, "code": "bad_request", "error": f"unknown op {op!r}"})
+
+    # -- a job's start ------------------------------------------------------------------
+
+    def _spawn(self, job_dir: str, conn: Conn, req_id: Any) -> dict | None:
+        """Claim and start the job; the answer, or None when it comes later (a forked job
+        still on its way to exec: see _on_exec)."""
+        if job_dir in self.jobs:
+            return {"code": "claimed", "error": f"{job_dir} already has a keeper (keeperd keeps it)"}
+        # The start steps keep the forkserver's point names (motor/faults.py): the same
+        # step of the start protocol, in the process that spawns.
+        faults.hit("forkserver.forked")  # tests: the request is in, the claim not written
+        try:
+            K.claim_job_dir(job_dir, self.pid, self.create_time, kind=KIND)
+        except FileExistsError:
+            return {"code": "claimed", "error": f"{job_dir} already has a keeper (keeper.json exists)"}
+        except OSError as exc:
+            return {"code": "spawn_failed", "error": "cannot record the keeper's identity in "
+                    f"{os.path.join(job_dir, KEEPER_FILE)}: {exc}"}
+        faults.hit("forkserver.claimed")  # tests: claimed, the job not yet spawned
+        job = Job(job_dir)
+        self.jobs[job_dir] = job
+        job.reply_to = (conn, req_id)
+        try:
+            self._start(job)
+        except _SpawnFailed as exc:
+            self._spawn_failed(job, str(exc))
+        if job.exec_fd >= 0:
+            return None
+        job.reply_to = None
+        return {"pid": self.pid, "create_time": self.create_time, "job_pid": job.pid}
+
+    def _spawn_failed(self, job: Job, detail: str) -> None:
+        job.write_record(STDERR, f"motor keeper: {detail}\n".encode(errors="replace"))
+        job.exited = True
+        job.set_status(exit_code=K.SPAWN_FAILED_EXIT_CODE, reason="spawn_failed", detail=detail)
+        self._tick(job, time.monotonic())
+
+    def _on_exec(self, job: Job) -> None:
+        """The forked job exec'd (its close-on-exec error pipe hit EOF) or reported why it
+        could not (then it exits 127 and is reaped here): finish its start, answer."""
+        chunk = os.read(job.exec_fd, 4096)
+        if chunk:
+            job.exec_error += chunk
+            return  # until EOF: the child writes its reason, then exits
+        self.sel.unregister(job.exec_fd)
+        os.close(job.exec_fd)
+        job.exec_fd = -1
+        out_r, err_r, timeout_s = job.exec_rest
+        job.exec_rest = None
+        pid = job.pid
+        assert pid is not None
+        if job.exec_error:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+            del self.mains[pid]
+            job.pid = None
+            self._spawn_failed(job, job.exec_error.decode(errors="replace"))
+        else:
+            self._started(job, pid, out_r, err_r, timeout_s)
+        if job.reply_to is not None:
+            conn, req_id = job.reply_to
+            job.reply_to = None
+            self._send(conn, {"id": req_id, "pid": self.pid, "create_time": self.create_time,
+                              "job_pid": job.pid})
+
+    def _start(self, job: Job) -> None:
+        try:
+            spec = read_spec(job.job_dir)
+        except Exception as exc:
+            raise _SpawnFailed(f"bad spec: {exc}") from None
+        if spec is None:
+            raise _SpawnFailed(f"missing {os.path.join(job.job_dir, 'spec.json')}")
+        if isinstance(spec.get("job_id"), str):
+            job.job_id = spec["job_id"].encode()
+        command = spec.get("command")
+        if not isinstance(command, list) or not command or not all(isinstance(a, str) for a in command):
+            raise _SpawnFailed(f"bad spec: command must be a non-empty list of strings, got {command!r}")
+        env = spec.get("env")
+        if env is None:
+            env = dict(os.environ)
+        timeout_s = spec.get("timeout_s")
+        grace = spec.get("kill_grace_s")
+        job.grace = K.DEFAULT_KILL_GRACE_S if grace is None else float(grace)
+        cmd0 = command[0]
+        try:
+            exe = K._resolve_executable(cmd0, env)
+        except OSError as exc:
+            raise _SpawnFailed(f"cannot execute {cmd0!r}: {exc.strerror or exc}") from None
+        argv = command
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        job.started_at_ms = _now_ms()
+        try:
+            if spec.get("cgroup_procs") or spec.get("systemd_scope"):  # joins before exec
+                pid, exec_fd = self._fork_exec(spec, exe, argv, env, out_w, err_w, cmd0)
+            else:
+                pid, exec_fd = self._posix_spawn(spec, exe, argv, env, out_w, err_w, cmd0), -1
+        except BaseException:
+            for fd in (out_r, err_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        job.pid = pid
+        self.mains[pid] = job  # ours to reap, never the orphan reaper's
+        if exec_fd >= 0:  # forked: joining its groups may take a while, others go on
+            job.exec_fd = exec_fd
+            job.exec_rest = (out_r, err_r, timeout_s)
+            self.sel.register(exec_fd, selectors.EVENT_READ, lambda ev, j=job: self._on_exec(j))
+            return
+        self._started(job, pid, out_r, err_r, timeout_s)
+
+    def _started(self, job: Job, pid: int, out_r: int, err_r: int, timeout_s: Any) -> None:
+        job.start = time.monotonic()
+        if timeout_s is not None:
+            job.timeout_s = float(timeout_s)
+            job.timeout_at = job.start + job.timeout_s
+        job.pidfd = os.pidfd_open(pid)
+        self.sel.register(job.pidfd, selectors.EVENT_READ, lambda ev, j=job: self._on_exit(j))
+        for fd, stream in ((out_r, STDOUT), (err_r, STDERR)):
+            os.set_blocking(fd, False)
+            job.streams[fd] = stream
+            self.sel.register(fd, selectors.EVENT_READ, lambda ev, j=job, f=fd: self._on_output(j, f))
+        faults.hit("keeper.spawned")  # tests: the job runs, keeper.json lacks its pid
+        try:
+            write_json_atomic(os.path.join(job.job_dir, KEEPER_FILE), {
+                "keeper_pid": self.pid, "keeper_create_time": self.create_time,
+                "job_pid": pid, "job_create_time": K.proc_create_time(pid),
+                "started_at_ms": job.started_at_ms, "kind": KIND})
+        except OSError as exc:
+            job.keeper_json_error = f"cannot add the job's pid to {KEEPER_FILE}: {exc}"
+
+    def _posix_spawn(self, spec, exe, argv, env, out_w, err_w, cmd0) -> int:
+        """No cgroup to join: keeperd takes the job's cwd, affinity and umask for the
+        moment of the spawn (the child inherits them), then goes back."""
+        cwd = spec.get("cwd")
+        cpus = spec.get("cpus")
+        pin = bool(spec.get("pin") and cpus)
+        job_umask = spec.get("umask")
+        try:
+            if cwd:
+                try:
+                    os.chdir(cwd)
+                except OSError as exc:
+                    raise _SpawnFailed(f"cannot use cwd {cwd!r}: {exc.strerror}") from None
+            if pin:
+                if self._orig_affinity is None:
+                    self._orig_affinity = os.sched_getaffinity(0)
+                try:
+                    os.sched_setaffinity(0, cpus)
+                except (OSError, ValueError, TypeError) as exc:
+                    raise _SpawnFailed(f"cannot pin to cpus {cpus!r}: {exc}") from None
+            old_umask = os.umask(job_umask) if isinstance(job_umask, int) else None
+            try:
+                return os.posix_spawn(
+                    exe, argv, env,
+                    file_actions=[(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+                                  (os.POSIX_SPAWN_DUP2, out_w, 1),
+                                  (os.POSIX_SPAWN_DUP2, err_w, 2)],
+                    setpgroup=0, setsigdef=K._SIGDEF, setsigmask=())
+            except OSError as exc:
+                raise _SpawnFailed(f"cannot execute {cmd0!r}: {exc.strerror or exc}") from None
+            except (ValueError, TypeError) as exc:
+                raise _SpawnFailed(f"cannot execute {cmd0!r}: {exc}") from None
+            finally:
+                if old_umask is not None:
+                    os.umask(old_umask)
+        finally:
+            if pin and self._orig_affinity is not None:
+                os.sched_setaffinity(0, self._orig_affinity)
+            if cwd:
+                os.chdir("/")
+
+    def _fork_exec(self, spec, exe, argv, env, out_w, err_w, cmd0) -> tuple[int, int]:
+        """The job joins its cgroups before exec (posix_spawn cannot): fork, and in the
+        child join (one call: motor/isolation/join.py join_confinement), chdir, pin, umask, exec. Errors come
+        back over a close-on-exec pipe, so a failed exec is a spawn failure."""
+        cwd = spec.get("cwd")
+        cpus = spec.get("cpus")
+        job_umask = spec.get("umask")
+        err_r, err_w2 = os.pipe()
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGCHLD})
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+            os.close(err_r)
+            os.close(err_w2)
+            raise _SpawnFailed(f"cannot execute {cmd0!r}: fork failed: {exc}") from None
+        if pid == 0:  # the child: never returns
+            msg = "exec failed"
+            try:
+                signal.set_wakeup_fd(-1)
+                for s in K._SIGDEF:
+                    signal.signal(s, signal.SIG_DFL)
+                os.setpgid(0, 0)
+                try:  # the job's groups / systemd scope (motor/isolation/join.py)
+                    join_confinement(spec)
+                except JoinError as exc:
+                    msg = str(exc)
+                    raise
+                if cwd:
+                    try:
+                        os.chdir(cwd)
+                    except OSError as exc:
+                        msg = f"cannot use cwd {cwd!r}: {exc.strerror}"
+                        raise
+                if spec.get("pin") and cpus:
+                    try:
+                        os.sched_setaffinity(0, cpus)
+                    except (OSError, ValueError, TypeError) as exc:
+                        msg = f"cannot pin to cpus {cpus!r}: {exc}"
+                        raise
+                # the job, not keeperd, is what an OOM kill in the job's group must take
+                K._raise_oom_score_for_spawn()  # this process becomes the job: nothing to restore
+                if isinstance(job_umask, int):
+                    os.umask(job_umask)
+                devnull = os.open("/dev/null", os.O_RDONLY)
+                os.dup2(devnull, 0)
+                os.dup2(out_w, 1)
+                os.dup2(err_w, 2)
+                signal.pthread_sigmask(signal.SIG_SETMASK, ())
+                try:
+                    os.execve(exe, argv, env)
+                except OSError as exc:
+                    msg = f"cannot execute {cmd0!r}: {exc.strerror or exc}"
+                    raise
+                except (ValueError, TypeError) as exc:
+                    msg = f"cannot execute {cmd0!r}: {exc}"
+                    raise
+            except BaseException:
+                try:
+                    os.write(err_w2, msg.encode(errors="replace")[:4000])
+                except BaseException:
+                    pass
+            finally:
+                os._exit(K.SPAWN_FAILED_EXIT_CODE)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        os.close(err_w2)
+        return pid, err_r  # EOF on err_r: exec'd (see _on_exec)
+
+    # -- a running job ------------------------------------------------------------------
+
+    def _on_output(self, job: Job, fd: int) -> None:
+        try:
+            data = os.read(fd, K.READ_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        if data:
+            job.write_record(job.streams[fd], data)
+            return
+        self.sel.unregister(fd)
+        os.close(fd)
+        del job.streams[fd]
+        if job.exited and not job.streams:
+            self._tick(job, time.monotonic())
+
+    def _orphans_of(self, job: Job) -> list[int]:
+        """Processes re-parented to keeperd that carry the job's marker (a child that
+        left the job's process group, e.g. with setsid, whose parent exited)."""
+        return [p for p in _children(self.pid)
+                if p not in self.mains and _carries_marker(p, job.job_id)]
+
+    def _signal_tree(self, job: Job, sig: int) -> None:
+        """The job's process group, its main process's descendants, and its orphans (with
+        theirs): what the per-job keeper reaches as "every descendant of mine"."""
+        assert job.pid is not None
+        try:
+            os.killpg(job.pid, sig)
+        except ProcessLookupError:
+            pass
+        roots = [job.pid, *self._orphans_of(job)]
+        children = K._children_map()
+        todo = list(roots[1:])
+        for r in roots:
+            todo.extend(children.get(r, ()))
+        seen = set()
+        while todo:
+            p = todo.pop()
+            if p in seen:
+                continue
+            seen.add(p)
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+            todo.extend(children.get(p, ()))
+
+    def _on_exit(self, job: Job) -> None:
+        """The main process exited (pidfd readable; not reaped yet, so its process group
+        id is still pinned): kill the group, reap it with its rusage, kill what is left."""
+        assert job.pid is not None
+        pid = job.pid
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        _, job.wait_status, job.rusage = os.wait4(pid, 0)
+        del self.mains[pid]
+        self.sel.unregister(job.pidfd)
+        os.close(job.pidfd)
+        job.pidfd = -1
+        # left-overs that escaped the group: re-parented to us, found by the job marker
+        # (only looked for when we have a child that is no job's main process)
+        if any(p not in self.mains for p in _children(self.pid)):
+            for orphan in self._orphans_of(job):
+                try:
+                    os.kill(orphan, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        job.exited = True
+        job.drain_until = time.monotonic() + K.DRAIN_TIMEOUT_S
+        self._reap_orphans()
+        self._tick(job, time.monotonic())
+
+    def _tick(self, job: Job, now: float) -> None:
+        if job.status is None and not job.exited and job.exec_fd < 0:  # (not while exec'ing)
+            if job.reason is None:
+                if job.cancel_requested:
+                    job.reason = "cancelled"
+                elif job.timeout_at is not None and now >= job.timeout_at:
+                    job.reason = "timed_out"
+                if job.reason is not None:
+                    self._signal_tree(job, signal.SIGTERM)
+                    job.kill_at = now + job.grace
+            if job.kill_at is not None and now >= job.kill_at:
+                self._signal_tree(job, signal.SIGKILL)
+                job.kill_at = None
+        if job.retry_output_at is not None and now >= job.retry_output_at:
+            job.flush_output()
+        if job.status is None and job.exited and (not job.streams or now >= job.drain_until):
+            self._conclude(job)
+        if job.status is not None and job.status_retry_at is not None and now >= job.status_retry_at:
+            if job.try_write_status():
+                self._done(job)
+
+    def _conclude(self, job: Job) -> None:
+        """Output drained (or given up on): the status to record."""
+        details = []
+        if job.streams:
+            details.append(
+                "output pipes still open %.0fs after the job exited (a process escaped "
+                "the job's process tree); output may be truncated" % K.DRAIN_TIMEOUT_S)
+            for fd in list(job.streams):
+                self.sel.unregister(fd)
+                os.close(fd)
+            job.streams.clear()
+        if job.keeper_json_error:
+            details.append(job.keeper_json_error)
+        if job.output_error:
+            details.append(job.output_error)
+        if job.reason == "timed_out":
+            details.insert(0, f"timed out after {job.timeout_s:g}s")
+        ws = job.wait_status
+        job.kill_at = None
+        job.set_status(
+            exit_code=os.WEXITSTATUS(ws) if os.WIFEXITED(ws) else None,
+            signal=os.WTERMSIG(ws) if os.WIFSIGNALED(ws) else None,
+            reason=job.reason, detail="; ".join(details) or None,
+            cpu_time_ms=round((job.rusage.ru_utime + job.rusage.ru_stime) * 1000) if job.rusage else 0)
+
+    def _done(self, job: Job) -> None:
+        if job.out_fd >= 0:
+            os.close(job.out_fd)
+            job.out_fd = -1
+        del self.jobs[job.job_dir]
+        for conn, req_id in job.watchers:
+            self._send(conn, {"id": req_id, "done": True})
+        job.watchers = []
+
+
+def _take_lock(state_dir: str) -> int:
+    fd = os.open(os.path.join(state_dir, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise
+            time.sleep(0.01)
+
+
+def _say(obj: dict) -> None:
+    try:
+        os.write(1, json.dumps(obj).encode() + b"\n")
+    except OSError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: keeperd.py STATE_DIR", file=sys.stderr)
+        return 2
+    state_dir = os.path.abspath(argv[0])
+    os.umask(0o077)
+    try:
+        lock_fd = _take_lock(state_dir)
+    except BlockingIOError:
+        _say({"error": f"another keeperd holds {os.path.join(state_dir, LOCK_NAME)}"})
+        return 1
+    except OSError as exc:
+        _say({"error": f"cannot lock {os.path.join(state_dir, LOCK_NAME)}: {exc}"})
+        return 1
+    path = os.path.join(state_dir, SOCKET_NAME)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        try:  # we hold the lock: a socket file left here is a dead keeperd's
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        addr, dfd = socket_address(state_dir)
+        try:
+            listener.bind(addr)
+        finally:
+            if dfd is not None:
+                os.close(dfd)
+        os.chmod(path, 0o600)  # owner-only (the umask already says so)
+        sock_ino = os.stat(path).st_ino
+        listener.listen(128)
+        listener.setblocking(False)
+    except OSError as exc:
+        _say({"error": f"cannot listen on {path}: {exc}"})
+        return 1
+    # Detach: not the runner's child, not in its session (terminal signals never reach us).
+    if os.fork() > 0:
+        os._exit(0)
+    os.setsid()
+    if os.fork() > 0:
+        os._exit(0)
+    os.chdir("/")
+    for s in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(s, signal.SIG_IGN)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    daemon = Keeperd(state_dir, listener, lock_fd)
+    try:  # who holds the lock, for operators and tests (the flock is what counts)
+        os.ftruncate(lock_fd, 0)
+        os.pwrite(lock_fd, b"%d\n" % daemon.pid, 0)
+    except OSError:
+        pass
+    daemon.sock_ino = sock_ino
+
+    def on_term(signum: int, frame: Any) -> None:
+        daemon.terminate = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    if not K._set_subreaper():
+        _say({"error": "cannot become the jobs' subreaper (PR_SET_CHILD_SUBREAPER)"})
+        return 1
+    _say({"ready": True, "pid": daemon.pid, "create_time": daemon.create_time})
+    devnull = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
+    return daemon.run(wake_r)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""keeperd: one long-lived keeper per state dir (motor/execution/keeperd.py), real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import psutil
+import trio
+from keeper_helpers import finish, records, wait_until
+from keeper_tracking import tracked_keepers, write_job_dir
+
+from motor.execution import keeperd as keeperd_mod
+from motor.execution import process_alive, read_keeper, read_status
+from motor.execution.keeperd_client import open_keeperd_spawner
+
+
+LIST_FDS = ("import json, os\n"
+            "fds = {}\n"
+            "for fd in os.listdir('/proc/self/fd'):\n"
+            "    try: fds[fd] = os.readlink('/proc/self/fd/' + fd)\n"
+            "    except OSError: pass\n"
+            "print(json.dumps(fds))")
+
+
+def _keeperds(state) -> list[psutil.Process]:
+    """Every live keeperd process serving `state`."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if any(part.endswith("keeperd.py") for part in cmd) and str(state) in cmd:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    found.append(p)
+            except psutil.NoSuchProcess:
+                pass
+    return found
+
+
+async def test_two_runners_racing_for_one_state_dir_share_one_keeperd(tmp_path, workspace):
+    """Two spawners (two runners' worth) connect at the same moment to a state dir with no
+    keeperd: exactly one keeperd starts, both keep their jobs in it, every job runs once."""
+    state = tmp_path / "state"
+    state.mkdir()
+    go = trio.Event()
+    handles: dict[str, list] = {"a": [], "b": []}
+
+    async def runner(name: str, spawner) -> None:
+        await go.wait()
+        for i in range(3):
+            d = write_job_dir(state / "jobs" / f"{name}{i}", f"{name}{i}",
+                              ["sh", "-c", f"echo {name}{i} >> {tmp_path / 'runs'}"], workspace)
+            handles[name].append((await spawner.spawn(d), d))
+
+    async with open_keeperd_spawner(state) as a, open_keeperd_spawner(state) as b:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(runner, "a", a)
+            nursery.start_soon(runner, "b", b)
+            go.set()
+        pids = {h.pid for hs in handles.values() for h, _ in hs}
+        assert len(pids) == 1, pids  # one keeperd for both
+        assert [p.pid for p in _keeperds(state)] == list(pids)
+        assert a.keeperd_pid == b.keeperd_pid == pids.pop()
+        for hs in handles.values():
+            for h, d in hs:
+                assert (await finish(h, d))["exit_code"] == 0
+    ran = sorted((tmp_path / "runs").read_text().split())
+    assert ran == ["a0", "a1", "a2", "b0", "b1", "b2"]
+
+
+async def test_a_second_keeperd_for_a_state_dir_refuses_to_start(tmp_path, make_job):
+    state = tmp_path / "state"
+    async with tracked_keepers("keeperd", state) as jobs:
+        job_dir = make_job(["true"])
+        await jobs.run(job_dir)  # a keeperd runs and this runner is connected to it
+        first = jobs.spawner.keeperd_pid
+        out = subprocess.run(
+            [sys.executable, keeperd_mod.__file__, str(state)], capture_output=True, timeout=30)
+        assert out.returncode == 1
+        assert "another keeperd holds" in json.loads(out.stdout)["error"]
+        assert [p.pid for p in _keeperds(state)] == [first]
+        assert int((state / "keeperd.lock").read_text()) == first
+        assert oct((state / "keeperd.sock").stat().st_mode & 0o777) == "0o600"  # owner-only
+
+
+async def test_keeperd_outlives_its_runner_and_a_new_spawner_adopts_through_it(
+        tmp_path, make_job, workspace):
+    """A runner's spawner goes away (its connection closes) while a job runs: keeperd keeps
+    the job; the next spawner waits on it through the same keeperd and sees all output."""
+    state = tmp_path / "state"
+    job_dir = make_job(["sh", "-c", "echo first; while [ ! -e go ]; do sleep 0.01; done; "
+                                    "echo last; exit 3"])  # (creates the state dir)
+    async with open_keeperd_spawner(state) as spawner:
+        handle = await spawner.spawn(job_dir)
+        await wait_until(lambda: ("stdout", b"first\n") in records(job_dir))
+    assert process_alive(handle.pid, handle.create_time)  # keeperd stays: it keeps a job
+    async with open_keeperd_spawner(state) as spawner:
+        (workspace / "go").touch()
+        with trio.fail_after(20):
+            await spawner.wait_exit(handle.pid, handle.create_time, job_dir)
+        assert spawner.keeperd_pid == handle.pid
+    status = read_status(job_dir)
+    assert status["exit_code"] == 3
+    assert records(job_dir) == [("stdout", b"first\n"), ("stdout", b"last\n")]
+
+
+async def test_keeperd_exits_when_idle_and_the_next_runner_starts_another(tmp_path, make_job):
+    state = tmp_path / "state"
+    state.mkdir()
+    async with open_keeperd_spawner(state) as spawner:
+        handle = await spawner.spawn(make_job(["true"]))
+    # no job, no runner: it exits (after IDLE_EXIT_S) and removes its socket; the next
+    # spawner (a runner starting) starts another
+    with trio.fail_after(20):
+        while process_alive(handle.pid, handle.create_time):
+            await trio.sleep(0.05)
+    assert not (state / "keeperd.sock").exists()
+    async with open_keeperd_spawner(state) as spawner:
+        job_dir = make_job(["true"])
+        h2 = await spawner.spawn(job_dir)
+        assert h2.pid != handle.pid
+        with trio.fail_after(20):
+            await spawner.wait_exit(h2.pid, h2.create_time, job_dir)
+        assert read_status(job_dir)["exit_code"] == 0
+
+
+async def test_keeperd_jobs_leave_no_fd_to_other_jobs(tmp_path, make_job, workspace):
+    """keeperd holds every job's pipes: none of them may leak into another job."""
+    async with tracked_keepers("keeperd", tmp_path / "state") as jobs:
+        first = make_job(["sh", "-c", "while [ ! -e go ]; do sleep 0.01; done"])
+        h1 = await jobs.spawn(first)
+        second = make_job([sys.executable, "-c", LIST_FDS])
+        status = await jobs.run(second)
+        assert status["exit_code"] == 0
+        fds = json.loads(b"".join(data for _, data in records(second)))
+        # stdin, stdout, stderr (and the directory the listing itself opened): no pipe,
+        # socket or file of keeperd's or of another job's
+        assert sorted(fds)[:3] == ["0", "1", "2"], fds
+        assert all(t.startswith("/proc/") for fd, t in fds.items() if int(fd) > 2), fds
+        assert fds["0"] == "/dev/null" and fds["1"].startswith("pipe:"), fds
+        assert fds["1"] != fds["2"]
+        (workspace / "go").touch()
+        assert (await finish(h1, first))["exit_code"] == 0
+        assert read_keeper(first)["kind"] == "keeperd"
