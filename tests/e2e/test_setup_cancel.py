@@ -44,6 +44,7 @@ def test_job_cancelled_while_its_keeper_is_spawned_ends_cancelled_when_the_spawn
     not requeued to run later."""
     gate = tmp_path / "fork-gate"
     monkeypatch.setenv("MOTOR_FAULTS", f"forkserver.forked=wait:{gate}")
+    monkeypatch.setenv("MOTOR_SPAWNER", "forkserver")  # the per-job keeper's forkserver dies
     serve = serve_factory("--max-weight", "1").start()
     marker = tmp_path / "ran"
     job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c", f"touch {marker}")["job_id"]
