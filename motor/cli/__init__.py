@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
 
 from motor.cli.outcome import exit_status
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Sequence
 
 __all__ = ["main", "build_parser", "exit_status", "Parser", "UsageError"]
 
@@ -31,17 +34,29 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def build_parser() -> Parser:
-    from motor.cli import commands, serve, tasks
+#: command -> the module that registers it; `main` builds only that module's subcommands,
+#: so a client command never imports `serve` (motor.config, msgspec) or `task` (msgspec)
+COMMAND_MODULES = {
+    "serve": "serve",
+    **dict.fromkeys(("run", "submit", "attach", "cancel", "withdraw", "status", "jobs", "health",
+                     "workspaces"), "commands"),
+    "task": "tasks",
+}
+
+
+def build_parser(only: str | None = None) -> Parser:
+    """The whole command line; `only="commands"` (a module of COMMAND_MODULES) registers just
+    that module's subcommands (what `main` does once it knows the command)."""
+    import importlib
 
     parser = Parser(
         prog="motor",
         description="motor: a build-job runner for shared build hosts.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
-    serve.register(sub)
-    commands.register(sub)
-    tasks.register(sub)
+    for name in ("serve", "commands", "tasks"):
+        if only is None or only == name:
+            importlib.import_module(f"motor.cli.{name}").register(sub)
     return parser
 
 
@@ -55,8 +70,9 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
     front, tail = _split_command(argv)
+    # the command is the first word (the top level has no options but --help)
+    parser = build_parser(COMMAND_MODULES.get(front[0]) if front else None)
     args = parser.parse_args(front)
     args.tail = tail
     handler = getattr(args, "handler", None)
