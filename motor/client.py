@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import weakref
+import _socket
+import io
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - annotations only (typing costs milliseconds to import)
@@ -211,16 +211,32 @@ class _Headers(dict):
         return super().get(name.lower(), default)
 
 
+class _SocketReader(io.RawIOBase):
+    """The reading side of a C socket, for io.BufferedReader (what socket.makefile("rb")
+    gives a socket.socket; closing it leaves the socket to its owner)."""
+
+    def __init__(self, sock: _socket.socket):
+        super().__init__()
+        self._sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        return self._sock.recv_into(buffer)
+
+
 class _Response:
     """One HTTP/1.1 response read from its own connection (closed with the response)."""
 
-    def __init__(self, sock: socket.socket, reader, status_code: int, headers: _Headers, method: str):
+    def __init__(self, sock: _socket.socket, reader, status_code: int, headers: _Headers, method: str):
         self._sock = sock
         self._reader = reader
         self.status_code = status_code
         self.headers = headers
         self._content: bytes | None = None
         self._closed = False
+        self._owners: set | None = None  # the client's set of open streams, while this is one
         te = headers.get("transfer-encoding", "").lower()
         if method == "HEAD" or status_code in (204, 304) or 100 <= status_code < 200:
             self._mode, self._left = "length", 0
@@ -312,6 +328,8 @@ class _Response:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            if self._owners is not None:
+                self._owners.discard(self)
             try:
                 self._reader.close()
             finally:
@@ -344,10 +362,12 @@ class _Wire:
         self.prefix = parts.path.rstrip("/")
         self.host_header = parts.netloc or "motor"
 
-    def _connect(self) -> socket.socket:
+    def _connect(self) -> _socket.socket:
         try:
             if self.socket_path is not None:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                # the C socket: socket.py (with selectors, array, enum's IntEnums) is not
+                # needed for one Unix stream, and costs milliseconds of every command's start
+                sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
                 try:
                     sock.settimeout(self.timeout)
                     sock.connect(os.fspath(self.socket_path))
@@ -355,6 +375,8 @@ class _Wire:
                     sock.close()
                     raise
                 return sock
+            import socket
+
             sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.scheme == "https":
@@ -421,7 +443,7 @@ class _Wire:
                             sock.sendall(b"0\r\n\r\n")
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the runner answered early (a refusal) and closed: read its answer
-            reader = sock.makefile("rb")
+            reader = sock.makefile("rb") if hasattr(sock, "makefile") else io.BufferedReader(_SocketReader(sock))
             try:
                 status_code, response_headers = self._read_head(reader)
             except BaseException:
@@ -583,7 +605,7 @@ class Client(_Base):
                  capabilities=CAPABILITIES):
         super().__init__(socket_path, url=url, token=token, timeout=timeout, capabilities=capabilities)
         self._wire = _Wire(self._socket, self.base_url, self._headers, timeout)
-        self._open: "weakref.WeakSet[_Response]" = weakref.WeakSet()  # streams close with the client
+        self._open: set[_Response] = set()  # open streams (each leaves it when it closes) close with the client
 
     @classmethod
     def for_endpoint(cls, endpoint: str, **kwargs) -> "Client":
@@ -610,6 +632,7 @@ class Client(_Base):
         try:
             response = self._wire.send(method, path, json=json, params=params, **extra)
             if stream:
+                response._owners = self._open
                 self._open.add(response)
             else:
                 response.read()

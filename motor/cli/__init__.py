@@ -17,15 +17,47 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Sequence
 
-__all__ = ["main", "build_parser", "exit_status", "Parser", "UsageError"]
+__all__ = ["main", "build_parser", "exit_status", "Parser", "Formatter", "UsageError"]
 
 
 class UsageError(Exception):
     """Raised by a command for a bad argument found after parsing: one line, exit 2."""
 
 
+class Formatter(argparse.HelpFormatter):
+    """argparse's help formatter, sized as shutil.get_terminal_size would size it without
+    importing shutil (argparse makes a formatter for every add_argument: shutil, bz2 and
+    lzma cost about 2 ms of every command's start-up)."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None):
+        if width is None:
+            width = _terminal_columns() - 2
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
+def _terminal_columns() -> int:
+    """shutil.get_terminal_size().columns: $COLUMNS, else the terminal's, else 80."""
+    import os
+
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr and exit status 2."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         message = " ".join(str(message).split())

@@ -58,7 +58,9 @@ def _render():
 
 
 def _client_options() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
+    from motor.cli import Parser
+
+    p = Parser(add_help=False)
     g = p.add_argument_group("runner")
     g.add_argument("--socket", metavar="PATH",
                    help="the runner's Unix socket (default $MOTOR_SOCKET, else <state-dir>/motor.sock)")
