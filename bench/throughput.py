@@ -14,6 +14,11 @@ then checked to have succeeded). In the same round, interleaved, it runs the pee
 scripts from ../shared/bench/peers (`throughput.sh bare-xargs` and `throughput.sh tsp`;
 `setup.sh` must have run for tsp). It prints one line per measurement in the peers'
 format and, at the end, the medians, jobs/s and ratios.
+
+Each round also runs a fresh runner for peer=motor-batch: the same N jobs submitted in ONE
+batch request (`POST /v1/jobs` with a JSON list, docs/protocol.md). Both motor lines carry
+`submit_s` (first submit until the last job is accepted) and `submit_jobs_per_s`; the
+medians end with the submit rate of one batch against one request per job.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ def emit(peer: str, wall: float, n: int, extra: str = "") -> None:
           f"jobs_per_s={n / wall:.1f}{' ' + extra if extra else ''}", flush=True)
 
 
-def motor_round(n: int, isolation: str, systemd_namespace: bool = False) -> tuple[float, float]:
+def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
+                batch: bool = False) -> tuple[float, float]:
     with tempfile.TemporaryDirectory(prefix="motor-bench-") as tmp:
         ns = None
         prefix: list[str] = []
@@ -64,12 +70,18 @@ def motor_round(n: int, isolation: str, systemd_namespace: bool = False) -> tupl
             transport = httpx.HTTPTransport(uds=str(sock))
             with httpx.Client(transport=transport, base_url="http://motor", timeout=60) as c:
                 c.get("/v1/health").raise_for_status()
+                jobs = [{"command": ["true"], "weight_hint": 1, "workspace": f"ws{i % 4}"} for i in range(n)]
                 t0 = time.perf_counter()
-                for i in range(n):
-                    r = c.post("/v1/jobs", json={"command": ["true"], "weight_hint": 1,
-                                                 "workspace": f"ws{i % 4}"})
-                    if r.status_code != 202:
-                        raise SystemExit(f"submit {i}: {r.status_code} {r.text}")
+                if batch:
+                    r = c.post("/v1/jobs", json=jobs)
+                    refused = [a for a in r.json() if a.get("refused")] if r.status_code == 200 else None
+                    if refused != []:
+                        raise SystemExit(f"batch submit: {r.status_code} {refused or r.text}")
+                else:
+                    for i, job in enumerate(jobs):
+                        r = c.post("/v1/jobs", json=job)
+                        if r.status_code != 202:
+                            raise SystemExit(f"submit {i}: {r.status_code} {r.text}")
                 t_sub = time.perf_counter()
                 while True:
                     status = c.get("/v1/status").json()
@@ -113,11 +125,15 @@ def main() -> None:
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--systemd-namespace", action="store_true")
     args = ap.parse_args()
-    walls: dict[str, list[float]] = {"motor": [], "bare-xargs": [], "tsp": []}
+    walls: dict[str, list[float]] = {"motor": [], "motor-batch": [], "bare-xargs": [], "tsp": []}
+    submits: dict[str, list[float]] = {"motor": [], "motor-batch": []}
     for _ in range(args.rounds):
-        wall, sub = motor_round(args.n, args.isolation, args.systemd_namespace)
-        emit("motor", wall, args.n, f"submit_s={sub:.6f} isolation={args.isolation}")
-        walls["motor"].append(wall)
+        for peer in ("motor", "motor-batch"):
+            wall, sub = motor_round(args.n, args.isolation, args.systemd_namespace, batch=peer == "motor-batch")
+            emit(peer, wall, args.n, f"submit_s={sub:.6f} submit_jobs_per_s={args.n / sub:.1f} "
+                                     f"isolation={args.isolation}")
+            walls[peer].append(wall)
+            submits[peer].append(sub)
         if not args.no_peers:
             for peer in ("bare-xargs", "tsp"):
                 value = peer_round(peer, args.n)
@@ -130,6 +146,11 @@ def main() -> None:
     for peer in ("bare-xargs", "tsp"):
         if peer in med:
             print(f"# motor/{peer} jobs/s ratio: {med[peer] / med['motor']:.3f}")
+    sub = {p: statistics.median(v) for p, v in submits.items() if v}
+    for peer, m in sub.items():
+        print(f"# {peer:<11} submit {m:8.4f} s  {args.n / m:8.1f} jobs/s accepted")
+    if len(sub) == 2:
+        print(f"# submit rate, one batch / one request per job: {sub['motor'] / sub['motor-batch']:.2f}x")
 
 
 if __name__ == "__main__":
