@@ -76,9 +76,10 @@ COMMAND_MODULES = {
 }
 
 
-def build_parser(only: str | None = None) -> Parser:
+def build_parser(only: str | None = None, command: str | None = None) -> Parser:
     """The whole command line; `only="commands"` (a module of COMMAND_MODULES) registers just
-    that module's subcommands (what `main` does once it knows the command)."""
+    that module's subcommands, and with `command` (one of the client commands) only that one:
+    what `main` does once it knows the command."""
     import importlib
 
     parser = Parser(
@@ -88,7 +89,11 @@ def build_parser(only: str | None = None) -> Parser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
     for name in ("serve", "commands", "tasks"):
         if only is None or only == name:
-            importlib.import_module(f"motor.cli.{name}").register(sub)
+            module = importlib.import_module(f"motor.cli.{name}")
+            if name == "commands" and command is not None:
+                module.register(sub, only=command)
+            else:
+                module.register(sub)
     return parser
 
 
@@ -100,11 +105,26 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
     return argv, None
 
 
+def _cache_argparse_translations() -> None:
+    """argparse looks every message up with gettext, and each look-up searches the locale
+    directories again (a dozen stat calls; about half of building a parser). The answer
+    cannot change within one process: remember it."""
+    import functools
+    import gettext
+
+    if getattr(argparse, "_", None) is gettext.gettext:
+        argparse._ = functools.lru_cache(maxsize=None)(gettext.gettext)
+    if getattr(argparse, "ngettext", None) is gettext.ngettext:
+        argparse.ngettext = functools.lru_cache(maxsize=None)(gettext.ngettext)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _cache_argparse_translations()
     argv = list(sys.argv[1:] if argv is None else argv)
     front, tail = _split_command(argv)
     # the command is the first word (the top level has no options but --help)
-    parser = build_parser(COMMAND_MODULES.get(front[0]) if front else None)
+    command = front[0] if front and front[0] in COMMAND_MODULES else None
+    parser = build_parser(COMMAND_MODULES.get(command), command)
     args = parser.parse_args(front)
     args.tail = tail
     handler = getattr(args, "handler", None)

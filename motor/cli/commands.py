@@ -94,54 +94,68 @@ _JOB_DESTS = ("workspace", "weight", "queue_wait_limit", "timeout", "gate", "kin
               "repository", "env", "memory_max", "bundle", "spill_eligible")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction, only: str | None = None) -> None:
+    """Add the client commands to `sub`; `only`: just that one (argparse takes milliseconds
+    to build each subparser, so `main` builds only the command it runs)."""
     common = _client_options()
 
-    p = sub.add_parser("run", parents=[common], help="submit a job and follow it",
-                       usage="motor run [options] -- CMD [ARG...]",
-                       description="Submit a job and follow it: its output goes to the terminal; "
-                                   "the exit status is the job's (see docs/cli.md).")
-    _job_options(p)
-    p.set_defaults(handler=cmd_run, takes_command=True)
+    def wanted(name: str) -> bool:
+        return only is None or only == name
 
-    p = sub.add_parser("submit", parents=[common], help="submit a job (or a batch: --from FILE), print its id",
-                       usage="motor submit [options] -- CMD [ARG...]\n       motor submit --from FILE [--json]",
-                       description="Submit a job and print its id; with --from FILE, submit every job "
-                                   "request in FILE (see docs/cli.md, 'Batch submit').")
-    p.add_argument("--from", dest="from_file", metavar="FILE",
-                   help="submit the job requests in FILE (JSON lines, or one JSON list; - = stdin) in "
-                        "batches; prints one line per job, in order")
-    _job_options(p)
-    p.set_defaults(handler=cmd_submit, takes_command=True,
-                   job_defaults={dest: p.get_default(dest) for dest in _JOB_DESTS})
+    if wanted("run"):
+        p = sub.add_parser("run", parents=[common], help="submit a job and follow it",
+                           usage="motor run [options] -- CMD [ARG...]",
+                           description="Submit a job and follow it: its output goes to the terminal; "
+                                       "the exit status is the job's (see docs/cli.md).")
+        _job_options(p)
+        p.set_defaults(handler=cmd_run, takes_command=True)
 
-    p = sub.add_parser("attach", parents=[common], help="replay a job's output and follow it")
-    p.add_argument("job", metavar="JOB")
-    p.add_argument("--from-seq", metavar="N", type=int, default=0, help="replay from event N (default 0)")
-    p.set_defaults(handler=cmd_attach)
+    if wanted("submit"):
+        p = sub.add_parser("submit", parents=[common], help="submit a job (or a batch: --from FILE), print its id",
+                           usage="motor submit [options] -- CMD [ARG...]\n       motor submit --from FILE [--json]",
+                           description="Submit a job and print its id; with --from FILE, submit every job "
+                                       "request in FILE (see docs/cli.md, 'Batch submit').")
+        p.add_argument("--from", dest="from_file", metavar="FILE",
+                       help="submit the job requests in FILE (JSON lines, or one JSON list; - = stdin) in "
+                            "batches; prints one line per job, in order")
+        _job_options(p)
+        p.set_defaults(handler=cmd_submit, takes_command=True,
+                       job_defaults={dest: p.get_default(dest) for dest in _JOB_DESTS})
 
-    p = sub.add_parser("cancel", parents=[common], help="cancel a job")
-    p.add_argument("job", metavar="JOB")
-    p.set_defaults(handler=cmd_cancel)
+    if wanted("attach"):
+        p = sub.add_parser("attach", parents=[common], help="replay a job's output and follow it")
+        p.add_argument("job", metavar="JOB")
+        p.add_argument("--from-seq", metavar="N", type=int, default=0, help="replay from event N (default 0)")
+        p.set_defaults(handler=cmd_attach)
 
-    p = sub.add_parser("withdraw", parents=[common], help="withdraw a queued job (prints withdrawn or started; an ended job is refused already_ended)")
-    p.add_argument("job", metavar="JOB")
-    p.set_defaults(handler=cmd_withdraw)
+    if wanted("cancel"):
+        p = sub.add_parser("cancel", parents=[common], help="cancel a job")
+        p.add_argument("job", metavar="JOB")
+        p.set_defaults(handler=cmd_cancel)
 
-    p = sub.add_parser("status", parents=[common], help="queued and running jobs")
-    p.add_argument("--watch", nargs="?", const=2.0, type=float, metavar="SECONDS",
-                   help="redraw every SECONDS (default 2) until interrupted")
-    p.set_defaults(handler=cmd_status)
+    if wanted("withdraw"):
+        p = sub.add_parser("withdraw", parents=[common], help="withdraw a queued job (prints withdrawn or started; an ended job is refused already_ended)")
+        p.add_argument("job", metavar="JOB")
+        p.set_defaults(handler=cmd_withdraw)
 
-    p = sub.add_parser("jobs", parents=[common], help="retained job records")
-    p.add_argument("--all", action="store_true", help="every retained record, not only current and recent")
-    p.set_defaults(handler=cmd_jobs)
+    if wanted("status"):
+        p = sub.add_parser("status", parents=[common], help="queued and running jobs")
+        p.add_argument("--watch", nargs="?", const=2.0, type=float, metavar="SECONDS",
+                       help="redraw every SECONDS (default 2) until interrupted")
+        p.set_defaults(handler=cmd_status)
 
-    p = sub.add_parser("health", parents=[common], help="the health report")
-    p.set_defaults(handler=cmd_health)
+    if wanted("jobs"):
+        p = sub.add_parser("jobs", parents=[common], help="retained job records")
+        p.add_argument("--all", action="store_true", help="every retained record, not only current and recent")
+        p.set_defaults(handler=cmd_jobs)
 
-    p = sub.add_parser("workspaces", parents=[common], help="workspaces and their cached sizes")
-    p.set_defaults(handler=cmd_workspaces)
+    if wanted("health"):
+        p = sub.add_parser("health", parents=[common], help="the health report")
+        p.set_defaults(handler=cmd_health)
+
+    if wanted("workspaces"):
+        p = sub.add_parser("workspaces", parents=[common], help="workspaces and their cached sizes")
+        p.set_defaults(handler=cmd_workspaces)
 
 
 # --- helpers ----------------------------------------------------------------------------
