@@ -404,8 +404,8 @@ class MotorApp:
     async def _submit_batch(self, send: Send, body: bytes, follow: bool) -> None:
         """`POST /v1/jobs` with a JSON list of job requests: 200 and a list answering each
         item in order, its accepted record or its refusal (`"refused": true`, code, detail).
-        A body that is not a JSON list, `follow=1`, or more than MAX_BATCH_JOBS items is
-        refused whole (nothing is submitted)."""
+        A body that is not a JSON list, an empty list, `follow=1`, or more than MAX_BATCH_JOBS
+        items is refused whole (nothing is submitted)."""
         from motor.runner.facade import MAX_BATCH_JOBS
 
         if follow:
@@ -417,6 +417,8 @@ class MotorApp:
             raise _refuse("bad_request", f"malformed batch: {exc}") from None
         except RecursionError:
             raise _refuse("bad_request", "malformed batch: JSON nested too deeply") from None
+        if not items:  # most likely a client's bug (and `[]` was never a job request)
+            raise _refuse("bad_request", "empty batch: a batch submit needs at least one job request")
         if len(items) > MAX_BATCH_JOBS:
             raise _refuse("batch_too_large",
                           f"a batch submit carries at most {MAX_BATCH_JOBS} jobs, got {len(items)}")

@@ -10,14 +10,14 @@ import pytest
 from polling import json_lines, wait_for
 
 from motor.client import Client
-from motor.records import RefusedError
+from motor.records import TERMINAL_STATES, RefusedError
 
 pytestmark = pytest.mark.e2e
 
 
 def ended(client: Client, job_id: str) -> dict | None:
     record = client.call("GET", f"/v1/jobs/{job_id}")
-    return record if record["state"] not in ("queued", "setting_up", "running") else None
+    return record if record["state"] in TERMINAL_STATES else None
 
 
 def output_of(client: Client, job_id: str) -> str:
@@ -90,7 +90,9 @@ def test_a_bad_batch_is_refused_whole_and_the_runner_keeps_serving(serve):
         with pytest.raises(RefusedError) as info:
             client.call("POST", "/v1/jobs", json=[{"command": ["true"]}], params={"follow": "1"})
         assert info.value.refusal.code == "bad_request" and "follow=1 takes one job request" in info.value.refusal.detail
-        assert client.call("POST", "/v1/jobs", json=[]) == []
+        with pytest.raises(RefusedError) as info:
+            client.call("POST", "/v1/jobs", json=[])
+        assert info.value.refusal.code == "bad_request" and "empty batch" in info.value.refusal.detail
         assert client.call("GET", "/v1/jobs") == []  # nothing of those was submitted
         assert client.health()["status"] in ("ok", "degraded")
         assert client.submit({"command": ["true"]}, raw=True)["state"] == "queued"  # still serving
@@ -121,6 +123,9 @@ def test_submit_from_stdin_with_a_json_list_and_json_output(serve):
     answers = json_lines(result.stdout)
     assert [a["workspace"] for a in answers] == ["stdin0", "stdin1", "stdin2"]
     assert all(a["state"] == "queued" and a["job_id"] for a in answers)
+    # an empty file is zero jobs: nothing to send, nothing printed, success
+    result = serve.cli("submit", "--from", "-", input=b"\n")
+    assert (result.returncode, result.stdout, result.stderr) == (0, b"", b"")
 
 
 @pytest.mark.parametrize("args, text, needle", [
