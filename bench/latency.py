@@ -21,7 +21,7 @@ measures, `--samples` times each (idle runner, `--gap` seconds apart):
   beyond those of `python -c pass` (the client's own imports; min over the samples);
 - `interpreter_wall` (ms, peer=python): `python -c pass`, the floor under any Python CLI;
   `interpreter_nosite_wall`: `python -S -c pass` (no site, no .pth files: the bare
-  interpreter).
+  interpreter); `interpreter_cpu`, `interpreter_nosite_cpu`: their user+system CPU.
 
 Each client figure comes in up to three forms (peer=): `motor` runs `python -m motor` of
 this checkout's venv (an editable install, whose import hook site loads at every start:
@@ -260,8 +260,11 @@ def motor_round(args, medians: dict[str, list[float]]) -> None:
             if installed is not None:
                 floors.append(("python-installed", [str(installed), "-c", "pass"], "interpreter_wall"))
             for peer, argv, metric in floors:
-                floor = [wall_ms(argv, ROOT, motor_env()) for _ in range(args.samples)]
+                floor_cpu: list[float] = []
+                floor = [wall_ms(argv, ROOT, motor_env(), cpu=floor_cpu) for _ in range(args.samples)]
                 medians.setdefault(f"{peer} {metric}", []).append(emit(peer, metric, floor))
+                cpu_metric = metric.replace("_wall", "_cpu")
+                medians.setdefault(f"{peer} {cpu_metric}", []).append(emit(peer, cpu_metric, floor_cpu))
         finally:
             proc.terminate()
             proc.wait(30)
