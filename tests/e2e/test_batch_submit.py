@@ -143,3 +143,26 @@ def test_submit_from_bad_input_is_a_usage_error_and_submits_nothing(serve, tmp_p
     assert err.startswith("motor: error: ") and needle in err and len(err.splitlines()) == 1, err
     with Client(serve.socket) as client:
         assert client.call("GET", "/v1/jobs") == []
+
+
+async def test_the_embedded_runner_submits_many_with_the_same_rules(tmp_path):
+    """`Runner.submit_many` (the facade the API calls): each request one submit, in order,
+    its record or its Refusal; more than MAX_BATCH_JOBS is refused whole, nothing submitted."""
+    import motor
+    from motor.records import JobRequest, Refusal
+    from motor.runner.facade import MAX_BATCH_JOBS
+    from runner_helpers import embedded_config, terminal_of
+
+    async with motor.open_runner(embedded_config(tmp_path)) as runner:
+        answers = await runner.submit_many([
+            JobRequest(command=["sh", "-c", "echo embedded"], workspace="emb"),
+            JobRequest(command=[]),
+            JobRequest(command=["true"], workspace="a/b"),
+        ])
+        assert [type(a).__name__ for a in answers] == ["JobRecord", "Refusal", "Refusal"]
+        assert isinstance(answers[1], Refusal) and answers[1].code == "bad_request"
+        assert (await terminal_of(runner, answers[0].job_id))["state"] == "succeeded"
+        with pytest.raises(RefusedError) as info:
+            await runner.submit_many([JobRequest(command=["true"])] * (MAX_BATCH_JOBS + 1))
+        assert info.value.refusal.code == "batch_too_large"
+        assert [r.job_id for r in await runner.jobs()] == [answers[0].job_id]
