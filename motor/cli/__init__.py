@@ -73,6 +73,7 @@ COMMAND_MODULES = {
     **dict.fromkeys(("run", "submit", "attach", "cancel", "withdraw", "status", "jobs", "health",
                      "workspaces"), "commands"),
     "task": "tasks",
+    "worker": "tasks",
 }
 
 

@@ -412,3 +412,17 @@ def test_submit_many_sends_batches_and_a_batch_refused_whole_answers_each_of_its
         sent = json.loads(body)
         assert [r["workspace"] for r in sent] == names
         assert all(r["capabilities"] == ["gate_jobs", "follow", "withdraw"] for r in sent)
+
+
+def test_main_builds_only_the_command_it_runs_and_every_command_is_known():
+    """`main` registers only the command's subparser (argparse takes ~2 ms per command to
+    build); COMMAND_MODULES names every command the whole parser has."""
+    from motor.cli import COMMAND_MODULES, build_parser
+
+    whole = build_parser()
+    choices = next(a for a in whole._actions if a.dest == "command").choices
+    assert set(choices) == set(COMMAND_MODULES)
+    one = build_parser(COMMAND_MODULES["run"], "run")
+    assert list(next(a for a in one._actions if a.dest == "command").choices) == ["run"]
+    args = one.parse_args(["run", "--workspace", "w"])
+    assert args.workspace == "w" and args.handler.__name__ == "cmd_run"
