@@ -539,14 +539,18 @@ class _Base:
         if caps is not None:
             self.runner_capabilities = [c for c in caps.split(",") if c]
 
-    def request_body(self, req: JobRequest | dict) -> dict:
-        """A job request as the JSON body of POST /v1/jobs, with this client's capabilities."""
+    def request_body(self, req: JobRequest | dict) -> Any:
+        """A job request as the JSON body of POST /v1/jobs, with this client's capabilities.
+        Anything that is neither a dict nor a JobRequest is sent as it is, for the runner to
+        refuse (`motor submit --from` a file with a stray `7` in it)."""
         if isinstance(req, dict):
             data = dict(req)
-        else:
+        elif hasattr(req, "__struct_fields__"):  # a JobRequest (msgspec is loaded, then)
             import msgspec
 
             data = msgspec.to_builtins(req)
+        else:
+            return req
         if not data.get("capabilities"):
             data["capabilities"] = self.capabilities
         return data

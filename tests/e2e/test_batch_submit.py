@@ -104,12 +104,15 @@ def test_submit_from_a_json_lines_file_prints_one_line_per_job(serve, tmp_path):
         json.dumps({"command": ["sh", "-c", "echo one"], "workspace": "from-a"}) + "\n"
         "\n"  # blank lines are skipped
         + json.dumps({"command": ["true"], "workspace": "a/b"}) + "\n"
-        + json.dumps({"command": ["sh", "-c", "echo three"], "workspace": "from-b"}) + "\n")
+        + json.dumps({"command": ["sh", "-c", "echo three"], "workspace": "from-b"}) + "\n"
+        "7\n")  # JSON, but not a job request: the runner refuses it
     result = serve.cli("submit", "--from", str(jobs))
     assert result.returncode == 65, result.stderr  # the first refusal's status: bad_request
     lines = result.stdout.decode().splitlines()
-    assert len(lines) == 3 and lines[1] == "refused bad_request"
-    assert result.stderr.decode().startswith("motor: job [1]: refused: bad_request: workspace 'a/b'")
+    assert len(lines) == 4 and lines[1] == lines[3] == "refused bad_request"
+    err = result.stderr.decode().splitlines()
+    assert err[0].startswith("motor: job [1]: refused: bad_request: workspace 'a/b'")
+    assert err[1].startswith("motor: job [3]: refused: bad_request: Expected `object`") and len(err) == 2
     with Client(serve.socket) as client:
         for job_id, text in ((lines[0], "one\n"), (lines[2], "three\n")):
             assert wait_for(lambda: ended(client, job_id), what="a --from job to end")["state"] == "succeeded"
