@@ -19,11 +19,16 @@ Each round also runs a fresh runner for peer=motor-batch: the same N jobs submit
 batch request (`POST /v1/jobs` with a JSON list, docs/protocol.md). Both motor lines carry
 `submit_s` (first submit until the last job is accepted) and `submit_jobs_per_s`; the
 medians end with the submit rate of one batch against one request per job.
+
+`--cli` adds what a CI script sees: peer=motor-cli-each submits the N jobs with one
+`motor submit -- true` process each, peer=motor-cli-from with one `motor submit --from -`
+(JSON lines on stdin).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -43,7 +48,10 @@ def emit(peer: str, wall: float, n: int, extra: str = "") -> None:
 
 
 def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
-                batch: bool = False) -> tuple[float, float]:
+                mode: str = "api") -> tuple[float, float]:
+    """(wall until all N ended, wall until all N were accepted); `mode`: "api" (one request
+    per job), "batch" (one batch request), "cli-each" (one `motor submit` process per job),
+    "cli-from" (one `motor submit --from -`)."""
     with tempfile.TemporaryDirectory(prefix="motor-bench-") as tmp:
         ns = None
         prefix: list[str] = []
@@ -72,11 +80,23 @@ def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
                 c.get("/v1/health").raise_for_status()
                 jobs = [{"command": ["true"], "weight_hint": 1, "workspace": f"ws{i % 4}"} for i in range(n)]
                 t0 = time.perf_counter()
-                if batch:
+                cli = [sys.executable, "-m", "motor", "submit", "--socket", str(sock)]
+                if mode == "batch":
                     r = c.post("/v1/jobs", json=jobs)
                     refused = [a for a in r.json() if a.get("refused")] if r.status_code == 200 else None
                     if refused != []:
                         raise SystemExit(f"batch submit: {r.status_code} {refused or r.text}")
+                elif mode == "cli-from":
+                    lines = "".join(json.dumps(job) + "\n" for job in jobs).encode()
+                    r = subprocess.run(cli + ["--from", "-"], input=lines, capture_output=True, cwd=ROOT)
+                    if r.returncode != 0 or len(r.stdout.splitlines()) != n:
+                        raise SystemExit(f"submit --from: exit {r.returncode}: {r.stderr.decode()[-500:]}")
+                elif mode == "cli-each":
+                    for i, job in enumerate(jobs):
+                        r = subprocess.run(cli + ["--weight", "1", "--workspace", job["workspace"], "--", "true"],
+                                           capture_output=True, cwd=ROOT)
+                        if r.returncode != 0:
+                            raise SystemExit(f"submit {i}: exit {r.returncode}: {r.stderr.decode()[-500:]}")
                 else:
                     for i, job in enumerate(jobs):
                         r = c.post("/v1/jobs", json=job)
@@ -124,12 +144,17 @@ def main() -> None:
     ap.add_argument("--isolation", default="affinity")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--systemd-namespace", action="store_true")
+    ap.add_argument("--cli", action="store_true",
+                    help="also submit through the CLI: a process per job, and one `submit --from`")
     args = ap.parse_args()
-    walls: dict[str, list[float]] = {"motor": [], "motor-batch": [], "bare-xargs": [], "tsp": []}
-    submits: dict[str, list[float]] = {"motor": [], "motor-batch": []}
+    modes = {"motor": "api", "motor-batch": "batch"}
+    if args.cli:
+        modes.update({"motor-cli-each": "cli-each", "motor-cli-from": "cli-from"})
+    walls: dict[str, list[float]] = {peer: [] for peer in modes} | {"bare-xargs": [], "tsp": []}
+    submits: dict[str, list[float]] = {peer: [] for peer in modes}
     for _ in range(args.rounds):
-        for peer in ("motor", "motor-batch"):
-            wall, sub = motor_round(args.n, args.isolation, args.systemd_namespace, batch=peer == "motor-batch")
+        for peer, mode in modes.items():
+            wall, sub = motor_round(args.n, args.isolation, args.systemd_namespace, mode=mode)
             emit(peer, wall, args.n, f"submit_s={sub:.6f} submit_jobs_per_s={args.n / sub:.1f} "
                                      f"isolation={args.isolation}")
             walls[peer].append(wall)
@@ -148,9 +173,12 @@ def main() -> None:
             print(f"# motor/{peer} jobs/s ratio: {med[peer] / med['motor']:.3f}")
     sub = {p: statistics.median(v) for p, v in submits.items() if v}
     for peer, m in sub.items():
-        print(f"# {peer:<11} submit {m:8.4f} s  {args.n / m:8.1f} jobs/s accepted")
-    if len(sub) == 2:
+        print(f"# {peer:<14} submit {m:8.4f} s  {args.n / m:8.1f} jobs/s accepted")
+    if "motor-batch" in sub:
         print(f"# submit rate, one batch / one request per job: {sub['motor'] / sub['motor-batch']:.2f}x")
+    if "motor-cli-from" in sub:
+        print(f"# submit rate, one `submit --from` / a `motor submit` per job: "
+              f"{sub['motor-cli-each'] / sub['motor-cli-from']:.2f}x")
 
 
 if __name__ == "__main__":
