@@ -15,7 +15,20 @@ measures, `--samples` times each (idle runner, `--gap` seconds apart):
 - `cli_run_wall` (ms): the wall time of a whole `motor run -- date` process (interpreter
   start, imports, submit, follow, exit): about `api_run_wall` plus the client's start-up;
 - `cli_help_wall` (ms): `motor status --help` (start-up and imports only, no runner);
-- `interpreter_wall` (ms, peer=python): `python -c pass`, the floor under any Python CLI.
+- `cli_run_cpu` (ms): user+system CPU of each `motor run -- date` process (what the client
+  itself costs; steadier than the wall under load);
+- `cli_imports` (ms): the sum of `python -X importtime` self times of one `motor run -- date`
+  beyond those of `python -c pass` (the client's own imports; min over the samples);
+- `interpreter_wall` (ms, peer=python): `python -c pass`, the floor under any Python CLI;
+  `interpreter_nosite_wall`: `python -S -c pass` (no site, no .pth files: the bare
+  interpreter); `interpreter_cpu`, `interpreter_nosite_cpu`: their user+system CPU.
+
+Each client figure comes in up to three forms (peer=): `motor` runs `python -m motor` of
+this checkout's venv (an editable install, whose import hook site loads at every start:
+pathlib, urllib, importlib.util); `motor-script` runs the venv's console script `motor`;
+`motor-installed` runs a console script like pip's (`from motor.cli import main`) in a
+throwaway venv that has motor and its dependencies on plain sys.path entries, as a wheel
+install has them (no editable hook); its `interpreter_wall` is that venv's `python -c pass`.
 
 In the same round, interleaved, it runs `latency.sh bare` and `latency.sh tsp` (tsp needs
 the peers' `setup.sh`; a peer that cannot run is reported on a `#` line and skipped).
@@ -35,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -109,13 +123,73 @@ def api_latency(client: Client, i: int, walls: list[float] | None = None) -> flo
     return (float(out.strip()) - t0) * 1000.0
 
 
-def wall_ms(argv: list[str], cwd: Path, env: dict, expect: bytes | None = None) -> float:
+def wall_ms(argv: list[str], cwd: Path, env: dict, expect: bytes | None = None,
+            cpu: list[float] | None = None) -> float:
+    """The wall ms of one process; with `cpu`, also append its user+system CPU ms."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     r = subprocess.run(argv, cwd=cwd, env=env, capture_output=True)
     wall = (time.perf_counter() - t0) * 1000.0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if r.returncode != 0 or (expect is not None and expect not in r.stdout):
         raise SystemExit(f"{argv}: exit {r.returncode}: {r.stderr.decode()[-500:]}")
+    if cpu is not None:
+        cpu.append((after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) * 1000.0)
     return wall
+
+
+def import_self_us(python: str, args: list[str], cwd: Path, env: dict) -> dict[str, int]:
+    """module -> self import time (us) of one `python -X importtime ARGS` process."""
+    r = subprocess.run([python, "-X", "importtime", *args], cwd=cwd, env=env, capture_output=True)
+    times = {}
+    for line in r.stderr.decode(errors="replace").splitlines():
+        if line.startswith("import time:") and "|" in line:
+            self_us, _, name = line[len("import time:"):].split("|")
+            if self_us.strip().isdigit():
+                times[name.strip()] = int(self_us)
+    return times
+
+
+def client_imports_ms(argv: list[str], python: str, cwd: Path, env: dict, samples: int) -> list[float]:
+    """The client's own import time (ms): self times of the modules `argv` (a python command
+    line, or a script run by `python`) imports beyond what `python -c pass` imports, each
+    module's minimum over `samples` runs (the minimum is what load does not add)."""
+    floor = set()
+    for _ in range(2):
+        floor |= set(import_self_us(python, ["-c", "pass"], cwd, env))
+    args = argv[1:] if argv[0] == python else argv
+    best: dict[str, int] = {}
+    for _ in range(samples):
+        for name, us in import_self_us(python, args, cwd, env).items():
+            if name not in floor:
+                best[name] = min(us, best.get(name, us))
+    return [sum(best.values()) / 1000.0]
+
+
+def installed_env(tmp: Path) -> Path | None:
+    """A venv where motor and its dependencies sit on plain sys.path entries (a .pth of
+    paths, as a wheel install puts packages in site-packages: no editable import hook), with
+    a `motor` console script as pip writes it. Its python, or None if venv fails."""
+    import site
+    import sysconfig
+
+    venv = tmp / "installed"
+    r = subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], capture_output=True)
+    if r.returncode != 0:
+        print(f"# motor-installed: venv failed: {r.stderr.decode()[-300:]}", flush=True)
+        return None
+    python = venv / "bin" / "python"
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True).stdout.strip()
+    ours = [p for p in site.getsitepackages() + [sysconfig.get_paths()["purelib"]] if os.path.isdir(p)]
+    (Path(purelib) / "motor_bench.pth").write_text("\n".join([str(ROOT), *dict.fromkeys(ours)]) + "\n")
+    script = venv / "bin" / "motor"
+    script.write_text(f"#!{python}\n# -*- coding: utf-8 -*-\nimport re\nimport sys\nfrom motor.cli import main\n"
+                      "if __name__ == '__main__':\n"
+                      "    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n"
+                      "    sys.exit(main())\n")
+    script.chmod(0o755)
+    return python
 
 
 def peer_latency(peer: str, samples: int, gap: float) -> float | None:
@@ -151,23 +225,46 @@ def motor_round(args, medians: dict[str, list[float]]) -> None:
             medians.setdefault("motor api_run_wall", []).append(
                 emit("motor", "api_run_wall", round_trip, extra=f"isolation={args.isolation} via=api"))
 
-            run = [sys.executable, "-m", "motor", "run", "--socket", str(sock), "--", "date"]
-            roots: list[tuple[str, Path, dict]] = [("motor", ROOT, motor_env())]
+            run_args = ["run", "--socket", str(sock), "--", "date"]
+            # (peer, the command before its arguments, the python it runs on, cwd, env)
+            clients: list[tuple[str, list[str], str, Path, dict]] = [
+                ("motor", [sys.executable, "-m", "motor"], sys.executable, ROOT, motor_env())]
+            script = Path(sys.executable).with_name("motor")
+            if script.exists():
+                clients.append(("motor-script", [str(script)], sys.executable, ROOT, motor_env()))
+            installed = installed_env(Path(tmp))
+            if installed is not None:
+                clients.append(("motor-installed", [str(installed.with_name("motor"))], str(installed),
+                                Path(tmp), motor_env()))
             if args.baseline_root:
                 base = Path(args.baseline_root).resolve()
-                roots.append(("motor-baseline", base, motor_env(base)))
-            for peer, cwd, env in roots:
-                walls = []
+                clients.append(("motor-baseline", [sys.executable, "-m", "motor"], sys.executable, base,
+                                motor_env(base)))
+            for peer, prefix, python, cwd, env in clients:
+                walls: list[float] = []
+                cpus: list[float] = []
                 for _ in range(args.samples):
                     time.sleep(args.gap)
-                    walls.append(wall_ms(run, cwd, env, expect=b"UTC"))
+                    walls.append(wall_ms(prefix + run_args, cwd, env, expect=b"UTC", cpu=cpus))
                 medians.setdefault(f"{peer} cli_run_wall", []).append(
                     emit(peer, "cli_run_wall", walls, extra=f"isolation={args.isolation}"))
-                helps = [wall_ms([sys.executable, "-m", "motor", "status", "--help"], cwd, env)
-                         for _ in range(args.samples)]
+                medians.setdefault(f"{peer} cli_run_cpu", []).append(emit(peer, "cli_run_cpu", cpus))
+                if peer != "motor-baseline":
+                    medians.setdefault(f"{peer} cli_imports", []).append(
+                        emit(peer, "cli_imports", client_imports_ms(prefix + run_args, python, cwd, env,
+                                                                    args.samples)))
+                helps = [wall_ms(prefix + ["status", "--help"], cwd, env) for _ in range(args.samples)]
                 medians.setdefault(f"{peer} cli_help_wall", []).append(emit(peer, "cli_help_wall", helps))
-            floor = [wall_ms([sys.executable, "-c", "pass"], ROOT, motor_env()) for _ in range(args.samples)]
-            medians.setdefault("python interpreter_wall", []).append(emit("python", "interpreter_wall", floor))
+            floors = [("python", [sys.executable, "-c", "pass"], "interpreter_wall"),
+                      ("python", [sys.executable, "-S", "-c", "pass"], "interpreter_nosite_wall")]
+            if installed is not None:
+                floors.append(("python-installed", [str(installed), "-c", "pass"], "interpreter_wall"))
+            for peer, argv, metric in floors:
+                floor_cpu: list[float] = []
+                floor = [wall_ms(argv, ROOT, motor_env(), cpu=floor_cpu) for _ in range(args.samples)]
+                medians.setdefault(f"{peer} {metric}", []).append(emit(peer, metric, floor))
+                cpu_metric = metric.replace("_wall", "_cpu")
+                medians.setdefault(f"{peer} {cpu_metric}", []).append(emit(peer, cpu_metric, floor_cpu))
         finally:
             proc.terminate()
             proc.wait(30)

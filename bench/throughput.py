@@ -1,10 +1,10 @@
 """Overhead per job: N jobs of `true` through a real `motor serve`, beside peers.
 
     python bench/throughput.py [--n 200] [--rounds 3] [--isolation affinity] [--no-peers]
-                               [--systemd-namespace] [--spawners keeperd,forkserver]
+                               [--systemd-namespace] [--cli] [--spawners keeperd,forkserver]
 
-`--spawners` runs the motor round once per named spawner (MOTOR_SPAWNER, docs/keeper.md),
-interleaved within each round, printed as peer=motor-<spawner>.
+`--spawners` runs the motor rounds once per named spawner (MOTOR_SPAWNER, docs/keeper.md),
+interleaved within each round, printed as peer=motor-<spawner> (motor-batch-<spawner>, ...).
 
 `--systemd-namespace` runs each round's runner inside a real systemd that is PID 1 of its
 own namespaces (tests/isolation/systemd_ns.py; root, cgroup v1 hosts), for
@@ -17,11 +17,21 @@ then checked to have succeeded). In the same round, interleaved, it runs the pee
 scripts from ../shared/bench/peers (`throughput.sh bare-xargs` and `throughput.sh tsp`;
 `setup.sh` must have run for tsp). It prints one line per measurement in the peers'
 format and, at the end, the medians, jobs/s and ratios.
+
+Each round also runs a fresh runner for peer=motor-batch: the same N jobs submitted in ONE
+batch request (`POST /v1/jobs` with a JSON list, docs/protocol.md). Both motor lines carry
+`submit_s` (first submit until the last job is accepted) and `submit_jobs_per_s`; the
+medians end with the submit rate of one batch against one request per job.
+
+`--cli` adds what a CI script sees: peer=motor-cli-each submits the N jobs with one
+`motor submit -- true` process each, peer=motor-cli-from with one `motor submit --from -`
+(JSON lines on stdin).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -42,7 +52,10 @@ def emit(peer: str, wall: float, n: int, extra: str = "") -> None:
 
 
 def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
-                spawner: str | None = None) -> tuple[float, float]:
+                mode: str = "api", spawner: str | None = None) -> tuple[float, float]:
+    """(wall until all N ended, wall until all N were accepted); `mode`: "api" (one request
+    per job), "batch" (one batch request), "cli-each" (one `motor submit` process per job),
+    "cli-from" (one `motor submit --from -`)."""
     with tempfile.TemporaryDirectory(prefix="motor-bench-") as tmp:
         ns = None
         prefix: list[str] = []
@@ -70,12 +83,30 @@ def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
             transport = httpx.HTTPTransport(uds=str(sock))
             with httpx.Client(transport=transport, base_url="http://motor", timeout=60) as c:
                 c.get("/v1/health").raise_for_status()
+                jobs = [{"command": ["true"], "weight_hint": 1, "workspace": f"ws{i % 4}"} for i in range(n)]
                 t0 = time.perf_counter()
-                for i in range(n):
-                    r = c.post("/v1/jobs", json={"command": ["true"], "weight_hint": 1,
-                                                 "workspace": f"ws{i % 4}"})
-                    if r.status_code != 202:
-                        raise SystemExit(f"submit {i}: {r.status_code} {r.text}")
+                cli = [sys.executable, "-m", "motor", "submit", "--socket", str(sock)]
+                if mode == "batch":
+                    r = c.post("/v1/jobs", json=jobs)
+                    refused = [a for a in r.json() if a.get("refused")] if r.status_code == 200 else None
+                    if refused != []:
+                        raise SystemExit(f"batch submit: {r.status_code} {refused or r.text}")
+                elif mode == "cli-from":
+                    lines = "".join(json.dumps(job) + "\n" for job in jobs).encode()
+                    r = subprocess.run(cli + ["--from", "-"], input=lines, capture_output=True, cwd=ROOT)
+                    if r.returncode != 0 or len(r.stdout.splitlines()) != n:
+                        raise SystemExit(f"submit --from: exit {r.returncode}: {r.stderr.decode()[-500:]}")
+                elif mode == "cli-each":
+                    for i, job in enumerate(jobs):
+                        r = subprocess.run(cli + ["--weight", "1", "--workspace", job["workspace"], "--", "true"],
+                                           capture_output=True, cwd=ROOT)
+                        if r.returncode != 0:
+                            raise SystemExit(f"submit {i}: exit {r.returncode}: {r.stderr.decode()[-500:]}")
+                else:
+                    for i, job in enumerate(jobs):
+                        r = c.post("/v1/jobs", json=job)
+                        if r.status_code != 202:
+                            raise SystemExit(f"submit {i}: {r.status_code} {r.text}")
                 t_sub = time.perf_counter()
                 while True:
                     status = c.get("/v1/status").json()
@@ -118,18 +149,28 @@ def main() -> None:
     ap.add_argument("--isolation", default="affinity")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--systemd-namespace", action="store_true")
+    ap.add_argument("--cli", action="store_true",
+                    help="also submit through the CLI: a process per job, and one `submit --from`")
     ap.add_argument("--spawners", default="", help="e.g. keeperd,forkserver (MOTOR_SPAWNER)")
     args = ap.parse_args()
+    base = {"motor": "api", "motor-batch": "batch"}
+    if args.cli:
+        base.update({"motor-cli-each": "cli-each", "motor-cli-from": "cli-from"})
     spawners = [s for s in args.spawners.split(",") if s] or [None]
-    names = {sp: f"motor-{sp}" if sp else "motor" for sp in spawners}
-    walls: dict[str, list[float]] = {**{name: [] for name in names.values()},
-                                     "bare-xargs": [], "tsp": []}
+    # peer name -> (mode, spawner); without --spawners the names stay as they were
+    modes = {(f"{peer}-{sp}" if sp else peer): (mode, sp)
+             for sp in spawners for peer, mode in base.items()}
+    walls: dict[str, list[float]] = {peer: [] for peer in modes} | {"bare-xargs": [], "tsp": []}
+    submits: dict[str, list[float]] = {peer: [] for peer in modes}
     for _ in range(args.rounds):
-        for sp in spawners:
-            wall, sub = motor_round(args.n, args.isolation, args.systemd_namespace, sp)
-            emit(names[sp], wall, args.n, f"submit_s={sub:.6f} isolation={args.isolation} "
-                 f"load1={os.getloadavg()[0]:.2f}")
-            walls[names[sp]].append(wall)
+        for peer, (mode, sp) in modes.items():
+            wall, sub = motor_round(args.n, args.isolation, args.systemd_namespace,
+                                    mode=mode, spawner=sp)
+            emit(peer, wall, args.n, f"submit_s={sub:.6f} submit_jobs_per_s={args.n / sub:.1f} "
+                                     f"isolation={args.isolation} "
+                                     f"load1={os.getloadavg()[0]:.2f}")
+            walls[peer].append(wall)
+            submits[peer].append(sub)
         if not args.no_peers:
             for peer in ("bare-xargs", "tsp"):
                 value = peer_round(peer, args.n)
@@ -139,10 +180,18 @@ def main() -> None:
     med = {p: statistics.median(v) for p, v in walls.items() if v}
     for peer, m in med.items():
         print(f"# {peer:<11} {m:8.4f} s  {args.n / m:8.1f} jobs/s")
-    for name in names.values():
+    for name in (n for n in modes if n in med):
         for peer in ("bare-xargs", "tsp"):
             if peer in med:
                 print(f"# {name}/{peer} jobs/s ratio: {med[peer] / med[name]:.3f}")
+    sub = {p: statistics.median(v) for p, v in submits.items() if v}
+    for peer, m in sub.items():
+        print(f"# {peer:<14} submit {m:8.4f} s  {args.n / m:8.1f} jobs/s accepted")
+    if "motor-batch" in sub:
+        print(f"# submit rate, one batch / one request per job: {sub['motor'] / sub['motor-batch']:.2f}x")
+    if "motor-cli-from" in sub:
+        print(f"# submit rate, one `submit --from` / a `motor submit` per job: "
+              f"{sub['motor-cli-each'] / sub['motor-cli-from']:.2f}x")
 
 
 if __name__ == "__main__":

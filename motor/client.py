@@ -17,37 +17,39 @@ that cannot be reached raises `RunnerUnavailable`.  Requests carry the client's
 it is the transport of every `motor` client command, and httpx alone costs more to import
 than a whole `motor run -- date` may take (docs/cli.md, "Start-up cost").  `AsyncClient`
 uses httpx, imported when the first AsyncClient is made.
+
+Importing this module loads only the standard library pieces a request needs (socket, json):
+msgspec and motor.records (the typed records and events) are imported when a typed answer
+is first asked for (`submit` -> JobRecord, decoded events, a refusal), so the CLI, which
+asks for the wire's plain dicts (`call`, `submit_raw`, `events(..., raw=True)`), never loads
+them on its way to a job (tests/cli/test_lean_client.py pins it).
 """
 
 from __future__ import annotations
 
+import json
 import os
-import socket
-import weakref
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterable, Iterator
-from urllib.parse import quote, urlencode, urlsplit
+import _socket
+import io
 
-import msgspec
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover - annotations only (typing costs milliseconds to import)
+    from pathlib import Path
+    from typing import Any, AsyncIterator, Iterable, Iterator
 
-from motor.records import (
-    CAPABILITIES,
-    REFUSAL_HTTP_STATUS,
-    AnyEvent,
-    JobRecord,
-    JobRequest,
-    Refusal,
-    RefusedError,
-    decode_event,
-)
-
-if TYPE_CHECKING:  # pragma: no cover
     import httpx
 
+    from motor.records import AnyEvent, JobRecord, JobRequest, Refusal
+
+_loads = json.loads  # methods below take a `json=` argument that hides the module
+
 DEFAULT_TIMEOUT = 30.0
-_STATUS_CODE = {}
-for _code, _status in REFUSAL_HTTP_STATUS.items():
-    _STATUS_CODE.setdefault(_status, _code)
+#: = motor.records.CAPABILITIES (a copy, so a request needs no msgspec; a test pins them equal)
+CAPABILITIES: tuple[str, ...] = ("gate_jobs", "follow", "withdraw")
+#: = motor.runner.facade.MAX_BATCH_JOBS: `submit_many` sends larger lists in batches of this size
+MAX_BATCH_JOBS = 1000
+#: and keeps each batch's body under this many bytes (the runner's default body limit is 1 MiB)
+MAX_BATCH_BYTES = 512 * 1024
 
 
 class RunnerUnavailable(ConnectionError):
@@ -55,9 +57,24 @@ class RunnerUnavailable(ConnectionError):
 
 
 def default_socket_path() -> Path:
-    from motor.config import default_socket
+    """`motor.config.default_socket()` without importing motor.config (msgspec): $MOTOR_SOCKET,
+    else <state dir>/motor.sock with the state dir $MOTOR_STATE_DIR, $XDG_STATE_HOME/motor or
+    ~/.local/state/motor (a test pins the two equal)."""
+    from pathlib import Path
 
-    return default_socket()
+    return Path(default_socket_str())
+
+
+def default_socket_str() -> str:
+    if env := os.environ.get("MOTOR_SOCKET"):
+        return env
+    if env := os.environ.get("MOTOR_STATE_DIR"):
+        state = env
+    elif xdg := os.environ.get("XDG_STATE_HOME"):
+        state = os.path.join(xdg, "motor")
+    else:
+        state = os.path.join(os.path.expanduser("~"), ".local", "state", "motor")
+    return os.path.join(state, "motor.sock")
 
 
 def parse_endpoint(endpoint: str) -> dict:
@@ -69,36 +86,115 @@ def parse_endpoint(endpoint: str) -> dict:
     raise ValueError(f"endpoint wants unix:/path or http://host:port, got {endpoint!r}")
 
 
-def _refusal_from_response(status: int, body: bytes) -> Refusal:
+def json_bytes(obj: Any) -> bytes:
+    """Compact UTF-8 JSON, byte for byte what msgspec.json.encode writes for builtins."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def refusal_fields(status: int, body: bytes) -> dict:
+    """A refusal answer as a dict (`refused`, `code`, `detail`, extras): the runner's own, or
+    one made from the HTTP status when the body is not a refusal (a proxy's error page)."""
     try:
-        data = msgspec.json.decode(body)
-    except msgspec.DecodeError:
+        data = _loads(body)
+    except ValueError:
         data = None
     if isinstance(data, dict) and data.get("refused") and isinstance(data.get("code"), str):
-        try:
-            return msgspec.convert(data, Refusal)
-        except msgspec.ValidationError:
-            pass
+        if not isinstance(data.get("detail"), str):
+            data["detail"] = str(data.get("detail", ""))
+        return data
+    from motor.records import REFUSAL_HTTP_STATUS
+
+    by_status: dict[int, str] = {}
+    for code, http_status in REFUSAL_HTTP_STATUS.items():
+        by_status.setdefault(http_status, code)
     text = body.decode("utf-8", "replace").strip()[:200] or f"HTTP {status}"
-    return Refusal(code=_STATUS_CODE.get(status, "internal_error" if status >= 500 else "bad_request"),
-                   detail=text)
+    return {"refused": True, "code": by_status.get(status, "internal_error" if status >= 500 else "bad_request"),
+            "detail": text}
+
+
+def _refusal(fields: dict) -> Refusal:
+    import msgspec
+
+    from motor.records import Refusal
+
+    known = {k: v for k, v in fields.items() if k in Refusal.__struct_fields__}
+    try:
+        return msgspec.convert(known, Refusal)
+    except msgspec.ValidationError:
+        return Refusal(code=str(fields.get("code")), detail=str(fields.get("detail", "")))
+
+
+def _refusal_from_response(status: int, body: bytes) -> Refusal:
+    return _refusal(refusal_fields(status, body))
+
+
+def _refused_error(fields: dict) -> Exception:
+    from motor.records import RefusedError
+
+    return RefusedError(_refusal(fields))
+
+
+def refusal_of(exc: BaseException) -> Refusal | None:
+    """The Refusal a `RefusedError` carries, else None, without importing motor.records
+    (a RefusedError can only have been raised once that module is loaded): lets the CLI
+    catch refusals without paying for msgspec on its way to a job."""
+    import sys
+
+    records = sys.modules.get("motor.records")
+    if records is not None and isinstance(exc, records.RefusedError):
+        return exc.refusal
+    return None
+
+
+#: the characters `urllib.parse.quote(s, safe="")` leaves as they are
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
+
+
+def _quote(text: str) -> str:
+    """`urllib.parse.quote(text, safe="")` (urllib.parse costs milliseconds to import)."""
+    return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in str(text).encode("utf-8"))
+
+
+def _query(params: dict) -> str:
+    """`urllib.parse.urlencode(params)` for str keys and values."""
+    return "&".join(f"{_quote(k).replace('%20', '+')}={_quote(v).replace('%20', '+')}"
+                    for k, v in params.items())
 
 
 def _jp(job_id: str) -> str:
-    return quote(str(job_id), safe="")
+    return _quote(str(job_id))
 
 
 def _record(data: Any) -> JobRecord:
+    import msgspec
+
+    from motor.records import JobRecord
+
     return msgspec.convert(data, JobRecord)
 
 
 def _decode_line(line: str) -> AnyEvent | None:
     if not line.strip():
         return None
+    import msgspec
+
+    from motor.records import decode_event
+
     try:
         return decode_event(line)
     except msgspec.ValidationError:
         return None  # an event kind this client does not know: skip it
+
+
+def _raw_line(line: str) -> dict | None:
+    """One event line as the wire's dict; None for a blank or non-object line."""
+    if not line.strip():
+        return None
+    try:
+        event = _loads(line)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) and isinstance(event.get("event"), str) else None
 
 
 # --- a lean HTTP/1.1 client (the synchronous Client's transport) --------------------------
@@ -115,16 +211,32 @@ class _Headers(dict):
         return super().get(name.lower(), default)
 
 
+class _SocketReader(io.RawIOBase):
+    """The reading side of a C socket, for io.BufferedReader (what socket.makefile("rb")
+    gives a socket.socket; closing it leaves the socket to its owner)."""
+
+    def __init__(self, sock: _socket.socket):
+        super().__init__()
+        self._sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        return self._sock.recv_into(buffer)
+
+
 class _Response:
     """One HTTP/1.1 response read from its own connection (closed with the response)."""
 
-    def __init__(self, sock: socket.socket, reader, status_code: int, headers: _Headers, method: str):
+    def __init__(self, sock: _socket.socket, reader, status_code: int, headers: _Headers, method: str):
         self._sock = sock
         self._reader = reader
         self.status_code = status_code
         self.headers = headers
         self._content: bytes | None = None
         self._closed = False
+        self._owners: set | None = None  # the client's set of open streams, while this is one
         te = headers.get("transfer-encoding", "").lower()
         if method == "HEAD" or status_code in (204, 304) or 100 <= status_code < 200:
             self._mode, self._left = "length", 0
@@ -216,6 +328,8 @@ class _Response:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            if self._owners is not None:
+                self._owners.discard(self)
             try:
                 self._reader.close()
             finally:
@@ -229,31 +343,40 @@ class _Wire:
     tens of microseconds, and a response body that is streamed for minutes owns its
     connection anyway."""
 
-    def __init__(self, socket_path: Path | None, base_url: str, headers: dict[str, str],
+    def __init__(self, socket_path: str | os.PathLike | None, base_url: str, headers: dict[str, str],
                  timeout: float | None):
         self.socket_path = socket_path
         self.timeout = timeout
         self.headers = dict(headers)
+        if socket_path is not None:  # the Unix socket: no URL to parse (urllib.parse is not cheap)
+            self.scheme, self.host, self.port, self.prefix, self.host_header = "http", "localhost", 80, "", "motor"
+            return
+        from urllib.parse import urlsplit
+
         parts = urlsplit(base_url)
         self.scheme = parts.scheme
-        if socket_path is None and (self.scheme not in ("http", "https") or not parts.hostname):
+        if self.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"url wants http://HOST:PORT, got {base_url!r}")
-        self.host = parts.hostname or "localhost"
+        self.host = parts.hostname
         self.port = parts.port or (443 if self.scheme == "https" else 80)
         self.prefix = parts.path.rstrip("/")
         self.host_header = parts.netloc or "motor"
 
-    def _connect(self) -> socket.socket:
+    def _connect(self) -> _socket.socket:
         try:
             if self.socket_path is not None:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                # the C socket: socket.py (with selectors, array, enum's IntEnums) is not
+                # needed for one Unix stream, and costs milliseconds of every command's start
+                sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
                 try:
                     sock.settimeout(self.timeout)
-                    sock.connect(str(self.socket_path))
+                    sock.connect(os.fspath(self.socket_path))
                 except BaseException:
                     sock.close()
                     raise
                 return sock
+            import socket
+
             sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.scheme == "https":
@@ -273,7 +396,7 @@ class _Wire:
         request and its answer take as long as they take (event streams, uploads)."""
         target = self.prefix + path
         if params:
-            target += "?" + urlencode(params)
+            target += "?" + _query(params)
         head = {"host": self.host_header, "user-agent": "motor-client", "accept-encoding": "identity",
                 "connection": "close"}
         head.update(self.headers)
@@ -281,7 +404,7 @@ class _Wire:
         body: bytes | None = None
         chunks: Iterable[bytes] | None = None
         if json is not None:
-            body = msgspec.json.encode(json)
+            body = json_bytes(json)
             head["content-type"] = "application/json"
         elif isinstance(content, (bytes, bytearray)):
             body = bytes(content)
@@ -320,7 +443,7 @@ class _Wire:
                             sock.sendall(b"0\r\n\r\n")
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the runner answered early (a refusal) and closed: read its answer
-            reader = sock.makefile("rb")
+            reader = sock.makefile("rb") if hasattr(sock, "makefile") else io.BufferedReader(_SocketReader(sock))
             try:
                 status_code, response_headers = self._read_head(reader)
             except BaseException:
@@ -377,10 +500,10 @@ class _Base:
         capabilities: tuple[str, ...] | list[str] = CAPABILITIES,
     ):
         if url is None:
-            self.socket_path: Path | None = Path(socket_path) if socket_path else default_socket_path()
+            self._socket: str | None = os.fspath(socket_path) if socket_path else default_socket_str()
             self.base_url = "http://motor"
         else:
-            self.socket_path = None
+            self._socket = None
             self.base_url = url.rstrip("/")
         self.token = token
         self.timeout = timeout
@@ -392,12 +515,21 @@ class _Base:
         self._headers = headers
 
     @property
+    def socket_path(self) -> Path | None:
+        """The runner's Unix socket (None for a client of `url`)."""
+        if self._socket is None:
+            return None
+        from pathlib import Path
+
+        return Path(self._socket)
+
+    @property
     def where(self) -> str:
-        return str(self.socket_path) if self.socket_path is not None else self.base_url
+        return self._socket if self._socket is not None else self.base_url
 
     def _check_socket(self) -> None:
-        if self.socket_path is not None and not self.socket_path.exists():
-            raise RunnerUnavailable(f"no runner answered at {self.socket_path}: no such socket")
+        if self._socket is not None and not os.path.exists(self._socket):
+            raise RunnerUnavailable(f"no runner answered at {self._socket}: no such socket")
 
     def _unavailable(self, exc: Exception) -> RunnerUnavailable:
         return RunnerUnavailable(f"no runner answered at {self.where}: {exc}")
@@ -407,8 +539,18 @@ class _Base:
         if caps is not None:
             self.runner_capabilities = [c for c in caps.split(",") if c]
 
-    def request_body(self, req: JobRequest | dict) -> dict:
-        data = msgspec.to_builtins(req) if isinstance(req, JobRequest) else dict(req)
+    def request_body(self, req: JobRequest | dict) -> Any:
+        """A job request as the JSON body of POST /v1/jobs, with this client's capabilities.
+        Anything that is neither a dict nor a JobRequest is sent as it is, for the runner to
+        refuse (`motor submit --from` a file with a stray `7` in it)."""
+        if isinstance(req, dict):
+            data = dict(req)
+        elif hasattr(req, "__struct_fields__"):  # a JobRequest (msgspec is loaded, then)
+            import msgspec
+
+            data = msgspec.to_builtins(req)
+        else:
+            return req
         if not data.get("capabilities"):
             data["capabilities"] = self.capabilities
         return data
@@ -423,12 +565,14 @@ class _Base:
 
 
 class EventStream:
-    """An open NDJSON event stream: iterate for decoded events; close (or use `with`)."""
+    """An open NDJSON event stream: iterate for decoded events (with `raw=True`, each event
+    as the wire's dict, every line a JSON object with an `event` key); close (or use `with`)."""
 
-    def __init__(self, client: "Client", response: _Response):
+    def __init__(self, client: "Client", response: _Response, raw: bool = False):
         self._client = client
         self.response = response
         self._lines: Iterator[str] | None = None
+        self._decode = _raw_line if raw else _decode_line
 
     def __iter__(self) -> "EventStream":
         return self
@@ -438,7 +582,7 @@ class EventStream:
             self._lines = self.response.iter_lines()
         try:
             while True:
-                event = _decode_line(next(self._lines))
+                event = self._decode(next(self._lines))
                 if event is not None:
                     return event
         except StopIteration:
@@ -464,8 +608,8 @@ class Client(_Base):
     def __init__(self, socket_path=None, *, url=None, token=None, timeout=DEFAULT_TIMEOUT,
                  capabilities=CAPABILITIES):
         super().__init__(socket_path, url=url, token=token, timeout=timeout, capabilities=capabilities)
-        self._wire = _Wire(self.socket_path, self.base_url, self._headers, timeout)
-        self._open: "weakref.WeakSet[_Response]" = weakref.WeakSet()  # streams close with the client
+        self._wire = _Wire(self._socket, self.base_url, self._headers, timeout)
+        self._open: set[_Response] = set()  # open streams (each leaves it when it closes) close with the client
 
     @classmethod
     def for_endpoint(cls, endpoint: str, **kwargs) -> "Client":
@@ -492,6 +636,7 @@ class Client(_Base):
         try:
             response = self._wire.send(method, path, json=json, params=params, **extra)
             if stream:
+                response._owners = self._open
                 self._open.add(response)
             else:
                 response.read()
@@ -505,29 +650,79 @@ class Client(_Base):
                 body = b""
             finally:
                 response.close()
-            raise RefusedError(_refusal_from_response(response.status_code, body))
+            raise _refused_error(refusal_fields(response.status_code, body))
         return response
+
+    def _decoded(self, response: _Response) -> Any:
+        try:
+            return _loads(response.content)
+        except ValueError as exc:
+            raise self._unavailable(TransportError(f"the answer is not JSON: {exc}")) from exc
 
     def call(self, method: str, path: str, *, json: Any = None, params: dict | None = None) -> Any:
         """One request; the decoded JSON body (refusals raise RefusedError)."""
-        response = self._send(method, path, json=json, params=params)
-        try:
-            return msgspec.json.decode(response.content)
-        except msgspec.DecodeError as exc:
-            raise self._unavailable(TransportError(f"the answer is not JSON: {exc}")) from exc
+        return self._decoded(self._send(method, path, json=json, params=params))
 
-    def _stream(self, method: str, path: str, *, json: Any = None, params: dict | None = None) -> EventStream:
-        return EventStream(self, self._send(method, path, json=json, params=params, stream=True))
+    def _stream(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
+                raw: bool = False) -> EventStream:
+        return EventStream(self, self._send(method, path, json=json, params=params, stream=True), raw)
 
     # -- API -------------------------------------------------------------------------------
 
-    def submit(self, req: JobRequest | dict, follow: bool = False) -> JobRecord | EventStream:
+    def submit(self, req: JobRequest | dict, follow: bool = False, *, raw: bool = False
+               ) -> JobRecord | dict | EventStream:
         """Submit; the accepted JobRecord, or with follow=True an open EventStream
-        (first event `accepted`, last `terminal`)."""
+        (first event `accepted`, last `terminal`). `raw=True`: the record, or each event,
+        as the wire's dict (no msgspec on the way)."""
         body = self.request_body(req)
         if follow:
-            return self._stream("POST", "/v1/jobs", json=body, params={"follow": "1"})
-        return _record(self.call("POST", "/v1/jobs", json=body))
+            return self._stream("POST", "/v1/jobs", json=body, params={"follow": "1"}, raw=raw)
+        data = self.call("POST", "/v1/jobs", json=body)
+        return data if raw else _record(data)
+
+    def submit_batch(self, reqs: Iterable[JobRequest | dict], *, raw: bool = False) -> list:
+        """One batch submit (`POST /v1/jobs` with a list, at most MAX_BATCH_JOBS requests):
+        each request's accepted JobRecord or its Refusal, in order (`raw=True`: the wire's
+        dicts, a refusal with `"refused": true`). A batch refused whole (batch_too_large,
+        body_too_large, unauthorized, ...) raises RefusedError: nothing was submitted."""
+        body = b"[" + b",".join(json_bytes(self.request_body(r)) for r in reqs) + b"]"
+        return self._batch_answers(self._send("POST", "/v1/jobs", content=body,
+                                              headers={"content-type": "application/json"}), raw)
+
+    def _batch_answers(self, response: _Response, raw: bool) -> list:
+        answers = self._decoded(response)
+        if not isinstance(answers, list):
+            raise self._unavailable(TransportError("the answer to a batch submit is not a JSON list"))
+        return answers if raw else [_batch_item(a) for a in answers]
+
+    def iter_submit_many(self, reqs: Iterable[JobRequest | dict], *, raw: bool = False) -> Iterator:
+        """Submit any number of job requests in batches (MAX_BATCH_JOBS requests and about
+        MAX_BATCH_BYTES of JSON each, one request per batch, sent when the previous
+        batch's answers have been consumed); yields each request's answer in order, as
+        `submit_batch`. A batch refused whole answers that refusal for each of its jobs and
+        the next batch is still sent; a runner that stops answering raises
+        RunnerUnavailable (the jobs of earlier batches stay accepted)."""
+        for batch in _batches(json_bytes(self.request_body(r)) for r in reqs):
+            try:
+                response = self._send("POST", "/v1/jobs", content=b"[" + b",".join(batch) + b"]",
+                                      headers={"content-type": "application/json"})
+            except Exception as exc:
+                refusal = refusal_of(exc)
+                if refusal is None:
+                    raise
+                fields = _refusal_dict(refusal)
+                for _ in batch:
+                    yield fields if raw else refusal
+                continue
+            answers = self._batch_answers(response, raw)
+            if len(answers) != len(batch):
+                raise self._unavailable(TransportError(
+                    f"the runner answered {len(answers)} items to a batch of {len(batch)}"))
+            yield from answers
+
+    def submit_many(self, reqs: Iterable[JobRequest | dict], *, raw: bool = False) -> list:
+        """`list(iter_submit_many(reqs))`."""
+        return list(self.iter_submit_many(reqs, raw=raw))
 
     def get(self, job_id: str) -> JobRecord:
         return _record(self.call("GET", f"/v1/jobs/{_jp(job_id)}"))
@@ -535,9 +730,11 @@ class Client(_Base):
     def jobs(self, all: bool = False) -> list[JobRecord]:
         return [_record(r) for r in self.call("GET", "/v1/jobs", params={"all": "1"} if all else None)]
 
-    def events(self, job_id: str, from_seq: int = 0) -> EventStream:
-        """Replay from `from_seq`, then follow until the terminal event."""
-        return self._stream("GET", f"/v1/jobs/{_jp(job_id)}/events", params={"from_seq": str(from_seq)})
+    def events(self, job_id: str, from_seq: int = 0, *, raw: bool = False) -> EventStream:
+        """Replay from `from_seq`, then follow until the terminal event (`raw=True`: each
+        event as the wire's dict)."""
+        return self._stream("GET", f"/v1/jobs/{_jp(job_id)}/events", params={"from_seq": str(from_seq)},
+                            raw=raw)
 
     def cancel(self, job_id: str) -> JobRecord:
         return _record(self.call("POST", f"/v1/jobs/{_jp(job_id)}/cancel"))
@@ -564,7 +761,7 @@ class Client(_Base):
             response = self._send("PUT", f"/v1/bundles/{_jp(sha256)}", content=content, length=length,
                                   headers={"content-type": "application/octet-stream"},
                                   read_timeout=None)  # the runner checks the digest before it answers
-            return msgspec.json.decode(response.content)
+            return _loads(response.content)
         finally:
             close()
 
@@ -658,12 +855,12 @@ class AsyncClient(_Base):
                 body = b""
             finally:
                 await response.aclose()
-            raise RefusedError(_refusal_from_response(response.status_code, body))
+            raise _refused_error(refusal_fields(response.status_code, body))
         return response
 
     async def call(self, method: str, path: str, *, json: Any = None, params: dict | None = None) -> Any:
         response = await self._send(method, path, json=json, params=params)
-        return msgspec.json.decode(response.content)
+        return _loads(response.content)
 
     async def _stream(self, method, path, *, json=None, params=None) -> AsyncEventStream:
         return AsyncEventStream(self, await self._send(method, path, json=json, params=params, stream=True))
@@ -729,14 +926,42 @@ class AsyncClient(_Base):
             close()
         self._note(response)
         if response.status_code >= 400:
-            raise RefusedError(_refusal_from_response(response.status_code, response.content))
-        return msgspec.json.decode(response.content)
+            raise _refused_error(refusal_fields(response.status_code, response.content))
+        return _loads(response.content)
 
     async def metrics(self) -> str:
         return (await self._send("GET", "/metrics")).text
 
 
 _BUNDLE_CHUNK = 256 * 1024
+
+
+def _batches(bodies: Iterable[bytes]) -> Iterator[list[bytes]]:
+    """Encoded job requests grouped into batches of at most MAX_BATCH_JOBS and, unless one
+    request alone is larger, at most MAX_BATCH_BYTES of JSON."""
+    batch: list[bytes] = []
+    size = 2
+    for body in bodies:
+        if batch and (len(batch) >= MAX_BATCH_JOBS or size + len(body) + 1 > MAX_BATCH_BYTES):
+            yield batch
+            batch, size = [], 2
+        batch.append(body)
+        size += len(body) + 1
+    if batch:
+        yield batch
+
+
+def _batch_item(answer: Any):
+    """One answer of a batch submit: a Refusal for `{"refused": true, ...}`, else a JobRecord."""
+    if isinstance(answer, dict) and answer.get("refused"):
+        return _refusal(answer)
+    return _record(answer)
+
+
+def _refusal_dict(refusal: Refusal) -> dict:
+    import msgspec
+
+    return msgspec.to_builtins(refusal) | {"refused": True}
 
 
 def _httpx():

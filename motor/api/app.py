@@ -55,6 +55,7 @@ HTML = b"text/html; charset=utf-8"
 
 _encoder = msgspec.json.Encoder()
 _request_decoder = msgspec.json.Decoder(JobRequest)
+_batch_decoder = msgspec.json.Decoder(list[msgspec.Raw])
 
 
 #: (method, path) served over TCP without a token: the dashboard page, the two reports it
@@ -381,6 +382,9 @@ class MotorApp:
         body = await self._read_body(scope, receive)
         if not body.strip():
             raise _refuse("bad_request", "request body is empty (malformed JSON); expected a JSON job request")
+        if body.lstrip()[:1] == b"[":
+            await self._submit_batch(send, body, follow)
+            return
         try:
             req = _request_decoder.decode(body)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -396,6 +400,43 @@ class MotorApp:
             data = public_record(record)
             data["capabilities"] = self.capabilities
             await self._send_json(send, 202, data)
+
+    async def _submit_batch(self, send: Send, body: bytes, follow: bool) -> None:
+        """`POST /v1/jobs` with a JSON list of job requests: 200 and a list answering each
+        item in order, its accepted record or its refusal (`"refused": true`, code, detail).
+        A body that is not a JSON list, an empty list, `follow=1`, or more than MAX_BATCH_JOBS
+        items is refused whole (nothing is submitted)."""
+        from motor.runner.facade import MAX_BATCH_JOBS
+
+        if follow:
+            raise _refuse("bad_request", "follow=1 takes one job request, not a list: submit the batch "
+                                         "without follow and follow each job with GET /v1/jobs/{id}/events")
+        try:
+            items = _batch_decoder.decode(body)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise _refuse("bad_request", f"malformed batch: {exc}") from None
+        except RecursionError:
+            raise _refuse("bad_request", "malformed batch: JSON nested too deeply") from None
+        if not items:  # most likely a client's bug (and `[]` was never a job request)
+            raise _refuse("bad_request", "empty batch: a batch submit needs at least one job request")
+        if len(items) > MAX_BATCH_JOBS:
+            raise _refuse("batch_too_large",
+                          f"a batch submit carries at most {MAX_BATCH_JOBS} jobs, got {len(items)}")
+        answers: list[Any] = [None] * len(items)
+        reqs: list[JobRequest] = []
+        where: list[int] = []
+        for i, raw in enumerate(items):
+            try:
+                reqs.append(_request_decoder.decode(raw))
+                where.append(i)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                answers[i] = refusal_body(Refusal(code="bad_request", detail=str(exc)))
+            except RecursionError:
+                answers[i] = refusal_body(Refusal(code="bad_request",
+                                                  detail="malformed job request: JSON nested too deeply"))
+        for i, outcome in zip(where, await self.runner.submit_many(reqs)):
+            answers[i] = refusal_body(outcome) if isinstance(outcome, Refusal) else public_record(outcome)
+        await self._send_json(send, 200, answers)
 
     async def events(self, scope, receive, send, query, job_id: str) -> None:
         from_seq = _int_param(query, "from_seq", 0)

@@ -10,19 +10,54 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Sequence
 
 from motor.cli.outcome import exit_status
 
-__all__ = ["main", "build_parser", "exit_status", "Parser", "UsageError"]
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Sequence
+
+__all__ = ["main", "build_parser", "exit_status", "Parser", "Formatter", "UsageError"]
 
 
 class UsageError(Exception):
     """Raised by a command for a bad argument found after parsing: one line, exit 2."""
 
 
+class Formatter(argparse.HelpFormatter):
+    """argparse's help formatter, sized as shutil.get_terminal_size would size it without
+    importing shutil (argparse makes a formatter for every add_argument: shutil, bz2 and
+    lzma cost about 2 ms of every command's start-up)."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None):
+        if width is None:
+            width = _terminal_columns() - 2
+        super().__init__(prog, indent_increment, max_help_position, width)
+
+
+def _terminal_columns() -> int:
+    """shutil.get_terminal_size().columns: $COLUMNS, else the terminal's, else 80."""
+    import os
+
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns or 80
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr and exit status 2."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         message = " ".join(str(message).split())
@@ -31,17 +66,35 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def build_parser() -> Parser:
-    from motor.cli import commands, serve, tasks
+#: command -> the module that registers it; `main` builds only that module's subcommands,
+#: so a client command never imports `serve` (motor.config, msgspec) or `task` (msgspec)
+COMMAND_MODULES = {
+    "serve": "serve",
+    **dict.fromkeys(("run", "submit", "attach", "cancel", "withdraw", "status", "jobs", "health",
+                     "workspaces"), "commands"),
+    "task": "tasks",
+    "worker": "tasks",
+}
+
+
+def build_parser(only: str | None = None, command: str | None = None) -> Parser:
+    """The whole command line; `only="commands"` (a module of COMMAND_MODULES) registers just
+    that module's subcommands, and with `command` (one of the client commands) only that one:
+    what `main` does once it knows the command."""
+    import importlib
 
     parser = Parser(
         prog="motor",
         description="motor: a build-job runner for shared build hosts.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
-    serve.register(sub)
-    commands.register(sub)
-    tasks.register(sub)
+    for name in ("serve", "commands", "tasks"):
+        if only is None or only == name:
+            module = importlib.import_module(f"motor.cli.{name}")
+            if name == "commands" and command is not None:
+                module.register(sub, only=command)
+            else:
+                module.register(sub)
     return parser
 
 
@@ -53,10 +106,26 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
     return argv, None
 
 
+def _cache_argparse_translations() -> None:
+    """argparse looks every message up with gettext, and each look-up searches the locale
+    directories again (a dozen stat calls; about half of building a parser). The answer
+    cannot change within one process: remember it."""
+    import functools
+    import gettext
+
+    if getattr(argparse, "_", None) is gettext.gettext:
+        argparse._ = functools.lru_cache(maxsize=None)(gettext.gettext)
+    if getattr(argparse, "ngettext", None) is gettext.ngettext:
+        argparse.ngettext = functools.lru_cache(maxsize=None)(gettext.ngettext)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _cache_argparse_translations()
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
     front, tail = _split_command(argv)
+    # the command is the first word (the top level has no options but --help)
+    command = front[0] if front and front[0] in COMMAND_MODULES else None
+    parser = build_parser(COMMAND_MODULES.get(command), command)
     args = parser.parse_args(front)
     args.tail = tail
     handler = getattr(args, "handler", None)

@@ -5,11 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
 import time
-from typing import Any, Callable, Iterable
-
-import msgspec
 
 from motor.cli.outcome import (
     EXIT_CANCELLED,
@@ -18,28 +14,38 @@ from motor.cli.outcome import (
     exit_status,
     outcome_line,
 )
-from motor.client import Client, RunnerUnavailable
-from motor.config import ConfigError, default_socket, parse_size
-from motor.records import (
-    Accepted,
-    JobRequest,
-    Output,
-    Queued,
-    RefusedError,
-    Started,
-    Terminal,
-    Truncated,
-    encode_event,
-)
+from motor.client import Client, RunnerUnavailable, default_socket_str, json_bytes, refusal_of
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any, Callable, Iterable
+
+    from motor.records import JobRequest
 
 # This module is on the path of every client command: it imports neither the runner nor
-# its API server, trio or hypercorn (tests/cli/test_lean_client.py pins it).  `rich`
-# (motor.cli.render) and the queue-wait deadline are imported where used.
+# its API server, trio or hypercorn, nor msgspec and motor.records (tests/cli/
+# test_lean_client.py pins it): requests and events travel as the wire's plain dicts.
+# `rich` (motor.cli.render), threading (the queue-wait timer) and motor.config (--memory-max)
+# are imported where used.
 
 
 def event_line(event: Any) -> bytes:
-    """One NDJSON line, as the API server writes it (motor.api.app.event_line)."""
+    """One NDJSON line, as the API server writes it (motor.api.app.event_line): an event
+    dict as it came off the wire, or a typed event."""
+    if isinstance(event, dict):
+        return json_bytes(event) + b"\n"
+    from motor.records import encode_event
+
     return encode_event(event) + b"\n"
+
+
+def _event_dict(event: Any) -> dict:
+    """A typed event (motor.records) as the wire's dict; a dict as it is."""
+    if isinstance(event, dict):
+        return event
+    import json
+
+    return json.loads(event_line(event))
 
 
 def _render():
@@ -52,7 +58,9 @@ def _render():
 
 
 def _client_options() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(add_help=False)
+    from motor.cli import Parser
+
+    p = Parser(add_help=False)
     g = p.add_argument_group("runner")
     g.add_argument("--socket", metavar="PATH",
                    help="the runner's Unix socket (default $MOTOR_SOCKET, else <state-dir>/motor.sock)")
@@ -81,48 +89,73 @@ def _job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("cmd", nargs="*", metavar="CMD", help="the command, after --")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+#: the destinations of the job options (`motor submit --from FILE` takes none of them)
+_JOB_DESTS = ("workspace", "weight", "queue_wait_limit", "timeout", "gate", "kind", "head", "sibling",
+              "repository", "env", "memory_max", "bundle", "spill_eligible")
+
+
+def register(sub: argparse._SubParsersAction, only: str | None = None) -> None:
+    """Add the client commands to `sub`; `only`: just that one (argparse takes milliseconds
+    to build each subparser, so `main` builds only the command it runs)."""
     common = _client_options()
 
-    p = sub.add_parser("run", parents=[common], help="submit a job and follow it",
-                       usage="motor run [options] -- CMD [ARG...]",
-                       description="Submit a job and follow it: its output goes to the terminal; "
-                                   "the exit status is the job's (see docs/cli.md).")
-    _job_options(p)
-    p.set_defaults(handler=cmd_run, takes_command=True)
+    def wanted(name: str) -> bool:
+        return only is None or only == name
 
-    p = sub.add_parser("submit", parents=[common], help="submit a job, print its id",
-                       usage="motor submit [options] -- CMD [ARG...]")
-    _job_options(p)
-    p.set_defaults(handler=cmd_submit, takes_command=True)
+    if wanted("run"):
+        p = sub.add_parser("run", parents=[common], help="submit a job and follow it",
+                           usage="motor run [options] -- CMD [ARG...]",
+                           description="Submit a job and follow it: its output goes to the terminal; "
+                                       "the exit status is the job's (see docs/cli.md).")
+        _job_options(p)
+        p.set_defaults(handler=cmd_run, takes_command=True)
 
-    p = sub.add_parser("attach", parents=[common], help="replay a job's output and follow it")
-    p.add_argument("job", metavar="JOB")
-    p.add_argument("--from-seq", metavar="N", type=int, default=0, help="replay from event N (default 0)")
-    p.set_defaults(handler=cmd_attach)
+    if wanted("submit"):
+        p = sub.add_parser("submit", parents=[common], help="submit a job (or a batch: --from FILE), print its id",
+                           usage="motor submit [options] -- CMD [ARG...]\n       motor submit --from FILE [--json]",
+                           description="Submit a job and print its id; with --from FILE, submit every job "
+                                       "request in FILE (see docs/cli.md, 'Batch submit').")
+        p.add_argument("--from", dest="from_file", metavar="FILE",
+                       help="submit the job requests in FILE (JSON lines, or one JSON list; - = stdin) in "
+                            "batches; prints one line per job, in order")
+        _job_options(p)
+        p.set_defaults(handler=cmd_submit, takes_command=True,
+                       job_defaults={dest: p.get_default(dest) for dest in _JOB_DESTS})
 
-    p = sub.add_parser("cancel", parents=[common], help="cancel a job")
-    p.add_argument("job", metavar="JOB")
-    p.set_defaults(handler=cmd_cancel)
+    if wanted("attach"):
+        p = sub.add_parser("attach", parents=[common], help="replay a job's output and follow it")
+        p.add_argument("job", metavar="JOB")
+        p.add_argument("--from-seq", metavar="N", type=int, default=0, help="replay from event N (default 0)")
+        p.set_defaults(handler=cmd_attach)
 
-    p = sub.add_parser("withdraw", parents=[common], help="withdraw a queued job (prints withdrawn or started; an ended job is refused already_ended)")
-    p.add_argument("job", metavar="JOB")
-    p.set_defaults(handler=cmd_withdraw)
+    if wanted("cancel"):
+        p = sub.add_parser("cancel", parents=[common], help="cancel a job")
+        p.add_argument("job", metavar="JOB")
+        p.set_defaults(handler=cmd_cancel)
 
-    p = sub.add_parser("status", parents=[common], help="queued and running jobs")
-    p.add_argument("--watch", nargs="?", const=2.0, type=float, metavar="SECONDS",
-                   help="redraw every SECONDS (default 2) until interrupted")
-    p.set_defaults(handler=cmd_status)
+    if wanted("withdraw"):
+        p = sub.add_parser("withdraw", parents=[common], help="withdraw a queued job (prints withdrawn or started; an ended job is refused already_ended)")
+        p.add_argument("job", metavar="JOB")
+        p.set_defaults(handler=cmd_withdraw)
 
-    p = sub.add_parser("jobs", parents=[common], help="retained job records")
-    p.add_argument("--all", action="store_true", help="every retained record, not only current and recent")
-    p.set_defaults(handler=cmd_jobs)
+    if wanted("status"):
+        p = sub.add_parser("status", parents=[common], help="queued and running jobs")
+        p.add_argument("--watch", nargs="?", const=2.0, type=float, metavar="SECONDS",
+                       help="redraw every SECONDS (default 2) until interrupted")
+        p.set_defaults(handler=cmd_status)
 
-    p = sub.add_parser("health", parents=[common], help="the health report")
-    p.set_defaults(handler=cmd_health)
+    if wanted("jobs"):
+        p = sub.add_parser("jobs", parents=[common], help="retained job records")
+        p.add_argument("--all", action="store_true", help="every retained record, not only current and recent")
+        p.set_defaults(handler=cmd_jobs)
 
-    p = sub.add_parser("workspaces", parents=[common], help="workspaces and their cached sizes")
-    p.set_defaults(handler=cmd_workspaces)
+    if wanted("health"):
+        p = sub.add_parser("health", parents=[common], help="the health report")
+        p.set_defaults(handler=cmd_health)
+
+    if wanted("workspaces"):
+        p = sub.add_parser("workspaces", parents=[common], help="workspaces and their cached sizes")
+        p.set_defaults(handler=cmd_workspaces)
 
 
 # --- helpers ----------------------------------------------------------------------------
@@ -148,12 +181,22 @@ def make_client(args: argparse.Namespace, *, timeout: float | None = 30.0) -> Cl
             return Client(url=args.url, token=token, timeout=timeout)
         except ValueError as exc:
             raise UsageError(f"--url: {exc}") from None
-    socket_path = args.socket or os.environ.get("MOTOR_SOCKET") or str(default_socket())
+    socket_path = args.socket or default_socket_str()
     return Client(socket_path, token=token, timeout=timeout)
 
 
 def job_request(args: argparse.Namespace) -> JobRequest:
     """The JobRequest of run/submit options; UsageError for a bad option."""
+    import msgspec
+
+    from motor.records import JobRequest
+
+    return msgspec.convert(request_fields(args), JobRequest)
+
+
+def request_fields(args: argparse.Namespace) -> dict:
+    """The job request of run/submit options as the JSON body's dict; UsageError for a bad
+    option."""
     from motor.cli import UsageError
 
     command = list(args.cmd) + list(args.tail or [])
@@ -170,6 +213,8 @@ def job_request(args: argparse.Namespace) -> JobRequest:
         env[key] = value
     memory_max = None
     if args.memory_max is not None:
+        from motor.config import ConfigError, parse_size
+
         try:
             memory_max = parse_size(args.memory_max)
         except ConfigError as exc:
@@ -177,7 +222,7 @@ def job_request(args: argparse.Namespace) -> JobRequest:
     repository = args.repository
     if repository and "://" not in repository and os.path.exists(repository):
         repository = os.path.abspath(repository)
-    return JobRequest(
+    return dict(
         command=command,
         workspace=args.workspace,
         weight_hint=args.weight,
@@ -210,20 +255,26 @@ def _bundle_digest(path: str) -> str:
     return digest.hexdigest()
 
 
-def _upload_bundle(client: Client, args: argparse.Namespace, req: JobRequest) -> None:
+def _upload_bundle(client: Client, args: argparse.Namespace, req: dict) -> None:
     """`--bundle FILE`: PUT the file (streamed) under its sha256 before the job is submitted."""
-    if getattr(args, "bundle", None) and req.bundle_sha256:
-        client.put_bundle(req.bundle_sha256, args.bundle)
+    if getattr(args, "bundle", None) and req.get("bundle_sha256"):
+        client.put_bundle(req["bundle_sha256"], args.bundle)
 
 
 def _print_json(data: Any) -> None:
-    sys.stdout.write(msgspec.json.format(msgspec.json.encode(data), indent=2).decode() + "\n")
+    import json
+
+    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
     sys.stdout.flush()
 
 
-def _refused(exc: RefusedError) -> int:
-    _err(exc.refusal.line())
-    return exit_status(exc.refusal)
+def _refused(exc: BaseException) -> int:
+    """Print a RefusedError's line; its exit status. Anything else is re-raised."""
+    refusal = refusal_of(exc)
+    if refusal is None:
+        raise exc
+    _err(refusal.line())
+    return exit_status(refusal)
 
 
 def _refusal_terminal(refusal) -> None:
@@ -235,7 +286,7 @@ def _refusal_terminal(refusal) -> None:
     for extra in ("free_bytes", "floor_bytes"):
         if getattr(refusal, extra, None) is not None:
             record[extra] = getattr(refusal, extra)
-    sys.stdout.write(msgspec.json.encode({"event": "terminal", "seq": 0, "record": record}).decode() + "\n")
+    sys.stdout.write(json_bytes({"event": "terminal", "seq": 0, "record": record}).decode() + "\n")
     sys.stdout.flush()
 
 
@@ -248,10 +299,10 @@ def _guard(fn: Callable[[], int]) -> int:
     """Map the client's errors to lines and exit statuses."""
     try:
         return fn()
-    except RefusedError as exc:
-        return _refused(exc)
     except RunnerUnavailable as exc:
         return _unavailable(exc)
+    except Exception as exc:  # a RefusedError (anything else is re-raised by _refused)
+        return _refused(exc)
 
 
 # --- following a job --------------------------------------------------------------------
@@ -294,13 +345,20 @@ class QueueWaitWatch:
         self._withdraw = withdraw
         self._fallback = fallback_budget_ms
         self._deadline = None  # a queue_wait.LocalDeadline once a budget is known
-        self._timer: threading.Timer | None = None
+        self._timer = None  # a threading.Timer once a deadline is set
+        import threading  # only `run` makes a watch
+
+        self._threading = threading
         self._lock = threading.Lock()
         self.done = False
         self.result: Any = None
 
-    def queued(self, event: Queued) -> None:
-        budget = event.queue_wait_budget_ms if event.queue_wait_budget_ms is not None else self._fallback
+    def queued(self, event: Any) -> None:
+        """A `queued` event (the wire's dict, or a typed motor.records.Queued)."""
+        event = _event_dict(event)
+        budget = event.get("queue_wait_budget_ms")
+        if budget is None:
+            budget = self._fallback
         if budget is None or self.done:
             return
         now = time.monotonic()
@@ -309,13 +367,13 @@ class QueueWaitWatch:
                 from motor.queue_wait import LocalDeadline
 
                 self._deadline = LocalDeadline(budget / 1000.0)
-            self._deadline.observe(event.queue_wait_ms, now)
+            self._deadline.observe(event.get("queue_wait_ms") or 0, now)
             remaining = self._deadline.remaining_s(now)
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
             if remaining is not None:
-                self._timer = threading.Timer(remaining, self._fire)
+                self._timer = self._threading.Timer(remaining, self._fire)
                 self._timer.daemon = True
                 self._timer.start()
 
@@ -339,31 +397,34 @@ class QueueWaitWatch:
 
 def follow(events: Iterable, *, as_json: bool, on_job_id: Callable[[str], None] | None = None,
            watch: QueueWaitWatch | None = None) -> int:
-    """Print a job's events (output, or JSON lines) until the terminal one; its exit status."""
+    """Print a job's events (output, or JSON lines) until the terminal one; its exit status.
+    Events are the wire's dicts (`events(..., raw=True)`) or typed motor.records events; with
+    `as_json`, every event is printed as one JSON line, kinds this client does not know too."""
     writer = _Writer()
     for event in events:
+        event = _event_dict(event)
         if as_json:
             sys.stdout.write(event_line(event).decode("utf-8"))
             sys.stdout.flush()
-        tag = type(event)
-        if tag is Accepted and on_job_id is not None:
-            on_job_id(event.job_id)
-        elif tag is Queued:
+        tag = event.get("event")
+        if tag == "accepted" and on_job_id is not None:
+            on_job_id(event["job_id"])
+        elif tag == "queued":
             if watch is not None:
                 watch.queued(event)
-        elif tag is Started:
+        elif tag == "started":
             if watch is not None:
                 watch.stop()
-        elif tag is Output:
+        elif tag == "output":
             if not as_json:
-                writer.write(event.stream, event.data)
-        elif tag is Truncated:
+                writer.write(event.get("stream"), event.get("data", ""))
+        elif tag == "truncated":
             if not as_json:
-                _err(f"motor: output before event {event.truncated_before_seq} is no longer retained")
-        elif tag is Terminal:
+                _err(f"motor: output before event {event.get('truncated_before_seq')} is no longer retained")
+        elif tag == "terminal":
             if watch is not None:
                 watch.stop()
-            record = event.record
+            record = event.get("record") or {}
             line = outcome_line(record)
             if line:
                 _err(line)
@@ -378,7 +439,7 @@ def follow(events: Iterable, *, as_json: bool, on_job_id: Callable[[str], None] 
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    req = job_request(args)
+    req = request_fields(args)
     client = make_client(args)
     job_id: list[str] = []
     stream = None
@@ -386,13 +447,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         try:
             _upload_bundle(client, args, req)
-            stream = client.submit(req, follow=True)
-        except RefusedError as exc:
-            if args.json:
-                _refusal_terminal(exc.refusal)
-            return _refused(exc)
+            stream = client.submit(req, follow=True, raw=True)
         except RunnerUnavailable as exc:
             return _unavailable(exc)
+        except Exception as exc:  # a RefusedError (anything else is re-raised by _refused)
+            refusal = refusal_of(exc)
+            if args.json and refusal is not None:
+                _refusal_terminal(refusal)
+            return _refused(exc)
 
         def withdraw() -> str | None:
             if not job_id:
@@ -400,7 +462,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             with make_client(args, timeout=10.0) as other:
                 return other.withdraw(job_id[0])
 
-        fallback = int(req.queue_wait_limit_s * 1000) if req.queue_wait_limit_s is not None else None
+        limit_s = req.get("queue_wait_limit_s")
+        fallback = int(limit_s * 1000) if limit_s is not None else None
         watch = QueueWaitWatch(withdraw, fallback)
         try:
             return follow(stream, as_json=args.json, on_job_id=job_id.append, watch=watch)
@@ -419,7 +482,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 with make_client(args, timeout=10.0) as other:
                     other.cancel(job_id[0])
                 _err(f"motor: cancelled job {job_id[0]}")
-            except (RefusedError, RunnerUnavailable) as exc:
+            except Exception as exc:  # noqa: BLE001 - a refusal or no runner: say so, exit anyway
+                if not isinstance(exc, RunnerUnavailable) and refusal_of(exc) is None:
+                    raise
                 _err(f"motor: could not cancel job {job_id[0]}: {exc}")
         return EXIT_CANCELLED
     finally:
@@ -429,16 +494,95 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    req = job_request(args)
+    if getattr(args, "from_file", None) is not None:
+        return _submit_from(args)
+    req = request_fields(args)
 
     def go() -> int:
         with make_client(args) as client:
             _upload_bundle(client, args, req)
+            record = client.submit(req, raw=True)
             if args.json:
-                _print_json(client.call("POST", "/v1/jobs", json=client.request_body(req)))
+                _print_json(record)
             else:
-                print(client.submit(req).job_id, flush=True)
+                print(record["job_id"], flush=True)
         return 0
+
+    return _guard(go)
+
+
+def read_requests(path: str) -> list:
+    """The job requests of `motor submit --from FILE`: one JSON list, or JSON lines (one
+    request a line, blank lines skipped); "-" reads stdin. UsageError names the line of
+    anything that is not JSON (nothing is submitted then). Items are not checked here: the
+    runner answers each one (a bad one is refused bad_request, the others go on)."""
+    import json
+
+    from motor.cli import UsageError
+
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
+    except OSError as exc:
+        raise UsageError(f"--from: cannot read {path}: {exc.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--from {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if text.lstrip()[:1] == "[":
+        try:
+            items = json.loads(text)
+        except ValueError as exc:
+            raise UsageError(f"--from {path}: not a JSON list: {exc}") from None
+        if not isinstance(items, list):
+            raise UsageError(f"--from {path}: not a JSON list")
+        return items
+    items = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            items.append(json.loads(line))
+        except ValueError as exc:
+            raise UsageError(f"--from {path}: line {number} is not JSON: {exc}") from None
+    return items
+
+
+def _submit_from(args: argparse.Namespace) -> int:
+    """`motor submit --from FILE`: every request in FILE, in batches; one line per job on
+    stdout, in order (its id, or `refused CODE`; with --json the answer as one JSON line),
+    each refusal's detail on stderr. Exit 0 when every job was accepted, else the exit
+    status of the first refusal (75 refused before start, 65 bad_request, 1 otherwise)."""
+    from motor.cli import UsageError
+
+    if args.cmd or args.tail:
+        raise UsageError("submit --from FILE takes no command after --: each request in FILE has its own")
+    given = [dest for dest, default in args.job_defaults.items() if getattr(args, dest) != default]
+    if given:
+        names = ", ".join("--" + dest.replace("_", "-") for dest in given)
+        raise UsageError(f"submit --from FILE takes the job options from FILE, not from {names}")
+    reqs = read_requests(args.from_file)
+
+    def go() -> int:
+        status = 0
+        with make_client(args) as client:
+            for index, answer in enumerate(client.iter_submit_many(reqs, raw=True)):
+                refused = isinstance(answer, dict) and answer.get("refused")
+                if args.json:
+                    sys.stdout.write(json_bytes(answer).decode("utf-8") + "\n")
+                elif refused:
+                    sys.stdout.write(f"refused {answer.get('code')}\n")
+                else:
+                    sys.stdout.write(f"{answer.get('job_id')}\n")
+                if refused:
+                    _err(f"motor: job [{index}]: refused: {answer.get('code')}: {answer.get('detail')}")
+                    if status == 0:
+                        status = exit_status(answer)
+                sys.stdout.flush()
+        return status
 
     return _guard(go)
 
@@ -451,14 +595,15 @@ def cmd_attach(args: argparse.Namespace) -> int:
     client = make_client(args)
     try:
         try:
-            stream = client.events(args.job, args.from_seq)
-        except RefusedError as exc:
-            if exc.refusal.code == "history_expired":
-                _err(f"motor: history_expired: {exc.refusal.detail}")
-                return EXIT_FAILURE
-            return _refused(exc)
+            stream = client.events(args.job, args.from_seq, raw=True)
         except RunnerUnavailable as exc:
             return _unavailable(exc)
+        except Exception as exc:  # a RefusedError (anything else is re-raised by _refused)
+            refusal = refusal_of(exc)
+            if refusal is not None and refusal.code == "history_expired":
+                _err(f"motor: history_expired: {refusal.detail}")
+                return EXIT_FAILURE
+            return _refused(exc)
         try:
             return follow(stream, as_json=args.json)
         except RunnerUnavailable as exc:
@@ -472,11 +617,11 @@ def cmd_attach(args: argparse.Namespace) -> int:
 def cmd_cancel(args: argparse.Namespace) -> int:
     def go() -> int:
         with make_client(args) as client:
+            record = client.call("POST", f"/v1/jobs/{_q(args.job)}/cancel")
             if args.json:
-                _print_json(client.call("POST", f"/v1/jobs/{_q(args.job)}/cancel"))
+                _print_json(record)
             else:
-                record = client.cancel(args.job)
-                print(record.state, flush=True)
+                print(record["state"], flush=True)
         return 0
 
     return _guard(go)
@@ -564,9 +709,10 @@ def cmd_workspaces(args: argparse.Namespace) -> int:
 
 
 def _q(job_id: str) -> str:
-    from urllib.parse import quote
+    from motor.client import _quote
 
-    return quote(job_id, safe="")
+    return _quote(job_id)
 
 
-__all__ = ["register", "job_request", "make_client", "follow", "QueueWaitWatch"]
+__all__ = ["register", "job_request", "request_fields", "read_requests", "make_client", "follow",
+           "QueueWaitWatch"]

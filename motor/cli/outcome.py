@@ -1,12 +1,22 @@
-"""Exit statuses of `motor run` / `motor attach` (interface.md), as pure functions."""
+"""Exit statuses of `motor run` / `motor attach` (interface.md), as pure functions.
+
+On every client command's path, so it imports neither msgspec nor motor.records: the typed
+forms (JobRecord, Refusal, RefusedError) are recognised by the module that defines them,
+which is loaded already whenever one of them exists."""
 
 from __future__ import annotations
 
-from typing import Any
+import sys
 
-import msgspec
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any
 
-from motor.records import BEFORE_START_CODES, JobRecord, Refusal, RefusedError
+#: = motor.records.BEFORE_START_CODES (a copy, so the CLI needs no msgspec; a test pins them equal)
+BEFORE_START_CODES: frozenset[str] = frozenset(
+    {"runner_full", "runner_disk_full", "workspace_setup_failed", "queue_wait_exceeded",
+     "too_many_connections"}
+)
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -22,8 +32,11 @@ EXIT_CANCELLED = 130     # cancelled (also Ctrl-C)
 def _as_dict(obj: Any) -> dict:
     if isinstance(obj, dict):
         return obj
-    if isinstance(obj, (JobRecord, Refusal)):
-        return msgspec.to_builtins(obj) | ({"refused": True} if isinstance(obj, Refusal) else {})
+    records = sys.modules.get("motor.records")
+    if records is not None and isinstance(obj, (records.JobRecord, records.Refusal)):
+        import msgspec
+
+        return msgspec.to_builtins(obj) | ({"refused": True} if isinstance(obj, records.Refusal) else {})
     raise TypeError(f"exit_status wants a terminal record or a refusal, got {type(obj).__name__}")
 
 
@@ -35,10 +48,12 @@ def exit_status(outcome: Any) -> int:
     """
     from motor.client import RunnerUnavailable
 
+    from motor.client import refusal_of
+
     if isinstance(outcome, RunnerUnavailable):
         return EXIT_UNAVAILABLE
-    if isinstance(outcome, RefusedError):
-        outcome = outcome.refusal
+    if isinstance(outcome, BaseException) and refusal_of(outcome) is not None:
+        outcome = refusal_of(outcome)
     data = _as_dict(outcome)
     if data.get("refused"):
         code = data.get("code")

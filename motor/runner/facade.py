@@ -24,6 +24,9 @@ from .host import Host
 if TYPE_CHECKING:
     from .tree import Handles
 
+#: The most job requests one batch submit (`submit_many`, `POST /v1/jobs` with a list) may
+#: carry; a larger batch is refused whole with `batch_too_large` (docs/protocol.md).
+MAX_BATCH_JOBS = 1000
 
 
 class Runner:
@@ -64,6 +67,22 @@ class Runner:
         if isinstance(reply, Refusal):
             raise RefusedError(reply)
         return reply
+
+    async def submit_many(self, reqs: list[JobRequest]) -> list[JobRecord | Refusal]:
+        """A batch submit: each request is one `Submit` to the dispatcher, in order, with the
+        same admission as `submit`; the answer per item is its accepted record or its
+        refusal, so one refused item does not sink the others. More than MAX_BATCH_JOBS
+        requests: RefusedError `batch_too_large` and nothing is submitted."""
+        if len(reqs) > MAX_BATCH_JOBS:
+            raise RefusedError(Refusal(code="batch_too_large", detail=(
+                f"a batch submit carries at most {MAX_BATCH_JOBS} jobs, got {len(reqs)}")))
+        answers: list[JobRecord | Refusal] = []
+        for req in reqs:
+            try:
+                answers.append(await self.submit(req))
+            except RefusedError as exc:
+                answers.append(exc.refusal)
+        return answers
 
     async def get(self, job_id: str) -> JobRecord:
         record = self.db.get(job_id)

@@ -126,7 +126,9 @@ async def test_read_only_routes(http):
         (b"", "malformed"),
         (b'{"command": "make"}', "Expected `array`, got `str` - at `$.command`"),
         (b'{"workspace": "x"}', "missing required field `command`"),
-        (b'["make"]', "Expected `object`"),
+        (b'"make"', "Expected `object`"),
+        (b'[{"command": ["make"]}', "malformed batch"),  # a list is a batch submit: this one is cut short
+        (b'{"command": ["make"]}]', "malformed"),
         (b'{"command": []}', "command must not be empty"),
         (b'{"command": ["make"], "workspace": ".."}', "not a plain name"),
         (b'{"command": ["make"], "workspace": "a/b"}', "not a plain name"),

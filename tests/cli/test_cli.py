@@ -271,7 +271,7 @@ async def test_run_ctrl_c_cancels_the_job(live, config, capsys, monkeypatch):
         def until_output():
             for event in events:
                 yield event
-                if event.__class__.__name__ == "Output":
+                if event["event"] == "output":  # the CLI follows the wire's dicts
                     raise KeyboardInterrupt
         return real_follow(until_output(), **kwargs)
 

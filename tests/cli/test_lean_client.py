@@ -1,13 +1,16 @@
 """The lean client path: `motor run/submit/status/...` load neither the runner nor its API
-server (hypercorn), trio, httpx or the scheduling core; `import motor` loads nothing of the
-embedding API until a name is used; the client's own HTTP/1.1 transport against a real
-`motor serve` and against a byte-exact server (chunked bodies, early close, garbage).
+server (hypercorn), trio, httpx or the scheduling core, nor msgspec, motor.records,
+motor.config, typing, pathlib or urllib (milliseconds each: docs/cli.md, "Start-up cost");
+`import motor` loads nothing of the embedding API until a name is used; the client's own
+HTTP/1.1 transport against a real `motor serve` and against a byte-exact server (chunked
+bodies, early close, garbage); the stdlib copies the client keeps equal to their originals.
 
 Structural, not timed: which modules a command imports is read from `python -X importtime`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -47,8 +50,29 @@ def imported_modules(*argv: str, env_extra: dict | None = None) -> tuple[subproc
     return result, modules
 
 
-def forbidden_in(modules: set[str]) -> list[str]:
-    return sorted(m for m in modules if any(m == f or m.startswith(f + ".") for f in FORBIDDEN))
+#: not on the way to a job either (`motor status` text loads rich, which may load typing)
+LEAN_FORBIDDEN = FORBIDDEN + ("msgspec", "typing_extensions", "motor.records", "motor.config",
+                              "motor.cli.serve", "motor.cli.tasks", "motor.cli.render", "rich",
+                              "typing", "pathlib", "urllib", "uuid", "decimal", "inspect")
+
+
+def forbidden_in(modules: set[str], forbidden: tuple[str, ...] = FORBIDDEN) -> list[str]:
+    return sorted(m for m in modules if any(m == f or m.startswith(f + ".") for f in forbidden))
+
+
+_site_modules: set[str] = set()
+
+
+def lean_forbidden_in(modules: set[str]) -> list[str]:
+    """LEAN_FORBIDDEN modules that motor loaded: what the interpreter's start-up loads
+    (site, and an editable install's import hook, which brings pathlib and urllib) is not
+    motor's doing."""
+    if not _site_modules:
+        result = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"], capture_output=True,
+                                timeout=60, env=motor_env(), cwd=ROOT)
+        _site_modules.update(line.rsplit("|", 1)[1].strip() for line in result.stderr.decode().splitlines()
+                             if line.startswith("import time:") and "|" in line)
+    return forbidden_in(modules - _site_modules, LEAN_FORBIDDEN)
 
 
 @pytest.mark.parametrize("command", ["run", "submit", "status", "attach", "cancel", "withdraw",
@@ -58,6 +82,8 @@ def test_client_command_help_imports_no_runner_server_or_trio(command):
     assert result.returncode == 0, result.stderr.decode()[-2000:]
     assert forbidden_in(modules) == []
     assert "rich" not in modules  # the tables' library is loaded only to draw a table
+    if command != "task":  # motor.cli.tasks is not this module's (it imports msgspec)
+        assert lean_forbidden_in(modules) == []
 
 
 def test_run_submit_status_against_a_real_runner_import_no_runner_server_or_trio(serve):
@@ -65,20 +91,37 @@ def test_run_submit_status_against_a_real_runner_import_no_runner_server_or_trio
     result, modules = imported_modules("-m", "motor", "run", "--socket", sock, "--", "sh", "-c", "echo lean")
     assert result.returncode == 0, result.stderr.decode()[-2000:]
     assert result.stdout == b"lean\n"
-    assert forbidden_in(modules) == []
+    assert lean_forbidden_in(modules) == []
+
+    result, modules = imported_modules("-m", "motor", "run", "--socket", sock, "--json", "--", "true")
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert [json.loads(line)["event"] for line in result.stdout.splitlines()][-1] == "terminal"
+    assert lean_forbidden_in(modules) == []
 
     result, modules = imported_modules("-m", "motor", "submit", "--socket", sock, "--", "true")
     assert result.returncode == 0 and result.stdout.strip()
-    assert forbidden_in(modules) == []
+    assert lean_forbidden_in(modules) == []
     job_id = result.stdout.decode().strip()
 
     result, modules = imported_modules("-m", "motor", "attach", "--socket", sock, job_id)
     assert result.returncode == 0, result.stderr.decode()[-2000:]
-    assert forbidden_in(modules) == []
+    assert lean_forbidden_in(modules) == []
+
+    for command in (("cancel", job_id), ("withdraw", job_id), ("health",), ("jobs",)):
+        result, modules = imported_modules("-m", "motor", command[0], "--socket", sock, "--json", *command[1:])
+        assert result.returncode in (0, 1), result.stderr.decode()[-2000:]  # withdraw: already_ended
+        assert lean_forbidden_in(modules) == [], command
 
     result, modules = imported_modules("-m", "motor", "status", "--socket", sock, "--json")
     assert result.returncode == 0, result.stderr.decode()[-2000:]
     assert forbidden_in(modules) == [] and "rich" not in modules
+    assert lean_forbidden_in(modules) == []
+
+    # a refusal loads the typed Refusal (msgspec) only then, and still prints one line
+    result, modules = imported_modules("-m", "motor", "run", "--socket", sock, "--workspace", "a/b", "--", "true")
+    assert result.returncode == 65
+    assert result.stderr.decode().splitlines()[-1].startswith("motor: refused: bad_request: workspace 'a/b'")
+    assert forbidden_in(modules) == []
 
     result, modules = imported_modules("-m", "motor", "status", "--socket", sock)
     assert result.returncode == 0, result.stderr.decode()[-2000:]
@@ -263,3 +306,123 @@ def test_a_url_that_is_not_http_host_port_is_a_usage_error(url, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("motor: error: --url: url wants http://HOST:PORT") and len(err.splitlines()) == 1
+
+
+def test_the_console_script_imports_no_more_than_python_m_motor(serve):
+    """The `motor` script pip writes (bin/motor: `from motor.cli import main`, no
+    importlib.metadata) takes the same lean path."""
+    script = Path(sys.executable).with_name("motor")
+    if not script.exists():
+        pytest.skip(f"no console script next to {sys.executable}")
+    assert b"importlib.metadata" not in script.read_bytes() and b"pkg_resources" not in script.read_bytes()
+    result, modules = imported_modules(str(script), "run", "--socket", str(serve.socket), "--", "true")
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    assert "motor.cli" in modules and lean_forbidden_in(modules) == []
+    assert not {"importlib.metadata", "pkg_resources"} & modules
+
+
+# --- the stdlib copies stay equal to their originals -------------------------------------------
+
+
+def test_the_clients_copies_equal_the_runners_constants():
+    from motor import client, records
+    from motor.cli import outcome
+    from motor.runner.facade import MAX_BATCH_JOBS
+
+    assert client.CAPABILITIES == records.CAPABILITIES
+    assert outcome.BEFORE_START_CODES == records.BEFORE_START_CODES
+    assert client.MAX_BATCH_JOBS == MAX_BATCH_JOBS
+
+
+@pytest.mark.parametrize("env", [
+    {},
+    {"MOTOR_SOCKET": "/run/x/m.sock"},
+    {"MOTOR_STATE_DIR": "/srv/motor"},
+    {"XDG_STATE_HOME": "/home/u/.state"},
+    {"MOTOR_STATE_DIR": "/srv/motor", "XDG_STATE_HOME": "/x"},
+    {"HOME": "/home/someone"},
+])
+def test_the_default_socket_is_the_configs(monkeypatch, env):
+    from motor import client, config
+
+    for name in ("MOTOR_SOCKET", "MOTOR_STATE_DIR", "XDG_STATE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert client.default_socket_str() == str(config.default_socket())
+    assert client.default_socket_path() == config.default_socket()
+
+
+@pytest.mark.parametrize("text", ["01a2-ff", "j/1", "a b+c", "é~_.-", "%41?&=#", "\x00\x7f", "💥"])
+def test_quoting_is_urllibs(text):
+    from urllib.parse import quote, urlencode
+
+    from motor.client import _query, _quote
+
+    assert _quote(text) == quote(text, safe="")
+    params = {"from_seq": text, text: "1"}
+    assert _query(params) == urlencode(params)
+
+
+def test_json_bytes_are_msgspecs():
+    import msgspec
+
+    from motor.client import json_bytes
+
+    value = {"command": ["sh", "-c", "echo \"é\" \\ \u2028"], "env": {"K": "v\n\t"}, "n": 3, "f": 1.5,
+             "none": None, "yes": True, "nested": [[], {}, [1, [2]]], "big": 2**62}
+    assert json_bytes(value) == msgspec.json.encode(value)
+    assert msgspec.json.decode(json_bytes(value)) == value
+
+
+def test_batches_split_by_count_and_by_bytes():
+    from motor.client import MAX_BATCH_BYTES, MAX_BATCH_JOBS, _batches
+
+    small = [b'{"command":["true"]}'] * (2 * MAX_BATCH_JOBS + 5)
+    assert [len(b) for b in _batches(small)] == [MAX_BATCH_JOBS, MAX_BATCH_JOBS, 5]
+    big = [b"x" * (MAX_BATCH_BYTES // 3)] * 7
+    sizes = [len(b) for b in _batches(big)]
+    assert sum(sizes) == 7 and max(sizes) == 2  # three would pass the byte bound with the commas
+    alone = [b"y" * (MAX_BATCH_BYTES + 1), b"z"]
+    assert list(_batches(alone)) == [[alone[0]], [b"z"]]  # one too-large request goes alone
+    assert list(_batches([])) == []
+
+
+def test_submit_many_sends_batches_and_a_batch_refused_whole_answers_each_of_its_jobs(one_shot, monkeypatch):
+    from motor import client as client_module
+
+    monkeypatch.setattr(client_module, "MAX_BATCH_JOBS", 2)
+    too_large = b'{"refused": true, "code": "body_too_large", "detail": "too big"}'
+    accepted = b'[{"job_id": "j1", "state": "queued", "workspace": "w"}, {"refused": true, "code": "runner_full", "detail": "full"}]'
+    last = b'[{"job_id": "j5", "state": "queued", "workspace": "w"}]'
+    server = one_shot(
+        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(accepted), accepted),
+        b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: %d\r\n\r\n%s" % (len(too_large), too_large),
+        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(last), last),
+    )
+    reqs = [{"command": ["true"], "workspace": f"w{i}"} for i in range(5)]
+    with Client(server.path) as client:
+        raw = client.submit_many(reqs, raw=True)
+    assert [a.get("job_id") or a["code"] for a in raw] == ["j1", "runner_full", "body_too_large",
+                                                           "body_too_large", "j5"]
+    assert len(server.requests) == 3
+    for request, names in zip(server.requests, (["w0", "w1"], ["w2", "w3"], ["w4"])):
+        head, _, body = request.partition(b"\r\n\r\n")
+        assert head.startswith(b"POST /v1/jobs HTTP/1.1\r\n")
+        sent = json.loads(body)
+        assert [r["workspace"] for r in sent] == names
+        assert all(r["capabilities"] == ["gate_jobs", "follow", "withdraw"] for r in sent)
+
+
+def test_main_builds_only_the_command_it_runs_and_every_command_is_known():
+    """`main` registers only the command's subparser (argparse takes ~2 ms per command to
+    build); COMMAND_MODULES names every command the whole parser has."""
+    from motor.cli import COMMAND_MODULES, build_parser
+
+    whole = build_parser()
+    choices = next(a for a in whole._actions if a.dest == "command").choices
+    assert set(choices) == set(COMMAND_MODULES)
+    one = build_parser(COMMAND_MODULES["run"], "run")
+    assert list(next(a for a in one._actions if a.dest == "command").choices) == ["run"]
+    args = one.parse_args(["run", "--workspace", "w"])
+    assert args.workspace == "w" and args.handler.__name__ == "cmd_run"
