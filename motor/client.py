@@ -32,6 +32,8 @@ import os
 import _socket
 import io
 
+from motor.wire import CAPABILITIES, MAX_BATCH_JOBS, SUBMIT_ANSWER_S, default_socket_str
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - annotations only (typing costs milliseconds to import)
     from pathlib import Path
@@ -44,11 +46,8 @@ if TYPE_CHECKING:  # pragma: no cover - annotations only (typing costs milliseco
 _loads = json.loads  # methods below take a `json=` argument that hides the module
 
 DEFAULT_TIMEOUT = 30.0
-#: = motor.records.CAPABILITIES (a copy, so a request needs no msgspec; a test pins them equal)
-CAPABILITIES: tuple[str, ...] = ("gate_jobs", "follow", "withdraw")
-#: = motor.runner.facade.MAX_BATCH_JOBS: `submit_many` sends larger lists in batches of this size
-MAX_BATCH_JOBS = 1000
-#: and keeps each batch's body under this many bytes (the runner's default body limit is 1 MiB)
+#: `submit_many` keeps each batch (at most MAX_BATCH_JOBS requests) under this many bytes
+#: (the runner's default body limit is 1 MiB)
 MAX_BATCH_BYTES = 512 * 1024
 
 
@@ -57,24 +56,10 @@ class RunnerUnavailable(ConnectionError):
 
 
 def default_socket_path() -> Path:
-    """`motor.config.default_socket()` without importing motor.config (msgspec): $MOTOR_SOCKET,
-    else <state dir>/motor.sock with the state dir $MOTOR_STATE_DIR, $XDG_STATE_HOME/motor or
-    ~/.local/state/motor (a test pins the two equal)."""
+    """`motor.config.default_socket()` without importing motor.config (msgspec)."""
     from pathlib import Path
 
     return Path(default_socket_str())
-
-
-def default_socket_str() -> str:
-    if env := os.environ.get("MOTOR_SOCKET"):
-        return env
-    if env := os.environ.get("MOTOR_STATE_DIR"):
-        state = env
-    elif xdg := os.environ.get("XDG_STATE_HOME"):
-        state = os.path.join(xdg, "motor")
-    else:
-        state = os.path.join(os.path.expanduser("~"), ".local", "state", "motor")
-    return os.path.join(state, "motor.sock")
 
 
 def parse_endpoint(endpoint: str) -> dict:
@@ -633,6 +618,9 @@ class Client(_Base):
         self._check_socket()
         if stream:
             extra["read_timeout"] = None  # an event stream may idle for as long as the job runs
+        elif method == "POST" and path == "/v1/jobs" and self.timeout is not None:
+            # an admission may first clean the disk: wait for the runner's answer
+            extra.setdefault("read_timeout", max(self.timeout, SUBMIT_ANSWER_S))
         try:
             response = self._wire.send(method, path, json=json, params=params, **extra)
             if stream:
@@ -838,10 +826,11 @@ class AsyncClient(_Base):
     async def _send(self, method: str, path: str, *, json: Any = None, params: dict | None = None,
                     stream: bool = False) -> "httpx.Response":
         httpx = _httpx()
-        request = self._http.build_request(
-            method, path, json=json, params=params,
-            timeout=self._stream_timeout() if stream else httpx.USE_CLIENT_DEFAULT,
-        )
+        timeout = self._stream_timeout() if stream else httpx.USE_CLIENT_DEFAULT
+        if not stream and method == "POST" and path == "/v1/jobs" and self.timeout is not None:
+            # an admission may first clean the disk: wait for the runner's answer
+            timeout = httpx.Timeout(self.timeout, read=max(self.timeout, SUBMIT_ANSWER_S))
+        request = self._http.build_request(method, path, json=json, params=params, timeout=timeout)
         self._check_socket()
         try:
             response = await self._http.send(request, stream=stream)

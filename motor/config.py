@@ -6,13 +6,14 @@ Options come from three places, weakest first: the embedded defaults below, a TO
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from pathlib import Path
 from typing import Literal
 
 import msgspec
+
+from .wire import default_socket_str, default_state_dir_str
 
 GiB = 1024**3
 SEED_FLOOR_BYTES = 128 * GiB  # scheduling.md: "default 128 GiB (137438953472 bytes)"
@@ -42,17 +43,11 @@ def parse_size(text: str | int) -> int:
 
 
 def default_state_dir() -> Path:
-    if env := os.environ.get("MOTOR_STATE_DIR"):
-        return Path(env)
-    if xdg := os.environ.get("XDG_STATE_HOME"):
-        return Path(xdg) / "motor"
-    return Path.home() / ".local" / "state" / "motor"
+    return Path(default_state_dir_str())
 
 
 def default_socket() -> Path:
-    if env := os.environ.get("MOTOR_SOCKET"):
-        return Path(env)
-    return default_state_dir() / "motor.sock"
+    return Path(default_socket_str())
 
 
 class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -14,6 +14,8 @@ from typing import Literal, Union
 
 import msgspec
 
+from .wire import BEFORE_START_CODES, CAPABILITIES  # noqa: F401 (one definition, shared with the CLI)
+
 # --- vocabulary -------------------------------------------------------------------------
 
 JobState = Literal[
@@ -45,12 +47,6 @@ REFUSAL_HTTP_STATUS: dict[str, int] = {
     "internal_error": 500,
 }
 #: Codes that mean "refused before start": `motor run` exits 75 on them.
-BEFORE_START_CODES: frozenset[str] = frozenset(
-    {"runner_full", "runner_disk_full", "workspace_setup_failed", "queue_wait_exceeded",
-     "too_many_connections"}
-)
-
-CAPABILITIES: tuple[str, ...] = ("gate_jobs", "follow", "withdraw")
 WORKSPACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_COMMAND_ARGS = 4096
 

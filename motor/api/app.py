@@ -406,7 +406,7 @@ class MotorApp:
         item in order, its accepted record or its refusal (`"refused": true`, code, detail).
         A body that is not a JSON list, an empty list, `follow=1`, or more than MAX_BATCH_JOBS
         items is refused whole (nothing is submitted)."""
-        from motor.runner.facade import MAX_BATCH_JOBS
+        from motor.wire import MAX_BATCH_JOBS
 
         if follow:
             raise _refuse("bad_request", "follow=1 takes one job request, not a list: submit the batch "

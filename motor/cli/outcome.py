@@ -12,11 +12,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
-#: = motor.records.BEFORE_START_CODES (a copy, so the CLI needs no msgspec; a test pins them equal)
-BEFORE_START_CODES: frozenset[str] = frozenset(
-    {"runner_full", "runner_disk_full", "workspace_setup_failed", "queue_wait_exceeded",
-     "too_many_connections"}
-)
+from motor.wire import BEFORE_START_CODES
 
 EXIT_OK = 0
 EXIT_FAILURE = 1

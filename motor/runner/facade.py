@@ -20,13 +20,11 @@ from ..records import (
 from ..scheduling.admission import withdraw_answer
 from ..store.actor import ChangeHub
 from .host import Host
+from ..wire import MAX_BATCH_JOBS
 
 if TYPE_CHECKING:
     from .tree import Handles
 
-#: The most job requests one batch submit (`submit_many`, `POST /v1/jobs` with a list) may
-#: carry; a larger batch is refused whole with `batch_too_large` (docs/protocol.md).
-MAX_BATCH_JOBS = 1000
 
 
 class Runner:

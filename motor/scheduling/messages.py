@@ -8,11 +8,7 @@ from ..memory.core import MemoryCeiling
 from ..records import JobRequest
 
 
-#: How long one disk admission may take (its cleanup included) before the dispatcher refuses
-#: the submit `runner_disk_full`; a submitter waits SUBMIT_TIMEOUT_S, longer, so it always
-#: gets the dispatcher's answer (docs/scheduling.md, "Admission and the disk").
-DISK_ADMIT_TIMEOUT_S = 300.0
-SUBMIT_TIMEOUT_S = DISK_ADMIT_TIMEOUT_S + 30.0
+from ..wire import DISK_ADMIT_TIMEOUT_S, SUBMIT_TIMEOUT_S  # noqa: F401 (the admission timeouts)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@ server (hypercorn), trio, httpx or the scheduling core, nor msgspec, motor.recor
 motor.config, typing, pathlib or urllib (milliseconds each: docs/cli.md, "Start-up cost");
 `import motor` loads nothing of the embedding API until a name is used; the client's own
 HTTP/1.1 transport against a real `motor serve` and against a byte-exact server (chunked
-bodies, early close, garbage); the stdlib copies the client keeps equal to their originals.
+bodies, early close, garbage); the constants the client shares with the runner (motor/wire.py).
 
 Structural, not timed: which modules a command imports is read from `python -X importtime`.
 """
@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -158,9 +159,10 @@ class OneShotServer:
     """A Unix socket that answers each connection with the next canned byte string (then
     closes), and keeps what each request sent."""
 
-    def __init__(self, path, answers: list[bytes]):
+    def __init__(self, path, answers: list[bytes], delay: float = 0.0):
         self.path = str(path)
         self.answers = list(answers)
+        self.delay = delay  # seconds to hold each answer back (a runner busy admitting)
         self.requests: list[bytes] = []
         self.sock = socket.socket(socket.AF_UNIX)
         self.sock.bind(self.path)
@@ -185,7 +187,11 @@ class OneShotServer:
                         while len(body) < want:
                             body += conn.recv(65536)
                 self.requests.append(head + b"\r\n\r\n" + body)
-                conn.sendall(answer)
+                time.sleep(self.delay)
+                try:
+                    conn.sendall(answer)
+                except OSError:  # the client gave up waiting
+                    pass
 
     def close(self) -> None:
         self.sock.close()
@@ -196,8 +202,8 @@ class OneShotServer:
 def one_shot(tmp_path):
     servers = []
 
-    def make(*answers: bytes) -> OneShotServer:
-        servers.append(OneShotServer(tmp_path / f"s{len(servers)}.sock", list(answers)))
+    def make(*answers: bytes, delay: float = 0.0) -> OneShotServer:
+        servers.append(OneShotServer(tmp_path / f"s{len(servers)}.sock", list(answers), delay))
         return servers[-1]
 
     yield make
@@ -321,17 +327,17 @@ def test_the_console_script_imports_no_more_than_python_m_motor(serve):
     assert not {"importlib.metadata", "pkg_resources"} & modules
 
 
-# --- the stdlib copies stay equal to their originals -------------------------------------------
+# --- one definition of what the client and the runner share (motor/wire.py) ---------------------
 
 
-def test_the_clients_copies_equal_the_runners_constants():
-    from motor import client, records
+def test_the_client_and_the_runner_share_one_definition_of_each_constant():
+    from motor import client, records, wire
     from motor.cli import outcome
-    from motor.runner.facade import MAX_BATCH_JOBS
+    from motor.runner import facade
 
-    assert client.CAPABILITIES == records.CAPABILITIES
-    assert outcome.BEFORE_START_CODES == records.BEFORE_START_CODES
-    assert client.MAX_BATCH_JOBS == MAX_BATCH_JOBS
+    assert client.CAPABILITIES is records.CAPABILITIES is wire.CAPABILITIES
+    assert outcome.BEFORE_START_CODES is records.BEFORE_START_CODES is wire.BEFORE_START_CODES
+    assert client.MAX_BATCH_JOBS == facade.MAX_BATCH_JOBS == wire.MAX_BATCH_JOBS
 
 
 @pytest.mark.parametrize("env", [
@@ -426,3 +432,19 @@ def test_main_builds_only_the_command_it_runs_and_every_command_is_known():
     assert list(next(a for a in one._actions if a.dest == "command").choices) == ["run"]
     args = one.parse_args(["run", "--workspace", "w"])
     assert args.workspace == "w" and args.handler.__name__ == "cmd_run"
+
+
+def test_a_submit_waits_for_the_runners_answer_past_the_client_timeout(one_shot):
+    """An admission may clean the disk first (up to wire.DISK_ADMIT_TIMEOUT_S): the answer to
+    `POST /v1/jobs` is waited for past the client's own timeout (wire.SUBMIT_ANSWER_S); other
+    requests still give up after the client's timeout."""
+    from motor.client import Client, RunnerUnavailable
+
+    record = (b'{"job_id": "j1", "state": "queued", "workspace": "w", "claim": 1, '
+              b'"accepted_at_ms": 1}')
+    answer = b"HTTP/1.1 202 Accepted\r\nContent-Length: %d\r\n\r\n%s" % (len(record), record)
+    server = one_shot(answer, answer, delay=1.0)
+    with Client(server.path, timeout=0.2) as client:
+        assert client.submit({"command": ["true"]}, raw=True)["job_id"] == "j1"
+        with pytest.raises(RunnerUnavailable):
+            client.call("GET", "/v1/jobs")
