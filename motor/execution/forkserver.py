@@ -1,7 +1,7 @@
 """The forkserver: a small long-lived process that forks one keeper per job.
 
 Started by the runner as ``sys.executable <path to this file>`` (see
-``_bootstrap_as_script``; ``-m motor.execution.forkserver`` works too but
+``scriptboot.bootstrap``; ``-m motor.execution.forkserver`` works too but
 imports the ``motor`` package) with stdin/stdout pipes.  Protocol (one JSON object per line):
 
 - on startup it writes ``{"ready": true, "pid": <its pid>}``
@@ -32,33 +32,10 @@ import os
 import sys
 
 
-def _bootstrap_as_script() -> None:
-    """When run by path (how the spawner starts it), import only what we need.
+if __name__ == "__main__" and not __package__:  # run by path: see scriptboot.py
+    import scriptboot  # the script's own directory is sys.path[0] here
 
-    ``python -m motor.execution.forkserver`` would execute ``motor/__init__.py``
-    and ``motor/execution/__init__.py`` first, which pull in the whole runner
-    (trio, msgspec, sqlite, ...).  The forkserver is forked once per job and
-    must stay small, so register bare namespace stubs for the two packages:
-    the stdlib-only ``keeper`` and ``joblog`` modules load from their files
-    without running any package ``__init__``.
-    """
-    import types
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    # Script mode puts our own directory first on sys.path: drop it so no
-    # sibling module can shadow a stdlib one.
-    if sys.path and os.path.abspath(sys.path[0] or ".") == here:
-        del sys.path[0]
-    for name, path in (("motor", os.path.dirname(here)), ("motor.execution", here)):
-        if name not in sys.modules:
-            mod = types.ModuleType(name)
-            mod.__path__ = [path]
-            mod.__package__ = name
-            sys.modules[name] = mod
-
-
-if __name__ == "__main__" and not __package__:
-    _bootstrap_as_script()
+    scriptboot.bootstrap(__file__)
 
 import gc  # noqa: E402
 import json  # noqa: E402

@@ -34,7 +34,8 @@ from motor.execution.joblog import (
 )
 from motor.isolation.join import JoinError, join_confinement
 
-__all__ = ["abandon", "claim_job_dir", "proc_create_time", "run_keeper", "main"]
+__all__ = ["HeldOutput", "abandon", "claim_job_dir", "proc_create_time", "run_keeper", "status_fields",
+           "main"]
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 READ_CHUNK = 65536
@@ -269,30 +270,27 @@ class _SpawnFailed(Exception):
     pass
 
 
-class _Keeper:
-    def __init__(self, job_dir: str) -> None:
-        self.job_dir = os.path.abspath(job_dir)
-        self.cancel_requested = False
+class HeldOutput:
+    """output.log of one job, and what is held while it cannot be written: up to
+    OUTPUT_HOLD_BYTES of whole records in memory, the rest dropped and counted (a note
+    says so once writing works again). The per-job keeper and keeperd's jobs both keep
+    their output this way. Needs `job_dir`; keeps `out_fd`, `pending`, `dropped_bytes`,
+    `output_error` and `retry_output_at`."""
+
+    def init_output(self, job_dir: str) -> None:
+        self.job_dir = job_dir
         self.out_fd = -1
         self.output_error: str | None = None
-        self.keeper_json_error: str | None = None
-        self.started_at_ms = _now_ms()
         #: Encoded records not yet in output.log (its filesystem refused them).
         self.pending = bytearray()
         self.dropped_bytes = 0
         self.retry_output_at: float | None = None
-        self.subreaper = False
 
-    # -- plumbing ---------------------------------------------------------
-
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self.cancel_requested = True
-
-    def _write_record(self, stream: int, data: bytes) -> None:
+    def write_record(self, stream: int, data: bytes) -> None:
         """Append one record to output.log; hold it (bounded) when that fails."""
         record = encode_record(stream, data)
         if self.pending:
-            self._flush_output()
+            self.flush_output()
         if self.pending:
             if len(self.pending) + len(record) > OUTPUT_HOLD_BYTES:
                 self.dropped_bytes += len(data)
@@ -300,9 +298,9 @@ class _Keeper:
                 self.pending += record
             return
         self.pending += record
-        self._flush_output()
+        self.flush_output()
 
-    def _flush_output(self) -> bool:
+    def flush_output(self) -> bool:
         """Write held records to output.log; True when nothing is held any more.
 
         Whole records only ever enter ``pending`` and only written bytes leave it, so a
@@ -341,22 +339,35 @@ class _Keeper:
             )
             self.dropped_bytes = 0
             self.pending += encode_record(STDERR, note.encode())
-            return self._flush_output()
+            return self.flush_output()
         return True
 
+
+def status_fields(started_at_ms: int, **fields: Any) -> dict[str, Any]:
+    """status.json's content for a job that started at `started_at_ms` and ended now."""
+    ended = _now_ms()
+    status = {"exit_code": None, "signal": None, "reason": None, "detail": None,
+              "started_at_ms": started_at_ms, "ended_at_ms": ended,
+              "wall_time_ms": max(0, ended - started_at_ms), "cpu_time_ms": 0}
+    status.update(fields)
+    return status
+
+
+class _Keeper(HeldOutput):
+    def __init__(self, job_dir: str) -> None:
+        self.init_output(os.path.abspath(job_dir))
+        self.cancel_requested = False
+        self.keeper_json_error: str | None = None
+        self.started_at_ms = _now_ms()
+        self.subreaper = False
+
+    # -- plumbing ---------------------------------------------------------
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.cancel_requested = True
+
     def _write_status(self, **fields: Any) -> None:
-        ended = _now_ms()
-        status = {
-            "exit_code": None,
-            "signal": None,
-            "reason": None,
-            "detail": None,
-            "started_at_ms": self.started_at_ms,
-            "ended_at_ms": ended,
-            "wall_time_ms": max(0, ended - self.started_at_ms),
-            "cpu_time_ms": 0,
-        }
-        status.update(fields)
+        status = status_fields(self.started_at_ms, **fields)
         faults.hit("keeper.status")  # tests: the job ended, status.json not written
         # Atomic (tmp + rename), not fsynced: it must survive the runner
         # dying, not the host (which takes the job down with it).
@@ -364,7 +375,7 @@ class _Keeper:
         # the status (and the held output, which goes first) and retry until it lands.
         delay = STATUS_RETRY_MIN_S
         while True:
-            if self._flush_output():
+            if self.flush_output():
                 try:
                     write_json_atomic(os.path.join(self.job_dir, STATUS_FILE), status)
                     return
@@ -376,12 +387,12 @@ class _Keeper:
     def _flush_output_until_done(self) -> None:
         """Before the status: every held record reaches output.log (retried, backing off)."""
         delay = STATUS_RETRY_MIN_S
-        while not self._flush_output():
+        while not self.flush_output():
             time.sleep(delay)
             delay = min(STATUS_RETRY_MAX_S, delay * 2)
 
     def _spawn_failed(self, detail: str) -> int:
-        self._write_record(STDERR, f"motor keeper: {detail}\n".encode(errors="replace"))
+        self.write_record(STDERR, f"motor keeper: {detail}\n".encode(errors="replace"))
         self._flush_output_until_done()
         self._write_status(
             exit_code=SPAWN_FAILED_EXIT_CODE, reason="spawn_failed", detail=detail
@@ -637,7 +648,7 @@ class _Keeper:
             elif not streams or now >= drain_until:
                 break
             if self.retry_output_at is not None and now >= self.retry_output_at:
-                self._flush_output()
+                self.flush_output()
 
             deadlines = []
             if self.retry_output_at is not None:
@@ -663,7 +674,7 @@ class _Keeper:
                     continue
                 data = os.read(fd, READ_CHUNK)
                 if data:
-                    self._write_record(streams[fd], data)
+                    self.write_record(streams[fd], data)
                 else:
                     os.close(fd)
                     del streams[fd]

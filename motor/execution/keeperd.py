@@ -36,24 +36,10 @@ import os
 import sys
 
 
-def _bootstrap_as_script() -> None:
-    """Run by path: register bare stubs for ``motor``/``motor.execution`` so only the
-    stdlib-only modules load (see forkserver._bootstrap_as_script)."""
-    import types
+if __name__ == "__main__" and not __package__:  # run by path: see scriptboot.py
+    import scriptboot  # the script's own directory is sys.path[0] here
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    if sys.path and os.path.abspath(sys.path[0] or ".") == here:
-        del sys.path[0]
-    for name, path in (("motor", os.path.dirname(here)), ("motor.execution", here)):
-        if name not in sys.modules:
-            mod = types.ModuleType(name)
-            mod.__path__ = [path]
-            mod.__package__ = name
-            sys.modules[name] = mod
-
-
-if __name__ == "__main__" and not __package__:
-    _bootstrap_as_script()
+    scriptboot.bootstrap(__file__)
 
 import fcntl  # noqa: E402
 import json  # noqa: E402
@@ -69,8 +55,7 @@ from motor.isolation.join import JoinError, join_confinement  # noqa: E402
 # the systemd backend's join talks D-Bus (jeepney): imported once, not per forked child
 from motor.isolation import systemd as _systemd  # noqa: E402,F401
 from motor.execution.joblog import (  # noqa: E402
-    KEEPER_FILE, OUTPUT_FILE, STATUS_FILE, STDERR, STDOUT, encode_record, read_spec,
-    write_json_atomic,
+    KEEPER_FILE, STATUS_FILE, STDERR, STDOUT, read_spec, write_json_atomic,
 )
 
 __all__ = ["KIND", "LOCK_NAME", "SOCKET_NAME", "START_LOCK_NAME", "main", "socket_address"]
@@ -126,7 +111,7 @@ class _SpawnFailed(Exception):
     pass
 
 
-class Job:
+class Job(K.HeldOutput):
     """One job keeperd keeps: the same state the per-job keeper holds on its stack."""
 
     def __init__(self, job_dir: str) -> None:
@@ -147,12 +132,7 @@ class Job:
         self.wait_status = 0
         self.rusage: Any = None
         self.drain_until = 0.0
-        # output.log and its hold while the disk is full (as keeper._Keeper)
-        self.out_fd = -1
-        self.pending = bytearray()
-        self.dropped_bytes = 0
-        self.output_error: str | None = None
-        self.retry_output_at: float | None = None
+        self.init_output(job_dir)  # output.log and its hold while the disk is full
         self.keeper_json_error: str | None = None
         # the status, once known; retried until it lands
         self.status: dict[str, Any] | None = None
@@ -166,56 +146,8 @@ class Job:
         self.exec_rest: tuple[int, int, Any] | None = None
         self.reply_to: tuple[Conn, Any] | None = None
 
-    # -- output.log (same hold/drop rules as keeper._Keeper) ----------------------------
-
-    def write_record(self, stream: int, data: bytes) -> None:
-        record = encode_record(stream, data)
-        if self.pending:
-            self.flush_output()
-        if self.pending:
-            if len(self.pending) + len(record) > K.OUTPUT_HOLD_BYTES:
-                self.dropped_bytes += len(data)
-            else:
-                self.pending += record
-            return
-        self.pending += record
-        self.flush_output()
-
-    def flush_output(self) -> bool:
-        if not self.pending:
-            return True
-        try:
-            if self.out_fd < 0:
-                self.out_fd = os.open(
-                    os.path.join(self.job_dir, OUTPUT_FILE),
-                    os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            while self.pending:
-                n = os.write(self.out_fd, self.pending)
-                del self.pending[:n]
-        except OSError as exc:
-            if self.output_error is None:
-                self.output_error = f"writing {OUTPUT_FILE} failed for a while: {exc}"
-            self.retry_output_at = time.monotonic() + K.OUTPUT_RETRY_S
-            return False
-        self.retry_output_at = None
-        if self.dropped_bytes:
-            note = (f"motor keeper: {self.dropped_bytes} bytes of output were dropped while "
-                    f"{OUTPUT_FILE} could not be written\n")
-            self.output_error = (
-                f"{self.dropped_bytes} bytes of output dropped while {OUTPUT_FILE} could not "
-                f"be written ({self.output_error})")
-            self.dropped_bytes = 0
-            self.pending += encode_record(STDERR, note.encode())
-            return self.flush_output()
-        return True
-
     def set_status(self, **fields: Any) -> None:
-        ended = _now_ms()
-        status = {"exit_code": None, "signal": None, "reason": None, "detail": None,
-                  "started_at_ms": self.started_at_ms, "ended_at_ms": ended,
-                  "wall_time_ms": max(0, ended - self.started_at_ms), "cpu_time_ms": 0}
-        status.update(fields)
-        self.status = status
+        self.status = K.status_fields(self.started_at_ms, **fields)
         self.status_retry_at = time.monotonic()
 
     def try_write_status(self) -> bool:

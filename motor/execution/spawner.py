@@ -295,7 +295,7 @@ class Spawner:
 
     def __init__(self, *, python: str = sys.executable, env: dict[str, str] | None = None,
                  clock: WallClock | None = None) -> None:
-        # By path, not ``-m``: see forkserver._bootstrap_as_script.
+        # By path, not ``-m``: see motor/execution/scriptboot.py.
         self._cmd = [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkserver.py")]
         self._env = env
         #: its guards against a hung forkserver run in real seconds (see WallClock)
