@@ -32,8 +32,8 @@ from ..clock import WallClock
 from . import joblog
 from .keeperd import KIND, START_LOCK_NAME, socket_address
 from .spawner import (
-    CREATE_TIME_TOLERANCE_S, JobDirClaimed, KeeperHandle, KeeperNotStarted, SpawnerError,
-    cancel_keeper, kill_marked_processes, process_alive, wait_process_exit,
+    CREATE_TIME_TOLERANCE_S, KeeperHandle, SpawnerError, cancel_keeper, keeper_of,
+    kill_marked_processes, process_alive, wait_process_exit,
 )
 
 __all__ = ["KeeperdSpawner", "cancel_once", "is_keeperd_claim", "open_keeperd_spawner"]
@@ -326,14 +326,7 @@ class KeeperdSpawner:
             raise req.exc
         resp = req.resp
         assert resp is not None
-        if "error" in resp:
-            code = resp.get("code")
-            if code == "claimed":
-                raise JobDirClaimed(resp["error"])
-            if code == "spawn_failed":
-                raise KeeperNotStarted(resp["error"])
-            raise SpawnerError(f"keeperd could not spawn {path}: {resp['error']}")
-        return KeeperHandle(pid=int(resp["pid"]), create_time=float(resp["create_time"]))
+        return keeper_of(resp, "keeperd", path)
 
     async def wait_exit(self, pid: int, create_time: float,
                         job_dir: os.PathLike[str] | str | None = None) -> None:

@@ -118,6 +118,20 @@ class KeeperHandle:
     create_time: float
 
 
+def keeper_of(resp: dict, who: str, path: str) -> KeeperHandle:
+    """The keeper a spawn reply names, or the error it reports: JobDirClaimed (another
+    keeper holds the job dir: adopt it), KeeperNotStarted (the job never ran) or
+    SpawnerError. `who`: "forkserver" or "keeperd"."""
+    if "error" in resp:
+        code = resp.get("code")
+        if code == "claimed":
+            raise JobDirClaimed(resp["error"])
+        if code == "spawn_failed":
+            raise KeeperNotStarted(resp["error"])
+        raise SpawnerError(f"{who} could not spawn {path}: {resp['error']}")
+    return KeeperHandle(pid=int(resp["pid"]), create_time=float(resp["create_time"]))
+
+
 # -- process identity ------------------------------------------------------
 
 
@@ -417,14 +431,7 @@ class Spawner:
             if isinstance(exc, SpawnerError):
                 raise
             raise SpawnerError(f"forkserver failed during spawn of {path}: {exc!r}") from exc
-        if "error" in resp:
-            code = resp.get("code")
-            if code == "claimed":
-                raise JobDirClaimed(resp["error"])
-            if code == "spawn_failed":
-                raise KeeperNotStarted(resp["error"])
-            raise SpawnerError(f"forkserver could not spawn {path}: {resp['error']}")
-        return KeeperHandle(pid=int(resp["pid"]), create_time=float(resp["create_time"]))
+        return keeper_of(resp, "forkserver", path)
 
     # -- the keepers it started: real processes (motor.execution.ports.Keepers) ----------
 
