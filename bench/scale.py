@@ -21,6 +21,10 @@ blocker job (`sleep`, claim = max_weight) takes all capacity; then N jobs of `tr
   queued or running, or `--drain-limit` seconds pass (then the rate of those that ended;
   `complete=0` says so). Every ended job is checked to have succeeded.
 
+`--profile DIR` runs each runner start under cProfile (main thread only: work in
+`trio.to_thread` threads is not in it) and writes DIR/serve-K.prof when it stops; the
+figures are then slower than unprofiled ones.
+
 At the end the runner is stopped and any job keeper still alive under the state dir is
 ended (jobs outlive runners).
 """
@@ -71,13 +75,21 @@ class Runner:
         if args.isolation == "cgroup":  # a private parent: other runs' cleanup empties motor-jobs
             self.argv += ["--cgroup-parent", f"motor-scale-{os.getpid()}"]
         self.proc: subprocess.Popen | None = None
+        self.profile_dir = Path(args.profile).resolve() if args.profile else None
+        self.starts = 0
 
     def start(self) -> float:
         """Start; seconds until /v1/health answers."""
         env = {k: v for k, v in os.environ.items() if k not in ("MOTOR_SOCKET", "MOTOR_STATE_DIR")}
+        argv = self.argv
+        self.starts += 1
+        if self.profile_dir is not None:  # cProfile of the runner's main thread, written at exit
+            self.profile_dir.mkdir(parents=True, exist_ok=True)
+            out = self.profile_dir / f"serve-{self.starts}.prof"
+            argv = [argv[0], "-m", "cProfile", "-o", str(out)] + argv[1:]
         with open(self.log, "ab") as log:
             t0 = time.perf_counter()
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
         deadline = time.monotonic() + 600
         while True:
             if self.proc.poll() is not None:
@@ -132,6 +144,9 @@ def main() -> int:
     ap.add_argument("--drain-limit", type=float, default=300.0, help="seconds to measure the drain")
     ap.add_argument("--no-restart", action="store_true")
     ap.add_argument("--block", type=int, default=1000, help="submits per submit_rate line")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="run the runner under cProfile; DIR/serve-K.prof per start (K from 1), "
+                         "written when it stops; read with `python -m pstats`")
     args = ap.parse_args()
     print(f"# scale: n={args.n} workspaces={args.workspaces} isolation={args.isolation} "
           f"max_weight={args.max_weight} load1={load1()}", flush=True)

@@ -276,6 +276,12 @@ class DispatchMachine:
                 if record.bundle_sha256 is None or record.bundle_sha256 in event.bundles_present:
                     waited_s, age_s = resume_clock(record, wall_ms)
                     self.core.ready(record.job_id, now, waited_s=waited_s, ready_age_s=age_s)
+                    if record.ready_at_ms is not None and record.queue_clock_at_ms is not None:
+                        # The stored clock (value at a wall time, course) stays exact while
+                        # its course is the same: saved again only if the course changed
+                        # (issue 14: not 10,000 commits before the first answer). The
+                        # enforcer set above is derived again at every recovery.
+                        self.clock_saved[record.job_id] = record.queue_clock_running
                 self.queued[record.job_id] = record
                 continue
             self.core.adopt_running(spec, now)
