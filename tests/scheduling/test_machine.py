@@ -201,3 +201,25 @@ def test_recovery_saves_no_clock_whose_persisted_course_still_holds():
     # the unsaved ones resume from what is stored: j2 kept advancing while the runner was down
     assert machine.core.clock_state("j2", shell.now)[:2] == (5.0, True)
     assert machine.core.clock_state("j4", shell.now)[:2] == (1.0, False)
+
+
+def test_the_status_view_shows_each_queued_record_with_its_live_wait_fields():
+    """The view is built with one refresh for the whole queue (issue 14); each entry is still
+    exactly the public record with the job's wait fields as wait_status answers them."""
+    from motor.records import public_record
+
+    shell = Shell(m.DispatchMachine.new(AdmissionSettings(claim_limit=6, max_weight=4,
+                                                          max_queue_depth=16)))
+    for i, (ws, claim) in enumerate([("a", 4), ("a", 1), ("b", 2), ("c", 6), ("a", 3)]):
+        submit(shell, f"j{i}", f"t{i}", workspace=ws, weight_hint=claim)
+        shell.run(m.DiskAnswered(f"j{i}", None))
+    shell.now = 7.5
+    shell.run(StatusView())
+    [reply] = shell.of(m.Reply)
+    machine = shell.machine
+    expected = [public_record(machine._live_view(r, 7.5)) for r in machine.queued.values()]
+    assert reply.value["queued"] == expected and len(expected) == 4
+    by_id = {r["job_id"]: r for r in reply.value["queued"]}
+    assert by_id["j1"]["waiting_on"] == "workspace_owner" and by_id["j1"]["waiting_on_job"] == "j0"
+    assert "claim 6 vCPUs exceeds max_weight 4" in by_id["j3"]["waiting_detail"]
+    assert "waiting_detail" not in by_id["j2"] and by_id["j2"]["queue_wait_ms"] == 7500

@@ -478,7 +478,7 @@ async def test_health_capacity_comes_from_the_capacity_only_view(tmp_path, monke
                                                                  autojump_clock):
     """/v1/health reports the same capacity as /v1/status, but the dispatcher builds no live
     view of any queued job for it (at 10k queued that view costs seconds)."""
-    from motor.scheduling.machine import DispatchMachine
+    from motor.scheduling.core import Scheduler
 
     go = tmp_path / "go"
     async with motor.open_runner(embedded_config(tmp_path, max_weight=1)) as runner:
@@ -487,14 +487,19 @@ async def test_health_capacity_comes_from_the_capacity_only_view(tmp_path, monke
         await wait_until(lambda: _all_in(runner, jobs[:1], "running"), "one job to run")
         status = await runner.status()
         assert len(status["queued"]) == 2 and status["capacity"]["held_permits"] == 1
-        views: list[str] = []
-        real = DispatchMachine._live_view
+        views: list[str] = []  # the queued jobs whose live wait fields were computed
+        one, many = Scheduler.wait_status, Scheduler.wait_statuses
 
-        def counting(self, record, now):
-            views.append(record.job_id)
-            return real(self, record, now)
+        def counting_one(self, job_id, now):
+            views.append(job_id)
+            return one(self, job_id, now)
 
-        monkeypatch.setattr(DispatchMachine, "_live_view", counting)
+        def counting_many(self, job_ids, now):
+            views.extend(job_ids)
+            return many(self, job_ids, now)
+
+        monkeypatch.setattr(Scheduler, "wait_status", counting_one)
+        monkeypatch.setattr(Scheduler, "wait_statuses", counting_many)
         health = await runner.health()
         assert health["capacity"] == status["capacity"]
         assert views == [], "health built the per-job queued view"
