@@ -2,6 +2,7 @@
 
     python bench/scale.py [--n 10000] [--workspaces 2000] [--isolation affinity]
                           [--max-weight 2] [--tries 5] [--drain-limit 300] [--no-restart]
+                          [--profile DIR]
 
 A runner on a temporary state dir (`--max-queue-depth` = n + 100, `--max-weight`). A
 blocker job (`sleep`, claim = max_weight) takes all capacity; then N jobs of `true`
@@ -10,15 +11,17 @@ blocker job (`sleep`, claim = max_weight) takes all capacity; then N jobs of `tr
 (`peer=motor metric=... value=... unit=...`, with load1= the 1-minute load average):
 
 - `submit_rate` per block of 1,000 submits (jobs/s; `block=K` is the K-th thousand);
-- `health_latency` and `status_latency` with N queued: median and p90 of `--tries`
-  requests (`GET /v1/health`, `GET /v1/status`), ms;
+- `health_latency` and `status_latency` with N queued (and first with none queued, for
+  comparison on a shared machine): median and p90 of `--tries` requests (`GET /v1/health`,
+  `GET /v1/status`), ms;
 - `runner_rss`: the runner process's resident set size, MiB;
 - `restart_to_healthy`: SIGTERM the runner, start it again on the same state dir, seconds
   from the new process's start until `GET /v1/health` answers 200, and `restart_to_queue`
   until `GET /v1/status` shows all N queued again (jobs are recovered from SQLite; the
   blocker outlives the runner and is adopted);
 - `drain_rate`: cancel the blocker and count the jobs that end per second until none is
-  queued or running (polled through `/v1/health`, whose capacity is O(1), every 0.2 s), or `--drain-limit` seconds pass (then the rate of those that ended;
+  queued or running (polled every 0.2 s through `/v1/health`, whose capacity is O(1)),
+  or `--drain-limit` seconds pass (then the rate of those that ended;
   `complete=0` says so). Every ended job is checked to have succeeded.
 
 `--profile DIR` runs each runner start under cProfile (main thread only: work in
@@ -164,6 +167,12 @@ def main() -> int:
                 if time.monotonic() > deadline:
                     raise SystemExit("the blocker did not start")
                 time.sleep(0.05)
+
+            # the same latency figures with nothing queued, for comparison (the machine is shared)
+            for metric, path in (("health_latency", "/v1/health"), ("status_latency", "/v1/status")):
+                values = timed(lambda: client.call("GET", path), args.tries)
+                emit(metric, statistics.median(values), "ms",
+                     f"p90={p90(values):.3f} tries={len(values)} queued=0")
 
             # -- fill ---------------------------------------------------------------------
             t_fill = time.perf_counter()
