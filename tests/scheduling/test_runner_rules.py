@@ -560,3 +560,35 @@ async def test_a_long_disk_cleanup_at_admission_keeps_the_runner_serving(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+# --- issue 14: a restart with a deep queue answers soon ----------------------------------------
+
+
+async def test_a_restart_rewrites_no_queued_clock_whose_course_held(tmp_path, autojump_clock):
+    """Recovery used to save every queued job's clock again, one commit each, before the
+    dispatcher answered anything (7 s for 10,000 queued). Through the runner: after a
+    restart, a queued job whose clock advanced before and advances again keeps its stored
+    clock (the same wall time, value and course), and still resumes with the downtime."""
+    go = tmp_path / "go"
+    cfg = embedded_config(tmp_path, max_weight=1)
+    async with motor.open_runner(cfg) as runner:
+        blocker = await runner.submit(barrier_job(go, weight_hint=1, workspace="blk"))
+        queued = [await runner.submit(JobRequest(command=["true"], weight_hint=1,
+                                                 workspace=f"w{i}")) for i in range(4)]
+        await wait_until(lambda: _all_in(runner, [blocker], "running"), "the blocker to run")
+        await trio.sleep(5)
+        before = {j.job_id: runner.db.get(j.job_id) for j in queued}
+        assert all(r.queue_clock_running and r.queue_clock_at_ms is not None
+                   for r in before.values())
+    async with motor.open_runner(cfg) as runner:
+        status = await runner.status()
+        assert sorted(r["job_id"] for r in status["queued"]) == sorted(before)
+        for job_id, old in before.items():
+            stored = runner.db.get(job_id)
+            assert (stored.queue_clock_at_ms, stored.queue_wait_ms, stored.queue_clock_running) \
+                == (old.queue_clock_at_ms, old.queue_wait_ms, True), "clock rewritten"
+            assert (await runner.get(job_id)).queue_wait_ms >= 5_000  # resumed, not reset
+        go.write_text("")
+        for job in (blocker, *queued):
+            assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
