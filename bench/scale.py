@@ -2,6 +2,7 @@
 
     python bench/scale.py [--n 10000] [--workspaces 2000] [--isolation affinity]
                           [--max-weight 2] [--tries 5] [--drain-limit 300] [--no-restart]
+                          [--profile DIR]
 
 A runner on a temporary state dir (`--max-queue-depth` = n + 100, `--max-weight`). A
 blocker job (`sleep`, claim = max_weight) takes all capacity; then N jobs of `true`
@@ -10,16 +11,22 @@ blocker job (`sleep`, claim = max_weight) takes all capacity; then N jobs of `tr
 (`peer=motor metric=... value=... unit=...`, with load1= the 1-minute load average):
 
 - `submit_rate` per block of 1,000 submits (jobs/s; `block=K` is the K-th thousand);
-- `health_latency` and `status_latency` with N queued: median and p90 of `--tries`
-  requests (`GET /v1/health`, `GET /v1/status`), ms;
+- `health_latency` and `status_latency` with N queued (and first with none queued, for
+  comparison on a shared machine): median and p90 of `--tries` requests (`GET /v1/health`,
+  `GET /v1/status`), ms;
 - `runner_rss`: the runner process's resident set size, MiB;
 - `restart_to_healthy`: SIGTERM the runner, start it again on the same state dir, seconds
   from the new process's start until `GET /v1/health` answers 200, and `restart_to_queue`
   until `GET /v1/status` shows all N queued again (jobs are recovered from SQLite; the
   blocker outlives the runner and is adopted);
 - `drain_rate`: cancel the blocker and count the jobs that end per second until none is
-  queued or running, or `--drain-limit` seconds pass (then the rate of those that ended;
+  queued or running (polled every 0.2 s through `/v1/health`, whose capacity is O(1)),
+  or `--drain-limit` seconds pass (then the rate of those that ended;
   `complete=0` says so). Every ended job is checked to have succeeded.
+
+`--profile DIR` runs each runner start under cProfile (main thread only: work in
+`trio.to_thread` threads is not in it) and writes DIR/serve-K.prof when it stops; the
+figures are then slower than unprofiled ones.
 
 At the end the runner is stopped and any job keeper still alive under the state dir is
 ended (jobs outlive runners).
@@ -71,13 +78,21 @@ class Runner:
         if args.isolation == "cgroup":  # a private parent: other runs' cleanup empties motor-jobs
             self.argv += ["--cgroup-parent", f"motor-scale-{os.getpid()}"]
         self.proc: subprocess.Popen | None = None
+        self.profile_dir = Path(args.profile).resolve() if args.profile else None
+        self.starts = 0
 
     def start(self) -> float:
         """Start; seconds until /v1/health answers."""
         env = {k: v for k, v in os.environ.items() if k not in ("MOTOR_SOCKET", "MOTOR_STATE_DIR")}
+        argv = self.argv
+        self.starts += 1
+        if self.profile_dir is not None:  # cProfile of the runner's main thread, written at exit
+            self.profile_dir.mkdir(parents=True, exist_ok=True)
+            out = self.profile_dir / f"serve-{self.starts}.prof"
+            argv = [argv[0], "-m", "cProfile", "-o", str(out)] + argv[1:]
         with open(self.log, "ab") as log:
             t0 = time.perf_counter()
-            self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
         deadline = time.monotonic() + 600
         while True:
             if self.proc.poll() is not None:
@@ -132,6 +147,9 @@ def main() -> int:
     ap.add_argument("--drain-limit", type=float, default=300.0, help="seconds to measure the drain")
     ap.add_argument("--no-restart", action="store_true")
     ap.add_argument("--block", type=int, default=1000, help="submits per submit_rate line")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="run the runner under cProfile; DIR/serve-K.prof per start (K from 1), "
+                         "written when it stops; read with `python -m pstats`")
     args = ap.parse_args()
     print(f"# scale: n={args.n} workspaces={args.workspaces} isolation={args.isolation} "
           f"max_weight={args.max_weight} load1={load1()}", flush=True)
@@ -149,6 +167,12 @@ def main() -> int:
                 if time.monotonic() > deadline:
                     raise SystemExit("the blocker did not start")
                 time.sleep(0.05)
+
+            # the same latency figures with nothing queued, for comparison (the machine is shared)
+            for metric, path in (("health_latency", "/v1/health"), ("status_latency", "/v1/status")):
+                values = timed(lambda: client.call("GET", path), args.tries)
+                emit(metric, statistics.median(values), "ms",
+                     f"p90={p90(values):.3f} tries={len(values)} queued=0")
 
             # -- fill ---------------------------------------------------------------------
             t_fill = time.perf_counter()
@@ -198,11 +222,18 @@ def main() -> int:
             t0 = time.perf_counter()
             remaining = args.n
             while time.perf_counter() - t0 < args.drain_limit:
-                status = client.status()
-                remaining = len(status.get("queued", [])) + len(status.get("running", []))
+                # polled through /v1/health's capacity (O(1) in the runner): a /v1/status poll
+                # builds the whole queued view, and at 10,000 queued that would be measured
+                # as part of the drain. pending_jobs counts queued + setting up, held_permits
+                # the claims of active jobs (the blocker's until it has ended).
+                capacity = client.health()["capacity"]
+                remaining = capacity["pending_jobs"] + capacity["held_permits"]
                 if remaining == 0:
                     break
                 time.sleep(0.2)
+            status = client.status()
+            if status.get("queued") or status.get("running"):
+                remaining = max(remaining, len(status["queued"]) + len(status["running"]))
             wall = time.perf_counter() - t0
             records = client.call("GET", "/v1/jobs", params={"all": "1"})
             ended = [r for r in records if r["job_id"] != blocker.job_id and r["state"] in TERMINAL_STATES]

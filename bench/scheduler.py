@@ -13,7 +13,8 @@ Each round, with the queue kept at N:
   next_wakeup() what the dispatcher asks after every message.
 Printed: the median of the rounds, per call.  Then, once per size:
   finished() after the heads pass 60 s  (time jumps 61 s: every head ages on the way),
-  status view  wait_status() + clock_state() of every queued job (what GET /v1/status does),
+  status view  wait_status() + clock_state() of every queued job; for the core also
+               wait_statuses() of all of them (what GET /v1/status does now),
   recovery     a fresh core re-admitting N queued jobs (accept(force) + ready(waited, age))
                and adopting the running ones, as the dispatcher does after a restart.
 Single-shot rows say "1 run".  Times are wall-clock (time.perf_counter); the machine is
@@ -105,6 +106,9 @@ def bench(mod, n: int, rounds: int) -> dict[str, float]:
             s.clock_state(j, now)
 
     out[f"status view, {len(queued)} queued (1 run)"] = timed(status_view)
+    if hasattr(s, "wait_statuses"):  # the core: the dispatcher's view, one refresh
+        out[f"status view by wait_statuses(), {len(queued)} queued (1 run)"] = \
+            timed(s.wait_statuses, queued, now)
 
     def recover():
         r = mod.Scheduler(max_weight=MAX_WEIGHT, max_queue_depth=10 * n + 100,
@@ -147,13 +151,13 @@ def main() -> None:
         for label, mod in mods:
             results[label] = bench(mod, n, args.rounds)
         print(f"\n{n} queued:")
-        names = list(next(iter(results.values())))
+        names = max((list(r) for r in results.values()), key=len)
         print(f"  {'':56s}" + "".join(f"{label:>22s}" for label, _ in mods))
         for i, name in enumerate(names):
             cells = []
             for label, _ in mods:
-                key = list(results[label])[i]
-                cells.append(f"{fmt(results[label][key]):>22s}")
+                keys = [k for k in results[label] if k.split(",")[0] == name.split(",")[0]]
+                cells.append(f"{fmt(results[label][keys[0]]) if keys else '-':>22s}")
             print(f"  {name.split(',')[0] if 'status' in name or 'recovery' in name else name:56s}"
                   + "".join(cells))
         for label, _ in mods:

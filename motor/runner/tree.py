@@ -27,7 +27,6 @@ from ..handles import (
     AccountingHandle, CpuHandle, DiskHandle, DispatcherHandle, ExecutionHandle, Records,
     StoreHandle,
 )
-from ..lifecycle import ACTIVE_STATES
 from ..maintenance import Maintenance
 from ..memory.host import read_ceiling
 from ..records import CAPABILITIES
@@ -163,7 +162,7 @@ async def _sweep_leftover_groups(backend, db, jobs_dir: Path) -> None:
     """Before any job is adopted: remove the isolation groups/units of this state dir's jobs
     that the store does not know as setting up or running; another runner's on a shared
     parent are left alone (docs/isolation.md, "Start-up sweep")."""
-    known = {r.job_id for r in db.live() if r.state in ACTIVE_STATES}
+    known = {r.job_id for r in db.active()}
     owned = {p.name for p in jobs_dir.iterdir() if p.is_dir()}  # this state dir's jobs
     for line in await trio.to_thread.run_sync(backend.sweep, known, owned):
         logging.getLogger("motor.isolation").warning("start-up sweep: %s", line)
@@ -182,7 +181,7 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, handles: Handles,
     refs = handles.refs
 
     def recorded_cpus():
-        return {r.job_id: r.cpus for r in db.live() if r.state in ACTIVE_STATES and r.cpus}
+        return {r.job_id: r.cpus for r in db.active() if r.cpus}
 
     def dispatcher():
         return Dispatcher(DispatchDeps(

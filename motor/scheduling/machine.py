@@ -29,7 +29,7 @@ import msgspec
 
 from ..lifecycle import CANCEL, PLACE, QUEUED, SETUP, START_FAILED, WITHDRAW, advance, retain_until
 from ..memory.core import MemoryCeiling
-from ..records import JobRecord, JobRequest, Queued, Terminal, public_record
+from ..records import _INTERNAL_FIELDS, JobRecord, JobRequest, Queued, Terminal, public_record
 from .admission import (
     AdmissionSettings, accepted_events, as_refusal, build_record, disk_full_refusal, resume_clock,
     check_capacity, check_form, spec_of, withdraw_answer,
@@ -121,6 +121,10 @@ class FlushUnsaved:
 @dataclass(frozen=True)
 class Settle:
     """Internal: the starts are carried out; arm the timer and persist the clocks."""
+
+
+#: record fields the API never shows (records.public_record), reservation_use when unmeasured
+_WITHHELD = ("env", "reservation_use", *_INTERNAL_FIELDS)
 
 
 # --- effects: what the shell carries out --------------------------------------------------
@@ -276,6 +280,12 @@ class DispatchMachine:
                 if record.bundle_sha256 is None or record.bundle_sha256 in event.bundles_present:
                     waited_s, age_s = resume_clock(record, wall_ms)
                     self.core.ready(record.job_id, now, waited_s=waited_s, ready_age_s=age_s)
+                    if record.ready_at_ms is not None and record.queue_clock_at_ms is not None:
+                        # The stored clock (value at a wall time, course) stays exact while
+                        # its course is the same: saved again only if the course changed
+                        # (issue 14: not 10,000 commits before the first answer). The
+                        # enforcer set above is derived again at every recovery.
+                        self.clock_saved[record.job_id] = record.queue_clock_running
                 self.queued[record.job_id] = record
                 continue
             self.core.adopt_running(spec, now)
@@ -565,8 +575,29 @@ class DispatchMachine:
                                    queue_wait_budget_ms=self._budget_ms(event.job_id)))]
 
     def _on_StatusView(self, event, now, wall_ms):
+        # One refresh of the core for the whole view, and each record made public once with
+        # its live wait fields set on the result (issue 14: 10,000 queued).
+        # A queued record holds only plain values (its reservation_use is unmeasured), so a
+        # shallow asdict is its public form once the withheld fields are dropped.
+        queued = []
+        statuses = self.core.wait_statuses(self.queued, now)
+        for record, (waiting_on, on_job, ms, detail) in zip(self.queued.values(), statuses):
+            if record.reservation_use is not None:
+                data = public_record(record)
+            else:
+                data = msgspec.structs.asdict(record)
+                for name in _WITHHELD:
+                    del data[name]
+            data["queue_wait_ms"] = ms
+            data["waiting_on"] = waiting_on
+            data["waiting_on_job"] = on_job
+            if detail is not None:
+                data["waiting_detail"] = detail
+            else:
+                data.pop("waiting_detail", None)
+            queued.append(data)
         return [Reply(None, {
-            "queued": [public_record(self._live_view(r, now)) for r in self.queued.values()],
+            "queued": queued,
             "active": sorted(self.active),
             "capacity": self.capacity(),
         })]

@@ -42,6 +42,7 @@ from typing import Iterable, Sequence
 
 import msgspec
 
+from ..lifecycle import ACTIVE_STATES
 from ..records import JobRecord, Output, encode_event, Event, TERMINAL_STATES
 
 SCHEMA_VERSION = 1
@@ -287,6 +288,13 @@ class Database:
         """Jobs not yet terminal, oldest (by UUIDv7 id) first."""
         return [_record_decoder.decode(r[0]) for r in self.conn.execute(
             "SELECT record FROM jobs WHERE terminal=0 ORDER BY job_id")]
+
+    def active(self) -> list[JobRecord]:
+        """Jobs setting up or running, oldest first: what start-up needs for adoption and its
+        sweep, without decoding every queued record (10,000 of them at scale, issue 14)."""
+        return [_record_decoder.decode(r[0]) for r in self.conn.execute(
+            "SELECT record FROM jobs WHERE terminal=0 AND state IN (?, ?) ORDER BY job_id",
+            tuple(sorted(ACTIVE_STATES)))]
 
     def listing(self, *, limit: int = 200, terminal: bool | None = None) -> list[JobRecord]:
         """Newest first."""

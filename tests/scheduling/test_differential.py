@@ -16,6 +16,7 @@ writes fewer, different "waiting on" lines; see docs/scheduling.md).
 from __future__ import annotations
 
 import dataclasses
+
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -206,14 +207,22 @@ class Differential(RuleBasedStateMachine):
         self.both("next_wakeup", self.now)
         self.both("expired", self.now)
         self.both("statistics")
+        live = []
         for job_id in self.ids:
             state = self.both("job_state", job_id)
             if state is None:
                 continue
+            live.append(job_id)
             self.both("wait_status", job_id, self.now)
             self.both("budget_s", job_id)
             if state == "queued":
                 self.both("clock_state", job_id, self.now)
+        # the status view's bulk answer (incremental core only) is the reference's, job by job
+        bulk = self.new.wait_statuses(live, self.now)
+        want = [tuple(dataclasses.astuple(self.ref.wait_status(j, self.now))) for j in live]
+        got = [(w, j, ms, d) for w, j, ms, d in bulk]
+        want = [(w, j, ms, d) for w, j, ms, d in want]
+        assert got == want, self.explain(f"wait_statuses: {got!r} != {want!r}")
 
     @invariant()
     def clock_changes_cover_every_change(self):

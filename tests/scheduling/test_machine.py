@@ -164,3 +164,62 @@ def test_the_machine_and_admission_import_no_trio():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('trio', 'actors')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_recovery_saves_no_clock_whose_persisted_course_still_holds():
+    """Issue 14: a restart with 10,000 queued jobs wrote every job's clock again (one commit
+    each, before the dispatcher answered anything). A persisted clock (value, wall time,
+    course) still describes the clock exactly while its course is the same, so only a job
+    whose course changed across the restart is saved."""
+    wall = 1_000_000
+    records = (
+        JobRecord(job_id="j1", state="running", workspace="busy", claim=1, cpus=[0]),
+        # advancing before, advancing now (its workspace is free): nothing to save
+        JobRecord(job_id="j2", state="queued", workspace="a", claim=1, queued_at_ms=1,
+                  ready_at_ms=wall - 5000, queue_wait_ms=4000, queue_clock_at_ms=wall - 1000,
+                  queue_clock_running=True),
+        # paused before (behind an owner), its workspace free now: it resumes, so it is saved
+        JobRecord(job_id="j3", state="queued", workspace="b", claim=1, queued_at_ms=2,
+                  ready_at_ms=wall - 5000, queue_wait_ms=2000, queue_clock_at_ms=wall - 3000,
+                  queue_clock_running=False),
+        # paused before and paused now (behind the adopted j1, it fits once j1 ends)
+        JobRecord(job_id="j4", state="queued", workspace="busy", claim=1, queued_at_ms=3,
+                  ready_at_ms=wall - 5000, queue_wait_ms=1000, queue_clock_at_ms=wall - 2000,
+                  queue_clock_running=False),
+        # a record from before the persisted clock fields: saved once, to have them
+        JobRecord(job_id="j5", state="queued", workspace="c", claim=1, queued_at_ms=wall - 1000),
+    )
+    machine = m.DispatchMachine.new(AdmissionSettings(claim_limit=1, max_weight=1,
+                                                      max_queue_depth=8))
+    shell = Shell(machine)
+    shell.wall_ms = wall
+    shell.run(m.Recover(records, with_actor={"j1"}))
+    saved = {s.record.job_id: s.record for s in shell.of(m.SaveRecord) if s.purpose == "clock"}
+    assert sorted(saved) == ["j3", "j5"]
+    assert saved["j3"].queue_clock_running is True and saved["j3"].queue_wait_ms == 2000
+    assert saved["j5"].ready_at_ms is not None
+    # the unsaved ones resume from what is stored: j2 kept advancing while the runner was down
+    assert machine.core.clock_state("j2", shell.now)[:2] == (5.0, True)
+    assert machine.core.clock_state("j4", shell.now)[:2] == (1.0, False)
+
+
+def test_the_status_view_shows_each_queued_record_with_its_live_wait_fields():
+    """The view is built with one refresh for the whole queue (issue 14); each entry is still
+    exactly the public record with the job's wait fields as wait_status answers them."""
+    from motor.records import public_record
+
+    shell = Shell(m.DispatchMachine.new(AdmissionSettings(claim_limit=6, max_weight=4,
+                                                          max_queue_depth=16)))
+    for i, (ws, claim) in enumerate([("a", 4), ("a", 1), ("b", 2), ("c", 6), ("a", 3)]):
+        submit(shell, f"j{i}", f"t{i}", workspace=ws, weight_hint=claim)
+        shell.run(m.DiskAnswered(f"j{i}", None))
+    shell.now = 7.5
+    shell.run(StatusView())
+    [reply] = shell.of(m.Reply)
+    machine = shell.machine
+    expected = [public_record(machine._live_view(r, 7.5)) for r in machine.queued.values()]
+    assert reply.value["queued"] == expected and len(expected) == 4
+    by_id = {r["job_id"]: r for r in reply.value["queued"]}
+    assert by_id["j1"]["waiting_on"] == "workspace_owner" and by_id["j1"]["waiting_on_job"] == "j0"
+    assert "claim 6 vCPUs exceeds max_weight 4" in by_id["j3"]["waiting_detail"]
+    assert "waiting_detail" not in by_id["j2"] and by_id["j2"]["queue_wait_ms"] == 7500

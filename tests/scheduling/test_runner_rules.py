@@ -478,7 +478,7 @@ async def test_health_capacity_comes_from_the_capacity_only_view(tmp_path, monke
                                                                  autojump_clock):
     """/v1/health reports the same capacity as /v1/status, but the dispatcher builds no live
     view of any queued job for it (at 10k queued that view costs seconds)."""
-    from motor.scheduling.machine import DispatchMachine
+    from motor.scheduling.core import Scheduler
 
     go = tmp_path / "go"
     async with motor.open_runner(embedded_config(tmp_path, max_weight=1)) as runner:
@@ -487,14 +487,19 @@ async def test_health_capacity_comes_from_the_capacity_only_view(tmp_path, monke
         await wait_until(lambda: _all_in(runner, jobs[:1], "running"), "one job to run")
         status = await runner.status()
         assert len(status["queued"]) == 2 and status["capacity"]["held_permits"] == 1
-        views: list[str] = []
-        real = DispatchMachine._live_view
+        views: list[str] = []  # the queued jobs whose live wait fields were computed
+        one, many = Scheduler.wait_status, Scheduler.wait_statuses
 
-        def counting(self, record, now):
-            views.append(record.job_id)
-            return real(self, record, now)
+        def counting_one(self, job_id, now):
+            views.append(job_id)
+            return one(self, job_id, now)
 
-        monkeypatch.setattr(DispatchMachine, "_live_view", counting)
+        def counting_many(self, job_ids, now):
+            views.extend(job_ids)
+            return many(self, job_ids, now)
+
+        monkeypatch.setattr(Scheduler, "wait_status", counting_one)
+        monkeypatch.setattr(Scheduler, "wait_statuses", counting_many)
         health = await runner.health()
         assert health["capacity"] == status["capacity"]
         assert views == [], "health built the per-job queued view"
@@ -555,3 +560,35 @@ async def test_a_long_disk_cleanup_at_admission_keeps_the_runner_serving(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+# --- issue 14: a restart with a deep queue answers soon ----------------------------------------
+
+
+async def test_a_restart_rewrites_no_queued_clock_whose_course_held(tmp_path, autojump_clock):
+    """Recovery used to save every queued job's clock again, one commit each, before the
+    dispatcher answered anything (7 s for 10,000 queued). Through the runner: after a
+    restart, a queued job whose clock advanced before and advances again keeps its stored
+    clock (the same wall time, value and course), and still resumes with the downtime."""
+    go = tmp_path / "go"
+    cfg = embedded_config(tmp_path, max_weight=1)
+    async with motor.open_runner(cfg) as runner:
+        blocker = await runner.submit(barrier_job(go, weight_hint=1, workspace="blk"))
+        queued = [await runner.submit(JobRequest(command=["true"], weight_hint=1,
+                                                 workspace=f"w{i}")) for i in range(4)]
+        await wait_until(lambda: _all_in(runner, [blocker], "running"), "the blocker to run")
+        await trio.sleep(5)
+        before = {j.job_id: runner.db.get(j.job_id) for j in queued}
+        assert all(r.queue_clock_running and r.queue_clock_at_ms is not None
+                   for r in before.values())
+    async with motor.open_runner(cfg) as runner:
+        status = await runner.status()
+        assert sorted(r["job_id"] for r in status["queued"]) == sorted(before)
+        for job_id, old in before.items():
+            stored = runner.db.get(job_id)
+            assert (stored.queue_clock_at_ms, stored.queue_wait_ms, stored.queue_clock_running) \
+                == (old.queue_clock_at_ms, old.queue_wait_ms, True), "clock rewritten"
+            assert (await runner.get(job_id)).queue_wait_ms >= 5_000  # resumed, not reset
+        go.write_text("")
+        for job in (blocker, *queued):
+            assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
