@@ -49,6 +49,9 @@ class Entry:
 
 COMPACT_MIN = 256
 
+#: at most this many names wait in `Catalog.added`; past it the generation moves instead
+MAX_ADDED = 4096
+
 
 class Catalog:
     def __init__(self, state_dir: Path):
@@ -58,7 +61,11 @@ class Catalog:
         self.journal_path = self.dir / "catalog.journal"
         self.entries: dict[str, Entry] = {}
         #: Bumped whenever a name is added, removed or gets another path or root.
+        #: bumped when an entry's path or root changes or an entry goes (what a resolved name
+        #: may have depended on); a new entry only joins `added`
         self.generation = 0
+        #: names catalogued since the last `take_added()` (the live view re-resolves just those)
+        self.added: list[str] = []
         self.journal_lines = 0
         self.compactions = 0
         self._load()
@@ -140,7 +147,10 @@ class Catalog:
             entry = Entry(name=name, path=path, root=root, kind=kind, caller_path=caller_path,
                           created_ms=now_ms, last_used_ms=now_ms)
             self.entries[name] = entry
-            self.generation += 1
+            self.added.append(name)
+            if len(self.added) > MAX_ADDED:  # nobody takes them: resolve everything again
+                self.added.clear()
+                self.generation += 1
         else:
             changed = (entry.path, entry.root, entry.kind) != (path, root, kind) or (
                 caller_path is not None and caller_path != entry.caller_path)
@@ -159,6 +169,11 @@ class Catalog:
         if entry is not None and entry.referenced_by != referenced_by:
             entry.referenced_by = list(referenced_by)
             self._put(entry)
+
+    def take_added(self) -> list[str]:
+        """The names catalogued since the last call."""
+        added, self.added = self.added, []
+        return added
 
     def touch(self, name: str, now_ms: int) -> None:
         entry = self.entries.get(name)

@@ -221,10 +221,13 @@ class HeldPaths:
         self.count: dict[str, Counter] = {"running": Counter(), "reserved": Counter()}
         self.key: tuple = ()
 
-    def follow(self, index: LiveIndex, key: tuple, canon: Callable[[str], str]) -> None:
+    def follow(self, index: LiveIndex, key: tuple, canon: Callable[[str], str],
+               added: Iterable[str] = ()) -> None:
         """Bring the held paths up to date with the index: the names that became held or
-        free since the last check (work per change, not per live job); all of them again
-        after the catalog renamed something, at maintenance, or after a flood of changes."""
+        free since the last check, and the held names newly catalogued (`added`: their path
+        is the catalog's now) (work per change, not per live job); all of them again after
+        the catalog changed or dropped an entry, at maintenance, or after a flood of
+        changes."""
         changes = index.take_changes()
         if changes is None or key != self.key:
             self.key = key
@@ -232,6 +235,18 @@ class HeldPaths:
                 self.path_of[which] = {n: canon(n) for n in names}
                 self.count[which] = Counter(self.path_of[which].values())
             return
+        for name in added:
+            for which in ("running", "reserved"):
+                path_of, count = self.path_of[which], self.count[which]
+                old = path_of.get(name)
+                if old is None:
+                    continue
+                new = path_of[name] = canon(name)
+                if new != old:
+                    count[new] += 1
+                    count[old] -= 1
+                    if count[old] <= 0:
+                        del count[old]
         for which, name, held in changes:
             path_of, count = self.path_of[which], self.count[which]
             if held:
@@ -291,7 +306,7 @@ class Holds:
         if self.live_index is not None:
             index = self.live_index
             index.ensure_loaded()
-            self.held_paths.follow(index, names.key(), names.canon)
+            self.held_paths.follow(index, names.key(), names.canon, names.take_added())
             running, reserved = self.held_paths.count["running"], self.held_paths.count["reserved"]
         else:
             index = LiveIndex.from_records(self.live_jobs())

@@ -39,6 +39,11 @@ class Names:
     def rescan(self) -> None:
         self.epoch += 1
 
+    def take_added(self) -> list[str]:
+        """Names catalogued since the last call: their path may differ from what they
+        resolved to before (the live view re-resolves just those)."""
+        return self.catalog.take_added() if self.catalog else []
+
     def workspace_path(self, name: str) -> tuple[str, str]:
         """(canonical host path, allowed root) of a workspace name or caller path."""
         entry = self.catalog.get(name) if self.catalog else None
@@ -64,6 +69,9 @@ class Names:
         """A name's canonical host path (memoized, see the module docstring)."""
         if not self.memo:  # the reference way: resolve on every check
             return self.workspace_path(name)[0]
+        entry = self.catalog.get(name) if self.catalog else None
+        if entry is not None:  # catalogued: its recorded path (as workspace_path), never stale
+            return entry.path
         key = self.key()
         if key != self._key:
             self._memo.clear()

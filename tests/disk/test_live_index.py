@@ -149,3 +149,33 @@ async def test_the_runner_keeps_the_index_equal_to_its_live_records(tmp_path, au
             assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
         check()
         assert not index.jobs and not index.running and not index.reserved
+
+
+def test_a_new_catalogue_entry_re_resolves_only_its_own_name():
+    """Cataloguing a new workspace (every job's setup in a fresh workspace does) re-resolves
+    that one held name, not every name the live jobs hold (at 10,000 queued over 2,000
+    workspaces a full pass per job start was the drain's main cost)."""
+    from motor.disk.live import HeldPaths
+
+    db = Db()
+    for i in range(1000):
+        r = Rec(job_id=f"j{i}", state="queued", workspace=f"w{i}")
+        db.save(r)
+    index = LiveIndex(db.live)
+    index.ensure_loaded()
+    paths = {f"w{i}": f"/ws/w{i}" for i in range(1000)}
+    calls = []
+
+    def canon(name):
+        calls.append(name)
+        return paths[name]
+
+    held = HeldPaths()
+    held.follow(index, (0, 0), canon)  # first view: everything once
+    assert len(calls) == 1000
+    calls.clear()
+    paths["w7"] = "/elsewhere/tree"  # its catalogue entry now names another tree
+    held.follow(index, (0, 0), canon, added=["w7", "not-held"])
+    assert calls == ["w7"]
+    assert held.count["reserved"]["/elsewhere/tree"] == 1 and "/ws/w7" not in held.count["reserved"]
+    assert held.path_of["reserved"]["w7"] == "/elsewhere/tree"
