@@ -117,7 +117,9 @@ def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
                 jobs = c.get("/v1/jobs", params={"all": 1}).json()
                 ok = sum(1 for j in jobs if j["state"] == "succeeded")
                 if ok != n:
-                    raise SystemExit(f"only {ok} of {n} jobs succeeded")
+                    bad = [(j["state"], j.get("reason"), j.get("detail")) for j in jobs
+                           if j["state"] != "succeeded"]
+                    raise SystemExit(f"only {ok} of {n} jobs succeeded; the others: {bad[:3]}")
             return t1 - t0, t_sub - t0
         finally:
             if ns is not None:

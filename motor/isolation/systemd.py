@@ -195,9 +195,10 @@ class SystemdManager:
                 if not data:
                     raise SystemdError(f"systemd: {self.address} closed during authentication")
                 reply += data
-            if not reply.startswith(b"OK "):
+            line, _, rest = reply.partition(b"\r\n")
+            if not line.startswith(b"OK "):
                 raise SystemdError(f"systemd: authentication on {self.address} refused: "
-                                   f"{reply.strip().decode(errors='replace')}")
+                                   f"{line.strip().decode(errors='replace')}")
         except OSError as exc:
             sock.close()
             raise SystemdError(f"systemd: cannot connect to {self.address}: "
@@ -206,6 +207,9 @@ class SystemdManager:
             sock.close()
             raise
         self._sock = sock
+        # What came right behind the OK line is the first messages (on the private socket
+        # the manager sends every connection its signals at once): framed, never dropped.
+        self._buf = bytearray(rest)
         if self.address != PRIVATE_SOCKET and not self.address.endswith("/private"):
             self._call(new_method_call(message_bus, "Hello"))  # a bus daemon wants a Hello
             # The manager's private socket sends every signal to every connection; through
