@@ -44,6 +44,9 @@ import signal  # noqa: E402
 
 from motor import faults as _faults  # noqa: E402
 from motor.execution import keeper as _keeper  # noqa: E402
+# the systemd backend's join step talks D-Bus (jeepney): imported once here, inherited by
+# every keeper, instead of once per keeper in its join step
+from motor.isolation import systemd as _systemd  # noqa: E402,F401
 
 __all__ = ["main"]
 

@@ -35,6 +35,7 @@ import re
 import signal as _signal
 import shutil
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,7 +47,6 @@ from jeepney.bus_messages import message_bus
 
 from .base import Backend, IsolationError
 from .cgroup import _try_read, oom_kills_v1, oom_kills_v2, usage_usec_v2
-from .join import message_length
 
 __all__ = [
     "PRIVATE_SOCKET",
@@ -148,6 +148,13 @@ def scope_argv(systemd_run: str, scope: str, slice_name: str) -> list[str]:
     before the join step started the scope itself; kept for manual runs and debugging)."""
     return [systemd_run, "--scope", "--quiet", "--collect", f"--unit={scope}",
             f"--slice={slice_name}", "--"]
+
+
+def message_length(head: bytes) -> int:
+    """The length of the D-Bus message whose first 16 bytes are `head`."""
+    e = "<" if head[0:1] == b"l" else ">"
+    body_len, _serial, fields_len = struct.unpack_from(e + "III", head, 4)
+    return 16 + fields_len + (-fields_len % 8) + body_len
 
 
 def _uint(value: Any) -> int | None:

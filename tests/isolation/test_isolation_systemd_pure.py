@@ -332,9 +332,9 @@ def test_systemd_health_never_touches_the_bus(tmp_path):
 
 
 def test_the_join_step_asks_systemd_for_the_scope_with_its_own_pid(fake_manager):
-    """motor/isolation/join.py marshals StartTransientUnit by hand (stdlib only, for the
-    keeper): the manager decodes it with jeepney; the start job's JobRemoved ends the wait;
-    a refusal keeps systemd's error name and words."""
+    """The keeper's join step (motor/isolation/join.py) starts the job's scope with its own
+    pid; the start job's JobRemoved ends the wait; a refusal keeps systemd's error name and
+    words."""
     from motor.isolation.join import JoinError, join_confinement
 
     fake_manager.accept_scopes = True
