@@ -52,6 +52,8 @@ from typing import Any  # noqa: E402
 from motor import faults  # noqa: E402
 from motor.execution import keeper as K  # noqa: E402
 from motor.isolation.join import JoinError, join_confinement  # noqa: E402
+# the systemd backend's join talks D-Bus (jeepney): imported once, not per forked child
+from motor.isolation import systemd as _systemd  # noqa: E402,F401
 from motor.execution.joblog import (  # noqa: E402
     KEEPER_FILE, STATUS_FILE, STDERR, STDOUT, read_spec, write_json_atomic,
 )
