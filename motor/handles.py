@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+import actors
+
 from .accounting.actor import AdmissionRefused, JobEnded, JobStarted, Report, notify
 from .cpu.actor import Place, Release, Snapshot
 from .disk.messages import (
@@ -207,8 +209,6 @@ class ExecutionHandle:
             return None
 
     async def start_job(self, job_id: str, factory: Callable[[], Any]) -> None:
-        import actors  # the runtime, not motor: imported here to keep this module light
-
         await self._supervisor().start_child(
             actors.ChildSpec(name=f"job-{job_id}", factory=factory, restart="transient"))
 
