@@ -22,16 +22,30 @@ ESCAPING = ["sh", "-c", f"setsid sleep 1000 & python3 -c '{DAEMON}' & echo ready
 
 def _escaped(job_id: str) -> bool:
     """Both escapees run: a `sleep 1000` in a session of its own, and the daemon."""
-    procs = marked_processes(job_id)
-    sessions = {p.pid: _sid(p) for p in procs}
-    leader = [p for p in procs if p.cmdline()[:2] == ["sh", "-c"]]
+    procs = _snapshot(job_id)  # (pid, cmdline, ppid, sid) of each marked process
+    leader = [p for p in procs if p[1][:2] == ["sh", "-c"]]
     if not leader:
         return False
-    own = sessions[leader[0].pid]
-    setsid_sleep = any(p.cmdline() == ["sleep", "1000"] and sessions[p.pid] != own for p in procs)
-    daemon = any("time.sleep(1000)" in " ".join(p.cmdline()) and sessions[p.pid] != own
-                 and p.ppid() != leader[0].pid for p in procs)
+    lpid, _, _, own = leader[0]
+    setsid_sleep = any(cmd == ["sleep", "1000"] and sid != own for _, cmd, _, sid in procs)
+    daemon = any("time.sleep(1000)" in " ".join(cmd) and sid != own and ppid != lpid
+                 for _, cmd, ppid, sid in procs)
     return setsid_sleep and daemon
+
+
+def _snapshot(job_id: str) -> list[tuple[int, list[str], int, int]]:
+    """The marked processes as read once each; one that exits while it is read (the
+    daemon's intermediate forks do) is left out, not an error."""
+    import psutil
+
+    rows = []
+    for p in marked_processes(job_id):
+        try:
+            with p.oneshot():
+                rows.append((p.pid, p.cmdline(), p.ppid(), _sid(p)))
+        except (psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+    return rows
 
 
 def _sid(p) -> int:
