@@ -51,7 +51,7 @@ from typing import Any  # noqa: E402
 
 from motor import faults  # noqa: E402
 from motor.execution import keeper as K  # noqa: E402
-from motor.isolation.join import JoinError, join_confinement  # noqa: E402
+from motor.isolation.join import JoinError, fork_into_cgroup, join_confinement  # noqa: E402
 # the systemd backend's join talks D-Bus (jeepney): imported once, not per forked child
 from motor.isolation import systemd as _systemd  # noqa: E402,F401
 from motor.execution.joblog import (  # noqa: E402
@@ -553,15 +553,26 @@ class Keeperd:
 
     def _fork_exec(self, spec, exe, argv, env, out_w, err_w, cmd0) -> tuple[int, int]:
         """The job joins its cgroups before exec (posix_spawn cannot): fork, and in the
-        child join (one call: motor/isolation/join.py join_confinement), chdir, pin, umask, exec. Errors come
-        back over a close-on-exec pipe, so a failed exec is a spawn failure."""
+        child join (one call: motor/isolation/join.py join_confinement), chdir, pin, umask,
+        exec. A job with one v2 group is born in it instead (clone3 with CLONE_INTO_CGROUP:
+        no migration, nothing to join). Errors come back over a close-on-exec pipe, so a
+        failed exec is a spawn failure."""
         cwd = spec.get("cwd")
         cpus = spec.get("cpus")
         job_umask = spec.get("umask")
         err_r, err_w2 = os.pipe()
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGCHLD})
+        procs = spec.get("cgroup_procs") or ()
+        born_inside = False
         try:
-            pid = os.fork()
+            if len(procs) == 1 and not spec.get("systemd_scope"):
+                try:  # one group: a v2 group (a v1 job has one per hierarchy)
+                    pid = fork_into_cgroup(os.path.dirname(procs[0]))
+                    born_inside = True
+                except OSError:  # not v2, or no clone3 here: fork, and the child joins
+                    pid = os.fork()
+            else:
+                pid = os.fork()
         except OSError as exc:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
             os.close(err_r)
@@ -575,7 +586,8 @@ class Keeperd:
                     signal.signal(s, signal.SIG_DFL)
                 os.setpgid(0, 0)
                 try:  # the job's groups / systemd scope (motor/isolation/join.py)
-                    join_confinement(spec)
+                    if not born_inside:
+                        join_confinement(spec)
                 except JoinError as exc:
                     msg = str(exc)
                     raise

@@ -144,3 +144,46 @@ async def test_keeperd_jobs_leave_no_fd_to_other_jobs(tmp_path, make_job, worksp
         (workspace / "go").touch()
         assert (await finish(h1, first))["exit_code"] == 0
         assert read_keeper(first)["kind"] == "keeperd"
+
+
+def _v2_mount() -> str | None:
+    from pathlib import Path
+
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        if fields[2] == "cgroup2" and os.access(fields[1], os.W_OK):
+            return fields[1]
+    return None
+
+
+async def test_a_job_with_one_v2_group_is_born_in_it(tmp_path, workspace):
+    """A job whose spec names one cgroup v2 group is forked straight into it (clone3 with
+    CLONE_INTO_CGROUP, motor/isolation/join.py): the job runs inside from its first
+    instruction, and keeperd itself stays where it was."""
+    import pytest
+    from private_cgroup import kill_and_remove
+
+    v2 = _v2_mount()
+    if os.geteuid() != 0 or v2 is None:
+        pytest.skip("needs root and a writable cgroup v2 mount")
+    group = os.path.join(v2, f"motor-test-keeperd-{os.getpid()}")
+    os.mkdir(group)
+    try:
+        state = tmp_path / "state"
+        state.mkdir()
+        job_dir = write_job_dir(state / "jobs" / "v2job", "v2job",
+                                ["sh", "-c", "grep '^0::' /proc/self/cgroup"], workspace,
+                                cgroup_procs=[os.path.join(group, "cgroup.procs")])
+        async with open_keeperd_spawner(state) as spawner:
+            handle = await spawner.spawn(job_dir)
+            with trio.fail_after(20):
+                await spawner.wait_exit(handle.pid, handle.create_time, job_dir)
+            with open(f"/proc/{spawner.keeperd_pid}/cgroup") as f:
+                keeperd_groups = f.read()
+        assert read_status(job_dir)["exit_code"] == 0
+        rel = "/" + os.path.relpath(group, v2)
+        out = b"".join(data for stream, data in records(job_dir) if stream == "stdout")
+        assert out.decode().strip() == f"0::{rel}", out
+        assert f"0::{rel}\n" not in keeperd_groups
+    finally:
+        kill_and_remove(group, strict=True)
