@@ -59,3 +59,14 @@ def kill_and_remove(path: str, *, strict: bool = False) -> None:
                     raise
                 return
             time.sleep(0.02)
+
+
+def writable_v2_mount() -> str | None:
+    """A cgroup v2 mount this process may write (e.g. a hybrid host's
+    /sys/fs/cgroup/unified), or None."""
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            fields = line.split()
+            if fields[2] == "cgroup2" and os.access(fields[1], os.W_OK):
+                return fields[1]
+    return None

@@ -146,24 +146,14 @@ async def test_keeperd_jobs_leave_no_fd_to_other_jobs(tmp_path, make_job, worksp
         assert read_keeper(first)["kind"] == "keeperd"
 
 
-def _v2_mount() -> str | None:
-    from pathlib import Path
-
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        fields = line.split()
-        if fields[2] == "cgroup2" and os.access(fields[1], os.W_OK):
-            return fields[1]
-    return None
-
-
 async def test_a_job_with_one_v2_group_is_born_in_it(tmp_path, workspace):
     """A job whose spec names one cgroup v2 group is forked straight into it (clone3 with
     CLONE_INTO_CGROUP, motor/isolation/join.py): the job runs inside from its first
     instruction, and keeperd itself stays where it was."""
     import pytest
-    from private_cgroup import kill_and_remove
+    from private_cgroup import kill_and_remove, writable_v2_mount
 
-    v2 = _v2_mount()
+    v2 = writable_v2_mount()
     if os.geteuid() != 0 or v2 is None:
         pytest.skip("needs root and a writable cgroup v2 mount")
     group = os.path.join(v2, f"motor-test-keeperd-{os.getpid()}")

@@ -13,20 +13,12 @@ from pathlib import Path
 
 import pytest
 from isolation_helpers import needs_cgroups
-from private_cgroup import kill_and_remove
+from private_cgroup import kill_and_remove, writable_v2_mount
 
 from motor.isolation.join import JoinError, fork_into_cgroup, join_cgroups, join_confinement
 
 
-def _v2_mount() -> str | None:
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        fields = line.split()
-        if fields[2] == "cgroup2" and os.access(fields[1], os.W_OK):
-            return fields[1]
-    return None
-
-
-V2 = _v2_mount()
+V2 = writable_v2_mount()
 needs_v2 = pytest.mark.skipif(os.geteuid() != 0 or V2 is None,
                               reason="needs root and a writable cgroup v2 mount")
 
