@@ -1,6 +1,6 @@
 """THE REFERENCE SCHEDULER -- used by tests only (tests/scheduling/test_differential.py).
 
-This file is a verbatim copy of motor/scheduling/core.py as it was before the core became
+This file is the Scheduler of motor/scheduling/core.py as it was before the core became
 incremental (issue 14): the straightforward implementation of the rules, with a whole-queue
 pass (`_reclassify`) after every event and at every head's aging point or retry end, and a
 scan of every head for the next breakpoint.  It is slow at scale (O(queued jobs) per event)
@@ -111,7 +111,12 @@ from dataclasses import dataclass, field
 from ..queue_wait import LocalDeadline  # noqa: F401 - the old core's name, kept
 from ..lifecycle import QUEUED, RUNNING, SETUP
 from ..records import Refusal
-from .core import AWAITING_BUNDLES
+from .core import (  # noqa: F401 - re-exported: the reference's module offers the same names
+    _EPS_S, AWAITING_BUNDLES, BACKGROUND_KINDS, DEFAULT_QUEUE_WAIT_S, ENDED_MEMORY,
+    GATE_QUEUE_WAIT_S, GRACE_S, STORY_LINES,
+    JobSpec, SchedulerStats, Start, WaitStatus, claim_for, gate_honoured, queue_wait_budget_s,
+    retry_delay_s,
+)
 
 __all__ = [
     "BACKGROUND_KINDS",
@@ -131,121 +136,9 @@ __all__ = [
     "retry_delay_s",
 ]
 
-#: Heads that have waited this long (since ready()) are aged: class 2, and they fence.
-GRACE_S = 60.0
-#: Gate jobs' fixed queue-wait budget, and the default for jobs that cannot spill.
-GATE_QUEUE_WAIT_S = 30 * 60.0
-DEFAULT_QUEUE_WAIT_S = 30 * 60.0
-#: Start-retry delay: 1 s doubling per consecutive failure, at most 60 s.
-RETRY_FIRST_S = 1.0
-RETRY_MAX_S = 60.0
-BACKGROUND_KINDS = frozenset({"warm_build", "cache_fill"})
-WARM_BUILD_MAX_CLAIM = 4
-STORY_LINES = 64
-ENDED_MEMORY = 4096
-
-#: Budget comparisons tolerate float rounding (a deadline computed as t + remaining must be
-#: expired when the timer fires at exactly that t).
-_EPS_S = 1e-6
-
-
-# --- plain data in and out ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """What the core needs to know about an accepted job."""
-
-    job_id: str
-    workspace: str
-    siblings: tuple[str, ...] = ()
-    claim: int = 2
-    #: Already honoured only if the gate_jobs capability was negotiated (the runner decides).
-    gate: bool = False
-    #: "job" | "warm_build" | "cache_fill" (the last two are background: dispatched last).
-    kind: str = "job"
-    queue_wait_limit_s: float | None = None
-    timeout_s: float | None = None
-    spill_eligible: bool = False
-    #: True when no client follows the job (motor submit): the runner withdraws it itself.
-    runner_enforces_budget: bool = False
-
-
-@dataclass(frozen=True)
-class Start:
-    """Decision: start this job now (it is already counted as setting up)."""
-
-    job_id: str
-    claim: int
-
-
-@dataclass(frozen=True)
-class WaitStatus:
-    """What a queued job waits on, and its queue-wait clock in milliseconds."""
-
-    waiting_on: str | None  # "permits" | "workspace_owner" | "sibling_user" | "workspace_setup" | None
-    waiting_on_job: str | None
-    queue_wait_ms: int
-    #: Why, in words, when waiting_on alone does not say it (a claim above max_weight).
-    waiting_detail: str | None = None
-
-
-@dataclass(frozen=True)
-class SchedulerStats:
-    held_permits: int  # claims of running + setting-up jobs
-    setup_permits: int  # claims of setting-up jobs
-    running: int
-    setup: int
-    pending: int  # accepted, not yet running: awaiting bundles + queued + setting up (max_queue_depth)
-    awaiting_bundles: int
-    queued: int
-    queued_heads: int
-    max_weight: int
-    max_queue_depth: int
-    claim_limit: int
-
-
-def claim_for(weight_hint: int | None, kind: str, claim_limit: int) -> int:
-    """A job claims exactly its weight_hint, else 2; a background job without a hint claims
-    up to 4 vCPUs, fewer on a smaller host (``min(4, claim_limit)``)."""
-    if weight_hint is not None:
-        return weight_hint
-    if kind in BACKGROUND_KINDS:
-        return max(1, min(WARM_BUILD_MAX_CLAIM, claim_limit))
-    return 2
-
-
-def gate_honoured(requested: bool, capabilities) -> bool:
-    """The gate mark counts only when the client negotiated the ``gate_jobs`` capability."""
-    return bool(requested) and "gate_jobs" in tuple(capabilities or ())
-
-
-def queue_wait_budget_s(spec: JobSpec, *, default_spill_s: float = 300.0) -> float:
-    """The job's queue-wait budget in seconds (the client and the runner use this same rule).
-
-    Gate jobs: a fixed 30 minutes.  Otherwise the explicit ``queue_wait_limit_s``; else
-    ``default_spill_s`` for spill-eligible jobs; else 30 minutes capped by ``timeout_s``.
-    A budget never depends on other jobs (a gate ahead never shortens it).
-    """
-    if spec.gate:
-        return GATE_QUEUE_WAIT_S
-    if spec.queue_wait_limit_s is not None:
-        return max(0.0, float(spec.queue_wait_limit_s))
-    if spec.spill_eligible:
-        return max(0.0, float(default_spill_s))
-    if spec.timeout_s is not None:
-        return max(0.0, min(DEFAULT_QUEUE_WAIT_S, float(spec.timeout_s)))
-    return DEFAULT_QUEUE_WAIT_S
-
-
-def retry_delay_s(consecutive_failures: int) -> float:
-    """1 s after the first failed start, doubling per consecutive failure, at most 60 s."""
-    if consecutive_failures <= 0:
-        return 0.0
-    return min(RETRY_MAX_S, RETRY_FIRST_S * 2.0 ** min(consecutive_failures - 1, 16))
-
-
-# LocalDeadline (the client's deadline, no scheduling decision) lives in motor/queue_wait.py.
+# The constants, the plain data in and out and the pure helpers are the core's own (one
+# definition: the differential test compares the two Schedulers on the same types); only the
+# straightforward Scheduler below is the reference.
 
 
 # --- internal job record ----------------------------------------------------------------
