@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from tasks_latency import start_serve, wait_runners_gone  # noqa: E402
+from tasks_latency import client_dir, two_workers, wait_runners_gone  # noqa: E402
 
 from motor.tasks import core  # noqa: E402
 from motor.tasks.store import ClientDir  # noqa: E402
@@ -55,10 +55,7 @@ def until(pred, what: str, timeout: float = 120.0):
 
 def one_round(tmp: Path, i: int, reassign: bool, hold: float) -> float:
     env = dict(os.environ, MOTOR_TASK_REASSIGN="1" if reassign else "0")
-    cdir = tmp / f"client-{'on' if reassign else 'off'}-{i}"
-    cdir.mkdir()
-    (cdir / "workers.toml").write_text("".join(
-        f'[[workers]]\nname = "{n}"\nendpoint = "unix:{tmp / n / "motor.sock"}"\n\n' for n in ("mini-1", "mini-2")))
+    cdir = client_dir(tmp / f"client-{'on' if reassign else 'off'}-{i}", tmp)
     project = tmp / "project"
     project.mkdir(exist_ok=True)
     go = cdir / "go"
@@ -105,8 +102,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="motor-reassign-bench-") as tmp:
         tmp = Path(tmp)
-        serves = [start_serve(tmp / n, args.isolation) for n in ("mini-1", "mini-2")]
-        try:
+        with two_workers(tmp, args.isolation):
             results = {}
             for reassign in (True, False):
                 results[reassign] = [one_round(tmp, i, reassign, args.hold) for i in range(args.rounds)]
@@ -114,10 +110,6 @@ def main() -> None:
             print(f"summary mini2_submit_to_start with_reassignment median={statistics.median(on):.3f}s "
                   f"without median={statistics.median(off):.3f}s hold={args.hold:g}s rounds={args.rounds}",
                   flush=True)
-        finally:
-            for s in serves:
-                s.terminate()
-                s.wait(30)
 
 
 if __name__ == "__main__":

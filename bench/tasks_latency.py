@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import trio
@@ -47,6 +49,30 @@ def start_serve(state: Path, isolation: str) -> subprocess.Popen:
             raise SystemExit(f"serve did not start: {(state.parent / f'{state.name}.log').read_text()}")
         time.sleep(0.02)
     return proc
+
+
+WORKERS = ("mini-1", "mini-2")
+
+
+@contextmanager
+def two_workers(tmp: Path, isolation: str) -> Iterator[None]:
+    """Two real `motor serve` workers, mini-1 and mini-2, under `tmp` while in the block."""
+    serves = [start_serve(tmp / name, isolation) for name in WORKERS]
+    try:
+        yield
+    finally:
+        for s in serves:
+            s.terminate()
+            s.wait(30)
+
+
+def client_dir(cdir: Path, tmp: Path) -> Path:
+    """A task client dir whose workers.toml lists the two workers under `tmp`."""
+    cdir.mkdir()
+    (cdir / "workers.toml").write_text("".join(
+        f'[[workers]]\nname = "{name}"\nendpoint = "unix:{tmp / name / "motor.sock"}"\n\n'
+        for name in WORKERS))
+    return cdir
 
 
 def task_cli(cdir: Path, *args: str) -> subprocess.CompletedProcess:
@@ -145,13 +171,8 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="motor-tasks-bench-") as tmp:
         tmp = Path(tmp)
-        serves = [start_serve(tmp / name, args.isolation) for name in ("mini-1", "mini-2")]
-        try:
-            cdir = tmp / "client"
-            cdir.mkdir()
-            (cdir / "workers.toml").write_text("".join(
-                f'[[workers]]\nname = "{name}"\nendpoint = "unix:{tmp / name / "motor.sock"}"\n\n'
-                for name in ("mini-1", "mini-2")))
+        with two_workers(tmp, args.isolation):
+            cdir = client_dir(tmp / "client", tmp)
             project = tmp / "project"
             project.mkdir()
             (project / "README").write_text("bench\n")
@@ -162,10 +183,6 @@ def main() -> None:
             wall_run = motor_run_sequence(tmp / "mini-1" / "motor.sock", args.n)
             print(f"summary n={args.n} task_drain_two_workers={wall_tasks:.3f}s "
                   f"motor_run_one_runner={wall_run:.3f}s ratio={wall_run / wall_tasks:.2f}", flush=True)
-        finally:
-            for s in serves:
-                s.terminate()
-                s.wait(30)
 
 
 if __name__ == "__main__":
