@@ -68,21 +68,29 @@ KEEPERD_CASES = [
 ]
 
 
-@pytest.mark.parametrize("point,kill_forkserver,release_late,runs", CASES,
-                         ids=[f"{c[0]}-{'both' if c[1] else 'runner'}" for c in CASES])
-def test_kill_9_at_a_start_point_never_runs_the_job_twice(
-        serve_factory, tmp_path, isolation, point, kill_forkserver, release_late, runs):
+def _submit_paused_at(serve_factory, tmp_path, isolation, point: str, spawner: str):
+    """A runner (spawner `spawner`) whose job start waits at fault point `point`, and the
+    job submitted: it appends its pid to `runs` when it runs, then waits for `go`.
+    (serve, job_id, faults dir, runs file, barrier)."""
     faults = tmp_path / "faults"
     faults.mkdir()
     runs_file, barrier = tmp_path / "runs", tmp_path / "go"
     serve = serve_factory(*isolation)
-    serve.env = {"MOTOR_FAULTS": f"{point}=wait:{faults / point}", "MOTOR_SPAWNER": "forkserver"}
+    serve.env = {"MOTOR_FAULTS": f"{point}=wait:{faults / point}", "MOTOR_SPAWNER": spawner}
     serve.start()
     job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
                             f"echo $$ >> {runs_file}; echo started; "
                             f"while [ ! -e {barrier} ]; do sleep 0.02; done; echo done")["job_id"]
-    reached = faults / f"{point}.reached"
-    wait_for(reached.exists, what=f"the start to reach {point}")
+    return serve, job_id, faults, runs_file, barrier
+
+
+@pytest.mark.parametrize("point,kill_forkserver,release_late,runs", CASES,
+                         ids=[f"{c[0]}-{'both' if c[1] else 'runner'}" for c in CASES])
+def test_kill_9_at_a_start_point_never_runs_the_job_twice(
+        serve_factory, tmp_path, isolation, point, kill_forkserver, release_late, runs):
+    serve, job_id, faults, runs_file, barrier = _submit_paused_at(
+        serve_factory, tmp_path, isolation, point, "forkserver")
+    wait_for((faults / f"{point}.reached").exists, what=f"the start to reach {point}")
     forkserver = child_named(serve.proc.pid, "forkserver")
     serve.kill9()
     if kill_forkserver and forkserver is not None and forkserver.is_running():
@@ -121,15 +129,8 @@ def test_kill_9_at_a_start_point_never_runs_the_job_twice(
                          ids=[f"{c[0]}-{'both' if c[1] else 'runner'}" for c in KEEPERD_CASES])
 def test_kill_9_at_a_start_point_under_keeperd_never_runs_the_job_twice(
         serve_factory, tmp_path, isolation, point, kill_keeperd, runs, end):
-    faults = tmp_path / "faults"
-    faults.mkdir()
-    runs_file, barrier = tmp_path / "runs", tmp_path / "go"
-    serve = serve_factory(*isolation)
-    serve.env = {"MOTOR_FAULTS": f"{point}=wait:{faults / point}", "MOTOR_SPAWNER": "keeperd"}
-    serve.start()
-    job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
-                            f"echo $$ >> {runs_file}; echo started; "
-                            f"while [ ! -e {barrier} ]; do sleep 0.02; done; echo done")["job_id"]
+    serve, job_id, faults, runs_file, barrier = _submit_paused_at(
+        serve_factory, tmp_path, isolation, point, "keeperd")
     try:
         wait_for((faults / f"{point}.reached").exists, what=f"the start to reach {point}")
         keeperd = _keeperd(serve) if point != "setup.begin" else None
