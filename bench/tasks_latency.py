@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from motor.tasks import core  # noqa: E402
-from motor.tasks.actor import TaskClient, open_queue  # noqa: E402
+from motor.tasks.client import TaskClient  # noqa: E402
+from motor.tasks.queue import open_queue  # noqa: E402
 from motor.tasks.store import ClientDir  # noqa: E402
 from motor.tasks.workers import load_fleet  # noqa: E402
 

@@ -8,5 +8,5 @@ a bounded number of runner processes (seed 000, runner slot reservation).  See d
 - `motor.tasks.store`, `context`, `host`, `remote`: I/O (client dir and flock; saved project
   context; processes, bundle, turn files; worker HTTP).
 - `motor.tasks.queue`, `client`, `turn`, `detached`: the shells (QueueActor, TaskClient, the
-  TurnRunner actor, hosting it); `motor.tasks.actor` re-exports their names.
+  TurnRunner actor, hosting it).
 """
