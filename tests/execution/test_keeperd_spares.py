@@ -11,16 +11,14 @@ skips with the reason elsewhere. Every group lives under a parent of the test's 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import signal
-import socket
 
 import psutil
 import pytest
 import trio
 from keeper_helpers import records, wait_until
-from keeper_tracking import write_job_dir
+from keeper_tracking import ask_keeperd, write_job_dir
 from private_cgroup import private_parent_name, remove_private_parent
 
 from motor.execution import read_keeper, read_status
@@ -59,21 +57,10 @@ def v1():
         remove_private_parent(name)
 
 
-def _ask(state, op: str) -> dict:
-    """One request on keeperd's socket (blocking: keeperd answers at once)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(10)
-        s.connect(str(state / "keeperd.sock"))
-        f = s.makefile("rb")
-        json.loads(f.readline())  # the greeting
-        s.sendall(json.dumps({"id": 1, "op": op}).encode() + b"\n")
-        return json.loads(f.readline())
-
-
 async def _ready_spares(state, n: int) -> list[int]:
     """Wait until keeperd has n spares that joined their groups; their pids."""
     return await wait_until(lambda: (lambda a: a["ready"] if len(a["ready"]) == n else None)(
-        _ask(state, "spares")))
+        ask_keeperd(state, "spares")))
 
 
 def _gone(pid: int) -> bool:
@@ -201,7 +188,7 @@ async def test_without_spares_a_v1_job_makes_and_joins_its_groups(
             assert (await _run(spawner, job_dir))["exit_code"] == 0
             assert {c: _group_lines(job_dir)[c] for c in V1_CONTROLLERS} == \
                 {c: f"/{v1.flavour.parent}/job-{job_id}" for c in V1_CONTROLLERS}
-            assert _ask(state, "spares") == {"id": 1, "size": 0, "parents": {}, "ready": [],
+            assert ask_keeperd(state, "spares") == {"id": 1, "size": 0, "parents": {}, "ready": [],
                                              "joining": []}
             assert _spare_dirs(v1) == []
             assert v1.finish(job_id)["cleanup_error"] is None
