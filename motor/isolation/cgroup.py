@@ -13,6 +13,10 @@ Two flavours behind one interface (`CgroupBackend`):
 
 The keeper joins the group itself: it writes its own pid into every path of
 `spec["cgroup_procs"]` before spawning the job, so the whole job tree is born inside.
+On v1 the runner's backend (`keeper_makes_groups`, set by motor/runner/host.py) makes no
+group: `prepare` puts the groups and limits in the spec (`cgroup_make`) and the keeper
+makes them; keeperd renames the groups of a spare process that joined them ahead of
+time instead (motor/execution/spares.py), so no migration is left on the job's start.
 
 Every failure to create or write a group raises `IsolationError` naming the path and the
 error (the job actor treats it as a failed start). `finish()` never raises.
