@@ -192,3 +192,29 @@ async def test_without_spares_a_v1_job_makes_and_joins_its_groups(
                                              "joining": []}
             assert _spare_dirs(v1) == []
             assert v1.finish(job_id)["cleanup_error"] is None
+
+
+async def test_a_spare_that_cannot_exec_the_job_ends_it_spawn_failed(
+        tmp_path, workspace, v1, monkeypatch):
+    """A job from a spare whose cwd does not exist: the spare says why over its socket and
+    exits; the job ends spawn_failed with the same detail as the fork+exec path."""
+    from motor.execution.keeper import SPAWN_FAILED_EXIT_CODE
+
+    monkeypatch.setenv(spares_mod.SIZE_ENV, "1")
+    state = tmp_path / "state"
+    state.mkdir()
+    async with open_keeperd_spawner(state) as spawner:
+        first = _job(state, v1, workspace, "first", ["true"])
+        assert (await _run(spawner, first))["exit_code"] == 0
+        waiting = await _ready_spares(state, 1)
+        fields = v1.prepare("nocwd", None, None)
+        bad = write_job_dir(state / "jobs" / "nocwd", "nocwd", ["true"], workspace, **fields)
+        spec = (bad / "spec.json").read_text().replace(str(workspace), str(tmp_path / "gone"))
+        (bad / "spec.json").write_text(spec)
+        status = await _run(spawner, bad)
+        assert status["reason"] == "spawn_failed" and status["exit_code"] == SPAWN_FAILED_EXIT_CODE
+        assert "cannot use cwd" in status["detail"], status
+        assert _gone(waiting[0])
+        await _ready_spares(state, 1)  # and a new spare took its place
+        for job_id in ("first", "nocwd"):
+            assert v1.finish(job_id)["cleanup_error"] is None
