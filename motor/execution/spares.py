@@ -209,13 +209,15 @@ class SparePool:
         self.spares: dict[int, Spare] = {}  # by pid
         self.serial = 0
         self.paused = False  # a spare died unasked: none made until the next job's start
+        self.taken = self.missed = 0  # job starts from a spare / with none ready
 
     @property
     def refill_due(self) -> bool:
         return bool(self.parents) and not self.paused and len(self.spares) < self.size
 
     def describe(self) -> dict:
-        return {"size": self.size, "parents": self.parents,
+        return {"size": self.size, "parents": self.parents, "taken": self.taken,
+                "missed": self.missed,
                 "ready": sorted(p for p, s in self.spares.items() if s.ready),
                 "joining": sorted(p for p, s in self.spares.items() if not s.ready)}
 
@@ -269,7 +271,9 @@ class SparePool:
             if spare.ready:
                 del self.spares[spare.pid]
                 self.sel.unregister(spare.sock)
+                self.taken += 1
                 return spare
+        self.missed += 1
         return None
 
     def claim(self, spare: Spare, make: dict) -> bool:

@@ -188,8 +188,9 @@ async def test_without_spares_a_v1_job_makes_and_joins_its_groups(
             assert (await _run(spawner, job_dir))["exit_code"] == 0
             assert {c: _group_lines(job_dir)[c] for c in V1_CONTROLLERS} == \
                 {c: f"/{v1.flavour.parent}/job-{job_id}" for c in V1_CONTROLLERS}
-            assert ask_keeperd(state, "spares") == {"id": 1, "size": 0, "parents": {}, "ready": [],
-                                             "joining": []}
+            assert ask_keeperd(state, "spares") == {
+                "id": 1, "size": 0, "parents": {}, "taken": 0, "missed": 0, "ready": [],
+                "joining": []}
             assert _spare_dirs(v1) == []
             assert v1.finish(job_id)["cleanup_error"] is None
 
