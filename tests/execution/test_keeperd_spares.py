@@ -219,3 +219,60 @@ async def test_a_spare_that_cannot_exec_the_job_ends_it_spawn_failed(
         await _ready_spares(state, 1)  # and a new spare took its place
         for job_id in ("first", "nocwd"):
             assert v1.finish(job_id)["cleanup_error"] is None
+
+
+def test_a_claimed_spare_starts_the_jobs_cpu_counter_at_zero(tmp_path, v1):
+    """The pool on its own (in this process): a spare joins its groups and runs a little
+    there (its cpuacct.usage grows above 0); the claim gives the groups the job's name and
+    limit and zeroes the counters, so the job's CPU time is only the job's (the spare is
+    idle in recvmsg until its order); the order makes it exec the job in those groups."""
+    import selectors
+
+    from polling import wait_for
+
+    from motor.execution.spares import SparePool
+
+    sel = selectors.DefaultSelector()
+    log: list[str] = []
+    pool = SparePool(str(tmp_path), sel, 1, log.append)
+    make = v1.prepare("acct", None, 64 << 20)["cgroup_make"]
+    pool.learn(make)
+    pool.fill_one()
+
+    def pump():
+        for key, events in sel.select(0.05):
+            key.data(events)
+        return pool.describe()["ready"]
+
+    try:
+        [pid] = wait_for(pump, what="the spare ready")
+        spare_dirs = pool.spares[pid].dirs
+
+        def usage(dirs) -> int:
+            with open(os.path.join(dirs["cpuacct"], "cpuacct.usage")) as f:
+                return int(f.read())
+
+        assert wait_for(lambda: usage(spare_dirs) > 0, what="the spare's own CPU charged")
+        spare = pool.take(make)
+        assert pool.claim(spare, make)
+        job = v1.flavour.job_dirs("acct")
+        assert not any(os.path.exists(d) for d in spare_dirs.values())
+        assert usage(job) == 0
+        with open(os.path.join(job["memory"], "memory.limit_in_bytes")) as f:
+            assert int(f.read()) == 64 << 20
+        r, w = os.pipe()
+        fd = pool.order(spare, spares_mod.orders_of(
+            {"cwd": str(tmp_path)}, "/bin/cat", ["cat", "/proc/self/cgroup"], {}), [w, w])
+        os.close(w)
+        with os.fdopen(r) as f:
+            out = f.read()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert os.read(fd, 100) == b""  # exec'd: nothing said on the socket
+        os.close(fd)
+        assert out.count(f"/job-acct\n") == 3, out
+        assert usage(job) > 0  # the job's own exec and run
+    finally:
+        pool.close()
+        assert v1.finish("acct")["cleanup_error"] is None
+    assert log == []
