@@ -147,3 +147,31 @@ def test_on_v1_a_job_is_a_pre_placed_spare_already_in_its_groups(serve_factory, 
     assert [groups[c] for c in ("cpuset", "memory", "cpuacct")] == [want] * 3
     assert record["state"] == "succeeded" and record["memory_max_bytes"] == 128 << 20
     assert not os.path.exists(backend.flavour.job_dirs(record["job_id"])["memory"])  # finished
+
+
+def test_a_job_from_a_spare_outlives_a_killed_runner_and_is_adopted(
+        serve_factory, private_parent, tmp_path):
+    """A job started from a spare is kept like any other: the runner is kill -9'd while
+    it runs, the restarted runner adopts it, and it ends with its own exit status."""
+    from keeper_tracking import ask_keeperd
+    from polling import wait_for
+
+    if open_cgroup_backend(parent=private_parent).version != 1:
+        pytest.skip("spares are for cgroup v1 hierarchies")
+    barrier = tmp_path / "go"
+    serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent).start()
+    assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0
+    spares = wait_for(lambda: (lambda a: a["ready"] if len(a["ready"]) == 2 else None)(
+        ask_keeperd(serve.state_dir, "spares")), what="two ready spares")
+    job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
+                            f"echo $$; while [ ! -e {barrier} ]; do sleep 0.02; done; exit 7")["job_id"]
+    keeper = serve.state_dir / "jobs" / job_id / "keeper.json"
+    wait_for(lambda: keeper.exists() and json.loads(keeper.read_text()).get("job_pid"),
+             what="the job's pid in keeper.json")
+    assert json.loads(keeper.read_text())["job_pid"] in spares
+    serve.kill9()
+    serve.start()
+    barrier.touch()
+    result = serve.cli("attach", job_id)
+    assert result.returncode == 7, result.stderr
+    assert int(result.stdout.decode().split()[0]) in spares
