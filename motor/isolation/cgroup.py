@@ -651,8 +651,13 @@ def open_cgroup_backend(root: str = CGROUP_ROOT, parent: str = PARENT) -> Cgroup
     notes = [f"cgroup v{flavour.version}: a group per job under {flavour.describe_parent()}"]
     if flavour.version == 1:
         notes.append("memory.limit_in_bytes caps RAM only; swap is not capped (memory.memsw unset)")
+    if flavour.version == 1:
+        notes.append("keeperd starts a job from a spare process already in renamed groups: "
+                     "no migration on the start (docs/isolation.md, 'Spares (cgroup v1)')")
     if not favordynmods():
-        notes.append("a job's first process joins its group by a migration: after an idle "
+        notes.append(("without a spare (the per-job keeper, none ready) " if flavour.version == 1
+                      else "") +
+                     "a job's first process joins its group by a migration: after an idle "
                      "spell it waits an RCU grace period (10-20 ms here) unless cgroups are "
                      "mounted with favordynmods (docs/isolation.md, 'The join')")
     return CgroupBackend(notes=tuple(notes), flavour=flavour)
