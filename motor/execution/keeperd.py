@@ -339,6 +339,8 @@ class Keeperd:
             pass
         conn.sock.close()
         self.conns.remove(conn)
+        if not self.conns:  # spares serve a runner's starts: none without a runner
+            self.spares.drop()
         for job in self.jobs.values():
             job.watchers = [w for w in job.watchers if w[0] is not conn]
 

@@ -408,6 +408,11 @@ class SparePool:
         self._reap(spare.pid)
         self._remove_dirs(spare.dirs)
 
+    def drop(self) -> None:
+        """No runner connected: no spare kept (the next job's spec brings them back)."""
+        self.close()
+        self.parents = {}
+
     def close(self) -> None:
         """Every spare let go (keeperd exits, or the parent changed)."""
         for spare in list(self.spares.values()):
