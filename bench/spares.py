@@ -64,7 +64,7 @@ async def one_round(peer: str, n: int, gap: float, tag: str) -> dict[str, list[f
     legacy = open_cgroup_backend(parent=parent)
     out: dict[str, list[float]] = {"prepare": [], "spawn": [], "legacy_prepare": []}
     try:
-        with tempfile.TemporaryDirectory(prefix="motor-spares-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="motor-spares-", ignore_cleanup_errors=True) as tmp:
             state = Path(tmp) / "state"
             (state / "jobs").mkdir(parents=True)
             async with open_keeperd_spawner(state) as spawner:
