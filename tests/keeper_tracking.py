@@ -85,3 +85,18 @@ async def tracked_keepers(mode: str = "forkserver", state_dir: Path | None = Non
             for h, d in zip(tracker.handles, tracker.dirs):
                 if process_alive(h.pid, h.create_time) and read_status(d) is None:
                     tracker.cancel(h, d)
+
+
+def ask_keeperd(state_dir: Path, op: str) -> dict:
+    """One request without a job dir (e.g. "spares") on the state dir's keeperd socket:
+    its answer (blocking; keeperd answers at once)."""
+    import json
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(str(Path(state_dir) / "keeperd.sock"))
+        f = s.makefile("rb")
+        json.loads(f.readline())  # the greeting
+        s.sendall(json.dumps({"id": 1, "op": op}).encode() + b"\n")
+        return json.loads(f.readline())

@@ -10,7 +10,8 @@ pidfd and output pipes, and the timers (timeouts, kill grace, retries on a full 
 Per job it does exactly what the per-job keeper (keeper.py) does, with the same files and
 formats: the claim ``keeper.json`` first (exclusive link, naming keeperd, ``"kind":
 "keeperd"``), the job spawned in its own process group (``posix_spawn``; fork+exec when the
-job must join cgroups, so the join happens in the child before exec), ``keeper.json``
+job must join cgroups, so the join happens in the child before exec; on cgroup v1 a
+pre-placed spare process already in renamed groups execs the job: spares.py), ``keeper.json``
 completed with the job's pid, ``output.log`` framed records (held in memory up to 4 MiB while
 the disk is full), ``status.json`` written atomically (retried without limit).
 
@@ -23,6 +24,8 @@ Protocol on the socket, one JSON object per line:
 - ``{"id": N, "op": "wait", "job_dir": "/abs"}`` -> ``{"id": N, "done": true}`` once the job's
   status.json is written (at once when keeperd does not keep that job)
 - ``{"id": N, "op": "cancel", "job_dir": "/abs"}`` -> ``{"id": N, "sent": bool}``
+- ``{"id": N, "op": "spares"}`` -> ``{"id": N, "size": S, "ready": [pids], "joining": [pids],
+  "parents": {controller: dir}}``: the pre-placed processes (spares.py)
 
 SIGTERM to keeperd cancels every job it keeps (as SIGTERM to a per-job keeper cancels its
 job). It exits once it keeps no job and no runner has been connected for ``IDLE_EXIT_S``.
@@ -51,6 +54,7 @@ from typing import Any  # noqa: E402
 
 from motor import faults  # noqa: E402
 from motor.execution import keeper as K  # noqa: E402
+from motor.execution import spares as S  # noqa: E402
 from motor.isolation.join import JoinError, fork_into_cgroup, join_confinement  # noqa: E402
 # the systemd backend's join talks D-Bus (jeepney): imported once, not per forked child
 from motor.isolation import systemd as _systemd  # noqa: E402,F401
@@ -197,6 +201,8 @@ class Keeperd:
         self.idle_since: float | None = time.monotonic()
         self.terminate = False
         self._orig_affinity: set[int] | None = None
+        # pre-placed processes for v1 cgroup jobs (motor/execution/spares.py)
+        self.spares = S.SparePool(state_dir, self.sel, S.pool_size(), self._log)
 
     # -- event loop ---------------------------------------------------------------------
 
@@ -217,13 +223,27 @@ class Keeperd:
             if self.idle_since is not None:
                 deadlines.append(self.idle_since + IDLE_EXIT_S)
             timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
-            for key, events in self.sel.select(timeout):
+            refill = self.spares.refill_due  # a spare to make once nothing else is ready
+            ready = self.sel.select(0 if refill else timeout)
+            for key, events in ready:
                 try:
                     key.data(events)
                 except Exception:  # a keeperd bug must not take every job down with it
                     self._log_exception()
+            if refill and not ready:
+                try:
+                    self.spares.fill_one()
+                except Exception:
+                    self._log_exception()
         self._shutdown()
         return 0
+
+    def _log(self, line: str) -> None:
+        try:
+            with open(os.path.join(self.state_dir, "keeperd.log"), "a") as f:
+                f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} keeperd {self.pid}: {line}\n")
+        except OSError:
+            pass
 
     def _log_exception(self) -> None:
         import traceback
@@ -237,7 +257,8 @@ class Keeperd:
 
     def _shutdown(self) -> None:
         """Stop answering: remove our socket (only if it is still ours), then exit (the
-        lock goes with the process)."""
+        lock goes with the process). The spares go first."""
+        self.spares.close()
         path = os.path.join(self.state_dir, SOCKET_NAME)
         try:
             if os.stat(path).st_ino == self.sock_ino:
@@ -262,7 +283,7 @@ class Keeperd:
         """Reap exited processes re-parented to us (we are the jobs' subreaper); never a
         job's main process (its pidfd handler reaps it with its rusage)."""
         for pid in _children(self.pid):
-            if pid in self.mains:
+            if pid in self.mains or self.spares.is_spare(pid):
                 continue
             try:
                 os.waitpid(pid, os.WNOHANG)
@@ -318,6 +339,8 @@ class Keeperd:
             pass
         conn.sock.close()
         self.conns.remove(conn)
+        if not self.conns:  # spares serve a runner's starts: none without a runner
+            self.spares.drop()
         for job in self.jobs.values():
             job.watchers = [w for w in job.watchers if w[0] is not conn]
 
@@ -349,6 +372,9 @@ class Keeperd:
             req = json.loads(line)
             req_id = req.get("id")
             op = req["op"]
+            if op == "spares":  # operators and tests: the pre-placed processes (spares.py)
+                self._send(conn, {"id": req_id, **self.spares.describe()})
+                return
             job_dir = req["job_dir"]
             if not isinstance(job_dir, str) or not os.path.isabs(job_dir):
                 raise ValueError(f"job_dir must be an absolute path, got {job_dir!r}")
@@ -470,7 +496,10 @@ class Keeperd:
         err_r, err_w = os.pipe()
         job.started_at_ms = _now_ms()
         try:
-            if spec.get("cgroup_procs") or spec.get("systemd_scope"):  # joins before exec
+            placed = self._from_spare(spec, exe, argv, env, out_w, err_w)
+            if placed is not None:  # a pre-placed process in the job's groups becomes it
+                pid, exec_fd = placed
+            elif spec.get("cgroup_procs") or spec.get("systemd_scope"):  # joins before exec
                 pid, exec_fd = self._fork_exec(spec, exe, argv, env, out_w, err_w, cmd0)
             else:
                 pid, exec_fd = self._posix_spawn(spec, exe, argv, env, out_w, err_w, cmd0), -1
@@ -509,6 +538,24 @@ class Keeperd:
                 "started_at_ms": job.started_at_ms, "kind": KIND})
         except OSError as exc:
             job.keeper_json_error = f"cannot add the job's pid to {KEEPER_FILE}: {exc}"
+
+    def _from_spare(self, spec, exe, argv, env, out_w, err_w) -> tuple[int, int] | None:
+        """A v1 job whose groups keeperd makes (`cgroup_make`): a spare's groups become the
+        job's, and the spare (already inside them) execs the job. None when no spare is
+        ready (the first job of a parent, a burst): the job forks and joins as before."""
+        make = spec.get("cgroup_make")
+        if not make:
+            return None
+        self.spares.learn(make)
+        spare = self.spares.take(make)
+        if spare is None or not self.spares.claim(spare, make):
+            return None
+        try:
+            fd = self.spares.order(spare, S.orders_of(spec, exe, argv, env), [out_w, err_w])
+        except OSError as exc:
+            self._log(f"spare {spare.pid} gone before its orders: {exc}")
+            return None
+        return spare.pid, fd
 
     def _posix_spawn(self, spec, exe, argv, env, out_w, err_w, cmd0) -> int:
         """No cgroup to join: keeperd takes the job's cwd, affinity and umask for the
@@ -557,9 +604,6 @@ class Keeperd:
         exec. A job with one v2 group is born in it instead (clone3 with CLONE_INTO_CGROUP:
         no migration, nothing to join). Errors come back over a close-on-exec pipe, so a
         failed exec is a spawn failure."""
-        cwd = spec.get("cwd")
-        cpus = spec.get("cpus")
-        job_umask = spec.get("umask")
         err_r, err_w2 = os.pipe()
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGCHLD})
         procs = spec.get("cgroup_procs") or ()
@@ -591,34 +635,10 @@ class Keeperd:
                 except JoinError as exc:
                     msg = str(exc)
                     raise
-                if cwd:
-                    try:
-                        os.chdir(cwd)
-                    except OSError as exc:
-                        msg = f"cannot use cwd {cwd!r}: {exc.strerror}"
-                        raise
-                if spec.get("pin") and cpus:
-                    try:
-                        os.sched_setaffinity(0, cpus)
-                    except (OSError, ValueError, TypeError) as exc:
-                        msg = f"cannot pin to cpus {cpus!r}: {exc}"
-                        raise
-                # the job, not keeperd, is what an OOM kill in the job's group must take
-                K._raise_oom_score_for_spawn()  # this process becomes the job: nothing to restore
-                if isinstance(job_umask, int):
-                    os.umask(job_umask)
-                devnull = os.open("/dev/null", os.O_RDONLY)
-                os.dup2(devnull, 0)
-                os.dup2(out_w, 1)
-                os.dup2(err_w, 2)
-                signal.pthread_sigmask(signal.SIG_SETMASK, ())
-                try:
-                    os.execve(exe, argv, env)
-                except OSError as exc:
-                    msg = f"cannot execute {cmd0!r}: {exc.strerror or exc}"
-                    raise
-                except (ValueError, TypeError) as exc:
-                    msg = f"cannot execute {cmd0!r}: {exc}"
+                try:  # cwd, CPUs, oom_score_adj, umask, stdio, execve
+                    S.become_job(S.orders_of(spec, exe, argv, env), out_w, err_w)
+                except S.ExecError as exc:
+                    msg = str(exc)
                     raise
             except BaseException:
                 try:
@@ -651,7 +671,8 @@ class Keeperd:
         """Processes re-parented to keeperd that carry the job's marker (a child that
         left the job's process group, e.g. with setsid, whose parent exited)."""
         return [p for p in _children(self.pid)
-                if p not in self.mains and _carries_marker(p, job.job_id)]
+                if p not in self.mains and not self.spares.is_spare(p)
+                and _carries_marker(p, job.job_id)]
 
     def _signal_tree(self, job: Job, sig: int) -> None:
         """The job's process group, its main process's descendants, and its orphans (with
@@ -694,7 +715,7 @@ class Keeperd:
         job.pidfd = -1
         # left-overs that escaped the group: re-parented to us, found by the job marker
         # (only looked for when we have a child that is no job's main process)
-        if any(p not in self.mains for p in _children(self.pid)):
+        if any(p not in self.mains and not self.spares.is_spare(p) for p in _children(self.pid)):
             for orphan in self._orphans_of(job):
                 try:
                     os.kill(orphan, signal.SIGKILL)
@@ -846,6 +867,7 @@ def main(argv: list[str] | None = None) -> int:
     if not K._set_subreaper():
         _say({"error": "cannot become the jobs' subreaper (PR_SET_CHILD_SUBREAPER)"})
         return 1
+    daemon.spares.clean_recorded()  # spare groups a killed keeperd left (spares.py)
     _say({"ready": True, "pid": daemon.pid, "create_time": daemon.create_time})
     devnull = os.open("/dev/null", os.O_RDWR)
     for fd in (0, 1, 2):

@@ -13,6 +13,10 @@ Two flavours behind one interface (`CgroupBackend`):
 
 The keeper joins the group itself: it writes its own pid into every path of
 `spec["cgroup_procs"]` before spawning the job, so the whole job tree is born inside.
+On v1 the runner's backend (`keeper_makes_groups`, set by motor/runner/host.py) makes no
+group: `prepare` puts the groups and limits in the spec (`cgroup_make`) and the keeper
+makes them; keeperd renames the groups of a spare process that joined them ahead of
+time instead (motor/execution/spares.py), so no migration is left on the job's start.
 
 Every failure to create or write a group raises `IsolationError` naming the path and the
 error (the job actor treats it as a failed start). `finish()` never raises.
@@ -288,6 +292,24 @@ class CgroupV1:
         return sorted({p for d in self.job_dirs(job_id).values()
                        for p in _pids(os.path.join(d, "cgroup.procs"))})
 
+    def plan(self, job_id: str, cpus: list[int] | None, memory_max: int | None) -> dict:
+        """The job's groups and limits, without touching them: `make` is the spec's
+        `cgroup_make` (the dirs, and the writes in order: mems first, a cpuset without
+        mems accepts no task), for the keeper to apply (motor/isolation/join.py) or for
+        keeperd to apply to a spare group it renames (motor/execution/spares.py).
+        One read of the parent's memory limit (an operator may change it while the
+        runner runs)."""
+        dirs = self.job_dirs(job_id)
+        parent_cs = self.parent_dir("cpuset")
+        if self._mems is None:
+            self._mems = _read(os.path.join(parent_cs, "cpuset.mems")).strip()
+        want = format_cpus(cpus) if cpus else _read(os.path.join(parent_cs, "cpuset.cpus")).strip()
+        limit = clamp(memory_max, self.parent_memory_limit())
+        writes = [["cpuset", "cpuset.mems", self._mems], ["cpuset", "cpuset.cpus", want],
+                  ["memory", "memory.limit_in_bytes", "-1" if limit is None else str(limit)]]
+        return {"procs": [os.path.join(dirs[c], "cgroup.procs") for c in V1_CONTROLLERS],
+                "memory_max": limit, "cpus": want, "make": {"dirs": dirs, "writes": writes}}
+
     def create(self, job_id: str, cpus: list[int] | None, memory_max: int | None) -> dict:
         """The job's groups and limits. The parent exists (made once by `ensure_parent`
         when the backend opened); per job: 3 mkdirs and 3 writes, one read of the
@@ -295,19 +317,13 @@ class CgroupV1:
         dirs = self.job_dirs(job_id)
         for d in dirs.values():
             _mkdir_job(d, self.ensure_parent)
-        cs = dirs["cpuset"]
-        parent_cs = self.parent_dir("cpuset")
-        if self._mems is None:
-            self._mems = _read(os.path.join(parent_cs, "cpuset.mems")).strip()
-        # mems first: a cpuset without mems accepts no task.
-        _write(os.path.join(cs, "cpuset.mems"), self._mems)
-        want = format_cpus(cpus) if cpus else _read(os.path.join(parent_cs, "cpuset.cpus")).strip()
-        _write(os.path.join(cs, "cpuset.cpus"), want)
-        limit = clamp(memory_max, self.parent_memory_limit())
-        _write(os.path.join(dirs["memory"], "memory.limit_in_bytes"),
-               "-1" if limit is None else str(limit))
-        return {"procs": [os.path.join(dirs[c], "cgroup.procs") for c in V1_CONTROLLERS],
-                "memory_max": limit, "cpus": want}
+        made = self.plan(job_id, cpus, memory_max)
+        for controller, knob, value in made["make"]["writes"]:
+            _write(os.path.join(dirs[controller], knob), value)
+        return made
+
+    def parents_present(self) -> bool:
+        return all(os.path.isdir(self.parent_dir(c)) for c in V1_CONTROLLERS)
 
     def collect(self, job_id: str, signal: int | None) -> dict:
         dirs = self.job_dirs(job_id)
@@ -504,6 +520,10 @@ class CgroupBackend(Backend):
     enforces: tuple[str, ...] = ("cpus", "memory")
     notes: tuple[str, ...] = field(default=())
     flavour: Any = field(default=None, compare=False, repr=False)
+    #: v1 only: `prepare` makes no group, it puts the groups and limits in the spec
+    #: (`cgroup_make`) and the keeper makes them, keeperd from a pre-placed spare
+    #: (docs/isolation.md, "The join"). The runner sets it (motor/runner/host.py).
+    keeper_makes_groups: bool = False
 
     @property
     def version(self) -> int:
@@ -519,7 +539,19 @@ class CgroupBackend(Backend):
 
         Idempotent: an existing group for the job is reused and its limits rewritten.
         Raises IsolationError (after removing what it created) when that fails.
+
+        With `keeper_makes_groups` (v1): no group is made here, the spec says which to
+        make and what to write in them (`cgroup_make`); only a missing parent is made
+        again (3 stats per job).
         """
+        if self.keeper_makes_groups and self.flavour.version == 1:
+            try:
+                if not self.flavour.parents_present():
+                    self.flavour.ensure_parent()
+                made = self.flavour.plan(job_id, cpus, memory_max)
+            except OSError as exc:  # a read of a parent's knob failed
+                raise IsolationError(f"cgroup: cannot prepare the group for {job_id}: {exc}") from None
+            return {"pin": bool(cpus), "cgroup_procs": made["procs"], "cgroup_make": made["make"]}
         try:
             made = self.flavour.create(job_id, cpus, memory_max)
         except IsolationError:
@@ -619,8 +651,13 @@ def open_cgroup_backend(root: str = CGROUP_ROOT, parent: str = PARENT) -> Cgroup
     notes = [f"cgroup v{flavour.version}: a group per job under {flavour.describe_parent()}"]
     if flavour.version == 1:
         notes.append("memory.limit_in_bytes caps RAM only; swap is not capped (memory.memsw unset)")
+    if flavour.version == 1:
+        notes.append("keeperd starts a job from a spare process already in renamed groups: "
+                     "no migration on the start (docs/isolation.md, 'Spares (cgroup v1)')")
     if not favordynmods():
-        notes.append("a job's first process joins its group by a migration: after an idle "
+        notes.append(("without a spare (the per-job keeper, none ready) " if flavour.version == 1
+                      else "") +
+                     "a job's first process joins its group by a migration: after an idle "
                      "spell it waits an RCU grace period (10-20 ms here) unless cgroups are "
                      "mounted with favordynmods (docs/isolation.md, 'The join')")
     return CgroupBackend(notes=tuple(notes), flavour=flavour)

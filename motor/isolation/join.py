@@ -3,6 +3,10 @@ the job, so that the job and all its descendants are born inside (docs/isolation
 
 `join_confinement(spec)` reads the spec fields an isolation backend's `prepare()` returned:
 
+- `cgroup_make` (the cgroup backend on v1, when the runner leaves the job's groups to the
+  keeper): the groups to make and the limits to write in them (`make_groups`), before
+  the join. keeperd makes them from a spare group instead where it has one
+  (motor/execution/spares.py).
 - `cgroup_procs` (the cgroup backend): the caller writes its own pid into each
   `cgroup.procs` file (one per v1 hierarchy, or the one v2 group).
 - `systemd_scope` (the systemd backend): the caller asks systemd, over the manager's D-Bus
@@ -20,7 +24,8 @@ from __future__ import annotations
 import os
 import struct
 
-__all__ = ["JoinError", "fork_into_cgroup", "join_cgroups", "join_confinement", "start_scope"]
+__all__ = ["JoinError", "fork_into_cgroup", "join_cgroups", "join_confinement", "make_groups",
+           "start_scope", "write_knob"]
 
 #: How long the caller waits for systemd to answer and to move it into the scope.
 SCOPE_TIMEOUT_S = 10.0
@@ -34,6 +39,9 @@ def join_confinement(spec: dict) -> bool:
     """Put the calling process into the job's confinement named by `spec`; True when it
     joined something (then it shares the job's groups, e.g. its memory limit)."""
     joined = False
+    make = spec.get("cgroup_make")
+    if make:
+        make_groups(make)
     procs = spec.get("cgroup_procs") or ()
     if procs:
         join_cgroups(procs)
@@ -58,6 +66,35 @@ def join_cgroups(procs, pid: int | None = None) -> None:
                 os.close(fd)
         except OSError as exc:
             raise JoinError(f"cannot join cgroup via {path!r}: {exc.strerror}") from None
+
+
+def write_knob(path: str, value: str) -> None:
+    """One write(2) to a cgroup control file; JoinError naming the file and the value."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, value.encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise JoinError(f"cannot write {value!r} to {path}: {exc.strerror or exc}") from None
+
+
+def make_groups(make: dict) -> None:
+    """Make the job's groups named by the spec's `cgroup_make` and write its limits:
+    `{"dirs": {controller: dir}, "writes": [[controller, knob, value], ...]}` (written in
+    that order: cpuset.mems before cpuset.cpus). A group that exists already is reused
+    and its limits rewritten (a retried start), as the runner's `prepare` did."""
+    dirs = make["dirs"]
+    for d in dirs.values():
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise JoinError(f"cannot create cgroup {d}: {exc.strerror or exc}") from None
+    for controller, knob, value in make.get("writes", ()):
+        write_knob(os.path.join(dirs[controller], knob), value)
 
 
 # -- the systemd scope -----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ ceiling). Everything here runs before the supervisor tree starts; a problem is a
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import os
@@ -133,6 +134,10 @@ def probe_host(config: RunnerConfig) -> Host:
         backend = choose_backend(config.isolation, probe=HostProbe(config.cgroup_parent))
     except IsolationError as exc:
         raise StartupError(str(exc)) from None
+    if getattr(backend, "name", None) == "cgroup" and getattr(backend, "version", 0) == 1:
+        # v1: the keeper makes the job's groups from the spec, keeperd by renaming a
+        # spare group its pre-placed process already sits in (docs/isolation.md, "The join")
+        backend = dataclasses.replace(backend, keeper_makes_groups=True)
     slice_limit = getattr(backend, "parent_memory_limit", None) or (lambda: None)
     return Host(
         topology=topology, allowed=tuple(allowed),

@@ -115,3 +115,63 @@ def test_start_up_sweep_removes_a_leftover_group_and_keeps_the_running_jobs(
         for proc in (sleeper, neighbour):
             proc.kill()
             proc.wait()
+
+
+def test_on_v1_a_job_is_a_pre_placed_spare_already_in_its_groups(serve_factory, private_parent):
+    """`motor serve --isolation cgroup` on cgroup v1: the runner leaves the job's groups to
+    keeperd (spec `cgroup_make`), which keeps spare processes already inside spare groups
+    under the parent. After the first job (which joins the old way), a job is one of those
+    spares: its first process is a spare's pid, inside the job's own groups, with its
+    limits; its record is as before (docs/isolation.md, "The join")."""
+    from keeper_tracking import ask_keeperd
+    from polling import wait_for
+
+    backend = open_cgroup_backend(parent=private_parent)
+    if backend.version != 1:
+        pytest.skip("spares are for cgroup v1 hierarchies")
+    serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent).start()
+    first = serve.cli("run", "--weight", "1", "--", "true")
+    assert first.returncode == 0, first.stderr
+    spares = wait_for(lambda: (lambda a: a["ready"] if len(a["ready"]) == 2 else None)(
+        ask_keeperd(serve.state_dir, "spares")), what="two ready spares")
+    result = serve.cli("run", "--json", "--weight", "1", "--memory-max", str(128 << 20), "--",
+                       "sh", "-c", "echo $$; cat /proc/self/cgroup")
+    assert result.returncode == 0, result.stderr
+    events = [json.loads(line) for line in result.stdout.decode().splitlines()]
+    record = events[-1]["record"]
+    out = "".join(e["data"] for e in events if e["event"] == "output").splitlines()
+    assert int(out[0]) in spares, (out[0], spares)
+    groups = {name: path for line in out[1:] for _, names, path in [line.split(":", 2)]
+              for name in names.split(",")}
+    want = f"/{private_parent}/job-{record['job_id']}"
+    assert [groups[c] for c in ("cpuset", "memory", "cpuacct")] == [want] * 3
+    assert record["state"] == "succeeded" and record["memory_max_bytes"] == 128 << 20
+    assert not os.path.exists(backend.flavour.job_dirs(record["job_id"])["memory"])  # finished
+
+
+def test_a_job_from_a_spare_outlives_a_killed_runner_and_is_adopted(
+        serve_factory, private_parent, tmp_path):
+    """A job started from a spare is kept like any other: the runner is kill -9'd while
+    it runs, the restarted runner adopts it, and it ends with its own exit status."""
+    from keeper_tracking import ask_keeperd
+    from polling import wait_for
+
+    if open_cgroup_backend(parent=private_parent).version != 1:
+        pytest.skip("spares are for cgroup v1 hierarchies")
+    barrier = tmp_path / "go"
+    serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent).start()
+    assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0
+    spares = wait_for(lambda: (lambda a: a["ready"] if len(a["ready"]) == 2 else None)(
+        ask_keeperd(serve.state_dir, "spares")), what="two ready spares")
+    job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
+                            f"echo $$; while [ ! -e {barrier} ]; do sleep 0.02; done; exit 7")["job_id"]
+    keeper = serve.state_dir / "jobs" / job_id / "keeper.json"
+    wait_for(lambda: keeper.exists() and json.loads(keeper.read_text()).get("job_pid"),
+             what="the job's pid in keeper.json")
+    assert json.loads(keeper.read_text())["job_pid"] in spares
+    serve.kill9()
+    serve.start()
+    barrier.touch()
+    result = serve.cli("attach", job_id)
+    assert result.returncode == 7, result.stderr
+    assert int(result.stdout.decode().split()[0]) in spares

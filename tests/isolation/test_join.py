@@ -88,3 +88,41 @@ def test_join_writes_the_callers_pid_into_every_group_and_names_a_bad_one(cgroup
             join_cgroups(["/sys/fs/cgroup/nothing-here/cgroup.procs"])
     finally:
         assert cgroup_backend.finish(jid)["cleanup_error"] is None
+
+
+@needs_cgroups
+def test_a_keeper_makes_the_v1_groups_the_spec_names_then_joins_them(cgroup_backend):
+    """In the runner's mode on v1 (`keeper_makes_groups`) `prepare` makes no group: the
+    spec's `cgroup_make` names them and their limits, and the keeper's join makes them
+    (the per-job keeper, and keeperd when it has no spare) before joining."""
+    import dataclasses
+
+    backend = dataclasses.replace(cgroup_backend, keeper_makes_groups=True)
+    if backend.version != 1:
+        pytest.skip("the keeper makes the groups on cgroup v1 only")
+    jid = f"t{os.getpid()}-make"
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    fields = backend.prepare(jid, [cpu], 48 << 20)
+    dirs = [os.path.dirname(p) for p in fields["cgroup_procs"]]
+    try:
+        assert not any(os.path.exists(d) for d in dirs)
+
+        def spawn(w):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    assert join_confinement(fields) is True
+                    os.write(w, Path("/proc/self/cgroup").read_text().encode())
+                finally:
+                    os._exit(0)
+            return pid
+
+        text, status = _child_group(spawn)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert text.count(f"/job-{jid}") == 3, text
+        job = backend.flavour.job_dirs(jid)
+        assert Path(job["cpuset"], "cpuset.cpus").read_text().strip() == str(cpu)
+        assert int(Path(job["memory"], "memory.limit_in_bytes").read_text()) == 48 << 20
+    finally:
+        assert backend.finish(jid)["cleanup_error"] is None
+        assert not any(os.path.exists(d) for d in dirs)
