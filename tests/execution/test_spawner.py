@@ -90,8 +90,14 @@ async def test_many_concurrent_spawns(jobs, make_job):
     # the forkserver reaps its keepers: no zombie children pile up
     fs = psutil.Process(jobs.spawner.forkserver_pid)
 
+    def zombie(child: psutil.Process) -> bool:
+        try:
+            return child.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:  # reaped between children() and status(): no zombie
+            return False
+
     def no_zombies():
-        return not [c for c in fs.children() if c.status() == psutil.STATUS_ZOMBIE]
+        return not [c for c in fs.children() if zombie(c)]
 
     await wait_until(no_zombies)
 
