@@ -20,8 +20,8 @@ v1 hosts), for hosts where PID 1 is not systemd.
 
 `--runner N`: N `true` jobs through a real `motor serve --isolation <backend>` (2 slots,
 inside the systemd namespace with `--systemd-namespace`): jobs/s, and the CPU time per job
-of the runner, of the forkserver with its keepers and jobs, and of systemd (PID 1): on a
-loaded 2-core host the CPU per job is the steadier figure.
+of the runner, of the spawner (keeperd, or the forkserver) with its keepers and jobs, and
+of systemd (PID 1): on a loaded 2-core host the CPU per job is the steadier figure.
 
 Lines in the peers' format (`peer=motor metric=... value=... unit=ms`), then medians.
 """
@@ -224,6 +224,24 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def find_spawner(runner: int, state: str) -> int | None:
+    """The runner's spawner: keeperd (started detached, `keeperd.py STATE_DIR`) or the
+    forkserver (a child of the runner), whichever runs."""
+    for c in children(runner):
+        if b"forkserver" in Path(f"/proc/{c}/cmdline").read_bytes():
+            return c
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"keeperd.py") for a in argv) and state.encode() in argv:
+            return int(entry.name)
+    return None
+
+
 def tree_cpu_ms(pid: int) -> float:
     """utime+stime of a process and of its reaped descendants (cutime, cstime)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -261,9 +279,16 @@ def bench_runner(args) -> None:
             runner = proc.pid
             while Path(f"/proc/{runner}/comm").read_text().strip() == "nsenter":
                 runner = children(runner)[0]  # nsenter forks the runner in the namespace
-            forkserver = next(c for c in children(runner)
-                              if b"forkserver" in Path(f"/proc/{c}/cmdline").read_bytes())
-            parts = {"runner": runner, "forkserver_keepers_jobs": forkserver}
+            parts = {"runner": runner}
+            deadline = time.monotonic() + 30
+            while len(parts) == 1:  # the spawner: keeperd (detached) or the forkserver (a child)
+                spawner = find_spawner(runner, str(state))
+                if spawner is not None:
+                    parts["spawner_keepers_jobs"] = spawner
+                elif time.monotonic() > deadline:
+                    raise SystemExit("no keeperd or forkserver found")
+                else:
+                    time.sleep(0.05)
             if ns is not None:
                 parts["systemd_pid1"] = ns.pid1
             transport = httpx.HTTPTransport(uds=str(sock))
