@@ -119,7 +119,8 @@ class QueuedJson:
 
 
 def join_array(pieces: list[bytes], before: bytes = b"", after: bytes = b"") -> bytes:
-    """`before + "[" + ",".join(pieces) + "]" + after`, copying the pieces once."""
+    """`before + "[" + ",".join(pieces) + "]" + after`, copying the pieces once (the first
+    and last items of `pieces` are replaced: pass a list you no longer need)."""
     if not pieces:
         return before + b"[]" + after
     pieces[0] = before + b"[" + pieces[0]
