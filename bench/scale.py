@@ -13,7 +13,9 @@ blocker job (`sleep`, claim = max_weight) takes all capacity; then N jobs of `tr
 - `submit_rate` per block of 1,000 submits (jobs/s; `block=K` is the K-th thousand);
 - `health_latency` and `status_latency` with N queued (and first with none queued, for
   comparison on a shared machine): median and p90 of `--tries` requests (`GET /v1/health`,
-  `GET /v1/status`), ms;
+  `GET /v1/status`), ms; with N queued also the CPU time per request of the runner
+  (`runner_cpu_ms`, from /proc) and of this client (`client_cpu_ms`: reading and decoding
+  the answer), steadier than wall time when other work shares the machine;
 - `runner_rss`: the runner process's resident set size, MiB;
 - `restart_to_healthy`: SIGTERM the runner, start it again on the same state dir, seconds
   from the new process's start until `GET /v1/health` answers 200, and `restart_to_queue`
@@ -137,6 +139,23 @@ def timed(fn, tries: int) -> list[float]:
     return out
 
 
+def cpu_ms(pid: int) -> float:
+    """CPU time (user + system) the process has used so far, ms (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) * 1000.0 / os.sysconf("SC_CLK_TCK")
+
+
+def timed_cpu(fn, tries: int, pid: int) -> tuple[list[float], str]:
+    """`timed`, and the CPU time per request of the runner (`pid`) and of this client: on a
+    shared machine these vary less with the load than the wall time does."""
+    runner0, client0 = cpu_ms(pid), time.process_time()
+    values = timed(fn, tries)
+    runner = (cpu_ms(pid) - runner0) / tries
+    client = (time.process_time() - client0) * 1000.0 / tries
+    return values, f"runner_cpu_ms={runner:.1f} client_cpu_ms={client:.1f}"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=10_000, help="jobs queued behind the blocker")
@@ -192,9 +211,9 @@ def main() -> int:
 
             # -- latency and size with N queued ---------------------------------------------
             for metric, path in (("health_latency", "/v1/health"), ("status_latency", "/v1/status")):
-                values = timed(lambda: client.call("GET", path), args.tries)
+                values, cpu = timed_cpu(lambda: client.call("GET", path), args.tries, runner.proc.pid)
                 emit(metric, statistics.median(values), "ms",
-                     f"p90={p90(values):.3f} tries={len(values)} queued={args.n}")
+                     f"p90={p90(values):.3f} tries={len(values)} queued={args.n} {cpu}")
             status = client.status()
             queued = len(status.get("queued", []))
             emit("runner_rss", runner.rss_mib(), "MiB", f"queued={queued}")

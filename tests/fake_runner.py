@@ -200,6 +200,9 @@ class FakeRunner:
             "capacity": {"max_weight": 8, "held_permits": 0},
         }
 
+    async def status_json(self) -> bytes:
+        return msgspec.json.encode(await self.status()) + b"\n"
+
     async def health(self) -> dict:
         if self.explode:
             raise RuntimeError("kaboom")

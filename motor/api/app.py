@@ -365,7 +365,8 @@ class MotorApp:
         await self._send_json(send, 200, await self.runner.health())
 
     async def status(self, scope, receive, send, query) -> None:
-        await self._send_json(send, 200, await self.runner.status())
+        # already encoded: the queued records are spliced from cached bytes (issue 14)
+        await self._send_bytes(send, 200, JSON, await self.runner.status_json())
 
     async def workspaces(self, scope, receive, send, query) -> None:
         await self._send_json(send, 200, await self.runner.workspaces())

@@ -15,9 +15,10 @@ from ..disk.bundles import BundleError, valid_sha
 from ..lifecycle import QUEUED, history_expired
 from ..records import (
     CAPABILITIES, Event, JobRecord, JobRequest, Refusal, RefusedError, TERMINAL_STATES,
-    Truncated, decode_event, public_record,
+    Truncated, decode_event, public_record, to_json,
 )
 from ..scheduling.admission import withdraw_answer
+from ..scheduling.view import join_array
 from ..store.actor import ChangeHub
 from .host import Host
 from ..wire import MAX_BATCH_JOBS
@@ -198,9 +199,20 @@ class Runner:
 
     async def status(self) -> dict:
         view = await self.handles.dispatcher.status_view()
-        records = (self.db.get(job_id) for job_id in view.pop("active"))
-        view["running"] = [public_record(r) for r in records if r is not None]
+        view["running"] = self._running(view.pop("active"))
         return view
+
+    async def status_json(self) -> bytes:
+        """`status()` as the JSON bytes `GET /v1/status` answers (with a final newline),
+        its queued records spliced from the dispatcher's encoded view (issue 14)."""
+        view = await self.handles.dispatcher.status_view(encoded=True)
+        return join_array(view["queued"], b'{"queued":',
+                          b',"running":' + to_json(self._running(view["active"]))
+                          + b',"capacity":' + to_json(view["capacity"]) + b"}\n")
+
+    def _running(self, active: list[str]) -> list[dict]:
+        records = (self.db.get(job_id) for job_id in active)
+        return [public_record(r) for r in records if r is not None]
 
     async def health(self) -> dict:
         """The health report. `status` is "ok", or "degraded" with `degraded` listing each

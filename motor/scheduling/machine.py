@@ -29,7 +29,7 @@ import msgspec
 
 from ..lifecycle import CANCEL, PLACE, QUEUED, SETUP, START_FAILED, WITHDRAW, advance, retain_until
 from ..memory.core import MemoryCeiling
-from ..records import _INTERNAL_FIELDS, JobRecord, JobRequest, Queued, Terminal, public_record
+from ..records import JobRecord, JobRequest, Queued, Terminal, public_record
 from .admission import (
     AdmissionSettings, accepted_events, as_refusal, build_record, disk_full_refusal, resume_clock,
     check_capacity, check_form, spec_of, withdraw_answer,
@@ -37,8 +37,9 @@ from .admission import (
 from .core import AWAITING_BUNDLES, Scheduler, queue_wait_budget_s
 from .messages import (
     BundleArrived, CancelJob, CeilingChanged, Finished, Heartbeat, QueuedView, SetupDone,
-    Unfollowed,
+    StatusView, Unfollowed,
 )
+from .view import QueuedJson, public_form
 
 #: how long the dispatcher waits before retrying saves the store refused for lack of space
 STORE_FULL_RETRY_S = 1.0
@@ -121,10 +122,6 @@ class FlushUnsaved:
 @dataclass(frozen=True)
 class Settle:
     """Internal: the starts are carried out; arm the timer and persist the clocks."""
-
-
-#: record fields the API never shows (records.public_record), reservation_use when unmeasured
-_WITHHELD = ("env", "reservation_use", *_INTERNAL_FIELDS)
 
 
 # --- effects: what the shell carries out --------------------------------------------------
@@ -236,6 +233,8 @@ class DispatchMachine:
     #: every STORE_FULL_RETRY_S; a later save of the same job supersedes it
     unsaved: dict[str, SaveRecord] = field(default_factory=dict)
     flush_armed: bool = False
+    #: the encoded public records of the queued jobs, kept across status views (view.py)
+    queued_json: QueuedJson = field(default_factory=QueuedJson)
 
     @classmethod
     def new(cls, settings: AdmissionSettings, *, confined_cpu_list=None,
@@ -574,28 +573,18 @@ class DispatchMachine:
         return [Reply(None, Queued(**self._wait_fields(event.job_id, now),
                                    queue_wait_budget_ms=self._budget_ms(event.job_id)))]
 
-    def _on_StatusView(self, event, now, wall_ms):
-        # One refresh of the core for the whole view, and each record made public once with
-        # its live wait fields set on the result (issue 14: 10,000 queued).
-        # A queued record holds only plain values (its reservation_use is unmeasured), so a
-        # shallow asdict is its public form once the withheld fields are dropped.
-        queued = []
+    def _on_StatusView(self, event: StatusView, now, wall_ms):
+        # One refresh of the core for the whole view (issue 14: 10,000 queued). Encoded:
+        # "queued" holds each record's JSON, its encoded public form kept from
+        # the view before while the record is the same (view.QueuedJson), only the live
+        # wait fields encoded now. Else each record is made public once, with its live wait
+        # fields set on the result.
         statuses = self.core.wait_statuses(self.queued, now)
-        for record, (waiting_on, on_job, ms, detail) in zip(self.queued.values(), statuses):
-            if record.reservation_use is not None:
-                data = public_record(record)
-            else:
-                data = msgspec.structs.asdict(record)
-                for name in _WITHHELD:
-                    del data[name]
-            data["queue_wait_ms"] = ms
-            data["waiting_on"] = waiting_on
-            data["waiting_on_job"] = on_job
-            if detail is not None:
-                data["waiting_detail"] = detail
-            else:
-                data.pop("waiting_detail", None)
-            queued.append(data)
+        if event.encoded:
+            queued = self.queued_json.encode(self.queued, statuses)
+        else:
+            queued = [public_form(record, *status)
+                      for record, status in zip(self.queued.values(), statuses)]
         return [Reply(None, {
             "queued": queued,
             "active": sorted(self.active),

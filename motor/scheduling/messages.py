@@ -63,7 +63,10 @@ class QueuedView:
 class StatusView:
     """Reply: {"queued": [public records, live queue_wait_ms/waiting_on], "active": [job ids
     setting up or running], "capacity": {max_weight, claim_limit, held_permits,
-    setup_permits, max_queue_depth, pending_jobs}}."""
+    setup_permits, max_queue_depth, pending_jobs}}. `encoded`: "queued" is a list of each
+    record's JSON bytes instead (what GET /v1/status splices; scheduling/view.py)."""
+
+    encoded: bool = False
 
 
 @dataclass(frozen=True)

@@ -223,3 +223,86 @@ def test_the_status_view_shows_each_queued_record_with_its_live_wait_fields():
     assert by_id["j1"]["waiting_on"] == "workspace_owner" and by_id["j1"]["waiting_on_job"] == "j0"
     assert "claim 6 vCPUs exceeds max_weight 4" in by_id["j3"]["waiting_detail"]
     assert "waiting_detail" not in by_id["j2"] and by_id["j2"]["queue_wait_ms"] == 7500
+
+
+def _encoded_view(shell: Shell) -> bytes:
+    """The encoded status view's queued records, joined as GET /v1/status joins them."""
+    from motor.scheduling.view import join_array
+
+    shell.run(StatusView(encoded=True))
+    [reply] = shell.of(m.Reply)
+    return join_array(list(reply.value["queued"]))
+
+
+def _live_views(machine: m.DispatchMachine, now: float) -> bytes:
+    """Each queued record's live view (`_live_view`, as QueuedView answers it), made public
+    and encoded: what the encoded status view must equal byte for byte."""
+    import msgspec
+
+    from motor.records import public_record
+
+    return msgspec.json.encode([public_record(machine._live_view(r, now))
+                                for r in machine.queued.values()])
+
+
+def test_the_encoded_status_view_is_each_live_view_and_follows_every_change_of_a_record():
+    """Issue 14: GET /v1/status splices each queued record's encoded public form, kept from
+    the previous view, with its live wait fields encoded per view. The bytes equal the
+    encoding of every record's live view, on the first view (all encoded), on a later one
+    (none encoded again, the wait fields moved on), and after each change of a queued
+    record: a requeue after a failed start (new attempts and detail), a clock saved when it
+    paused (the stored queue_wait_ms is not what the view shows), and a cancel (the job
+    leaves the view and the cache)."""
+    import json
+
+    machine = m.DispatchMachine.new(AdmissionSettings(claim_limit=6, max_weight=4,
+                                                      max_queue_depth=16))
+    shell = Shell(machine)
+    for i, (ws, claim) in enumerate([("a", 4), ("a", 1), ("b", 2), ("c", 6), ("a", 3)]):
+        submit(shell, f"j{i}", f"t{i}", workspace=ws, weight_hint=claim)
+        shell.run(m.DiskAnswered(f"j{i}", None))
+    assert list(machine.queued) == ["j1", "j2", "j3", "j4"] and machine.active == {"j0"}
+
+    shell.now = 7.5
+    assert _encoded_view(shell) == _live_views(machine, 7.5)
+    assert machine.queued_json.encoded_last == 4
+    shell.now = 9.25
+    body = _encoded_view(shell)
+    assert body == _live_views(machine, 9.25) and machine.queued_json.encoded_last == 0
+    by_id = {r["job_id"]: r for r in json.loads(body)}
+    assert by_id["j2"]["queue_wait_ms"] == 9250 and by_id["j2"]["waiting_on"] == "permits"
+    assert by_id["j4"]["waiting_on"] == "workspace_owner" and by_id["j4"]["waiting_on_job"] == "j0"
+    assert "claim 6 vCPUs exceeds max_weight 4" in by_id["j3"]["waiting_detail"]
+
+    # j0 ends: j1 (now the owner of a) and j2 start; j4's clock changes course and is saved
+    shell.now = 10.0
+    shell.run(m.Finished("j0"))
+    assert machine.active == {"j1", "j2"} and list(machine.queued) == ["j3", "j4"]
+    [clock] = [s for s in shell.of(m.SaveRecord) if s.purpose == "clock"]
+    [setup] = [s.record for s in shell.of(m.SaveRecord)
+               if s.purpose == "start" and s.record.job_id == "j1"]
+    assert clock.record.job_id == "j4" and machine.queued["j4"] is clock.record
+    shell.now = 12.0
+    body = _encoded_view(shell)
+    assert body == _live_views(machine, 12.0) and machine.queued_json.encoded_last == 1
+    assert len(machine.queued_json) == 2  # j1, j2 left the queue: their entries too
+    by_id = {r["job_id"]: r for r in json.loads(body)}
+    assert by_id["j4"]["waiting_on_job"] == "j1"
+    # its clock resumed at 10 s (j4 would not fit beside j2): saved then at 0, live now 2 s
+    assert (clock.record.queue_clock_running, clock.record.queue_wait_ms) == (True, 0)
+    assert by_id["j4"]["queue_wait_ms"] == 2000
+
+    # j1's start fails: requeued with a new record (attempts, detail)
+    shell.run(m.JobStartFailed("j1", "mount failed", False, setup))
+    assert sorted(machine.queued) == ["j1", "j3", "j4"]
+    shell.now = 13.0
+    body = _encoded_view(shell)
+    assert body == _live_views(machine, 13.0) and machine.queued_json.encoded_last >= 1
+    by_id = {r["job_id"]: r for r in json.loads(body)}
+    assert by_id["j1"]["attempts"] == 1 and by_id["j1"]["detail"] == "mount failed"
+
+    # a cancel: the job leaves the view and its cached entry goes
+    shell.run(CancelJob("j4"))
+    body = _encoded_view(shell)
+    assert body == _live_views(machine, 13.0) and "j4" not in {r["job_id"] for r in json.loads(body)}
+    assert len(machine.queued_json) == len(machine.queued) and "j4" not in machine.queued

@@ -509,6 +509,57 @@ async def test_health_capacity_comes_from_the_capacity_only_view(tmp_path, monke
             assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
 
 
+async def test_the_status_answer_over_http_is_the_status_view_spliced_from_cached_records(
+        tmp_path, autojump_clock):
+    """GET /v1/status answers the queued records from the dispatcher's cache of encoded
+    records (issue 14): the JSON is exactly the embedding API's status() of the same instant
+    (each queued record's public form with its live wait fields, the running ones, the
+    capacity), first with every record freshly encoded, then from the cache, and after a
+    cancel and a start changed the queue."""
+    import httpx
+
+    from motor.api import make_app
+
+    go = tmp_path / "go"
+
+    async def app(scope, receive, send):  # as if on the Unix socket: no token needed
+        await make_app(runner)({**scope, "server": None}, receive, send)
+
+    async def both() -> tuple[dict, dict]:
+        # back to back, nothing in between waits: the dispatcher's clock stands still
+        resp = await http.get("/v1/status")
+        assert resp.status_code == 200 and resp.headers["content-type"] == "application/json"
+        assert resp.content.endswith(b"}\n")
+        return resp.json(), await runner.status()
+
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=1)) as runner:
+        jobs = [await runner.submit(barrier_job(go, weight_hint=1, workspace=ws,
+                                                siblings=["s"] if ws == "w2" else []))
+                for ws in ("w0", "w0", "w1", "w2", "w1")]
+        await wait_until(lambda: _all_in(runner, jobs[:1], "running"), "one job to run")
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://motor") as http:
+            for _ in range(2):  # encoded fresh, then from the cache with later wait fields
+                got, want = await both()
+                assert got == want and len(got["queued"]) == 4 and len(got["running"]) == 1
+                await trio.sleep(1.5)
+            assert [r["waiting_on"] for r in got["queued"]] == [
+                "workspace_owner", "permits", "permits", "workspace_owner"]
+            assert got["queued"][0]["queue_wait_ms"] == 0  # paused behind its workspace owner
+            assert got["queued"][1]["queue_wait_ms"] >= 1500
+            await runner.cancel(jobs[2].job_id)  # w1's head goes: jobs[4] heads w1 now
+            got, want = await both()
+            assert got == want and [r["job_id"] for r in got["queued"]] == [
+                jobs[1].job_id, jobs[3].job_id, jobs[4].job_id]
+            go.write_text("")  # all run, one at a time
+            for job in jobs[:2]:
+                assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
+            got, want = await both()
+            assert got == want
+        for job in jobs[3:]:
+            assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
+
+
 # --- issue 15: the dispatcher never awaits the disk inside a decision -------------------------
 
 
