@@ -160,6 +160,15 @@ class SaveRecord:
 
 
 @dataclass(frozen=True)
+class SaveClocks:
+    """Save the queue-wait clocks of these queued jobs (`SaveRecord`s of purpose "clock",
+    no events) in ONE transaction, all or none; answer: SaveDone, or SaveFailed on StoreFull."""
+
+    saves: tuple[SaveRecord, ...]
+    purpose = "clock"
+
+
+@dataclass(frozen=True)
 class PlaceCpus:
     """Answer: Placed (its CPUs)."""
 
@@ -263,7 +272,7 @@ class DispatchMachine:
 
     def _on_Settle(self, event, now, wall_ms):
         wakeup = self.core.next_wakeup(now)
-        return [ArmTimer(wakeup), *self._next_clock_save(now, wall_ms)]
+        return [ArmTimer(wakeup), *self._clock_saves(now, wall_ms)]
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -364,6 +373,13 @@ class DispatchMachine:
 
     def _on_SaveDone(self, event: SaveDone, now, wall_ms):
         save = event.save
+        if isinstance(save, SaveClocks):
+            for clock in save.saves:
+                job_id = clock.record.job_id
+                self.queued[job_id] = clock.record
+                self.clock_saved[job_id] = clock.running
+                self.clock_check.discard(job_id)
+            return []
         job_id = save.record.job_id
         if save.purpose == "accept":
             return self._accept_saved(save, now)
@@ -372,11 +388,6 @@ class DispatchMachine:
             self.unsaved.pop(job_id, None)  # superseded (a deferred requeue)
             self.active.add(job_id)
             return [StartJobActor(job_id)]
-        if save.purpose == "clock":
-            self.queued[job_id] = save.record
-            self.clock_saved[job_id] = save.running
-            self.clock_check.discard(job_id)
-            return self._next_clock_save(now, wall_ms)
         if save.purpose == "flush":
             current = self.unsaved.get(job_id)
             if current is not None and current.record is save.record:  # not superseded
@@ -386,6 +397,8 @@ class DispatchMachine:
 
     def _on_SaveFailed(self, event: SaveFailed, now, wall_ms):
         save = event.save
+        if isinstance(save, SaveClocks):  # a full state fs: the clocks are persisted next time
+            return []
         job_id = save.record.job_id
         if save.purpose == "accept":
             return self._accept_failed(event, now)
@@ -394,8 +407,6 @@ class DispatchMachine:
             self.core.start_failed(job_id, now)
             self.queued[job_id] = record
             return [ReleaseCpus(job_id)]  # Settle, after the other starts, re-arms the timer
-        if save.purpose == "clock":  # a full state fs: the clocks are persisted next time
-            return []
         if save.purpose == "defer":
             self.unsaved[job_id] = save
         return self._arm_flush()  # "flush": it stays unsaved; stop and retry later
@@ -537,15 +548,19 @@ class DispatchMachine:
 
     # -- queue-wait clocks ---------------------------------------------------------------------------
 
-    def _next_clock_save(self, now: float, wall_ms: int) -> list:
-        """The next save of a queued job's clock that changed course (starts, pauses, resumes)
-        or whose enforcer changed: its value then, the wall time, whether it advances, and
-        when the job became ready. Between such changes the clock is linear in time, so that
-        is enough for a restart to resume it (and the 60 s aging) exactly. Only the jobs whose
-        clock changed are looked at (the core reports them); one save at a time, the first
-        refusal (a full state fs) ends the round."""
+    def _clock_saves(self, now: float, wall_ms: int) -> list:
+        """The saves of the queued jobs' clocks that changed course (started, paused,
+        resumed) or whose enforcer changed, as ONE effect (one transaction, issue 14: a job
+        starting or ending flips the clocks of every job queued in its workspace): for each,
+        its value then, the wall time, whether it advances, and when the job became ready.
+        Between such changes the clock is linear in time, so that is enough for a restart to
+        resume it (and the 60 s aging) exactly. Only the jobs whose clock changed are looked
+        at (the core reports them). They are saved before the message that changed them is
+        done (the shell carries the effect out before the next message); a refusal (a full
+        state fs) writes none of them, and they are persisted after a later message."""
         self.clock_check |= self.core.take_clock_changes(now)
-        for job_id in list(self.clock_check):
+        saves = []
+        for job_id in sorted(self.clock_check):  # job-id (arrival) order
             record = self.queued.get(job_id)
             if record is None or self.core.job_state(job_id) != QUEUED:
                 self.clock_check.discard(job_id)
@@ -559,8 +574,8 @@ class DispatchMachine:
                 queue_clock_running=running,
                 ready_at_ms=record.ready_at_ms if record.ready_at_ms is not None
                 else wall_ms - int(age_s * 1000))
-            return [SaveRecord(record, purpose="clock", running=running)]
-        return []
+            saves.append(SaveRecord(record, purpose="clock", running=running))
+        return [SaveClocks(tuple(saves))] if saves else []
 
     # -- views ------------------------------------------------------------------------------
 

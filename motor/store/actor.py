@@ -30,6 +30,22 @@ class Save:
 
 
 @dataclass(frozen=True)
+class SaveMany:
+    """Several saves in one transaction (all or none); reply: each one's stamped events."""
+
+    saves: tuple[Save, ...]
+
+
+def _writes(msg: Save | SaveMany) -> list[tuple]:
+    saves = msg.saves if isinstance(msg, SaveMany) else (msg,)
+    return [(s.record, s.events, s.log_offset, s.retain_until_ms) for s in saves]
+
+
+def _is_save(msg) -> bool:
+    return isinstance(msg, (Save, SaveMany))
+
+
+@dataclass(frozen=True)
 class Expire:
     now_ms: int
 
@@ -76,19 +92,32 @@ class StoreActor(actors.Actor):
         self.saves = 0
 
     async def handle(self, msg):
-        if isinstance(msg, Save):
-            stamped = self.db.save(msg.record, msg.events, log_offset=msg.log_offset,
-                                   retain_until_ms=msg.retain_until_ms)
-            self.saves += 1
-            self.hub.saved(msg.record)
-            self.hub.fire(msg.record.job_id)
-            return stamped
+        if _is_save(msg):
+            return self._commit([msg])[0]
         if isinstance(msg, Expire):
             ids = self.db.expire(msg.now_ms)
             for job_id in ids:
                 self.hub.fire(job_id)
             return ids
         raise TypeError(f"store: unknown message {msg!r}")
+
+    def _commit(self, msgs: list) -> list:
+        """Write the saves of `msgs` in one transaction; each message's answer."""
+        writes = [w for msg in msgs for w in _writes(msg)]
+        stamped = self.db.save_many(writes)
+        self.saves += len(writes)
+        for write in writes:
+            self.hub.saved(write[0])
+            self.hub.fire(write[0].job_id)
+        answers, at = [], 0
+        for msg in msgs:
+            if isinstance(msg, SaveMany):
+                answers.append(stamped[at:at + len(msg.saves)])
+                at += len(msg.saves)
+            else:
+                answers.append(stamped[at])
+                at += 1
+        return answers
 
 
 def open_database(state_dir: Path, *, max_output_bytes: int | None = None,

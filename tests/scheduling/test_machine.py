@@ -30,7 +30,7 @@ class Shell:
             effect = pending.pop()
             self.done.append(effect)
             answer = None
-            if isinstance(effect, m.SaveRecord):
+            if isinstance(effect, (m.SaveRecord, m.SaveClocks)):
                 answer = (m.SaveFailed(effect, "database or disk is full", 0) if self.full
                           else m.SaveDone(effect))
             elif isinstance(effect, m.PlaceCpus):
@@ -194,7 +194,8 @@ def test_recovery_saves_no_clock_whose_persisted_course_still_holds():
     shell = Shell(machine)
     shell.wall_ms = wall
     shell.run(m.Recover(records, with_actor={"j1"}))
-    saved = {s.record.job_id: s.record for s in shell.of(m.SaveRecord) if s.purpose == "clock"}
+    [clocks] = shell.of(m.SaveClocks)  # one effect: one transaction
+    saved = {s.record.job_id: s.record for s in clocks.saves}
     assert sorted(saved) == ["j3", "j5"]
     assert saved["j3"].queue_clock_running is True and saved["j3"].queue_wait_ms == 2000
     assert saved["j5"].ready_at_ms is not None
