@@ -1,5 +1,10 @@
 """The store actor: every write of a job record or event goes through its inbox.
 
+Group commit: when several saves (`Save`, `SaveMany`) wait in its inbox, the actor writes
+them in order in ONE transaction and then answers each (one commit instead of one per save,
+issue 14). If that transaction fails, it writes them again one message at a time, so each
+caller gets its own answer (a `StoreFull` goes to the callers whose write did not fit).
+
 Readers (event replay, listings) read the database directly: they never write, and
 SQLite in WAL mode gives them a consistent snapshot. Followers of a job wait on
 `StoreActor.changed(job_id)`, which the actor fires after each commit for that job.
@@ -7,6 +12,7 @@ SQLite in WAL mode gives them a consistent snapshot. Followers of a job wait on
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -17,6 +23,8 @@ import actors
 
 from ..records import Event, JobRecord
 from .db import Database, StoreFull
+
+log = logging.getLogger("motor.store")
 
 
 @dataclass(frozen=True)
@@ -34,6 +42,10 @@ class SaveMany:
     """Several saves in one transaction (all or none); reply: each one's stamped events."""
 
     saves: tuple[Save, ...]
+
+
+#: at most this many waiting save messages are committed together with the current one
+GROUP_MAX = 64
 
 
 def _writes(msg: Save | SaveMany) -> list[tuple]:
@@ -93,13 +105,49 @@ class StoreActor(actors.Actor):
 
     async def handle(self, msg):
         if _is_save(msg):
-            return self._commit([msg])[0]
+            return self._group(msg, self.take_waiting(_is_save, GROUP_MAX))
         if isinstance(msg, Expire):
             ids = self.db.expire(msg.now_ms)
             for job_id in ids:
                 self.hub.fire(job_id)
             return ids
         raise TypeError(f"store: unknown message {msg!r}")
+
+    def _group(self, msg, waiting: list):
+        """Commit `msg` and the save messages taken from the inbox in one transaction, then
+        answer the taken ones; return the answer to `msg`. If it fails, one at a time."""
+        if not waiting:
+            return self._commit([msg])[0]
+        try:
+            answers = self._commit([msg, *(m for m, _ in waiting)])
+        except Exception:
+            return self._one_by_one(msg, waiting)
+        for (_, token), answer in zip(waiting, answers[1:]):
+            if token is not None:
+                token.reply(answer)
+        return answers[0]
+
+    def _one_by_one(self, msg, waiting: list):
+        """The group failed (nothing of it was written): each message in its own
+        transaction, in order, so each caller gets its own answer."""
+        try:
+            own, refused = self._commit([msg])[0], None
+        except StoreFull as exc:
+            own, refused = None, exc
+        for other, token in waiting:
+            try:
+                answer = self._commit([other])[0]
+            except StoreFull as exc:
+                if token is not None:
+                    token.fail(exc)
+                else:
+                    log.warning("store: cast %r failed: %r", other, exc)
+                continue
+            if token is not None:
+                token.reply(answer)
+        if refused is not None:
+            raise refused
+        return own
 
     def _commit(self, msgs: list) -> list:
         """Write the saves of `msgs` in one transaction; each message's answer."""
