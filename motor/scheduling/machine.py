@@ -119,6 +119,11 @@ class FlushUnsaved:
 
 
 @dataclass(frozen=True)
+class AdmitNext:
+    """Internal: the previous admission is done (saved or refused); complete the next."""
+
+
+@dataclass(frozen=True)
 class Settle:
     """Internal: the starts are carried out; arm the timer and persist the clocks."""
 
@@ -155,8 +160,8 @@ class SaveRecord:
     retain_until_ms: int | None = None
     purpose: str = "defer"  # "accept" | "start" | "defer" | "flush" | "clock"
     token: Any = None  # accept: the submitter's deferred reply
-    running: bool | None = None  # clock: the clock's course saved
-    ready: bool = False  # accept: its bundle is present (or it names none): it joins its queue
+    #: clock, accept: the clock's course saved (accept: None while it awaits its bundles)
+    running: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -321,13 +326,22 @@ class DispatchMachine:
         if pending is None:
             return []
         pending.answer = event
+        return self._on_AdmitNext(None, now, wall_ms)
+
+    def _on_AdmitNext(self, event, now, wall_ms):
+        """Complete the first admission if its disk answer is in: admissions complete in
+        job-id order (queue order is arrival order), ONE at a time: the next is admitted
+        once this one's record is saved (or it is refused), so at most one accepted job is
+        in the core and not yet recorded, and no start is decided while it is."""
         effects: list = []
-        while self.admitting:  # complete in job-id order: queue order is arrival order
+        while self.admitting:
             job_id, first = next(iter(self.admitting.items()))
             if first.answer is None:
                 break
             del self.admitting[job_id]
             effects += self._admit(job_id, first, now, wall_ms)
+            if isinstance(effects[-1], SaveRecord):  # the next one after its answer
+                break
         return effects
 
     def _admit(self, job_id: str, pending: _Admission, now, wall_ms) -> list:
@@ -340,24 +354,32 @@ class DispatchMachine:
         if refusal is not None:
             refusal = as_refusal(refusal)
             return [NoteRefused(refusal.code), Reply(pending.token, refusal)]
-        ready = pending.answer.bundle_present or pending.bundle_arrived
+        # Bundle present (verified, pinned): it joins its queue now and its clock starts,
+        # saved with its record (issue 14: not a second save of the same record right after
+        # it). Missing: it waits, accepted and counted in max_queue_depth, until the upload
+        # arrives (BundleArrived); its clock starts then. No start is decided before the
+        # record is saved (`_after` runs after SaveDone), and a refused save cancels it.
+        running = None
+        if pending.answer.bundle_present or pending.bundle_arrived:
+            self.core.ready(job_id, now)
+            running = self.core.clock_state(job_id, now)[1]
+            record = msgspec.structs.replace(record, queue_wait_ms=0, queue_clock_at_ms=wall_ms,
+                                             queue_clock_running=running, ready_at_ms=wall_ms)
         return [SaveRecord(record, tuple(accepted_events(record, self.settings)),
-                           purpose="accept", token=pending.token, ready=ready)]
+                           purpose="accept", token=pending.token, running=running)]
 
     def _accept_saved(self, save: SaveRecord, now) -> list:
         record = save.record
         self.queued[record.job_id] = record
-        # Bundle present (verified, pinned): ready now. Missing: it waits, accepted and counted
-        # in max_queue_depth, until the upload arrives (BundleArrived); its clock starts then.
-        if save.ready:
-            self.core.ready(record.job_id, now)
-        return [Reply(save.token, record), *self._after(now)]
+        if save.running is not None:  # its clock, as saved with it
+            self.clock_saved[record.job_id] = save.running
+        return [Reply(save.token, record), *self._after(now), Continue(AdmitNext())]
 
     def _accept_failed(self, failed: SaveFailed, now) -> list:
-        # not recorded, so not accepted: undo the core's accept
+        # not recorded, so not accepted: undo the core's accept (and its joining a queue)
         self.core.cancel(failed.save.record.job_id, now)
         return [NoteRefused("runner_disk_full"), Reply(failed.save.token, disk_full_refusal(
-            failed.detail, self.settings, failed.free_bytes))]
+            failed.detail, self.settings, failed.free_bytes)), Continue(AdmitNext())]
 
     # -- answers of the shell's effects -----------------------------------------------------------
 

@@ -5,7 +5,8 @@ every job queued in that workspace (docs/scheduling.md, "Queue-wait clock"), and
 changed clock is persisted. They used to be saved one transaction each (one commit, one
 store round trip per queued job); now the clocks a message changes are saved in one. The
 transactions are counted on the real SQLite connection (its statement trace), with real
-job processes, under MockClock.
+job processes, on trio's real clock (under MockClock's autojump, virtual time would run
+past the jobs' default queue-wait budgets while they wait for real processes).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from motor.records import JobRequest
 from runner_helpers import barrier_job, embedded_config, terminal_of
 
 
-async def _wait_until(predicate, what: str, timeout: float = 600):
+async def _wait_until(predicate, what: str, timeout: float = 120):
     with trio.fail_after(timeout):
         while not await predicate():
             await trio.sleep(0.02)
@@ -38,8 +39,7 @@ def _transactions(statements: list[str]) -> list[list[str]]:
     return done
 
 
-async def test_a_workspace_flip_saves_its_queued_clocks_in_one_transaction(
-        tmp_path, autojump_clock):
+async def test_a_workspace_flip_saves_its_queued_clocks_in_one_transaction(tmp_path):
     """Five jobs of workspace `a` wait for capacity (their clocks advance) behind a job of
     workspace `b` that holds it all. When it ends, the head of `a` starts and the other
     four pause behind it (their workspace's owner): four clocks change course in one
@@ -77,12 +77,14 @@ async def test_a_workspace_flip_saves_its_queued_clocks_in_one_transaction(
             assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
 
 
-async def test_jobs_of_true_cost_few_transactions_each(tmp_path, autojump_clock):
-    """Twelve `true` jobs over two workspaces with two slots, each start and end flipping
-    the clocks of the jobs queued in its workspace. Per job: its acceptance, its start
-    (`setup`), what its job actor saves (running, terminal), and the clock saves of the
-    messages that flipped a workspace, one transaction per message. The old code committed
-    each clock alone: 3.2 transactions per job more here (measured: 7.8 per job)."""
+async def test_jobs_of_true_cost_few_transactions_each(tmp_path):
+    """Twenty-four `true` jobs over four workspaces with two slots, each start and end
+    flipping the clocks of the jobs queued in its workspace. Per job: its acceptance (its
+    clock saved with it), its start (`setup`), what its job actor saves (running,
+    terminal), and the clock saves of the messages that flipped a workspace, one
+    transaction per message. Measured on this test: 8.8-9.5 per job with each clock
+    committed alone, 5.6-5.7 with a message's clocks in one transaction but a new job's
+    clock saved after its record, 4.7-4.8 now."""
     async with motor.open_runner(embedded_config(tmp_path, max_weight=2)) as runner:
         statements: list[str] = []
         runner.db.conn.set_trace_callback(statements.append)
@@ -94,7 +96,7 @@ async def test_jobs_of_true_cost_few_transactions_each(tmp_path, autojump_clock)
         finally:
             runner.db.conn.set_trace_callback(None)
         per_job = len(_transactions(statements)) / len(jobs)
-        assert per_job <= 6.5, f"{per_job:.2f} store transactions per job"
+        assert per_job <= 5.3, f"{per_job:.2f} store transactions per job"
 
 
 async def _state_is(runner, job_id: str, state: str) -> bool:
