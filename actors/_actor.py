@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import outcome
 import trio
@@ -204,6 +204,7 @@ class Actor:
         self._pending: set[_Reply] = set()
         self._wait_scope: trio.CancelScope | None = None
         self._current: _Envelope | None = None  # the message ``handle`` is working on
+        self._held: _Envelope | None = None  # looked at by take_waiting, not taken: next
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
@@ -253,6 +254,27 @@ class Actor:
         env.deferred = True
         return DeferredReply(env.reply, self)
 
+    def take_waiting(self, accept: Callable[[Any], bool], limit: int = 64,
+                     ) -> list[tuple[Any, DeferredReply | None]]:
+        """Inside ``handle``: take the messages already waiting in the inbox, in order, while
+        ``accept(msg)`` holds (at most ``limit``), to handle them together with the current
+        one (group work: e.g. several writes in one transaction). Each comes with the token
+        of its answer (None for a cast), which the actor owes as for ``defer_reply``: answer
+        each (``reply`` / ``fail``); a crash answers the rest ``ActorDead``. The first waiting
+        message not accepted is not taken: it is the next one ``handle`` gets. Never waits."""
+        taken: list[tuple[Any, DeferredReply | None]] = []
+        while len(taken) < limit and self._held is None:
+            try:
+                env = self._recv.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+            if not accept(env.msg):
+                self._held = env
+                break
+            self._ref._messages_handled += 1
+            taken.append((env.msg, None if env.reply is None else DeferredReply(env.reply, self)))
+        return taken
+
     def stop(self) -> None:
         """Finish the current message, then stop normally."""
         self._stopping = True
@@ -295,7 +317,10 @@ class Actor:
     # -- internals ------------------------------------------------------------
     async def _serve(self) -> None:
         while not self._stopping:
-            env: _Envelope | None = None
+            env, self._held = self._held, None
+            if env is not None:  # left waiting by take_waiting: first in line
+                await self._dispatch(env)
+                continue
             with trio.CancelScope() as scope:
                 self._wait_scope = scope
                 try:

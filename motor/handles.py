@@ -30,7 +30,7 @@ from .scheduling.messages import (
     BundleArrived, CancelJob, CapacityView, CeilingChanged, Finished, Heartbeat, QueuedView,
     SUBMIT_TIMEOUT_S, SetupDone, StartFailed, StatusView, Submit, Unfollowed, Withdraw,
 )
-from .store.actor import Expire, Save
+from .store.actor import Expire, Save, SaveMany
 
 __all__ = [
     "AccountingHandle", "CpuHandle", "DiskHandle", "DispatcherHandle", "ExecutionHandle",
@@ -58,6 +58,14 @@ class StoreHandle(_Handle):
         Raises `StoreFull` when the state filesystem is full (nothing written)."""
         return await self.ref.call(Save(record=record, events=tuple(events), log_offset=log_offset,
                                         retain_until_ms=retain_until_ms), timeout=timeout)
+
+    async def save_many(self, writes: Iterable[tuple[JobRecord, Sequence[Event], int | None]], *,
+                        timeout: float | None = 30.0) -> list[list]:
+        """Several `(record, events, retain_until_ms)` saves in ONE commit, all or none;
+        each one's events with their seqs. Raises `StoreFull` (nothing written)."""
+        return await self.ref.call(SaveMany(tuple(
+            Save(record=r, events=tuple(e), retain_until_ms=keep) for r, e, keep in writes)),
+            timeout=timeout)
 
     async def expire(self, now_ms: int) -> list[str]:
         """Delete records past their retention; the ids deleted."""

@@ -116,14 +116,15 @@ class Dispatcher(actors.Actor):
 
     async def _do(self, effect):
         job = self.job
-        if isinstance(effect, m.SaveRecord):
+        if isinstance(effect, (m.SaveRecord, m.SaveClocks)):
+            saves = effect.saves if isinstance(effect, m.SaveClocks) else (effect,)
             try:
-                await job.store.save(effect.record, effect.events,
-                                     retain_until_ms=effect.retain_until_ms)
+                await job.store.save_many((s.record, s.events, s.retain_until_ms) for s in saves)
             except StoreFull as exc:
                 if effect.purpose != "accept":
-                    log.warning("dispatcher: %s %s (%s) not recorded yet: %s",
-                                effect.record.job_id, effect.record.state, effect.purpose, exc)
+                    log.warning("dispatcher: %s %s (%s%s) not recorded yet: %s",
+                                saves[0].record.job_id, saves[0].record.state, effect.purpose,
+                                f", {len(saves)} jobs" if len(saves) > 1 else "", exc)
                 return m.SaveFailed(effect, str(exc), _free_bytes(job.config.state_path))
             return m.SaveDone(effect)
         if isinstance(effect, m.PlaceCpus):

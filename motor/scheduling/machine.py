@@ -120,6 +120,11 @@ class FlushUnsaved:
 
 
 @dataclass(frozen=True)
+class AdmitNext:
+    """Internal: the previous admission is done (saved or refused); complete the next."""
+
+
+@dataclass(frozen=True)
 class Settle:
     """Internal: the starts are carried out; arm the timer and persist the clocks."""
 
@@ -152,8 +157,17 @@ class SaveRecord:
     retain_until_ms: int | None = None
     purpose: str = "defer"  # "accept" | "start" | "defer" | "flush" | "clock"
     token: Any = None  # accept: the submitter's deferred reply
-    running: bool | None = None  # clock: the clock's course saved
-    ready: bool = False  # accept: its bundle is present (or it names none): it joins its queue
+    #: clock, accept: the clock's course saved (accept: None while it awaits its bundles)
+    running: bool | None = None
+
+
+@dataclass(frozen=True)
+class SaveClocks:
+    """Save the queue-wait clocks of these queued jobs (`SaveRecord`s of purpose "clock",
+    no events) in ONE transaction, all or none; answer: SaveDone, or SaveFailed on StoreFull."""
+
+    saves: tuple[SaveRecord, ...]
+    purpose = "clock"
 
 
 @dataclass(frozen=True)
@@ -262,7 +276,7 @@ class DispatchMachine:
 
     def _on_Settle(self, event, now, wall_ms):
         wakeup = self.core.next_wakeup(now)
-        return [ArmTimer(wakeup), *self._next_clock_save(now, wall_ms)]
+        return [ArmTimer(wakeup), *self._clock_saves(now, wall_ms)]
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -311,13 +325,22 @@ class DispatchMachine:
         if pending is None:
             return []
         pending.answer = event
+        return self._on_AdmitNext(None, now, wall_ms)
+
+    def _on_AdmitNext(self, event, now, wall_ms):
+        """Complete the first admission if its disk answer is in: admissions complete in
+        job-id order (queue order is arrival order), ONE at a time: the next is admitted
+        once this one's record is saved (or it is refused), so at most one accepted job is
+        in the core and not yet recorded, and no start is decided while it is."""
         effects: list = []
-        while self.admitting:  # complete in job-id order: queue order is arrival order
+        while self.admitting:
             job_id, first = next(iter(self.admitting.items()))
             if first.answer is None:
                 break
             del self.admitting[job_id]
             effects += self._admit(job_id, first, now, wall_ms)
+            if isinstance(effects[-1], SaveRecord):  # the next one after its answer
+                break
         return effects
 
     def _admit(self, job_id: str, pending: _Admission, now, wall_ms) -> list:
@@ -330,24 +353,32 @@ class DispatchMachine:
         if refusal is not None:
             refusal = as_refusal(refusal)
             return [NoteRefused(refusal.code), Reply(pending.token, refusal)]
-        ready = pending.answer.bundle_present or pending.bundle_arrived
+        # Bundle present (verified, pinned): it joins its queue now and its clock starts,
+        # saved with its record (issue 14: not a second save of the same record right after
+        # it). Missing: it waits, accepted and counted in max_queue_depth, until the upload
+        # arrives (BundleArrived); its clock starts then. No start is decided before the
+        # record is saved (`_after` runs after SaveDone), and a refused save cancels it.
+        running = None
+        if pending.answer.bundle_present or pending.bundle_arrived:
+            self.core.ready(job_id, now)
+            running = self.core.clock_state(job_id, now)[1]
+            record = msgspec.structs.replace(record, queue_wait_ms=0, queue_clock_at_ms=wall_ms,
+                                             queue_clock_running=running, ready_at_ms=wall_ms)
         return [SaveRecord(record, tuple(accepted_events(record, self.settings)),
-                           purpose="accept", token=pending.token, ready=ready)]
+                           purpose="accept", token=pending.token, running=running)]
 
     def _accept_saved(self, save: SaveRecord, now) -> list:
         record = save.record
         self.queued[record.job_id] = record
-        # Bundle present (verified, pinned): ready now. Missing: it waits, accepted and counted
-        # in max_queue_depth, until the upload arrives (BundleArrived); its clock starts then.
-        if save.ready:
-            self.core.ready(record.job_id, now)
-        return [Reply(save.token, record), *self._after(now)]
+        if save.running is not None:  # its clock, as saved with it
+            self.clock_saved[record.job_id] = save.running
+        return [Reply(save.token, record), *self._after(now), Continue(AdmitNext())]
 
     def _accept_failed(self, failed: SaveFailed, now) -> list:
-        # not recorded, so not accepted: undo the core's accept
+        # not recorded, so not accepted: undo the core's accept (and its joining a queue)
         self.core.cancel(failed.save.record.job_id, now)
         return [NoteRefused("runner_disk_full"), Reply(failed.save.token, disk_full_refusal(
-            failed.detail, self.settings, failed.free_bytes))]
+            failed.detail, self.settings, failed.free_bytes)), Continue(AdmitNext())]
 
     # -- answers of the shell's effects -----------------------------------------------------------
 
@@ -363,6 +394,13 @@ class DispatchMachine:
 
     def _on_SaveDone(self, event: SaveDone, now, wall_ms):
         save = event.save
+        if isinstance(save, SaveClocks):
+            for clock in save.saves:
+                job_id = clock.record.job_id
+                self.queued[job_id] = clock.record
+                self.clock_saved[job_id] = clock.running
+                self.clock_check.discard(job_id)
+            return []
         job_id = save.record.job_id
         if save.purpose == "accept":
             return self._accept_saved(save, now)
@@ -371,11 +409,6 @@ class DispatchMachine:
             self.unsaved.pop(job_id, None)  # superseded (a deferred requeue)
             self.active.add(job_id)
             return [StartJobActor(job_id)]
-        if save.purpose == "clock":
-            self.queued[job_id] = save.record
-            self.clock_saved[job_id] = save.running
-            self.clock_check.discard(job_id)
-            return self._next_clock_save(now, wall_ms)
         if save.purpose == "flush":
             current = self.unsaved.get(job_id)
             if current is not None and current.record is save.record:  # not superseded
@@ -385,6 +418,8 @@ class DispatchMachine:
 
     def _on_SaveFailed(self, event: SaveFailed, now, wall_ms):
         save = event.save
+        if isinstance(save, SaveClocks):  # a full state fs: the clocks are persisted next time
+            return []
         job_id = save.record.job_id
         if save.purpose == "accept":
             return self._accept_failed(event, now)
@@ -393,8 +428,6 @@ class DispatchMachine:
             self.core.start_failed(job_id, now)
             self.queued[job_id] = record
             return [ReleaseCpus(job_id)]  # Settle, after the other starts, re-arms the timer
-        if save.purpose == "clock":  # a full state fs: the clocks are persisted next time
-            return []
         if save.purpose == "defer":
             self.unsaved[job_id] = save
         return self._arm_flush()  # "flush": it stays unsaved; stop and retry later
@@ -536,15 +569,19 @@ class DispatchMachine:
 
     # -- queue-wait clocks ---------------------------------------------------------------------------
 
-    def _next_clock_save(self, now: float, wall_ms: int) -> list:
-        """The next save of a queued job's clock that changed course (starts, pauses, resumes)
-        or whose enforcer changed: its value then, the wall time, whether it advances, and
-        when the job became ready. Between such changes the clock is linear in time, so that
-        is enough for a restart to resume it (and the 60 s aging) exactly. Only the jobs whose
-        clock changed are looked at (the core reports them); one save at a time, the first
-        refusal (a full state fs) ends the round."""
+    def _clock_saves(self, now: float, wall_ms: int) -> list:
+        """The saves of the queued jobs' clocks that changed course (started, paused,
+        resumed) or whose enforcer changed, as ONE effect (one transaction, issue 14: a job
+        starting or ending flips the clocks of every job queued in its workspace): for each,
+        its value then, the wall time, whether it advances, and when the job became ready.
+        Between such changes the clock is linear in time, so that is enough for a restart to
+        resume it (and the 60 s aging) exactly. Only the jobs whose clock changed are looked
+        at (the core reports them). They are saved before the message that changed them is
+        done (the shell carries the effect out before the next message); a refusal (a full
+        state fs) writes none of them, and they are persisted after a later message."""
         self.clock_check |= self.core.take_clock_changes(now)
-        for job_id in list(self.clock_check):
+        saves = []
+        for job_id in sorted(self.clock_check):  # job-id (arrival) order
             record = self.queued.get(job_id)
             if record is None or self.core.job_state(job_id) != QUEUED:
                 self.clock_check.discard(job_id)
@@ -558,8 +595,8 @@ class DispatchMachine:
                 queue_clock_running=running,
                 ready_at_ms=record.ready_at_ms if record.ready_at_ms is not None
                 else wall_ms - int(age_s * 1000))
-            return [SaveRecord(record, purpose="clock", running=running)]
-        return []
+            saves.append(SaveRecord(record, purpose="clock", running=running))
+        return [SaveClocks(tuple(saves))] if saves else []
 
     # -- views ------------------------------------------------------------------------------
 

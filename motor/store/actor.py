@@ -1,5 +1,10 @@
 """The store actor: every write of a job record or event goes through its inbox.
 
+Group commit: when several saves (`Save`, `SaveMany`) wait in its inbox, the actor writes
+them in order in ONE transaction and then answers each (one commit instead of one per save,
+issue 14). If that transaction fails, it writes them again one message at a time, so each
+caller gets its own answer (a `StoreFull` goes to the callers whose write did not fit).
+
 Readers (event replay, listings) read the database directly: they never write, and
 SQLite in WAL mode gives them a consistent snapshot. Followers of a job wait on
 `StoreActor.changed(job_id)`, which the actor fires after each commit for that job.
@@ -7,6 +12,7 @@ SQLite in WAL mode gives them a consistent snapshot. Followers of a job wait on
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -18,6 +24,8 @@ import actors
 from ..records import Event, JobRecord
 from .db import Database, StoreFull
 
+log = logging.getLogger("motor.store")
+
 
 @dataclass(frozen=True)
 class Save:
@@ -27,6 +35,26 @@ class Save:
     events: Sequence[Event] = ()
     log_offset: int | None = None
     retain_until_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class SaveMany:
+    """Several saves in one transaction (all or none); reply: each one's stamped events."""
+
+    saves: tuple[Save, ...]
+
+
+#: at most this many waiting save messages are committed together with the current one
+GROUP_MAX = 64
+
+
+def _writes(msg: Save | SaveMany) -> list[tuple]:
+    saves = msg.saves if isinstance(msg, SaveMany) else (msg,)
+    return [(s.record, s.events, s.log_offset, s.retain_until_ms) for s in saves]
+
+
+def _is_save(msg) -> bool:
+    return isinstance(msg, (Save, SaveMany))
 
 
 @dataclass(frozen=True)
@@ -76,19 +104,68 @@ class StoreActor(actors.Actor):
         self.saves = 0
 
     async def handle(self, msg):
-        if isinstance(msg, Save):
-            stamped = self.db.save(msg.record, msg.events, log_offset=msg.log_offset,
-                                   retain_until_ms=msg.retain_until_ms)
-            self.saves += 1
-            self.hub.saved(msg.record)
-            self.hub.fire(msg.record.job_id)
-            return stamped
+        if _is_save(msg):
+            return self._group(msg, self.take_waiting(_is_save, GROUP_MAX))
         if isinstance(msg, Expire):
             ids = self.db.expire(msg.now_ms)
             for job_id in ids:
                 self.hub.fire(job_id)
             return ids
         raise TypeError(f"store: unknown message {msg!r}")
+
+    def _group(self, msg, waiting: list):
+        """Commit `msg` and the save messages taken from the inbox in one transaction, then
+        answer the taken ones; return the answer to `msg`. If it fails, one at a time."""
+        if not waiting:
+            return self._commit([msg])[0]
+        try:
+            answers = self._commit([msg, *(m for m, _ in waiting)])
+        except Exception:
+            return self._one_by_one(msg, waiting)
+        for (_, token), answer in zip(waiting, answers[1:]):
+            if token is not None:
+                token.reply(answer)
+        return answers[0]
+
+    def _one_by_one(self, msg, waiting: list):
+        """The group failed (nothing of it was written): each message in its own
+        transaction, in order, so each caller gets its own answer."""
+        try:
+            own, refused = self._commit([msg])[0], None
+        except StoreFull as exc:
+            own, refused = None, exc
+        for other, token in waiting:
+            try:
+                answer = self._commit([other])[0]
+            except StoreFull as exc:
+                if token is not None:
+                    token.fail(exc)
+                else:
+                    log.warning("store: cast %r failed: %r", other, exc)
+                continue
+            if token is not None:
+                token.reply(answer)
+        if refused is not None:
+            raise refused
+        return own
+
+    def _commit(self, msgs: list) -> list:
+        """Write the saves of `msgs` in one transaction; each message's answer."""
+        writes = [w for msg in msgs for w in _writes(msg)]
+        stamped = self.db.save_many(writes)
+        self.saves += len(writes)
+        for write in writes:
+            self.hub.saved(write[0])
+            self.hub.fire(write[0].job_id)
+        answers, at = [], 0
+        for msg in msgs:
+            if isinstance(msg, SaveMany):
+                answers.append(stamped[at:at + len(msg.saves)])
+                at += len(msg.saves)
+            else:
+                answers.append(stamped[at])
+                at += 1
+        return answers
 
 
 def open_database(state_dir: Path, *, max_output_bytes: int | None = None,

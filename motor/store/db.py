@@ -110,6 +110,9 @@ class Database:
         #: why the last write failed for lack of space (None: the last write succeeded);
         #: health reports it as `degraded`
         self.full_error: str | None = None
+        #: write transactions committed by `save`/`save_many` (bench/throughput.py's
+        #: transactions per job; tests count them)
+        self.commits = 0
         try:
             self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             # only takes effect while the file is still empty (a new database): set it first
@@ -153,43 +156,71 @@ class Database:
     def save(self, record: JobRecord, events: Sequence[Event] = (), *,
              log_offset: int | None = None, retain_until_ms: int | None = None) -> list[Event]:
         """Upsert a record and append events (seqs assigned here) in one transaction."""
+        return self.save_many([(record, events, log_offset, retain_until_ms)])[0]
+
+    def save_many(self, writes: Sequence[tuple[JobRecord, Sequence[Event], int | None,
+                                                int | None]]) -> list[list[Event]]:
+        """Several saves, each `(record, events, log_offset, retain_until_ms)` as `save`
+        takes them, in order and in ONE transaction (one commit, one WAL sync point): all
+        of them are written or, on an error, none. Returns each save's stamped events."""
+        if not writes:
+            return []
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            row = conn.execute(
-                "SELECT next_seq, log_offset FROM jobs WHERE job_id=?", (record.job_id,)
-            ).fetchone()
-            next_seq, old_offset = row if row else (1, 0)
-            stamped = []
-            for event in events:
-                event.seq = next_seq
-                next_seq += 1
-                stamped.append(event)
-            rows = [(record.job_id, e.seq, encode_event(e)) for e in stamped]
-            conn.executemany("INSERT INTO events VALUES (?, ?, ?)", rows)
-            terminal = record.state in TERMINAL_STATES
-            conn.execute(
-                "INSERT INTO jobs (job_id, state, terminal, record, log_offset, next_seq, retain_until_ms)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)"
-                " ON CONFLICT(job_id) DO UPDATE SET state=excluded.state, terminal=excluded.terminal,"
-                " record=excluded.record, log_offset=excluded.log_offset, next_seq=excluded.next_seq,"
-                " retain_until_ms=excluded.retain_until_ms",
-                (record.job_id, record.state, int(terminal), _encoder.encode(record),
-                 old_offset if log_offset is None else log_offset, next_seq, retain_until_ms),
-            )
-            # the cap is on what is stored: the encoded event (JSON escapes included)
-            added = sum(len(row[2]) for row, e in zip(rows, stamped) if isinstance(e, Output))
-            del rows
-            if added:
-                conn.execute("UPDATE jobs SET output_bytes = output_bytes + ? WHERE job_id=?",
-                             (added, record.job_id))
-                if self.max_output_bytes is not None:
-                    self._evict_pages(record.job_id, next_seq)
+            stamped = [self._write(*write) for write in writes]
             conn.execute("COMMIT")
         except BaseException as exc:
-            self._failed_write(exc, f"cannot save job {record.job_id}")
+            more = len({w[0].job_id for w in writes}) - 1
+            what = f"cannot save job {writes[0][0].job_id}" + (f" (and {more} more)" if more else "")
+            self._failed_write(exc, what)
             raise
+        self.commits += 1
         self.full_error = None
+        return stamped
+
+    def _write(self, record: JobRecord, events: Sequence[Event], log_offset: int | None,
+               retain_until_ms: int | None) -> list[Event]:
+        """One save inside the caller's transaction."""
+        conn = self.conn
+        if not events and log_offset is None:
+            # A record alone (a queue-wait clock, a start): its seqs and offset stay as they
+            # are, so one UPDATE does (issue 14: most saves are clocks); INSERT when new.
+            cur = conn.execute(
+                "UPDATE jobs SET state=?, terminal=?, record=?, retain_until_ms=? WHERE job_id=?",
+                (record.state, int(record.state in TERMINAL_STATES), _encoder.encode(record),
+                 retain_until_ms, record.job_id))
+            if cur.rowcount:
+                return []
+        row = conn.execute(
+            "SELECT next_seq, log_offset FROM jobs WHERE job_id=?", (record.job_id,)
+        ).fetchone()
+        next_seq, old_offset = row if row else (1, 0)
+        stamped = []
+        for event in events:
+            event.seq = next_seq
+            next_seq += 1
+            stamped.append(event)
+        rows = [(record.job_id, e.seq, encode_event(e)) for e in stamped]
+        conn.executemany("INSERT INTO events VALUES (?, ?, ?)", rows)
+        terminal = record.state in TERMINAL_STATES
+        conn.execute(
+            "INSERT INTO jobs (job_id, state, terminal, record, log_offset, next_seq, retain_until_ms)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT(job_id) DO UPDATE SET state=excluded.state, terminal=excluded.terminal,"
+            " record=excluded.record, log_offset=excluded.log_offset, next_seq=excluded.next_seq,"
+            " retain_until_ms=excluded.retain_until_ms",
+            (record.job_id, record.state, int(terminal), _encoder.encode(record),
+             old_offset if log_offset is None else log_offset, next_seq, retain_until_ms),
+        )
+        # the cap is on what is stored: the encoded event (JSON escapes included)
+        added = sum(len(row[2]) for row, e in zip(rows, stamped) if isinstance(e, Output))
+        del rows
+        if added:
+            conn.execute("UPDATE jobs SET output_bytes = output_bytes + ? WHERE job_id=?",
+                         (added, record.job_id))
+            if self.max_output_bytes is not None:
+                self._evict_pages(record.job_id, next_seq)
         return stamped
 
     def _failed_write(self, exc: BaseException, what: str) -> None:

@@ -434,3 +434,92 @@ async def test_defer_reply_outside_a_call_is_an_error():
             ref = await nursery.start(actor.run)
             await ref.cast(("defer-on-cast",))
     assert "of a call" in str(info.value.exceptions[0]) and not ref.alive
+
+
+class _Grouper(actors.Actor):
+    """Handles ("add", n) messages in groups: the first waits for `go`, then takes the
+    ("add", ...) messages waiting behind it and answers each with the group's members."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.go = trio.Event()
+        self.groups: list = []
+
+    async def handle(self, msg):
+        if msg[0] != "add":
+            self.groups.append([msg])
+            return "alone"
+        await self.go.wait()
+        taken = self.take_waiting(lambda m: m[0] == "add", limit=3)
+        group = [msg[1], *(m[1] for m, _ in taken)]
+        self.groups.append(group)
+        for other, token in taken:
+            if token is not None:
+                token.reply((other[1], group))
+        return (msg[1], group)
+
+
+async def test_take_waiting_groups_waiting_messages_and_stops_at_the_first_it_does_not_accept(
+        autojump_clock):
+    got = {}
+
+    async def add(ref, n):
+        got[n] = await ref.call(("add", n))
+
+    async with trio.open_nursery() as nursery:
+        actor = _Grouper(name="grouper")
+        ref = await nursery.start(actor.run)
+        nursery.start_soon(add, ref, 1)
+        await trio.testing.wait_all_tasks_blocked()  # 1 is being handled (waits for go)
+        for n in (2, 3):
+            nursery.start_soon(add, ref, n)
+            await trio.testing.wait_all_tasks_blocked()
+        await ref.cast(("add", 4))  # a cast: taken too, nobody to answer
+        nursery.start_soon(ref.call, ("other",))
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(add, ref, 5)  # behind "other": not taken
+        await trio.testing.wait_all_tasks_blocked()
+        actor.go.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert actor.groups == [[1, 2, 3, 4], [("other",)], [5]]
+        assert got == {1: (1, [1, 2, 3, 4]), 2: (2, [1, 2, 3, 4]), 3: (3, [1, 2, 3, 4]),
+                       5: (5, [5])}
+        assert ref.statistics().messages_handled == 6
+        actor.stop()
+
+
+async def test_take_waiting_respects_its_limit_and_a_crash_answers_the_taken_actor_dead(
+        autojump_clock):
+    outcomes = {}
+
+    class Crasher(_Grouper):
+        async def handle(self, msg):
+            await self.go.wait()
+            taken = self.take_waiting(lambda m: True, limit=1)
+            self.groups.append([msg, *(m for m, _ in taken)])
+            raise RuntimeError("crash with taken messages unanswered")
+
+    async def add(ref, n):
+        try:
+            outcomes[n] = await ref.call(("add", n))
+        except BaseException as exc:  # noqa: BLE001 (what the caller sees)
+            outcomes[n] = type(exc).__name__
+
+    crashed = []
+
+    async def run(actor, task_status=trio.TASK_STATUS_IGNORED):
+        try:
+            await actor.run(task_status=task_status)
+        except RuntimeError as exc:
+            crashed.append(str(exc))
+
+    async with trio.open_nursery() as nursery:
+        actor = Crasher(name="crasher")
+        ref = await nursery.start(run, actor)
+        for n in (1, 2, 3):
+            nursery.start_soon(add, ref, n)
+            await trio.testing.wait_all_tasks_blocked()
+        actor.go.set()
+    assert crashed == ["crash with taken messages unanswered"]
+    assert actor.groups == [[("add", 1), ("add", 2)]]  # the limit: one taken
+    assert outcomes == {1: "RuntimeError", 2: "ActorDead", 3: "ActorDead"}

@@ -198,15 +198,14 @@ async def test_output_written_while_the_runner_was_down_is_stored_in_bounded_bat
     log_size = (job_dir / "output.log").stat().st_size
 
     offsets = []
-    real_save = Database.save
+    real_save_many = Database.save_many  # every save of the store actor (group commit)
 
-    def spy(self, record, events=(), *, log_offset=None, retain_until_ms=None):
-        if log_offset is not None and record.job_id == job.job_id:
-            offsets.append(log_offset)
-        return real_save(self, record, events, log_offset=log_offset,
-                         retain_until_ms=retain_until_ms)
+    def spy(self, writes):
+        offsets.extend(log_offset for record, _, log_offset, _ in writes
+                       if log_offset is not None and record.job_id == job.job_id)
+        return real_save_many(self, writes)
 
-    monkeypatch.setattr(Database, "save", spy)
+    monkeypatch.setattr(Database, "save_many", spy)
     async with motor.open_runner(config) as runner:
         assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
         assert runner.db.log_offset(job.job_id) == log_size

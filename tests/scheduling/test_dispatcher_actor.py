@@ -23,7 +23,7 @@ from motor.handles import DispatcherHandle
 from motor.records import JobRecord, JobRequest
 from motor.scheduling.actor import DispatchDeps, Dispatcher
 from motor.scheduling.core import retry_delay_s
-from motor.store.actor import ChangeHub, Save, StoreActor
+from motor.store.actor import ChangeHub, StoreActor
 from motor.store.db import Database, StoreFull
 
 
@@ -45,16 +45,17 @@ class SlowDisk(actors.Actor):
         raise TypeError(msg)
 
 
-class FullStore(StoreActor):
-    """The real store, except that while `full_for` holds a state, saves of records in
-    that state are refused as the state filesystem being full (nothing written)."""
+class FullDatabase(Database):
+    """The real database, except that while `full_for` holds a state, a transaction that
+    saves a record in that state is refused as the state filesystem being full (nothing
+    written, as SQLite rolls it back)."""
 
     full_for: str | None = None
 
-    async def handle(self, msg):
-        if isinstance(msg, Save) and msg.record.state == self.full_for:
+    def save_many(self, writes):
+        if any(w[0].state == self.full_for for w in writes):
             raise StoreFull("database or disk is full")
-        return await super().handle(msg)
+        return super().save_many(writes)
 
 
 class FakeExecution:
@@ -81,8 +82,8 @@ class World:
         self.clock = MockWallClock()
         self.config = RunnerConfig(state_dir=str(tmp_path), max_weight=max_weight,
                                    free_space_floor_bytes=0)
-        self.db = Database(tmp_path / "motor.db")
-        self.store = FullStore(self.db, ChangeHub())
+        self.db = FullDatabase(tmp_path / "motor.db")
+        self.store = StoreActor(self.db, ChangeHub())
         self.disk = SlowDisk()
         self.cpu = Recorder("cpu", reply=lambda msg: [0] if isinstance(msg, Place) else None)
         self.accounting = Recorder("accounting")
@@ -190,7 +191,7 @@ async def test_a_start_the_store_cannot_record_goes_back_to_its_queue(tmp_path, 
     async with trio.open_nursery() as nursery:
         world = World(tmp_path, nursery)
         dispatcher = await world.start()
-        world.store.full_for = "setup"
+        world.db.full_for = "setup"
         record = await dispatcher.submit(request())
         await trio.testing.wait_all_tasks_blocked()
         assert world.cpu.kinds() == ["Place", "Release"]
@@ -199,7 +200,7 @@ async def test_a_start_the_store_cannot_record_goes_back_to_its_queue(tmp_path, 
         assert status["active"] == [] and [r["job_id"] for r in status["queued"]] == [record.job_id]
         assert status["capacity"]["held_permits"] == 0
 
-        world.store.full_for = None
+        world.db.full_for = None
         await trio.sleep(retry_delay_s(1) + 0.5)  # its retry delay passes: it starts
         assert world.state(record.job_id) == "setup"
         assert world.execution.started == [record.job_id]
@@ -211,7 +212,7 @@ async def test_a_submit_the_store_cannot_record_is_refused_disk_full(tmp_path, a
     async with trio.open_nursery() as nursery:
         world = World(tmp_path, nursery)
         dispatcher = await world.start()
-        world.store.full_for = "queued"
+        world.db.full_for = "queued"
         refusal = await dispatcher.submit(request())
         assert refusal.code == "runner_disk_full" and refusal.floor_bytes == 0
         assert "full" in refusal.detail and world.db.live() == []

@@ -30,7 +30,7 @@ class Shell:
             effect = pending.pop()
             self.done.append(effect)
             answer = None
-            if isinstance(effect, m.SaveRecord):
+            if isinstance(effect, (m.SaveRecord, m.SaveClocks)):
                 answer = (m.SaveFailed(effect, "database or disk is full", 0) if self.full
                           else m.SaveDone(effect))
             elif isinstance(effect, m.PlaceCpus):
@@ -72,6 +72,31 @@ def test_answers_out_of_order_still_queue_jobs_in_job_id_order():
     assert [r.token for r in shell.of(m.Reply)] == ["t1", "t2", "t3"]
     assert shell.of(m.StartJobActor) == [m.StartJobActor("j1")]
     assert list(shell.machine.queued) == ["j2", "j3"]
+
+
+def test_an_accepted_jobs_clock_is_saved_with_its_record_and_admissions_go_one_by_one():
+    """Issue 14: the clock of a job that joins its queue was saved right after its record,
+    a second save of the same record. It is saved with the record now; and since the job is
+    in its queue before that save, admissions completing in one message go one at a time:
+    no start is decided while an accepted job is unsaved, and its save comes first."""
+    shell = Shell(m.DispatchMachine.new(SETTINGS))
+    for i in (1, 2, 3):
+        submit(shell, f"j{i}", f"t{i}", workspace="same" if i < 3 else "other")
+    shell.run(m.DiskAnswered("j2", None))
+    shell.run(m.DiskAnswered("j3", None))
+    done = shell.run(m.DiskAnswered("j1", None))  # all three complete in this message
+    saves = [(e.record.job_id, e.purpose) for e in done
+             if isinstance(e, (m.SaveRecord, m.SaveClocks)) for e in getattr(e, "saves", (e,))]
+    # j1 starts (weight 4 fills max_weight 4) once recorded; j2 and j3 wait, their clocks
+    # saved with their records: j2 paused behind j1 (its workspace's owner), j3 advancing
+    assert saves == [("j1", "accept"), ("j1", "start"), ("j2", "accept"), ("j3", "accept")]
+    records = {e.record.job_id: e.record for e in shell.of(m.SaveRecord)}
+    assert (records["j2"].queue_clock_running, records["j3"].queue_clock_running) == (False, True)
+    assert records["j2"].queue_clock_at_ms == shell.wall_ms == records["j2"].ready_at_ms
+    placed = [e.job_id for e in done if isinstance(e, m.PlaceCpus)]
+    assert placed == ["j1"]
+    assert [r.token for r in shell.of(m.Reply)] == ["t1", "t2", "t3"]
+    assert shell.machine.clock_saved == {"j2": False, "j3": True}
 
 
 def test_a_disk_refusal_is_the_answer_and_leaves_nothing():
@@ -194,7 +219,8 @@ def test_recovery_saves_no_clock_whose_persisted_course_still_holds():
     shell = Shell(machine)
     shell.wall_ms = wall
     shell.run(m.Recover(records, with_actor={"j1"}))
-    saved = {s.record.job_id: s.record for s in shell.of(m.SaveRecord) if s.purpose == "clock"}
+    [clocks] = shell.of(m.SaveClocks)  # one effect: one transaction
+    saved = {s.record.job_id: s.record for s in clocks.saves}
     assert sorted(saved) == ["j3", "j5"]
     assert saved["j3"].queue_clock_running is True and saved["j3"].queue_wait_ms == 2000
     assert saved["j5"].ready_at_ms is not None

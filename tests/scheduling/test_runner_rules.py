@@ -485,6 +485,9 @@ async def test_health_capacity_comes_from_the_capacity_only_view(tmp_path, monke
         jobs = [await runner.submit(barrier_job(go, weight_hint=1, workspace=f"w{i}"))
                 for i in range(3)]
         await wait_until(lambda: _all_in(runner, jobs[:1], "running"), "one job to run")
+        # the record says running before the dispatcher has handled the job's SetupDone (a
+        # cast sent after that save): compare views once the dispatcher counts it running
+        await wait_until(lambda: _setup_done(runner), "the dispatcher to see it running")
         status = await runner.status()
         assert len(status["queued"]) == 2 and status["capacity"]["held_permits"] == 1
         views: list[str] = []  # the queued jobs whose live wait fields were computed
@@ -558,6 +561,8 @@ async def test_the_status_answer_over_http_is_the_status_view_spliced_from_cache
             assert got == want
         for job in jobs[3:]:
             assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
+async def _setup_done(runner) -> bool:
+    return (await runner.status())["capacity"]["setup_permits"] == 0
 
 
 # --- issue 15: the dispatcher never awaits the disk inside a decision -------------------------
