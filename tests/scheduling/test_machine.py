@@ -304,7 +304,7 @@ def test_the_encoded_status_view_is_each_live_view_and_follows_every_change_of_a
     shell.now = 10.0
     shell.run(m.Finished("j0"))
     assert machine.active == {"j1", "j2"} and list(machine.queued) == ["j3", "j4"]
-    [clock] = [s for s in shell.of(m.SaveRecord) if s.purpose == "clock"]
+    [clock] = [s for batch in shell.of(m.SaveClocks) for s in batch.saves]
     [setup] = [s.record for s in shell.of(m.SaveRecord)
                if s.purpose == "start" and s.record.job_id == "j1"]
     assert clock.record.job_id == "j4" and machine.queued["j4"] is clock.record
