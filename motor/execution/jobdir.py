@@ -2,23 +2,30 @@
 
 Every function here blocks (file system, a bundle's unpacking) and is called by
 execution/actor.py through its injected offloader (`JobDeps.offload`: a worker thread in
-production, inline in actor-level tests), never on the event loop. The rules stay in
-execution/core.py; the on-disk format, shared with the keeper, in execution/joblog.py.
+production, inline in actor-level tests), never on the event loop; a start's workspace,
+isolation groups and spec.json go together in one call (`set_up`: one thread hop). The
+exceptions are `look` and `log_size`, a few metadata calls on the runner's own state
+directory (a local file system, like the SQLite database the store writes on the event
+loop's behalf): the actor calls them inline, once at its start and once per output poll,
+because a thread hop costs more than they do (docs/keeper.md, "The job actor").
+The rules stay in execution/core.py; the on-disk format, shared with the keeper, in
+execution/joblog.py.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..disk.bundles import BundleError, unpack_into
 from ..records import Output, Refusal
 from . import joblog
 from .core import OutputDecoder, isolation_problems
 
-__all__ = ["claimed", "close", "kill_strays", "look", "prepare", "read_output", "read_status",
-           "write_spec"]
+__all__ = ["Progress", "claimed", "close", "kill_strays", "log_size", "look", "prepare",
+           "read_output", "read_status", "set_up", "write_spec"]
 
 log = logging.getLogger("motor.execution")
 
@@ -56,6 +63,44 @@ def prepare(cwd: Path, job_dir: Path, bundle: str | None, root: str | None,
             return Refusal(code="workspace_setup_failed", detail=str(exc))
     job_dir.mkdir(parents=True, exist_ok=True)
     return None
+
+
+class Progress:
+    """How far `set_up` got (read by the caller when it raised): whether the isolation
+    backend was asked to confine the job (then its groups must be removed again)."""
+
+    __slots__ = ("prepared",)
+
+    def __init__(self) -> None:
+        self.prepared = False
+
+
+def set_up(cwd: Path, job_dir: Path, bundle: str | None, root: str | None, job_id: str,
+           backend: Any, cpus: list[int] | None, memory_max: int | None,
+           spec_of: Callable[[dict[str, Any]], dict[str, Any]],
+           progress: Progress) -> Refusal | None:
+    """A start's blocking steps in one offloaded call: `prepare` (workspace, bundle, job
+    directory), the isolation backend's groups (`backend.prepare`; `progress.prepared` is
+    set before it runs) and the keeper's spec.json from `spec_of(isolation fields)`.
+    A refusal (a bundle that cannot be unpacked) stops it before the backend is asked."""
+    if refusal := prepare(cwd, job_dir, bundle, root, job_id):
+        return refusal
+    progress.prepared = True
+    isolation = backend.prepare(job_id, cpus, memory_max)
+    write_spec(job_dir, spec_of(isolation))
+    return None
+
+
+def log_size(job_dir: Path) -> int | None:
+    """output.log's size (one stat on the state directory; called inline): 0 when it is
+    missing (as `joblog.read_records` reads it), None when it cannot be looked at (the
+    offloaded read then reports why)."""
+    try:
+        return os.stat(job_dir / joblog.OUTPUT_FILE).st_size
+    except FileNotFoundError:
+        return 0
+    except OSError:
+        return None
 
 
 def write_spec(job_dir: Path, spec: dict[str, Any]) -> None:

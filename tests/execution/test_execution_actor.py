@@ -120,8 +120,8 @@ async def test_a_cancel_during_setup_ends_the_job_before_any_keeper(tmp_path, au
     prepared = trio.Event()
     release = trio.Event()
 
-    async def gated_offload(fn, *args):  # the backend's prepare holds until the test says
-        if fn == NONE.prepare:
+    async def gated_offload(fn, *args):  # the setup step (workspace, backend's groups,
+        if fn is jobdir.set_up:  # spec.json: one offloaded call) holds until the test says
             prepared.set()
             await release.wait()
         return fn(*args)
@@ -275,8 +275,8 @@ async def test_a_spawn_that_finds_the_directory_claimed_adopts_that_keeper(
 
     async def offload(fn, *args):
         result = fn(*args)
-        if fn is jobdir.write_spec:
-            claims.append(await world.keepers.spawn(args[0]))  # the other claim wins
+        if fn is jobdir.set_up:  # spec.json is written: the other claim comes before the spawn
+            claims.append(await world.keepers.spawn(args[1]))  # the other claim wins
             world.keepers.fail = error
         return result
 
@@ -346,4 +346,37 @@ async def test_a_cancel_during_a_spawn_that_fails_ends_the_job_cancelled(tmp_pat
         assert world.dispatcher.kinds() == ["Finished"]  # not StartFailed: never requeued
         assert world.cpu.kinds() == ["Release"] and tags(world) == ["terminal"]
         assert not ref.alive
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_start_and_a_quiet_job_cost_two_offloaded_calls_and_output_is_still_read(
+        tmp_path, autojump_clock):
+    """Issue 14: the start's blocking steps (workspace, the backend's groups, spec.json) go
+    to the offloader as one call, the job directory is looked at inline, and output.log is
+    read only when it has grown (an inline stat says so): a job with no output costs the
+    setup call and the closing one. A job that writes is still read batch by batch."""
+    from motor.execution import joblog
+
+    calls = []
+
+    async def counting_offload(fn, *args):
+        calls.append(getattr(fn, "__name__", repr(fn)))
+        return fn(*args)
+
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery, offload=counting_offload)
+        job, ref = await world.start()
+        autojump_clock.jump(1.0)  # many output polls go by
+        await trio.testing.wait_all_tasks_blocked()
+        assert calls == ["set_up"]
+        with open(world.job_dir / joblog.OUTPUT_FILE, "ab") as f:
+            f.write(joblog.encode_record(joblog.STDOUT, b"hello\n"))
+        autojump_clock.jump(1.0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert calls == ["set_up", "read_output"]  # one batch: all the log had grown by
+        world.keepers.exit(job.keeper[0], exit_code=0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert calls == ["set_up", "read_output", "close"]
+        assert tags(world) == ["started", "output", "terminal"]
+        assert world.state().state == "succeeded" and not ref.alive
         nursery.cancel_scope.cancel()
