@@ -15,7 +15,6 @@ from pathlib import Path
 import trio
 
 import actors
-
 from .. import faults
 from ..accounting.actor import JobStarted
 from ..lifecycle import RUNNING, retain_until
@@ -189,8 +188,10 @@ class JobExecution(actors.Actor):
     async def _finish(self, status: dict | None = None) -> None:
         """The keeper exited (`status`: None, read status.json): the terminal record."""
         deps, job_id = self.deps, self.record.job_id
-        status, facts = await deps.offload(
-            jobdir.close, self.dir, deps.spawner, deps.backend, job_id, status, self.name)
+        status = status if status is not None else jobdir.read_status(self.dir, self.name)
+        close = (self.dir, deps.spawner, deps.backend, job_id, status, self.name)
+        status, facts = (jobdir.close(*close) if jobdir.close_is_light(deps.backend, status)
+                         else await deps.offload(jobdir.close, *close))
         record = core.terminal_record(self.record, status, deps.clock.now_ms(), facts,
                                       self.run_state.output.error)
         await self._end(record)

@@ -4,10 +4,11 @@ Every function here blocks (file system, a bundle's unpacking) and is called by
 execution/actor.py through its injected offloader (`JobDeps.offload`: a worker thread in
 production, inline in actor-level tests), never on the event loop; a start's workspace,
 isolation groups and spec.json go together in one call (`set_up`: one thread hop). The
-exceptions are `look` and `log_size`, a few metadata calls on the runner's own state
-directory (a local file system, like the SQLite database the store writes on the event
-loop's behalf): the actor calls them inline, once at its start and once per output poll,
-because a thread hop costs more than they do (docs/keeper.md, "The job actor").
+exceptions are `look`, `log_size`, `read_status` and a light `close` (`close_is_light`),
+a few small calls on the runner's own state directory (a local file system, like the
+SQLite database the store writes on the event loop's behalf): the actor calls them inline,
+at its start, per output poll and at its end, because a thread hop costs more than they
+do, above all on a loaded host (docs/keeper.md, "The job actor").
 The rules stay in execution/core.py; the on-disk format, shared with the keeper, in
 execution/joblog.py.
 """
@@ -20,11 +21,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..disk.bundles import BundleError, unpack_into
+from ..isolation.base import Backend
 from ..records import Output, Refusal
 from . import joblog
 from .core import OutputDecoder, isolation_problems
 
-__all__ = ["Progress", "claimed", "close", "kill_strays", "log_size", "look", "prepare",
+__all__ = ["Progress", "claimed", "close", "close_is_light", "kill_strays", "log_size", "look", "prepare",
            "read_output", "read_status", "set_up", "write_spec"]
 
 log = logging.getLogger("motor.execution")
@@ -124,6 +126,14 @@ def read_status(job_dir: Path, who: str = "") -> dict[str, Any] | None:
     except joblog.JobDirError as exc:
         log.warning("%s: %s", who, exc)
         return None
+
+
+def close_is_light(backend: Any, status: dict[str, Any] | None) -> bool:
+    """Whether `close` may run inline: the keeper's status is in hand (read inline: one
+    small file on the state directory) and the backend's `finish` is the base one
+    (`affinity`, `none`: it touches nothing). A lost keeper (its leftovers are looked for in
+    /proc) or a backend with groups to read and remove goes through the offloader."""
+    return status is not None and type(backend).finish is Backend.finish
 
 
 def close(job_dir: Path, spawner: Any, backend: Any, job_id: str, status: dict[str, Any] | None,

@@ -349,12 +349,13 @@ async def test_a_cancel_during_a_spawn_that_fails_ends_the_job_cancelled(tmp_pat
         nursery.cancel_scope.cancel()
 
 
-async def test_a_start_and_a_quiet_job_cost_two_offloaded_calls_and_output_is_still_read(
+async def test_a_quiet_job_costs_one_offloaded_call_and_output_is_still_read(
         tmp_path, autojump_clock):
     """Issue 14: the start's blocking steps (workspace, the backend's groups, spec.json) go
-    to the offloader as one call, the job directory is looked at inline, and output.log is
-    read only when it has grown (an inline stat says so): a job with no output costs the
-    setup call and the closing one. A job that writes is still read batch by batch."""
+    to the offloader as one call, the job directory is looked at inline, output.log is read
+    only when it has grown (an inline stat says so), and the end (status.json, a backend
+    whose `finish` touches nothing) is inline: a job with no output costs the setup call.
+    A job that writes is still read batch by batch."""
     from motor.execution import joblog
 
     calls = []
@@ -376,7 +377,29 @@ async def test_a_start_and_a_quiet_job_cost_two_offloaded_calls_and_output_is_st
         assert calls == ["set_up", "read_output"]  # one batch: all the log had grown by
         world.keepers.exit(job.keeper[0], exit_code=0)
         await trio.testing.wait_all_tasks_blocked()
-        assert calls == ["set_up", "read_output", "close"]
+        assert calls == ["set_up", "read_output"]  # status.json read, `none` closed inline
         assert tags(world) == ["started", "output", "terminal"]
         assert world.state().state == "succeeded" and not ref.alive
         nursery.cancel_scope.cancel()
+
+
+def test_only_a_known_status_with_a_finish_that_touches_nothing_closes_inline():
+    """`close` runs on the event loop only when status.json is in hand and the backend's
+    `finish` is the base one; a lost keeper (its leftovers are looked for in /proc) or a
+    backend with groups to read and remove (cgroup, systemd) goes to the offloader."""
+    import dataclasses
+
+    from motor.isolation.cgroup import CgroupBackend
+    from motor.isolation.systemd import SystemdBackend
+    from motor.isolation.base import Backend
+
+    @dataclasses.dataclass(frozen=True)
+    class Grouped(Backend):
+        def finish(self, job_id, signal=None):
+            return {"oom_killed": False, "cpu_time_ms": 1}
+
+    status = {"exit_code": 0}
+    assert jobdir.close_is_light(NONE, status) and not jobdir.close_is_light(NONE, None)
+    assert not jobdir.close_is_light(Grouped(name="g", enforces=()), status)
+    assert CgroupBackend.finish is not Backend.finish
+    assert SystemdBackend.finish is not Backend.finish
