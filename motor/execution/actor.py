@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from pathlib import Path
 
 import trio
@@ -18,8 +17,8 @@ import actors
 from .. import faults
 from ..accounting.actor import JobStarted
 from ..lifecycle import RUNNING, retain_until
+from ..offload import offload_unless
 from ..records import JobRecord, Refusal, Started, Terminal, public_record
-from ..store.files import job_umask
 from . import core, jobdir, joblog
 from .messages import Cancel, JobDeps, save_when_room
 from .spawner import JobDirClaimed, KeeperNotStarted, SpawnerError
@@ -88,12 +87,10 @@ class JobExecution(actors.Actor):
                 cwd, bundle, root = Path(plan.path), plan.bundle, plan.root
             if self.run_state.setup_cancelled():
                 return await self._end_in_setup()
-            env = core.job_env(record, os.environ, getattr(deps.config, "compile_cache", None))
-            spec_of = functools.partial(core.job_spec, record, str(cwd), env, job_umask())
-            # workspace, the backend's groups and limits, spec.json: one hop (jobdir.set_up)
-            if refusal := await io(jobdir.set_up, cwd, self.dir, bundle, root, record.job_id,
-                                   deps.backend, record.cpus, record.memory_max_bytes,
-                                   spec_of, progress):
+            # workspace, the backend's groups and limits, spec.json: one hop, or none (jobdir)
+            if refusal := await offload_unless(
+                    jobdir.set_up_is_light(deps.backend, bundle), io, jobdir.set_up, record,
+                    cwd, self.dir, bundle, root, deps.backend, deps.config, progress):
                 return await self._end_in_setup(refusal)
             if self.run_state.setup_cancelled():
                 await io(deps.backend.finish, record.job_id)
@@ -189,9 +186,9 @@ class JobExecution(actors.Actor):
         """The keeper exited (`status`: None, read status.json): the terminal record."""
         deps, job_id = self.deps, self.record.job_id
         status = status if status is not None else jobdir.read_status(self.dir, self.name)
-        close = (self.dir, deps.spawner, deps.backend, job_id, status, self.name)
-        status, facts = (jobdir.close(*close) if jobdir.close_is_light(deps.backend, status)
-                         else await deps.offload(jobdir.close, *close))
+        status, facts = await offload_unless(
+            jobdir.close_is_light(deps.backend, status), deps.offload, jobdir.close,
+            self.dir, deps.spawner, deps.backend, job_id, status, self.name)
         record = core.terminal_record(self.record, status, deps.clock.now_ms(), facts,
                                       self.run_state.output.error)
         await self._end(record)
