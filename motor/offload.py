@@ -24,3 +24,9 @@ class Offload(Protocol):
 async def thread_offload(fn: Callable[..., Any], *args: Any) -> Any:
     """The production offloader: a trio worker thread."""
     return await trio.to_thread.run_sync(fn, *args)
+
+
+async def offload_unless(inline: bool, offload: Offload, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` on the event loop when `inline` (the caller knows it is a few cheap calls:
+    a thread hop would cost more, above all on a loaded host), else through `offload`."""
+    return fn(*args) if inline else await offload(fn, *args)

@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from pathlib import Path
 
 import trio
 
 import actors
-
 from .. import faults
 from ..accounting.actor import JobStarted
 from ..lifecycle import RUNNING, retain_until
+from ..offload import offload_unless
 from ..records import JobRecord, Refusal, Started, Terminal, public_record
-from ..store.files import job_umask
 from . import core, jobdir, joblog
 from .messages import Cancel, JobDeps, save_when_room
 from .spawner import JobDirClaimed, KeeperNotStarted, SpawnerError
@@ -55,7 +53,7 @@ class JobExecution(actors.Actor):
 
     async def _life(self):
         deps, job_id = self.deps, self.record.job_id
-        found = core.found(*await deps.offload(jobdir.look, self.dir))
+        found = core.found(*jobdir.look(self.dir))  # inline: a few stats (jobdir.py)
         if found.kill_strays:  # a start cut short: nothing of the job may run before its start
             await deps.offload(jobdir.kill_strays, deps.spawner, job_id, self.name)
         if not found.adopt and (found := await self._setup()) is None:
@@ -76,7 +74,7 @@ class JobExecution(actors.Actor):
     async def _setup(self) -> core.Found | None:
         """Set up and spawn: Found(adopt=False) once spawned, adopt=True when a keeper holds
         the job directory already, None when the job ended or was requeued."""
-        deps, record, io, prepared = self.deps, self.record, self.deps.offload, False
+        deps, record, io, progress = self.deps, self.record, self.deps.offload, jobdir.Progress()
         try:
             await faults.ahit("setup.begin")  # tests: a barrier or a crash at this point
             cwd, bundle, root = deps.workspace_root / record.workspace, None, None
@@ -89,21 +87,18 @@ class JobExecution(actors.Actor):
                 cwd, bundle, root = Path(plan.path), plan.bundle, plan.root
             if self.run_state.setup_cancelled():
                 return await self._end_in_setup()
-            if refusal := await io(jobdir.prepare, cwd, self.dir, bundle, root, record.job_id):
+            # workspace, the backend's groups and limits, spec.json: one hop, or none (jobdir)
+            if refusal := await offload_unless(
+                    jobdir.set_up_is_light(deps.backend, bundle), io, jobdir.set_up, record,
+                    cwd, self.dir, bundle, root, deps.backend, deps.config, progress):
                 return await self._end_in_setup(refusal)
-            env = core.job_env(record, os.environ, getattr(deps.config, "compile_cache", None))
-            prepared = True  # the isolation backend confines the job (its groups, limits)
-            isolation = await io(deps.backend.prepare, record.job_id, record.cpus,
-                                 record.memory_max_bytes)
             if self.run_state.setup_cancelled():
                 await io(deps.backend.finish, record.job_id)
                 return await self._end_in_setup()
-            await io(jobdir.write_spec, self.dir,
-                     core.job_spec(record, str(cwd), env, job_umask(), isolation))
             self.run_state.spawning()
             handle = await deps.spawner.spawn(self.dir)
         except Exception as exc:
-            return await self._start_error(exc, prepared)
+            return await self._start_error(exc, progress.prepared)
         self.run_state.follow((handle.pid, handle.create_time))
         await faults.ahit("setup.spawned")  # tests/bench: a crash before keeper.json may exist
         await self._mark_running(None)
@@ -171,9 +166,10 @@ class JobExecution(actors.Actor):
 
     async def _drain(self, offset: int) -> int:
         """The log from `offset` into events, one batch at a time, each saved with the offset
-        after it before the next is read (one batch of memory; a restart resumes after it)."""
-        output = self.run_state.output
-        while output.error is None:
+        after it before the next is read (one batch of memory; a restart resumes after it),
+        up to the size an inline stat saw (no thread hop while it has not grown)."""
+        output, size = self.run_state.output, jobdir.log_size(self.dir)
+        while output.error is None and (size is None or offset < size):
             try:
                 events, new = await self.deps.offload(
                     jobdir.read_output, self.dir, offset, core.READ_BATCH_BYTES, output)
@@ -189,8 +185,10 @@ class JobExecution(actors.Actor):
     async def _finish(self, status: dict | None = None) -> None:
         """The keeper exited (`status`: None, read status.json): the terminal record."""
         deps, job_id = self.deps, self.record.job_id
-        status, facts = await deps.offload(
-            jobdir.close, self.dir, deps.spawner, deps.backend, job_id, status, self.name)
+        status = status if status is not None else jobdir.read_status(self.dir, self.name)
+        status, facts = await offload_unless(
+            jobdir.close_is_light(deps.backend, status), deps.offload, jobdir.close,
+            self.dir, deps.spawner, deps.backend, job_id, status, self.name)
         record = core.terminal_record(self.record, status, deps.clock.now_ms(), facts,
                                       self.run_state.output.error)
         await self._end(record)

@@ -2,25 +2,40 @@
 
 Every function here blocks (file system, a bundle's unpacking) and is called by
 execution/actor.py through its injected offloader (`JobDeps.offload`: a worker thread in
-production, inline in actor-level tests), never on the event loop. The rules stay in
-execution/core.py; the on-disk format, shared with the keeper, in execution/joblog.py.
+production, inline in actor-level tests), never on the event loop; a start's workspace,
+isolation groups and spec.json go together in one call (`set_up`: one thread hop). The
+exceptions are `look`, `log_size`, `read_status`, and `set_up` and `close` when they are
+light (`set_up_is_light`, `close_is_light`: no bundle, a backend with nothing to make or
+remove), a few small metadata calls, mostly on the runner's own state directory (a local
+file system, like the SQLite database the store writes on the event loop's behalf): the
+actor calls them inline, at its start, per output poll and at its end, because a thread
+hop costs more than they do, above all on a loaded host (docs/keeper.md, "The job actor").
+The rules stay in execution/core.py; the on-disk format, shared with the keeper, in
+execution/joblog.py.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 from ..disk.bundles import BundleError, unpack_into
-from ..records import Output, Refusal
+from ..isolation.base import Backend
+from ..records import JobRecord, Output, Refusal
+from ..store.files import job_umask
 from . import joblog
-from .core import OutputDecoder, isolation_problems
+from .core import OutputDecoder, isolation_problems, job_env, job_spec
 
-__all__ = ["claimed", "close", "kill_strays", "look", "prepare", "read_output", "read_status",
-           "write_spec"]
+__all__ = ["Progress", "claimed", "close", "close_is_light", "kill_strays", "log_size", "look",
+           "prepare", "read_output", "read_status", "set_up", "set_up_is_light", "write_spec"]
 
 log = logging.getLogger("motor.execution")
+
+#: the base backend's steps, known to touch nothing (captured at import: a replaced one is
+#: not known to be light)
+_BASE_PREPARE, _BASE_FINISH = Backend.prepare, Backend.finish
 
 
 def look(job_dir: Path) -> tuple[dict[str, Any] | None, bool, bool]:
@@ -58,6 +73,54 @@ def prepare(cwd: Path, job_dir: Path, bundle: str | None, root: str | None,
     return None
 
 
+class Progress:
+    """How far `set_up` got (read by the caller when it raised): whether the isolation
+    backend was asked to confine the job (then its groups must be removed again)."""
+
+    __slots__ = ("prepared",)
+
+    def __init__(self) -> None:
+        self.prepared = False
+
+
+def set_up(record: JobRecord, cwd: Path, job_dir: Path, bundle: str | None,
+           root: str | None, backend: Any, config: Any, progress: Progress) -> Refusal | None:
+    """A start's steps in one call (one thread hop, or none: `set_up_is_light`): `prepare`
+    (workspace, bundle, job directory), the isolation backend's groups (`backend.prepare`;
+    `progress.prepared` is set before it runs) and the keeper's spec.json (core.job_spec:
+    the job's environment, the runner's umask, the backend's fields). A refusal (a bundle
+    that cannot be unpacked) stops it before the backend is asked."""
+    if refusal := prepare(cwd, job_dir, bundle, root, record.job_id):
+        return refusal
+    env = job_env(record, os.environ, getattr(config, "compile_cache", None))
+    progress.prepared = True
+    isolation = backend.prepare(record.job_id, record.cpus, record.memory_max_bytes)
+    write_spec(job_dir, job_spec(record, str(cwd), env, job_umask(), isolation))
+    return None
+
+
+def set_up_is_light(backend: Any, bundle: str | None) -> bool:
+    """Whether `set_up` may run inline: no bundle to unpack and the backend's `prepare` is
+    the base one (`affinity`, `none`: spec fields only, no side effect). What is left is
+    metadata work: the workspace and job directory made when missing (the disk actor stats
+    the workspace's root on the event loop already) and spec.json written on the state
+    directory. A backend with groups to make (cgroup, systemd), or any other `prepare` (a
+    replaced one may block: tests/scheduling hold one at a barrier), goes to the offloader."""
+    return bundle is None and type(backend).prepare is _BASE_PREPARE
+
+
+def log_size(job_dir: Path) -> int | None:
+    """output.log's size (one stat on the state directory; called inline): 0 when it is
+    missing (as `joblog.read_records` reads it), None when it cannot be looked at (the
+    offloaded read then reports why)."""
+    try:
+        return os.stat(job_dir / joblog.OUTPUT_FILE).st_size
+    except FileNotFoundError:
+        return 0
+    except OSError:
+        return None
+
+
 def write_spec(job_dir: Path, spec: dict[str, Any]) -> None:
     """The keeper's spec.json, atomically (mode 0600: it holds the environment)."""
     joblog.write_json_atomic(job_dir / joblog.SPEC_FILE, spec)
@@ -79,6 +142,14 @@ def read_status(job_dir: Path, who: str = "") -> dict[str, Any] | None:
     except joblog.JobDirError as exc:
         log.warning("%s: %s", who, exc)
         return None
+
+
+def close_is_light(backend: Any, status: dict[str, Any] | None) -> bool:
+    """Whether `close` may run inline: the keeper's status is in hand (read inline: one
+    small file on the state directory) and the backend's `finish` is the base one
+    (`affinity`, `none`: it touches nothing). A lost keeper (its leftovers are looked for in
+    /proc) or a backend with groups to read and remove goes through the offloader."""
+    return status is not None and type(backend).finish is _BASE_FINISH
 
 
 def close(job_dir: Path, spawner: Any, backend: Any, job_id: str, status: dict[str, Any] | None,

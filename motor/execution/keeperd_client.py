@@ -42,6 +42,8 @@ SPAWN_TIMEOUT_S = 30.0
 STARTUP_TIMEOUT_S = 30.0
 #: A wait whose connection broke while keeperd still lives is re-sent after this pause.
 RECONNECT_PAUSE_S = 0.05
+#: At most this many spawned job dirs are remembered until their wait (then forgotten).
+MAX_REMEMBERED = 100_000
 
 
 class _NotRunning(SpawnerError):
@@ -215,6 +217,10 @@ class KeeperdSpawner:
         self._conn: _Conn | None = None
         self._nursery: trio.Nursery | None = None
         self._next_id = 0
+        #: job dirs this spawner had keeperd claim, by path: the identity of the keeperd
+        #: that answered (kept until the job's wait returns). A wait or cancel for one of
+        #: them knows its claim names keeperd without reading keeper.json again.
+        self._spawned: dict[str, tuple[int, float]] = {}
 
     @property
     def keeperd_pid(self) -> int | None:
@@ -326,18 +332,43 @@ class KeeperdSpawner:
             raise req.exc
         resp = req.resp
         assert resp is not None
-        return keeper_of(resp, "keeperd", path)
+        handle = keeper_of(resp, "keeperd", path)
+        if len(self._spawned) >= MAX_REMEMBERED:  # waits that never came (crashed actors)
+            self._spawned.clear()
+        self._spawned[path] = (handle.pid, handle.create_time)
+        return handle
+
+    def _ours(self, job_dir: os.PathLike[str] | str, pid: int, create_time: float) -> bool:
+        """This spawner had keeperd (pid, create_time) claim ``job_dir``: its keeper.json
+        names keeperd (no need to read it)."""
+        known = self._spawned.get(os.path.abspath(os.fspath(job_dir)))
+        return known is not None and _same(known, (pid, create_time))
+
+    def _alive(self, pid: int, create_time: float) -> bool:
+        """keeperd (pid, create_time) lives: our connection to it is up (no /proc read),
+        else ask /proc."""
+        conn = self._conn
+        if conn is not None and not conn.dead and _same(conn.identity, (pid, create_time)):
+            return True
+        return process_alive(pid, create_time)
 
     async def wait_exit(self, pid: int, create_time: float,
                         job_dir: os.PathLike[str] | str | None = None) -> None:
         """Return once the job's keeper is done with it: for keeperd, once the job's
         status.json is written or keeperd (pid, create_time) is gone; for a per-job keeper
         (an older runner's), once that process exited."""
-        if job_dir is None or not is_keeperd_claim(job_dir):
+        if job_dir is None or not (self._ours(job_dir, pid, create_time)
+                                   or is_keeperd_claim(job_dir)):
             await wait_process_exit(pid, create_time)
             return
         path = os.path.abspath(os.fspath(job_dir))
-        while process_alive(pid, create_time):
+        try:
+            await self._wait_keeperd(path, pid, create_time)
+        finally:
+            self._spawned.pop(path, None)
+
+    async def _wait_keeperd(self, path: str, pid: int, create_time: float) -> None:
+        while self._alive(pid, create_time):
             req = _Req("wait", path, launch=False)
             self._submit(req)
             await req.event.wait()
@@ -355,9 +386,10 @@ class KeeperdSpawner:
                job_dir: os.PathLike[str] | str | None = None) -> bool:
         """Ask the job's keeper to cancel it (keeperd: over the socket; it SIGTERMs the job's
         tree, SIGKILLs it after the grace, records "cancelled"). False when it is gone."""
-        if job_dir is None or not is_keeperd_claim(job_dir):
+        if job_dir is None or not (self._ours(job_dir, pid, create_time)
+                                   or is_keeperd_claim(job_dir)):
             return cancel_keeper(pid, create_time)
-        if not process_alive(pid, create_time) or os.path.exists(
+        if not self._alive(pid, create_time) or os.path.exists(
                 os.path.join(job_dir, joblog.STATUS_FILE)):
             return False  # keeperd is gone, or done with this job
         self._submit(_Req("cancel", os.path.abspath(os.fspath(job_dir)), launch=False))

@@ -55,7 +55,9 @@ def test_no_free_inodes_for_status_json_the_keeper_retries_until_it_lands(serve_
                                     "echo end; exit 0")["job_id"]
             job_dir = state / "jobs" / job_id
             kept = wait_for(lambda: _job_started(job_dir), what="the keeper to record the job")
-            wait_for(lambda: b"start" in (job_dir / "output.log").read_bytes(), what="output")
+            # (keeperd makes output.log at the job's first output, after keeper.json's pid)
+            log = job_dir / "output.log"
+            wait_for(lambda: log.exists() and b"start" in log.read_bytes(), what="output")
             assert filler.inodes() > 0
             barrier.touch()
             # the job's main process exits and is reaped; its keeper cannot write status.json

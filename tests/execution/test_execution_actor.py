@@ -6,6 +6,8 @@ polling. The same paths with real keepers are covered through the runner
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import trio
 import trio.testing
@@ -22,15 +24,32 @@ from motor.handles import (
 )
 from motor.execution.spawner import JobDirClaimed, KeeperNotStarted, SpawnerError
 from motor.isolation import NONE
+from motor.isolation.base import Backend
 from motor.records import JobRecord, Refusal, Terminal
 from motor.store.actor import ChangeHub, StoreActor
 from motor.store.db import Database, StoreFull
 
 
+@dataclasses.dataclass(frozen=True)
+class Grouped(Backend):
+    """A backend with groups to make and remove (as cgroup and systemd have): its steps are
+    not known to be light, so the actor offloads them."""
+
+    def prepare(self, job_id, cpus, memory_max):
+        return super().prepare(job_id, cpus, memory_max)
+
+    def finish(self, job_id, signal=None):
+        return {"oom_killed": False, "cpu_time_ms": 1}
+
+
+GROUPED = Grouped(name="grouped", enforces=())
+
+
 class World:
     """One job in state `setup` (as the dispatcher saves it) and its actor's neighbours."""
 
-    def __init__(self, tmp_path, nursery, offload=inline_offload, disk=None, db=Database):
+    def __init__(self, tmp_path, nursery, offload=inline_offload, disk=None, db=Database,
+                 backend=NONE):
         self.clock = MockWallClock()
         self.db = db(tmp_path / "motor.db")
         now = self.clock.now_ms()
@@ -38,6 +57,7 @@ class World:
                                 cpus=[0], command=["make"], accepted_at_ms=now)
         self.db.save(self.record)
         self.nursery, self.tmp_path, self.offload = nursery, tmp_path, offload
+        self.backend = backend
         self.keepers = FakeKeepers()
         self.cpu, self.dispatcher, self.accounting = (
             Recorder("cpu"), Recorder("dispatcher"), Recorder("accounting"))
@@ -52,7 +72,7 @@ class World:
             dispatcher=DispatcherHandle(await n.start(self.dispatcher.run)),
             cpu=CpuHandle(await n.start(self.cpu.run)),
             accounting=AccountingHandle(await n.start(self.accounting.run)),
-            spawner=self.keepers, backend=NONE,
+            spawner=self.keepers, backend=self.backend,
             clock=self.clock, jobs_dir=self.tmp_path / "jobs",
             workspace_root=self.tmp_path / "ws", offload=self.offload,
             disk=None if self.disk is None else DiskHandle(await n.start(self.disk.run)))
@@ -120,14 +140,14 @@ async def test_a_cancel_during_setup_ends_the_job_before_any_keeper(tmp_path, au
     prepared = trio.Event()
     release = trio.Event()
 
-    async def gated_offload(fn, *args):  # the backend's prepare holds until the test says
-        if fn == NONE.prepare:
+    async def gated_offload(fn, *args):  # the setup step (workspace, backend's groups,
+        if fn is jobdir.set_up:  # spec.json: one offloaded call) holds until the test says
             prepared.set()
             await release.wait()
         return fn(*args)
 
     async with trio.open_nursery() as nursery:
-        world = World(tmp_path, nursery, offload=gated_offload)
+        world = World(tmp_path, nursery, offload=gated_offload, backend=GROUPED)
         _, ref = await world.start()
         assert prepared.is_set() and world.state().state == "setup"
         assert await ref.call(Cancel()) is True  # no keeper yet: it will never start
@@ -275,13 +295,13 @@ async def test_a_spawn_that_finds_the_directory_claimed_adopts_that_keeper(
 
     async def offload(fn, *args):
         result = fn(*args)
-        if fn is jobdir.write_spec:
-            claims.append(await world.keepers.spawn(args[0]))  # the other claim wins
+        if fn is jobdir.set_up:  # spec.json is written: the other claim comes before the spawn
+            claims.append(await world.keepers.spawn(args[2]))  # the other claim wins
             world.keepers.fail = error
         return result
 
     async with trio.open_nursery() as nursery:
-        world = World(tmp_path, nursery, offload=offload)
+        world = World(tmp_path, nursery, offload=offload, backend=GROUPED)
         job, ref = await world.start()
         [other] = claims
         assert job.keeper == (other.pid, other.create_time)
@@ -347,3 +367,65 @@ async def test_a_cancel_during_a_spawn_that_fails_ends_the_job_cancelled(tmp_pat
         assert world.cpu.kinds() == ["Release"] and tags(world) == ["terminal"]
         assert not ref.alive
         nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("backend,setup,end", [(NONE, [], []),
+                                               (GROUPED, ["set_up"], ["close"])])
+async def test_a_quiet_job_costs_no_thread_hop_without_groups_and_output_is_still_read(
+        tmp_path, autojump_clock, backend, setup, end):
+    """Issue 14: the job directory is looked at inline; the start's steps (workspace, the
+    backend's groups, spec.json) are one offloaded call, or inline when the backend has no
+    groups to make (affinity, none) and there is no bundle; output.log is read only when it
+    has grown (an inline stat says so); the end (status.json, the backend's finish) is
+    inline when the backend has nothing to remove. So a job with no output costs no thread
+    hop under `none` and two with groups; a job that writes is still read batch by batch."""
+    from motor.execution import joblog
+
+    calls = []
+
+    async def counting_offload(fn, *args):
+        calls.append(getattr(fn, "__name__", repr(fn)))
+        return fn(*args)
+
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery, offload=counting_offload, backend=backend)
+        job, ref = await world.start()
+        assert (world.job_dir / "spec.json").exists() and world.state().state == "running"
+        autojump_clock.jump(1.0)  # many output polls go by
+        await trio.testing.wait_all_tasks_blocked()
+        assert calls == setup
+        with open(world.job_dir / joblog.OUTPUT_FILE, "ab") as f:
+            f.write(joblog.encode_record(joblog.STDOUT, b"hello\n"))
+        autojump_clock.jump(1.0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert calls == [*setup, "read_output"]  # one batch: all the log had grown by
+        world.keepers.exit(job.keeper[0], exit_code=0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert calls == [*setup, "read_output", *end]
+        assert tags(world) == ["started", "output", "terminal"]
+        assert world.state().state == "succeeded" and not ref.alive
+        nursery.cancel_scope.cancel()
+
+
+def test_only_steps_known_to_touch_nothing_run_inline():
+    """`close` runs on the event loop only when status.json is in hand and the backend's
+    `finish` is the base one, `set_up` only without a bundle and with the base `prepare`;
+    a lost keeper (its leftovers are looked for in /proc), a bundle to unpack or a backend
+    with groups to make, read and remove (cgroup, systemd) goes to the offloader."""
+    from motor.isolation.cgroup import CgroupBackend
+    from motor.isolation.systemd import SystemdBackend
+
+    status = {"exit_code": 0}
+    assert jobdir.close_is_light(NONE, status) and not jobdir.close_is_light(NONE, None)
+    assert not jobdir.close_is_light(GROUPED, status)
+    assert jobdir.set_up_is_light(NONE, None) and not jobdir.set_up_is_light(NONE, "b.tar")
+    assert not jobdir.set_up_is_light(GROUPED, None)
+    for cls in (CgroupBackend, SystemdBackend):  # groups to make and remove: offloaded
+        assert cls.finish is not Backend.finish and cls.prepare is not Backend.prepare
+
+
+def test_a_replaced_base_prepare_is_not_light(monkeypatch):
+    """A `prepare` replaced on the base class (tests/scheduling hold one at a barrier) is
+    not the one known to touch nothing: the start goes to the offloader."""
+    monkeypatch.setattr(Backend, "prepare", lambda self, job_id, cpus, memory_max: {})
+    assert not jobdir.set_up_is_light(NONE, None)

@@ -177,3 +177,35 @@ async def test_a_job_with_one_v2_group_is_born_in_it(tmp_path, workspace):
         assert f"0::{rel}\n" not in keeperd_groups
     finally:
         kill_and_remove(group, strict=True)
+
+
+async def test_a_spawner_waits_for_its_own_jobs_without_reading_keeper_json_or_proc(
+        tmp_path, make_job, workspace, monkeypatch):
+    """The spawner knows which keeperd claimed the job dirs it spawned (the spawn's answer)
+    and that it lives (its connection is up): waiting for such a job reads neither the
+    job's keeper.json nor keeperd's /proc entry (issue 14: they were read per job on the
+    event loop). A spawner that did not spawn the job still reads keeper.json to learn who
+    keeps it, and finds keeperd through it (the adoption test above)."""
+    from motor.execution import keeperd_client
+
+    reads = []
+    real_read, real_alive = keeperd_client.joblog.read_keeper, keeperd_client.process_alive
+    monkeypatch.setattr(keeperd_client.joblog, "read_keeper",
+                        lambda d: reads.append(("keeper.json", d)) or real_read(d))
+    monkeypatch.setattr(keeperd_client, "process_alive",
+                        lambda *a: reads.append(("proc", a)) or real_alive(*a))
+    state = tmp_path / "state"
+    job_dir = make_job(["sh", "-c", "while [ ! -e go ]; do sleep 0.01; done; exit 4"])
+    async with open_keeperd_spawner(state) as spawner:
+        handle = await spawner.spawn(job_dir)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(spawner.wait_exit, handle.pid, handle.create_time, job_dir)
+            await trio.testing.wait_all_tasks_blocked()
+            assert spawner.cancel(handle.pid, handle.create_time, job_dir) is True
+        assert read_status(job_dir)["reason"] == "cancelled"
+        assert reads == []
+        # after its wait the job dir is forgotten: a wait again reads keeper.json (and
+        # returns at once: keeperd no longer keeps it)
+        with trio.fail_after(20):
+            await spawner.wait_exit(handle.pid, handle.create_time, job_dir)
+        assert ("keeper.json", job_dir) in reads

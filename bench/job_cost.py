@@ -1,0 +1,121 @@
+"""The runner's own CPU per job, steadier than wall figures on a shared host.
+
+    python bench/job_cost.py [--rounds 3] [--n 200] [--isolation affinity] [--baseline-root DIR]
+
+Each round runs an embedded runner (`motor.open_runner`, `max_weight=2`, claims of 1, jobs of
+`true` over 4 workspaces, as bench/throughput.py submits them, without the HTTP layer) in a
+fresh process, submits N jobs, waits for every job's terminal event and prints, in the
+peers' line format:
+
+- `runner_cpu_per_job` (ms): user+system CPU of the runner's process (its event loop and
+  its worker threads; keeperd and the jobs are other processes) from the first submit to
+  the last terminal event, over N;
+- `embedded_throughput_wall` (s), with `jobs_per_s`.
+
+`--baseline-root DIR` runs the same rounds, interleaved, with the motor package found in
+DIR (e.g. `git archive REV | tar -x -C DIR`), as peer=motor-baseline. Every line carries
+the 1-minute load average (load1=); the end shows the medians over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+ROUND = r"""
+import json, resource, sys, tempfile, time
+import trio, motor
+
+iso, n = sys.argv[1], int(sys.argv[2])
+
+def cpu():
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+async def main():
+    with tempfile.TemporaryDirectory() as state:
+        config = motor.RunnerConfig(state_dir=state, max_weight=2, isolation=iso,
+                                    free_space_floor_bytes=0, max_queue_depth=n + 10)
+        async with motor.open_runner(config) as runner:
+            first = await runner.submit(motor.JobRequest(command=["true"], workspace="w",
+                                                         weight_hint=1))
+            async for _ in runner.events(first.job_id):  # warm: keeperd is up, code loaded
+                pass
+            c0, t0 = cpu(), time.perf_counter()
+            ids = []
+            for i in range(n):
+                job = await runner.submit(motor.JobRequest(
+                    command=["true"], workspace=f"ws{i % 4}", weight_hint=1))
+                ids.append(job.job_id)
+            states = []
+            for job_id in ids:
+                async for _ in runner.events(job_id):
+                    pass
+                states.append((await runner.get(job_id)).state)
+            c1, t1 = cpu(), time.perf_counter()
+    bad = [s for s in states if s != "succeeded"]
+    print(json.dumps({"cpu_s": c1 - c0, "wall_s": t1 - t0, "bad": bad[:3]}))
+
+trio.run(main)
+"""
+
+
+def load1() -> str:
+    return f"{os.getloadavg()[0]:.2f}"
+
+
+def one_round(root: Path, iso: str, n: int) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(root))
+    r = subprocess.run([sys.executable, "-c", ROUND, iso, str(n)], capture_output=True,
+                       text=True, cwd=root, env=env)
+    if r.returncode != 0:
+        raise SystemExit(f"round in {root} failed: {r.stderr[-1500:]}")
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    if got["bad"]:
+        raise SystemExit(f"jobs did not succeed in {root}: {got['bad']}")
+    return got
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--isolation", default="affinity")
+    ap.add_argument("--baseline-root", metavar="DIR")
+    args = ap.parse_args()
+    peers = [("motor", ROOT)]
+    if args.baseline_root:
+        peers.append(("motor-baseline", Path(args.baseline_root).resolve()))
+    cpu: dict[str, list[float]] = {p: [] for p, _ in peers}
+    rate: dict[str, list[float]] = {p: [] for p, _ in peers}
+    print(f"# job_cost: rounds={args.rounds} n={args.n} isolation={args.isolation} "
+          f"load1={load1()}", flush=True)
+    for _ in range(args.rounds):
+        for peer, root in peers:
+            got = one_round(root, args.isolation, args.n)
+            per_job_ms = 1000 * got["cpu_s"] / args.n
+            cpu[peer].append(per_job_ms)
+            rate[peer].append(args.n / got["wall_s"])
+            print(f"peer={peer} metric=runner_cpu_per_job value={per_job_ms:.3f} unit=ms "
+                  f"n={args.n} slots=2 isolation={args.isolation} load1={load1()}", flush=True)
+            print(f"peer={peer} metric=embedded_throughput_wall value={got['wall_s']:.4f} unit=s "
+                  f"n={args.n} slots=2 jobs_per_s={args.n / got['wall_s']:.1f} "
+                  f"isolation={args.isolation} load1={load1()}", flush=True)
+    print(f"# medians over {args.rounds} rounds, load1={load1()}")
+    for peer, _ in peers:
+        print(f"# {peer:15s} runner_cpu_per_job {statistics.median(cpu[peer]):8.3f} ms   "
+              f"{statistics.median(rate[peer]):7.1f} jobs/s")
+    if args.baseline_root:
+        print(f"# runner CPU per job, motor / motor-baseline: "
+              f"{statistics.median(cpu['motor']) / statistics.median(cpu['motor-baseline']):.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Where one job's start goes: submit -> spawn request -> job running -> terminal event.
+
+    python bench/start_path.py [--rounds 5] [--samples 22] [--gap 0.3] [--isolation affinity]
+                               [--baseline-root DIR]
+
+Each round runs an embedded runner (`motor.open_runner`, `max_weight=2`) in a fresh process
+and submits `--samples` jobs one at a time on an idle runner (`--gap` seconds apart; the
+first two are warm-up), each `sh -c 'date +%s.%N >&2'`. Per job it takes, from the moment
+just before the submit:
+
+- `start_to_spawn` (ms): until the job actor asks the keeper side for the spawn
+  (`Keepers.spawn` called): the runner's own start path (dispatcher, disk check, job
+  directory, isolation groups, spec.json);
+- `start_latency_embedded` (ms): until the job's own timestamp (`date`), as bench/latency.py
+  measures it, without the HTTP layer;
+- `run_wall_embedded` (ms): until the terminal event arrives.
+
+More samples than bench/latency.py, and no client processes: on a shared host the spread
+of single wall figures is large, so `--baseline-root DIR` (the motor package found in DIR,
+e.g. `git archive REV | tar -x -C DIR`) runs interleaved rounds as peer=motor-baseline, and
+the end shows the medians over every sample of every round. Every line carries load1=.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+METRICS = ("start_to_spawn", "start_latency_embedded", "run_wall_embedded")
+
+ROUND = r"""
+import json, re, sys, tempfile, time
+import trio, motor
+from motor.execution import keeperd_client
+
+iso, samples, gap = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+spawn_at = []
+real_spawn = keeperd_client.KeeperdSpawner.spawn
+
+async def spawn(self, job_dir):
+    spawn_at.append(time.perf_counter())
+    return await real_spawn(self, job_dir)
+
+keeperd_client.KeeperdSpawner.spawn = spawn
+out = {"start_to_spawn": [], "start_latency_embedded": [], "run_wall_embedded": []}
+
+async def main():
+    with tempfile.TemporaryDirectory() as state:
+        config = motor.RunnerConfig(state_dir=state, max_weight=2, isolation=iso,
+                                    free_space_floor_bytes=0)
+        async with motor.open_runner(config) as runner:
+            for i in range(samples):
+                await trio.sleep(gap)
+                spawn_at.clear()
+                t0, w0 = time.perf_counter(), time.time()
+                job = await runner.submit(motor.JobRequest(
+                    command=["sh", "-c", "date +%s.%N >&2"], workspace="w", weight_hint=1))
+                text = []
+                async for ev in runner.events(job.job_id):
+                    data = getattr(ev, "data", None)
+                    if data:
+                        text.append(data if isinstance(data, str) else data.decode())
+                t1 = time.perf_counter()
+                if (await runner.get(job.job_id)).state != "succeeded":
+                    raise SystemExit(f"job {job.job_id} did not succeed")
+                if i < 2:
+                    continue
+                m = re.search(r"(\d+\.\d+)", "".join(text))
+                out["start_to_spawn"].append(1000 * (spawn_at[0] - t0))
+                out["start_latency_embedded"].append(1000 * (float(m.group(1)) - w0))
+                out["run_wall_embedded"].append(1000 * (t1 - t0))
+    print(json.dumps(out))
+
+trio.run(main)
+"""
+
+
+def load1() -> str:
+    return f"{os.getloadavg()[0]:.2f}"
+
+
+def one_round(root: Path, args) -> dict[str, list[float]]:
+    env = dict(os.environ, PYTHONPATH=str(root))
+    r = subprocess.run([sys.executable, "-c", ROUND, args.isolation, str(args.samples),
+                        str(args.gap)], capture_output=True, text=True, cwd=root, env=env)
+    if r.returncode != 0:
+        raise SystemExit(f"round in {root} failed: {r.stderr[-1500:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--samples", type=int, default=22)
+    ap.add_argument("--gap", type=float, default=0.3)
+    ap.add_argument("--isolation", default="affinity")
+    ap.add_argument("--baseline-root", metavar="DIR")
+    args = ap.parse_args()
+    peers = [("motor", ROOT)]
+    if args.baseline_root:
+        peers.append(("motor-baseline", Path(args.baseline_root).resolve()))
+    every: dict[str, dict[str, list[float]]] = {p: {m: [] for m in METRICS} for p, _ in peers}
+    print(f"# start_path: rounds={args.rounds} samples={args.samples} gap_s={args.gap} "
+          f"isolation={args.isolation} load1={load1()}", flush=True)
+    for _ in range(args.rounds):
+        for peer, root in peers:
+            got = one_round(root, args)
+            for m in METRICS:
+                every[peer][m].extend(got[m])
+                print(f"peer={peer} metric={m} value={statistics.median(got[m]):.3f} unit=ms "
+                      f"samples={len(got[m])} min={min(got[m]):.3f} max={max(got[m]):.3f} "
+                      f"isolation={args.isolation} load1={load1()}", flush=True)
+    print(f"# medians over every sample of {args.rounds} rounds (ms), load1={load1()}")
+    for peer, _ in peers:
+        for m in METRICS:
+            v = every[peer][m]
+            print(f"# {peer:15s} {m:24s} {statistics.median(v):8.3f}  ({len(v)} samples)")
+
+
+if __name__ == "__main__":
+    main()
