@@ -71,13 +71,15 @@ async def test_without_a_linux_cpu_list_claims_above_max_weight_still_wait(tmp_p
         # it does not block others
         other = await runner.submit(JobRequest(command=["true"], weight_hint=2, workspace="c"))
         assert (await terminal(runner, other.job_id))["state"] == "succeeded"
-        assert (await runner.get(big.job_id)).state == "queued"
+        # (whether `big` is still queued at this point is not asserted: waiting on real
+        # processes lets the autojump clock run on, up to its 120 s budget)
         barrier.write_text("")
         assert (await terminal(runner, small.job_id))["state"] == "succeeded"
         # max_weight is a hard bound: even on an idle host it waits, until its budget ends it
         record = await terminal(runner, big.job_id)
         assert (record["state"], record["reason"]) == ("refused_before_start", "queue_wait_exceeded")
         assert record["cpus"] is None and record["started_at_ms"] is None
+        assert record["queue_wait_ms"] >= 120_000  # it waited its whole budget, never ran
         assert "exceeds max_weight 8" in record["detail"]
 
 
