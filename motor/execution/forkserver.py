@@ -100,15 +100,6 @@ def _child(job_dir: str, wake_r: int, wake_w: int, go_r: int) -> None:
         os._exit(code)
 
 
-def _kill_child(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    try:
-        os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass
 
 
 def _handle(line: bytes, wake_r: int, wake_w: int) -> None:
@@ -144,7 +135,7 @@ def _handle(line: bytes, wake_r: int, wake_w: int) -> None:
             # Not reaped yet (only this loop reaps), so /proc/<pid>/stat exists.
             create_time = _keeper.proc_create_time(pid)
         except OSError as exc:
-            _kill_child(pid)
+            _keeper.kill_and_reap(pid)
             _write_line({"id": req_id, "error": f"cannot read keeper create time: {exc}"})
             return
         _faults.hit("forkserver.forked")  # tests: the keeper exists, its claim does not
@@ -152,12 +143,12 @@ def _handle(line: bytes, wake_r: int, wake_w: int) -> None:
         try:
             _keeper.claim_job_dir(job_dir, pid, create_time)
         except FileExistsError:
-            _kill_child(pid)
+            _keeper.kill_and_reap(pid)
             _write_line({"id": req_id, "code": "claimed",
                          "error": f"{job_dir} already has a keeper (keeper.json exists)"})
             return
         except OSError as exc:
-            _kill_child(pid)
+            _keeper.kill_and_reap(pid)
             _write_line({"id": req_id, "code": "spawn_failed",
                          "error": "cannot record the keeper's identity in "
                                   f"{os.path.join(job_dir, 'keeper.json')}: {exc}"})

@@ -170,6 +170,18 @@ except (OSError, AttributeError):  # pragma: no cover - not Linux/glibc
     _prctl = None
 
 
+def kill_and_reap(pid: int) -> None:
+    """SIGKILL a child of this process and reap it (gone already: nothing to do)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
 def _set_subreaper() -> bool:
     """PR_SET_CHILD_SUBREAPER: orphaned descendants of the job are re-parented to us."""
     if _prctl is None:

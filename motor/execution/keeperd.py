@@ -641,10 +641,7 @@ class Keeperd:
                     msg = str(exc)
                     raise
             except BaseException:
-                try:
-                    os.write(err_w2, msg.encode(errors="replace")[:4000])
-                except BaseException:
-                    pass
+                S.tell_failure(err_w2, msg)
             finally:
                 os._exit(K.SPAWN_FAILED_EXIT_CODE)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)

@@ -32,7 +32,6 @@ Stdlib only (keeperd is run by path: motor/execution/scriptboot.py).
 
 from __future__ import annotations
 
-import errno
 import gc
 import json
 import os
@@ -45,10 +44,10 @@ from typing import Any, Callable
 
 from motor.execution import keeper as K
 from motor.execution.joblog import write_json_atomic
-from motor.isolation.join import JoinError, join_cgroups, write_knob
+from motor.isolation.join import JoinError, join_cgroups, rmdir_retry, write_knob
 
 __all__ = ["DEFAULT_SIZE", "PREFIX", "RECORD_FILE", "SIZE_ENV", "SparePool", "become_job",
-           "pool_size"]
+           "pool_size", "tell_failure"]
 
 PREFIX = "spare-"
 RECORD_FILE = "keeperd.spares"
@@ -90,25 +89,16 @@ def _owner_alive(name: str) -> bool:
 
 def _remove_group(path: str, deadline: float) -> str | None:
     """SIGKILL what is in one group and rmdir it, retrying until the deadline."""
-    while True:
-        try:
-            with open(os.path.join(path, "cgroup.procs")) as f:
-                for pid in f.read().split():
-                    try:
-                        os.kill(int(pid), signal.SIGKILL)
-                    except OSError:
-                        pass
-        except OSError:
-            pass
-        try:
-            os.rmdir(path)
-            return None
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            if exc.errno != errno.EBUSY or time.monotonic() >= deadline:
-                return f"cannot remove {path}: {exc.strerror or exc}"
-        time.sleep(0.005)
+    try:
+        with open(os.path.join(path, "cgroup.procs")) as f:
+            for pid in f.read().split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except OSError:
+                    pass
+    except OSError:
+        pass
+    return rmdir_retry(path, deadline, 0.005)
 
 
 class ExecError(Exception):
@@ -150,6 +140,15 @@ def become_job(orders: dict, out_w: int, err_w: int) -> None:
         raise ExecError(f"cannot execute {cmd0!r}: {exc}") from None
 
 
+def tell_failure(fd: int, msg: str) -> None:
+    """In a child that will not exec: why, to keeperd over the error pipe (best effort:
+    the child exits with SPAWN_FAILED_EXIT_CODE either way)."""
+    try:
+        os.write(fd, msg.encode(errors="replace")[:4000])
+    except BaseException:
+        pass
+
+
 def _spare_main(fd: int, procs: list[str]) -> None:
     """The spare, right after the fork: never returns."""
     msg = "the spare failed"
@@ -182,10 +181,7 @@ def _spare_main(fd: int, procs: list[str]) -> None:
             msg = str(exc)
             raise
     except BaseException:
-        try:
-            os.write(fd, msg.encode(errors="replace")[:4000])
-        except BaseException:
-            pass
+        tell_failure(fd, msg)
     finally:
         os._exit(K.SPAWN_FAILED_EXIT_CODE)
 
@@ -386,14 +382,7 @@ class SparePool:
     # -- letting go ---------------------------------------------------------------------
 
     def _reap(self, pid: int) -> None:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
+        K.kill_and_reap(pid)
 
     def _remove_dirs(self, dirs: dict[str, str]) -> None:
         deadline = time.monotonic() + CLEAN_S

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .base import Backend, IsolationError
+from .join import JoinError, rmdir_retry, write_knob
 
 __all__ = [
     "CGROUP_ROOT",
@@ -149,14 +150,9 @@ def _try_read(path: str) -> str | None:
 def _write(path: str, value: str) -> None:
     """One write(2) to a control file (no O_CREAT): errors surface here, with the path."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            os.write(fd, value.encode())
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        raise IsolationError(
-            f"cgroup: cannot write {value!r} to {path}: {exc.strerror or exc}") from None
+        write_knob(path, value)
+    except JoinError as exc:
+        raise IsolationError(f"cgroup: {exc}") from None
 
 
 class _ParentGone(IsolationError):
@@ -210,16 +206,7 @@ def _kill_all(pids: list[int]) -> None:
 
 def _rmdir_retry(path: str, deadline: float) -> str | None:
     """rmdir a group, retrying EBUSY (tasks still exiting) until the deadline."""
-    while True:
-        try:
-            os.rmdir(path)
-            return None
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            if exc.errno != errno.EBUSY or time.monotonic() >= deadline:
-                return f"cannot remove {path}: {exc.strerror or exc}"
-        time.sleep(RETRY_S)
+    return rmdir_retry(path, deadline, RETRY_S)
 
 
 # -- the flavours ----------------------------------------------------------------------------------

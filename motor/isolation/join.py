@@ -21,8 +21,10 @@ imports this module once (motor/execution/forkserver.py).
 
 from __future__ import annotations
 
+import errno
 import os
 import struct
+import time
 
 __all__ = ["JoinError", "fork_into_cgroup", "join_cgroups", "join_confinement", "make_groups",
            "start_scope", "write_knob"]
@@ -66,6 +68,21 @@ def join_cgroups(procs, pid: int | None = None) -> None:
                 os.close(fd)
         except OSError as exc:
             raise JoinError(f"cannot join cgroup via {path!r}: {exc.strerror}") from None
+
+
+def rmdir_retry(path: str, deadline: float, interval: float = 0.01) -> str | None:
+    """rmdir a group, retrying EBUSY (tasks still exiting) until the monotonic `deadline`:
+    None when it is gone, else why not. Shared by the cgroup backend and keeperd's spares."""
+    while True:
+        try:
+            os.rmdir(path)
+            return None
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or time.monotonic() >= deadline:
+                return f"cannot remove {path}: {exc.strerror or exc}"
+        time.sleep(interval)
 
 
 def write_knob(path: str, value: str) -> None:

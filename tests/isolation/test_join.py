@@ -34,6 +34,22 @@ def _child_group(pid_fn) -> tuple[str, int]:
     return line, status
 
 
+def _joined_child(fields: dict) -> tuple[str, int]:
+    """A forked child joins the spec's confinement (join_confinement) and reports its
+    /proc/self/cgroup: (that text, its wait status)."""
+    def spawn(w):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                assert join_confinement(fields) is True
+                os.write(w, Path("/proc/self/cgroup").read_text().encode())
+            finally:
+                os._exit(0)
+        return pid
+
+    return _child_group(spawn)
+
+
 @needs_v2
 def test_a_child_is_born_in_the_v2_group_and_the_parent_stays_put(tmp_path):
     group = os.path.join(V2, f"motor-test-join-{os.getpid()}")
@@ -70,17 +86,7 @@ def test_join_writes_the_callers_pid_into_every_group_and_names_a_bad_one(cgroup
     jid = f"t{os.getpid()}-join"
     fields = cgroup_backend.prepare(jid, None, None)
     try:
-        def spawn(w):
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    assert join_confinement(fields) is True
-                    os.write(w, Path("/proc/self/cgroup").read_text().encode())
-                finally:
-                    os._exit(0)
-            return pid
-
-        text, status = _child_group(spawn)
+        text, status = _joined_child(fields)
         assert os.waitstatus_to_exitcode(status) == 0
         assert text.count(f"/job-{jid}") == len(fields["cgroup_procs"]), text
         assert join_confinement({"cgroup_procs": []}) is False
@@ -107,17 +113,7 @@ def test_a_keeper_makes_the_v1_groups_the_spec_names_then_joins_them(cgroup_back
     try:
         assert not any(os.path.exists(d) for d in dirs)
 
-        def spawn(w):
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    assert join_confinement(fields) is True
-                    os.write(w, Path("/proc/self/cgroup").read_text().encode())
-                finally:
-                    os._exit(0)
-            return pid
-
-        text, status = _child_group(spawn)
+        text, status = _joined_child(fields)
         assert os.waitstatus_to_exitcode(status) == 0
         assert text.count(f"/job-{jid}") == 3, text
         job = backend.flavour.job_dirs(jid)
