@@ -14,6 +14,8 @@ line format:
                         wall time (throughput.py's figure)
   transactions_per_job  write transactions committed (COMMIT statements)
   saves_per_job         job records written (INSERT INTO jobs / UPDATE jobs statements)
+  clock_saves_per_job   queue-wait clocks written alone (rows into the `clocks` table,
+                        store/db.py; each row of an executemany is traced on its own)
   wall_s                first submit until every job ended
 
 The host is shared: read the load (`load1`) next to the wall time.
@@ -67,8 +69,9 @@ async def one_round(n: int, isolation: str) -> dict:
                 raise SystemExit(f"not all succeeded: {sorted(set(states))}")
     commits = sum(1 for s in statements if s == "COMMIT")
     saves = sum(1 for s in statements if s.startswith(("INSERT INTO jobs", "UPDATE jobs SET state")))
+    clocks = sum(1 for s in statements if s.startswith("INSERT OR REPLACE INTO clocks"))
     return {"cpu_ms_per_job": cpu * 1000 / n, "transactions_per_job": commits / n,
-            "saves_per_job": saves / n, "wall_s": wall}
+            "saves_per_job": saves / n, "clock_saves_per_job": clocks / n, "wall_s": wall}
 
 
 def main() -> None:
@@ -83,13 +86,14 @@ def main() -> None:
         rows.append(row)
         print(f"peer=motor metric=runner_cpu_per_job value={row['cpu_ms_per_job']:.3f} unit=ms "
               f"n={args.n} slots=2 transactions_per_job={row['transactions_per_job']:.2f} "
-              f"saves_per_job={row['saves_per_job']:.2f} wall_s={row['wall_s']:.3f} "
+              f"saves_per_job={row['saves_per_job']:.2f} "
+              f"clock_saves_per_job={row['clock_saves_per_job']:.2f} wall_s={row['wall_s']:.3f} "
               f"jobs_per_s={args.n / row['wall_s']:.1f} isolation={args.isolation} "
               f"load1={os.getloadavg()[0]:.2f}", flush=True)
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     print(f"# median: {med['cpu_ms_per_job']:.3f} ms runner CPU per job, "
-          f"{med['transactions_per_job']:.2f} transactions and {med['saves_per_job']:.2f} "
-          f"record saves per job, {args.n / med['wall_s']:.1f} jobs/s", flush=True)
+          f"{med['transactions_per_job']:.2f} transactions, {med['saves_per_job']:.2f} "
+          f"record saves and {med['clock_saves_per_job']:.2f} clock saves per job, {args.n / med['wall_s']:.1f} jobs/s", flush=True)
 
 
 if __name__ == "__main__":

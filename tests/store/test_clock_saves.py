@@ -69,7 +69,7 @@ async def test_a_clock_saved_alone_survives_a_restart_and_resumes_exactly(tmp_pa
         assert _clock_row(runner.db, y.job_id) == (
             saved.queue_wait_ms, saved.queue_clock_at_ms, 0, saved.ready_at_ms, "runner")
         assert saved.ready_at_ms == saved.accepted_at_ms == blob.ready_at_ms
-        assert runner.db.get(x.job_id).state == "running"
+        await _wait_until(lambda: runner.db.get(x.job_id).state == "running", "x to run")
         value = saved.queue_wait_ms
     await trio.sleep(30)  # the runner is down
     async with motor.open_runner(cfg) as runner:
