@@ -14,6 +14,11 @@ line format:
                         wall time (throughput.py's figure)
   transactions_per_job  write transactions committed (COMMIT statements)
   saves_per_job         job records written (INSERT INTO jobs / UPDATE jobs statements)
+  store_ms_per_job      CPU time of the runner's main thread inside the store actor's
+                        commits (`StoreActor._commit`: SQLite, encoding, the ChangeHub
+                        watchers) per job
+  clock_saves_per_job   queue-wait clocks written alone (rows into the `clocks` table,
+                        store/db.py; each row of an executemany is traced on its own)
   wall_s                first submit until every job ended
 
 The host is shared: read the load (`load1`) next to the wall time.
@@ -36,6 +41,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import motor  # noqa: E402
 from motor.records import JobRequest  # noqa: E402
+from motor.store.actor import StoreActor  # noqa: E402
+
+_store_s = [0.0]
+_commit = StoreActor._commit
+
+
+def _timed_commit(self, msgs):
+    t = time.thread_time()
+    try:
+        return _commit(self, msgs)
+    finally:
+        _store_s[0] += time.thread_time() - t
+
+
+StoreActor._commit = _timed_commit
 
 
 def _cpu_s() -> float:
@@ -54,21 +74,22 @@ async def one_round(n: int, isolation: str) -> dict:
                 pass
             statements: list[str] = []
             runner.db.conn.set_trace_callback(statements.append)
-            cpu0, t0 = _cpu_s(), time.perf_counter()
+            cpu0, t0, _store_s[0] = _cpu_s(), time.perf_counter(), 0.0
             ids = [(await runner.submit(JobRequest(command=["true"], workspace=f"ws{i % 4}",
                                                    weight_hint=1))).job_id for i in range(n)]
             for job_id in ids:
                 async for _ in runner.events(job_id):
                     pass
-            wall, cpu = time.perf_counter() - t0, _cpu_s() - cpu0
+            wall, cpu, store = time.perf_counter() - t0, _cpu_s() - cpu0, _store_s[0]
             runner.db.conn.set_trace_callback(None)
             states = [runner.db.get(j).state for j in ids]
             if states.count("succeeded") != n:
                 raise SystemExit(f"not all succeeded: {sorted(set(states))}")
     commits = sum(1 for s in statements if s == "COMMIT")
     saves = sum(1 for s in statements if s.startswith(("INSERT INTO jobs", "UPDATE jobs SET state")))
+    clocks = sum(1 for s in statements if s.startswith("INSERT OR REPLACE INTO clocks"))
     return {"cpu_ms_per_job": cpu * 1000 / n, "transactions_per_job": commits / n,
-            "saves_per_job": saves / n, "wall_s": wall}
+            "saves_per_job": saves / n, "store_ms_per_job": store * 1000 / n, "clock_saves_per_job": clocks / n, "wall_s": wall}
 
 
 def main() -> None:
@@ -82,14 +103,15 @@ def main() -> None:
         row = trio.run(one_round, args.n, args.isolation)
         rows.append(row)
         print(f"peer=motor metric=runner_cpu_per_job value={row['cpu_ms_per_job']:.3f} unit=ms "
-              f"n={args.n} slots=2 transactions_per_job={row['transactions_per_job']:.2f} "
-              f"saves_per_job={row['saves_per_job']:.2f} wall_s={row['wall_s']:.3f} "
+              f"n={args.n} slots=2 store_ms_per_job={row['store_ms_per_job']:.3f} transactions_per_job={row['transactions_per_job']:.2f} "
+              f"saves_per_job={row['saves_per_job']:.2f} "
+              f"clock_saves_per_job={row['clock_saves_per_job']:.2f} wall_s={row['wall_s']:.3f} "
               f"jobs_per_s={args.n / row['wall_s']:.1f} isolation={args.isolation} "
               f"load1={os.getloadavg()[0]:.2f}", flush=True)
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
     print(f"# median: {med['cpu_ms_per_job']:.3f} ms runner CPU per job, "
-          f"{med['transactions_per_job']:.2f} transactions and {med['saves_per_job']:.2f} "
-          f"record saves per job, {args.n / med['wall_s']:.1f} jobs/s", flush=True)
+          f"{med['transactions_per_job']:.2f} transactions, {med['saves_per_job']:.2f} "
+          f"record saves and {med['clock_saves_per_job']:.2f} clock saves per job, {args.n / med['wall_s']:.1f} jobs/s", flush=True)
 
 
 if __name__ == "__main__":

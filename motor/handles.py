@@ -59,12 +59,15 @@ class StoreHandle(_Handle):
         return await self.ref.call(Save(record=record, events=tuple(events), log_offset=log_offset,
                                         retain_until_ms=retain_until_ms), timeout=timeout)
 
-    async def save_many(self, writes: Iterable[tuple[JobRecord, Sequence[Event], int | None]], *,
+    async def save_many(self, writes: Iterable[tuple], *,
                         timeout: float | None = 30.0) -> list[list]:
         """Several `(record, events, retain_until_ms)` saves in ONE commit, all or none;
-        each one's events with their seqs. Raises `StoreFull` (nothing written)."""
+        each one's events with their seqs. Raises `StoreFull` (nothing written). A write
+        `(record, (), None, True)` saves only the record's queue-wait clock (store/db.py,
+        `ClockSave`)."""
         return await self.ref.call(SaveMany(tuple(
-            Save(record=r, events=tuple(e), retain_until_ms=keep) for r, e, keep in writes)),
+            Save(record=w[0], events=tuple(w[1]), retain_until_ms=w[2],
+                 clock_only=len(w) > 3 and w[3]) for w in writes)),
             timeout=timeout)
 
     async def expire(self, now_ms: int) -> list[str]:

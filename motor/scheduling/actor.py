@@ -119,7 +119,7 @@ class Dispatcher(actors.Actor):
         if isinstance(effect, (m.SaveRecord, m.SaveClocks)):
             saves = effect.saves if isinstance(effect, m.SaveClocks) else (effect,)
             try:
-                await job.store.save_many((s.record, s.events, s.retain_until_ms) for s in saves)
+                await job.store.save_many(s.store_write for s in saves)
             except StoreFull as exc:
                 if effect.purpose != "accept":
                     log.warning("dispatcher: %s %s (%s%s) not recorded yet: %s",

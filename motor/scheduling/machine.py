@@ -159,6 +159,13 @@ class SaveRecord:
     token: Any = None  # accept: the submitter's deferred reply
     #: clock, accept: the clock's course saved (accept: None while it awaits its bundles)
     running: bool | None = None
+    #: clock: write the clock alone, not the record (the store's `ClockSave`, issue 14)
+    clock_only: bool = False
+
+    @property
+    def store_write(self) -> tuple:
+        """This save as `StoreHandle.save_many` takes it."""
+        return (self.record, self.events, self.retain_until_ms, self.clock_only)
 
 
 @dataclass(frozen=True)
@@ -595,7 +602,12 @@ class DispatchMachine:
                 queue_clock_running=running,
                 ready_at_ms=record.ready_at_ms if record.ready_at_ms is not None
                 else wall_ms - int(age_s * 1000))
-            saves.append(SaveRecord(record, purpose="clock", running=running))
+            # The stored record is the one held here but for its clock and enforcer (the
+            # only fields changed without a save), so the clock alone is written; unless
+            # a save of this job was refused and awaits its retry (a requeue): then the
+            # whole record, as before.
+            saves.append(SaveRecord(record, purpose="clock", running=running,
+                                    clock_only=job_id not in self.unsaved))
         return [SaveClocks(tuple(saves))] if saves else []
 
     # -- views ------------------------------------------------------------------------------

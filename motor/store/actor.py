@@ -35,6 +35,8 @@ class Save:
     events: Sequence[Event] = ()
     log_offset: int | None = None
     retain_until_ms: int | None = None
+    #: write only the record's queue-wait clock (`ClockSave`: no events, issue 14)
+    clock_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,8 @@ GROUP_MAX = 64
 
 def _writes(msg: Save | SaveMany) -> list[tuple]:
     saves = msg.saves if isinstance(msg, SaveMany) else (msg,)
-    return [(s.record, s.events, s.log_offset, s.retain_until_ms) for s in saves]
+    return [(s.record, (), None, None, True) if s.clock_only else
+            (s.record, s.events, s.log_offset, s.retain_until_ms) for s in saves]
 
 
 def _is_save(msg) -> bool:
@@ -155,7 +158,8 @@ class StoreActor(actors.Actor):
         stamped = self.db.save_many(writes)
         self.saves += len(writes)
         for write in writes:
-            self.hub.saved(write[0])
+            if len(write) == 4:  # watchers index records; a clock alone changes none of that
+                self.hub.saved(write[0])
             self.hub.fire(write[0].job_id)
         answers, at = [], 0
         for msg in msgs:

@@ -14,6 +14,14 @@ Tables
       events, so a restart never duplicates or drops output); `next_seq` the next event seq.
   events(job_id, seq, data JSON) WITHOUT ROWID, primary key (job_id, seq).
   meta(key PK, value)   schema version.
+  clocks(job_id PK, queue_wait_ms, queue_clock_at_ms, queue_clock_running, ready_at_ms,
+         budget_enforced_by) WITHOUT ROWID
+      A queued job's queue-wait clock saved alone (`ClockSave`, issue 14): the dispatcher
+      persists the clocks of every job queued in a workspace each time one starts or ends
+      there, and rewriting each whole record cost about as much as the rest of the store.
+      A row overrides those fields of `jobs.record` when a record is read back (every read
+      below overlays it); any full save of the job deletes it in the same transaction, so
+      a record saved after a clock wins. Created on open when missing (older databases).
 
 Output pages: a job's events are grouped in pages of PAGE_EVENTS consecutive seqs. When a
 job's stored output passes `max_output_bytes`, its oldest pages lose their `output`
@@ -38,7 +46,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
 import msgspec
 
@@ -70,6 +78,14 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_live ON jobs(terminal, job_id);
 CREATE INDEX IF NOT EXISTS jobs_retention ON jobs(retain_until_ms) WHERE terminal = 1;
+CREATE TABLE IF NOT EXISTS clocks (
+    job_id TEXT PRIMARY KEY,
+    queue_wait_ms INTEGER NOT NULL,
+    queue_clock_at_ms INTEGER,
+    queue_clock_running INTEGER NOT NULL,
+    ready_at_ms INTEGER,
+    budget_enforced_by TEXT
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS events (
     job_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
@@ -80,6 +96,41 @@ CREATE TABLE IF NOT EXISTS events (
 
 _record_decoder = msgspec.json.Decoder(JobRecord)
 _encoder = msgspec.json.Encoder()
+
+#: the clock fields a `ClockSave` writes, in the `clocks` table's column order
+CLOCK_FIELDS = ("queue_wait_ms", "queue_clock_at_ms", "queue_clock_running", "ready_at_ms",
+                "budget_enforced_by")
+#: a record read back with its job's clock row, if any (LEFT JOIN: c.job_id is NULL if none)
+_WITH_CLOCK = ("SELECT j.record, c.job_id, c.queue_wait_ms, c.queue_clock_at_ms,"
+               " c.queue_clock_running, c.ready_at_ms, c.budget_enforced_by"
+               " FROM jobs j LEFT JOIN clocks c ON c.job_id = j.job_id")
+
+
+class ClockSave(NamedTuple):
+    """A queued job's queue-wait clock (and budget enforcer), saved without its record: what
+    the dispatcher's clock saves change (`DispatchMachine._clock_saves`)."""
+
+    job_id: str
+    queue_wait_ms: int
+    queue_clock_at_ms: int | None
+    queue_clock_running: bool
+    ready_at_ms: int | None
+    budget_enforced_by: str | None
+
+    @classmethod
+    def of(cls, record: JobRecord) -> "ClockSave":
+        return cls(record.job_id, record.queue_wait_ms, record.queue_clock_at_ms,
+                   record.queue_clock_running, record.ready_at_ms, record.budget_enforced_by)
+
+
+def _decode(row) -> JobRecord:
+    """A `_WITH_CLOCK` row: the stored record, with its clock row's fields if it has one."""
+    record = _record_decoder.decode(row[0])
+    if row[1] is None:
+        return record
+    return msgspec.structs.replace(
+        record, queue_wait_ms=row[2], queue_clock_at_ms=row[3],
+        queue_clock_running=bool(row[4]), ready_at_ms=row[5], budget_enforced_by=row[6])
 
 
 class StoreError(RuntimeError):
@@ -158,17 +209,31 @@ class Database:
         """Upsert a record and append events (seqs assigned here) in one transaction."""
         return self.save_many([(record, events, log_offset, retain_until_ms)])[0]
 
-    def save_many(self, writes: Sequence[tuple[JobRecord, Sequence[Event], int | None,
-                                                int | None]]) -> list[list[Event]]:
+    def save_many(self, writes: Sequence[tuple]) -> list[list[Event]]:
         """Several saves, each `(record, events, log_offset, retain_until_ms)` as `save`
         takes them, in order and in ONE transaction (one commit, one WAL sync point): all
-        of them are written or, on an error, none. Returns each save's stamped events."""
+        of them are written or, on an error, none. A write with a fifth item that is true,
+        `(record, (), None, None, True)`, saves only the record's clock (`ClockSave`); runs
+        of consecutive clocks are written with one `executemany`. Returns each save's
+        stamped events (none for a clock)."""
         if not writes:
             return []
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            stamped = [self._write(*write) for write in writes]
+            stamped: list[list[Event]] = []
+            clocks: list[ClockSave] = []
+            for write in writes:
+                if len(write) > 4 and write[4]:
+                    clocks.append(ClockSave.of(write[0]))
+                    stamped.append([])
+                    continue
+                if clocks:
+                    self._write_clocks(clocks)
+                    clocks = []
+                stamped.append(self._write(*write[:4]))
+            if clocks:
+                self._write_clocks(clocks)
             conn.execute("COMMIT")
         except BaseException as exc:
             more = len({w[0].job_id for w in writes}) - 1
@@ -179,10 +244,15 @@ class Database:
         self.full_error = None
         return stamped
 
+    def _write_clocks(self, clocks: list[ClockSave]) -> None:
+        self.conn.executemany("INSERT OR REPLACE INTO clocks VALUES (?, ?, ?, ?, ?, ?)", clocks)
+
     def _write(self, record: JobRecord, events: Sequence[Event], log_offset: int | None,
                retain_until_ms: int | None) -> list[Event]:
-        """One save inside the caller's transaction."""
+        """One save inside the caller's transaction. The record supersedes a clock saved
+        alone before it (it holds the newest clock: the dispatcher saves what it holds)."""
         conn = self.conn
+        conn.execute("DELETE FROM clocks WHERE job_id=?", (record.job_id,))
         if not events and log_offset is None:
             # A record alone (a queue-wait clock, a start): its seqs and offset stay as they
             # are, so one UPDATE does (issue 14: most saves are clocks); INSERT when new.
@@ -278,6 +348,7 @@ class Database:
             try:
                 for job_id in ids:
                     self.conn.execute("DELETE FROM events WHERE job_id=?", (job_id,))
+                    self.conn.execute("DELETE FROM clocks WHERE job_id=?", (job_id,))
                     self.conn.execute("DELETE FROM jobs WHERE job_id=?", (job_id,))
                 self.conn.execute("COMMIT")
             except BaseException as exc:
@@ -308,8 +379,8 @@ class Database:
     # -- reads ----------------------------------------------------------------------------
 
     def get(self, job_id: str) -> JobRecord | None:
-        row = self.conn.execute("SELECT record FROM jobs WHERE job_id=?", (job_id,)).fetchone()
-        return _record_decoder.decode(row[0]) if row else None
+        row = self.conn.execute(_WITH_CLOCK + " WHERE j.job_id=?", (job_id,)).fetchone()
+        return _decode(row) if row else None
 
     def log_offset(self, job_id: str) -> int:
         row = self.conn.execute("SELECT log_offset FROM jobs WHERE job_id=?", (job_id,)).fetchone()
@@ -317,30 +388,30 @@ class Database:
 
     def live(self) -> list[JobRecord]:
         """Jobs not yet terminal, oldest (by UUIDv7 id) first."""
-        return [_record_decoder.decode(r[0]) for r in self.conn.execute(
-            "SELECT record FROM jobs WHERE terminal=0 ORDER BY job_id")]
+        return [_decode(r) for r in self.conn.execute(
+            _WITH_CLOCK + " WHERE j.terminal=0 ORDER BY j.job_id")]
 
     def active(self) -> list[JobRecord]:
         """Jobs setting up or running, oldest first: what start-up needs for adoption and its
         sweep, without decoding every queued record (10,000 of them at scale, issue 14)."""
-        return [_record_decoder.decode(r[0]) for r in self.conn.execute(
-            "SELECT record FROM jobs WHERE terminal=0 AND state IN (?, ?) ORDER BY job_id",
+        return [_decode(r) for r in self.conn.execute(
+            _WITH_CLOCK + " WHERE j.terminal=0 AND j.state IN (?, ?) ORDER BY j.job_id",
             tuple(sorted(ACTIVE_STATES)))]
 
     def listing(self, *, limit: int = 200, terminal: bool | None = None) -> list[JobRecord]:
         """Newest first."""
         if terminal is None:
             rows = self.conn.execute(
-                "SELECT record FROM jobs ORDER BY job_id DESC LIMIT ?", (limit,))
+                _WITH_CLOCK + " ORDER BY j.job_id DESC LIMIT ?", (limit,))
         else:
             rows = self.conn.execute(
-                "SELECT record FROM jobs WHERE terminal=? ORDER BY job_id DESC LIMIT ?",
+                _WITH_CLOCK + " WHERE j.terminal=? ORDER BY j.job_id DESC LIMIT ?",
                 (int(terminal), limit))
-        return [_record_decoder.decode(r[0]) for r in rows]
+        return [_decode(r) for r in rows]
 
     def iter_terminal(self) -> Iterable[JobRecord]:
-        for (blob,) in self.conn.execute("SELECT record FROM jobs WHERE terminal=1"):
-            yield _record_decoder.decode(blob)
+        for row in self.conn.execute(_WITH_CLOCK + " WHERE j.terminal=1"):
+            yield _decode(row)
 
     def events_from(self, job_id: str, from_seq: int, limit: int = 500,
                     max_bytes: int = EVENTS_READ_BYTES) -> list[bytes]:

@@ -332,3 +332,37 @@ def test_the_encoded_status_view_is_each_live_view_and_follows_every_change_of_a
     body = _encoded_view(shell)
     assert body == _live_views(machine, 13.0) and "j4" not in {r["job_id"] for r in json.loads(body)}
     assert len(machine.queued_json) == len(machine.queued) and "j4" not in machine.queued
+
+
+def test_clocks_are_saved_alone_unless_the_jobs_record_awaits_a_refused_save():
+    """Issue 14: a clock save writes the clock alone (`clock_only`: the store's `clocks`
+    table), since the stored record is the one held but for its clock. A job whose requeue
+    the store refused (a full state fs) has a stored record older than that: its clock
+    save writes its whole record, until the requeue itself is saved."""
+    shell = Shell(m.DispatchMachine.new(SETTINGS))
+    machine = shell.machine
+    submit(shell, "j1", "t1", workspace="a")
+    shell.run(m.DiskAnswered("j1", None))  # starts (all 4 CPUs)
+    submit(shell, "j2", "t2", workspace="b")
+    shell.run(m.DiskAnswered("j2", None))  # waits for capacity: its clock advances
+    assert "j1" in machine.active and machine.queued["j2"].queue_clock_running
+    shell.now, shell.wall_ms = 5.0, 1_005_000
+    shell.full = True  # j1's start fails (its cleanup pending) and the requeue is refused
+    shell.run(m.JobStartFailed("j1", "no", True, JobRecord(
+        job_id="j1", state="setup", workspace="a", claim=4, queued_at_ms=1)))
+    assert "j1" in machine.unsaved and "j1" in machine.queued
+    shell.full = False
+    shell.now, shell.wall_ms = 6.0, 1_006_000
+    shell.run(CancelJob("j2"))  # a message: j1's resumed clock is saved now
+    clocks = [s for batch in shell.of(m.SaveClocks) for s in batch.saves]
+    assert [(s.record.job_id, s.clock_only) for s in clocks] == [("j1", False)]
+    assert clocks[0].store_write == (clocks[0].record, (), None, False)
+    assert clocks[0].record.queue_clock_running and clocks[0].record.state == "queued"
+    shell.run(m.FlushUnsaved())  # the requeue is saved: from now on, its clocks alone
+    assert "j1" not in machine.unsaved
+    machine.clock_saved.pop("j1")  # as after a flip of its course
+    machine.clock_check.add("j1")
+    shell.run(m.TimerFired())
+    clocks = [s for batch in shell.of(m.SaveClocks) for s in batch.saves]
+    assert [(s.record.job_id, s.clock_only) for s in clocks] == [("j1", True)]
+    assert clocks[0].store_write == (clocks[0].record, (), None, True)
