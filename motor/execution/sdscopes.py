@@ -85,24 +85,28 @@ class ScopeStarter:
         from the event loop (or at once when the call cannot even be sent)."""
         address = scope["address"]
         name, slice_name = scope["scope"], scope["slice"]
-        try:
-            link = self._link(address)
-            m = link.manager
-            m._serial += 1
-            serial = m._serial
-            call = new_method_call(DBusAddress(MANAGER_PATH, bus_name=SYSTEMD, interface=MANAGER),
-                                   "StartTransientUnit", "ssa(sv)a(sa(sv))",
-                                   (name, "fail", scope_properties(scope, pid), []))
-            data = call.serialise(serial=serial)
-            # a few hundred bytes into an idle local socket; a full one is a broken manager
-            sent = link.sock.send(data)
-            if sent != len(data):
-                raise OSError(f"short write to the manager ({sent} of {len(data)} bytes)")
-        except (SystemdError, OSError) as exc:
-            if address in self.links:
-                self._drop(address, f"systemd: the connection to {address} broke: {exc}")
-            done(f"systemd did not start the job's scope {name}: {exc}")
-            return
+        call = new_method_call(DBusAddress(MANAGER_PATH, bus_name=SYSTEMD, interface=MANAGER),
+                               "StartTransientUnit", "ssa(sv)a(sa(sv))",
+                               (name, "fail", scope_properties(scope, pid), []))
+        for attempt in (1, 2):
+            fresh = address not in self.links
+            try:
+                link = self._link(address)
+                link.manager._serial += 1
+                serial = link.manager._serial
+                data = call.serialise(serial=serial)
+                # a few hundred bytes into an idle local socket; a full one: a broken manager
+                sent = link.sock.send(data)
+                if sent != len(data):
+                    raise OSError(f"short write to the manager ({sent} of {len(data)} bytes)")
+            except (SystemdError, OSError) as exc:
+                if address in self.links:
+                    self._drop(address, f"systemd: the connection to {address} broke: {exc}")
+                if fresh or attempt == 2:  # an old connection the manager closed: once more
+                    done(f"systemd did not start the job's scope {name}: {exc}")
+                    return
+                continue
+            break
         link.by_serial[serial] = _Pending(name, slice_name, done, time.monotonic() + self.timeout)
 
     def deadline(self) -> float | None:
@@ -132,6 +136,7 @@ class ScopeStarter:
             link = _Link(address, self.timeout)
             self.opened += 1
             self.links[address] = link
+            self.log(f"systemd: connection {self.opened} to {address} opened")
             self.sel.register(link.sock, selectors.EVENT_READ,
                               lambda ev, a=address: self._on_readable(a))
         return link
