@@ -32,6 +32,8 @@ __all__ = ["SCOPE_TIMEOUT_S", "ScopeStarter", "scope_properties"]
 
 #: How long a scope may take (the call's reply, then its start job's JobRemoved signal).
 SCOPE_TIMEOUT_S = 10.0
+#: The bound on opening a connection (connect, auth; Hello/AddMatch/Subscribe on a bus).
+CONNECT_TIMEOUT_S = 10.0
 
 #: called once per scope: None when the scope holds the pid, else why not
 Done = Callable[[str | None], None]
@@ -133,7 +135,7 @@ class ScopeStarter:
     def _link(self, address: str) -> _Link:
         link = self.links.get(address)
         if link is None:
-            link = _Link(address, self.timeout)
+            link = _Link(address, CONNECT_TIMEOUT_S)
             self.opened += 1
             self.links[address] = link
             self.log(f"systemd: connection {self.opened} to {address} opened")

@@ -60,6 +60,13 @@ def batch(tag):
         spec.update(fields)
         write_json_atomic(os.path.join(d, "spec.json"), spec)
         jobs.append((job, d))
+    holder = None
+    if mode == "taken":  # someone else holds the first job's scope name: systemd refuses it
+        name = job_scope("motor-jobs", jobs[0][0])
+        holder = subprocess.Popen(["systemd-run", "--scope", "--quiet", "--unit=" + name,
+                                   "sleep", "60"])
+        while subprocess.run(["systemctl", "is-active", "--quiet", name]).returncode:
+            time.sleep(0.01)
     spawned = request_all([{"id": i, "op": "spawn", "job_dir": d} for i, (_, d) in enumerate(jobs)])
     request_all([{"id": i, "op": "wait", "job_dir": d} for i, (_, d) in enumerate(jobs)])
     out = []
@@ -72,6 +79,9 @@ def batch(tag):
                     "reason": status.get("reason"), "detail": status.get("detail"),
                     "unit": unit[0] if unit else None, "scope": job_scope("motor-jobs", job)})
         backend.finish(job)
+    if holder is not None:
+        holder.kill()
+        holder.wait()
     return out
 
 result = {"first": batch("a")}
@@ -133,3 +143,14 @@ def test_keeperd_reconnects_after_systemd_closed_its_connection(systemd_ns, tmp_
     # daemon-reexec closed every connection: the next jobs open a new one and run
     assert_in_own_scope(out["second"])
     assert connections_opened(out["log"]) == 2, out["log"]
+
+
+def test_a_scope_systemd_refuses_fails_that_job_spawn_failed_and_the_rest_run(
+        systemd_ns, tmp_path):
+    out = run_script(systemd_ns, tmp_path, 3, "taken")
+    refused, *others = out["first"]
+    assert refused["reason"] == "spawn_failed" and refused["spawn"]["job_pid"] is None, refused
+    assert "did not start the job's scope" in refused["detail"], refused
+    assert "UnitExists" in refused["detail"], refused
+    assert_in_own_scope(others)  # the same connection serves the jobs after it
+    assert connections_opened(out["log"]) == 1, out["log"]
