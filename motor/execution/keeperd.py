@@ -55,9 +55,8 @@ from typing import Any  # noqa: E402
 from motor import faults  # noqa: E402
 from motor.execution import keeper as K  # noqa: E402
 from motor.execution import spares as S  # noqa: E402
+from motor.execution.sdscopes import SCOPE_TIMEOUT_S, ScopeStarter  # noqa: E402
 from motor.isolation.join import JoinError, fork_into_cgroup, join_confinement  # noqa: E402
-# the systemd backend's join talks D-Bus (jeepney): imported once, not per forked child
-from motor.isolation import systemd as _systemd  # noqa: E402,F401
 from motor.execution.joblog import (  # noqa: E402
     KEEPER_FILE, STATUS_FILE, STDERR, STDOUT, read_spec, write_json_atomic,
 )
@@ -203,6 +202,8 @@ class Keeperd:
         self._orig_affinity: set[int] | None = None
         # pre-placed processes for v1 cgroup jobs (motor/execution/spares.py)
         self.spares = S.SparePool(state_dir, self.sel, S.pool_size(), self._log)
+        # systemd jobs' scopes, over one long-lived connection to the manager (sdscopes.py)
+        self.scopes = ScopeStarter(self.sel, self._log)
 
     # -- event loop ---------------------------------------------------------------------
 
@@ -211,6 +212,7 @@ class Keeperd:
         self.sel.register(wake_r, selectors.EVENT_READ, lambda ev: self._on_signal(wake_r))
         while True:
             now = time.monotonic()
+            self.scopes.tick(now)  # a scope systemd did not start in time: its job fails
             for job in list(self.jobs.values()):
                 self._tick(job, now)
             if self.jobs or self.conns:
@@ -222,6 +224,8 @@ class Keeperd:
             deadlines = [d for d in (j.deadline() for j in self.jobs.values()) if d is not None]
             if self.idle_since is not None:
                 deadlines.append(self.idle_since + IDLE_EXIT_S)
+            if (scope_deadline := self.scopes.deadline()) is not None:
+                deadlines.append(scope_deadline)
             timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
             refill = self.spares.refill_due  # a spare to make once nothing else is ready
             ready = self.sel.select(0 if refill else timeout)
@@ -235,6 +239,7 @@ class Keeperd:
                     self.spares.fill_one()
                 except Exception:
                     self._log_exception()
+        self.scopes.close()
         self._shutdown()
         return 0
 
@@ -603,8 +608,17 @@ class Keeperd:
         child join (one call: motor/isolation/join.py join_confinement), chdir, pin, umask,
         exec. A job with one v2 group is born in it instead (clone3 with CLONE_INTO_CGROUP:
         no migration, nothing to join). Errors come back over a close-on-exec pipe, so a
-        failed exec is a spawn failure."""
+        failed exec is a spawn failure.
+
+        A systemd job's scope is keeperd's to start (sdscopes.py: one connection for all
+        jobs): the child waits on a pipe for keeperd's word (b"g", or b"e" and why not)
+        before it execs, and keeperd asks systemd for the scope with the child's pid."""
+        scope = spec.get("systemd_scope")
         err_r, err_w2 = os.pipe()
+        go_r = go_w = -1
+        if scope:
+            go_r, go_w = os.pipe()
+            spec = {k: v for k, v in spec.items() if k != "systemd_scope"}
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGCHLD})
         procs = spec.get("cgroup_procs") or ()
         born_inside = False
@@ -619,8 +633,9 @@ class Keeperd:
                 pid = os.fork()
         except OSError as exc:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-            os.close(err_r)
-            os.close(err_w2)
+            for fd in (err_r, err_w2, go_r, go_w):
+                if fd >= 0:
+                    os.close(fd)
             raise _SpawnFailed(f"cannot execute {cmd0!r}: fork failed: {exc}") from None
         if pid == 0:  # the child: never returns
             msg = "exec failed"
@@ -632,6 +647,9 @@ class Keeperd:
                 try:  # the job's groups / systemd scope (motor/isolation/join.py)
                     if not born_inside:
                         join_confinement(spec)
+                    if go_r >= 0:
+                        os.close(go_w)
+                        _wait_for_scope(go_r, scope["scope"])
                 except JoinError as exc:
                     msg = str(exc)
                     raise
@@ -646,6 +664,9 @@ class Keeperd:
                 os._exit(K.SPAWN_FAILED_EXIT_CODE)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         os.close(err_w2)
+        if go_r >= 0:
+            os.close(go_r)
+            self.scopes.start(scope, pid, lambda why: _tell_child(go_w, why))
         return pid, err_r  # EOF on err_r: exec'd (see _on_exec)
 
     # -- a running job ------------------------------------------------------------------
@@ -777,6 +798,32 @@ class Keeperd:
         for conn, req_id in job.watchers:
             self._send(conn, {"id": req_id, "done": True})
         job.watchers = []
+
+
+def _tell_child(go_w: int, why: str | None) -> None:
+    """keeperd's word to a forked systemd job waiting for its scope (_wait_for_scope)."""
+    try:
+        os.write(go_w, b"g" if why is None else b"e" + why.encode(errors="replace")[:4000])
+    except OSError:  # the child is gone (cancelled): its exit is reaped as any other
+        pass
+    finally:
+        os.close(go_w)
+
+
+def _wait_for_scope(go_r: int, scope: str) -> None:
+    """In the forked child: wait until keeperd says the scope holds us (JoinError if not)."""
+    import select
+
+    poll = select.poll()
+    poll.register(go_r, select.POLLIN)
+    # keeperd fails the scope after SCOPE_TIMEOUT_S; this bounds a child whose keeperd died
+    if not poll.poll((SCOPE_TIMEOUT_S + 20) * 1000):
+        raise JoinError(f"systemd: no word from keeperd on scope {scope}")
+    word = os.read(go_r, 4096)
+    if word[:1] == b"g":
+        return
+    raise JoinError(word[1:].decode(errors="replace") if word
+                    else f"keeperd went away before scope {scope} started")
 
 
 def _take_lock(state_dir: str) -> int:
