@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from motor.execution.spawner import cancel_keepers_under
+from private_cgroup import remove_job_groups
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -122,6 +123,8 @@ def serve_factory(tmp_path):
             s.stop()
     for s in started:  # keepers of jobs still running in a test's state dir: end them
         cancel_keepers_under(s.state_dir)
+    for s in started:  # and the groups of its jobs that no runner will finish
+        remove_job_groups(s.state_dir)
 
 
 @pytest.fixture

@@ -70,3 +70,29 @@ def writable_v2_mount() -> str | None:
             if fields[2] == "cgroup2" and os.access(fields[1], os.W_OK):
                 return fields[1]
     return None
+
+
+def remove_job_groups(state_dir, parent: str = "motor-jobs") -> None:
+    """Remove the job groups a test runner's jobs left under the host's `parent` (a job that
+    ended while its runner was stopping keeps its groups until the next runner of that
+    state dir finishes it; a test's state dir has no next runner). Only the groups of this
+    state dir's jobs (its jobs/ entries) are touched."""
+    from motor.isolation.cgroup import group_name
+
+    jobs = os.path.join(str(state_dir), "jobs")
+    try:
+        ids = os.listdir(jobs)
+    except OSError:
+        return
+    root = "/sys/fs/cgroup"
+    try:
+        hierarchies = [e.path for e in os.scandir(root) if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return
+    for job_id in ids:
+        try:
+            name = group_name(job_id)
+        except Exception:  # noqa: BLE001 - not a job's dir
+            continue
+        for hierarchy in hierarchies:
+            kill_and_remove(os.path.join(hierarchy, parent, name))
