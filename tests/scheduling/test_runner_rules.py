@@ -540,6 +540,7 @@ async def test_the_status_answer_over_http_is_the_status_view_spliced_from_cache
                                                 siblings=["s"] if ws == "w2" else []))
                 for ws in ("w0", "w0", "w1", "w2", "w1")]
         await wait_until(lambda: _all_in(runner, jobs[:1], "running"), "one job to run")
+        await wait_until(lambda: _setup_done(runner), "the dispatcher to see it running")
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                      base_url="http://motor") as http:
             for _ in range(2):  # encoded fresh, then from the cache with later wait fields
