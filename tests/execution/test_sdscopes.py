@@ -44,6 +44,10 @@ class Manager:
             threading.Thread(target=self._conn, args=(conn,), daemon=True).start()
 
     def _conn(self, conn: socket.socket) -> None:
+        with conn:  # closed however the client leaves (else a ResourceWarning at a later GC)
+            self._talk(conn)
+
+    def _talk(self, conn: socket.socket) -> None:
         buf = b""
         while b"BEGIN\r\n" not in buf:
             data = conn.recv(4096)
@@ -63,7 +67,6 @@ class Manager:
                 continue
             self.calls.append(msg)
             if self.script(conn, msg) == "close":
-                conn.close()
                 return
 
     def close(self) -> None:
