@@ -127,18 +127,23 @@ def test_a_scope_is_done_when_its_start_job_is_removed(tmp_path, sel, signal_fir
     manager.close()
 
 
-def test_a_failed_start_job_fails_the_scope(tmp_path, sel):
-    def script(conn, call):
-        conn.sendall(new_method_return(call, "o", (JOB,)).serialise(serial=100)
-                     + job_removed("failed").serialise(serial=101))
-
+def _one_scope(tmp_path, sel, script) -> str | None:
+    """One scope started against a manager answering with `script`: its result."""
     manager = Manager(tmp_path, script)
     starter = ScopeStarter(sel, lambda line: None)
     results: list = []
     starter.start(scope(manager.path), 4242, results.append)
     drive(starter, sel, results, 1)
-    assert "ended 'failed'" in results[0]
     manager.close()
+    return results[0]
+
+
+def test_a_failed_start_job_fails_the_scope(tmp_path, sel):
+    def script(conn, call):
+        conn.sendall(new_method_return(call, "o", (JOB,)).serialise(serial=100)
+                     + job_removed("failed").serialise(serial=101))
+
+    assert "ended 'failed'" in _one_scope(tmp_path, sel, script)
 
 
 def test_systemds_refusal_is_the_scopes_error(tmp_path, sel):
@@ -146,14 +151,9 @@ def test_systemds_refusal_is_the_scopes_error(tmp_path, sel):
         conn.sendall(new_error(call, "org.freedesktop.systemd1.UnitExists", "s",
                                ("Unit motor-jobs-j1.scope was already loaded",)).serialise(serial=9))
 
-    manager = Manager(tmp_path, script)
-    starter = ScopeStarter(sel, lambda line: None)
-    results: list = []
-    starter.start(scope(manager.path), 4242, results.append)
-    drive(starter, sel, results, 1)
-    assert "did not start the job's scope motor-jobs-j1.scope" in results[0]
-    assert "UnitExists" in results[0] and "already loaded" in results[0]
-    manager.close()
+    result = _one_scope(tmp_path, sel, script)
+    assert "did not start the job's scope motor-jobs-j1.scope" in result
+    assert "UnitExists" in result and "already loaded" in result
 
 
 def test_a_connection_closed_with_calls_in_flight_fails_them_and_the_next_reconnects(

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from isolation_helpers import counter, remove_parent
 from keeper_tracking import tracked_keepers, write_job_dir
+from systemd_ns import SystemdNamespace
 
 from motor.isolation.cgroup import open_cgroup_backend
 
@@ -45,3 +46,15 @@ async def keepers():
         yield tracker
 
 
+@pytest.fixture
+def systemd_ns(tmp_path):
+    """A real systemd as PID 1 of its own namespaces (tests/isolation/systemd_ns.py), stopped
+    afterwards; the test fails if it does not start."""
+    ns = SystemdNamespace(tmp_path)
+    try:
+        ns.start()
+    except RuntimeError as exc:
+        ns.stop()
+        pytest.fail(f"the systemd namespace did not start: {exc}")
+    yield ns
+    ns.stop()

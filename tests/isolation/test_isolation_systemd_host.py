@@ -47,18 +47,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def systemd_ns(tmp_path):
-    ns = SystemdNamespace(tmp_path)
-    try:
-        ns.start()
-    except RuntimeError as exc:
-        ns.stop()
-        pytest.fail(f"the systemd namespace did not start: {exc}")
-    yield ns
-    ns.stop()
-
-
-@pytest.fixture
 def ns_serve(systemd_ns, serve_factory):
     """`motor serve --isolation systemd` started inside the namespaces (stopped first)."""
 

@@ -96,18 +96,6 @@ print(json.dumps(result))
 """
 
 
-@pytest.fixture
-def systemd_ns(tmp_path):
-    ns = SystemdNamespace(tmp_path)
-    try:
-        ns.start()
-    except RuntimeError as exc:
-        ns.stop()
-        pytest.fail(f"the systemd namespace did not start: {exc}")
-    yield ns
-    ns.stop()
-
-
 def run_script(ns: SystemdNamespace, tmp_path: Path, n: int, mode: str) -> dict:
     work = tmp_path / "work"
     work.mkdir()
