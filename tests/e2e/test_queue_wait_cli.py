@@ -124,3 +124,43 @@ def test_a_job_behind_its_workspace_owner_is_not_withdrawn(serve_factory, tmp_pa
     out, err = follower.communicate(timeout=60)
     assert follower.returncode == 0, err
     assert json_lines(out)[-1]["record"]["state"] == "succeeded"
+
+
+
+def test_a_clock_that_resumed_while_queued_counts_the_runners_downtime(serve_factory, tmp_path):
+    """Through `motor serve`, a clock that changed course after its job was accepted is what
+    a restart resumes: C waits paused behind A, the owner of its workspace; when A ends, a
+    gate job G takes the freed permit first, so C stays queued and its clock resumes (saved
+    as a clock row, docs/scheduling.md "Where a clock is stored"). The runner is killed -9
+    and stays down 4 s: C's clock was advancing, so the downtime is queue wait (its record
+    as accepted says paused: resuming from it would not count it)."""
+    serve = serve_factory("--max-weight", "2", "--isolation", "none").start()
+    gates = {name: tmp_path / name for name in ("a", "d", "g")}
+
+    def submit(name, workspace, *extra):
+        return serve.cli_json("submit", "--weight", "1", "--workspace", workspace, *extra, "--",
+                              "sh", "-c", f"while [ ! -e {gates[name]} ]; do sleep 0.01; done")
+
+    def queued(job):
+        return {q["job_id"]: q for q in serve.cli_json("status")["queued"]}.get(job["job_id"])
+
+    a = submit("a", "w")
+    submit("d", "y")
+    wait_for(lambda: len(serve.cli_json("status")["running"]) == 2, what="A and D to run")
+    c = serve.cli_json("submit", "--weight", "1", "--workspace", "w", "--", "true")
+    wait_for(lambda: (queued(c) or {}).get("waiting_on_job") == a["job_id"], what="C behind A")
+    assert queued(c)["waiting_on"] == "workspace_owner"
+    g = submit("g", "gw", "--gate")
+    gates["a"].write_text("")  # A ends: G (a gate job) takes its permit, C waits for capacity
+    wait_for(lambda: g["job_id"] in [r["job_id"] for r in serve.cli_json("status")["running"]],
+             what="G to run")
+    assert queued(c)["waiting_on"] == "permits"
+    serve.kill9()
+    time.sleep(4)  # real downtime is the point: C's clock was advancing, so it counts
+    serve.start()
+    gates["g"].write_text("")
+    gates["d"].write_text("")
+    result = serve.cli("attach", "--json", c["job_id"])
+    record = json_lines(result.stdout)[-1]["record"]
+    assert record["state"] == "succeeded", record
+    assert record["queue_wait_ms"] >= 4000, record
