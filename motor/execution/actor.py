@@ -20,7 +20,7 @@ from ..lifecycle import RUNNING, retain_until
 from ..offload import offload_unless
 from ..records import JobRecord, Refusal, Started, Terminal, public_record
 from . import core, jobdir, joblog
-from .messages import Cancel, JobDeps, save_when_room
+from .messages import Cancel, JobDeps, release_isolation, save_when_room
 from .spawner import JobDirClaimed, KeeperNotStarted, SpawnerError
 
 log = logging.getLogger("motor.execution")
@@ -194,3 +194,4 @@ class JobExecution(actors.Actor):
         await self._end(record)
         if deps.disk is not None:  # idle now: measure it, apply the build-folder cap
             await deps.disk.job_idle(job_id, record.workspace, record.siblings)
+        await release_isolation(deps, job_id, self.name)  # groups or units: off the end path

@@ -29,13 +29,14 @@ from . import joblog
 from .core import OutputDecoder, isolation_problems, job_env, job_spec
 
 __all__ = ["Progress", "claimed", "close", "close_is_light", "kill_strays", "log_size", "look",
-           "prepare", "read_output", "read_status", "set_up", "set_up_is_light", "write_spec"]
+           "prepare", "read_output", "read_status", "set_up", "set_up_is_light",
+           "write_spec"]
 
 log = logging.getLogger("motor.execution")
 
 #: the base backend's steps, known to touch nothing (captured at import: a replaced one is
 #: not known to be light)
-_BASE_PREPARE, _BASE_FINISH = Backend.prepare, Backend.finish
+_BASE_PREPARE, _BASE_SETTLE = Backend.prepare, Backend.settle
 
 
 def look(job_dir: Path) -> tuple[dict[str, Any] | None, bool, bool]:
@@ -146,10 +147,10 @@ def read_status(job_dir: Path, who: str = "") -> dict[str, Any] | None:
 
 def close_is_light(backend: Any, status: dict[str, Any] | None) -> bool:
     """Whether `close` may run inline: the keeper's status is in hand (read inline: one
-    small file on the state directory) and the backend's `finish` is the base one
+    small file on the state directory) and the backend's `settle` is the base one
     (`affinity`, `none`: it touches nothing). A lost keeper (its leftovers are looked for in
     /proc) or a backend with groups to read and remove goes through the offloader."""
-    return status is not None and type(backend).finish is _BASE_FINISH
+    return status is not None and type(backend).settle is _BASE_SETTLE
 
 
 def close(job_dir: Path, spawner: Any, backend: Any, job_id: str, status: dict[str, Any] | None,
@@ -157,13 +158,14 @@ def close(job_dir: Path, spawner: Any, backend: Any, job_id: str, status: dict[s
     """After the keeper exited: its status (read from status.json unless given) and the
     isolation backend's facts. A keeper lost without a status leaves nothing of its job
     behind (whatever carries the job's marker is killed; the cgroup backends drain their
-    groups in `finish`); the backend's findings (OOM kill, CPU time) are collected and its
-    groups removed, and what it could not do is logged, never fatal."""
+    groups in `settle`); the backend's findings (OOM kill, CPU time) are collected, and what
+    it could not do is logged, never fatal. Its groups or units stay: `release` removes
+    them after the terminal record (messages.release_isolation)."""
     if status is None:
         status = read_status(job_dir, who)
     if status is None and (killed := spawner.kill_marked(job_id)):
         log.warning("%s: keeper lost; killed %d leftover process(es): %s", who, len(killed), killed)
-    facts = backend.finish(job_id, (status or {}).get("signal"))
+    facts = backend.settle(job_id, (status or {}).get("signal"))
     for problem, text in isolation_problems(facts):
         log.warning("%s: isolation %s: %s", who, problem, text)
     return status, facts

@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from .. import faults
 from ..offload import Offload, thread_offload
+from ..isolation.base import Backend
 from ..store.db import StoreFull
 
 if TYPE_CHECKING:
@@ -18,10 +20,11 @@ if TYPE_CHECKING:
         AccountingHandle, CpuHandle, DiskHandle, DispatcherHandle, Records, StoreHandle,
     )
 
-__all__ = ["Cancel", "JobDeps", "STORE_FULL_RETRY_S", "save_when_room"]
+__all__ = ["Cancel", "JobDeps", "STORE_FULL_RETRY_S", "release_isolation", "save_when_room"]
 
 log = logging.getLogger("motor.execution")
 
+_BASE_RELEASE = Backend.release
 STORE_FULL_RETRY_S = 1.0  # a save refused for lack of space is retried after this
 
 
@@ -67,3 +70,15 @@ async def save_when_room(store: "StoreHandle", who: str, record, events=(), **kw
                 log.warning("%s: waiting for space to record the job: %s", who, exc)
                 waited = True
             await trio.sleep(STORE_FULL_RETRY_S)
+
+
+async def release_isolation(deps: JobDeps, job_id: str, who: str) -> None:
+    """After the job's terminal record (its CPUs and slot already free): remove its groups
+    or units (`backend.release`, offloaded), unless the backend has none. A runner that
+    dies before this leaves them to the next start-up sweep (the job is terminal, not
+    `known`). What could not be removed is logged."""
+    if type(deps.backend).release is _BASE_RELEASE:
+        return
+    await faults.ahit("release.begin")  # tests: the record is out, the groups not yet removed
+    if error := await deps.offload(deps.backend.release, job_id):
+        log.warning("%s: isolation cleanup_error: %s", who, error)

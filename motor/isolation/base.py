@@ -18,8 +18,15 @@ class Backend:
 
     - `prepare(job_id, cpus, memory_max)` before writing spec.json; its dict is merged into
       the spec. Raises `IsolationError` when the job cannot be confined (a failed start).
-    - `finish(job_id, signal=...)` after the keeper exited (also after a failed start that
-      came after `prepare`). Never raises; returns `{"oom_killed", "cpu_time_ms", ...}`.
+    - `settle(job_id, signal=...)` after the keeper exited: the OOM verdict and accounting,
+      and nothing of the job left running (leftovers killed); the confinement itself stays.
+      Never raises; returns `{"oom_killed", "cpu_time_ms", ...}`. The job's terminal
+      record is written after it.
+    - `release(job_id)` after the terminal record: remove the confinement (groups, units).
+      Never raises; returns what could not be done, or None. Off the job's end path: its
+      CPUs and slot are free by then (docs/isolation.md, "After the job").
+    - `finish(job_id, signal=...)`: both at once (a failed start that came after `prepare`:
+      its retry makes the same groups again, so they go before it).
     - `adopt(job_id)` when a runner re-adopts a job after a restart: True when the job's
       confinement is still in place.
     - `sweep(known)` once at runner start-up, before any job is adopted or started: stop
@@ -39,9 +46,22 @@ class Backend:
         """Create whatever confines the job; return the spec.json fields."""
         return self.spec_fields(job_id, cpus, memory_max)
 
-    def finish(self, job_id: str, signal: int | None = None) -> dict:
-        """After the keeper exited: OOM verdict and accounting, then tear down."""
+    def settle(self, job_id: str, signal: int | None = None) -> dict:
+        """After the keeper exited: OOM verdict and accounting, no process of the job left;
+        the confinement stays until `release`."""
         return {"oom_killed": False, "cpu_time_ms": None}
+
+    def release(self, job_id: str) -> str | None:
+        """Remove the job's confinement (after its terminal record); what failed, or None."""
+        return None
+
+    def finish(self, job_id: str, signal: int | None = None) -> dict:
+        """`settle`, then `release` (its error as `cleanup_error`)."""
+        facts = self.settle(job_id, signal)
+        if type(self).release is not Backend.release:  # a backend with something to remove
+            error = self.release(job_id)
+            facts["cleanup_error"] = facts.get("cleanup_error") or error
+        return facts
 
     def adopt(self, job_id: str) -> bool:
         """Re-adoption after a runner restart: is the job's confinement still there?"""

@@ -551,35 +551,36 @@ class CgroupBackend(Backend):
         # The keeper pins its affinity too (belt and braces) and joins every group.
         return {"pin": bool(cpus), "cgroup_procs": made["procs"]}
 
-    def finish(self, job_id: str, signal: int | None = None) -> dict:
-        """After the keeper exited: OOM verdict and CPU time, then remove the job's group.
-
-        Kills leftover tasks first (processes that escaped the job's process group), retries
-        an EBUSY rmdir. Never raises: a problem is reported in `cleanup_error`.
-        `signal` is status.json's signal (only used on kernels without an oom_kill counter).
-        """
+    def settle(self, job_id: str, signal: int | None = None) -> dict:
+        """After the keeper exited: leftover tasks killed (processes that escaped the job's
+        process group) until the groups are empty, then the OOM verdict and CPU time. The
+        groups stay (`release` removes them). Never raises: a problem is reported in
+        `collect_error` / `cleanup_error`. `signal` is status.json's signal (only used on
+        kernels without an oom_kill counter)."""
         try:
             group_name(job_id)
         except IsolationError as exc:
             return {"oom_killed": False, "cpu_time_ms": None, "cleanup_error": str(exc)}
-        deadline = time.monotonic() + DRAIN_S
         try:
-            # Leftovers first (they escaped the job's process group), so the CPU time read
-            # next includes them.
-            self.flavour.drain(job_id, deadline)
+            # Leftovers first, so the CPU time read next includes them.
+            self.flavour.drain(job_id, time.monotonic() + DRAIN_S)
         except Exception:
             pass
         try:
-            facts = self.flavour.collect(job_id, signal)
+            return self.flavour.collect(job_id, signal)
         except Exception as exc:  # accounting is optional, never blocks the terminal record
-            facts = {"oom_killed": False, "cpu_time_ms": None,
-                     "collect_error": f"{type(exc).__name__}: {exc}"}
+            return {"oom_killed": False, "cpu_time_ms": None,
+                    "collect_error": f"{type(exc).__name__}: {exc}"}
+
+    def release(self, job_id: str) -> str | None:
+        """Remove the job's groups (settled: empty), retrying an EBUSY rmdir. Never raises."""
         try:
-            error = self.flavour.rmdirs(job_id, deadline)
+            group_name(job_id)
+            return self.flavour.rmdirs(job_id, time.monotonic() + DRAIN_S)
+        except IsolationError as exc:
+            return str(exc)
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        facts["cleanup_error"] = error
-        return facts
+            return f"{type(exc).__name__}: {exc}"
 
     def adopt(self, job_id: str) -> bool:
         try:

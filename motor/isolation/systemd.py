@@ -452,6 +452,24 @@ def slice_ran(control_group: str, root: str = CGROUP_ROOT) -> bool | None:
     return int(peak) > 0 if peak.isdigit() else None
 
 
+def group_pids(control_group: str, root: str = CGROUP_ROOT) -> list[int] | None:
+    """The processes in the group and below it (the unified tree, a hybrid host's `unified`
+    tree or v1's name=systemd tree, whichever has it); None when none can be read."""
+    rel = control_group.lstrip("/")
+    for base in (root, os.path.join(root, "unified"), os.path.join(root, "systemd")):
+        top = os.path.join(base, rel)
+        if not os.path.isfile(os.path.join(top, "cgroup.procs")):
+            continue
+        pids: list[int] = []
+        for d, _, _ in os.walk(top):
+            text = _try_read(os.path.join(d, "cgroup.procs"))
+            if text is None and d == top:
+                return None
+            pids += [int(p) for p in (text or "").split() if p.isdigit()]
+        return pids
+    return None
+
+
 def systemd_accounts_cpu(root: str = CGROUP_ROOT) -> bool:
     """Whether systemd can give a CPU figure: cgroup v2, or v1 cpuacct co-mounted with cpu."""
     return (os.path.exists(os.path.join(root, "cgroup.controllers"))
@@ -538,11 +556,13 @@ class SystemdBackend(Backend):
                 raise IsolationError(f"systemd: slice {name} did not start ({result})")
         return fields
 
-    def finish(self, job_id: str, signal: int | None = None) -> dict:
-        """systemd's summary of the job's slice, the OOM verdict, then stop the slice.
-
-        Never raises: problems are reported in `collect_error` / `cleanup_error`.
-        """
+    def settle(self, job_id: str, signal: int | None = None) -> dict:
+        """systemd's summary of the job's slice and the OOM verdict; the slice stays (its
+        stop is `release`, after the terminal record) when nothing of the job runs in it.
+        A process left in it (one that escaped the job's process group), or a slice whose
+        group cannot be read, is stopped here: systemd kills what is left, before the
+        terminal record. Never raises: problems are reported in `collect_error` /
+        `cleanup_error`."""
         facts: dict[str, Any] = {"oom_killed": False, "cpu_time_ms": None, "cleanup_error": None}
         try:
             name = job_slice(self.parent, job_id)
@@ -552,30 +572,43 @@ class SystemdBackend(Backend):
         try:
             with self.manager() as m:
                 path = m.unit_path(name)
-                if path is not None:
-                    try:
-                        usage = _uint(m.get(path, SLICE, "CPUUsageNSec"))
-                        facts["cpu_time_ms"] = None if usage is None else usage // 1_000_000
-                        group = m.get(path, SLICE, "ControlGroup")
-                        if group:
-                            facts.update(oom_verdict(group, signal, self.cgroup_root))
-                            if usage is None:  # systemd has no figure: the kernel's for the group
-                                usec = unified_usage_usec(group, self.cgroup_root)
-                                facts["cpu_time_ms"] = None if usec is None else usec // 1000
-                            if slice_ran(group, self.cgroup_root) is False:
-                                facts["start_error"] = (
-                                    f"systemd did not start the job's scope in {name}; "
-                                    "the keeper's status says why")
-                    except SystemdError as exc:
-                        facts["collect_error"] = str(exc)
-                    # kills what the job left behind; systemd removes the unit. The stop
-                    # job's JobRemoved says it is done (else: poll until it is gone).
-                    job = m.stop(name)
-                    if job is None or m.wait_job(job, ACTIVATE_TIMEOUT_S) is None:
-                        _wait_gone(m, name)
+                if path is None:
+                    return facts
+                group = None
+                try:
+                    usage = _uint(m.get(path, SLICE, "CPUUsageNSec"))
+                    facts["cpu_time_ms"] = None if usage is None else usage // 1_000_000
+                    group = m.get(path, SLICE, "ControlGroup")
+                    if group:
+                        facts.update(oom_verdict(group, signal, self.cgroup_root))
+                        if usage is None:  # systemd has no figure: the kernel's for the group
+                            usec = unified_usage_usec(group, self.cgroup_root)
+                            facts["cpu_time_ms"] = None if usec is None else usec // 1000
+                        if slice_ran(group, self.cgroup_root) is False:
+                            facts["start_error"] = (
+                                f"systemd did not start the job's scope in {name}; "
+                                "the keeper's status says why")
+                except SystemdError as exc:
+                    facts["collect_error"] = str(exc)
+                if not group or group_pids(group, self.cgroup_root) != []:
+                    _stop(m, name)  # leftovers (or no way to tell): killed before the record
         except Exception as exc:  # noqa: BLE001 - accounting never blocks the terminal record
             facts["cleanup_error"] = f"{type(exc).__name__}: {exc}"
         return facts
+
+    def release(self, job_id: str) -> str | None:
+        """Stop the job's slice (settled: nothing of the job runs in it) and wait until
+        systemd dropped it. Never raises."""
+        try:
+            name = job_slice(self.parent, job_id)
+            with self.manager() as m:
+                if m.unit_path(name) is not None:  # else stopped already (leftovers) or gone
+                    _stop(m, name)
+        except IsolationError as exc:
+            return str(exc)
+        except Exception as exc:  # noqa: BLE001
+            return f"{type(exc).__name__}: {exc}"
+        return None
 
     def sweep(self, known: set[str], owned: set[str] | None = None) -> list[str]:
         """Stop every `<parent>-j*.slice` unit whose job the store does not know (and, given
@@ -715,9 +748,7 @@ def _replace_leftover(m: SystemdManager, name: str, properties: list) -> str:
     while True:
         state = m.active_state(name)
         if state not in (None, "inactive", "failed"):
-            job = m.stop(name)
-            if job is None or m.wait_job(job, ACTIVATE_TIMEOUT_S) is None:
-                _wait_gone(m, name)
+            _stop(m, name)
             state = m.active_state(name)
         if state == "failed":  # a failed unit stays loaded until reset
             m.call(MANAGER_PATH, MANAGER, "ResetFailedUnit", "s", (name,))
@@ -727,6 +758,14 @@ def _replace_leftover(m: SystemdManager, name: str, properties: list) -> str:
             if exc.name != UNIT_EXISTS or time.monotonic() > deadline:
                 raise
         time.sleep(POLL_S)  # inactive, not yet unloaded
+
+
+def _stop(m: SystemdManager, name: str) -> None:
+    """Stop the unit (systemd kills what runs in it, then removes it); its stop job's
+    JobRemoved says it is done, else poll until it is gone."""
+    job = m.stop(name)
+    if job is None or m.wait_job(job, ACTIVATE_TIMEOUT_S) is None:
+        _wait_gone(m, name)
 
 
 def _wait_gone(m: SystemdManager, name: str, timeout: float = ACTIVATE_TIMEOUT_S) -> None:

@@ -38,8 +38,11 @@ class Grouped(Backend):
     def prepare(self, job_id, cpus, memory_max):
         return super().prepare(job_id, cpus, memory_max)
 
-    def finish(self, job_id, signal=None):
+    def settle(self, job_id, signal=None):
         return {"oom_killed": False, "cpu_time_ms": 1}
+
+    def release(self, job_id):
+        return None
 
 
 GROUPED = Grouped(name="grouped", enforces=())
@@ -370,7 +373,7 @@ async def test_a_cancel_during_a_spawn_that_fails_ends_the_job_cancelled(tmp_pat
 
 
 @pytest.mark.parametrize("backend,setup,end", [(NONE, [], []),
-                                               (GROUPED, ["set_up"], ["close"])])
+                                               (GROUPED, ["set_up"], ["close", "release"])])
 async def test_a_quiet_job_costs_no_thread_hop_without_groups_and_output_is_still_read(
         tmp_path, autojump_clock, backend, setup, end):
     """Issue 14: the job directory is looked at inline; the start's steps (workspace, the
@@ -409,7 +412,7 @@ async def test_a_quiet_job_costs_no_thread_hop_without_groups_and_output_is_stil
 
 def test_only_steps_known_to_touch_nothing_run_inline():
     """`close` runs on the event loop only when status.json is in hand and the backend's
-    `finish` is the base one, `set_up` only without a bundle and with the base `prepare`;
+    `settle` is the base one, `set_up` only without a bundle and with the base `prepare`;
     a lost keeper (its leftovers are looked for in /proc), a bundle to unpack or a backend
     with groups to make, read and remove (cgroup, systemd) goes to the offloader."""
     from motor.isolation.cgroup import CgroupBackend
@@ -421,7 +424,8 @@ def test_only_steps_known_to_touch_nothing_run_inline():
     assert jobdir.set_up_is_light(NONE, None) and not jobdir.set_up_is_light(NONE, "b.tar")
     assert not jobdir.set_up_is_light(GROUPED, None)
     for cls in (CgroupBackend, SystemdBackend):  # groups to make and remove: offloaded
-        assert cls.finish is not Backend.finish and cls.prepare is not Backend.prepare
+        assert cls.settle is not Backend.settle and cls.prepare is not Backend.prepare
+        assert cls.release is not Backend.release
 
 
 def test_a_replaced_base_prepare_is_not_light(monkeypatch):

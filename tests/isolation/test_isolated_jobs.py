@@ -146,7 +146,7 @@ def test_on_v1_a_job_is_a_pre_placed_spare_already_in_its_groups(serve_factory, 
     want = f"/{private_parent}/job-{record['job_id']}"
     assert [groups[c] for c in ("cpuset", "memory", "cpuacct")] == [want] * 3
     assert record["state"] == "succeeded" and record["memory_max_bytes"] == 128 << 20
-    assert not os.path.exists(backend.flavour.job_dirs(record["job_id"])["memory"])  # finished
+    wait_for(lambda: not backend.adopt(record["job_id"]), what="its groups removed (release)")
 
 
 def test_a_job_from_a_spare_outlives_a_killed_runner_and_is_adopted(
@@ -175,3 +175,49 @@ def test_a_job_from_a_spare_outlives_a_killed_runner_and_is_adopted(
     result = serve.cli("attach", job_id)
     assert result.returncode == 7, result.stderr
     assert int(result.stdout.decode().split()[0]) in spares
+
+
+def test_a_jobs_groups_go_after_its_terminal_record_while_its_cpus_serve_the_next_job(
+        serve_factory, private_parent, tmp_path):
+    """Issue 14: removing a job's groups is off its end path. Held at `release.begin`, a
+    job's terminal record is out with its groups still there (nothing left in them), and
+    its CPUs already serve the next job claiming every CPU; once the barrier opens both
+    jobs' groups go. A runner killed at that point leaves the groups of a job it recorded
+    as ended to the next start-up sweep."""
+    from polling import wait_for
+
+    barrier = tmp_path / "release"
+    reached = tmp_path / "release.reached"
+    backend = open_cgroup_backend(parent=private_parent)
+    serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent)
+    serve.env = {"MOTOR_FAULTS": f"release.begin=wait:{barrier}"}
+    serve.start()
+    claim = serve.cli_json("health")["capacity"]["claim_limit"]
+
+    def run_all_cpus() -> dict:
+        result = serve.cli("run", "--json", "--weight", str(claim), "--", "true")
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout.decode().splitlines()[-1])["record"]
+
+    first = run_all_cpus()
+    assert first["state"] == "succeeded"
+    wait_for(reached.exists, what="the first job's release at the barrier")
+    assert backend.adopt(first["job_id"])  # recorded as ended, its groups still there
+    assert backend.flavour.pids(first["job_id"]) == []  # settled: nothing of it runs
+    second = run_all_cpus()  # every CPU again: the first job's claim is free already
+    assert second["state"] == "succeeded" and backend.adopt(first["job_id"])
+    barrier.touch()
+    wait_for(lambda: not backend.adopt(first["job_id"]) and not backend.adopt(second["job_id"]),
+             what="both jobs' groups removed")
+
+    serve.stop()
+    serve.env = {"MOTOR_FAULTS": "release.begin=kill"}
+    serve.start()
+    third = serve.cli_json("submit", "--weight", "1", "--", "true")["job_id"]
+    assert serve.proc.wait(30) == -9  # killed after the record, before the removal
+    assert backend.adopt(third)
+    serve.env = {}
+    serve.start()
+    assert b"start-up sweep: group job-" + third.encode() in serve.log.read_bytes()
+    assert not backend.adopt(third)
+    assert serve.cli("attach", third).returncode == 0  # its record: succeeded

@@ -90,8 +90,8 @@ def test_systemd_backend_confines_each_job_in_its_own_unit(ns_serve, systemd_ns)
     assert inside["cpus"] in (expected, f"{record['cpus'][0]}-{record['cpus'][-1]}"), inside
     # CPU time measured for the job's slice (a python3 start alone takes well over 1 ms)
     assert record["reservation_use"]["cpu_time_ms"] > 0
-    # finish() stopped the slice: systemd removed the units
-    assert job_units(systemd_ns) == []
+    # the slice is stopped after the terminal record (release): systemd removes the units
+    wait_for(lambda: job_units(systemd_ns) == [], what="the job's units to go")
 
 
 def test_systemd_backend_reports_cpu_time_and_oom_kills(ns_serve, systemd_ns):
@@ -109,7 +109,7 @@ def test_systemd_backend_reports_cpu_time_and_oom_kills(ns_serve, systemd_ns):
     assert terminal["state"] == "failed"
     assert terminal["reason"] == "oom_killed", terminal
     assert terminal["signal"] == 9 and hog.returncode == 128 + 9
-    assert job_units(systemd_ns) == []
+    wait_for(lambda: job_units(systemd_ns) == [], what="the jobs' units to go")
 
 
 def test_a_job_in_a_systemd_unit_outlives_the_runner_and_is_readopted(
@@ -142,7 +142,7 @@ def test_a_job_in_a_systemd_unit_outlives_the_runner_and_is_readopted(
     events = json_lines(result.stdout)
     assert "".join(e["data"] for e in events if e["event"] == "output") == "before\nafter\n"
     assert events[-1]["record"]["exit_code"] == 7 and result.returncode == 7
-    assert job_units(systemd_ns) == []
+    wait_for(lambda: job_units(systemd_ns) == [], what="the job's units to go")
 
 
 def test_a_missing_program_is_a_spawn_failure_not_a_systemd_run_error(ns_serve):
@@ -298,3 +298,61 @@ def test_a_stalled_systemd_delays_jobs_but_never_wedges_the_runner(ns_serve, sys
     record = events[-1]["record"]
     assert record["state"] == "succeeded" and record["attempts"] >= 2, record
     assert "".join(e["data"] for e in events if e["event"] == "output") == "ran\n"
+
+
+SETTLE_SCRIPT = r"""
+import json, subprocess
+from motor.isolation.systemd import open_systemd_backend, job_slice
+backend = open_systemd_backend()
+quiet, busy = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a01", "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a02"
+for job in (quiet, busy):
+    backend.prepare(job, [0], 64 << 20)
+# a process left in the busy job's slice (as one that escaped its job would be)
+subprocess.run(["systemd-run", "--unit=motor-escapee", "--slice=" + job_slice("motor-jobs", busy),
+                "sleep", "1000"], check=True, capture_output=True)
+pid = int(subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", "motor-escapee"],
+                         capture_output=True, text=True).stdout)
+settled = {job: backend.settle(job) for job in (quiet, busy)}
+alive = subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode == 0
+kept = {job: backend.adopt(job) for job in (quiet, busy)}
+released = {job: backend.release(job) for job in (quiet, busy)}
+print(json.dumps({"settled": settled, "escapee_alive": alive, "kept": kept,
+                  "released": released, "after": [backend.adopt(j) for j in (quiet, busy)]}))
+"""
+
+
+def test_settle_keeps_an_empty_slice_for_release_and_stops_one_with_a_process_left(systemd_ns):
+    """Issue 14: the slice's stop is off the job's end path (`release`, after the terminal
+    record) only when nothing runs in it; a process left in the slice is killed by its stop
+    in `settle`, before the terminal record (one live process tree per job)."""
+    result = systemd_ns.run(sys.executable, "-c", SETTLE_SCRIPT, cwd=str(ROOT))
+    assert result.returncode == 0, result.stderr.decode()
+    out = json.loads(result.stdout)
+    assert not out["escapee_alive"]
+    quiet, busy = sorted(out["kept"])
+    assert out["kept"] == {quiet: True, busy: False}  # the empty slice stays until release
+    assert all(f["cleanup_error"] is None for f in out["settled"].values()), out["settled"]
+    assert out["released"] == {quiet: None, busy: None} and out["after"] == [False, False]
+    assert job_units(systemd_ns) == []
+
+
+def test_a_jobs_units_go_after_its_terminal_record_and_the_next_job_runs_meanwhile(
+        ns_serve, systemd_ns, tmp_path):
+    """Through `motor serve` in the namespace: held at `release.begin`, a job's terminal
+    record is out while its slice is still loaded, and the next job claiming every CPU runs
+    to its end; once the barrier opens, systemd drops both jobs' units."""
+    barrier, reached = tmp_path / "release", tmp_path / "release.reached"
+    serve = ns_serve()
+    serve.env = {"MOTOR_FAULTS": f"release.begin=wait:{barrier}"}
+    serve.start()
+    claim = serve.cli_json("health")["capacity"]["claim_limit"]
+    records = []
+    for _ in range(2):
+        result = serve.cli("run", "--json", "--weight", str(claim), "--", "true")
+        assert result.returncode == 0, result.stderr
+        records.append(json_lines(result.stdout)[-1]["record"])
+        wait_for(reached.exists, what="the job's release at the barrier")
+    slices = {f"motor-jobs-j{r['job_id'].replace('-', '')}.slice" for r in records}
+    assert slices <= set(job_units(systemd_ns))  # both ended, both slices still loaded
+    barrier.touch()
+    wait_for(lambda: job_units(systemd_ns) == [], what="both jobs' units to go")
