@@ -408,8 +408,9 @@ class Keeperd:
     # -- a job's start ------------------------------------------------------------------
 
     def _spawn(self, job_dir: str, conn: Conn, req_id: Any) -> dict | None:
-        """Claim and start the job; the answer, or None when it comes later (a forked job
-        still on its way to exec: see _on_exec)."""
+        """Claim and start the job. A refusal is returned (the caller sends it); otherwise
+        the answer is sent here once the job runs (a forked job still on its way to exec:
+        later, from _on_exec), then keeper.json gets the job's pid (`_record_pid`)."""
         if job_dir in self.jobs:
             return {"code": "claimed", "error": f"{job_dir} already has a keeper (keeperd keeps it)"}
         # The start steps keep the forkserver's point names (motor/faults.py): the same
@@ -433,7 +434,10 @@ class Keeperd:
         if job.exec_fd >= 0:
             return None
         job.reply_to = None
-        return {"pid": self.pid, "create_time": self.create_time, "job_pid": job.pid}
+        self._send(conn, {"id": req_id, "pid": self.pid, "create_time": self.create_time,
+                          "job_pid": job.pid})
+        self._record_pid(job)
+        return None
 
     def _spawn_failed(self, job: Job, detail: str) -> None:
         job.write_record(STDERR, f"motor keeper: {detail}\n".encode(errors="replace"))
@@ -472,6 +476,7 @@ class Keeperd:
             job.reply_to = None
             self._send(conn, {"id": req_id, "pid": self.pid, "create_time": self.create_time,
                               "job_pid": job.pid})
+        self._record_pid(job)
 
     def _start(self, job: Job) -> None:
         try:
@@ -535,11 +540,19 @@ class Keeperd:
             os.set_blocking(fd, False)
             job.streams[fd] = stream
             self.sel.register(fd, selectors.EVENT_READ, lambda ev, j=job, f=fd: self._on_output(j, f))
+
+    def _record_pid(self, job: Job) -> None:
+        """keeper.json gets the job's pid, after the spawn's answer (which carries it): the
+        claim already names keeperd, and a keeper.json without the job's pid is a state
+        adoption knows (`keeper.spawned`); the write (a create and a rename on the state
+        directory) is off the start's round trip."""
+        if job.pid is None:  # it could not be spawned: the claim stays as it is
+            return
         faults.hit("keeper.spawned")  # tests: the job runs, keeper.json lacks its pid
         try:
             write_json_atomic(os.path.join(job.job_dir, KEEPER_FILE), {
                 "keeper_pid": self.pid, "keeper_create_time": self.create_time,
-                "job_pid": pid, "job_create_time": K.proc_create_time(pid),
+                "job_pid": job.pid, "job_create_time": K.proc_create_time(job.pid),
                 "started_at_ms": job.started_at_ms, "kind": KIND})
         except OSError as exc:
             job.keeper_json_error = f"cannot add the job's pid to {KEEPER_FILE}: {exc}"

@@ -209,3 +209,29 @@ async def test_a_spawner_waits_for_its_own_jobs_without_reading_keeper_json_or_p
         with trio.fail_after(20):
             await spawner.wait_exit(handle.pid, handle.create_time, job_dir)
         assert ("keeper.json", job_dir) in reads
+
+
+async def test_the_spawn_is_answered_before_keeper_json_gets_the_jobs_pid(
+        tmp_path, make_job, workspace, monkeypatch):
+    """Issue 14: keeper.json's second write (the job's pid) is off the start's round trip.
+    keeperd held at `keeper.spawned` (the job runs, keeper.json names keeperd only) has
+    already answered the spawn with the job's pid; released, it writes keeper.json, and
+    the job ends as usual. (Before, the answer came after that write: this spawn would
+    wait for the barrier.)"""
+    barrier = tmp_path / "pid-write"
+    monkeypatch.setenv("MOTOR_FAULTS", f"keeper.spawned=wait:{barrier}")
+    state = tmp_path / "state"
+    job_dir = make_job(["sh", "-c", "while [ ! -e go ]; do sleep 0.01; done; exit 5"])
+    async with open_keeperd_spawner(state) as spawner:
+        with trio.fail_after(20):
+            handle = await spawner.spawn(job_dir)
+        await wait_until((tmp_path / "pid-write.reached").exists)  # right after its answer
+        claim = read_keeper(job_dir)
+        assert claim["keeper_pid"] == handle.pid and claim.get("job_pid") is None
+        (job,) = [c for c in psutil.Process(handle.pid).children() if c.name() == "sh"]
+        barrier.touch()
+        await wait_until(lambda: read_keeper(job_dir).get("job_pid") == job.pid)
+        (workspace / "go").touch()
+        with trio.fail_after(20):
+            await spawner.wait_exit(handle.pid, handle.create_time, job_dir)
+    assert read_status(job_dir)["exit_code"] == 5
