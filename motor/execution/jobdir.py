@@ -105,9 +105,12 @@ def set_up_is_light(backend: Any, bundle: str | None) -> bool:
     the base one (`affinity`, `none`: spec fields only, no side effect). What is left is
     metadata work: the workspace and job directory made when missing (the disk actor stats
     the workspace's root on the event loop already) and spec.json written on the state
-    directory. A backend with groups to make (cgroup, systemd), or any other `prepare` (a
-    replaced one may block: tests/scheduling hold one at a barrier), goes to the offloader."""
-    return bundle is None and type(backend).prepare is _BASE_PREPARE
+    directory. So is a backend whose `prepare` only plans (`plans_only`: cgroup v1, where
+    the keeper makes the groups: three stats and one read of the parent's memory limit). A
+    backend with groups to make (cgroup v2, systemd), or any other `prepare` (a replaced one
+    may block: tests/scheduling hold one at a barrier), goes to the offloader."""
+    return bundle is None and (type(backend).prepare is _BASE_PREPARE
+                               or getattr(backend, "plans_only", False))
 
 
 def log_size(job_dir: Path) -> int | None:

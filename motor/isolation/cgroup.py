@@ -516,6 +516,12 @@ class CgroupBackend(Backend):
     def version(self) -> int:
         return self.flavour.version
 
+    @property
+    def plans_only(self) -> bool:
+        """`prepare` makes nothing (v1, the keeper makes the groups): three stats and one
+        read, so a job's set-up may run it on the event loop (execution/jobdir.py)."""
+        return self.keeper_makes_groups and self.flavour.version == 1
+
     def spec_fields(self, job_id: str, cpus: list[int] | None, memory_max: int | None) -> dict:
         # Side-effect free (a group made here would never be removed: only callers of
         # prepare() also call finish()). Callers must use prepare() to get the cgroups.

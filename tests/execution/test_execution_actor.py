@@ -423,6 +423,11 @@ def test_only_steps_known_to_touch_nothing_run_inline():
     assert not jobdir.close_is_light(GROUPED, status)
     assert jobdir.set_up_is_light(NONE, None) and not jobdir.set_up_is_light(NONE, "b.tar")
     assert not jobdir.set_up_is_light(GROUPED, None)
+    from types import SimpleNamespace
+    for version, makes in ((1, True), (1, False), (2, True)):  # only a v1 plan is light
+        cgroup = CgroupBackend(flavour=SimpleNamespace(version=version), keeper_makes_groups=makes)
+        assert jobdir.set_up_is_light(cgroup, None) is (version == 1 and makes)
+        assert not jobdir.set_up_is_light(cgroup, "b.tar") and not jobdir.close_is_light(cgroup, status)
     for cls in (CgroupBackend, SystemdBackend):  # groups to make and remove: offloaded
         assert cls.settle is not Backend.settle and cls.prepare is not Backend.prepare
         assert cls.release is not Backend.release
