@@ -33,9 +33,13 @@ def kill_and_remove(path: str, *, strict: bool = False) -> None:
     in it until rmdir succeeds, for at most 5 s (then raise when `strict`)."""
     if not os.path.isdir(path):
         return
-    for entry in os.scandir(path):
-        if entry.is_dir(follow_symlinks=False):
-            kill_and_remove(entry.path, strict=strict)
+    try:
+        with os.scandir(path) as entries:  # closed even when a child vanishes mid-walk
+            children = [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return
+    for child in children:
+        kill_and_remove(child, strict=strict)
     deadline = time.monotonic() + 5
     while True:
         try:

@@ -119,7 +119,9 @@ class BundleStore:
         Stale partial uploads (no transfer in progress) go too."""
         needed = set(needed) | set(self.transfers)
         removed = []
-        for entry in os.scandir(self.dir):
+        with os.scandir(self.dir) as entries:  # closed even when a save below raises
+            listed = list(entries)
+        for entry in listed:
             name = entry.name
             if ".partial." in name:
                 if name.split(".partial.")[0] not in self.transfers:
