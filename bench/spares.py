@@ -5,7 +5,7 @@
 No runner. Each round opens keeperd on a temporary state dir with a cgroup backend on a
 parent group of its own (`motor-bench-<pid>-<n>`, removed after), twice, interleaved:
 `MOTOR_KEEPERD_SPARES=0` (peer=join: the keeper makes the job's groups from the spec and
-its forked child joins them by a `cgroup.procs` write) and the default pool
+its forked child joins them by a `cgroup.procs` write) and the default pool (DEFAULT_SIZE)
 (peer=spares: a pre-placed process in renamed groups execs the job). Per job, spaced
 `--gap-ms` apart (a join after an idle spell waits an RCU grace period: the case the
 spares are for), one after another:
@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from motor.execution import read_status, write_json_atomic  # noqa: E402
 from motor.execution.keeperd_client import open_keeperd_spawner  # noqa: E402
+from motor.execution.spares import DEFAULT_SIZE  # noqa: E402
 from motor.isolation.cgroup import open_cgroup_backend  # noqa: E402
 from private_cgroup import remove_private_parent  # noqa: E402
 
@@ -58,7 +59,7 @@ def load1() -> str:
 
 
 async def one_round(peer: str, n: int, gap: float, tag: str) -> dict[str, list[float]]:
-    os.environ["MOTOR_KEEPERD_SPARES"] = "0" if peer == "join" else "2"
+    os.environ["MOTOR_KEEPERD_SPARES"] = "0" if peer == "join" else str(DEFAULT_SIZE)
     parent = f"motor-bench-{os.getpid()}-{tag}"
     backend = dataclasses.replace(open_cgroup_backend(parent=parent), keeper_makes_groups=True)
     legacy = open_cgroup_backend(parent=parent)

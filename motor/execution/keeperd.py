@@ -224,10 +224,11 @@ class Keeperd:
             deadlines = [d for d in (j.deadline() for j in self.jobs.values()) if d is not None]
             if self.idle_since is not None:
                 deadlines.append(self.idle_since + IDLE_EXIT_S)
-            if (scope_deadline := self.scopes.deadline()) is not None:
-                deadlines.append(scope_deadline)
+            for extra in (self.scopes.deadline(), self.spares.refill_deadline()):
+                if extra is not None:
+                    deadlines.append(extra)
             timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
-            refill = self.spares.refill_due  # a spare to make once nothing else is ready
+            refill = self.spares.refill_due  # spares to make once nothing else is ready
             ready = self.sel.select(0 if refill else timeout)
             for key, events in ready:
                 try:
@@ -236,7 +237,7 @@ class Keeperd:
                     self._log_exception()
             if refill and not ready:
                 try:
-                    self.spares.fill_one()
+                    self.spares.fill()
                 except Exception:
                     self._log_exception()
         self.scopes.close()

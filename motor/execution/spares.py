@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import gc
 import json
+import math
 import os
 import selectors
 import signal
@@ -46,15 +47,23 @@ from motor.execution import keeper as K
 from motor.execution.joblog import write_json_atomic
 from motor.isolation.join import JoinError, join_cgroups, rmdir_retry, write_knob
 
-__all__ = ["DEFAULT_SIZE", "PREFIX", "RECORD_FILE", "SIZE_ENV", "SparePool", "become_job",
-           "pool_size", "tell_failure"]
+__all__ = ["DEFAULT_SIZE", "PREFIX", "RECORD_FILE", "REFILL_IDLE_ENV", "SIZE_ENV", "SparePool",
+           "become_job", "pool_size", "refill_idle_s", "tell_failure"]
 
 PREFIX = "spare-"
 RECORD_FILE = "keeperd.spares"
 #: spares kept ready per keeperd (`MOTOR_KEEPERD_SPARES` in keeperd's environment; 0: none,
 #: every job joins its groups by a migration as before)
-DEFAULT_SIZE = 2
+DEFAULT_SIZE = 4
 SIZE_ENV = "MOTOR_KEEPERD_SPARES"
+#: A spare's join (its migration) stalls every fork and exit on the host for an RCU grace
+#: period unless another migration came shortly before. So after a lone job's start (none
+#: within this long before it) a pool above half its size is topped up only once no job has
+#: started for this long: the stall does not fall on the job just started. In a burst of
+#: starts the pool is topped up at once, keeping the migrations close together (cheap).
+#: (docs/isolation.md, "Spares")
+REFILL_IDLE_S = 0.05
+REFILL_IDLE_ENV = "MOTOR_KEEPERD_REFILL_IDLE_S"  # seconds; tests set it long
 READY = b"R"
 #: counters zeroed when a spare becomes a job (what the spare did before is not the job's)
 RESETS = (("cpuacct", "cpuacct.usage"), ("memory", "memory.max_usage_in_bytes"))
@@ -67,6 +76,13 @@ def pool_size(environ=os.environ) -> int:
         return max(0, int(environ.get(SIZE_ENV, DEFAULT_SIZE)))
     except ValueError:
         return DEFAULT_SIZE
+
+
+def refill_idle_s(environ=os.environ) -> float:
+    try:
+        return max(0.0, float(environ.get(REFILL_IDLE_ENV, REFILL_IDLE_S)))
+    except ValueError:
+        return REFILL_IDLE_S
 
 
 def _start_ticks(pid: int) -> str | None:
@@ -206,10 +222,24 @@ class SparePool:
         self.serial = 0
         self.paused = False  # a spare died unasked: none made until the next job's start
         self.taken = self.missed = 0  # job starts from a spare / with none ready
+        self.last_take = -math.inf  # when a job last started from the pool (monotonic)
+        self.burst = False  # that start came within `idle_s` of the one before
+        self.idle_s = refill_idle_s()
 
     @property
     def refill_due(self) -> bool:
-        return bool(self.parents) and not self.paused and len(self.spares) < self.size
+        """Spares to make now: the pool is short and at half its size or below, or in a
+        burst of starts, or no job has started for `idle_s` (REFILL_IDLE_S). The missing
+        ones are made together (`fill`), so their joins fall within one grace period."""
+        return (bool(self.parents) and not self.paused and len(self.spares) < self.size
+                and (len(self.spares) <= self.size // 2 or self.burst
+                     or time.monotonic() - self.last_take >= self.idle_s))
+
+    def refill_deadline(self) -> float | None:
+        """When a short pool becomes due for its refill (keeperd's select timeout)."""
+        if not self.parents or self.paused or len(self.spares) >= self.size:
+            return None
+        return self.last_take + self.idle_s
 
     def describe(self) -> dict:
         return {"size": self.size, "parents": self.parents, "taken": self.taken,
@@ -268,6 +298,8 @@ class SparePool:
                 del self.spares[spare.pid]
                 self.sel.unregister(spare.sock)
                 self.taken += 1
+                now = time.monotonic()
+                self.burst, self.last_take = now - self.last_take < self.idle_s, now
                 return spare
         self.missed += 1
         return None
@@ -315,6 +347,14 @@ class SparePool:
 
     # -- filling ------------------------------------------------------------------------
 
+    def fill(self) -> None:
+        """Make every missing spare, one right after the other."""
+        while self.parents and len(self.spares) < self.size:
+            before = len(self.spares)
+            self.fill_one()
+            if len(self.spares) == before:  # it could not (logged): the next refill tries again
+                return
+
     def fill_one(self) -> None:
         """Make one spare: its groups (cheap: mkdir, cpuset.mems/cpus), then fork it; the
         spare itself joins them (the slow part) and says when it is ready."""
@@ -349,6 +389,7 @@ class SparePool:
             theirs.close()
             self.log(f"cannot fork a spare: {exc}")
             self._remove_dirs(dirs)
+            self.paused = True  # none made until the next job's start
             return
         if pid == 0:
             _spare_main(theirs.fileno(), [os.path.join(d, "cgroup.procs") for d in dirs.values()])

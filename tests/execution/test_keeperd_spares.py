@@ -276,3 +276,33 @@ def test_a_claimed_spare_starts_the_jobs_cpu_counter_at_zero(tmp_path, v1):
         pool.close()
         assert v1.finish("acct")["cleanup_error"] is None
     assert log == []
+
+
+async def test_after_a_lone_start_the_pool_waits_to_refill_and_a_burst_refills_at_once(
+        tmp_path, workspace, v1, monkeypatch):
+    """Issue 14: a spare's join stalls forks and exits host-wide for an RCU grace period
+    unless another migration came shortly before. After a lone job's start (no other start
+    within `MOTOR_KEEPERD_REFILL_IDLE_S`, here made 30 s so nothing refills by the clock) a
+    pool above half its size is not topped up: the job just started runs without that
+    stall. A second start within that time is a burst: the pool is topped up at once,
+    every missing spare together (their joins close together)."""
+    monkeypatch.setenv(spares_mod.SIZE_ENV, "4")
+    monkeypatch.setenv(spares_mod.REFILL_IDLE_ENV, "30")
+    state = tmp_path / "state"
+    state.mkdir()
+    async with open_keeperd_spawner(state) as spawner:
+        first = _job(state, v1, workspace, "first", ["true"])  # forks and joins: no pool yet
+        assert (await _run(spawner, first))["exit_code"] == 0
+        full = await _ready_spares(state, 4)
+        lone = _job(state, v1, workspace, "lone", ["true"])
+        assert (await _run(spawner, lone))["exit_code"] == 0
+        after = ask_keeperd(state, "spares")
+        assert read_keeper(lone)["job_pid"] in full
+        assert len(after["ready"]) == 3 and after["joining"] == [], after  # not refilled
+        burst = _job(state, v1, workspace, "burst", ["true"])
+        assert (await _run(spawner, burst))["exit_code"] == 0
+        refilled = await _ready_spares(state, 4)  # two new spares, made together
+        assert len(set(refilled) - set(full)) == 2
+        assert ask_keeperd(state, "spares")["taken"] == 2
+        for job_id in ("first", "lone", "burst"):
+            assert v1.finish(job_id)["cleanup_error"] is None

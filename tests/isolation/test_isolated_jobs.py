@@ -8,6 +8,7 @@ import os
 import pytest
 
 from isolation_helpers import counter, cgroup_unavailable, needs_cgroups, remove_parent
+from motor.execution.spares import DEFAULT_SIZE
 from motor.isolation.cgroup import open_cgroup_backend
 
 pytestmark = [pytest.mark.e2e, needs_cgroups]
@@ -132,8 +133,8 @@ def test_on_v1_a_job_is_a_pre_placed_spare_already_in_its_groups(serve_factory, 
     serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent).start()
     first = serve.cli("run", "--weight", "1", "--", "true")
     assert first.returncode == 0, first.stderr
-    spares = wait_for(lambda: (lambda a: a["ready"] if len(a["ready"]) == 2 else None)(
-        ask_keeperd(serve.state_dir, "spares")), what="two ready spares")
+    spares = wait_for(lambda: (lambda a: a["ready"] if len(a["ready"]) == DEFAULT_SIZE else None)(
+        ask_keeperd(serve.state_dir, "spares")), what="a full pool of ready spares")
     result = serve.cli("run", "--json", "--weight", "1", "--memory-max", str(128 << 20), "--",
                        "sh", "-c", "echo $$; cat /proc/self/cgroup")
     assert result.returncode == 0, result.stderr
@@ -161,8 +162,8 @@ def test_a_job_from_a_spare_outlives_a_killed_runner_and_is_adopted(
     barrier = tmp_path / "go"
     serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent).start()
     assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0
-    spares = wait_for(lambda: (lambda a: a["ready"] if len(a["ready"]) == 2 else None)(
-        ask_keeperd(serve.state_dir, "spares")), what="two ready spares")
+    spares = wait_for(lambda: (lambda a: a["ready"] if len(a["ready"]) == DEFAULT_SIZE else None)(
+        ask_keeperd(serve.state_dir, "spares")), what="a full pool of ready spares")
     job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
                             f"echo $$; while [ ! -e {barrier} ]; do sleep 0.02; done; exit 7")["job_id"]
     keeper = serve.state_dir / "jobs" / job_id / "keeper.json"
