@@ -223,15 +223,18 @@ async def test_the_spawn_is_answered_before_keeper_json_gets_the_jobs_pid(
     state = tmp_path / "state"
     job_dir = make_job(["sh", "-c", "while [ ! -e go ]; do sleep 0.01; done; exit 5"])
     async with open_keeperd_spawner(state) as spawner:
-        with trio.fail_after(20):
-            handle = await spawner.spawn(job_dir)
-        await wait_until((tmp_path / "pid-write.reached").exists)  # right after its answer
-        claim = read_keeper(job_dir)
-        assert claim["keeper_pid"] == handle.pid and claim.get("job_pid") is None
-        (job,) = [c for c in psutil.Process(handle.pid).children() if c.name() == "sh"]
-        barrier.touch()
-        await wait_until(lambda: read_keeper(job_dir).get("job_pid") == job.pid)
-        (workspace / "go").touch()
+        try:
+            with trio.fail_after(20):
+                handle = await spawner.spawn(job_dir)
+            await wait_until((tmp_path / "pid-write.reached").exists)  # right after its answer
+            claim = read_keeper(job_dir)
+            assert claim["keeper_pid"] == handle.pid and claim.get("job_pid") is None
+            (job,) = [c for c in psutil.Process(handle.pid).children() if c.name() == "sh"]
+            barrier.touch()
+            await wait_until(lambda: read_keeper(job_dir).get("job_pid") == job.pid)
+        finally:  # keeperd and the job are let go even when an assertion failed
+            barrier.touch()
+            (workspace / "go").touch()
         with trio.fail_after(20):
             await spawner.wait_exit(handle.pid, handle.create_time, job_dir)
     assert read_status(job_dir)["exit_code"] == 5
