@@ -33,15 +33,15 @@ def kill_and_remove(path: str, *, strict: bool = False) -> None:
     in it until rmdir succeeds, for at most 5 s (then raise when `strict`)."""
     if not os.path.isdir(path):
         return
-    try:
-        with os.scandir(path) as entries:  # closed even when a child vanishes mid-walk
-            children = [e.path for e in entries if e.is_dir(follow_symlinks=False)]
-    except FileNotFoundError:
-        return
-    for child in children:
-        kill_and_remove(child, strict=strict)
     deadline = time.monotonic() + 5
     while True:
+        try:  # again on every pass: a keeperd still running may have made a spare group
+            with os.scandir(path) as entries:  # closed even when a child vanishes mid-walk
+                children = [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+        except FileNotFoundError:
+            return
+        for child in children:
+            kill_and_remove(child, strict=strict)
         try:
             with open(os.path.join(path, "cgroup.procs")) as f:
                 pids = [int(p) for p in f.read().split()]
