@@ -143,6 +143,7 @@ class Job(K.HeldOutput):
         self.status_delay = K.STATUS_RETRY_MIN_S
         self.status_fault_passed = False
         self.watchers: list[tuple[Conn, Any]] = []
+        self.watched_by_spawn = False  # the spawn request reserved the id of the end's word
         # a forked job on its way to exec: its error pipe, and the rest of its start
         self.exec_fd = -1
         self.exec_error = b""
@@ -389,7 +390,7 @@ class Keeperd:
             self._send(conn, {"id": req_id, "code": "bad_request", "error": f"bad request: {exc}"})
             return
         if op == "spawn":
-            answer = self._spawn(job_dir, conn, req_id)
+            answer = self._spawn(job_dir, conn, req_id, req.get("watch"))
             if answer is not None:
                 self._send(conn, {"id": req_id, **answer})
         elif op == "wait":
@@ -408,10 +409,13 @@ class Keeperd:
 
     # -- a job's start ------------------------------------------------------------------
 
-    def _spawn(self, job_dir: str, conn: Conn, req_id: Any) -> dict | None:
+    def _spawn(self, job_dir: str, conn: Conn, req_id: Any, watch: Any = None) -> dict | None:
         """Claim and start the job. A refusal is returned (the caller sends it); otherwise
         the answer is sent here once the job runs (a forked job still on its way to exec:
-        later, from _on_exec), then keeper.json gets the job's pid (`_record_pid`)."""
+        later, from _on_exec), then keeper.json gets the job's pid (`_record_pid`).
+        `watch`: a second request id the spawner reserved for the job's end; it is told
+        `{"id": watch, "done": true}` as a `wait` would be, and the answer says
+        `"watching": true` (one request less per job)."""
         if job_dir in self.jobs:
             return {"code": "claimed", "error": f"{job_dir} already has a keeper (keeperd keeps it)"}
         # The start steps keep the forkserver's point names (motor/faults.py): the same
@@ -427,6 +431,9 @@ class Keeperd:
         faults.hit("forkserver.claimed")  # tests: claimed, the job not yet spawned
         job = Job(job_dir)
         self.jobs[job_dir] = job
+        if watch is not None:
+            job.watchers.append((conn, watch))
+            job.watched_by_spawn = True
         job.reply_to = (conn, req_id)
         try:
             self._start(job)
@@ -435,10 +442,16 @@ class Keeperd:
         if job.exec_fd >= 0:
             return None
         job.reply_to = None
-        self._send(conn, {"id": req_id, "pid": self.pid, "create_time": self.create_time,
-                          "job_pid": job.pid})
+        self._send(conn, self._answer(job, req_id))
         self._record_pid(job)
         return None
+
+    def _answer(self, job: Job, req_id: Any) -> dict:
+        answer = {"id": req_id, "pid": self.pid, "create_time": self.create_time,
+                  "job_pid": job.pid}
+        if job.watched_by_spawn:
+            answer["watching"] = True
+        return answer
 
     def _spawn_failed(self, job: Job, detail: str) -> None:
         job.write_record(STDERR, f"motor keeper: {detail}\n".encode(errors="replace"))
@@ -475,8 +488,7 @@ class Keeperd:
         if job.reply_to is not None:
             conn, req_id = job.reply_to
             job.reply_to = None
-            self._send(conn, {"id": req_id, "pid": self.pid, "create_time": self.create_time,
-                              "job_pid": job.pid})
+            self._send(conn, self._answer(job, req_id))
         self._record_pid(job)
 
     def _start(self, job: Job) -> None:

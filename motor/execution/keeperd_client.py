@@ -171,9 +171,10 @@ def cancel_once(job_dir: os.PathLike[str] | str, timeout: float = 2.0) -> bool:
 
 
 class _Req:
-    __slots__ = ("op", "job_dir", "launch", "event", "resp", "exc", "identity")
+    __slots__ = ("op", "job_dir", "launch", "event", "resp", "exc", "identity", "watch",
+                 "watch_at")
 
-    def __init__(self, op: str, job_dir: str, launch: bool) -> None:
+    def __init__(self, op: str, job_dir: str, launch: bool, watch: "_Req | None" = None) -> None:
         self.op = op
         self.job_dir = job_dir
         self.launch = launch
@@ -181,6 +182,10 @@ class _Req:
         self.resp: dict | None = None
         self.exc: BaseException | None = None
         self.identity: tuple[int, float] | None = None
+        #: a spawn's wait for the job's end, sent with it (`"watch"`: its own request id),
+        #: and where it waits for its answer (the connection and that id)
+        self.watch = watch
+        self.watch_at: tuple[_Conn, int] | None = None
 
     def resolve(self, resp: dict | None = None, exc: BaseException | None = None) -> None:
         if not self.event.is_set():
@@ -221,6 +226,8 @@ class KeeperdSpawner:
         #: that answered (kept until the job's wait returns). A wait or cancel for one of
         #: them knows its claim names keeperd without reading keeper.json again.
         self._spawned: dict[str, tuple[int, float]] = {}
+        #: of those, the ones whose end keeperd reports unasked (the spawn carried the wait)
+        self._watches: dict[str, _Req] = {}
 
     @property
     def keeperd_pid(self) -> int | None:
@@ -268,13 +275,20 @@ class KeeperdSpawner:
             req_id = self._next_id
             req.identity = conn.identity
             conn.pending[req_id] = req
-            line = json.dumps({"id": req_id, "op": req.op, "job_dir": req.job_dir}).encode() + b"\n"
+            msg = {"id": req_id, "op": req.op, "job_dir": req.job_dir}
+            if req.watch is not None:
+                self._next_id += 1
+                msg["watch"] = self._next_id
+                req.watch_at, req.watch.identity = (conn, self._next_id), conn.identity
+                conn.pending[self._next_id] = req.watch
+            line = json.dumps(msg).encode() + b"\n"
             try:
                 await conn.stream.send_all(line)
                 return
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                 # not delivered (or the connection broke at once): a new connection, once
                 conn.pending.pop(req_id, None)
+                _drop_watch(req)
                 conn.lost(repr(exc))
                 if attempt == 2:
                     req.resolve(exc=SpawnerError(f"keeperd connection broken: {exc!r}"))
@@ -317,7 +331,7 @@ class KeeperdSpawner:
         JobDirClaimed, KeeperNotStarted, or SpawnerError (keeperd died or was unreachable
         during the request: the job may or may not run, look at keeper.json)."""
         path = os.path.abspath(os.fspath(job_dir))
-        req = _Req("spawn", path, launch=True)
+        req = _Req("spawn", path, launch=True, watch=_Req("wait", path, launch=False))
         with trio.CancelScope(shield=True):
             self._submit(req)
             try:
@@ -328,14 +342,19 @@ class KeeperdSpawner:
                     self._conn.lost("no answer in time")
                     await self._conn.stream.aclose()
                 raise SpawnerError(f"keeperd did not answer the spawn of {path} in time") from None
+        resp = req.resp
+        if req.exc is not None or resp is None or not resp.get("watching"):
+            _drop_watch(req)  # a refusal, a lost connection, or a keeperd that does not watch
         if req.exc is not None:
             raise req.exc
-        resp = req.resp
         assert resp is not None
         handle = keeper_of(resp, "keeperd", path)
         if len(self._spawned) >= MAX_REMEMBERED:  # waits that never came (crashed actors)
             self._spawned.clear()
+            self._watches.clear()
         self._spawned[path] = (handle.pid, handle.create_time)
+        if req.watch_at is not None:  # keeperd tells us of the job's end: no wait to send
+            self._watches[path] = req.watch
         return handle
 
     def _ours(self, job_dir: os.PathLike[str] | str, pid: int, create_time: float) -> bool:
@@ -366,11 +385,17 @@ class KeeperdSpawner:
             await self._wait_keeperd(path, pid, create_time)
         finally:
             self._spawned.pop(path, None)
+            self._watches.pop(path, None)
 
     async def _wait_keeperd(self, path: str, pid: int, create_time: float) -> None:
+        sent = self._watches.pop(path, None)  # the wait that went with the spawn, if any
         while self._alive(pid, create_time):
-            req = _Req("wait", path, launch=False)
-            self._submit(req)
+            if sent is not None and sent.identity is not None \
+                    and _same(sent.identity, (pid, create_time)):
+                req, sent = sent, None
+            else:
+                req, sent = _Req("wait", path, launch=False), None
+                self._submit(req)
             await req.event.wait()
             if req.identity is not None and not _same(req.identity, (pid, create_time)):
                 await wait_process_exit(pid, create_time)  # not the keeperd on our socket
@@ -401,6 +426,14 @@ class KeeperdSpawner:
     async def aclose(self) -> None:
         """Disconnect (keeperd and its jobs keep running)."""
         self._send.close()
+
+
+def _drop_watch(req: _Req) -> None:
+    """The wait sent with a spawn will not be answered (or is not needed): forget it."""
+    if req.watch_at is not None:
+        conn, watch_id = req.watch_at
+        conn.pending.pop(watch_id, None)
+        req.watch_at = None
 
 
 def _same(a: tuple[int, float], b: tuple[int, float]) -> bool:

@@ -238,3 +238,42 @@ async def test_the_spawn_is_answered_before_keeper_json_gets_the_jobs_pid(
         with trio.fail_after(20):
             await spawner.wait_exit(handle.pid, handle.create_time, job_dir)
     assert read_status(job_dir)["exit_code"] == 5
+
+
+async def test_a_spawn_carries_the_wait_for_its_jobs_end(tmp_path, make_job, monkeypatch):
+    """Issue 14: the spawn request reserves the id of the job's end (`"watch"`), so waiting
+    for a job this spawner started sends nothing more: one request per job, not two. A
+    keeperd whose answer does not say `"watching"` (one from before this change, still
+    running after an upgrade) is sent the `wait` as before."""
+    from motor.execution import keeperd_client
+
+    ops = []
+    real_submit = keeperd_client.KeeperdSpawner._submit
+    monkeypatch.setattr(keeperd_client.KeeperdSpawner, "_submit",
+                        lambda self, req: ops.append(req.op) or real_submit(self, req))
+    state = tmp_path / "state"
+    jobs = [make_job(["sh", "-c", f"exit {code}"]) for code in (3, 4, 5)]  # (makes the state dir)
+    async with open_keeperd_spawner(state) as spawner:
+        for code, job_dir in zip((3, 4), jobs):
+            handle = await spawner.spawn(job_dir)
+            with trio.fail_after(20):
+                await spawner.wait_exit(handle.pid, handle.create_time, job_dir)
+            assert read_status(job_dir)["exit_code"] == code
+        assert ops == ["spawn", "spawn"]
+
+        class OldAnswers:  # keeperd's answers without "watching"
+            dumps = staticmethod(json.dumps)
+
+            @staticmethod
+            def loads(line):
+                answer = json.loads(line)
+                answer.pop("watching", None)
+                return answer
+
+        monkeypatch.setattr(keeperd_client, "json", OldAnswers)
+        ops.clear()
+        job_dir = jobs[2]
+        handle = await spawner.spawn(job_dir)
+        with trio.fail_after(20):
+            await spawner.wait_exit(handle.pid, handle.create_time, job_dir)
+        assert read_status(job_dir)["exit_code"] == 5 and ops == ["spawn", "wait"]
