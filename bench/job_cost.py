@@ -20,12 +20,11 @@ the 1-minute load average (load1=); the end shows the medians over rounds.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
+
+from benchlib import load1, run_round
+from benchlib import peers as bench_peers
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,17 +66,8 @@ trio.run(main)
 """
 
 
-def load1() -> str:
-    return f"{os.getloadavg()[0]:.2f}"
-
-
 def one_round(root: Path, iso: str, n: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(root))
-    r = subprocess.run([sys.executable, "-c", ROUND, iso, str(n)], capture_output=True,
-                       text=True, cwd=root, env=env)
-    if r.returncode != 0:
-        raise SystemExit(f"round in {root} failed: {r.stderr[-1500:]}")
-    got = json.loads(r.stdout.strip().splitlines()[-1])
+    got = run_round(ROUND, root, iso, str(n))
     if got["bad"]:
         raise SystemExit(f"jobs did not succeed in {root}: {got['bad']}")
     return got
@@ -90,9 +80,7 @@ def main() -> None:
     ap.add_argument("--isolation", default="affinity")
     ap.add_argument("--baseline-root", metavar="DIR")
     args = ap.parse_args()
-    peers = [("motor", ROOT)]
-    if args.baseline_root:
-        peers.append(("motor-baseline", Path(args.baseline_root).resolve()))
+    peers = bench_peers(ROOT, args.baseline_root)
     cpu: dict[str, list[float]] = {p: [] for p, _ in peers}
     rate: dict[str, list[float]] = {p: [] for p, _ in peers}
     print(f"# job_cost: rounds={args.rounds} n={args.n} isolation={args.isolation} "

@@ -56,6 +56,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import load1
+
 ROOT = Path(__file__).resolve().parent.parent
 #: ../shared from the repo root (a worktree under /work/wt: ../../shared)
 PEERS = next((p for p in (ROOT.parent / "shared" / "bench" / "peers",
@@ -65,10 +67,6 @@ sys.path.insert(0, str(ROOT))
 
 from motor.client import Client  # noqa: E402
 from motor.records import JobRequest, Output, Terminal  # noqa: E402
-
-
-def load1() -> str:
-    return f"{os.getloadavg()[0]:.2f}"
 
 
 def emit(peer: str, metric: str, values: list[float], unit: str = "ms", extra: str = "") -> float:

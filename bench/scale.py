@@ -46,16 +46,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import load1
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from motor.client import Client, RunnerUnavailable  # noqa: E402
 from motor.execution.spawner import cancel_keepers_under  # noqa: E402
 from motor.records import TERMINAL_STATES, RefusedError  # noqa: E402
-
-
-def load1() -> str:
-    return f"{os.getloadavg()[0]:.2f}"
 
 
 def emit(metric: str, value: float, unit: str, extra: str = "") -> None:

@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchlib import load1
+
 import trio
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,10 +54,6 @@ def cpu_s(pid: int) -> float:
     with open(f"/proc/{pid}/stat", "rb") as f:
         fields = f.read().rsplit(b")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def load1() -> str:
-    return f"{os.getloadavg()[0]:.2f}"
 
 
 async def one_round(peer: str, n: int, gap: float, tag: str) -> dict[str, list[float]]:

@@ -24,12 +24,11 @@ the end shows the medians over every sample of every round. Every line carries l
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
+
+from benchlib import load1, run_round
+from benchlib import peers as bench_peers
 
 ROOT = Path(__file__).resolve().parent.parent
 METRICS = ("start_to_spawn", "start_latency_embedded", "run_wall_embedded")
@@ -81,17 +80,8 @@ trio.run(main)
 """
 
 
-def load1() -> str:
-    return f"{os.getloadavg()[0]:.2f}"
-
-
 def one_round(root: Path, args) -> dict[str, list[float]]:
-    env = dict(os.environ, PYTHONPATH=str(root))
-    r = subprocess.run([sys.executable, "-c", ROUND, args.isolation, str(args.samples),
-                        str(args.gap)], capture_output=True, text=True, cwd=root, env=env)
-    if r.returncode != 0:
-        raise SystemExit(f"round in {root} failed: {r.stderr[-1500:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    return run_round(ROUND, root, args.isolation, str(args.samples), str(args.gap))
 
 
 def main() -> None:
@@ -102,9 +92,7 @@ def main() -> None:
     ap.add_argument("--isolation", default="affinity")
     ap.add_argument("--baseline-root", metavar="DIR")
     args = ap.parse_args()
-    peers = [("motor", ROOT)]
-    if args.baseline_root:
-        peers.append(("motor-baseline", Path(args.baseline_root).resolve()))
+    peers = bench_peers(ROOT, args.baseline_root)
     every: dict[str, dict[str, list[float]]] = {p: {m: [] for m in METRICS} for p, _ in peers}
     print(f"# start_path: rounds={args.rounds} samples={args.samples} gap_s={args.gap} "
           f"isolation={args.isolation} load1={load1()}", flush=True)

@@ -29,6 +29,8 @@ import statistics
 import sys
 import time
 
+from benchlib import load1
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import msgspec  # noqa: E402
@@ -37,10 +39,6 @@ from motor.records import JobRequest  # noqa: E402
 from motor.scheduling import machine as m  # noqa: E402
 from motor.scheduling.admission import AdmissionSettings  # noqa: E402
 from motor.scheduling.messages import StatusView  # noqa: E402
-
-
-def load1() -> str:
-    return f"{os.getloadavg()[0]:.2f}"
 
 
 def emit(metric: str, values: list[tuple[float, float]], extra: str) -> None:

@@ -1,0 +1,34 @@
+"""What several bench scripts share (imported from bench/, the scripts' own directory)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def load1() -> str:
+    """The 1-minute load average, as every figure line carries it (load1=)."""
+    return f"{os.getloadavg()[0]:.2f}"
+
+
+def peers(root: Path, baseline_root: str | None) -> list[tuple[str, Path]]:
+    """(peer name, the checkout whose motor package a round imports): this checkout, and
+    `--baseline-root DIR` as peer=motor-baseline when given."""
+    out = [("motor", root)]
+    if baseline_root:
+        out.append(("motor-baseline", Path(baseline_root).resolve()))
+    return out
+
+
+def run_round(script: str, root: Path, *args: str) -> dict:
+    """Run `script` (python source) in a fresh interpreter that imports motor from `root`;
+    its last stdout line, as JSON. A failed round ends the bench with its stderr."""
+    env = dict(os.environ, PYTHONPATH=str(root))
+    r = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True,
+                       cwd=root, env=env)
+    if r.returncode != 0:
+        raise SystemExit(f"round in {root} failed: {r.stderr[-1500:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
