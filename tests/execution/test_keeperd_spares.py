@@ -11,6 +11,7 @@ skips with the reason elsewhere. Every group lives under a parent of the test's 
 from __future__ import annotations
 
 import dataclasses
+from contextlib import asynccontextmanager
 import os
 import signal
 
@@ -100,6 +101,21 @@ async def _run(spawner, job_dir) -> dict:
     return read_status(job_dir)
 
 
+@asynccontextmanager
+async def _pool(tmp_path, workspace, v1, monkeypatch, size: int, first: str = "first",
+                command: tuple[str, ...] = ("true",)):
+    """keeperd on a new state dir keeping `size` spares: its first job (`first`, which
+    forks and joins: no pool yet) teaches it v1's parent. Yields (spawner, state dir, the
+    first job's dir, the ready spares' pids)."""
+    monkeypatch.setenv(spares_mod.SIZE_ENV, str(size))
+    state = tmp_path / "state"
+    state.mkdir()
+    async with open_keeperd_spawner(state) as spawner:
+        job_dir = _job(state, v1, workspace, first, list(command))
+        assert (await _run(spawner, job_dir))["exit_code"] == 0
+        yield spawner, state, job_dir, await _ready_spares(state, size)
+
+
 async def test_a_job_from_a_spare_is_in_its_groups_from_its_first_instruction(
         tmp_path, workspace, v1, monkeypatch):
     """The first job of a parent forks and joins (no spare yet) and teaches keeperd the
@@ -107,17 +123,12 @@ async def test_a_job_from_a_spare_is_in_its_groups_from_its_first_instruction(
     processes: `cat /proc/self/cgroup` exec'd straight away shows the job's own groups in
     every hierarchy, the groups carry the job's CPUs and memory limit (a second job with
     other needs gets its own), the job's CPU counter started at zero, and the pool refills."""
-    monkeypatch.setenv(spares_mod.SIZE_ENV, "2")
-    state = tmp_path / "state"
-    state.mkdir()
     cpus = sorted(os.sched_getaffinity(0))
     parent = v1.flavour.parent
-    async with open_keeperd_spawner(state) as spawner:
-        first = _job(state, v1, workspace, "first", ["cat", "/proc/self/cgroup"])
-        assert (await _run(spawner, first))["exit_code"] == 0
+    async with _pool(tmp_path, workspace, v1, monkeypatch, 2,
+                     command=("cat", "/proc/self/cgroup")) as (spawner, state, first, waiting):
         assert {c: _group_lines(first)[c] for c in V1_CONTROLLERS} == \
             {c: f"/{parent}/job-first" for c in V1_CONTROLLERS}
-        waiting = await _ready_spares(state, 2)
         assert len(_spare_dirs(v1)) == 2 * len(V1_CONTROLLERS)
 
         ran = []
@@ -152,13 +163,8 @@ async def test_a_killed_keeperds_spares_are_gone_once_the_next_one_started(
     """SIGKILL keeperd with 2 spares ready: its spares read EOF and exit; the groups stay
     until the next keeperd of the state dir starts and removes them (it reads the parents
     from keeperd.spares) before it says it is ready."""
-    monkeypatch.setenv(spares_mod.SIZE_ENV, "2")
-    state = tmp_path / "state"
-    state.mkdir()
-    async with open_keeperd_spawner(state) as spawner:
-        job_dir = _job(state, v1, workspace, "only", ["true"])
-        assert (await _run(spawner, job_dir))["exit_code"] == 0
-        waiting = await _ready_spares(state, 2)
+    async with _pool(tmp_path, workspace, v1, monkeypatch, 2, first="only") as (
+            spawner, state, _, waiting):
         assert len(_spare_dirs(v1)) == 2 * len(V1_CONTROLLERS)
         dead = spawner.keeperd_pid
         os.kill(dead, signal.SIGKILL)
@@ -201,13 +207,7 @@ async def test_a_spare_that_cannot_exec_the_job_ends_it_spawn_failed(
     exits; the job ends spawn_failed with the same detail as the fork+exec path."""
     from motor.execution.keeper import SPAWN_FAILED_EXIT_CODE
 
-    monkeypatch.setenv(spares_mod.SIZE_ENV, "1")
-    state = tmp_path / "state"
-    state.mkdir()
-    async with open_keeperd_spawner(state) as spawner:
-        first = _job(state, v1, workspace, "first", ["true"])
-        assert (await _run(spawner, first))["exit_code"] == 0
-        waiting = await _ready_spares(state, 1)
+    async with _pool(tmp_path, workspace, v1, monkeypatch, 1) as (spawner, state, _, waiting):
         fields = v1.prepare("nocwd", None, None)
         bad = write_job_dir(state / "jobs" / "nocwd", "nocwd", ["true"], workspace, **fields)
         spec = (bad / "spec.json").read_text().replace(str(workspace), str(tmp_path / "gone"))
@@ -270,7 +270,7 @@ def test_a_claimed_spare_starts_the_jobs_cpu_counter_at_zero(tmp_path, v1):
         assert os.waitstatus_to_exitcode(status) == 0
         assert os.read(fd, 100) == b""  # exec'd: nothing said on the socket
         os.close(fd)
-        assert out.count(f"/job-acct\n") == 3, out
+        assert out.count("/job-acct\n") == 3, out
         assert usage(job) > 0  # the job's own exec and run
     finally:
         pool.close()
@@ -286,14 +286,8 @@ async def test_after_a_lone_start_the_pool_waits_to_refill_and_a_burst_refills_a
     pool above half its size is not topped up: the job just started runs without that
     stall. A second start within that time is a burst: the pool is topped up at once,
     every missing spare together (their joins close together)."""
-    monkeypatch.setenv(spares_mod.SIZE_ENV, "4")
     monkeypatch.setenv(spares_mod.REFILL_IDLE_ENV, "30")
-    state = tmp_path / "state"
-    state.mkdir()
-    async with open_keeperd_spawner(state) as spawner:
-        first = _job(state, v1, workspace, "first", ["true"])  # forks and joins: no pool yet
-        assert (await _run(spawner, first))["exit_code"] == 0
-        full = await _ready_spares(state, 4)
+    async with _pool(tmp_path, workspace, v1, monkeypatch, 4) as (spawner, state, _, full):
         lone = _job(state, v1, workspace, "lone", ["true"])
         assert (await _run(spawner, lone))["exit_code"] == 0
         after = ask_keeperd(state, "spares")
