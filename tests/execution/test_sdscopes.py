@@ -11,7 +11,8 @@ import threading
 import time
 
 import pytest
-from jeepney import DBusAddress, Parser, new_error, new_method_return, new_signal
+from fake_dbus import dbus_messages
+from jeepney import DBusAddress, new_error, new_method_return, new_signal
 
 from motor.execution.sdscopes import ScopeStarter
 from motor.isolation.systemd import MANAGER, MANAGER_PATH
@@ -48,23 +49,7 @@ class Manager:
             self._talk(conn)
 
     def _talk(self, conn: socket.socket) -> None:
-        buf = b""
-        while b"BEGIN\r\n" not in buf:
-            data = conn.recv(4096)
-            if not data:
-                return
-            buf += data
-        conn.sendall(b"OK 0123456789abcdef0123456789abcdef\r\n")
-        parser = Parser()
-        parser.add_data(buf.partition(b"BEGIN\r\n")[2])
-        while True:
-            msg = parser.get_next_message()
-            if msg is None:
-                data = conn.recv(65536)
-                if not data:
-                    return
-                parser.add_data(data)
-                continue
+        for msg in dbus_messages(conn):
             self.calls.append(msg)
             if self.script(conn, msg) == "close":
                 return

@@ -10,7 +10,8 @@ import socket
 import threading
 
 import pytest
-from jeepney import DBusAddress, Parser, new_error, new_method_return, new_signal
+from fake_dbus import AUTH_OK, dbus_messages
+from jeepney import DBusAddress, new_error, new_method_return, new_signal
 
 from motor.isolation import IsolationError
 from motor.isolation.systemd import (
@@ -21,7 +22,6 @@ from motor.isolation.systemd import (
     job_scope,
     job_slice,
     oom_verdict,
-    scope_argv,
     slice_properties,
     slice_ran,
     systemd_accounts_cpu,
@@ -191,28 +191,14 @@ class FakeManager:
                 return
             self.accepted += 1
             with conn:
-                buf = b""
-                while b"BEGIN\r\n" not in buf:
-                    buf += conn.recv(1024)
-                assert buf.startswith(b"\0AUTH EXTERNAL ")
-                greeting = b"OK 0123456789abcdef0123456789abcdef\r\n"
+                greeting = AUTH_OK
                 for i in range(self.greeting_signals):
                     greeting += new_signal(
                         DBusAddress("/org/freedesktop/systemd1/unit/x",
                                     interface="org.freedesktop.DBus.Properties"),
                         "PropertiesChanged", "sa{sv}as",
                         ("org.freedesktop.systemd1.Unit", {}, [])).serialise(serial=500 + i)
-                conn.sendall(greeting)
-                parser = Parser()
-                parser.add_data(buf.split(b"BEGIN\r\n", 1)[1])
-                while True:
-                    msg = parser.get_next_message()
-                    if msg is None:
-                        data = conn.recv(65536)
-                        if not data:
-                            break
-                        parser.add_data(data)
-                        continue
+                for msg in dbus_messages(conn, greeting):
                     member = msg.header.fields[3]  # MEMBER
                     self.calls.append((member, msg.body))
                     if member == "Get" and msg.body[1] == "Version":
