@@ -222,3 +222,31 @@ def test_a_jobs_groups_go_after_its_terminal_record_while_its_cpus_serve_the_nex
     assert b"start-up sweep: group job-" + third.encode() in serve.log.read_bytes()
     assert not backend.adopt(third)
     assert serve.cli("attach", third).returncode == 0  # its record: succeeded
+
+
+def test_through_serve_a_lone_start_leaves_the_pool_short_and_a_burst_refills_it(
+        serve_factory, private_parent):
+    """Issue 14, through `motor serve --isolation cgroup` and the CLI: keeperd (started by
+    the runner, with its environment; `MOTOR_KEEPERD_REFILL_IDLE_S` made 30 s so nothing
+    refills by the clock) does not refill its spares after a lone job's start, so no
+    migration stalls that job's exit; a second start within that time is a burst and the
+    pool is full again at once (docs/isolation.md, "When the pool refills")."""
+    from keeper_tracking import ask_keeperd
+    from polling import wait_for
+
+    if open_cgroup_backend(parent=private_parent).version != 1:
+        pytest.skip("spares are for cgroup v1 hierarchies")
+    serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent)
+    serve.env = {"MOTOR_KEEPERD_REFILL_IDLE_S": "30"}
+    serve.start()
+    assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0  # forks, joins
+    full = wait_for(lambda: (lambda a: a["ready"] if len(a["ready"]) == DEFAULT_SIZE else None)(
+        ask_keeperd(serve.state_dir, "spares")), what="a full pool of ready spares")
+    assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0  # the lone start
+    after = ask_keeperd(serve.state_dir, "spares")
+    assert (len(after["ready"]), after["joining"], after["taken"]) == (DEFAULT_SIZE - 1, [], 1)
+    assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0  # a burst
+    refilled = wait_for(lambda: (lambda a: a["ready"] if len(a["ready"]) == DEFAULT_SIZE
+                                 else None)(ask_keeperd(serve.state_dir, "spares")),
+                        what="the pool full again")
+    assert len(set(refilled) - set(full)) == 2
