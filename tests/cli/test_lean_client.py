@@ -448,3 +448,43 @@ def test_a_submit_waits_for_the_runners_answer_past_the_client_timeout(one_shot)
         assert client.submit({"command": ["true"]}, raw=True)["job_id"] == "j1"
         with pytest.raises(RunnerUnavailable):
             client.call("GET", "/v1/jobs")
+
+
+def test_a_large_answer_is_decoded_with_the_collector_paused_and_a_small_one_is_not(
+        one_shot, monkeypatch):
+    """`GET /v1/status` of a deep queue is megabytes of JSON: the client decodes an answer of
+    at least GC_PAUSE_BYTES with the cyclic collector paused (issue 14), and gives it back
+    as it was: enabled after, still disabled if the caller had disabled it."""
+    import gc
+
+    import motor.client as client_module
+
+    seen: list[tuple[int, bool]] = []
+    real_loads = json.loads
+
+    def spy(data, *args, **kwargs):
+        seen.append((len(data), gc.isenabled()))
+        return real_loads(data, *args, **kwargs)
+
+    monkeypatch.setattr(client_module.json, "loads", spy)
+    queued = [{"job_id": f"j{i}", "state": "queued", "waiting_on": "permits"} for i in range(6000)]
+    large = json.dumps({"queued": queued}).encode()
+    assert len(large) >= client_module.GC_PAUSE_BYTES
+    small = b'{"queued": []}'
+
+    def answer(body: bytes) -> bytes:
+        return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+    server = one_shot(answer(large), answer(small), answer(large))
+    assert gc.isenabled()
+    with Client(server.path) as client:
+        assert client.call("GET", "/v1/status")["queued"] == queued
+        assert gc.isenabled()
+        assert client.call("GET", "/v1/status") == {"queued": []}
+        gc.disable()
+        try:
+            assert len(client.call("GET", "/v1/status")["queued"]) == 6000
+            assert not gc.isenabled()  # the caller's choice stands
+        finally:
+            gc.enable()
+    assert seen == [(len(large), False), (len(small), True), (len(large), False)]
