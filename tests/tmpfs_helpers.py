@@ -74,3 +74,39 @@ class Filler:
 
     def free(self) -> None:
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def ext4_unavailable() -> str | None:
+    """Why a small ext4 image cannot be loop-mounted here (None: it can)."""
+    if os.geteuid() != 0:
+        return "loop-mounting an ext4 image needs root"
+    for tool in ("mount", "mkfs.ext4"):
+        if shutil.which(tool) is None:
+            return f"no {tool}(8)"
+    return None
+
+
+needs_ext4 = pytest.mark.skipif(ext4_unavailable() is not None,
+                                reason=ext4_unavailable() or "")
+
+
+@contextmanager
+def ext4(path: Path, *, journal: bool, size_mb: int = 16):
+    """A real ext4 file system (with or without a journal) in an image file, loop-mounted at
+    `path` for the block; unmounted (lazily) afterwards. Skips the test when the mount is
+    refused (no loop device in this container)."""
+    path.mkdir(parents=True, exist_ok=True)
+    image = path.with_name(path.name + ".img")
+    with open(image, "wb") as f:
+        f.truncate(size_mb << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", *([] if journal else ["-O", "^has_journal"]),
+                    str(image)], check=True, capture_output=True)
+    mounted = subprocess.run(["mount", "-o", "loop", str(image), str(path)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot loop-mount an ext4 image: {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+        image.unlink(missing_ok=True)

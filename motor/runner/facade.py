@@ -250,6 +250,8 @@ class Runner:
             report["disk"] = {"free_bytes": disk.free_bytes, "total_bytes": disk.total_bytes,
                               "floor_bytes": self.config.floor_bytes(),
                               "goal_bytes": self.config.goal_bytes()}
+            if self.host.state_fs is not None:
+                report["disk"]["state_filesystem"] = self.host.state_fs
         report.update(ledger)
         degraded = self._supervision_troubles() + degraded
         if self.db.full_error is not None:

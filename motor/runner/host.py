@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fcntl
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,11 +17,14 @@ from typing import Any
 
 from ..config import ConfigError, RunnerConfig
 from ..cpu.host import read_topology
+from ..disk.fsinfo import journal_warning, state_filesystem
 from ..cpu.topology import (
     TopologyError, allocatable, claim_limit, kept_back, parse_cpu_list, validate_linux_cpus,
 )
 from ..isolation import HostProbe, IsolationError, choose_backend
 from ..memory.host import read_ceiling
+
+log = logging.getLogger("motor.runner")
 
 
 class StartupError(ConfigError):
@@ -104,6 +108,8 @@ class Host:
     windows: tuple[int, ...] = ()  # --windows-cpus
     slice_limit: Any = None  # () -> int | None: the jobs group's live memory limit
     ceiling: Any = None  # MemoryCeiling read at start-up
+    #: the state directory's file system (disk/fsinfo.py), shown in health
+    state_fs: dict | None = None
 
 
 def probe_host(config: RunnerConfig) -> Host:
@@ -139,10 +145,13 @@ def probe_host(config: RunnerConfig) -> Host:
         # spare group its pre-placed process already sits in (docs/isolation.md, "The join")
         backend = dataclasses.replace(backend, keeper_makes_groups=True)
     slice_limit = getattr(backend, "parent_memory_limit", None) or (lambda: None)
+    state_fs = state_filesystem(str(config.state_path))
+    if warning := journal_warning(str(config.state_path), state_fs):
+        log.warning("runner: %s", warning)
     return Host(
         topology=topology, allowed=tuple(allowed),
         kept_back=() if linux is not None else tuple(kept_back(topology)),
         claim_limit=claim_limit(allowed, config.max_weight, confined=linux is not None),
         backend=backend, slice_limit=slice_limit, windows=windows,
-        ceiling=read_ceiling(config.capacity_file, slice_limit),
+        ceiling=read_ceiling(config.capacity_file, slice_limit), state_fs=state_fs,
     )
