@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fcntl
-import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,14 +16,12 @@ from typing import Any
 
 from ..config import ConfigError, RunnerConfig
 from ..cpu.host import read_topology
-from ..disk.fsinfo import journal_warning, state_filesystem
+from ..disk.fsinfo import state_filesystem
 from ..cpu.topology import (
     TopologyError, allocatable, claim_limit, kept_back, parse_cpu_list, validate_linux_cpus,
 )
 from ..isolation import HostProbe, IsolationError, choose_backend
 from ..memory.host import read_ceiling
-
-log = logging.getLogger("motor.runner")
 
 
 class StartupError(ConfigError):
@@ -146,8 +143,6 @@ def probe_host(config: RunnerConfig) -> Host:
         backend = dataclasses.replace(backend, keeper_makes_groups=True)
     slice_limit = getattr(backend, "parent_memory_limit", None) or (lambda: None)
     state_fs = state_filesystem(str(config.state_path))
-    if warning := journal_warning(str(config.state_path), state_fs):
-        log.warning("runner: %s", warning)
     return Host(
         topology=topology, allowed=tuple(allowed),
         kept_back=() if linux is not None else tuple(kept_back(topology)),

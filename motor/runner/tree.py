@@ -20,6 +20,7 @@ from ..clock import WallClock
 from ..config import RunnerConfig, parse_size
 from ..cpu.actor import CpuActor
 from ..disk.actor import DiskActor
+from ..disk.fsinfo import journal_warning
 from ..disk.live import LiveIndex
 from ..execution.actor import JobDeps
 from ..execution.spawner import open_spawner
@@ -148,6 +149,8 @@ async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runn
                                               handles=handles, followers=followers)
                 async with trio.open_nursery() as nursery:
                     await nursery.start(root.run)
+                    if warning := journal_warning(str(state), host.state_fs):
+                        logging.getLogger("motor.runner").warning("runner: %s", warning)
                     try:
                         yield runner
                     finally:
