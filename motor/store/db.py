@@ -178,6 +178,11 @@ class Database:
                 if column not in have:
                     self.conn.execute(f"ALTER TABLE jobs ADD COLUMN {column} {decl}")
             row = self.conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            #: jobs that may have a row in `clocks` (a superset: a job leaves it only once
+            #: the transaction that deleted its row committed): a record save deletes the
+            #: row only for these, one statement less for the others (issue 14)
+            self._clocked = {r[0] for r in self.conn.execute("SELECT job_id FROM clocks")}
+            self._unclocked: list[str] = []  # rows deleted by the open transaction
             if check:
                 self._quick_check()
         except sqlite3.DatabaseError as exc:
@@ -220,6 +225,7 @@ class Database:
             return []
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
+        self._unclocked = []
         try:
             stamped: list[list[Event]] = []
             clocks: list[ClockSave] = []
@@ -236,15 +242,19 @@ class Database:
                 self._write_clocks(clocks)
             conn.execute("COMMIT")
         except BaseException as exc:
+            self._unclocked = []  # rolled back: their rows are still there
             more = len({w[0].job_id for w in writes}) - 1
             what = f"cannot save job {writes[0][0].job_id}" + (f" (and {more} more)" if more else "")
             self._failed_write(exc, what)
             raise
+        self._clocked.difference_update(self._unclocked)
+        self._unclocked = []
         self.commits += 1
         self.full_error = None
         return stamped
 
     def _write_clocks(self, clocks: list[ClockSave]) -> None:
+        self._clocked.update(clock.job_id for clock in clocks)  # before: a superset
         self.conn.executemany("INSERT OR REPLACE INTO clocks VALUES (?, ?, ?, ?, ?, ?)", clocks)
 
     def _write(self, record: JobRecord, events: Sequence[Event], log_offset: int | None,
@@ -252,7 +262,9 @@ class Database:
         """One save inside the caller's transaction. The record supersedes a clock saved
         alone before it (it holds the newest clock: the dispatcher saves what it holds)."""
         conn = self.conn
-        conn.execute("DELETE FROM clocks WHERE job_id=?", (record.job_id,))
+        if record.job_id in self._clocked:
+            conn.execute("DELETE FROM clocks WHERE job_id=?", (record.job_id,))
+            self._unclocked.append(record.job_id)
         if not events and log_offset is None:
             # A record alone (a queue-wait clock, a start): its seqs and offset stay as they
             # are, so one UPDATE does (issue 14: most saves are clocks); INSERT when new.
@@ -354,6 +366,7 @@ class Database:
             except BaseException as exc:
                 self._failed_write(exc, "cannot delete expired jobs")
                 raise
+            self._clocked.difference_update(ids)
         self.reclaim()
         return ids
 

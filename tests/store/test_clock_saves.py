@@ -15,6 +15,7 @@ import sqlite3
 from pathlib import Path
 
 import msgspec
+import pytest
 import trio
 
 import motor
@@ -174,4 +175,57 @@ def test_an_old_database_without_the_clocks_table_opens_and_takes_clocks(tmp_pat
     assert db.get(queued.job_id) == clock
     assert {r.job_id: r for r in db.listing()} == {**before, queued.job_id: clock}
     assert db.conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == ("1",)
+    db.close()
+
+
+def test_a_record_save_deletes_a_clock_row_only_where_one_may_be(tmp_path):
+    """A record save deletes the job's `clocks` row only when the job may have one (issue
+    14: one statement less per save for the others); after a rolled-back transaction, and
+    after a restart, the row is still known and deleted by the next save."""
+    db = Database(tmp_path / "motor.db")
+    statements: list[str] = []
+    db.conn.set_trace_callback(statements.append)
+
+    def deletes() -> int:
+        n = sum(s.startswith("DELETE FROM clocks") for s in statements)
+        statements.clear()
+        return n
+
+    record = _queued()
+    db.save(record)
+    record = msgspec.structs.replace(record, attempts=1)
+    db.save(record)
+    assert deletes() == 0
+    clock = msgspec.structs.replace(record, queue_wait_ms=5, queue_clock_running=False)
+    db.save_many([(clock, (), None, None, True)])
+    assert _clock_row(db, record.job_id) is not None and deletes() == 0
+
+    # the save that would delete the row is rolled back: the row stays, and stays known
+    full = msgspec.structs.replace(record, attempts=2)
+    clash = _queued("01a22f82-0000-7000-8000-000000000002")
+    db.conn.execute("CREATE TRIGGER refuse BEFORE INSERT ON jobs"
+                    " BEGIN SELECT RAISE(ABORT, 'refused'); END")
+    with pytest.raises(sqlite3.IntegrityError):
+        db.save_many([(full, (), None, None), (clash, (), None, None)])
+    db.conn.execute("DROP TRIGGER refuse")
+    assert deletes() == 1 and _clock_row(db, record.job_id) is not None
+    assert db.get(record.job_id) == clock
+    db.save(full)
+    assert deletes() == 1 and _clock_row(db, record.job_id) is None
+    assert db.get(record.job_id) == full
+    third = msgspec.structs.replace(full, attempts=3)
+    db.save(third)
+    assert deletes() == 0
+
+    # a clock row left by an earlier runner: the next runner's first save deletes it
+    paused = msgspec.structs.replace(third, queue_wait_ms=9, queue_clock_running=False)
+    db.save_many([(paused, (), None, None, True)])
+    db.close()
+    db = Database(tmp_path / "motor.db")
+    statements.clear()
+    db.conn.set_trace_callback(statements.append)
+    assert db.get(record.job_id) == paused
+    db.save(third)
+    assert deletes() == 1 and db.get(record.job_id) == third
+    assert _clock_row(db, record.job_id) is None
     db.close()
