@@ -116,47 +116,72 @@ class Runner:
             raise RefusedError(self._missing(job_id))
         next_seq = max(from_seq, 0)
         last_seq = 0
-        while True:
-            changed = self.hub.changed(job_id)
-            truncated = self.db.truncated_before(job_id)
-            if next_seq < truncated:  # those pages were evicted: say so, never skip silently
-                # The boundary comes first (seq just before what is replayed, so seqs stay
-                # ordered), then the lifecycle events that pages never evict, then the rest.
-                yield Truncated(seq=max(next_seq - 1, 0), truncated_before_seq=truncated)
-                kept = [decode_event(raw) for raw in
-                        self.db.events_from(job_id, next_seq, limit=truncated - next_seq)]
-                for event in (e for e in kept if e.seq < truncated):
-                    yield event
-                    last_seq = event.seq
-                    if event.__struct_config__.tag == "terminal":
+        # Events committed from here on are kept in the hub for this follower: once it has
+        # read the database to its end (`synced`), it takes the next ones from there, not
+        # from the database after every commit (issue 14).
+        self.hub.follow(job_id)
+        synced = False
+        try:
+            while True:
+                changed = self.hub.changed(job_id)
+                recent = self.hub.recent(job_id, next_seq) if synced else None
+                if recent:
+                    for raw in recent:
+                        event = decode_event(raw)
+                        yield event
+                        next_seq = last_seq = event.seq
+                        next_seq += 1
+                        if event.__struct_config__.tag == "terminal":
+                            return
+                    continue
+                if recent is None:  # not (all) in the hub: read the database
+                    synced = False
+                    truncated = self.db.truncated_before(job_id)
+                    if next_seq < truncated:  # evicted pages: say so, never skip silently
+                        # The boundary comes first (seq just before what is replayed, so seqs
+                        # stay ordered), then the lifecycle events pages never evict, the rest.
+                        yield Truncated(seq=max(next_seq - 1, 0), truncated_before_seq=truncated)
+                        kept = [decode_event(raw) for raw in
+                                self.db.events_from(job_id, next_seq, limit=truncated - next_seq)]
+                        for event in (e for e in kept if e.seq < truncated):
+                            yield event
+                            last_seq = event.seq
+                            if event.__struct_config__.tag == "terminal":
+                                return
+                        next_seq = truncated
+                    rows = self.db.events_from(job_id, next_seq)
+                    for raw in rows:
+                        event = decode_event(raw)
+                        yield event
+                        next_seq = last_seq = event.seq
+                        next_seq += 1
+                        if event.__struct_config__.tag == "terminal":
+                            return
+                    if rows:
+                        continue
+                    record = self.db.get(job_id)
+                    if record is None:
+                        raise RefusedError(self._missing(job_id))
+                    if record.state in TERMINAL_STATES and not self.db.events_from(job_id, next_seq):
                         return
-                next_seq = truncated
-            rows = self.db.events_from(job_id, next_seq)
-            for raw in rows:
-                event = decode_event(raw)
-                yield event
-                next_seq = last_seq = event.seq
-                next_seq += 1
-                if event.__struct_config__.tag == "terminal":
-                    return
-            if rows:
-                continue
-            record = self.db.get(job_id)
-            if record is None:
-                raise RefusedError(self._missing(job_id))
-            if record.state in TERMINAL_STATES and not self.db.events_from(job_id, next_seq):
-                return
-            with trio.move_on_after(self.config.heartbeat_s):
-                await changed.wait()
-                continue
-            if record.state == QUEUED:
-                try:
-                    beat = await self.handles.dispatcher.heartbeat(job_id)
-                except actors.ActorDead:  # restarting: the next beat comes from its successor
-                    beat = None
-                if beat is not None:
-                    beat.seq = last_seq
-                    yield beat
+                    synced = True
+                with trio.move_on_after(self.config.heartbeat_s):
+                    await changed.wait()
+                    continue
+                if recent is not None:  # a heartbeat is due: is the job still queued?
+                    record = self.db.get(job_id)
+                    if record is None:
+                        raise RefusedError(self._missing(job_id))
+                if record.state == QUEUED:
+                    try:
+                        beat = await self.handles.dispatcher.heartbeat(job_id)
+                    except actors.ActorDead:  # restarting: the next beat comes from its successor
+                        beat = None
+                    if beat is not None:
+                        beat.seq = last_seq
+                        yield beat
+        finally:
+            self.hub.unfollow(job_id)
 
     async def follow(self, job_id: str) -> AsyncIterator[Event]:
         """`events(job_id)` for the client that submitted the job and follows it.
