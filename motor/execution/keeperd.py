@@ -142,6 +142,7 @@ class Job(K.HeldOutput):
         self.status_retry_at: float | None = None
         self.status_delay = K.STATUS_RETRY_MIN_S
         self.status_fault_passed = False
+        self.gone = False  # its directory was removed: its status could not be written
         self.watchers: list[tuple[Conn, Any]] = []
         self.watched_by_spawn = False  # the spawn request reserved the id of the end's word
         # a forked job on its way to exec: its error pipe, and the rest of its start
@@ -155,7 +156,10 @@ class Job(K.HeldOutput):
         self.status_retry_at = time.monotonic()
 
     def try_write_status(self) -> bool:
-        """One attempt: held output first, then status.json. False: retry later."""
+        """One attempt: held output first, then status.json. False: retry later. A job
+        whose directory is gone (removed under keeperd: its state dir deleted) is given up
+        on at once: nobody can read its status any more, and retrying for ever would keep
+        keeperd (and its spares) alive for ever."""
         if not self.status_fault_passed:
             faults.hit("keeper.status")  # tests: the job ended, status.json not written
             self.status_fault_passed = True
@@ -166,6 +170,10 @@ class Job(K.HeldOutput):
                 return True
             except OSError:
                 pass
+        if not os.path.isdir(self.job_dir):
+            self.status_retry_at = None
+            self.gone = True
+            return True
         self.status_retry_at = time.monotonic() + self.status_delay
         self.status_delay = min(K.STATUS_RETRY_MAX_S, self.status_delay * 2)
         return False
@@ -817,6 +825,9 @@ class Keeperd:
             cpu_time_ms=round((job.rusage.ru_utime + job.rusage.ru_stime) * 1000) if job.rusage else 0)
 
     def _done(self, job: Job) -> None:
+        if job.gone:
+            self._log(f"job directory {job.job_dir} is gone: its status is not written"
+                      f" (exit status {job.status and job.status.get('exit_code')})")
         if job.out_fd >= 0:
             os.close(job.out_fd)
             job.out_fd = -1

@@ -277,3 +277,27 @@ async def test_a_spawn_carries_the_wait_for_its_jobs_end(tmp_path, make_job, mon
         with trio.fail_after(20):
             await spawner.wait_exit(handle.pid, handle.create_time, job_dir)
         assert read_status(job_dir)["exit_code"] == 5 and ops == ["spawn", "wait"]
+
+
+async def test_a_job_whose_directory_is_removed_is_given_up_and_keeperd_still_exits(
+        tmp_path, make_job):
+    """The job directory is deleted under a running job (its state dir removed): once the
+    job ends keeperd cannot write its status; it says the job is done (a runner would find
+    no status: lost), logs why, and exits when idle, instead of retrying for ever."""
+    import shutil
+
+    state = tmp_path / "state"
+    state.mkdir()
+    async with open_keeperd_spawner(state) as spawner:
+        job_dir = make_job(["sleep", "60"])
+        handle = await spawner.spawn(job_dir)
+        shutil.rmtree(job_dir)
+        assert spawner.cancel(handle.pid, handle.create_time, job_dir)
+        with trio.fail_after(20):
+            await spawner.wait_exit(handle.pid, handle.create_time, job_dir)
+    assert not job_dir.exists()
+    with trio.fail_after(20):
+        while process_alive(handle.pid, handle.create_time):
+            await trio.sleep(0.05)
+    log = (state / "keeperd.log").read_text()
+    assert f"job directory {job_dir} is gone" in log, log
