@@ -8,8 +8,9 @@ journal-less file system calls), reading the inode table for each one it passes.
 deletions (a retention pass, a workspace eviction, a test suite's temporary directories)
 creating a file there costs hundreds of microseconds of kernel CPU instead of tens, for
 minutes: measured on the development host, whose root file system has no journal, creates
-of 12-45 us in one minute and 540-690 us in another, and a third of the runner's CPU per job
-in ext4's inode search while it lasted (docs/performance.md, "The host's file system").
+of 12-45 us in one minute and 540-690 us in another, and a sixth of the runner's CPU (30% in
+the kernel) in ext4's inode search while it lasted (docs/performance.md, "The host's file
+system").
 
 `state_filesystem` reads it from /proc and /sys, without privileges, so start-up can say so
 (a warning naming the cure) and `GET /v1/health` can show it (`disk.state_filesystem`).
