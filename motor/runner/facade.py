@@ -84,9 +84,7 @@ class Runner:
         return answers
 
     async def get(self, job_id: str) -> JobRecord:
-        record = self.db.get(job_id)
-        if record is None:
-            raise RefusedError(self._missing(job_id))
+        record = self._known(job_id)
         if record.state == QUEUED:
             live = await self.handles.dispatcher.queued_view(job_id)
             if live is not None:
@@ -111,9 +109,7 @@ class Runner:
         waiting_on is yielded every heartbeat interval; heartbeats are not stored and
         repeat the seq of the latest stored event.
         """
-        record = self.db.get(job_id)
-        if record is None:
-            raise RefusedError(self._missing(job_id))
+        record = self._known(job_id)
         next_seq = max(from_seq, 0)
         last_seq = 0
         # Events committed from here on are kept in the hub for this follower: once it has
@@ -124,17 +120,9 @@ class Runner:
         try:
             while True:
                 changed = self.hub.changed(job_id)
-                recent = self.hub.recent(job_id, next_seq) if synced else None
-                if recent:
-                    for raw in recent:
-                        event = decode_event(raw)
-                        yield event
-                        next_seq = last_seq = event.seq
-                        next_seq += 1
-                        if event.__struct_config__.tag == "terminal":
-                            return
-                    continue
-                if recent is None:  # not (all) in the hub: read the database
+                rows = self.hub.recent(job_id, next_seq) if synced else None
+                from_db = rows is None
+                if from_db:  # not (all) in the hub: read the database
                     synced = False
                     truncated = self.db.truncated_before(job_id)
                     if next_seq < truncated:  # evicted pages: say so, never skip silently
@@ -150,28 +138,25 @@ class Runner:
                                 return
                         next_seq = truncated
                     rows = self.db.events_from(job_id, next_seq)
-                    for raw in rows:
-                        event = decode_event(raw)
-                        yield event
-                        next_seq = last_seq = event.seq
-                        next_seq += 1
-                        if event.__struct_config__.tag == "terminal":
-                            return
-                    if rows:
-                        continue
-                    record = self.db.get(job_id)
-                    if record is None:
-                        raise RefusedError(self._missing(job_id))
+                for raw in rows:
+                    event = decode_event(raw)
+                    yield event
+                    next_seq = last_seq = event.seq
+                    next_seq += 1
+                    if event.__struct_config__.tag == "terminal":
+                        return
+                if rows:
+                    continue
+                if from_db:
+                    record = self._known(job_id)
                     if record.state in TERMINAL_STATES and not self.db.events_from(job_id, next_seq):
                         return
                     synced = True
                 with trio.move_on_after(self.config.heartbeat_s):
                     await changed.wait()
                     continue
-                if recent is not None:  # a heartbeat is due: is the job still queued?
-                    record = self.db.get(job_id)
-                    if record is None:
-                        raise RefusedError(self._missing(job_id))
+                if not from_db:  # a heartbeat is due: is the job still queued?
+                    record = self._known(job_id)
                 if record.state == QUEUED:
                     try:
                         beat = await self.handles.dispatcher.heartbeat(job_id)
@@ -182,6 +167,13 @@ class Runner:
                         yield beat
         finally:
             self.hub.unfollow(job_id)
+
+    def _known(self, job_id: str) -> JobRecord:
+        """The job's record; RefusedError not_found when the runner has none."""
+        record = self.db.get(job_id)
+        if record is None:
+            raise RefusedError(self._missing(job_id))
+        return record
 
     async def follow(self, job_id: str) -> AsyncIterator[Event]:
         """`events(job_id)` for the client that submitted the job and follows it.
