@@ -16,10 +16,10 @@ from typing import Any
 
 from ..config import ConfigError, RunnerConfig
 from ..cpu.host import read_topology
-from ..disk.fsinfo import state_filesystem
 from ..cpu.topology import (
     TopologyError, allocatable, claim_limit, kept_back, parse_cpu_list, validate_linux_cpus,
 )
+from ..disk.fsinfo import state_filesystem
 from ..isolation import HostProbe, IsolationError, choose_backend
 from ..memory.host import read_ceiling
 
