@@ -19,7 +19,7 @@ from ..records import (
 )
 from ..scheduling.admission import withdraw_answer
 from ..scheduling.view import join_array
-from ..store.actor import ChangeHub
+from ..store.hub import ChangeHub
 from .host import Host
 from ..wire import MAX_BATCH_JOBS
 

@@ -32,7 +32,8 @@ from ..maintenance import Maintenance
 from ..memory.host import read_ceiling
 from ..records import CAPABILITIES
 from ..scheduling.actor import DispatchDeps, Dispatcher
-from ..store.actor import ChangeHub, StoreActor, open_database
+from ..store.actor import StoreActor, open_database
+from ..store.hub import ChangeHub
 from ..store.db import StoreError
 from ..store.files import private_umask
 from .facade import Runner

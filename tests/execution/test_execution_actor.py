@@ -26,7 +26,8 @@ from motor.execution.spawner import JobDirClaimed, KeeperNotStarted, SpawnerErro
 from motor.isolation import NONE
 from motor.isolation.base import Backend
 from motor.records import JobRecord, Refusal, Terminal
-from motor.store.actor import ChangeHub, StoreActor
+from motor.store.actor import StoreActor
+from motor.store.hub import ChangeHub
 from motor.store.db import Database, StoreFull
 
 

@@ -23,7 +23,8 @@ from motor.handles import DispatcherHandle
 from motor.records import JobRecord, JobRequest
 from motor.scheduling.actor import DispatchDeps, Dispatcher
 from motor.scheduling.core import retry_delay_s
-from motor.store.actor import ChangeHub, StoreActor
+from motor.store.actor import StoreActor
+from motor.store.hub import ChangeHub
 from motor.store.db import Database, StoreFull
 
 

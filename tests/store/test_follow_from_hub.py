@@ -11,8 +11,8 @@ import trio
 
 import motor
 from motor.records import JobRequest, Output, Terminal, decode_event
-from motor.store import actor as store_actor
-from motor.store.actor import ChangeHub
+from motor.store import hub as store_hub
+from motor.store.hub import ChangeHub
 from runner_helpers import barrier_job, embedded_config
 
 
@@ -60,7 +60,7 @@ async def test_a_caught_up_follower_reads_no_events_from_the_database(tmp_path):
 
 async def test_a_follower_behind_what_the_hub_keeps_reads_the_database_and_misses_nothing(
         tmp_path, monkeypatch):
-    monkeypatch.setattr(store_actor, "RECENT_MAX", 1)
+    monkeypatch.setattr(store_hub, "RECENT_MAX", 1)
     gate = tmp_path / "gate"
     async with motor.open_runner(embedded_config(tmp_path, clock=None)) as runner:
         job = await runner.submit(_gated_job(gate, 6))
@@ -106,7 +106,7 @@ async def test_two_followers_of_one_job_get_the_same_events(tmp_path):
 
 
 def test_the_hub_keeps_events_only_while_followed_and_trims_the_oldest(monkeypatch):
-    monkeypatch.setattr(store_actor, "RECENT_MAX_BYTES", 200)
+    monkeypatch.setattr(store_hub, "RECENT_MAX_BYTES", 200)
     hub = ChangeHub()
     out = [Output(seq=i, stream="stdout", data=f"{i}" * 40) for i in range(1, 6)]
     hub.committed("j", out[:1])

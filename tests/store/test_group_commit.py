@@ -12,7 +12,8 @@ import trio.testing
 
 from motor.handles import StoreHandle
 from motor.records import Accepted, JobRecord
-from motor.store.actor import ChangeHub, StoreActor
+from motor.store.actor import StoreActor
+from motor.store.hub import ChangeHub
 from motor.store.db import Database, StoreFull
 
 
