@@ -9,6 +9,24 @@ import sys
 from pathlib import Path
 
 
+def fs_note(path: str | None = None) -> None:
+    """Print a `#` line when the benches' state directories (tempfile's directory, as
+    TMPDIR sets it) are on ext2/3/4 without a journal: there every file a job creates costs
+    several times more for minutes after deletions (docs/performance.md, "The host's file
+    system"); bench/journaled_fs.sh makes a journaled one."""
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from motor.disk.fsinfo import state_filesystem
+
+    where = path or tempfile.gettempdir()
+    info = state_filesystem(where)
+    if info and info.get("journal") is False:
+        print(f"# state directories in {where}: {info['type']} without a journal"
+              f" ({info['source']}); after deletions file creation there is slow for minutes"
+              " (bench/journaled_fs.sh, docs/performance.md)", flush=True)
+
+
 def load1() -> str:
     """The 1-minute load average, as every figure line carries it (load1=)."""
     return f"{os.getloadavg()[0]:.2f}"

@@ -56,7 +56,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import load1
+from benchlib import fs_note, load1
 
 ROOT = Path(__file__).resolve().parent.parent
 #: ../shared from the repo root (a worktree under /work/wt: ../../shared)
@@ -283,6 +283,7 @@ def main() -> None:
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--baseline-root", metavar="DIR")
     args = ap.parse_args()
+    fs_note()
     byte_compile(ROOT)
     if args.baseline_root:
         byte_compile(Path(args.baseline_root).resolve())

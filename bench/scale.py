@@ -46,7 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import load1
+from benchlib import fs_note, load1
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -168,6 +168,7 @@ def main() -> int:
                     help="run the runner under cProfile; DIR/serve-K.prof per start (K from 1), "
                          "written when it stops; read with `python -m pstats`")
     args = ap.parse_args()
+    fs_note()
     print(f"# scale: n={args.n} workspaces={args.workspaces} isolation={args.isolation} "
           f"max_weight={args.max_weight} load1={load1()}", flush=True)
 

@@ -27,7 +27,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from benchlib import load1, run_round
+from benchlib import fs_note, load1, run_round
 from benchlib import peers as bench_peers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,6 +92,7 @@ def main() -> None:
     ap.add_argument("--isolation", default="affinity")
     ap.add_argument("--baseline-root", metavar="DIR")
     args = ap.parse_args()
+    fs_note()
     peers = bench_peers(ROOT, args.baseline_root)
     every: dict[str, dict[str, list[float]]] = {p: {m: [] for m in METRICS} for p, _ in peers}
     print(f"# start_path: rounds={args.rounds} samples={args.samples} gap_s={args.gap} "

@@ -42,6 +42,8 @@ from pathlib import Path
 
 import httpx
 
+from benchlib import fs_note
+
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = ROOT.parent / "shared" / "bench" / "peers"
 
@@ -155,6 +157,7 @@ def main() -> None:
                     help="also submit through the CLI: a process per job, and one `submit --from`")
     ap.add_argument("--spawners", default="", help="e.g. keeperd,forkserver (MOTOR_SPAWNER)")
     args = ap.parse_args()
+    fs_note()
     base = {"motor": "api", "motor-batch": "batch"}
     if args.cli:
         base.update({"motor-cli-each": "cli-each", "motor-cli-from": "cli-from"})
