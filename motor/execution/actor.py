@@ -186,9 +186,11 @@ class JobExecution(actors.Actor):
         """The keeper exited (`status`: None, read status.json): the terminal record."""
         deps, job_id = self.deps, self.record.job_id
         status = status if status is not None else jobdir.read_status(self.dir, self.name)
-        status, facts = await offload_unless(
-            jobdir.close_is_light(deps.backend, status), deps.offload, jobdir.close,
-            self.dir, deps.spawner, deps.backend, job_id, status, self.name)
+        facts = jobdir.close_quick(deps.backend, job_id, status, self.name)
+        if facts is None:
+            status, facts = await offload_unless(
+                jobdir.close_is_light(deps.backend, status), deps.offload, jobdir.close,
+                self.dir, deps.spawner, deps.backend, job_id, status, self.name)
         record = core.terminal_record(self.record, status, deps.clock.now_ms(), facts,
                                       self.run_state.output.error)
         await self._end(record)

@@ -156,6 +156,26 @@ def close_is_light(backend: Any, status: dict[str, Any] | None) -> bool:
     return status is not None and type(backend).settle is _BASE_SETTLE
 
 
+def close_quick(backend: Any, job_id: str, status: dict[str, Any] | None,
+                who: str = "") -> dict[str, Any] | None:
+    """`close` on the event loop for a keeper whose status is in hand and a backend whose
+    groups are already empty (`settle_quick`: a few reads, no wait): the backend's facts;
+    None when `close` must go through the offloader (issue 14: one thread hop less at the
+    end of a cgroup job)."""
+    quick = getattr(backend, "settle_quick", None)  # a test's stand-in may have none
+    if status is None or quick is None:
+        return None
+    facts = quick(job_id, status.get("signal"))
+    if facts is not None:
+        _log_problems(facts, who)
+    return facts
+
+
+def _log_problems(facts: dict[str, Any], who: str) -> None:
+    for problem, text in isolation_problems(facts):
+        log.warning("%s: isolation %s: %s", who, problem, text)
+
+
 def close(job_dir: Path, spawner: Any, backend: Any, job_id: str, status: dict[str, Any] | None,
           who: str = "") -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """After the keeper exited: its status (read from status.json unless given) and the
@@ -169,6 +189,5 @@ def close(job_dir: Path, spawner: Any, backend: Any, job_id: str, status: dict[s
     if status is None and (killed := spawner.kill_marked(job_id)):
         log.warning("%s: keeper lost; killed %d leftover process(es): %s", who, len(killed), killed)
     facts = backend.settle(job_id, (status or {}).get("signal"))
-    for problem, text in isolation_problems(facts):
-        log.warning("%s: isolation %s: %s", who, problem, text)
+    _log_problems(facts, who)
     return status, facts

@@ -51,6 +51,12 @@ class Backend:
         the confinement stays until `release`."""
         return {"oom_killed": False, "cpu_time_ms": None}
 
+    def settle_quick(self, job_id: str, signal: int | None = None) -> dict | None:
+        """`settle` in a few reads, to run on the event loop: its facts when nothing of the
+        job is left to kill, None when `settle` (which may wait) must run in a thread. The
+        base backend has nothing to read: `settle` itself is light (jobdir.close_is_light)."""
+        return None
+
     def release(self, job_id: str) -> str | None:
         """Remove the job's confinement (after its terminal record); what failed, or None."""
         return None

@@ -578,6 +578,19 @@ class CgroupBackend(Backend):
             return {"oom_killed": False, "cpu_time_ms": None,
                     "collect_error": f"{type(exc).__name__}: {exc}"}
 
+    def settle_quick(self, job_id: str, signal: int | None = None) -> dict | None:
+        """`settle` when the job's groups are already empty (the usual end: the keeper
+        killed the job's process group): one read of each group's `cgroup.procs`, then the
+        counters; 4 reads on v2, 8 on v1, no wait. None when a process is left (or a read
+        fails): `settle` runs in a thread and kills it."""
+        try:
+            group_name(job_id)
+            if self.flavour.pids(job_id):
+                return None
+            return self.flavour.collect(job_id, signal)
+        except Exception:  # noqa: BLE001 - the full settle reports what is wrong
+            return None
+
     def release(self, job_id: str) -> str | None:
         """Remove the job's groups (settled: empty), retrying an EBUSY rmdir. Never raises."""
         try:

@@ -439,3 +439,39 @@ def test_a_replaced_base_prepare_is_not_light(monkeypatch):
     not the one known to touch nothing: the start goes to the offloader."""
     monkeypatch.setattr(Backend, "prepare", lambda self, job_id, cpus, memory_max: {})
     assert not jobdir.set_up_is_light(NONE, None)
+
+
+def test_a_cgroup_end_settles_on_the_event_loop_only_when_its_groups_are_empty(caplog):
+    """`settle_quick` (issue 14): the counters read inline when no process is left in the
+    job's groups; a process left, or a failed read, means None: the full `settle` (which
+    kills and waits) goes to the offloader. `close_quick` needs the status in hand."""
+    from types import SimpleNamespace
+
+    from motor.isolation.cgroup import CgroupBackend
+
+    facts = {"oom_killed": False, "cpu_time_ms": 12, "collect_error": "memory.peak: gone"}
+    seen: list = []
+
+    def backend(pids, collect):
+        return CgroupBackend(flavour=SimpleNamespace(version=1, pids=pids, collect=collect))
+
+    def collect(job_id, signal):
+        seen.append((job_id, signal))
+        return dict(facts)
+
+    def broken(job_id, signal):
+        raise OSError("read failed")
+
+    job = uuid7(1_000)
+    empty = backend(lambda job_id: [], collect)
+    assert empty.settle_quick(job, 9) == facts and seen == [(job, 9)]
+    assert backend(lambda job_id: [4242], collect).settle_quick(job) is None
+    assert backend(lambda job_id: [], broken).settle_quick(job) is None
+    assert empty.settle_quick("../not-a-job-id") is None
+    assert NONE.settle_quick(job) is None  # the base backend: `settle` itself is light
+
+    with caplog.at_level("WARNING", logger="motor.execution"):
+        assert jobdir.close_quick(empty, job, {"exit_code": 0, "signal": None}, "job x") == facts
+    assert "job x: isolation" in caplog.text and "memory.peak: gone" in caplog.text
+    assert jobdir.close_quick(empty, job, None) is None  # lost keeper: /proc, offloaded
+    assert jobdir.close_quick(object(), job, {"exit_code": 0}) is None  # a stand-in backend
