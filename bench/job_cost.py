@@ -1,11 +1,12 @@
 """The runner's own CPU per job, steadier than wall figures on a shared host.
 
     python bench/job_cost.py [--rounds 3] [--n 200] [--isolation affinity] [--baseline-root DIR]
+                             [--command 'true']
 
 Each round runs an embedded runner (`motor.open_runner`, `max_weight=2`, claims of 1, jobs of
-`true` over 4 workspaces, as bench/throughput.py submits them, without the HTTP layer) in a
-fresh process, submits N jobs, waits for every job's terminal event and prints, in the
-peers' line format:
+`true` (or `--command`) over 4 workspaces, as bench/throughput.py submits them, without the
+HTTP layer) in a fresh process, submits N jobs, waits for every job's terminal event and
+prints, in the peers' line format:
 
 - `runner_cpu_per_job` (ms): user+system CPU of the runner's process (its event loop and
   its worker threads; keeperd and the jobs are other processes) from the first submit to
@@ -20,6 +21,8 @@ the 1-minute load average (load1=); the end shows the medians over rounds.
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
 import statistics
 from pathlib import Path
 
@@ -32,7 +35,7 @@ ROUND = r"""
 import json, resource, sys, tempfile, time
 import trio, motor
 
-iso, n = sys.argv[1], int(sys.argv[2])
+iso, n, command = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
@@ -51,7 +54,7 @@ async def main():
             ids = []
             for i in range(n):
                 job = await runner.submit(motor.JobRequest(
-                    command=["true"], workspace=f"ws{i % 4}", weight_hint=1))
+                    command=command, workspace=f"ws{i % 4}", weight_hint=1))
                 ids.append(job.job_id)
             states = []
             for job_id in ids:
@@ -66,8 +69,8 @@ trio.run(main)
 """
 
 
-def one_round(root: Path, iso: str, n: int) -> dict:
-    got = run_round(ROUND, root, iso, str(n))
+def one_round(root: Path, iso: str, n: int, command: list[str]) -> dict:
+    got = run_round(ROUND, root, iso, str(n), json.dumps(command))
     if got["bad"]:
         raise SystemExit(f"jobs did not succeed in {root}: {got['bad']}")
     return got
@@ -79,16 +82,18 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--isolation", default="affinity")
     ap.add_argument("--baseline-root", metavar="DIR")
+    ap.add_argument("--command", default="true",
+                    help="each job's command (split like a shell would), e.g. 'echo hi'")
     args = ap.parse_args()
     fs_note()
     peers = bench_peers(ROOT, args.baseline_root)
     cpu: dict[str, list[float]] = {p: [] for p, _ in peers}
     rate: dict[str, list[float]] = {p: [] for p, _ in peers}
     print(f"# job_cost: rounds={args.rounds} n={args.n} isolation={args.isolation} "
-          f"load1={load1()}", flush=True)
+          f"command={args.command!r} load1={load1()}", flush=True)
     for _ in range(args.rounds):
         for peer, root in peers:
-            got = one_round(root, args.isolation, args.n)
+            got = one_round(root, args.isolation, args.n, shlex.split(args.command))
             per_job_ms = 1000 * got["cpu_s"] / args.n
             cpu[peer].append(per_job_ms)
             rate[peer].append(args.n / got["wall_s"])

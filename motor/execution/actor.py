@@ -170,8 +170,10 @@ class JobExecution(actors.Actor):
         up to the size an inline stat saw (no thread hop while it has not grown)."""
         output, size = self.run_state.output, jobdir.log_size(self.dir)
         while output.error is None and (size is None or offset < size):
+            small = size is not None and size - offset <= jobdir.INLINE_READ_BYTES
             try:
-                events, new = await self.deps.offload(
+                events, new = await offload_unless(
+                    small, self.deps.offload,
                     jobdir.read_output, self.dir, offset, core.READ_BATCH_BYTES, output)
             except (joblog.JobDirError, OSError) as exc:
                 log.warning("%s: %s", self.name, output.stopped(offset, exc))

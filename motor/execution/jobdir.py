@@ -113,6 +113,11 @@ def set_up_is_light(backend: Any, bundle: str | None) -> bool:
                                or getattr(backend, "plans_only", False))
 
 
+#: output.log growth read on the event loop (one open, one read of a few pages in the page
+#: cache: cheaper than a thread hop); more goes to the offloader
+INLINE_READ_BYTES = 16 * 1024
+
+
 def log_size(job_dir: Path) -> int | None:
     """output.log's size (one stat on the state directory; called inline): 0 when it is
     missing (as `joblog.read_records` reads it), None when it cannot be looked at (the

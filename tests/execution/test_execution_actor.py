@@ -380,9 +380,10 @@ async def test_a_quiet_job_costs_no_thread_hop_without_groups_and_output_is_stil
     """Issue 14: the job directory is looked at inline; the start's steps (workspace, the
     backend's groups, spec.json) are one offloaded call, or inline when the backend has no
     groups to make (affinity, none) and there is no bundle; output.log is read only when it
-    has grown (an inline stat says so); the end (status.json, the backend's finish) is
-    inline when the backend has nothing to remove. So a job with no output costs no thread
-    hop under `none` and two with groups; a job that writes is still read batch by batch."""
+    has grown (an inline stat says so), inline when it grew by at most INLINE_READ_BYTES;
+    the end (status.json, the backend's finish) is inline when the backend has nothing to
+    remove. So a job with no output, or a little, costs no thread hop under `none` and two
+    with groups; more output goes to a thread, still batch by batch."""
     from motor.execution import joblog
 
     calls = []
@@ -402,11 +403,16 @@ async def test_a_quiet_job_costs_no_thread_hop_without_groups_and_output_is_stil
             f.write(joblog.encode_record(joblog.STDOUT, b"hello\n"))
         autojump_clock.jump(1.0)
         await trio.testing.wait_all_tasks_blocked()
+        assert calls == setup and tags(world) == ["started", "output"]  # read inline
+        with open(world.job_dir / joblog.OUTPUT_FILE, "ab") as f:
+            f.write(joblog.encode_record(joblog.STDOUT, b"x" * jobdir.INLINE_READ_BYTES))
+        autojump_clock.jump(1.0)
+        await trio.testing.wait_all_tasks_blocked()
         assert calls == [*setup, "read_output"]  # one batch: all the log had grown by
         world.keepers.exit(job.keeper[0], exit_code=0)
         await trio.testing.wait_all_tasks_blocked()
         assert calls == [*setup, "read_output", *end]
-        assert tags(world) == ["started", "output", "terminal"]
+        assert tags(world) == ["started", "output", "output", "terminal"]
         assert world.state().state == "succeeded" and not ref.alive
         nursery.cancel_scope.cancel()
 
