@@ -172,9 +172,8 @@ class JobExecution(actors.Actor):
         while output.error is None and (size is None or offset < size):
             small = size is not None and size - offset <= jobdir.INLINE_READ_BYTES
             try:
-                events, new = await offload_unless(
-                    small, self.deps.offload,
-                    jobdir.read_output, self.dir, offset, core.READ_BATCH_BYTES, output)
+                events, new = await offload_unless(small, self.deps.offload, jobdir.read_output,
+                                                   self.dir, offset, core.READ_BATCH_BYTES, output)
             except (joblog.JobDirError, OSError) as exc:
                 log.warning("%s: %s", self.name, output.stopped(offset, exc))
                 break
@@ -188,8 +187,7 @@ class JobExecution(actors.Actor):
         """The keeper exited (`status`: None, read status.json): the terminal record."""
         deps, job_id = self.deps, self.record.job_id
         status = status if status is not None else jobdir.read_status(self.dir, self.name)
-        facts = jobdir.close_quick(deps.backend, job_id, status, self.name)
-        if facts is None:
+        if (facts := jobdir.close_quick(deps.backend, job_id, status, self.name)) is None:
             status, facts = await offload_unless(
                 jobdir.close_is_light(deps.backend, status), deps.offload, jobdir.close,
                 self.dir, deps.spawner, deps.backend, job_id, status, self.name)
