@@ -581,8 +581,9 @@ class CgroupBackend(Backend):
     def settle_quick(self, job_id: str, signal: int | None = None) -> dict | None:
         """`settle` when the job's groups are already empty (the usual end: the keeper
         killed the job's process group): one read of each group's `cgroup.procs`, then the
-        counters; 4 reads on v2, 8 on v1, no wait. None when a process is left (or a read
-        fails): `settle` runs in a thread and kills it."""
+        counters; 4 reads on v2, 8 on v1, no wait. None when a process is left (or collecting
+        raised): `settle` runs in a thread, kills it, and reports what failed. A
+        `cgroup.procs` that cannot be read counts as empty, as `settle`'s drain counts it."""
         try:
             group_name(job_id)
             if self.flavour.pids(job_id):

@@ -449,8 +449,9 @@ def test_a_replaced_base_prepare_is_not_light(monkeypatch):
 
 def test_a_cgroup_end_settles_on_the_event_loop_only_when_its_groups_are_empty(caplog):
     """`settle_quick` (issue 14): the counters read inline when no process is left in the
-    job's groups; a process left, or a failed read, means None: the full `settle` (which
-    kills and waits) goes to the offloader. `close_quick` needs the status in hand."""
+    job's groups; a process left, or counters that cannot be read, mean None: the full
+    `settle` (which kills and waits) goes to the offloader. `close_quick` needs the status
+    in hand."""
     from types import SimpleNamespace
 
     from motor.isolation.cgroup import CgroupBackend
