@@ -7,6 +7,8 @@ from typing import Iterator
 
 from jeepney import Parser
 
+from socket_helpers import read_until
+
 #: the server's answer to a client's EXTERNAL authentication
 AUTH_OK = b"OK 0123456789abcdef0123456789abcdef\r\n"
 
@@ -15,12 +17,9 @@ def dbus_messages(conn: socket.socket, greeting: bytes = AUTH_OK) -> Iterator:
     """Read the client's EXTERNAL authentication up to BEGIN, send `greeting` (the auth OK
     and whatever a test puts right behind it), then yield each message the client sends
     (jeepney's), until it closes the connection."""
-    buf = b""
-    while b"BEGIN\r\n" not in buf:
-        data = conn.recv(4096)
-        if not data:
-            return
-        buf += data
+    buf, complete = read_until(conn, b"BEGIN\r\n")
+    if not complete:
+        return
     assert buf.startswith(b"\0AUTH EXTERNAL "), buf
     conn.sendall(greeting)
     parser = Parser()

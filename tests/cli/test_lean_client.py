@@ -23,6 +23,7 @@ import pytest
 
 from motor.client import Client, RunnerUnavailable
 from motor.records import JobRequest, RefusedError, Terminal
+from socket_helpers import read_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -174,12 +175,7 @@ class OneShotServer:
         for answer in self.answers:
             conn, _ = self.sock.accept()
             with conn:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
+                data, _ = read_until(conn, b"\r\n\r\n")
                 head, _, body = data.partition(b"\r\n\r\n")
                 for line in head.split(b"\r\n"):
                     if line.lower().startswith(b"content-length:"):
