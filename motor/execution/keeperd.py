@@ -73,6 +73,21 @@ START_LOCK_NAME = "keeperd.start.lock"
 IDLE_EXIT_S = 2.0
 #: How long a starting keeperd waits for the lock (a predecessor may be exiting).
 LOCK_WAIT_S = 3.0
+#: keeper.json gets a job's pid and create time once the job has run this long; a job that
+#: ends sooner never gets that rewrite (its status.json says how it ended). Nothing in motor
+#: reads the pid back (the runner asks keeperd, and a job of a dead keeperd is lost
+#: whatever keeper.json says); it is there for people and tools. Issue 14: reading a
+#: just-spawned process's /proc/<pid>/stat and the create-and-rename of keeper.json cost
+#: keeperd about a third of its time per short job.
+RECORD_PID_AFTER_S = 0.1
+RECORD_PID_AFTER_ENV = "MOTOR_KEEPERD_RECORD_PID_AFTER_S"  # tests: another delay
+
+
+def record_pid_after_s(environ=os.environ) -> float:
+    try:
+        return max(0.0, float(environ.get(RECORD_PID_AFTER_ENV, RECORD_PID_AFTER_S)))
+    except ValueError:
+        return RECORD_PID_AFTER_S
 SUN_PATH_MAX = 107
 JOB_MARKER = b"MOTOR_JOB_ID="
 
@@ -132,6 +147,7 @@ class Job(K.HeldOutput):
         self.reason: str | None = None
         self.kill_at: float | None = None
         self.exited = False
+        self.record_pid_at: float | None = None  # when keeper.json gets the job's pid
         self.wait_status = 0
         self.rusage: Any = None
         self.drain_until = 0.0
@@ -184,6 +200,8 @@ class Job(K.HeldOutput):
             ds.append(self.timeout_at)
         if self.exited and self.streams:
             ds.append(self.drain_until)
+        if self.record_pid_at is not None and not self.exited:
+            ds.append(self.record_pid_at)
         return min(ds) if ds else None
 
 
@@ -209,6 +227,7 @@ class Keeperd:
         self.idle_since: float | None = time.monotonic()
         self.terminate = False
         self._orig_affinity: set[int] | None = None
+        self.record_pid_after_s = record_pid_after_s()
         # pre-placed processes for v1 cgroup jobs (motor/execution/spares.py)
         self.spares = S.SparePool(state_dir, self.sel, S.pool_size(), self._log)
         # systemd jobs' scopes, over one long-lived connection to the manager (sdscopes.py)
@@ -420,7 +439,8 @@ class Keeperd:
     def _spawn(self, job_dir: str, conn: Conn, req_id: Any, watch: Any = None) -> dict | None:
         """Claim and start the job. A refusal is returned (the caller sends it); otherwise
         the answer is sent here once the job runs (a forked job still on its way to exec:
-        later, from _on_exec), then keeper.json gets the job's pid (`_record_pid`).
+        later, from _on_exec); keeper.json gets the job's pid if it still runs
+        `RECORD_PID_AFTER_S` later (`_record_pid`, from `_tick`).
         `watch`: a second request id the spawner reserved for the job's end; it is told
         `{"id": watch, "done": true}` as a `wait` would be, and the answer says
         `"watching": true` (one request less per job)."""
@@ -451,7 +471,6 @@ class Keeperd:
             return None
         job.reply_to = None
         self._send(conn, self._answer(job, req_id))
-        self._record_pid(job)
         return None
 
     def _answer(self, job: Job, req_id: Any) -> dict:
@@ -497,7 +516,6 @@ class Keeperd:
             conn, req_id = job.reply_to
             job.reply_to = None
             self._send(conn, self._answer(job, req_id))
-        self._record_pid(job)
 
     def _start(self, job: Job) -> None:
         try:
@@ -552,6 +570,7 @@ class Keeperd:
 
     def _started(self, job: Job, pid: int, out_r: int, err_r: int, timeout_s: Any) -> None:
         job.start = time.monotonic()
+        job.record_pid_at = job.start + self.record_pid_after_s
         if timeout_s is not None:
             job.timeout_s = float(timeout_s)
             job.timeout_at = job.start + job.timeout_s
@@ -563,10 +582,11 @@ class Keeperd:
             self.sel.register(fd, selectors.EVENT_READ, lambda ev, j=job, f=fd: self._on_output(j, f))
 
     def _record_pid(self, job: Job) -> None:
-        """keeper.json gets the job's pid, after the spawn's answer (which carries it): the
-        claim already names keeperd, and a keeper.json without the job's pid is a state
-        adoption knows (`keeper.spawned`); the write (a create and a rename on the state
-        directory) is off the start's round trip."""
+        """keeper.json gets the job's pid, `RECORD_PID_AFTER_S` after the spawn's answer
+        (which carries it), if the job still runs: the claim already names keeperd, and a
+        keeper.json without the job's pid is a state adoption knows (`keeper.spawned`);
+        the write (a create and a rename on the state directory) and the read of the new
+        process's /proc/<pid>/stat are off the start's round trip and off short jobs."""
         if job.pid is None:  # it could not be spawned: the claim stays as it is
             return
         faults.hit("keeper.spawned")  # tests: the job runs, keeper.json lacks its pid
@@ -779,6 +799,10 @@ class Keeperd:
         self._tick(job, time.monotonic())
 
     def _tick(self, job: Job, now: float) -> None:
+        if job.record_pid_at is not None and (job.exited or now >= job.record_pid_at):
+            job.record_pid_at = None
+            if not job.exited:
+                self._record_pid(job)
         if job.status is None and not job.exited and job.exec_fd < 0:  # (not while exec'ing)
             if job.reason is None:
                 if job.cancel_requested:

@@ -136,6 +136,7 @@ async def test_cancel(jobs, make_job):
     job_dir = make_job(["sh", "-c", "echo ready; exec sleep 30"])
     handle = await jobs.spawn(job_dir)
     await wait_until(lambda: ("stdout", b"ready\n") in records(job_dir))
+    await wait_until(lambda: read_keeper(job_dir).get("job_pid"))  # keeperd: 0.1 s after the spawn
     info = read_keeper(job_dir)
     assert info["keeper_pid"] == handle.pid
     # identity floats are exactly psutil's
@@ -190,7 +191,16 @@ async def test_unpinned_affinity_is_inherited(jobs, make_job):
     assert stream_bytes(job_dir, "stdout") == f"{sorted(os.sched_getaffinity(0))}\n".encode()
 
 
-async def test_cgroup_procs_gets_keeper_pid(jobs, make_job, tmp_path):
+@pytest.fixture
+def pid_at_once(monkeypatch):
+    """keeperd writes a job's pid into keeper.json right after the spawn (by default only
+    for a job still running 0.1 s later): tests that look a short job's pid up there."""
+    from motor.execution import keeperd
+
+    monkeypatch.setenv(keeperd.RECORD_PID_AFTER_ENV, "0")
+
+
+async def test_cgroup_procs_gets_keeper_pid(pid_at_once, jobs, make_job, tmp_path):
     procs = tmp_path / "fake.cgroup.procs"
     procs.write_text("")
     job_dir = make_job(["true"], cgroup_procs=[str(procs)])

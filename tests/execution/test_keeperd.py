@@ -240,6 +240,36 @@ async def test_the_spawn_is_answered_before_keeper_json_gets_the_jobs_pid(
     assert read_status(job_dir)["exit_code"] == 5
 
 
+async def test_keeper_json_gets_the_pid_of_a_job_that_runs_on_but_not_of_a_short_one(
+        tmp_path, make_job, workspace, monkeypatch):
+    """Issue 14: keeper.json's rewrite with the job's pid and create time waits
+    `RECORD_PID_AFTER_S` (here 1 s, so that a loaded host cannot make `true` look long): a
+    job that has ended by then never gets it (its claim names keeperd, its status.json says
+    how it ended); one still running gets its pid and the create time psutil reports.
+    (Before, every job got the rewrite right after its spawn.)"""
+    monkeypatch.setenv(keeperd_mod.RECORD_PID_AFTER_ENV, "1")
+    state = tmp_path / "state"
+    short = make_job(["true"])
+    long = make_job(["sh", "-c", "while [ ! -e go ]; do sleep 0.01; done"])
+    async with open_keeperd_spawner(state) as spawner:
+        try:
+            with trio.fail_after(20):
+                quick = await spawner.spawn(short)
+                await spawner.wait_exit(quick.pid, quick.create_time, short)
+                handle = await spawner.spawn(long)
+            assert read_status(short)["exit_code"] == 0
+            claim = read_keeper(short)
+            assert claim["keeper_pid"] == quick.pid and claim.get("job_pid") is None, claim
+            (job,) = [c for c in psutil.Process(handle.pid).children() if c.name() == "sh"]
+            await wait_until(lambda: read_keeper(long).get("job_pid") == job.pid)
+            assert read_keeper(long)["job_create_time"] == job.create_time()
+        finally:
+            (workspace / "go").touch()
+        with trio.fail_after(20):
+            await spawner.wait_exit(handle.pid, handle.create_time, long)
+    assert read_status(long)["exit_code"] == 0
+
+
 async def test_a_spawn_carries_the_wait_for_its_jobs_end(tmp_path, make_job, monkeypatch):
     """Issue 14: the spawn request reserves the id of the job's end (`"watch"`), so waiting
     for a job this spawner started sends nothing more: one request per job, not two. A

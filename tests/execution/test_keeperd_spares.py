@@ -23,6 +23,7 @@ from keeper_tracking import ask_keeperd, write_job_dir
 from private_cgroup import private_parent_name, remove_private_parent
 
 from motor.execution import read_keeper, read_status
+from motor.execution import keeperd as keeperd_mod
 from motor.execution import spares as spares_mod
 from motor.execution.keeperd_client import open_keeperd_spawner
 from motor.isolation import IsolationError
@@ -108,6 +109,7 @@ async def _pool(tmp_path, workspace, v1, monkeypatch, size: int, first: str = "f
     forks and joins: no pool yet) teaches it v1's parent. Yields (spawner, state dir, the
     first job's dir, the ready spares' pids)."""
     monkeypatch.setenv(spares_mod.SIZE_ENV, str(size))
+    monkeypatch.setenv(keeperd_mod.RECORD_PID_AFTER_ENV, "0")  # short jobs' pids looked up
     state = tmp_path / "state"
     state.mkdir()
     async with open_keeperd_spawner(state) as spawner:
