@@ -243,6 +243,12 @@ class Actor:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise ActorDead(self.name) from None
 
+    @property
+    def answering(self) -> bool:
+        """Inside ``handle``: whether a caller waits for this message's answer (a ``call``,
+        not a ``cast``)."""
+        return self._current is not None and self._current.reply is not None
+
     def defer_reply(self) -> DeferredReply:
         """Inside ``handle`` of a ``call``: do not answer when ``handle`` returns (its return
         value is dropped); answer later through the returned token, while this actor goes on

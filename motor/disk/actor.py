@@ -17,18 +17,17 @@ import actors
 from . import host
 from ..clock import WallClock
 from ..offload import Offload, thread_offload
-from .book import held
 from .bundles import BundleError, BundleStore
 from .catalog import Catalog
 from .core import (
-    MAX_STEPS, RECENT_MS, CleanupRun, DiskSample, DropIncremental, EvictWorkspace, Repair,
-    admission, bundle_gone, complete, guard_action, maintenance_due,
+    MAX_STEPS, RECENT_MS, CleanupRun, DiskSample, EvictWorkspace, admission, bundle_gone,
+    maintenance_due,
 )
 from .host import Trees, device, probe_path
 from .live import Holds, Live, LiveIndex
 from .messages import (
-    Admit, AdmitUpload, BeginUpload, CommitUpload, HasBundle, JobIdle, Listing, Periodic,
-    PrepareSetup, Register, Reserve, Sample, SetupPlan, Unreserve,
+    Admit, AdmitUpload, BeginUpload, CommitUpload, GuardDue, HasBundle, JobIdle, Listing,
+    Periodic, PrepareSetup, Register, Reserve, Sample, SetupPlan, Unreserve,
 )
 from .names import Names
 
@@ -56,6 +55,7 @@ class DiskActor(actors.Actor):
         self.catalog: Catalog | None = None  # these three are opened in on_start
         self.bundles: BundleStore | None = None
         self.trees: Trees | None = None
+        self.guard_due: set[str] | None = None  # job ends' workspaces, GuardDue armed
 
     async def on_start(self):
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -83,6 +83,9 @@ class DiskActor(actors.Actor):
             return self.bundles.use(msg.sha256, self.clock.now_ms()) is not None
         if isinstance(msg, JobIdle):
             return await self._idle(msg)
+        if isinstance(msg, GuardDue):
+            names, self.guard_due = self.guard_due or set(), None
+            return await self._guard(names)
         if isinstance(msg, Register):
             return self.trees.register(msg)
         if isinstance(msg, Reserve):
@@ -144,32 +147,26 @@ class DiskActor(actors.Actor):
         return SetupPlan(refusal=None, path=path, root=root, bundle=bundle and str(bundle))
 
     async def _idle(self, msg: JobIdle):
-        """A job ended: its trees are touched and marked for a walk, the guard runs."""
+        """A job ended: its trees are touched and marked for a walk; the guard runs at once
+        when a caller waits for it, else `GUARD_DELAY_S` later for every workspace a job
+        left meanwhile (one walk each, however many jobs ended in it)."""
         self.holds.release(msg.job_id)  # the job has ended: its protection ends with it
         self.trees.used(msg.workspace, msg.siblings, self.clock.now_ms())
-        return await self._guard([msg.workspace])
+        if self.answering:
+            return await self._guard([msg.workspace])
+        if self.guard_due is None:
+            self.guard_due = set()
+            self.nursery.start_soon(self._arm_guard)
+        self.guard_due.add(msg.workspace)
+        return []
+
+    async def _arm_guard(self):
+        await trio.sleep(host.GUARD_DELAY_S)
+        await self.cast_self(GuardDue())
 
     async def _guard(self, names: Iterable[str] | None = None) -> list[str]:
-        """Build-folder cap for idle workspaces; deferred while a job is queued for them.
-        `names`: only those (a job end); None: every pending one (maintenance)."""
-        pending, dropped = self.trees.sizes.guard_pending, []
-        todo = sorted(pending if names is None else pending.intersection(names))
-        live = self._live() if todo else None
-        for name in todo:
-            entry = self.catalog.get(name)
-            if entry is not None and held(live, entry, "running", "reserved"):
-                continue  # deferred, unmeasured: stays pending
-            pending.discard(name)
-            ws = (await self.trees.workspaces(live, [name]) or [None])[0] if entry else None
-            action = ws and guard_action(ws, self.cap_bytes)
-            if isinstance(action, Repair):  # repaired, measured again, then decided
-                await self.trees.execute(action)
-                ws = (await self.trees.workspaces(self._live(), [name]))[0]
-                action = guard_action(complete(ws), self.cap_bytes)
-            if isinstance(action, DropIncremental):
-                await self.trees.execute(action)
-                dropped.append(name)
-        return dropped
+        """Build-folder cap for idle workspaces (`names`; None: every pending one)."""
+        return await self.trees.guard(self._live, self.cap_bytes, names)
 
     async def _periodic(self) -> dict:
         now, roots = self.clock.now_ms(), self.names.allowed_roots

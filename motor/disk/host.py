@@ -18,13 +18,19 @@ from typing import Any
 
 from . import bundles as bundles_mod
 from . import cargo, sizes, trash
-from .book import SizeCache, listing_row, workspace_of
+from .book import SizeCache, held, listing_row, workspace_of
 from .core import (
     CompileCache, DiskSample, DropIncremental, DropStaleUnits, EvictCompileCache, EvictWorkspace,
-    RemoveStaging, Repair, Staging, Workspace,
+    RemoveStaging, Repair, Staging, Workspace, complete, guard_action,
 )
 
 log = logging.getLogger("motor.disk")
+
+#: A job's end (a `JobIdle` cast) has the build-folder guard of its workspace run this long
+#: after, together with every other workspace a job left meanwhile (issue 14): one walk per
+#: workspace however many jobs ended in it, and a job's start (`PrepareSetup`, answered by
+#: the same actor) does not wait behind a walk per job end. A `JobIdle` call guards at once.
+GUARD_DELAY_S = 0.25
 
 
 def probe_path(path: Path) -> DiskSample:
@@ -252,6 +258,29 @@ class Trees:
                 self.catalog.touch(name, now_ms)
                 self.sizes.used(name)
         self.sizes.guard_pending.add(workspace)
+
+    async def guard(self, live_view, cap_bytes: int, names=None) -> list[str]:
+        """The build-folder cap for idle workspaces (`names`; None: every pending one),
+        deferred while a job is queued for or runs in them; the names whose incremental
+        directories were dropped. `live_view()`: what live jobs hold, now."""
+        pending, dropped = self.sizes.guard_pending, []
+        todo = sorted(pending if names is None else pending.intersection(names))
+        live = live_view() if todo else None
+        for name in todo:
+            entry = self.catalog.get(name)
+            if entry is not None and held(live, entry, "running", "reserved"):
+                continue  # deferred, unmeasured: stays pending
+            pending.discard(name)
+            ws = (await self.workspaces(live, [name]) or [None])[0] if entry else None
+            action = ws and guard_action(ws, cap_bytes)
+            if isinstance(action, Repair):  # repaired, measured again, then decided
+                await self.execute(action)
+                ws = (await self.workspaces(live_view(), [name]))[0]
+                action = guard_action(complete(ws), cap_bytes)
+            if isinstance(action, DropIncremental):
+                await self.execute(action)
+                dropped.append(name)
+        return dropped
 
     async def walk(self, items: list[tuple[str, str]]) -> None:
         """Walk each (name, path) and store its sizes."""

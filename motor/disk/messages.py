@@ -74,6 +74,12 @@ class JobIdle:
 
 
 @dataclass(frozen=True)
+class GuardDue:
+    """The disk actor's own: the build-folder guard of the workspaces jobs left since the
+    last one (`JobIdle` casts, `GUARD_DELAY_S` after the first)."""
+
+
+@dataclass(frozen=True)
 class Register:
     """Catalog a workspace (caller-root trees and snapshots). Reply: the entry."""
 

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 import actors
-from motor.disk import trash
+from motor.disk import host, trash
 from motor.disk.actor import (
     Admit, AdmitUpload, BeginUpload, CommitUpload, DiskActor, HasBundle, JobIdle, Listing,
     Periodic, PrepareSetup, Register, Reserve, Unreserve,
@@ -188,6 +188,39 @@ async def test_disk_size_guard_drops_only_incremental_and_defers_queued_workspac
         assert not inc.exists()
         assert (ws / "target" / "debug" / "deps" / "big").exists()
         assert (ws / "target" / "debug" / "deps" / f"libserde-{H1}.rlib").exists()
+
+
+async def test_job_ends_guard_their_workspace_once_after_a_delay_and_starts_do_not_wait(
+        tmp_path, autojump_clock):
+    """Issue 14: a job's end (a `JobIdle` cast, as the job actor sends it) does not walk its
+    workspace at once: `GUARD_DELAY_S` later the guard walks each workspace jobs left
+    meanwhile once, however many jobs ended in it, and applies the cap. Meanwhile the
+    actor answers a start's `PrepareSetup` without a walk. (Before, each cast walked at
+    once, and a start waited behind it.)"""
+    async with disk_actor(tmp_path, cap=64 * 1024) as (ref, actor, _, clock, live):
+        ws = Path((await ref.call(PrepareSetup("j1", "ws"))).path)
+        make_target(ws, old_ms=clock.ms)
+        (ws / "target" / "debug" / "deps" / "big").write_bytes(b"b" * 200_000)
+        walks = []
+        real = actor.trees.workspaces
+
+        async def counted(live, names=None):
+            walks.append(names)
+            return await real(live, names)
+
+        actor.trees.workspaces = counted
+        for job in ("j1", "j2", "j3"):
+            await ref.cast(JobIdle(job, "ws"))
+        assert (await ref.call(PrepareSetup("j4", "other"))).refusal is None
+        assert walks == []
+        inc = ws / "target" / "debug" / "incremental"
+        assert os.listdir(inc)
+        await trio.sleep(host.GUARD_DELAY_S)
+        while inc.exists():
+            await trio.sleep(0.01)
+        await trio.sleep(1)
+        assert walks == [["ws"]]
+        assert (ws / "target" / "debug" / "deps" / "big").exists()
 
 
 async def test_disk_stale_unit_maintenance_deletes_whole_units_and_runs_once_daily(tmp_path):

@@ -146,3 +146,37 @@ async def test_cancel_of_a_queued_job_is_idempotent(tmp_path, autojump_clock):
         assert cancelled_running.state in ("setup", "running", "cancelled")
         record = await terminal_of(runner, holder.job_id)
         assert record["state"] == "cancelled"
+
+
+async def test_jobs_ending_in_one_workspace_get_one_guard_walk_after_the_delay(
+        tmp_path, autojump_clock, monkeypatch):
+    """Issue 14, through the runner: the build-folder guard runs `GUARD_DELAY_S` after a
+    job's end and walks a workspace once for every job that ended in it meanwhile; the jobs
+    after the first start and end without waiting for it. (Before, each job's end walked
+    its workspace at once.) The delay is 10^6 virtual seconds and maintenance (whose pass
+    guards every pending workspace) is off: autojump moves the virtual clock on while the
+    real jobs run."""
+    from motor.disk import host
+
+    monkeypatch.setattr(host, "GUARD_DELAY_S", 1e6, raising=False)  # (absent before)
+    walked = []
+    real_survey = host.survey
+
+    def survey(entries, dev, wanted, now_ms):
+        walked.extend(sorted(wanted))
+        return real_survey(entries, dev, wanted, now_ms)
+
+    monkeypatch.setattr(host, "survey", survey)
+    async with motor.open_runner(config(tmp_path, maintenance_interval_s=1e8)) as runner:
+        for _ in range(3):
+            job = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="w"))
+            assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
+        assert "w" not in walked
+        await trio.sleep(1e6)
+
+        async def guarded():
+            return "w" in walked
+
+        await wait_until(guarded, "the guard's walk")
+        await trio.sleep(60)
+        assert walked.count("w") == 1, walked
