@@ -144,11 +144,8 @@ class ActorRef:
         try:
             deadline = math.inf if timeout is None else trio.current_time() + timeout
             with trio.move_on_at(deadline) as scope:
-                try:
-                    await actor._send.send(_Envelope(msg, reply))
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    raise ActorDead(self.name) from None
-                await reply.event.wait()
+                await _put(actor, _Envelope(msg, reply), self.name)
+                await reply.event.wait()  # the checkpoint: the actor has yet to run
             if reply.result is None:
                 assert scope.cancelled_caught
                 raise CallTimeout(self.name, timeout)  # type: ignore[arg-type]
@@ -157,12 +154,10 @@ class ActorRef:
         return reply.result.unwrap()
 
     async def cast(self, msg: Any) -> None:
-        """Fire-and-forget; waits for inbox room (backpressure)."""
-        actor = self._live()
-        try:
-            await actor._send.send(_Envelope(msg, None))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            raise ActorDead(self.name) from None
+        """Fire-and-forget; waits for inbox room (backpressure). With room it returns at once,
+        without a schedule point (a cancellation already due is still raised)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        await _put(self._live(), _Envelope(msg, None), self.name)
 
     def cast_nowait(self, msg: Any) -> None:
         """Fire-and-forget; raises ``InboxFull`` instead of waiting."""
@@ -173,6 +168,18 @@ class ActorRef:
             raise InboxFull(self.name) from None
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise ActorDead(self.name) from None
+
+
+async def _put(actor: "Actor", env: _Envelope, name: str) -> None:
+    """Into the actor's inbox: at once when there is room (issue 14: the channel's `send`
+    yields to the scheduler even then, a task switch per message), else waiting for room."""
+    try:
+        try:
+            actor._send.send_nowait(env)
+        except trio.WouldBlock:
+            await actor._send.send(env)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        raise ActorDead(name) from None
 
 
 class Actor:
@@ -325,6 +332,13 @@ class Actor:
         while not self._stopping:
             env, self._held = self._held, None
             if env is not None:  # left waiting by take_waiting: first in line
+                await self._dispatch(env)
+                continue
+            try:  # a message already waiting: no cancel scope, no schedule point (issue 14)
+                env = self._recv.receive_nowait()
+            except trio.WouldBlock:
+                pass
+            else:
                 await self._dispatch(env)
                 continue
             with trio.CancelScope() as scope:
