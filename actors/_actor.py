@@ -52,6 +52,10 @@ class _Envelope:
         self.deferred = False
 
 
+#: `stop`'s word to an actor waiting for a message: wake up and see that it stops
+_WAKE = _Envelope(None, None)
+
+
 class DeferredReply:
     """The answer to one ``call``, owed later (OTP's ``{noreply, State}`` and
     ``gen_server:reply/2``): from ``Actor.defer_reply()`` inside ``handle``. Answer it once,
@@ -209,7 +213,7 @@ class Actor:
         self._stopping = False
         self._closed = False
         self._pending: set[_Reply] = set()
-        self._wait_scope: trio.CancelScope | None = None
+        self._waiting = False  # in `_serve`, waiting for a message (`stop` wakes it)
         self._current: _Envelope | None = None  # the message ``handle`` is working on
         self._held: _Envelope | None = None  # looked at by take_waiting, not taken: next
 
@@ -291,8 +295,11 @@ class Actor:
     def stop(self) -> None:
         """Finish the current message, then stop normally."""
         self._stopping = True
-        if self._wait_scope is not None:
-            self._wait_scope.cancel()
+        if self._waiting:  # an empty inbox: a word wakes it (no cancel scope per wait)
+            try:
+                self._send.send_nowait(_WAKE)
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
 
     async def run(self, *, task_status: trio.TaskStatus[ActorRef] = trio.TASK_STATUS_IGNORED) -> None:
         """Run this incarnation until it stops (returns) or crashes (raises)."""
@@ -334,22 +341,16 @@ class Actor:
             if env is not None:  # left waiting by take_waiting: first in line
                 await self._dispatch(env)
                 continue
-            try:  # a message already waiting: no cancel scope, no schedule point (issue 14)
+            try:  # a message already waiting: no schedule point (issue 14)
                 env = self._recv.receive_nowait()
             except trio.WouldBlock:
-                pass
-            else:
-                await self._dispatch(env)
-                continue
-            with trio.CancelScope() as scope:
-                self._wait_scope = scope
+                self._waiting = True
                 try:
                     env = await self._recv.receive()
                 finally:
-                    self._wait_scope = None
-            if env is None:
-                continue
-            await self._dispatch(env)
+                    self._waiting = False
+            if env is not _WAKE:
+                await self._dispatch(env)
 
     async def _dispatch(self, env: _Envelope) -> None:
         reply = env.reply

@@ -13,7 +13,10 @@ own namespaces (tests/isolation/systemd_ns.py; root, cgroup v1 hosts), for
 Each round starts a runner (`--max-weight 2`, claims of 1, jobs spread over 4 workspaces),
 submits N jobs of `true` through the HTTP API on the Unix socket one after another, and
 measures the wall time from the first submit until every job has ended (every job is
-then checked to have succeeded). In the same round, interleaved, it runs the peers'
+then checked to have succeeded). The end is waited for as task-spooler's is (`tsp -w`):
+by following an unfinished job's event stream to its end, then asking `GET /v1/status`
+whether any is left (up to stop 20 this script polled `GET /v1/status` every 2 ms, a load
+of its own on the runner; `--poll-status` adds that as peer=motor-poll). In the same round, interleaved, it runs the peers'
 scripts from ../shared/bench/peers (`throughput.sh bare-xargs` and `throughput.sh tsp`;
 `setup.sh` must have run for tsp). It prints one line per measurement in the peers'
 format and, at the end, the medians, jobs/s and ratios.
@@ -53,11 +56,30 @@ def emit(peer: str, wall: float, n: int, extra: str = "") -> None:
           f"jobs_per_s={n / wall:.1f}{' ' + extra if extra else ''}", flush=True)
 
 
+def wait_idle(c: httpx.Client, poll: bool) -> None:
+    """Until no job is queued or running. By default it follows one unfinished job's event
+    stream to its end (a blocking read, as the peers' script waits with `tsp -w`) and looks
+    again: a few requests in all. `poll`: `GET /v1/status` every 2 ms, as this script did
+    up to stop 20 (peer=motor-poll, `--poll-status`): hundreds of status requests during a
+    round, each the runner's work too."""
+    while True:
+        status = c.get("/v1/status").json()
+        left = status["running"] + status["queued"]
+        if not left:
+            return
+        if poll:
+            time.sleep(0.002)
+            continue
+        with c.stream("GET", f"/v1/jobs/{left[-1]['job_id']}/events") as r:
+            for _ in r.iter_lines():
+                pass
+
+
 def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
                 mode: str = "api", spawner: str | None = None) -> tuple[float, float]:
     """(wall until all N ended, wall until all N were accepted); `mode`: "api" (one request
-    per job), "batch" (one batch request), "cli-each" (one `motor submit` process per job),
-    "cli-from" (one `motor submit --from -`)."""
+    per job), "api-poll" (the same, waiting with status polls), "batch" (one batch request),
+    "cli-each" (one `motor submit` process per job), "cli-from" (one `motor submit --from -`)."""
     with tempfile.TemporaryDirectory(prefix="motor-bench-") as tmp:
         ns = None
         prefix: list[str] = []
@@ -110,11 +132,7 @@ def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
                         if r.status_code != 202:
                             raise SystemExit(f"submit {i}: {r.status_code} {r.text}")
                 t_sub = time.perf_counter()
-                while True:
-                    status = c.get("/v1/status").json()
-                    if not status["queued"] and not status["running"]:
-                        break
-                    time.sleep(0.002)
+                wait_idle(c, poll=mode == "api-poll")
                 t1 = time.perf_counter()
                 jobs = c.get("/v1/jobs", params={"all": 1}).json()
                 ok = sum(1 for j in jobs if j["state"] == "succeeded")
@@ -156,9 +174,13 @@ def main() -> None:
     ap.add_argument("--cli", action="store_true",
                     help="also submit through the CLI: a process per job, and one `submit --from`")
     ap.add_argument("--spawners", default="", help="e.g. keeperd,forkserver (MOTOR_SPAWNER)")
+    ap.add_argument("--poll-status", action="store_true",
+                    help="also peer=motor-poll: the end waited for with GET /v1/status every 2 ms")
     args = ap.parse_args()
     fs_note()
     base = {"motor": "api", "motor-batch": "batch"}
+    if args.poll_status:
+        base["motor-poll"] = "api-poll"
     if args.cli:
         base.update({"motor-cli-each": "cli-each", "motor-cli-from": "cli-from"})
     spawners = [s for s in args.spawners.split(",") if s] or [None]
