@@ -82,14 +82,15 @@ LOCK_WAIT_S = 3.0
 RECORD_PID_AFTER_S = 0.1
 RECORD_PID_AFTER_ENV = "MOTOR_KEEPERD_RECORD_PID_AFTER_S"  # tests: another delay
 
+SUN_PATH_MAX = 107
+JOB_MARKER = b"MOTOR_JOB_ID="
+
 
 def record_pid_after_s(environ=os.environ) -> float:
     try:
         return max(0.0, float(environ.get(RECORD_PID_AFTER_ENV, RECORD_PID_AFTER_S)))
     except ValueError:
         return RECORD_PID_AFTER_S
-SUN_PATH_MAX = 107
-JOB_MARKER = b"MOTOR_JOB_ID="
 
 
 def socket_address(state_dir: str) -> tuple[str, int | None]:
