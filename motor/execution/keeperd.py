@@ -55,8 +55,9 @@ from typing import Any  # noqa: E402
 from motor import faults  # noqa: E402
 from motor.execution import keeper as K  # noqa: E402
 from motor.execution import spares as S  # noqa: E402
-from motor.execution.sdscopes import SCOPE_TIMEOUT_S, ScopeStarter  # noqa: E402
-from motor.isolation.join import JoinError, fork_into_cgroup, join_confinement  # noqa: E402
+from motor.isolation.join import (  # noqa: E402
+    SCOPE_TIMEOUT_S, JoinError, fork_into_cgroup, join_confinement,
+)
 from motor.execution.joblog import (  # noqa: E402
     KEEPER_FILE, STATUS_FILE, STDERR, STDOUT, read_spec, write_json_atomic,
 )
@@ -231,8 +232,10 @@ class Keeperd:
         self.record_pid_after_s = record_pid_after_s()
         # pre-placed processes for v1 cgroup jobs (motor/execution/spares.py)
         self.spares = S.SparePool(state_dir, self.sel, S.pool_size(), self._log)
-        # systemd jobs' scopes, over one long-lived connection to the manager (sdscopes.py)
-        self.scopes = ScopeStarter(self.sel, self._log)
+        # systemd jobs' scopes, over one long-lived connection to the manager (sdscopes.py),
+        # made for the first systemd job: its D-Bus client is then imported (issue 14:
+        # keeperd forks once per cgroup-v1 spare, and a smaller process forks faster)
+        self.scopes: Any = None
 
     # -- event loop ---------------------------------------------------------------------
 
@@ -241,7 +244,8 @@ class Keeperd:
         self.sel.register(wake_r, selectors.EVENT_READ, lambda ev: self._on_signal(wake_r))
         while True:
             now = time.monotonic()
-            self.scopes.tick(now)  # a scope systemd did not start in time: its job fails
+            if self.scopes is not None:  # a scope systemd did not start in time: its job fails
+                self.scopes.tick(now)
             for job in list(self.jobs.values()):
                 self._tick(job, now)
             if self.jobs or self.conns:
@@ -253,7 +257,7 @@ class Keeperd:
             deadlines = [d for d in (j.deadline() for j in self.jobs.values()) if d is not None]
             if self.idle_since is not None:
                 deadlines.append(self.idle_since + IDLE_EXIT_S)
-            for extra in (self.scopes.deadline(), self.spares.refill_deadline()):
+            for extra in (self.scopes and self.scopes.deadline(), self.spares.refill_deadline()):
                 if extra is not None:
                     deadlines.append(extra)
             timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
@@ -269,7 +273,8 @@ class Keeperd:
                     self.spares.fill()
                 except Exception:
                     self._log_exception()
-        self.scopes.close()
+        if self.scopes is not None:
+            self.scopes.close()
         self._shutdown()
         return 0
 
@@ -669,6 +674,10 @@ class Keeperd:
         jobs): the child waits on a pipe for keeperd's word (b"g", or b"e" and why not)
         before it execs, and keeperd asks systemd for the scope with the child's pid."""
         scope = spec.get("systemd_scope")
+        if scope and self.scopes is None:  # the first systemd job: before the fork
+            from motor.execution.sdscopes import ScopeStarter
+
+            self.scopes = ScopeStarter(self.sel, self._log)
         err_r, err_w2 = os.pipe()
         go_r = go_w = -1
         if scope:

@@ -15,7 +15,8 @@ The only blocking step is the connection's opening (a local socket's connect and
 on a bus daemon Hello/AddMatch/Subscribe), once per connection, bounded by the client's
 timeout.
 
-Stdlib plus the D-Bus client keeperd imports anyway (motor/isolation/systemd.py, jeepney).
+Stdlib plus the D-Bus client (motor/isolation/systemd.py, jeepney): keeperd imports this
+module for its first systemd job only.
 """
 
 from __future__ import annotations
@@ -26,12 +27,11 @@ from typing import Callable
 
 from jeepney import DBusAddress, HeaderFields, MessageType, new_method_call
 
+from motor.isolation.join import SCOPE_TIMEOUT_S  # the scope's call reply, then its JobRemoved
 from motor.isolation.systemd import MANAGER, MANAGER_PATH, SYSTEMD, SystemdError, SystemdManager
 
 __all__ = ["SCOPE_TIMEOUT_S", "ScopeStarter", "scope_properties"]
 
-#: How long a scope may take (the call's reply, then its start job's JobRemoved signal).
-SCOPE_TIMEOUT_S = 10.0
 #: The bound on opening a connection (connect, auth; Hello/AddMatch/Subscribe on a bus).
 CONNECT_TIMEOUT_S = 10.0
 
