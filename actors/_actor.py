@@ -29,18 +29,97 @@ class ActorStatistics:
 
 
 class _Reply:
-    """One-shot reply slot for a ``call``."""
+    """One-shot reply slot for a ``call``: the caller's task parks on it and ``set``
+    reschedules it (no Event, no cancel scope per call: a call's timeout is kept by
+    `_Timeouts`, issue 14)."""
 
-    __slots__ = ("event", "result")
+    __slots__ = ("result", "task", "timeouts")
 
     def __init__(self) -> None:
-        self.event = trio.Event()
         self.result: outcome.Outcome | None = None
+        self.task: Any = None  # the caller, while it waits
+        self.timeouts: dict | None = None  # the timeout bucket it is in, while it waits
 
     def set(self, result: outcome.Outcome) -> None:
         if self.result is None:
             self.result = result
-            self.event.set()
+            bucket, self.timeouts = self.timeouts, None
+            if bucket is not None:
+                del bucket[self]
+            task, self.task = self.task, None
+            if task is not None:
+                trio.lowlevel.reschedule(task)
+
+    async def wait(self, name: str, timeout: float | None) -> None:
+        """Park until `set`; CallTimeout's outcome after `timeout` seconds."""
+        if self.result is not None:
+            return
+        if timeout is not None:
+            _timeouts().add(self, name, timeout)
+        self.task = trio.lowlevel.current_task()
+
+        def abort(_raise_cancel):
+            self.task = None
+            bucket, self.timeouts = self.timeouts, None
+            if bucket is not None:
+                del bucket[self]
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+
+class _Timeouts:
+    """The deadlines of the calls waiting in one trio run: one ordered dict per timeout
+    value (a later call of the same timeout has a later deadline: the first entry is the
+    earliest), and one system task that fails the calls whose deadline passed. Adding and
+    answering a call are dict operations; nothing is left behind by calls answered in time."""
+
+    def __init__(self) -> None:
+        self.buckets: dict[float, dict[_Reply, tuple[float, str]]] = {}
+        self.wakeup = math.inf
+        self.scope: trio.CancelScope | None = None
+        trio.lowlevel.spawn_system_task(self._watch, name="actors.call-timeouts")
+
+    def add(self, reply: _Reply, name: str, timeout: float) -> None:
+        bucket = self.buckets.get(timeout)
+        if bucket is None:
+            bucket = self.buckets[timeout] = {}
+        deadline = trio.current_time() + timeout
+        bucket[reply] = (deadline, name)
+        reply.timeouts = bucket
+        if deadline < self.wakeup:
+            self.wakeup = deadline
+            if self.scope is not None:
+                self.scope.deadline = deadline
+
+    async def _watch(self) -> None:
+        while True:
+            with trio.CancelScope(deadline=self.wakeup) as self.scope:
+                await trio.sleep_forever()
+            self.scope = None
+            now = trio.current_time()
+            wakeup = math.inf
+            for timeout, bucket in self.buckets.items():
+                while bucket:
+                    reply = next(iter(bucket))
+                    deadline, name = bucket[reply]
+                    if deadline > now:
+                        wakeup = min(wakeup, deadline)
+                        break
+                    reply.set(outcome.Error(CallTimeout(name, timeout)))
+            self.wakeup = wakeup
+
+
+_TIMEOUTS: trio.lowlevel.RunVar = trio.lowlevel.RunVar("actors._TIMEOUTS")
+
+
+def _timeouts() -> _Timeouts:
+    try:
+        return _TIMEOUTS.get()
+    except LookupError:
+        watch = _Timeouts()
+        _TIMEOUTS.set(watch)
+        return watch
 
 
 class _Envelope:
@@ -146,13 +225,8 @@ class ActorRef:
         reply = _Reply()
         actor._pending.add(reply)
         try:
-            deadline = math.inf if timeout is None else trio.current_time() + timeout
-            with trio.move_on_at(deadline) as scope:
-                await _put(actor, _Envelope(msg, reply), self.name)
-                await reply.event.wait()  # the checkpoint: the actor has yet to run
-            if reply.result is None:
-                assert scope.cancelled_caught
-                raise CallTimeout(self.name, timeout)  # type: ignore[arg-type]
+            await _put(actor, _Envelope(msg, reply), self.name)
+            await reply.wait(self.name, timeout)  # the checkpoint: the actor has yet to run
         finally:
             actor._pending.discard(reply)
         return reply.result.unwrap()

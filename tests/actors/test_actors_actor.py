@@ -164,6 +164,63 @@ async def test_call_timeout_at_exact_virtual_time(autojump_clock):
         actor.stop()
 
 
+def _waiting_deadlines() -> int:
+    """Calls whose deadline the run's timeout keeper still holds (actors._actor)."""
+    from actors import _actor
+    try:
+        keeper = _actor._TIMEOUTS.get()
+    except LookupError:
+        return 0
+    return sum(len(bucket) for bucket in keeper.buckets.values())
+
+
+async def test_calls_with_different_timeouts_each_time_out_at_their_own_deadline(autojump_clock):
+    """A call's timeout is kept without a cancel scope per call (issue 14): one keeper per
+    run holds the deadlines; a shorter timeout asked after a longer one still fires first."""
+    gate = trio.Event()
+    ended = {}
+    async with trio.open_nursery() as nursery:
+        ref = await nursery.start(Echo(name="busy").run)
+        ref.cast_nowait(("wait", gate))  # the actor is busy: the calls below wait in its inbox
+        t0 = trio.current_time()
+
+        async def caller(label, timeout):
+            with pytest.raises(actors.CallTimeout) as info:
+                await ref.call(label, timeout=timeout)
+            assert info.value.name == "busy" and info.value.timeout == timeout
+            ended[label] = trio.current_time() - t0
+
+        nursery.start_soon(caller, "long", 10.0)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(caller, "short", 2.0)
+        await trio.sleep(11)
+        assert ended == {"short": 2.0, "long": 10.0}
+        assert _waiting_deadlines() == 0
+        gate.set()  # the queued calls' answers find no caller: dropped
+        assert await ref.call("after", timeout=1.0) == "after"
+        assert _waiting_deadlines() == 0
+        assert await ref.call("stop") == "stopping"
+
+
+async def test_calls_answered_in_time_or_cancelled_leave_no_deadline_behind(autojump_clock):
+    gate = trio.Event()
+    async with trio.open_nursery() as nursery:
+        ref = await nursery.start(Echo(name="e").run)
+        for i in range(100):
+            assert await ref.call(i, timeout=5.0) == i
+        assert _waiting_deadlines() == 0
+        with trio.move_on_after(1.0) as scope:  # the caller is cancelled while it waits
+            await ref.call(("wait", gate), timeout=30.0)
+        assert scope.cancelled_caught and _waiting_deadlines() == 0
+        gate.set()  # its late answer is dropped
+        await trio.sleep(60)  # no timeout fires for the cancelled call
+        assert await ref.call("still", timeout=1.0) == "still"
+        with pytest.raises(actors.CallTimeout):  # and timeouts still fire after all that
+            await ref.call(("sleep", 5), timeout=0.5)
+        assert _waiting_deadlines() == 0
+        assert await ref.call("stop") == "stopping"
+
+
 async def test_bounded_inbox_cast_nowait_raises_inbox_full():
     gate = trio.Event()
     async with trio.open_nursery() as nursery:
