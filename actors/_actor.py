@@ -30,25 +30,29 @@ class ActorStatistics:
 
 class _Reply:
     """One-shot reply slot for a ``call``: the caller's task parks on it and ``set``
-    reschedules it (no Event, no cancel scope per call: a call's timeout is kept by
-    `_Timeouts`, issue 14)."""
+    reschedules it (no Event, no cancel scope per call: a call's timeout is kept by the
+    run's `_Timeouts`, issue 14)."""
 
-    __slots__ = ("result", "task", "timeouts")
+    __slots__ = ("result", "task", "keeper", "timeout")
 
     def __init__(self) -> None:
         self.result: outcome.Outcome | None = None
         self.task: Any = None  # the caller, while it waits
-        self.timeouts: dict | None = None  # the timeout bucket it is in, while it waits
+        self.keeper: _Timeouts | None = None  # holds its deadline, while it waits
+        self.timeout = 0.0
 
     def set(self, result: outcome.Outcome) -> None:
         if self.result is None:
             self.result = result
-            bucket, self.timeouts = self.timeouts, None
-            if bucket is not None:
-                del bucket[self]
+            self._leave_keeper()
             task, self.task = self.task, None
             if task is not None:
                 trio.lowlevel.reschedule(task)
+
+    def _leave_keeper(self) -> None:
+        keeper, self.keeper = self.keeper, None
+        if keeper is not None:
+            keeper.drop(self)
 
     async def wait(self, name: str, timeout: float | None) -> None:
         """Park until `set`; CallTimeout's outcome after `timeout` seconds."""
@@ -60,19 +64,19 @@ class _Reply:
 
         def abort(_raise_cancel):
             self.task = None
-            bucket, self.timeouts = self.timeouts, None
-            if bucket is not None:
-                del bucket[self]
+            self._leave_keeper()
             return trio.lowlevel.Abort.SUCCEEDED
 
         await trio.lowlevel.wait_task_rescheduled(abort)
 
 
 class _Timeouts:
-    """The deadlines of the calls waiting in one trio run: one ordered dict per timeout
-    value (a later call of the same timeout has a later deadline: the first entry is the
-    earliest), and one system task that fails the calls whose deadline passed. Adding and
-    answering a call are dict operations; nothing is left behind by calls answered in time."""
+    """The deadlines of the calls waiting in one trio run, and one system task that fails
+    the calls whose deadline passed. One insertion-ordered dict per timeout value: a later
+    call of the same timeout has a later deadline, so each dict's first entry is its
+    earliest. Adding and answering a call are dict operations; the task's own deadline is
+    the earliest waiting call's, so trio holds a deadline only while a call waits for it
+    (as with a cancel scope per call: MockClock's autojump sees the same deadlines)."""
 
     def __init__(self) -> None:
         self.buckets: dict[float, dict[_Reply, tuple[float, str]]] = {}
@@ -86,11 +90,20 @@ class _Timeouts:
             bucket = self.buckets[timeout] = {}
         deadline = trio.current_time() + timeout
         bucket[reply] = (deadline, name)
-        reply.timeouts = bucket
+        reply.keeper, reply.timeout = self, timeout
         if deadline < self.wakeup:
-            self.wakeup = deadline
-            if self.scope is not None:
-                self.scope.deadline = deadline
+            self._arm(deadline)
+
+    def drop(self, reply: _Reply) -> None:
+        deadline, _ = self.buckets[reply.timeout].pop(reply)
+        if deadline <= self.wakeup:  # it was the earliest: the next one is now
+            self._arm(min((next(iter(b.values()))[0] for b in self.buckets.values() if b),
+                          default=math.inf))
+
+    def _arm(self, wakeup: float) -> None:
+        self.wakeup = wakeup
+        if self.scope is not None:
+            self.scope.deadline = wakeup
 
     async def _watch(self) -> None:
         while True:
@@ -98,16 +111,13 @@ class _Timeouts:
                 await trio.sleep_forever()
             self.scope = None
             now = trio.current_time()
-            wakeup = math.inf
             for timeout, bucket in self.buckets.items():
                 while bucket:
                     reply = next(iter(bucket))
                     deadline, name = bucket[reply]
                     if deadline > now:
-                        wakeup = min(wakeup, deadline)
                         break
-                    reply.set(outcome.Error(CallTimeout(name, timeout)))
-            self.wakeup = wakeup
+                    reply.set(outcome.Error(CallTimeout(name, timeout)))  # drops it
 
 
 _TIMEOUTS: trio.lowlevel.RunVar = trio.lowlevel.RunVar("actors._TIMEOUTS")
@@ -117,9 +127,9 @@ def _timeouts() -> _Timeouts:
     try:
         return _TIMEOUTS.get()
     except LookupError:
-        watch = _Timeouts()
-        _TIMEOUTS.set(watch)
-        return watch
+        keeper = _Timeouts()
+        _TIMEOUTS.set(keeper)
+        return keeper
 
 
 class _Envelope:

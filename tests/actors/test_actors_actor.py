@@ -1,5 +1,7 @@
 """Standalone actors and ActorRef semantics."""
 
+import math
+
 import pytest
 import trio
 import trio.testing
@@ -209,6 +211,8 @@ async def test_calls_answered_in_time_or_cancelled_leave_no_deadline_behind(auto
         for i in range(100):
             assert await ref.call(i, timeout=5.0) == i
         assert _waiting_deadlines() == 0
+        # and trio holds no deadline for them (autojump would stop at it)
+        assert trio.lowlevel.current_statistics().seconds_to_next_deadline == math.inf
         with trio.move_on_after(1.0) as scope:  # the caller is cancelled while it waits
             await ref.call(("wait", gate), timeout=30.0)
         assert scope.cancelled_caught and _waiting_deadlines() == 0
