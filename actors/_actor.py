@@ -97,8 +97,14 @@ class _Timeouts:
     def drop(self, reply: _Reply) -> None:
         deadline, _ = self.buckets[reply.timeout].pop(reply)
         if deadline <= self.wakeup:  # it was the earliest: the next one is now
-            self._arm(min((next(iter(b.values()))[0] for b in self.buckets.values() if b),
-                          default=math.inf))
+            wakeup = math.inf
+            for bucket in self.buckets.values():
+                for first, _ in bucket.values():  # each bucket's first entry is its earliest
+                    if first < wakeup:
+                        wakeup = first
+                    break
+            if wakeup != self.wakeup:
+                self._arm(wakeup)
 
     def _arm(self, wakeup: float) -> None:
         self.wakeup = wakeup
