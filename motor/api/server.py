@@ -13,7 +13,8 @@ clients cannot hold the runner's memory or descriptors:
 - at most `config.max_connections` open connections (clamped below RLIMIT_NOFILE); one more
   is answered `503 too_many_connections` and closed at once;
 - a connection that has not sent a complete request head within `HEAD_TIMEOUT_S` is closed
-  (hypercorn's keep-alive timer); request *bodies* have their own deadline in the app
+  (hypercorn's keep-alive timeout, kept by `_KeepAliveTimer`: one watcher per connection,
+  not a task per request); request *bodies* have their own deadline in the app
   (`config.body_timeout_s`, see app.py);
 - after connections close, freed heap memory is handed back to the kernel
   (glibc `malloc_trim`, at most once a second), so RSS returns near its baseline.
@@ -26,6 +27,7 @@ import ctypes.util
 import grp
 import json
 import logging
+import math
 import os
 import resource
 import socket
@@ -192,14 +194,71 @@ class Connections:
         return handle
 
 
+class _KeepAliveTimer:
+    """hypercorn's keep-alive timer of one connection (its `TrioSingleTask` interface:
+    `restart`, `stop`) with one watcher task for the connection's life and a deadline that
+    `restart` sets and `stop` clears. hypercorn's own starts a task (`nursery.start`, a round
+    trip through the scheduler) at every idle point and cancels it at every request head,
+    each under a lock: with keep-alive, two of those per request (issue 14). What it does
+    when the deadline passes, or the server terminates first, is hypercorn's
+    `TCPServer._idle_timeout`: close the connection (shielded)."""
+
+    def __init__(self, server: "_TCPServer") -> None:
+        self._server = server
+        self._deadline = math.inf
+        self._scope: trio.CancelScope | None = None
+        self._watching = False
+        self._closed = False
+
+    async def restart(self, task_group: Any, action: Any) -> None:
+        self._set(trio.current_time() + self._server.config.keep_alive_timeout)
+        if not self._watching and not self._closed:
+            self._watching = True
+            task_group._nursery.start_soon(self._watch)
+
+    async def stop(self) -> None:
+        self._set(math.inf)
+
+    def close(self) -> None:
+        """The connection is over: the watcher ends without closing anything."""
+        self._closed = True
+        if self._scope is not None:
+            self._scope.cancel()
+
+    def _set(self, deadline: float) -> None:
+        self._deadline = deadline
+        if self._scope is not None:
+            self._scope.deadline = deadline
+
+    async def _watch(self) -> None:
+        terminated = self._server.context.terminated
+        while not self._closed:
+            with trio.CancelScope(deadline=self._deadline) as self._scope:
+                await terminated.wait()
+                break  # the server is closing: so is this connection
+            self._scope = None
+            if trio.current_time() >= self._deadline:
+                break  # idle (or without a complete request head) for keep_alive_timeout
+        self._scope = None
+        if self._closed:
+            return
+        with trio.CancelScope(shield=True):
+            await self._server._initiate_server_close()
+
+
 class _TCPServer(TCPServer):
-    """hypercorn's connection handler, ending as soon as the client has closed: its
-    keep-alive timer would otherwise hold the finished connection (and its slot under the
-    cap) for up to HEAD_TIMEOUT_S more."""
+    """hypercorn's connection handler with a keep-alive timer that needs no task per
+    request (`_KeepAliveTimer`), ending as soon as the client has closed: the timer would
+    otherwise hold the finished connection (and its slot under the cap) for up to
+    HEAD_TIMEOUT_S more."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.idle_task = _KeepAliveTimer(self)
 
     async def _read_data(self) -> None:
         await super()._read_data()
-        await self.idle_task.stop()
+        self.idle_task.close()
 
 
 async def _refuse_connection(stream: Any, cap: int) -> None:

@@ -1,0 +1,113 @@
+"""The keep-alive timer of each connection (motor/api/server.py `_KeepAliveTimer`): one
+watcher per connection whose deadline moves, instead of hypercorn's task per request.
+Served for real by hypercorn on a Unix socket (FakeRunner behind the app)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from fake_runner import FakeRunner
+
+from motor.api import make_app, serve_api
+from motor.api import server as server_mod
+from motor.config import RunnerConfig
+
+HEAD = b"GET /v1/health HTTP/1.1\r\nHost: motor\r\n\r\n"
+
+
+async def read_response(stream: trio.SocketStream, buf: bytearray) -> bytes:
+    """One whole response (head and a content-length body) from a kept-alive connection."""
+    while b"\r\n\r\n" not in buf:
+        data = await stream.receive_some(65536)
+        assert data, "the connection closed before a response came"
+        buf += data
+    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(rest) < length:
+        data = await stream.receive_some(65536)
+        assert data
+        rest += data
+    buf[:] = rest[length:]
+    return head + b"\r\n\r\n" + rest[:length]
+
+
+async def read_eof(stream: trio.SocketStream) -> bytes:
+    got = b""
+    while data := await stream.receive_some(65536):
+        got += data
+    return got
+
+
+@pytest.fixture
+def short_timeout(monkeypatch):
+    monkeypatch.setattr(server_mod, "HEAD_TIMEOUT_S", 0.5)
+
+
+async def test_each_request_restarts_the_timer_and_an_idle_connection_is_closed(
+        config, nursery, short_timeout):
+    await nursery.start(serve_api, make_app(FakeRunner(config)), config)
+    stream = await trio.open_unix_socket(str(config.socket_path))
+    buf = bytearray()
+    # 8 requests 0.25 s apart: 2 s on one connection, four times its idle timeout
+    for _ in range(8):
+        await stream.send_all(HEAD)
+        answer = await read_response(stream, buf)
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:100]
+        await trio.sleep(0.25)
+    # then idle: closed by the runner (EOF, no answer), long before this test's own limit
+    with trio.fail_after(10):
+        assert await read_eof(stream) == b""
+    await stream.aclose()
+
+
+async def test_a_connection_that_sends_no_request_head_is_closed(config, nursery, short_timeout):
+    await nursery.start(serve_api, make_app(FakeRunner(config)), config)
+    stream = await trio.open_unix_socket(str(config.socket_path))
+    await stream.send_all(b"GET /v1/health HTTP/1.1\r\n")  # an unfinished head, then silence
+    with trio.fail_after(10):
+        assert await read_eof(stream) == b""
+    await stream.aclose()
+
+
+async def test_connections_that_ended_give_their_slot_back(short_dir, nursery):
+    """A closed connection's watcher ends with it: with a cap of 3, twenty connections one
+    after the other (each with a request, then closed by the client) and then three at once
+    are all served, none refused as too many."""
+    config = RunnerConfig(state_dir=str(short_dir), socket=str(short_dir / "m.sock"),
+                          max_connections=3)
+    await nursery.start(serve_api, make_app(FakeRunner(config)), config)
+    for _ in range(20):
+        stream = await trio.open_unix_socket(str(config.socket_path))
+        await stream.send_all(HEAD)
+        assert (await read_response(stream, bytearray())).startswith(b"HTTP/1.1 200")
+        await stream.aclose()
+        await trio.sleep(0.01)
+    streams = [await trio.open_unix_socket(str(config.socket_path)) for _ in range(3)]
+    for stream in streams:
+        await stream.send_all(HEAD)
+    for stream in streams:
+        answer = await read_response(stream, bytearray())
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        await stream.aclose()
+
+
+async def test_a_shutdown_closes_kept_alive_connections_and_the_server_returns(config, nursery):
+    shutdown = trio.Event()
+    done = trio.Event()
+
+    async def serve(task_status=trio.TASK_STATUS_IGNORED):
+        await serve_api(make_app(FakeRunner(config)), config, shutdown_trigger=shutdown.wait,
+                        task_status=task_status)
+        done.set()
+
+    await nursery.start(serve)
+    stream = await trio.open_unix_socket(str(config.socket_path))
+    await stream.send_all(HEAD)
+    answer = await read_response(stream, bytearray())
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:100]
+    shutdown.set()  # the connection is idle, kept alive (HEAD_TIMEOUT_S is 5 s here)
+    with trio.fail_after(10):
+        assert await read_eof(stream) == b""
+        await done.wait()
+    await stream.aclose()
