@@ -329,11 +329,10 @@ class Actor:
     async def cast_self(self, msg: Any) -> None:
         """Queue ``msg`` in this incarnation's own inbox (waiting for room), also while
         ``on_start`` still runs and the ref does not reach it yet: for an actor's own
-        timers and follow-ups. Handled after ``on_start``, in order with other messages."""
-        try:
-            await self._send.send(_Envelope(msg, None))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            raise ActorDead(self.name) from None
+        timers and follow-ups. Handled after ``on_start``, in order with other messages.
+        As ``cast``: with room, no schedule point (a cancellation already due is raised)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        await _put(self, _Envelope(msg, None), self.name)
 
     def cast_self_nowait(self, msg: Any) -> None:
         """``cast_self`` that raises ``InboxFull`` instead of waiting."""
