@@ -241,8 +241,20 @@ class ActorRef:
         reply = _Reply()
         actor._pending.add(reply)
         try:
-            await _put(actor, _Envelope(msg, reply), self.name)
-            await reply.wait(self.name, timeout)  # the checkpoint: the actor has yet to run
+            env = _Envelope(msg, reply)
+            try:
+                actor._send.send_nowait(env)
+            except trio.WouldBlock:  # a full inbox: the wait for room counts in the timeout
+                deadline = math.inf if timeout is None else trio.current_time() + timeout
+                with trio.move_on_at(deadline):
+                    await _put(actor, env, self.name)
+                    await reply.wait(self.name, None)
+                if reply.result is None:
+                    raise CallTimeout(self.name, timeout)  # type: ignore[arg-type]
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                raise ActorDead(self.name) from None
+            else:
+                await reply.wait(self.name, timeout)  # the checkpoint: the actor has yet to run
         finally:
             actor._pending.discard(reply)
         return reply.result.unwrap()

@@ -225,6 +225,24 @@ async def test_calls_answered_in_time_or_cancelled_leave_no_deadline_behind(auto
         assert await ref.call("stop") == "stopping"
 
 
+async def test_a_call_waiting_for_inbox_room_times_out_at_its_timeout(autojump_clock):
+    """The timeout counts from the call, also while it waits for room in a full inbox."""
+    gate = trio.Event()
+    async with trio.open_nursery() as nursery:
+        ref = await nursery.start(Echo(name="full", inbox_size=1).run)
+        ref.cast_nowait(("wait", gate))  # taken into handle: the actor is busy
+        await trio.testing.wait_all_tasks_blocked()
+        ref.cast_nowait("fills the inbox")
+        t0 = trio.current_time()
+        with pytest.raises(actors.CallTimeout) as info:
+            await ref.call("no room", timeout=2.0)
+        assert trio.current_time() - t0 == 2.0 and info.value.timeout == 2.0
+        gate.set()
+        assert await ref.call("room again", timeout=2.0) == "room again"
+        assert _waiting_deadlines() == 0
+        assert await ref.call("stop") == "stopping"
+
+
 async def test_bounded_inbox_cast_nowait_raises_inbox_full():
     gate = trio.Event()
     async with trio.open_nursery() as nursery:
