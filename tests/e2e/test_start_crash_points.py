@@ -192,15 +192,19 @@ def test_kill_9_after_the_status_was_written_ends_the_job_once(serve_factory, tm
 
 
 def _shells(job_id: str) -> list:
-    """The job's shells (its copies); the job's short-lived `sleep`s may vanish while looked at."""
+    """The job's copies: its `sh -c` processes whose parent is not one of them. The shell
+    forks for each `sleep` of its loop, and until that child execs it is an `sh -c` with the
+    job's marker too (seen once by `.ci/run`: a shell in fork and its child, pids 4 apart);
+    it belongs to the same copy. The short-lived `sleep`s may vanish while looked at."""
     found = []
     for p in marked_processes(job_id):
         try:
             if p.cmdline()[:2] == ["sh", "-c"]:
-                found.append(p)
+                found.append((p, p.ppid()))
         except psutil.NoSuchProcess:
             continue
-    return found
+    pids = {p.pid for p, _ in found}
+    return [p for p, parent in found if parent not in pids]
 
 
 def _adopted(serve, job_id: str) -> bool:
