@@ -242,19 +242,15 @@ class ActorRef:
         actor._pending.add(reply)
         try:
             env = _Envelope(msg, reply)
-            try:
-                actor._send.send_nowait(env)
-            except trio.WouldBlock:  # a full inbox: the wait for room counts in the timeout
+            if _offer(actor, env, self.name):
+                await reply.wait(self.name, timeout)  # the checkpoint: the actor has yet to run
+            else:  # a full inbox: the wait for room counts in the timeout
                 deadline = math.inf if timeout is None else trio.current_time() + timeout
                 with trio.move_on_at(deadline):
                     await _put(actor, env, self.name)
                     await reply.wait(self.name, None)
                 if reply.result is None:
                     raise CallTimeout(self.name, timeout)  # type: ignore[arg-type]
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                raise ActorDead(self.name) from None
-            else:
-                await reply.wait(self.name, timeout)  # the checkpoint: the actor has yet to run
         finally:
             actor._pending.discard(reply)
         return reply.result.unwrap()
@@ -267,25 +263,30 @@ class ActorRef:
 
     def cast_nowait(self, msg: Any) -> None:
         """Fire-and-forget; raises ``InboxFull`` instead of waiting."""
-        actor = self._live()
-        try:
-            actor._send.send_nowait(_Envelope(msg, None))
-        except trio.WouldBlock:
-            raise InboxFull(self.name) from None
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            raise ActorDead(self.name) from None
+        if not _offer(self._live(), _Envelope(msg, None), self.name):
+            raise InboxFull(self.name)
+
+
+def _offer(actor: "Actor", env: _Envelope, name: str) -> bool:
+    """Into the actor's inbox if it has room (True), without a schedule point; False when
+    it is full; ActorDead when it is closed."""
+    try:
+        actor._send.send_nowait(env)
+    except trio.WouldBlock:
+        return False
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        raise ActorDead(name) from None
+    return True
 
 
 async def _put(actor: "Actor", env: _Envelope, name: str) -> None:
     """Into the actor's inbox: at once when there is room (issue 14: the channel's `send`
     yields to the scheduler even then, a task switch per message), else waiting for room."""
-    try:
+    if not _offer(actor, env, name):
         try:
-            actor._send.send_nowait(env)
-        except trio.WouldBlock:
             await actor._send.send(env)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        raise ActorDead(name) from None
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise ActorDead(name) from None
 
 
 class Actor:
@@ -348,12 +349,8 @@ class Actor:
 
     def cast_self_nowait(self, msg: Any) -> None:
         """``cast_self`` that raises ``InboxFull`` instead of waiting."""
-        try:
-            self._send.send_nowait(_Envelope(msg, None))
-        except trio.WouldBlock:
-            raise InboxFull(self.name) from None
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            raise ActorDead(self.name) from None
+        if not _offer(self, _Envelope(msg, None), self.name):
+            raise InboxFull(self.name)
 
     @property
     def answering(self) -> bool:
