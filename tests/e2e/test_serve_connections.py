@@ -1,0 +1,75 @@
+"""Stop 22's connection handling through a real `motor serve` (motor/api/server.py:
+`_KeepAliveTimer`, one watcher per connection, and `protocol_send`'s writes): a kept-alive
+connection is served request after request, a job submitted and followed on it, and once
+idle for the request-head timeout (HEAD_TIMEOUT_S, 5 s) the runner closes it; a runner
+stopped with SIGTERM closes its idle kept-alive connections and exits 0."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from motor.api.server import HEAD_TIMEOUT_S
+
+pytestmark = pytest.mark.e2e
+
+
+def _request(sock: socket.socket, buf: bytearray, method: str, path: str, body: bytes = b""):
+    head = (f"{method} {path} HTTP/1.1\r\nHost: motor\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    sock.sendall(head + body)
+    while b"\r\n\r\n" not in buf:
+        data = sock.recv(65536)
+        assert data, "the runner closed the connection before answering"
+        buf += data
+    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    while len(rest) < length:
+        data = sock.recv(65536)
+        assert data
+        rest += data
+    buf[:] = rest[length:]
+    return int(head.split()[1]), json.loads(rest[:length])
+
+
+def _eof_within(sock: socket.socket, seconds: float) -> float:
+    """Seconds until the runner closes `sock` (it must send nothing more)."""
+    t0 = time.monotonic()
+    sock.settimeout(seconds)
+    assert sock.recv(65536) == b""
+    return time.monotonic() - t0
+
+
+def test_a_kept_alive_connection_is_served_then_closed_once_idle(serve):
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(serve.socket))
+        buf = bytearray()
+        status, accepted = _request(sock, buf, "POST", "/v1/jobs",
+                                    json.dumps({"command": ["true"]}).encode())
+        assert status == 202, accepted
+        for _ in range(40):  # the same connection, a request every 0.1 s until the job ends
+            status, record = _request(sock, buf, "GET", f"/v1/jobs/{accepted['job_id']}")
+            assert status == 200
+            if record["state"] == "succeeded":
+                break
+            time.sleep(0.1)
+        assert record["state"] == "succeeded", record
+        time.sleep(HEAD_TIMEOUT_S / 2)  # idle for less than the timeout: still served
+        status, health = _request(sock, buf, "GET", "/v1/health")
+        assert status == 200 and health["status"] in ("ok", "degraded"), health
+        idle = _eof_within(sock, HEAD_TIMEOUT_S * 6)  # then idle: closed, without an answer
+        assert idle >= HEAD_TIMEOUT_S * 0.5, idle  # by the timer, not at once
+
+
+def test_sigterm_closes_idle_kept_alive_connections_and_serve_exits(serve):
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(serve.socket))
+        status, _ = _request(sock, bytearray(), "GET", "/v1/health")
+        assert status == 200
+        code = serve.stop()
+        assert code == 0, serve.log.read_text()[-2000:]
+        _eof_within(sock, 5)
