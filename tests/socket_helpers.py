@@ -15,3 +15,17 @@ def read_until(conn: socket.socket, marker: bytes) -> tuple[bytes, bool]:
             return buf, False
         buf += data
     return buf, True
+
+
+def take_response(buf: bytearray) -> tuple[bytes, bytes] | None:
+    """One whole HTTP response with a Content-Length body from the front of `buf`: (head,
+    body), removed from `buf`; None while `buf` does not hold all of it yet (read more)."""
+    head, sep, rest = bytes(buf).partition(b"\r\n\r\n")
+    if not sep:
+        return None
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    if len(rest) < length:
+        return None
+    buf[:] = rest[length:]
+    return head, rest[:length]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import trio
 from fake_runner import FakeRunner
+from socket_helpers import take_response
 
 from motor.api import make_app, serve_api
 from motor.api import server as server_mod
@@ -17,19 +18,11 @@ HEAD = b"GET /v1/health HTTP/1.1\r\nHost: motor\r\n\r\n"
 
 async def read_response(stream: trio.SocketStream, buf: bytearray) -> bytes:
     """One whole response (head and a content-length body) from a kept-alive connection."""
-    while b"\r\n\r\n" not in buf:
+    while (got := take_response(buf)) is None:
         data = await stream.receive_some(65536)
-        assert data, "the connection closed before a response came"
+        assert data, "the connection closed before a whole response came"
         buf += data
-    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length:"))
-    while len(rest) < length:
-        data = await stream.receive_some(65536)
-        assert data
-        rest += data
-    buf[:] = rest[length:]
-    return head + b"\r\n\r\n" + rest[:length]
+    return got[0] + b"\r\n\r\n" + got[1]
 
 
 async def read_eof(stream: trio.SocketStream) -> bytes:

@@ -11,6 +11,7 @@ import socket
 import time
 
 import pytest
+from socket_helpers import take_response
 
 from motor.api.server import HEAD_TIMEOUT_S
 
@@ -21,19 +22,11 @@ def _request(sock: socket.socket, buf: bytearray, method: str, path: str, body: 
     head = (f"{method} {path} HTTP/1.1\r\nHost: motor\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
     sock.sendall(head + body)
-    while b"\r\n\r\n" not in buf:
+    while (got := take_response(buf)) is None:
         data = sock.recv(65536)
-        assert data, "the runner closed the connection before answering"
+        assert data, "the runner closed the connection before a whole answer"
         buf += data
-    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
-    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                  if line.lower().startswith(b"content-length:"))
-    while len(rest) < length:
-        data = sock.recv(65536)
-        assert data
-        rest += data
-    buf[:] = rest[length:]
-    return int(head.split()[1]), json.loads(rest[:length])
+    return int(got[0].split()[1]), json.loads(got[1])
 
 
 def _eof_within(sock: socket.socket, seconds: float) -> float:
