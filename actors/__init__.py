@@ -3,7 +3,7 @@
 See docs/actors.md. This package must not import anything from ``motor``.
 """
 
-from ._actor import Actor, ActorRef, ActorStatistics, DeferredReply
+from ._actor import LATER, Actor, ActorRef, ActorStatistics, DeferredReply
 from ._budget import RestartBudget
 from ._errors import ActorDead, CallTimeout, InboxFull, SupervisorEscalation
 from ._supervisor import ChildSpec, Supervisor, open_supervisor
@@ -17,6 +17,7 @@ __all__ = [
     "ChildSpec",
     "DeferredReply",
     "InboxFull",
+    "LATER",
     "RestartBudget",
     "Supervisor",
     "SupervisorEscalation",

@@ -13,7 +13,7 @@ import trio
 from ._errors import ActorDead, CallTimeout, InboxFull
 from ._util import single_leaf
 
-__all__ = ["Actor", "ActorRef", "ActorStatistics", "DeferredReply"]
+__all__ = ["Actor", "ActorRef", "ActorStatistics", "DeferredReply", "LATER"]
 
 logger = logging.getLogger("actors")
 
@@ -138,6 +138,27 @@ def _timeouts() -> _Timeouts:
         return keeper
 
 
+class _Later:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "actors.LATER"
+
+
+#: What ``handle_now`` returns for a message it cannot finish without waiting (nothing
+#: changed yet): the message then goes through the inbox to ``handle``.
+LATER: Any = _Later()
+
+
+class _Crash:
+    """Queued by a ``handle_now`` that failed in a sender's task: the actor raises it."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
 class _Envelope:
     __slots__ = ("msg", "reply", "deferred")
 
@@ -242,6 +263,14 @@ class ActorRef:
         actor._pending.add(reply)
         try:
             env = _Envelope(msg, reply)
+            if isinstance(msg, actor.immediate) and actor._at_rest():
+                await trio.lowlevel.checkpoint_if_cancelled()  # yields only when cancelled
+                result = actor._handle_here(env)
+                if env.deferred:
+                    await reply.wait(self.name, timeout)
+                    return reply.result.unwrap()  # type: ignore[union-attr]
+                if result is not LATER:
+                    return result
             if _offer(actor, env, self.name):
                 await reply.wait(self.name, timeout)  # the checkpoint: the actor has yet to run
             else:  # a full inbox: the wait for room counts in the timeout
@@ -255,15 +284,34 @@ class ActorRef:
             actor._pending.discard(reply)
         return reply.result.unwrap()
 
+    def try_now(self, msg: Any) -> Any:
+        """``handle_now``'s answer at once, in the caller's task, when ``msg`` is of an
+        ``immediate`` type and the actor is idle (as a ``call`` would take it); ``LATER``
+        when not (also when the actor is not running, or ``handle_now`` said LATER).
+        Raises what ``handle_now`` raised (``RuntimeError`` if it deferred its answer:
+        nothing would wait for it). For a caller that must not wait (an actor's handler)
+        and has a way to ask later."""
+        actor = self._actor
+        if actor is None or not isinstance(msg, actor.immediate) or not actor._at_rest():
+            return LATER
+        env = _Envelope(msg, _Reply())  # answering, as for a call
+        result = actor._handle_here(env)
+        if env.deferred:
+            raise RuntimeError(f"{self.name}: try_now of {msg!r}, whose handle_now deferred")
+        return result
+
     async def cast(self, msg: Any) -> None:
         """Fire-and-forget; waits for inbox room (backpressure). With room it returns at once,
         without a schedule point (a cancellation already due is still raised)."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        await _put(self._live(), _Envelope(msg, None), self.name)
+        actor, env = self._live(), _Envelope(msg, None)
+        if not actor._cast_here(env):
+            await _put(actor, env, self.name)
 
     def cast_nowait(self, msg: Any) -> None:
         """Fire-and-forget; raises ``InboxFull`` instead of waiting."""
-        if not _offer(self._live(), _Envelope(msg, None), self.name):
+        actor, env = self._live(), _Envelope(msg, None)
+        if not actor._cast_here(env) and not _offer(actor, env, self.name):
             raise InboxFull(self.name)
 
 
@@ -276,6 +324,7 @@ def _offer(actor: "Actor", env: _Envelope, name: str) -> bool:
         return False
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         raise ActorDead(name) from None
+    actor._inflight += 1
     return True
 
 
@@ -283,10 +332,14 @@ async def _put(actor: "Actor", env: _Envelope, name: str) -> None:
     """Into the actor's inbox: at once when there is room (issue 14: the channel's `send`
     yields to the scheduler even then, a task switch per message), else waiting for room."""
     if not _offer(actor, env, name):
+        actor._inflight += 1  # counted while it waits for room: the actor is not idle
         try:
             await actor._send.send(env)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            raise ActorDead(name) from None
+        except BaseException as exc:
+            actor._inflight -= 1
+            if isinstance(exc, (trio.BrokenResourceError, trio.ClosedResourceError)):
+                raise ActorDead(name) from None
+            raise
 
 
 class Actor:
@@ -302,6 +355,14 @@ class Actor:
     #: raises one is logged). Only list errors after which the actor's state is intact,
     #: e.g. a write that failed whole and was rolled back.
     replied_errors: tuple[type[Exception], ...] = ()
+    #: Message types handled by ``handle_now``, a plain function (issue 14). A ``call`` or
+    #: ``cast`` of one that finds this incarnation idle (waiting for a message, none
+    #: queued) runs ``handle_now`` at once in the sender's task: no task switch, and the
+    #: actor is still the only one changing its state (trio runs one task at a time, and
+    #: ``handle_now`` cannot wait). Otherwise the message is queued and the actor's task
+    #: calls ``handle_now`` for it in turn. ``handle_now`` may return ``LATER`` when the
+    #: message needs waiting (having changed nothing): it then goes to ``handle``.
+    immediate: tuple[type, ...] = ()
 
     def __init__(self, *, name: str | None = None, inbox_size: float | None = None):
         self._explicit_name = name is not None
@@ -319,6 +380,8 @@ class Actor:
         self._waiting = False  # in `_serve`, waiting for a message (`stop` wakes it)
         self._current: _Envelope | None = None  # the message ``handle`` is working on
         self._held: _Envelope | None = None  # looked at by take_waiting, not taken: next
+        self._inflight = 0  # messages put into the inbox and not yet taken out
+        self._crashing = False  # a handle_now failed in a sender's task: _Crash is queued
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
@@ -330,6 +393,11 @@ class Actor:
     async def handle(self, msg: Any) -> Any:
         """Handle one message; the return value is the reply to ``call``."""
         raise NotImplementedError(f"{type(self).__name__}.handle")
+
+    def handle_now(self, msg: Any) -> Any:
+        """Handle one message of an ``immediate`` type without waiting (see there); the
+        return value is the reply to ``call``, or ``LATER``."""
+        return LATER
 
     async def on_stop(self) -> None:
         """Runs on orderly shutdown (not after a crash)."""
@@ -383,6 +451,7 @@ class Actor:
                 env = self._recv.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 break
+            self._inflight -= 1
             if not accept(env.msg):
                 self._held = env
                 break
@@ -398,6 +467,8 @@ class Actor:
                 self._send.send_nowait(_WAKE)
             except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
+            else:
+                self._inflight += 1
 
     async def run(self, *, task_status: trio.TaskStatus[ActorRef] = trio.TASK_STATUS_IGNORED) -> None:
         """Run this incarnation until it stops (returns) or crashes (raises)."""
@@ -436,25 +507,65 @@ class Actor:
     async def _serve(self) -> None:
         while not self._stopping:
             env, self._held = self._held, None
-            if env is not None:  # left waiting by take_waiting: first in line
-                await self._dispatch(env)
-                continue
-            try:  # a message already waiting: no schedule point (issue 14)
-                env = self._recv.receive_nowait()
-            except trio.WouldBlock:
-                self._waiting = True
-                try:
-                    env = await self._recv.receive()
-                finally:
-                    self._waiting = False
+            if env is None:  # else left waiting by take_waiting: first in line
+                try:  # a message already waiting: no schedule point (issue 14)
+                    env = self._recv.receive_nowait()
+                except trio.WouldBlock:
+                    self._waiting = True
+                    try:
+                        env = await self._recv.receive()
+                    finally:
+                        self._waiting = False
+                self._inflight -= 1
+            if isinstance(env.msg, _Crash):
+                raise env.msg.exc
             if env is not _WAKE:
                 await self._dispatch(env)
+
+    def _at_rest(self) -> bool:
+        """Waiting for a message with none queued, nor one handed over and not yet taken."""
+        return (self._waiting and not self._inflight and self._current is None
+                and self._held is None and not self._stopping and not self._crashing)
+
+    def _handle_here(self, env: _Envelope) -> Any:
+        """``handle_now`` in the sender's task (the caller checked `_at_rest`). An error is
+        raised to the sender as ``handle`` would answer it; one not in ``replied_errors``
+        also crashes the actor, as in its own task (a queued `_Crash`)."""
+        self._current = env
+        try:
+            result = self.handle_now(env.msg)
+        except Exception as exc:
+            self._ref._messages_handled += 1
+            if not isinstance(exc, self.replied_errors):
+                self._crashing = True
+                _offer(self, _Envelope(_Crash(exc), None), self.name)
+            raise
+        finally:
+            self._current = None
+        if result is not LATER:
+            self._ref._messages_handled += 1
+        return result
+
+    def _cast_here(self, env: _Envelope) -> bool:
+        """A cast handled at once (True) if its type is immediate and the actor idle;
+        False: queue it."""
+        if not (isinstance(env.msg, self.immediate) and self._at_rest()):
+            return False
+        try:
+            return self._handle_here(env) is not LATER
+        except Exception as exc:
+            if isinstance(exc, self.replied_errors):
+                logger.warning("actor %s: cast %r failed: %r", self.name, env.msg, exc)
+            return True
 
     async def _dispatch(self, env: _Envelope) -> None:
         reply = env.reply
         self._current = env
         try:
-            result = await self.handle(env.msg)
+            msg = env.msg
+            result = self.handle_now(msg) if isinstance(msg, self.immediate) else LATER
+            if result is LATER:
+                result = await self.handle(msg)
         except Exception as exc:
             if reply is not None:
                 self._pending.discard(reply)

@@ -16,6 +16,7 @@ ACTORS_ALL = [
     "ChildSpec",
     "DeferredReply",
     "InboxFull",
+    "LATER",
     "RestartBudget",
     "Supervisor",
     "SupervisorEscalation",
