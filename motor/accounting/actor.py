@@ -102,7 +102,12 @@ class AccountingActor(actors.Actor):
         log.debug("accounting: rebuilt from %d retained terminal records",
                   len(self.ledger.retained))
 
+    immediate = (AdmissionRefused, JobStarted, JobEnded, Report)  # all of them: none waits
+
     async def handle(self, msg):
+        return self.handle_now(msg)
+
+    def handle_now(self, msg):
         if isinstance(msg, AdmissionRefused):
             self.ledger.refused(msg.code)
         elif isinstance(msg, JobStarted):

@@ -13,23 +13,22 @@ from typing import Any, Callable, Iterable
 import trio
 
 import actors
+from actors import LATER
 
 from . import host
 from ..clock import WallClock
 from ..offload import Offload, thread_offload
 from .bundles import BundleError, BundleStore
 from .catalog import Catalog
-from .core import (
-    MAX_STEPS, RECENT_MS, CleanupRun, DiskSample, EvictWorkspace, admission, bundle_gone,
-    maintenance_due,
-)
-from .host import Trees, device, probe_path
+from .core import RECENT_MS, DiskSample, EvictWorkspace, bundle_gone, maintenance_due
+from .host import Trees, probe_path
 from .live import Holds, Live, LiveIndex
 from .messages import (
     Admit, AdmitUpload, BeginUpload, CommitUpload, GuardDue, HasBundle, JobIdle, Listing,
     Periodic, PrepareSetup, Register, Reserve, Sample, SetupPlan, Unreserve,
 )
 from .names import Names
+from .room import Room
 
 class DiskActor(actors.Actor):
     #: a bad bundle name or a digest mismatch is the caller's answer, not a crash
@@ -55,12 +54,14 @@ class DiskActor(actors.Actor):
         self.catalog: Catalog | None = None  # these three are opened in on_start
         self.bundles: BundleStore | None = None
         self.trees: Trees | None = None
+        self.room: Room | None = None
         self.guard_due: set[str] | None = None  # job ends' workspaces, GuardDue armed
 
     async def on_start(self):
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.catalog = self.names.catalog = Catalog(self.state_dir)
         self.trees = Trees(self.catalog, self.names, self.offload, self.clock)
+        self.room = Room(self)
         self.bundles = BundleStore(self.state_dir)
         await self.offload(host.sweep_staging, self.names.allowed_roots)  # killed mid-unpack
 
@@ -68,34 +69,63 @@ class DiskActor(actors.Actor):
         if self.catalog is not None:
             self.catalog.close()
 
+    #: A job's admission, setup and end, at once when neither file system needs a cleanup
+    #: (else LATER: `handle` cleans up first), and the lookups that never wait.
+    immediate = (Admit, PrepareSetup, JobIdle, HasBundle, Reserve, Unreserve, Sample)
+
+    def handle_now(self, msg):
+        if isinstance(msg, Admit):
+            refusal = self.room.check_now(msg.workspace)
+            if refusal is not LATER:
+                self.holds.admit(msg.job_id, self.names.touched(msg.workspace, msg.siblings),
+                                 trio.current_time())
+                if refusal is not None:
+                    self.holds.release(msg.job_id)
+            return refusal
+        if isinstance(msg, PrepareSetup):
+            refusal = self.room.check_now(msg.workspace)
+            return refusal if refusal is LATER else self._plan(msg, refusal)
+        if isinstance(msg, JobIdle):
+            if self.answering:  # the caller waits for the guard's walk
+                return LATER
+            self._job_ended(msg)
+            if self.guard_due is None:
+                self.guard_due = set()
+                self.nursery.start_soon(self._arm_guard)
+            self.guard_due.add(msg.workspace)
+            return []
+        if isinstance(msg, HasBundle):  # a presence check is a use: retention restarts
+            return self.bundles.use(msg.sha256, self.clock.now_ms()) is not None
+        if isinstance(msg, Reserve):
+            return self.holds.reserve(msg.token, self.names.touched(None, msg.names))
+        if isinstance(msg, Unreserve):
+            return self.holds.unreserve(msg.token)
+        if isinstance(msg, Sample):
+            return self.probe(self.state_dir)
+        raise TypeError(f"disk: unknown message {msg!r}")
+
     async def handle(self, msg):
         if isinstance(msg, Admit):
             return await self._admit(msg)
         if isinstance(msg, PrepareSetup):
-            return await self._prepare(msg)
+            return self._plan(msg, await self.room.check(
+                self.names.touched(msg.workspace, msg.siblings), msg.workspace))
+        if isinstance(msg, JobIdle):  # a caller waits for the guard (handle_now's LATER)
+            self._job_ended(msg)
+            return await self._guard([msg.workspace])
         if isinstance(msg, AdmitUpload):
-            return await self._room(frozenset(), None)
+            return await self.room.check(frozenset(), None)
         if isinstance(msg, BeginUpload):
             return self.bundles.begin(msg.sha256)
         if isinstance(msg, CommitUpload):  # an error is returned for the caller to raise
             return msg.upload.commit_reply(self.clock.now_ms())
-        if isinstance(msg, HasBundle):  # a presence check is a use: retention restarts
-            return self.bundles.use(msg.sha256, self.clock.now_ms()) is not None
-        if isinstance(msg, JobIdle):
-            return await self._idle(msg)
         if isinstance(msg, GuardDue):
             names, self.guard_due = self.guard_due or set(), None
             return await self._guard(names)
         if isinstance(msg, Register):
             return self.trees.register(msg)
-        if isinstance(msg, Reserve):
-            return self.holds.reserve(msg.token, self.names.touched(None, msg.names))
-        if isinstance(msg, Unreserve):
-            return self.holds.unreserve(msg.token)
         if isinstance(msg, Periodic):
             return await self._periodic()
-        if isinstance(msg, Sample):
-            return self.probe(self.state_dir)
         if isinstance(msg, Listing):
             hard = self.probe(self.state_dir).free_bytes < self.floor_bytes
             return await self.trees.listing(self._live(), hard)
@@ -104,40 +134,16 @@ class DiskActor(actors.Actor):
     def _live(self) -> Live:
         return self.holds.view(trio.current_time(), self.names)
 
-    async def _cleanup(self, where: str, incoming: frozenset[str]) -> DiskSample:
-        """Plan, carry out the first action, probe again for real, re-plan; until done."""
-        dev, run = device(where), CleanupRun(self.floor_bytes, self.goal_bytes)
-        for _ in range(MAX_STEPS):
-            sample = self.probe(Path(where))
-            if not run.needed(sample):
-                return sample
-            wss, staging, cache = await self.trees.candidates(self._live(), dev,
-                                                              self.compile_cache)
-            action = run.next_action(wss, staging, cache, sample, self.clock.now_ms(),
-                                     self.names.allowed_roots, incoming)
-            if action is None:
-                return sample
-            run.done(action, await self.trees.execute(action))
-        return self.probe(Path(where))
-
-    async def _room(self, incoming: frozenset[str], workspace: str | None):
-        """Cleanup and floor check on the state filesystem, then the workspace's (if other)."""
-        refusal = admission(await self._cleanup(str(self.state_dir), incoming), self.floor_bytes)
-        root = self.names.workspace_path(workspace)[1] if refusal is None and workspace else None
-        if root is not None and device(root) not in (None, device(str(self.state_dir))):
-            refusal = admission(await self._cleanup(root, incoming), self.floor_bytes)
-        return refusal
-
     async def _admit(self, msg: Admit):
         incoming = self.names.touched(msg.workspace, msg.siblings)
         self.holds.admit(msg.job_id, incoming, trio.current_time())  # until recorded
-        refusal = await self._room(incoming, msg.workspace)
+        refusal = await self.room.check(incoming, msg.workspace)
         if refusal is not None:
             self.holds.release(msg.job_id)
         return refusal
 
-    async def _prepare(self, msg: PrepareSetup) -> SetupPlan:
-        refusal = await self._room(self.names.touched(msg.workspace, msg.siblings), msg.workspace)
+    def _plan(self, msg: PrepareSetup, refusal) -> SetupPlan:
+        """The setup plan once the room check answered `refusal`."""
         if refusal is not None:
             return SetupPlan(refusal=refusal)
         path, root = self.trees.prepare(msg.workspace, msg.kind)
@@ -146,19 +152,13 @@ class DiskActor(actors.Actor):
             return SetupPlan(refusal=bundle_gone(msg.bundle_sha256))
         return SetupPlan(refusal=None, path=path, root=root, bundle=bundle and str(bundle))
 
-    async def _idle(self, msg: JobIdle):
-        """A job ended: its trees are touched and marked for a walk; the guard runs at once
-        when a caller waits for it, else `GUARD_DELAY_S` later for every workspace a job
-        left meanwhile (one walk each, however many jobs ended in it)."""
+    def _job_ended(self, msg: JobIdle) -> None:
+        """A job ended (JobIdle): its trees are touched and marked for a walk; the guard
+        runs at once when a caller waits for it (`handle`), else `GUARD_DELAY_S` later for
+        every workspace a job left meanwhile (`handle_now`: one walk each, however many
+        jobs ended in it)."""
         self.holds.release(msg.job_id)  # the job has ended: its protection ends with it
         self.trees.used(msg.workspace, msg.siblings, self.clock.now_ms())
-        if self.answering:
-            return await self._guard([msg.workspace])
-        if self.guard_due is None:
-            self.guard_due = set()
-            self.nursery.start_soon(self._arm_guard)
-        self.guard_due.add(msg.workspace)
-        return []
 
     async def _arm_guard(self):
         await trio.sleep(host.GUARD_DELAY_S)
@@ -184,7 +184,7 @@ class DiskActor(actors.Actor):
         summary["guarded"] = await self._guard()
         summary["bundles_expired"] = self.bundles.expire(now, live.bundles)
         for root in {str(self.state_dir), *roots}:
-            await self._cleanup(root, frozenset())
+            await self.room.cleanup(root, frozenset())
         return summary
 
 

@@ -55,6 +55,7 @@ def _crashing(factory):
             raise faults.FaultInjected(f"{actor.name}: injected crash on {type(msg).__name__}")
 
         actor.handle = handle
+        actor.immediate = ()  # every message to `handle`, none at once in its sender's task
         return actor
 
     return make

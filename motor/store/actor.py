@@ -78,9 +78,13 @@ class StoreActor(actors.Actor):
         self.hub = hub
         self.saves = 0
 
+    #: a save to an idle store is written in the sender's task (no task switch)
+    immediate = (Save, SaveMany)
+
+    def handle_now(self, msg):
+        return self._group(msg, self.take_waiting(_is_save, GROUP_MAX))
+
     async def handle(self, msg):
-        if _is_save(msg):
-            return self._group(msg, self.take_waiting(_is_save, GROUP_MAX))
         if isinstance(msg, Expire):
             ids = self.db.expire(msg.now_ms)
             for job_id in ids:

@@ -11,6 +11,8 @@ import time
 import msgspec
 import pytest
 import trio
+
+import actors
 from runner_helpers import barrier_job, terminal_of
 
 import motor
@@ -227,13 +229,19 @@ async def test_blocked_or_invalid_accounting_never_delays_or_changes_terminal(
         tmp_path, autojump_clock, monkeypatch):
     """A hung accounting actor with a full inbox: starts and terminals go on unchanged."""
     original = accounting_actor.AccountingActor.handle
+    notes = (accounting_actor.JobStarted, accounting_actor.JobEnded,
+             accounting_actor.AdmissionRefused)
+
+    def later(self, msg):  # not at once in the sender's task: to `handle`, which hangs
+        return actors.LATER if isinstance(msg, notes) else real_now(self, msg)
 
     async def stuck(self, msg):
-        if isinstance(msg, (accounting_actor.JobStarted, accounting_actor.JobEnded,
-                            accounting_actor.AdmissionRefused)):
+        if isinstance(msg, notes):
             await trio.sleep_forever()
         return await original(self, msg)
 
+    real_now = accounting_actor.AccountingActor.handle_now
+    monkeypatch.setattr(accounting_actor.AccountingActor, "handle_now", later)
     monkeypatch.setattr(accounting_actor.AccountingActor, "handle", stuck)
     monkeypatch.setattr(accounting_actor.AccountingActor, "inbox_size", 1)
     async with motor.open_runner(config(tmp_path, max_weight=2)) as runner:

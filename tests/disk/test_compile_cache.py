@@ -70,9 +70,9 @@ async def test_the_disk_actor_empties_the_whole_cache_only_without_a_fill(tmp_pa
     (tmp_path / "state").mkdir()
     async with trio.open_nursery() as nursery:
         await nursery.start(actor.run)
-        await actor._cleanup(str(tmp_path / "state"), frozenset())
+        await actor.room.cleanup(str(tmp_path / "state"), frozenset())
         assert (cache / "ab" / "cd" / "entry").exists()  # a fill runs: untouched
         jobs.clear()
-        await actor._cleanup(str(tmp_path / "state"), frozenset())
+        await actor.room.cleanup(str(tmp_path / "state"), frozenset())
         assert cache.is_dir() and os.listdir(cache) == []  # evicted whole, recreated empty
         nursery.cancel_scope.cancel()

@@ -17,6 +17,8 @@ import msgspec
 import pytest
 import trio
 
+import actors
+
 import motor
 from motor.isolation.base import Backend, IsolationError
 from motor.records import JobRequest, RefusedError
@@ -578,8 +580,13 @@ async def test_a_long_disk_cleanup_at_admission_keeps_the_runner_serving(
     from motor.disk.actor import DiskActor
     from motor.disk.messages import Admit
 
-    real = DiskActor.handle
+    real, real_now = DiskActor.handle, DiskActor.handle_now
     slow: list[float] = []  # when the slow admission began
+
+    def handle_now(self, msg):  # the slow one is not answered at once: to `handle`
+        if isinstance(msg, Admit) and msg.workspace == "slow":
+            return actors.LATER
+        return real_now(self, msg)
 
     async def handle(self, msg):
         if isinstance(msg, Admit) and msg.workspace == "slow":
@@ -587,6 +594,7 @@ async def test_a_long_disk_cleanup_at_admission_keeps_the_runner_serving(
             await trio.sleep(60)
         return await real(self, msg)
 
+    monkeypatch.setattr(DiskActor, "handle_now", handle_now)
     monkeypatch.setattr(DiskActor, "handle", handle)
     go = tmp_path / "go"
     async with motor.open_runner(embedded_config(tmp_path, max_weight=1)) as runner:

@@ -30,7 +30,10 @@ class RefusingDatabase(Database):
 
 
 class GatedStore(StoreActor):
-    """The store actor, holding the first message it gets until `go` is set."""
+    """The store actor, holding the first message it gets until `go` is set (every save
+    through its inbox: none handled at once in the sender's task)."""
+
+    immediate = ()
 
     def __init__(self, db, hub):
         super().__init__(db, hub)
@@ -38,7 +41,7 @@ class GatedStore(StoreActor):
 
     async def handle(self, msg):
         await self.go.wait()
-        return await super().handle(msg)
+        return self.handle_now(msg)
 
 
 def record(job_id: str) -> JobRecord:

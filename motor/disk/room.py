@@ -1,0 +1,73 @@
+"""Room on disk for a job: the disk actor's floor check and the cleanup that makes room
+before it (its `Admit` and `PrepareSetup`, the periodic pass). A part of the actor's
+shell, called only from its handlers, so the actor stays the one owner of the disk state;
+the rules themselves are in core.py (`CleanupRun`, `admission`). docs/disk.md."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from actors import LATER
+
+from .core import MAX_STEPS, CleanupRun, DiskSample, admission
+from .host import device
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .actor import DiskActor
+
+
+class Room:
+    def __init__(self, disk: "DiskActor"):
+        self.disk = disk  # read at each use: its probe may be replaced (tests)
+
+    async def cleanup(self, where: str, incoming: frozenset[str]) -> DiskSample:
+        """Plan, carry out the first action, probe again for real, re-plan; until done."""
+        d = self.disk
+        dev, run = device(where), CleanupRun(d.floor_bytes, d.goal_bytes)
+        for _ in range(MAX_STEPS):
+            sample = d.probe(Path(where))
+            if not run.needed(sample):
+                return sample
+            wss, staging, cache = await d.trees.candidates(d._live(), dev, d.compile_cache)
+            action = run.next_action(wss, staging, cache, sample, d.clock.now_ms(),
+                                     d.names.allowed_roots, incoming)
+            if action is None:
+                return sample
+            run.done(action, await d.trees.execute(action))
+        return d.probe(Path(where))
+
+    async def check(self, incoming: frozenset[str], workspace: str | None):
+        """Cleanup and floor check on the state file system, then the workspace's (if
+        another): the refusal, or None."""
+        d = self.disk
+        refusal = admission(await self.cleanup(str(d.state_dir), incoming), d.floor_bytes)
+        root = self._own_root(workspace) if refusal is None else None
+        if root is not None:
+            refusal = admission(await self.cleanup(root, incoming), d.floor_bytes)
+        return refusal
+
+    def check_now(self, workspace: str | None):
+        """`check` when neither file system needs a cleanup (it never waits: the actor's
+        `handle_now`); LATER when one does."""
+        refusal = self._admission_now(str(self.disk.state_dir))
+        root = self._own_root(workspace) if refusal is None else None
+        if root is not None:
+            refusal = self._admission_now(root)
+        return refusal
+
+    def _admission_now(self, where: str):
+        """The floor check on one probe (`cleanup`'s first step); LATER if a cleanup is due."""
+        d = self.disk
+        sample = d.probe(Path(where))
+        if CleanupRun(d.floor_bytes, d.goal_bytes).needed(sample):
+            return LATER
+        return admission(sample, d.floor_bytes)
+
+    def _own_root(self, workspace: str | None) -> str | None:
+        """The workspace's root when it is on a file system other than the state dir's."""
+        d = self.disk
+        root = d.names.workspace_path(workspace)[1] if workspace else None
+        if root is not None and device(root) not in (None, device(str(d.state_dir))):
+            return root
+        return None
