@@ -99,6 +99,11 @@ class DiskHandle(_Handle):
         """A Refusal, or None when there is room (after cleanup)."""
         return await self.ref.call(Admit(job_id, workspace, tuple(siblings)), timeout=timeout)
 
+    def admit_now(self, job_id: str, workspace: str | None, siblings: Iterable[str] = ()):
+        """`admit`'s answer at once when the disk is idle and needs no cleanup (it never
+        waits: for the dispatcher's own task); actors.LATER otherwise."""
+        return self.ref.try_now(Admit(job_id, workspace, tuple(siblings)))
+
     async def has_bundle(self, sha256: str) -> bool:
         return await self.ref.call(HasBundle(sha256))
 

@@ -38,6 +38,14 @@ def probe_path(path: Path) -> DiskSample:
     return DiskSample(free_bytes=usage.free, total_bytes=usage.total)
 
 
+def free_bytes(path) -> int | None:
+    """Free bytes on `path`'s file system; None when it cannot be read."""
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
 def device(path: str) -> int | None:
     try:
         return os.stat(path).st_dev

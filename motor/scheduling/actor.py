@@ -3,17 +3,16 @@
 Every admission, start, end, cancel and withdraw passes through its inbox one message at a
 time. machine.py decides (a pure `handle(event, now, wall_ms) -> [effects]`); this shell
 turns messages into events and carries out the effects through the typed handles. It never
-awaits the disk inside a decision: a task of its own asks the disk, in arrival order, and
-the answer comes back as a message; the submitter's reply is deferred until then. On start
-(or a restart) the machine is rebuilt from the store (docs/scheduling.md, "The dispatcher").
-"""
+awaits the disk inside a decision: an idle disk with no cleanup due answers an admission at
+once (`admit_now`), else a task of its own asks, in arrival order, and the answer comes back
+as a message (the submitter's reply is deferred until then). On start (or a restart) the
+machine is rebuilt from the store (docs/scheduling.md, "The dispatcher")."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import math
-import shutil
 from dataclasses import dataclass, field
 
 import trio
@@ -21,6 +20,7 @@ import trio
 import actors
 
 from ..clock import uuid7
+from ..disk.host import free_bytes
 from ..execution.actor import Cancel, JobDeps, JobExecution
 from ..handles import DiskHandle, ExecutionHandle
 from ..lifecycle import QUEUED
@@ -67,8 +67,8 @@ class Dispatcher(actors.Actor):
                                              ceiling=deps.ceiling)
         self._asks_in, self._asks = trio.open_memory_channel[m.AskDisk](math.inf)
         self._timer: trio.CancelScope | None = None
-        self._wakeup = math.inf
-        self._answer = None  # the reply to the message being handled
+        self._wakeup, self._answer = math.inf, None  # _answer: the reply to the current message
+        self._asking = 0  # disk admissions handed to `_disk_asker`, not answered yet
 
     async def on_start(self):
         deps = self.deps
@@ -125,7 +125,7 @@ class Dispatcher(actors.Actor):
                     log.warning("dispatcher: %s %s (%s%s) not recorded yet: %s",
                                 saves[0].record.job_id, saves[0].record.state, effect.purpose,
                                 f", {len(saves)} jobs" if len(saves) > 1 else "", exc)
-                return m.SaveFailed(effect, str(exc), _free_bytes(job.config.state_path))
+                return m.SaveFailed(effect, str(exc), free_bytes(job.config.state_path))
             return m.SaveDone(effect)
         if isinstance(effect, m.PlaceCpus):
             return m.Placed(effect.job_id, await job.cpu.place(effect.job_id, effect.claim))
@@ -135,6 +135,11 @@ class Dispatcher(actors.Actor):
             else:
                 effect.token.reply(effect.value)
         elif isinstance(effect, m.AskDisk):
+            refusal = actors.LATER if self._asking or effect.bundle_sha256 else (  # none before
+                self.deps.disk.admit_now(effect.job_id, effect.workspace, effect.siblings))
+            if refusal is not actors.LATER:  # the disk answered at once: no round trip
+                return m.DiskAnswered(effect.job_id, refusal, True)
+            self._asking += 1
             self._asks_in.send_nowait(effect)
         elif isinstance(effect, m.ReleaseCpus):
             await job.cpu.release(effect.job_id)
@@ -175,6 +180,7 @@ class Dispatcher(actors.Actor):
             except (actors.CallTimeout, actors.ActorDead) as exc:
                 refusal, present = Refusal(code="runner_disk_full", detail=(
                     f"disk admission did not complete ({exc}); retry later")), False
+            self._asking -= 1
             await self.cast_self(m.DiskAnswered(ask.job_id, refusal, present))
 
     async def _timer_loop(self):
@@ -191,8 +197,3 @@ class Dispatcher(actors.Actor):
         await trio.sleep(delay_s)
         await self.cast_self(m.FlushUnsaved())
 
-
-def _free_bytes(path) -> int | None:
-    with contextlib.suppress(OSError):
-        return shutil.disk_usage(path).free
-    return None

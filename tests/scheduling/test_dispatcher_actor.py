@@ -46,6 +46,27 @@ class SlowDisk(actors.Actor):
         raise TypeError(msg)
 
 
+class QuickDisk(SlowDisk):
+    """SlowDisk that answers an admission at once when no cleanup is due (`admit_s` 0), as
+    the real disk actor does (`immediate`); else LATER: through its inbox, `admit_s` long."""
+
+    immediate = (Admit, HasBundle)
+
+    async def on_start(self):
+        self.own_task = trio.lowlevel.current_task()
+        self.at_once: list[str] = []  # admitted in another task (the dispatcher's)
+
+    def handle_now(self, msg):
+        if isinstance(msg, HasBundle):
+            return True
+        if self.admit_s:
+            return actors.LATER
+        if trio.lowlevel.current_task() is not self.own_task:
+            self.at_once.append(msg.job_id)
+        self.admitted.append(msg.job_id)
+        return None
+
+
 class FullDatabase(Database):
     """The real database, except that while `full_for` holds a state, a transaction that
     saves a record in that state is refused as the state filesystem being full (nothing
@@ -78,14 +99,14 @@ class FakeExecution:
 
 
 class World:
-    def __init__(self, tmp_path, nursery, *, max_weight=2):
+    def __init__(self, tmp_path, nursery, *, max_weight=2, disk=SlowDisk):
         self.tmp_path, self.nursery = tmp_path, nursery
         self.clock = MockWallClock()
         self.config = RunnerConfig(state_dir=str(tmp_path), max_weight=max_weight,
                                    free_space_floor_bytes=0)
         self.db = FullDatabase(tmp_path / "motor.db")
         self.store = StoreActor(self.db, ChangeHub())
-        self.disk = SlowDisk()
+        self.disk = disk()
         self.cpu = Recorder("cpu", reply=lambda msg: [0] if isinstance(msg, Place) else None)
         self.accounting = Recorder("accounting")
         self.execution = FakeExecution()
@@ -183,6 +204,52 @@ async def test_concurrent_submits_join_the_queue_in_arrival_order(tmp_path, auto
         status = await dispatcher.status_view()
         assert status["active"] == ids[:1]
         assert [r["job_id"] for r in status["queued"]] == ids[1:]
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_idle_disk_admits_a_submit_within_the_dispatchers_own_turn(
+        tmp_path, autojump_clock):
+    """An idle disk with no cleanup due answers the admission at once (`admit_now`): the
+    dispatcher handles the submit in one message (no `DiskAnswered` back from its asker),
+    and the disk's own task ran nothing."""
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery, disk=QuickDisk)
+        dispatcher = await world.start()
+        ref = world.dispatcher.ref
+        before = ref.statistics().messages_handled
+        record = await dispatcher.submit(request())
+        await trio.testing.wait_all_tasks_blocked()
+        assert world.state(record.job_id) == "setup"
+        assert ref.statistics().messages_handled - before == 1
+        assert world.disk.at_once == world.disk.admitted == [record.job_id]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_submit_behind_an_admission_in_cleanup_waits_for_it_in_arrival_order(
+        tmp_path, autojump_clock):
+    """The first admission needs a 10 s cleanup (LATER: the disk's inbox); a submit that
+    arrives meanwhile, when a cleanup is no longer due, is not answered at once past it:
+    the disk admits them in arrival order and both join the queue in job-id order."""
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery, disk=QuickDisk)
+        dispatcher = await world.start()
+        world.disk.admit_s = 10.0
+        records = {}
+
+        async def submit(i):
+            records[i] = await dispatcher.submit(request(weight=2))
+
+        nursery.start_soon(submit, 0)
+        await trio.testing.wait_all_tasks_blocked()  # the disk cleans up for the first
+        world.disk.admit_s = 0
+        nursery.start_soon(submit, 1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert records == {}
+        await trio.sleep(11)
+        ids = [records[0].job_id, records[1].job_id]
+        assert ids == sorted(ids) and world.disk.admitted == ids  # the second not before
+        status = await dispatcher.status_view()
+        assert status["active"] == ids[:1] and [r["job_id"] for r in status["queued"]] == ids[1:]
         nursery.cancel_scope.cancel()
 
 
