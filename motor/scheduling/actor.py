@@ -1,12 +1,10 @@
 """The dispatcher actor (the seed's "state lock", one serializing actor): a thin shell.
 
-Every admission, start, end, cancel and withdraw passes through its inbox one message at a
-time. machine.py decides (a pure `handle(event, now, wall_ms) -> [effects]`); this shell
-turns messages into events and carries out the effects through the typed handles. It never
-awaits the disk inside a decision: an idle disk with no cleanup due answers an admission at
-once (`admit_now`), else a task of its own asks, in arrival order, and the answer comes back
-as a message (the submitter's reply is deferred until then). On start (or a restart) the
-machine is rebuilt from the store (docs/scheduling.md, "The dispatcher")."""
+Every admission, start, end, cancel and withdraw passes through its inbox one at a time;
+machine.py decides (a pure `handle(event, now, wall_ms) -> [effects]`), this shell carries
+the effects out through the typed handles. The disk's admission is not awaited in a decision:
+an idle disk with no cleanup due answers at once (`admit_now`), else a task of its own asks,
+in arrival order, and the answer comes back as a message (docs/scheduling.md)."""
 
 from __future__ import annotations
 
@@ -44,8 +42,7 @@ class DispatchDeps:
     claim_limit: int
     capabilities: tuple[str, ...]
     ceiling: MemoryCeiling = MemoryCeiling()  # as read at start-up; maintenance sends changes
-    #: Ids of jobs a client follows now (kept by the Runner, it outlives a restart of this
-    #: actor): a recovered queued job not in it has no follower; the runner enforces its budget
+    #: ids of followed jobs (the Runner's, kept across restarts): the others' budgets are ours
     followers: set = field(default_factory=set)
 
 
@@ -81,6 +78,10 @@ class Dispatcher(actors.Actor):
         if self.machine.queued or self.machine.active:
             log.info("dispatcher: recovered %d queued and %d running jobs",
                      len(self.machine.queued), len(self.machine.active))
+
+    async def on_stop(self):  # the queue-wait clocks changed since the last clock save
+        with contextlib.suppress(actors.ActorDead, actors.CallTimeout):
+            await self._run(m.FlushClocks())
 
     async def handle(self, msg):
         self._answer = None
@@ -170,8 +171,8 @@ class Dispatcher(actors.Actor):
 
     async def _disk_asker(self):
         """Disk admissions one at a time, in arrival order; each answer comes back as a message."""
-        disk = self.deps.disk
         async for ask in self._asks:
+            disk = self.deps.disk
             try:
                 refusal = await disk.admit(ask.job_id, ask.workspace, ask.siblings,
                                            timeout=DISK_ADMIT_TIMEOUT_S)
@@ -185,8 +186,7 @@ class Dispatcher(actors.Actor):
 
     async def _timer_loop(self):
         while True:
-            with trio.CancelScope(deadline=self._wakeup) as scope:
-                self._timer = scope
+            with trio.CancelScope(deadline=self._wakeup) as self._timer:
                 await trio.sleep_forever()
             self._timer = None
             if trio.current_time() >= self._wakeup:

@@ -43,6 +43,11 @@ from .view import QueuedJson, public_form
 
 #: how long the dispatcher waits before retrying saves the store refused for lack of space
 STORE_FULL_RETRY_S = 1.0
+#: Queue-wait clocks that change course within this many seconds of the last clock save
+#: are saved together at its end (stop 23): a burst of starts and ends flips the clocks of
+#: every job queued in their workspaces each time, and saving each flip cost more than
+#: the job. A crash loses at most this much of their courses; an orderly stop none.
+CLOCK_SAVE_S = 0.25
 
 # --- events: what the shell hands in ------------------------------------------------------
 # The dispatcher's messages (messages.py) are events as they are, except Submit, StartFailed
@@ -120,6 +125,11 @@ class FlushUnsaved:
 
 
 @dataclass(frozen=True)
+class FlushClocks:
+    """Save every changed clock now (the dispatcher's orderly stop)."""
+
+
+@dataclass(frozen=True)
 class AdmitNext:
     """Internal: the previous admission is done (saved or refused); complete the next."""
 
@@ -161,6 +171,8 @@ class SaveRecord:
     running: bool | None = None
     #: clock: write the clock alone, not the record (the store's `ClockSave`, issue 14)
     clock_only: bool = False
+    #: clock, accept: the clock's value saved and the core time of that value
+    clock_at: tuple[float, float] | None = None
 
     @property
     def store_write(self) -> tuple:
@@ -246,10 +258,12 @@ class DispatchMachine:
     admitting: dict[str, _Admission] = field(default_factory=dict)
     #: {job_id: the queued record} of jobs being placed and saved as `setup`
     starting: dict[str, JobRecord] = field(default_factory=dict)
-    #: {job_id: queue_clock_running} as last persisted for each queued job
-    clock_saved: dict[str, bool] = field(default_factory=dict)
+    #: {job_id: (queue_clock_running, value s, core time of the value)} as last persisted
+    clock_saved: dict[str, tuple[bool, float, float]] = field(default_factory=dict)
     #: queued jobs whose clock may differ from what was persisted
     clock_check: set[str] = field(default_factory=set)
+    #: core time before which changed clocks wait (CLOCK_SAVE_S after the last clock save)
+    clock_save_at: float = float("-inf")
     #: {job_id: SaveRecord} decided here, refused by the store for lack of space: retried
     #: every STORE_FULL_RETRY_S; a later save of the same job supersedes it
     unsaved: dict[str, SaveRecord] = field(default_factory=dict)
@@ -283,7 +297,15 @@ class DispatchMachine:
 
     def _on_Settle(self, event, now, wall_ms):
         wakeup = self.core.next_wakeup(now)
+        if now < self.clock_save_at:  # clocks saved < CLOCK_SAVE_S ago: these wait for then
+            self.clock_check |= self.core.take_clock_changes(now)
+            if self.clock_check and (wakeup is None or self.clock_save_at < wakeup):
+                wakeup = self.clock_save_at
+            return [ArmTimer(wakeup)]
         return [ArmTimer(wakeup), *self._clock_saves(now, wall_ms)]
+
+    def _on_FlushClocks(self, event, now, wall_ms):
+        return self._clock_saves(now, wall_ms)
 
     # -- start-up --------------------------------------------------------------------------
 
@@ -305,7 +327,8 @@ class DispatchMachine:
                         # its course is the same: saved again only if the course changed
                         # (issue 14: not 10,000 commits before the first answer). The
                         # enforcer set above is derived again at every recovery.
-                        self.clock_saved[record.job_id] = record.queue_clock_running
+                        self.clock_saved[record.job_id] = (
+                            record.queue_clock_running, waited_s, now)
                 self.queued[record.job_id] = record
                 continue
             self.core.adopt_running(spec, now)
@@ -372,13 +395,14 @@ class DispatchMachine:
             record = msgspec.structs.replace(record, queue_wait_ms=0, queue_clock_at_ms=wall_ms,
                                              queue_clock_running=running, ready_at_ms=wall_ms)
         return [SaveRecord(record, tuple(accepted_events(record, self.settings)),
-                           purpose="accept", token=pending.token, running=running)]
+                           purpose="accept", token=pending.token, running=running,
+                           clock_at=None if running is None else (0.0, now))]
 
     def _accept_saved(self, save: SaveRecord, now) -> list:
         record = save.record
         self.queued[record.job_id] = record
         if save.running is not None:  # its clock, as saved with it
-            self.clock_saved[record.job_id] = save.running
+            self.clock_saved[record.job_id] = (save.running, *save.clock_at)
         return [Reply(save.token, record), *self._after(now), Continue(AdmitNext())]
 
     def _accept_failed(self, failed: SaveFailed, now) -> list:
@@ -405,7 +429,7 @@ class DispatchMachine:
             for clock in save.saves:
                 job_id = clock.record.job_id
                 self.queued[job_id] = clock.record
-                self.clock_saved[job_id] = clock.running
+                self.clock_saved[job_id] = (clock.running, *clock.clock_at)
                 self.clock_check.discard(job_id)
             return []
         job_id = save.record.job_id
@@ -583,9 +607,13 @@ class DispatchMachine:
         its value then, the wall time, whether it advances, and when the job became ready.
         Between such changes the clock is linear in time, so that is enough for a restart to
         resume it (and the 60 s aging) exactly. Only the jobs whose clock changed are looked
-        at (the core reports them). They are saved before the message that changed them is
-        done (the shell carries the effect out before the next message); a refusal (a full
-        state fs) writes none of them, and they are persisted after a later message."""
+        at (the core reports them), and one whose stored clock still tells its value (the
+        same course; the stored value, plus the time since if it advances) is skipped. They
+        are saved before the message that changed them is done (the shell carries the
+        effect out before the next message) when no clock was saved in the last
+        CLOCK_SAVE_S; else together once that time is up (`_on_Settle` arms the timer), so
+        a crash loses at most that much of their courses (an orderly stop: `FlushClocks`).
+        A refusal (a full state fs) writes none of them; they are persisted later."""
         self.clock_check |= self.core.take_clock_changes(now)
         saves = []
         for job_id in sorted(self.clock_check):  # job-id (arrival) order
@@ -594,8 +622,10 @@ class DispatchMachine:
                 self.clock_check.discard(job_id)
                 continue  # ended, started, or still awaiting its bundles: no clock yet
             waited_s, running, age_s = self.core.clock_state(job_id, now)
-            if self.clock_saved.get(job_id) is running:
-                self.clock_check.discard(job_id)
+            saved = self.clock_saved.get(job_id)
+            if saved is not None and saved[0] is running and abs(
+                    saved[1] + (now - saved[2] if running else 0.0) - waited_s) < 1e-6:
+                self.clock_check.discard(job_id)  # the stored clock still tells it
                 continue
             record = msgspec.structs.replace(
                 record, queue_wait_ms=int(waited_s * 1000), queue_clock_at_ms=wall_ms,
@@ -607,8 +637,12 @@ class DispatchMachine:
             # a save of this job was refused and awaits its retry (a requeue): then the
             # whole record, as before.
             saves.append(SaveRecord(record, purpose="clock", running=running,
-                                    clock_only=job_id not in self.unsaved))
-        return [SaveClocks(tuple(saves))] if saves else []
+                                    clock_only=job_id not in self.unsaved,
+                                    clock_at=(waited_s, now)))
+        if not saves:
+            return []
+        self.clock_save_at = now + CLOCK_SAVE_S
+        return [SaveClocks(tuple(saves))]
 
     # -- views ------------------------------------------------------------------------------
 

@@ -344,3 +344,32 @@ async def test_a_disk_admission_past_its_limit_is_refused_and_nothing_recorded(
         record = await dispatcher.submit(request())
         assert record.state == "queued"
         nursery.cancel_scope.cancel()
+
+
+async def test_an_orderly_stop_saves_the_clocks_still_waiting_for_their_save(
+        tmp_path, autojump_clock):
+    """Stop 23: clocks that changed within CLOCK_SAVE_S of the last clock save wait for the
+    end of that time; a dispatcher that stops before then saves them on its way out, so a
+    restart after an orderly stop resumes every clock exactly. A job waits for capacity
+    (advancing): its change is staged as one still waiting, and the store has it after
+    the stop, with the value at the stop."""
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery, max_weight=2)
+        dispatcher = await world.start()
+        running = await dispatcher.submit(request(weight=2))
+        waiting = await dispatcher.submit(request(workspace="other", weight=2))
+        await trio.testing.wait_all_tasks_blocked()
+        assert world.state(running.job_id) == "setup"
+        stored = world.db.get(waiting.job_id)
+        assert stored.queue_clock_running and stored.queue_wait_ms == 0
+        await trio.sleep(7)
+        machine = world.dispatcher.machine
+        machine.clock_saved.pop(waiting.job_id)  # changed, and a clock save was just made:
+        machine.clock_check.add(waiting.job_id)
+        machine.clock_save_at = trio.current_time() + 3600  # it waits (far longer than it does)
+        world.dispatcher.stop()
+        await trio.testing.wait_all_tasks_blocked()
+        assert not dispatcher.ref.alive
+        stored = world.db.get(waiting.job_id)
+        assert stored.queue_clock_running and stored.queue_wait_ms == 7000
+        nursery.cancel_scope.cancel()

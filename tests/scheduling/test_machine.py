@@ -96,7 +96,7 @@ def test_an_accepted_jobs_clock_is_saved_with_its_record_and_admissions_go_one_b
     placed = [e.job_id for e in done if isinstance(e, m.PlaceCpus)]
     assert placed == ["j1"]
     assert [r.token for r in shell.of(m.Reply)] == ["t1", "t2", "t3"]
-    assert shell.machine.clock_saved == {"j2": False, "j3": True}
+    assert {k: v[0] for k, v in shell.machine.clock_saved.items()} == {"j2": False, "j3": True}
 
 
 def test_a_disk_refusal_is_the_answer_and_leaves_nothing():
@@ -362,7 +362,75 @@ def test_clocks_are_saved_alone_unless_the_jobs_record_awaits_a_refused_save():
     assert "j1" not in machine.unsaved
     machine.clock_saved.pop("j1")  # as after a flip of its course
     machine.clock_check.add("j1")
+    shell.now += m.CLOCK_SAVE_S  # clocks saved at 6.0: the next ones CLOCK_SAVE_S later
+    shell.wall_ms += int(m.CLOCK_SAVE_S * 1000)
     shell.run(m.TimerFired())
     clocks = [s for batch in shell.of(m.SaveClocks) for s in batch.saves]
     assert [(s.record.job_id, s.clock_only) for s in clocks] == [("j1", True)]
     assert clocks[0].store_write == (clocks[0].record, (), None, True)
+
+
+
+def _clock_saves(shell: Shell) -> dict:
+    return {s.record.job_id: (s.record.queue_clock_running, s.record.queue_wait_ms)
+            for batch in shell.of(m.SaveClocks) for s in batch.saves}
+
+
+def _capacity_waiter(shell: Shell) -> None:
+    """j1 runs (all 4 CPUs); j2 waits for capacity in another workspace: its clock advances
+    from 0.0, saved with its record."""
+    submit(shell, "j1", "t1", workspace="a")
+    shell.run(m.DiskAnswered("j1", None))
+    submit(shell, "j2", "t2", workspace="b")
+    shell.run(m.DiskAnswered("j2", None))
+    assert shell.machine.clock_saved["j2"] == (True, 0.0, 0.0)
+
+
+def test_clock_changes_within_clock_save_s_of_the_last_are_saved_at_its_end():
+    """Stop 23: a changed clock is saved at once when no clock was saved in the last
+    CLOCK_SAVE_S; one that changes sooner waits for the end of that time (the dispatcher's
+    timer is armed for it) and is saved then, with its value at that moment."""
+    shell = Shell(m.DispatchMachine.new(SETTINGS))
+    machine = shell.machine
+    _capacity_waiter(shell)
+    shell.now = 5.0
+    machine.clock_saved.pop("j2")  # as after a change of its course
+    machine.clock_check.add("j2")
+    shell.run(m.TimerFired())
+    assert _clock_saves(shell) == {"j2": (True, 5000)}
+    assert machine.clock_save_at == 5.0 + m.CLOCK_SAVE_S
+    shell.now = 5.1
+    machine.clock_saved.pop("j2")
+    machine.clock_check.add("j2")
+    done = shell.run(m.TimerFired())
+    assert _clock_saves(shell) == {} and "j2" in machine.clock_check
+    assert [e.deadline for e in done if isinstance(e, m.ArmTimer)][-1] == machine.clock_save_at
+    shell.now = machine.clock_save_at  # the timer fires
+    shell.run(m.TimerFired())
+    assert _clock_saves(shell) == {"j2": (True, 5250)} and not machine.clock_check
+    shell.now = 7.0
+    shell.run(m.FlushClocks())  # nothing changed since: nothing to save
+    assert _clock_saves(shell) == {}
+
+
+def test_a_clock_is_saved_again_unless_the_stored_one_still_tells_its_value():
+    """A clock whose course is the stored one is skipped only while the stored value, plus
+    the time since if it advances, is its value: one that paused and advanced again
+    within CLOCK_SAVE_S has the stored course and a smaller value, and is saved."""
+    shell = Shell(m.DispatchMachine.new(SETTINGS))
+    machine = shell.machine
+    _capacity_waiter(shell)
+    shell.now = 5.0
+    machine.clock_check.add("j2")  # stored (advancing, 0.0 at 0.0): 5.0 now, as stored
+    shell.run(m.FlushClocks())
+    assert _clock_saves(shell) == {} and not machine.clock_check
+    machine.clock_saved["j2"] = (True, 0.0, 1.0)  # as if stored at 1.0: it says 4.0 now
+    machine.clock_check.add("j2")
+    shell.run(m.FlushClocks())
+    assert _clock_saves(shell) == {"j2": (True, 5000)}
+    assert machine.clock_saved["j2"] == (True, 5.0, 5.0)
+    machine.clock_saved["j2"] = (False, 5.0, 5.0)  # the other course: saved
+    machine.clock_check.add("j2")
+    shell.now = 6.0
+    shell.run(m.FlushClocks())
+    assert _clock_saves(shell) == {"j2": (True, 6000)}
