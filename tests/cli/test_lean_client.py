@@ -455,14 +455,19 @@ def test_a_large_answer_is_decoded_with_the_collector_paused_and_a_small_one_is_
 
     import motor.client as client_module
 
-    seen: list[tuple[int, bool]] = []
-    real_loads = json.loads
+    seen: list[tuple[int, bool, str]] = []
+    real_loads, real_msgspec = json.loads, client_module._msgspec_decode()
 
     def spy(data, *args, **kwargs):
-        seen.append((len(data), gc.isenabled()))
+        seen.append((len(data), gc.isenabled(), "json"))
         return real_loads(data, *args, **kwargs)
 
+    def msgspec_spy(data):
+        seen.append((len(data), gc.isenabled(), "msgspec"))
+        return real_msgspec(data)
+
     monkeypatch.setattr(client_module.json, "loads", spy)
+    monkeypatch.setattr(client_module, "_msgspec_decode", lambda: msgspec_spy)
     queued = [{"job_id": f"j{i}", "state": "queued", "waiting_on": "permits"} for i in range(6000)]
     large = json.dumps({"queued": queued}).encode()
     assert len(large) >= client_module.GC_PAUSE_BYTES
@@ -483,4 +488,26 @@ def test_a_large_answer_is_decoded_with_the_collector_paused_and_a_small_one_is_
             assert not gc.isenabled()  # the caller's choice stands
         finally:
             gc.enable()
-    assert seen == [(len(large), False), (len(small), True), (len(large), False)]
+    # msgspec is loaded in this process: a large answer is its to decode (stop 23)
+    assert seen == [(len(large), False, "msgspec"), (len(small), True, "json"),
+                    (len(large), False, "msgspec")]
+
+
+def test_a_client_without_msgspec_imports_it_only_for_an_answer_that_pays_for_it():
+    """msgspec decodes a large answer in half json's time but costs ~25 ms to import: a
+    client process that has not loaded it decodes with json below MSGSPEC_BYTES and loads
+    it for a larger answer; both decode to the same value."""
+    code = (
+        "import json, sys\n"
+        "from motor import client\n"
+        "doc = {'queued': [{'job_id': 'j%d' % i, 'n': i, 'x': [1.5, None, True]} for i in range(12000)]}\n"
+        "mid = json.dumps(doc).encode()\n"
+        "assert client.GC_PAUSE_BYTES <= len(mid) < client.MSGSPEC_BYTES, len(mid)\n"
+        "assert client._loads(mid) == doc and 'msgspec' not in sys.modules\n"
+        "big = json.dumps({'queued': doc['queued'] * 12}).encode()\n"
+        "assert len(big) >= client.MSGSPEC_BYTES\n"
+        "assert client._loads(big) == json.loads(big) and 'msgspec' in sys.modules\n"
+        "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
