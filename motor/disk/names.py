@@ -55,6 +55,18 @@ class Names:
         root = self.workspace_roots[0]
         return os.path.realpath(os.path.join(root, name)), root
 
+    def root_of(self, name: str) -> str:
+        """`workspace_path(name)[1]` without resolving the path (the room check's question:
+        which allowed root, so which file system)."""
+        entry = self.catalog.get(name) if self.catalog else None
+        if entry is not None:
+            return entry.root
+        if name.startswith("/"):
+            for caller, host in self.caller_roots.items():
+                if name == caller or name.startswith(caller + "/"):
+                    return host
+        return self.workspace_roots[0]
+
     def host_path(self, caller_path: str) -> tuple[str, str] | None:
         """A caller's path mapped through --caller-root to (host path, host root)."""
         if not caller_path.startswith("/"):

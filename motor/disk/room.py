@@ -67,7 +67,7 @@ class Room:
     def _own_root(self, workspace: str | None) -> str | None:
         """The workspace's root when it is on a file system other than the state dir's."""
         d = self.disk
-        root = d.names.workspace_path(workspace)[1] if workspace else None
+        root = d.names.root_of(workspace) if workspace else None
         if root is not None and device(root) not in (None, device(str(d.state_dir))):
             return root
         return None

@@ -211,3 +211,23 @@ def test_the_disk_actor_shell_stays_under_200_lines():
 
     with open(shell.__file__) as f:
         assert len(f.read().splitlines()) < 200
+
+
+def test_root_of_is_the_root_workspace_path_resolves_to(tmp_path):
+    """The room check asks only which allowed root a workspace is under (its file system):
+    `Names.root_of` answers what `workspace_path` does, for a plain name, a mapped caller
+    path and a catalogued name, without resolving the path."""
+    ws_root, host = tmp_path / "ws", tmp_path / "host"
+    ws_root.mkdir()
+    (host / "proj").mkdir(parents=True)
+    names = Names(tmp_path / "state", [ws_root], {"/home/u": str(host)})
+    for name in ("plain", "/home/u/proj", "/home/u", "/elsewhere/x"):
+        assert names.root_of(name) == names.workspace_path(name)[1], name
+
+    class Catalog:
+        def get(self, name):
+            return Entry(name=name, path="/srv/cat/x", root="/srv/cat",
+                         kind="workspace") if name == "catalogued" else None
+
+    names.catalog = Catalog()
+    assert names.root_of("catalogued") == names.workspace_path("catalogued")[1] == "/srv/cat"
