@@ -4,6 +4,7 @@ the actor's own task handles it in turn. Each case staged with explicit barriers
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -83,23 +84,28 @@ class Clerk(actors.Actor):
         return msg[0]
 
 
+@asynccontextmanager
+async def running(clerk: "Clerk"):
+    """`clerk` running standalone in a nursery: its ref, and the nursery (cancelled after)."""
+    async with trio.open_nursery() as nursery:
+        yield await nursery.start(clerk.run), nursery
+        nursery.cancel_scope.cancel()
+
+
 async def test_an_idle_actor_answers_an_immediate_call_in_the_callers_task():
     clerk = Clerk(name="clerk")
-    async with trio.open_nursery() as nursery:
-        ref = await nursery.start(clerk.run)
+    async with running(clerk) as (ref, nursery):
         me = trio.lowlevel.current_task().name
         assert await ref.call(Now(1)) == ("now", 1)
         ref.cast_nowait(Now(2))  # handled before cast_nowait returns
         await ref.cast(Now(3))
         assert clerk.log == [("now", 1, me), ("now", 2, me), ("now", 3, me)]
         assert ref.statistics().messages_handled == 3
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_busy_actor_queues_an_immediate_message_behind_the_one_it_handles():
     clerk = Clerk(name="clerk")
-    async with trio.open_nursery() as nursery:
-        ref = await nursery.start(clerk.run)
+    async with running(clerk) as (ref, nursery):
         go = trio.Event()
         got = {}
 
@@ -116,43 +122,36 @@ async def test_a_busy_actor_queues_an_immediate_message_behind_the_one_it_handle
         assert got == {"slow": "slow", "now": ("now", "queued")}
         assert clerk.log == [("handle", "slow", clerk.own_task),
                              ("now", "queued", clerk.own_task)]
-        nursery.cancel_scope.cancel()
 
 
 async def test_an_immediate_call_never_overtakes_a_message_already_queued():
     clerk = Clerk(name="clerk")
-    async with trio.open_nursery() as nursery:
-        ref = await nursery.start(clerk.run)
+    async with running(clerk) as (ref, nursery):
         go = trio.Event()
         go.set()
         ref.cast_nowait(("first", go))  # queued, the actor has not run yet
         assert await ref.call(Now("second")) == ("now", "second")
         assert [entry[:2] for entry in clerk.log] == [("handle", "first"), ("now", "second")]
         assert {entry[2] for entry in clerk.log} == {clerk.own_task}
-        nursery.cancel_scope.cancel()
 
 
 async def test_later_sends_an_immediate_message_through_the_inbox_to_handle():
     clerk = Clerk(name="clerk")
     clerk.later = True
-    async with trio.open_nursery() as nursery:
-        ref = await nursery.start(clerk.run)
+    async with running(clerk) as (ref, nursery):
         assert await ref.call(Now("x")) == ("later", "x")
         ref.cast_nowait(Now("y"))
         await trio.testing.wait_all_tasks_blocked()
         assert clerk.log == [("later", "x", clerk.own_task), ("later", "y", clerk.own_task)]
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_replied_error_at_once_reaches_the_caller_and_the_actor_goes_on():
     clerk = Clerk(name="clerk")
-    async with trio.open_nursery() as nursery:
-        ref = await nursery.start(clerk.run)
+    async with running(clerk) as (ref, nursery):
         with pytest.raises(Refused):
             await ref.call(Fail(replied=True))
         ref.cast_nowait(Fail(replied=True))  # logged, not raised to the caster
         assert await ref.call(Now("after")) == ("now", "after") and ref.alive
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_crash_at_once_reaches_the_caller_and_crashes_the_actor_in_its_own_task():
@@ -189,8 +188,7 @@ async def test_a_crash_at_once_under_a_supervisor_restarts_the_actor(autojump_cl
 
 async def test_a_deferred_answer_at_once_is_waited_for():
     clerk = Clerk(name="clerk")
-    async with trio.open_nursery() as nursery:
-        ref = await nursery.start(clerk.run)
+    async with running(clerk) as (ref, nursery):
         got = []
 
         async def call():
@@ -202,36 +200,30 @@ async def test_a_deferred_answer_at_once_is_waited_for():
         clerk.deferred.reply("later answer")
         await trio.testing.wait_all_tasks_blocked()
         assert got == ["later answer"]
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_cast_to_itself_from_handle_now_is_queued_not_nested():
     clerk = Clerk(name="clerk")
-    async with trio.open_nursery() as nursery:
-        ref = await nursery.start(clerk.run)
+    async with running(clerk) as (ref, nursery):
         me = trio.lowlevel.current_task().name
         assert await ref.call(Poke()) == "poked"
         await trio.testing.wait_all_tasks_blocked()
         assert clerk.log == [("now", "poke", me), ("now", "from-inside", clerk.own_task)]
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_cancelled_caller_runs_nothing_at_once():
     clerk = Clerk(name="clerk")
-    async with trio.open_nursery() as nursery:
-        ref = await nursery.start(clerk.run)
+    async with running(clerk) as (ref, nursery):
         with trio.CancelScope() as scope:
             scope.cancel()
             await ref.call(Now("never"))
         assert scope.cancelled_caught and clerk.log == []
-        nursery.cancel_scope.cancel()
 
 
 async def test_try_now_answers_at_once_or_says_later():
     clerk = Clerk(name="clerk")
     assert clerk.ref.try_now(Now("before start")) is actors.LATER  # not running
-    async with trio.open_nursery() as nursery:
-        ref = await nursery.start(clerk.run)
+    async with running(clerk) as (ref, nursery):
         me = trio.lowlevel.current_task().name
         assert ref.try_now(Now(1)) == ("now", 1)
         assert ref.try_now(("not immediate", None)) is actors.LATER
@@ -249,4 +241,3 @@ async def test_try_now_answers_at_once_or_says_later():
         with pytest.raises(Refused):
             ref.try_now(Fail(replied=True))
         assert clerk.log == [("now", 1, me), ("handle", "slow", clerk.own_task)]
-        nursery.cancel_scope.cancel()
