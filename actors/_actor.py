@@ -302,7 +302,8 @@ class ActorRef:
 
     async def cast(self, msg: Any) -> None:
         """Fire-and-forget; waits for inbox room (backpressure). With room it returns at once,
-        without a schedule point (a cancellation already due is still raised)."""
+        without a schedule point (a cancellation already due is still raised); an
+        ``immediate`` message to an idle actor is handled before it returns."""
         await trio.lowlevel.checkpoint_if_cancelled()
         actor, env = self._live(), _Envelope(msg, None)
         if not actor._cast_here(env):
