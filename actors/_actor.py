@@ -392,8 +392,12 @@ class Actor:
         """Runs before the actor is reported started; ``self.nursery`` is available."""
 
     async def handle(self, msg: Any) -> Any:
-        """Handle one message; the return value is the reply to ``call``."""
-        raise NotImplementedError(f"{type(self).__name__}.handle")
+        """Handle one message; the return value is the reply to ``call``. The default hands
+        it to ``handle_now`` (an actor whose messages are all immediate needs no other)."""
+        result = self.handle_now(msg)
+        if result is LATER:
+            raise NotImplementedError(f"{type(self).__name__}.handle")
+        return result
 
     def handle_now(self, msg: Any) -> Any:
         """Handle one message of an ``immediate`` type without waiting (see there); the

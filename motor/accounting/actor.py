@@ -104,9 +104,6 @@ class AccountingActor(actors.Actor):
 
     immediate = (AdmissionRefused, JobStarted, JobEnded, Report)  # all of them: none waits
 
-    async def handle(self, msg):
-        return self.handle_now(msg)
-
     def handle_now(self, msg):
         if isinstance(msg, AdmissionRefused):
             self.ledger.refused(msg.code)

@@ -98,9 +98,6 @@ class CpuActor(actors.Actor):
 
     immediate = (Place, Release, Snapshot)  # all of them: none waits
 
-    async def handle(self, msg):
-        return self.handle_now(msg)
-
     def handle_now(self, msg):
         if isinstance(msg, Place):
             try:
