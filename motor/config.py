@@ -81,6 +81,11 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_output_bytes_per_job: int | str = 256 * 1024**2
     queue_wait_default_s: float = 300.0
     heartbeat_s: float = 1.0
+    #: Queued jobs' queue-wait clocks that change within this many seconds of the last
+    #: clock save are saved together at its end (scheduling/machine.py CLOCK_SAVE_S): a
+    #: crash loses at most this much of their courses, an orderly stop nothing. 0 saves
+    #: every change at once (a commit for each start and end that flips clocks).
+    clock_save_s: float = 0.25
     #: Seconds between maintenance passes (retention, memory ceiling, disk sweeps); the seed
     #: asks for at least one a minute. Tests raise it to drive passes by hand.
     maintenance_interval_s: float = 60.0
@@ -161,6 +166,8 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(f"--cgroup-parent must be a plain group name, got {self.cgroup_parent!r}")
         if self.heartbeat_s <= 0:
             raise ConfigError("heartbeat_s must be positive")
+        if not 0 <= self.clock_save_s < float("inf"):
+            raise ConfigError(f"clock_save_s must be 0 or more seconds, got {self.clock_save_s}")
         if not self.body_timeout_s > 0 or self.body_timeout_s == float("inf"):
             raise ConfigError(f"--body-timeout must be a positive number of seconds, got {self.body_timeout_s}")
         if self.max_connections < 1:

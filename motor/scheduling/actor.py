@@ -61,7 +61,7 @@ class Dispatcher(actors.Actor):
             config, claim_limit=deps.claim_limit, capabilities=deps.capabilities,
             floor_bytes=config.floor_bytes())
         self.machine = m.DispatchMachine.new(settings, confined_cpu_list=config.linux_cpus,
-                                             ceiling=deps.ceiling)
+                                             ceiling=deps.ceiling, clock_save_s=config.clock_save_s)
         self._asks_in, self._asks = trio.open_memory_channel[m.AskDisk](math.inf)
         self._timer: trio.CancelScope | None = None
         self._wakeup, self._answer = math.inf, None  # _answer: the reply to the current message

@@ -262,8 +262,9 @@ class DispatchMachine:
     clock_saved: dict[str, tuple[bool, float, float]] = field(default_factory=dict)
     #: queued jobs whose clock may differ from what was persisted
     clock_check: set[str] = field(default_factory=set)
-    #: core time before which changed clocks wait (CLOCK_SAVE_S after the last clock save)
+    #: core time before which changed clocks wait (clock_save_s after the last clock save)
     clock_save_at: float = float("-inf")
+    clock_save_s: float = CLOCK_SAVE_S  # RunnerConfig.clock_save_s
     #: {job_id: SaveRecord} decided here, refused by the store for lack of space: retried
     #: every STORE_FULL_RETRY_S; a later save of the same job supersedes it
     unsaved: dict[str, SaveRecord] = field(default_factory=dict)
@@ -273,11 +274,12 @@ class DispatchMachine:
 
     @classmethod
     def new(cls, settings: AdmissionSettings, *, confined_cpu_list=None,
-            ceiling: MemoryCeiling = MemoryCeiling()) -> "DispatchMachine":
+            ceiling: MemoryCeiling = MemoryCeiling(),
+            clock_save_s: float = CLOCK_SAVE_S) -> "DispatchMachine":
         core = Scheduler(max_weight=settings.max_weight, max_queue_depth=settings.max_queue_depth,
                          claim_limit=settings.claim_limit, confined_cpu_list=confined_cpu_list,
                          default_spill_s=settings.default_spill_s)
-        return cls(settings=settings, core=core, ceiling=ceiling)
+        return cls(settings=settings, core=core, ceiling=ceiling, clock_save_s=clock_save_s)
 
     # -- the one entry point -----------------------------------------------------------------
 
@@ -297,7 +299,7 @@ class DispatchMachine:
 
     def _on_Settle(self, event, now, wall_ms):
         wakeup = self.core.next_wakeup(now)
-        if now < self.clock_save_at:  # clocks saved < CLOCK_SAVE_S ago: these wait for then
+        if now < self.clock_save_at:  # clocks saved < clock_save_s ago: these wait for then
             self.clock_check |= self.core.take_clock_changes(now)
             if self.clock_check and (wakeup is None or self.clock_save_at < wakeup):
                 wakeup = self.clock_save_at
@@ -611,8 +613,8 @@ class DispatchMachine:
         same course; the stored value, plus the time since if it advances) is skipped. They
         are saved before the message that changed them is done (the shell carries the
         effect out before the next message) when no clock was saved in the last
-        CLOCK_SAVE_S; else together once that time is up (`_on_Settle` arms the timer), so
-        a crash loses at most that much of their courses (an orderly stop: `FlushClocks`).
+        `clock_save_s`; else together once that time is up (`_on_Settle` arms the timer),
+        so a crash loses at most that much of their courses (an orderly stop: `FlushClocks`).
         A refusal (a full state fs) writes none of them; they are persisted later."""
         self.clock_check |= self.core.take_clock_changes(now)
         saves = []
@@ -641,7 +643,7 @@ class DispatchMachine:
                                     clock_at=(waited_s, now)))
         if not saves:
             return []
-        self.clock_save_at = now + CLOCK_SAVE_S
+        self.clock_save_at = now + self.clock_save_s
         return [SaveClocks(tuple(saves))]
 
     # -- views ------------------------------------------------------------------------------
