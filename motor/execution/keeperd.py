@@ -246,8 +246,10 @@ class Keeperd:
             now = time.monotonic()
             if self.scopes is not None:  # a scope systemd did not start in time: its job fails
                 self.scopes.tick(now)
+            starting = False  # a job's start waits for its exec: its answer goes first
             for job in list(self.jobs.values()):
                 self._tick(job, now)
+                starting = starting or job.exec_fd >= 0
             if self.jobs or self.conns:
                 self.idle_since = None
             elif self.idle_since is None:
@@ -261,7 +263,9 @@ class Keeperd:
                 if extra is not None:
                     deadlines.append(extra)
             timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
-            refill = self.spares.refill_due  # spares to make once nothing else is ready
+            # Spares are made once nothing else is ready and no start waits for its exec,
+            # one per turn: a request or an exec that comes in between is served first.
+            refill = not starting and self.spares.refill_due
             ready = self.sel.select(0 if refill else timeout)
             for key, events in ready:
                 try:
@@ -270,7 +274,7 @@ class Keeperd:
                     self._log_exception()
             if refill and not ready:
                 try:
-                    self.spares.fill()
+                    self.spares.fill_one()
                 except Exception:
                     self._log_exception()
         if self.scopes is not None:

@@ -43,6 +43,7 @@ import struct
 import time
 from typing import Any, Callable
 
+from motor import faults
 from motor.execution import keeper as K
 from motor.execution.joblog import write_json_atomic
 from motor.isolation.join import JoinError, join_cgroups, rmdir_retry, write_knob
@@ -191,6 +192,7 @@ def _spare_main(fd: int, procs: list[str]) -> None:
                 os._exit(0)
             buf += data
         orders = json.loads(buf[_LEN.size:])
+        faults.hit("spare.ordered")  # tests: the spare has the job's orders, not yet exec'd
         try:
             become_job(orders, fds[0], fds[1])
         except ExecError as exc:
@@ -229,8 +231,10 @@ class SparePool:
     @property
     def refill_due(self) -> bool:
         """Spares to make now: the pool is short and at half its size or below, or in a
-        burst of starts, or no job has started for `idle_s` (REFILL_IDLE_S). The missing
-        ones are made together (`fill`), so their joins fall within one grace period."""
+        burst of starts, or no job has started for `idle_s` (REFILL_IDLE_S). keeperd makes
+        the missing ones one per turn of its loop while nothing else is ready and no start
+        waits for its exec (`fill_one`): one right after the other, so their joins fall
+        within one grace period."""
         return (bool(self.parents) and not self.paused and len(self.spares) < self.size
                 and (len(self.spares) <= self.size // 2 or self.burst
                      or time.monotonic() - self.last_take >= self.idle_s))
@@ -346,14 +350,6 @@ class SparePool:
         return spare.sock.detach()
 
     # -- filling ------------------------------------------------------------------------
-
-    def fill(self) -> None:
-        """Make every missing spare, one right after the other."""
-        while self.parents and len(self.spares) < self.size:
-            before = len(self.spares)
-            self.fill_one()
-            if len(self.spares) == before:  # it could not (logged): the next refill tries again
-                return
 
     def fill_one(self) -> None:
         """Make one spare: its groups (cheap: mkdir, cpuset.mems/cpus), then fork it; the

@@ -22,6 +22,7 @@ from keeper_helpers import records, wait_until
 from keeper_tracking import ask_keeperd, write_job_dir
 from private_cgroup import private_parent_name, remove_private_parent
 
+from motor import faults
 from motor.execution import read_keeper, read_status
 from motor.execution import keeperd as keeperd_mod
 from motor.execution import spares as spares_mod
@@ -330,4 +331,39 @@ async def test_after_a_lone_start_the_pool_waits_to_refill_and_a_burst_refills_a
         assert len(set(refilled) - set(full)) == 2
         assert ask_keeperd(state, "spares")["taken"] == 2
         for job_id in ("first", "lone", "burst"):
+            assert v1.finish(job_id)["cleanup_error"] is None
+
+
+async def test_a_start_waiting_for_its_exec_is_answered_before_the_pool_refills(
+        tmp_path, workspace, v1, monkeypatch):
+    """Issue 14: keeperd makes a spare (a fork of itself, 1-2 ms) only while no job's start
+    waits for its exec, so the answer to a start from a spare is never held behind a
+    refill. A pool of 2 is due for its refill as soon as one spare is taken; the taken
+    spare is held at `spare.ordered` (it has the job's orders and has not exec'd): keeperd
+    makes no spare meanwhile, though it keeps serving requests. Once the spare goes on,
+    the start is answered and the pool is topped up again."""
+    gate = tmp_path / "exec-gate"
+    monkeypatch.setenv(faults.ENV, f"spare.ordered=wait:{gate}")
+    monkeypatch.setenv(spares_mod.REFILL_IDLE_ENV, "30")
+    async with _pool(tmp_path, workspace, v1, monkeypatch, 2) as (spawner, state, _, full):
+        held = _job(state, v1, workspace, "held", ["true"])
+        answered = trio.Event()
+        status = {}
+
+        async def start():
+            status.update(await _run(spawner, held))
+            answered.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(start)
+            await wait_until(lambda: os.path.exists(f"{gate}.reached"))
+            pool = ask_keeperd(state, "spares")  # keeperd's loop turned: it serves requests
+            assert pool["taken"] == 1 and len(pool["ready"]) + len(pool["joining"]) == 1, pool
+            assert not answered.is_set()
+            gate.touch()
+        assert status["exit_code"] == 0
+        assert read_keeper(held)["job_pid"] in full
+        refilled = await _ready_spares(state, 2)
+        assert len(set(refilled) - set(full)) == 1
+        for job_id in ("first", "held"):
             assert v1.finish(job_id)["cleanup_error"] is None
