@@ -55,7 +55,8 @@ def imported_modules(*argv: str, env_extra: dict | None = None) -> tuple[subproc
 #: not on the way to a job either (`motor status` text loads rich, which may load typing)
 LEAN_FORBIDDEN = FORBIDDEN + ("msgspec", "typing_extensions", "motor.records", "motor.config",
                               "motor.cli.serve", "motor.cli.tasks", "motor.cli.render", "rich",
-                              "typing", "pathlib", "urllib", "uuid", "decimal", "inspect")
+                              "typing", "pathlib", "urllib", "uuid", "decimal", "inspect",
+                              "threading")  # threading: the queue-wait timer of a waiting job
 
 
 def forbidden_in(modules: set[str], forbidden: tuple[str, ...] = FORBIDDEN) -> list[str]:
