@@ -263,9 +263,10 @@ class Keeperd:
                 if extra is not None:
                     deadlines.append(extra)
             timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
-            # Spares are made once nothing else is ready and no start waits for its exec,
-            # one per turn: a request or an exec that comes in between is served first.
-            refill = not starting and self.spares.refill_due
+            # Spares are made once nothing else is ready, one per turn (a request or an exec
+            # that comes in between is served first), and while a start waits for its exec
+            # only when the pool runs low (docs/isolation.md, "Spares").
+            refill = self.spares.refill_due and (not starting or self.spares.low)
             ready = self.sel.select(0 if refill else timeout)
             for key, events in ready:
                 try:

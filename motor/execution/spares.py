@@ -232,12 +232,17 @@ class SparePool:
     def refill_due(self) -> bool:
         """Spares to make now: the pool is short and at half its size or below, or in a
         burst of starts, or no job has started for `idle_s` (REFILL_IDLE_S). keeperd makes
-        the missing ones one per turn of its loop while nothing else is ready and no start
-        waits for its exec (`fill_one`): one right after the other, so their joins fall
-        within one grace period."""
+        the missing ones one per turn of its loop while nothing else is ready (`fill_one`,
+        and while a start waits for its exec only when `low`): one right after the other,
+        so their joins fall within one grace period."""
         return (bool(self.parents) and not self.paused and len(self.spares) < self.size
                 and (len(self.spares) <= self.size // 2 or self.burst
                      or time.monotonic() - self.last_take >= self.idle_s))
+
+    @property
+    def low(self) -> bool:
+        """Fewer than two spares (ready or joining): refill even while a start waits."""
+        return len(self.spares) < 2
 
     def refill_deadline(self) -> float | None:
         """When a short pool becomes due for its refill (keeperd's select timeout)."""

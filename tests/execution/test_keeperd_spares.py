@@ -334,36 +334,67 @@ async def test_after_a_lone_start_the_pool_waits_to_refill_and_a_burst_refills_a
             assert v1.finish(job_id)["cleanup_error"] is None
 
 
-async def test_a_start_waiting_for_its_exec_is_answered_before_the_pool_refills(
+async def test_starts_waiting_for_their_exec_are_answered_before_the_pool_refills(
         tmp_path, workspace, v1, monkeypatch):
-    """Issue 14: keeperd makes a spare (a fork of itself, 1-2 ms) only while no job's start
-    waits for its exec, so the answer to a start from a spare is never held behind a
-    refill. A pool of 2 is due for its refill as soon as one spare is taken; the taken
-    spare is held at `spare.ordered` (it has the job's orders and has not exec'd): keeperd
-    makes no spare meanwhile, though it keeps serving requests. Once the spare goes on,
-    the start is answered and the pool is topped up again."""
+    """Issue 14: keeperd makes a spare (a fork of itself, 1-2 ms) while a job's start waits
+    for its exec only when fewer than two spares are left, so the answer to a start from a
+    spare is not held behind a refill. Two starts within the refill idle time (a burst: the
+    pool is due for its refill at once) take two of four spares and are held at
+    `spare.ordered` (each spare has its job's orders and has not exec'd): keeperd makes no
+    spare meanwhile, though it keeps serving requests. Once they go on, both starts are
+    answered and the pool is topped up again."""
+    gate = tmp_path / "exec-gate"
+    monkeypatch.setenv(faults.ENV, f"spare.ordered=wait:{gate}")
+    monkeypatch.setenv(spares_mod.REFILL_IDLE_ENV, "30")
+    async with _pool(tmp_path, workspace, v1, monkeypatch, 4) as (spawner, state, _, full):
+        held = [_job(state, v1, workspace, name, ["true"]) for name in ("a", "b")]
+        statuses = []
+
+        async def start(job_dir):
+            statuses.append(await _run(spawner, job_dir))
+
+        async with trio.open_nursery() as nursery:
+            for job_dir in held:
+                nursery.start_soon(start, job_dir)
+            await wait_until(lambda: ask_keeperd(state, "spares")["taken"] == 2)
+            taken = set(full) - set(ask_keeperd(state, "spares")["ready"])
+            assert len(taken) == 2
+            # both have their orders: keeperd, which sent them, has turned its loop since
+            await wait_until(lambda: not any(_blocked_in_recvmsg(pid) for pid in taken))
+            pool = ask_keeperd(state, "spares")
+            assert len(pool["ready"]) + len(pool["joining"]) == 2, pool
+            assert statuses == []
+            gate.touch()
+        assert [s["exit_code"] for s in statuses] == [0, 0]
+        assert {read_keeper(job_dir)["job_pid"] for job_dir in held} == taken
+        refilled = await _ready_spares(state, 4)
+        assert len(set(refilled) - set(full)) == 2
+        for job_id in ("first", "a", "b"):
+            assert v1.finish(job_id)["cleanup_error"] is None
+
+
+async def test_a_pool_down_to_one_spare_refills_even_while_a_start_waits(
+        tmp_path, workspace, v1, monkeypatch):
+    """The exception to the rule above: with fewer than two spares left, the next start
+    would likely find none ready and fork and join its groups the slow way, so keeperd
+    refills though a start waits for its exec (a pool of 2, one taken and held)."""
     gate = tmp_path / "exec-gate"
     monkeypatch.setenv(faults.ENV, f"spare.ordered=wait:{gate}")
     monkeypatch.setenv(spares_mod.REFILL_IDLE_ENV, "30")
     async with _pool(tmp_path, workspace, v1, monkeypatch, 2) as (spawner, state, _, full):
         held = _job(state, v1, workspace, "held", ["true"])
-        answered = trio.Event()
-        status = {}
+        statuses = []
 
         async def start():
-            status.update(await _run(spawner, held))
-            answered.set()
+            statuses.append(await _run(spawner, held))
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(start)
-            await wait_until(lambda: os.path.exists(f"{gate}.reached"))
-            pool = ask_keeperd(state, "spares")  # keeperd's loop turned: it serves requests
-            assert pool["taken"] == 1 and len(pool["ready"]) + len(pool["joining"]) == 1, pool
-            assert not answered.is_set()
+            pool = await wait_until(lambda: (lambda a: a if len(a["ready"]) + len(a["joining"]) == 2
+                                             and a["taken"] == 1 else None)(ask_keeperd(state, "spares")))
+            assert len(set(pool["ready"] + pool["joining"]) - set(full)) == 1
+            assert statuses == []
             gate.touch()
-        assert status["exit_code"] == 0
-        assert read_keeper(held)["job_pid"] in full
-        refilled = await _ready_spares(state, 2)
-        assert len(set(refilled) - set(full)) == 1
+        assert statuses[0]["exit_code"] == 0
         for job_id in ("first", "held"):
             assert v1.finish(job_id)["cleanup_error"] is None
