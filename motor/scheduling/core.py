@@ -277,15 +277,14 @@ class _Job:
     cleanup_pending: bool = False
     head_keys: list = field(default_factory=list)  # [(index list name, key)] while filed as head
     due_key: tuple | None = None  # its entry in Scheduler._due while it has one
+    # (time, line, clock value or None): formatted only when read (`Scheduler.story`); a
+    # workspace freed or taken tells every clock queued there (issue 14)
     story: deque = field(default_factory=lambda: deque(maxlen=STORY_LINES))
+    job_id: str = field(init=False)  # the spec's, read on every clock flip: plain attributes
+    claim: int = field(init=False)
 
-    @property
-    def job_id(self) -> str:
-        return self.spec.job_id
-
-    @property
-    def claim(self) -> int:
-        return self.spec.claim
+    def __post_init__(self) -> None:
+        self.job_id, self.claim = self.spec.job_id, self.spec.claim
 
     @property
     def background(self) -> bool:
@@ -295,6 +294,12 @@ class _Job:
         if self.clock_since is None:
             return self.clock_acc
         return self.clock_acc + max(0.0, now - self.clock_since)
+
+
+def _lines(story) -> list[str]:
+    """A job's story entries `(time, line, clock value or None)` as its text lines."""
+    return [f"t={now:.3f} {line}" if at is None else f"t={now:.3f} {line} at {at:.3f}s"
+            for now, line, at in story]
 
 
 _UNWALKED = object()  # no fence was looked for
@@ -336,7 +341,7 @@ class Scheduler:
         self.default_spill_s = default_spill_s
 
         self._jobs: dict[str, _Job] = {}
-        self._ended: OrderedDict[str, tuple[str, list[str]]] = OrderedDict()
+        self._ended: OrderedDict[str, tuple[str, list[tuple]]] = OrderedDict()
         self._queues: dict[str, deque[str]] = {}
         self._head_of: dict[str, str] = {}
         self._gate_heads: list[tuple] = []
@@ -755,9 +760,9 @@ class Scheduler:
         """Bounded log of why this job waited and started (live or recently ended)."""
         job = self._jobs.get(job_id)
         if job is not None:
-            return list(job.story)
+            return _lines(job.story)
         ended = self._ended.get(job_id)
-        return list(ended[1]) if ended else []
+        return _lines(ended[1]) if ended else []
 
     # --- internals: bookkeeping -----------------------------------------------------
 
@@ -767,8 +772,8 @@ class Scheduler:
             raise ValueError(f"job {job_id!r} is not {state}")
         return job
 
-    def _tell(self, job: _Job, now: float, line: str) -> None:
-        job.story.append(f"t={now:.3f} {line}")
+    def _tell(self, job: _Job, now: float, line: str, at: float | None = None) -> None:
+        job.story.append((now, line, at))
 
     def _forget(self, job: _Job, now: float, outcome: str) -> None:
         self._tell(job, now, outcome)
@@ -1051,8 +1056,8 @@ class Scheduler:
         else:
             self._stop_clock(job, now)
         self._clock_changed.add(job.job_id)
-        self._tell(job, now, ("clock advancing" if advancing else "clock paused")
-                   + f" at {job.queue_wait_s(now):.3f}s")
+        self._tell(job, now, "clock advancing" if advancing else "clock paused",
+                   job.queue_wait_s(now))
 
     def _reclassify(self, now: float) -> None:
         """Decide, as of now, which queued clocks advance -- touching only what can differ.

@@ -625,6 +625,28 @@ def test_next_wakeup_and_story():
     assert s.story("j")[-1].endswith("finished")
 
 
+def test_a_story_tells_each_clock_flip_with_the_clock_at_that_time():
+    """Clock lines are kept unformatted and written when the story is read (issue 14: a
+    workspace freed or taken flips every clock queued there): the same text, with the
+    clock's value at the flip."""
+    s = sched(2)
+    run(s, "r", "wr", claim=2)  # holds every permit
+    add(s, "w", "ws", 0.0, claim=2)  # the head of ws, waiting for permits
+    add(s, "q", "ws", 1.0, claim=2)  # behind a queued head: its clock advances
+    s.finished("r", 3.0)
+    assert started(s, 3.0) == ["w"]  # w owns ws now: q pauses behind its owner
+    s.finished("w", 7.0)
+    assert started(s, 7.0) == ["q"]
+    lines = s.story("q")
+    flips = [line for line in lines if line.split(" ", 1)[1].startswith("clock")]
+    assert flips == ["t=1.000 clock advancing at 0.000s", "t=3.000 clock paused at 2.000s",
+                     "t=7.000 clock advancing at 2.000s"], lines
+    assert ms(s, "q", 7.0) == 2000
+    s.finished("q", 9.0)
+    ended = s.story("q")  # an ended job's story is read from the ended record
+    assert ended[:len(lines)] == lines and ended[-1] == "t=9.000 finished"
+
+
 def test_time_never_goes_back_and_misuse_is_refused():
     s = sched(8)
     run(s, "r", "wr", claim=8)
