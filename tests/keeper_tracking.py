@@ -100,3 +100,21 @@ def ask_keeperd(state_dir: Path, op: str) -> dict:
         json.loads(f.readline())  # the greeting
         s.sendall(json.dumps({"id": 1, "op": op}).encode() + b"\n")
         return json.loads(f.readline())
+
+
+#: recvmsg's number in /proc/<pid>/syscall
+_RECVMSG = {"x86_64": 47, "aarch64": 212}
+
+
+def blocked_in_recvmsg(pid: int) -> bool:
+    """The process sleeps in recvmsg(2) (/proc/<pid>/syscall names the syscall it is
+    blocked in); on an architecture not listed, asleep at all."""
+    import platform
+
+    with open(f"/proc/{pid}/stat") as f:
+        asleep = f.read().rsplit(")", 1)[1].split()[0] == "S"
+    number = _RECVMSG.get(platform.machine())
+    if number is None:
+        return asleep
+    with open(f"/proc/{pid}/syscall") as f:
+        return asleep and f.read().split()[0] == str(number)

@@ -19,7 +19,7 @@ import psutil
 import pytest
 import trio
 from keeper_helpers import records, wait_until
-from keeper_tracking import ask_keeperd, write_job_dir
+from keeper_tracking import ask_keeperd, blocked_in_recvmsg, write_job_dir
 from private_cgroup import private_parent_name, remove_private_parent
 
 from motor import faults
@@ -259,7 +259,7 @@ def test_a_claimed_spare_starts_the_jobs_cpu_counter_at_zero(tmp_path, v1):
         assert wait_for(lambda: usage(spare_dirs) > 0, what="the spare's own CPU charged")
         # It said ready before it reached its recvmsg: claim it only once it sleeps there,
         # or the few instructions in between are charged after the claim's reset.
-        wait_for(lambda: _blocked_in_recvmsg(pid), what="the spare asleep in recvmsg")
+        wait_for(lambda: blocked_in_recvmsg(pid), what="the spare asleep in recvmsg")
         spare = pool.take(make)
         assert pool.claim(spare, make)
         job = v1.flavour.job_dirs("acct")
@@ -290,24 +290,6 @@ def test_a_claimed_spare_starts_the_jobs_cpu_counter_at_zero(tmp_path, v1):
                 pass
         assert v1.finish("acct")["cleanup_error"] is None
     assert log == []
-
-
-#: recvmsg's number in /proc/<pid>/syscall
-_RECVMSG = {"x86_64": 47, "aarch64": 212}
-
-
-def _blocked_in_recvmsg(pid: int) -> bool:
-    """The process sleeps in recvmsg(2) (/proc/<pid>/syscall names the syscall it is
-    blocked in); on an architecture not listed, asleep at all."""
-    import platform
-
-    with open(f"/proc/{pid}/stat") as f:
-        asleep = f.read().rsplit(")", 1)[1].split()[0] == "S"
-    number = _RECVMSG.get(platform.machine())
-    if number is None:
-        return asleep
-    with open(f"/proc/{pid}/syscall") as f:
-        return asleep and f.read().split()[0] == str(number)
 
 
 async def test_after_a_lone_start_the_pool_waits_to_refill_and_a_burst_refills_at_once(
@@ -360,7 +342,7 @@ async def test_starts_waiting_for_their_exec_are_answered_before_the_pool_refill
             taken = set(full) - set(ask_keeperd(state, "spares")["ready"])
             assert len(taken) == 2
             # both have their orders: keeperd, which sent them, has turned its loop since
-            await wait_until(lambda: not any(_blocked_in_recvmsg(pid) for pid in taken))
+            await wait_until(lambda: not any(blocked_in_recvmsg(pid) for pid in taken))
             pool = ask_keeperd(state, "spares")
             assert len(pool["ready"]) + len(pool["joining"]) == 2, pool
             assert statuses == []

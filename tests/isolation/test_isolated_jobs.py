@@ -250,3 +250,48 @@ def test_through_serve_a_lone_start_leaves_the_pool_short_and_a_burst_refills_it
                                  else None)(ask_keeperd(serve.state_dir, "spares")),
                         what="the pool full again")
     assert len(set(refilled) - set(full)) == 2
+
+
+def test_through_serve_starts_waiting_for_their_exec_get_no_refill_behind_them(
+        serve_factory, private_parent, tmp_path):
+    """Issue 14, through `motor serve --isolation cgroup` and the CLI: keeperd makes no spare
+    while a job's start from a spare waits for its exec, unless fewer than two are left
+    (docs/isolation.md, "Spares"). Two jobs submitted within the refill idle time (a burst)
+    take two of the four spares, which are held at `spare.ordered` (MOTOR_FAULTS, in the
+    runner's environment and so keeperd's and the spares'): the pool stays at two and the
+    runner still has both jobs setting up (their spawns unanswered). Released, both
+    succeed, and the pool is full again."""
+    import httpx
+
+    from keeper_tracking import ask_keeperd, blocked_in_recvmsg
+    from polling import wait_for
+
+    if open_cgroup_backend(parent=private_parent).version != 1:
+        pytest.skip("spares are for cgroup v1 hierarchies")
+    gate = tmp_path / "exec-gate"
+    serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent)
+    serve.env = {"MOTOR_KEEPERD_REFILL_IDLE_S": "30", "MOTOR_FAULTS": f"spare.ordered=wait:{gate}"}
+    serve.start()
+    assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0  # forks, joins
+    full = wait_for(lambda: (lambda a: a["ready"] if len(a["ready"]) == DEFAULT_SIZE else None)(
+        ask_keeperd(serve.state_dir, "spares")), what="a full pool of ready spares")
+    jobs = [serve.cli_json("submit", "--weight", "1", "--workspace", f"w{i}", "--", "true")["job_id"]
+            for i in range(2)]
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(serve.socket)),
+                      base_url="http://motor") as http:
+        wait_for(lambda: ask_keeperd(serve.state_dir, "spares")["taken"] == 2,
+                 what="both jobs handed to spares")
+        pool = ask_keeperd(serve.state_dir, "spares")
+        taken = set(full) - set(pool["ready"])
+        wait_for(lambda: not any(blocked_in_recvmsg(pid) for pid in taken),
+                 what="both spares past their orders")
+        pool = ask_keeperd(serve.state_dir, "spares")
+        assert len(pool["ready"]) + len(pool["joining"]) == DEFAULT_SIZE - 2, pool
+        assert [http.get(f"/v1/jobs/{j}").json()["state"] for j in jobs] == ["setup", "setup"]
+    gate.touch()
+    for job_id in jobs:
+        assert serve.cli("attach", job_id).returncode == 0
+    refilled = wait_for(lambda: (lambda a: a["ready"] if len(a["ready"]) == DEFAULT_SIZE
+                                 else None)(ask_keeperd(serve.state_dir, "spares")),
+                        what="the pool full again")
+    assert len(set(refilled) - set(full)) == 2
