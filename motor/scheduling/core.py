@@ -369,9 +369,12 @@ class Scheduler:
         self._dirty: set[str] = set()  # workspaces changed since the last clock pass
         self._fresh: list[_Job] = []  # jobs that joined a queue since the last clock pass
         self._clock_changed: set[str] = set()  # for take_clock_changes()
-        #: occupied workspace -> (holder, head, room, claims behind the head, fence) at its
+        #: occupied workspace -> (head, room, claims behind the head, fence) at its
         #: last full clock pass (see `_reclassify`)
         self._occupied_seen: dict[str, tuple] = {}
+        #: a clock pass at `_t` is owed: `finished()` leaves it to the `decide()` that
+        #: follows at the same instant (see `decide`); anything else runs it first
+        self._owed = False
         self._t = -math.inf
 
     # --- admission ------------------------------------------------------------------
@@ -472,6 +475,7 @@ class Scheduler:
         job = self._jobs.get(job_id)
         if job is None or job.state not in (AWAITING_BUNDLES, QUEUED):
             return
+        self._settle()
         job.spec = dataclasses.replace(job.spec, runner_enforces_budget=enforced)
         if job.state == QUEUED:
             if enforced:
@@ -503,7 +507,19 @@ class Scheduler:
     # --- dispatch -------------------------------------------------------------------
 
     def decide(self, now: float) -> list[Start]:
-        """The heads to start now, in order; each is already counted as setting up."""
+        """The heads to start now, in order; each is already counted as setting up.
+
+        A clock pass owed by `finished()` at this same instant is folded into this call's
+        own pass: the walk reads no clock, and a clock that would start at this instant and
+        pause again at it (a deep workspace's queue, when the job that ended there is
+        followed by the next one) gains nothing, so it is not flipped twice."""
+        if self._owed and now <= self._t:
+            now = self._t
+            self._owed = False
+            chosen, _ = self._walk(now, need_fence=False)
+            starts = [self._start(job, now) for job in chosen]
+            self._reclassify(now)
+            return starts
         now = self._refresh(now)
         chosen, _ = self._walk(now, need_fence=False)
         if not chosen:
@@ -588,7 +604,7 @@ class Scheduler:
         else:
             self._n_running -= 1
         self._forget(job, now, "finished")
-        self._reclassify(now)
+        self._owed = True  # the clock pass, at `now`: the next call runs it (see `decide`)
 
     def cancel(self, job_id: str, now: float) -> bool:
         """Remove a queued or awaiting-bundle job.  False (no error) when there is none."""
@@ -758,6 +774,7 @@ class Scheduler:
 
     def story(self, job_id: str) -> list[str]:
         """Bounded log of why this job waited and started (live or recently ended)."""
+        self._settle()
         job = self._jobs.get(job_id)
         if job is not None:
             return _lines(job.story)
@@ -1080,9 +1097,9 @@ class Scheduler:
         if self._dirty:
             owner, sib_user = self._owner, self._sib_user
             for ws in self._dirty:
-                cache.pop(ws, None)
                 if ws in owner or ws in sib_user:
-                    continue
+                    continue  # occupied: its record is checked below
+                cache.pop(ws, None)
                 dq = self._queues.get(ws)
                 if dq:
                     for job_id in dq:
@@ -1134,15 +1151,18 @@ class Scheduler:
                 continue
             # The jobs behind the head all pause or not by (their claim <= room, the fence):
             # whether a job is behind a given fence does not change with time (a job that
-            # has not aged is behind an aged fence either way).  So when the holder, the
-            # head, the fence and the claims' side of room are what they were at this
-            # workspace's last pass, and its queue has not changed, nothing behind the head
-            # can change: skip them.
+            # has not aged is behind an aged fence either way).  So when the fence and the
+            # claims' side of room are what they were at this workspace's last pass, and
+            # every job behind the head now was behind the head then (the same head, or
+            # that head has left the queue: the next job started after it) or joined the
+            # tail since, nothing behind the head can change: skip them.  The record
+            # outlives a change of holder (the job that ended and the next one started at
+            # the same instant, `decide`); it is dropped when the workspace is freed.
             seen = cache.get(ws)
             if seen is not None:
-                s_holder, s_head, s_room, s_claims, s_fence = seen
+                s_head, s_room, s_claims, s_fence = seen
                 lo, hi = min(s_room, room), max(s_room, room)
-                if s_holder == holder and s_head == dq[0] and \
+                if (s_head == dq[0] or self._left_queue(s_head)) and \
                         not any(lo < c <= hi for c in s_claims):
                     same = not any(c <= room for c in s_claims)  # all advance, as they did
                     if not same:
@@ -1155,12 +1175,11 @@ class Scheduler:
                         # Jobs that joined the tail since: decided alone (a job joining
                         # changes no other job's answer); the record now covers them too.
                         joined = [j for j in fresh_in.get(ws, ()) if j is not head]
-                        if joined:
-                            for job in joined:
-                                self._set_clock(job, now, not pauses(job, room))
-                            cache[ws] = (holder, dq[0], room,
-                                         s_claims | {j.claim for j in joined},
-                                         fence if walked else s_fence)
+                        for job in joined:
+                            self._set_clock(job, now, not pauses(job, room))
+                        cache[ws] = (dq[0], room,
+                                     s_claims | {j.claim for j in joined} if joined else s_claims,
+                                     fence if walked else s_fence)
                         continue
             claims = set()
             cacheable = True
@@ -1171,9 +1190,15 @@ class Scheduler:
                     cacheable = False  # (never seen: only a head is in a retry delay)
                 self._set_clock(job, now, not pauses(job, room))
             if cacheable:
-                cache[ws] = (holder, dq[0], room, claims, fence if walked else _UNWALKED)
+                cache[ws] = (dq[0], room, claims, fence if walked else _UNWALKED)
             else:
                 cache.pop(ws, None)
+
+    def _left_queue(self, job_id: str) -> bool:
+        """Whether a workspace's recorded head has left its queue (started, ended): then
+        every job queued there now was behind it, or joined since."""
+        job = self._jobs.get(job_id)
+        return job is None or job.state != QUEUED
 
     def _next_breakpoint(self) -> float | None:
         """Earliest time > the core's time at which a head ages (60 s) or leaves its retry
@@ -1193,12 +1218,19 @@ class Scheduler:
                 and self._head_of.get(job.spec.workspace) == job_id
                 and (at == job.ready_at + GRACE_S or at == job.retry_at))
 
+    def _settle(self) -> None:
+        """Run the clock pass `finished()` owes, at its own instant."""
+        if self._owed:
+            self._owed = False
+            self._reclassify(self._t)
+
     def _refresh(self, now: float) -> float:
         """Bring the core up to ``now``: re-decide clock pauses at each time-driven change
         between the previous call and now (a head reaching 60 s, a retry delay ending), in
         time order, exactly as an event would.  Between such breakpoints and events nothing
         changes, and every mutating method ends with `_reclassify`, so no pass is needed at
         ``now`` itself unless it is a breakpoint.  Returns the effective time."""
+        self._settle()
         if now < self._t:
             now = self._t  # time never goes back; a stale `now` counts as the latest one
         while True:

@@ -636,15 +636,45 @@ def test_a_story_tells_each_clock_flip_with_the_clock_at_that_time():
     s.finished("r", 3.0)
     assert started(s, 3.0) == ["w"]  # w owns ws now: q pauses behind its owner
     s.finished("w", 7.0)
+    assert ms(s, "q", 7.0) == 2000  # read before the next start: ws is free, q advances
     assert started(s, 7.0) == ["q"]
     lines = s.story("q")
     flips = [line for line in lines if line.split(" ", 1)[1].startswith("clock")]
     assert flips == ["t=1.000 clock advancing at 0.000s", "t=3.000 clock paused at 2.000s",
                      "t=7.000 clock advancing at 2.000s"], lines
-    assert ms(s, "q", 7.0) == 2000
     s.finished("q", 9.0)
     ended = s.story("q")  # an ended job's story is read from the ended record
     assert ended[:len(lines)] == lines and ended[-1] == "t=9.000 finished"
+
+
+def test_an_end_and_the_next_start_at_one_instant_flip_no_clock_queued_behind():
+    """A deep workspace drained one job after another (issue 14): the job that ended and
+    the next one started in the same instant leave the workspace occupied throughout, so
+    the clocks queued behind stay paused and are neither flipped nor reported changed; a
+    read between the two sees the workspace free and the clocks advancing, as before."""
+    s = sched(2)
+    run(s, "a", "ws", 0.0, claim=1)
+    for i in range(5):
+        add(s, f"q{i}", "ws", 1.0, claim=1)  # behind the owner: paused
+    s.take_clock_changes(1.0)
+    s.finished("a", 4.0)
+    assert started(s, 4.0) == ["q0"]
+    assert s.take_clock_changes(4.0) == set()  # q1..q4 never changed course
+    assert [s.clock_state(f"q{i}", 4.9)[:2] for i in range(1, 5)] == [(0.0, False)] * 4
+    assert not any(" clock " in line for line in s.story("q3") if line.startswith("t=4.000"))
+    # the same end with a read before the start: the clocks advance from 5.0, then pause
+    s.setup_done("q0", 5.0)
+    s.finished("q0", 5.0)
+    assert ms(s, "q1", 5.0) == 0 and s.clock_state("q1", 5.0)[1] is True
+    assert started(s, 5.0) == ["q1"]
+    assert s.take_clock_changes(5.0) == {"q1", "q2", "q3", "q4"}  # advanced, paused
+    assert s.clock_state("q4", 5.0)[:2] == (0.0, False)
+    # an end at one instant and the start at a later one: they advanced in between
+    s.setup_done("q1", 6.0)
+    s.finished("q1", 6.0)
+    assert started(s, 6.5) == ["q2"]
+    assert s.clock_state("q4", 8.0)[:2] == (0.5, False)
+    assert ms(s, "q3", 8.0) == 500
 
 
 def test_time_never_goes_back_and_misuse_is_refused():
