@@ -164,3 +164,37 @@ def test_a_clock_that_resumed_while_queued_counts_the_runners_downtime(serve_fac
     record = json_lines(result.stdout)[-1]["record"]
     assert record["state"] == "succeeded", record
     assert record["queue_wait_ms"] >= 4000, record
+
+
+def test_clocks_behind_a_workspace_drained_job_after_job_stay_paused(serve_factory, tmp_path):
+    """Through `motor serve` (issue 14: an end and the next start at one instant flip no
+    clock behind): A, B and C queue in one workspace; when A ends, B starts in the same
+    message and C's clock stays paused behind B while real time passes, as it was behind
+    A; C runs after B with the waits behind both owners not counted."""
+    serve = serve_factory("--max-weight", "2", "--isolation", "none").start()
+    gates = {name: tmp_path / name for name in ("a", "b")}
+
+    def submit(name):
+        return serve.cli_json("submit", "--weight", "1", "--workspace", "w", "--",
+                              "sh", "-c", f"while [ ! -e {gates[name]} ]; do sleep 0.01; done")
+
+    def queued(job):
+        return {q["job_id"]: q for q in serve.cli_json("status")["queued"]}.get(job["job_id"])
+
+    a = submit("a")
+    wait_for(lambda: serve.cli_json("status")["running"], what="A to run")
+    b = submit("b")
+    c = serve.cli_json("submit", "--weight", "1", "--workspace", "w", "--", "true")
+    wait_for(lambda: (queued(c) or {}).get("waiting_on_job") == a["job_id"], what="C behind A")
+    time.sleep(1.0)  # real time passing is the point: behind an owner, it is not queue wait
+    gates["a"].write_text("")  # A ends: B takes the workspace at once
+    wait_for(lambda: (queued(c) or {}).get("waiting_on_job") == b["job_id"], what="C behind B")
+    before = queued(c)
+    time.sleep(1.5)
+    after = queued(c)
+    assert after["waiting_on"] == "workspace_owner"
+    assert after["queue_wait_ms"] - before["queue_wait_ms"] < 200, (before, after)
+    gates["b"].write_text("")
+    result = serve.cli("attach", "--json", c["job_id"])
+    record = json_lines(result.stdout)[-1]["record"]
+    assert record["state"] == "succeeded" and record["queue_wait_ms"] < 1000, record
