@@ -47,8 +47,9 @@ State fields of `Scheduler`
 ``_n_awaiting``, ``_n_queued``, ``_n_setup``, ``_n_running``   counters.
 ``_rot_claims``, ``_bg_claims``   claim -> count of ordinary / background heads (walk cut-offs).
 ``_enforced``        queued jobs with ``runner_enforces_budget`` -> enrolment order (`expired`).
-``_due``             sorted [(time the budget runs out, enrolment, job_id)] of enforced jobs
-                     whose clock advances (or -inf: paused and already run out).
+``_due``             heap [(time the budget runs out, enrolment, job_id)] of enforced jobs
+                     whose clock advances (or -inf: paused and already run out); lazy
+                     deletion: an entry is live while it is its job's ``due_key``.
 ``_breakpoints``     heap [(time, job_id)]: heads' aging points and retry ends (lazy deletion).
 ``_dirty``, ``_fresh``   workspaces freed/changed, jobs that joined a queue, since the last
                      clock pass (`_reclassify`).
@@ -364,7 +365,7 @@ class Scheduler:
         self._n_running = 0
         self._enforced: dict[str, int] = {}  # queued runner-enforced job -> enrolment order
         self._enforced_seq = itertools.count(1)
-        self._due: list[tuple] = []  # sorted [(budget due time, enrolment, job_id)]
+        self._due: list[tuple] = []  # heap [(budget due time, enrolment, job_id)], lazy
         self._breakpoints: list[tuple[float, str]] = []  # heap [(time, head job_id)], lazy
         self._dirty: set[str] = set()  # workspaces changed since the last clock pass
         self._fresh: list[_Job] = []  # jobs that joined a queue since the last clock pass
@@ -722,12 +723,15 @@ class Scheduler:
         now = self._refresh(now)
         t = self._t
         found = []
-        for due, order, job_id in self._due:
+        taken = []
+        while (entry := self._due_next(taken)) is not None:
+            due, order, job_id = entry
             if due > t + _DUE_MARGIN_S:
                 break
             job = self._jobs[job_id]
             if job.queue_wait_s(t) + _EPS_S >= job.budget_s:
                 found.append((order, job_id))
+        self._due_put_back(taken)
         found.sort()
         return [job_id for _, job_id in found]
 
@@ -739,19 +743,23 @@ class Scheduler:
         now = self._refresh(now)
         t = self._t
         best_budget = None
-        for due, _, job_id in self._due:
+        taken = []
+        while (entry := self._due_next(taken)) is not None:
+            due, _, job_id = entry
             if due > t + _DUE_MARGIN_S and best_budget is not None \
                     and due > best_budget + _DUE_MARGIN_S:
                 break
             job = self._jobs[job_id]
             remaining = job.budget_s - job.queue_wait_s(t)
             if remaining <= _EPS_S:
+                self._due_put_back(taken)
                 return t  # due now (paused or not): expired() lists it
             if job.clock_since is None:
                 continue  # paused: its budget cannot run out until the clock advances again
             at = t + remaining
             if best_budget is None or at < best_budget:
                 best_budget = at
+        self._due_put_back(taken)
         best = self._next_breakpoint()
         if best_budget is not None and (best is None or best_budget < best):
             best = best_budget
@@ -868,11 +876,30 @@ class Scheduler:
                 key = (-math.inf, order, job.job_id)
         if key == job.due_key:
             return
-        if job.due_key is not None:
-            _sorted_remove(self._due, job.due_key)
+        job.due_key = key  # the entry it had, if any, is stale now: dropped when met
         if key is not None:
-            bisect.insort(self._due, key)
-        job.due_key = key
+            due = self._due
+            heapq.heappush(due, key)
+            if len(due) > 2 * len(self._enforced) + 64:
+                jobs = self._jobs
+                self._due = [k for j in self._enforced if (k := jobs[j].due_key) is not None]
+                heapq.heapify(self._due)
+
+    def _due_next(self, taken: list) -> tuple | None:
+        """Pop ``_due``'s next live entry in order (dropping stale ones and duplicates of a
+        live one) onto ``taken``; None when there is none.  `_due_put_back` restores them."""
+        due, jobs = self._due, self._jobs
+        while due:
+            entry = heapq.heappop(due)
+            job = jobs.get(entry[2])
+            if job is not None and job.due_key == entry and not (taken and taken[-1] == entry):
+                taken.append(entry)
+                return entry
+        return None
+
+    def _due_put_back(self, taken: list) -> None:
+        for entry in taken:
+            heapq.heappush(self._due, entry)
 
     # --- internals: starts and head indexes -----------------------------------------
 
@@ -1066,15 +1093,22 @@ class Scheduler:
         return first[0], first[1], holders, pausable
 
     def _set_clock(self, job: _Job, now: float, advancing: bool) -> None:
-        if advancing == (job.clock_since is not None):
+        """`_start_clock` or `_stop_clock`, told in the job's story and reported changed:
+        written out, as a workspace freed or taken does this for every job queued there."""
+        since = job.clock_since
+        if advancing == (since is not None):
             return
         if advancing:
-            self._start_clock(job, now)
+            job.clock_since = now
+            line = "clock advancing"
         else:
-            self._stop_clock(job, now)
+            job.clock_acc += max(0.0, now - since)
+            job.clock_since = None
+            line = "clock paused"
+        if job.due_key is not None or job.job_id in self._enforced:
+            self._redue(job)
         self._clock_changed.add(job.job_id)
-        self._tell(job, now, "clock advancing" if advancing else "clock paused",
-                   job.queue_wait_s(now))
+        job.story.append((now, line, job.queue_wait_s(now)))
 
     def _reclassify(self, now: float) -> None:
         """Decide, as of now, which queued clocks advance -- touching only what can differ.
