@@ -1,7 +1,7 @@
 """The pure scheduler at scale: the reference core (before) against the incremental core (after).
 
 Run: python bench/scheduler.py [--sizes 1000,10000] [--rounds 21] [--only core|reference]
-                              [--workspaces 2000]
+                              [--workspaces 2000] [--max-weight 8] [--plain]
 
 Setup per size N: max_weight 8, N jobs queued over 2,000 workspaces (job i in workspace
 i % 2000, claim 2, every tenth a warm_build, every fiftieth with a sibling workspace, half
@@ -35,10 +35,14 @@ from motor.scheduling import core, reference  # noqa: E402
 
 WORKSPACES = 2000
 MAX_WEIGHT = 8
+PLAIN = False  # --plain: claim 1, no warm_build or sibling, every budget runner-enforced
 
 
 def spec(mod, i: int, enforce: bool | None = None):
     ws = f"w{i % WORKSPACES}"
+    if PLAIN:
+        return core.JobSpec(f"j{i}", ws, claim=1,
+                            runner_enforces_budget=True if enforce is None else enforce)
     siblings = (f"w{(i + 7) % WORKSPACES}",) if i % 50 == 0 else ()
     kind = "warm_build" if i % 10 == 0 else "job"
     return core.JobSpec(f"j{i}", ws, siblings=siblings, claim=2, kind=kind,
@@ -126,9 +130,9 @@ def bench(mod, n: int, rounds: int) -> dict[str, float]:
     return out
 
 
-def WORKSPACES_SET(n: int) -> None:  # noqa: N802
-    global WORKSPACES
-    WORKSPACES = n
+def WORKSPACES_SET(n: int, max_weight: int = MAX_WEIGHT, plain: bool = False) -> None:  # noqa: N802
+    global WORKSPACES, MAX_WEIGHT, PLAIN
+    WORKSPACES, MAX_WEIGHT, PLAIN = n, max_weight, plain
 
 
 def main() -> None:
@@ -138,10 +142,17 @@ def main() -> None:
     ap.add_argument("--only", choices=["core", "reference"])
     ap.add_argument("--workspaces", type=int, default=WORKSPACES,
                     help="spread the jobs over this many workspaces (1: one deep queue)")
+    ap.add_argument("--max-weight", type=int, default=MAX_WEIGHT)
+    ap.add_argument("--plain", action="store_true",
+                    help="every job claim 1, no warm_build or sibling, runner-enforced (as "
+                         "bench/scale.py submits them); with --max-weight 2 and a few "
+                         "workspaces, each end frees a workspace and the next start takes "
+                         "another (rotation): both flip every clock queued there")
     args = ap.parse_args()
-    WORKSPACES_SET(args.workspaces)
+    WORKSPACES_SET(args.workspaces, args.max_weight, args.plain)
     load = os.getloadavg()
     print(f"bench/scheduler.py: max_weight {MAX_WEIGHT}, {args.workspaces} workspaces, "
+          f"{'plain claim-1 jobs, ' if PLAIN else ''}"
           f"median of {args.rounds} rounds; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     mods = [("reference (before)", reference), ("core (after)", core)]
     if args.only:

@@ -516,9 +516,9 @@ class Scheduler:
         followed by the next one) gains nothing, so it is not flipped twice."""
         if self._owed and now <= self._t:
             now = self._t
-            self._owed = False
             chosen, _ = self._walk(now, need_fence=False)
             starts = [self._start(job, now) for job in chosen]
+            self._owed = False
             self._reclassify(now)
             return starts
         now = self._refresh(now)
