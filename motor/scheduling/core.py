@@ -839,11 +839,6 @@ class Scheduler:
         self._dirty.update(job.touched)
         self._held -= job.claim
 
-    def _start_clock(self, job: _Job, now: float) -> None:
-        if job.clock_since is None:
-            job.clock_since = now
-            self._redue(job)
-
     def _stop_clock(self, job: _Job, now: float) -> None:
         if job.clock_since is not None:
             job.clock_acc += max(0.0, now - job.clock_since)
@@ -863,7 +858,7 @@ class Scheduler:
             self._redue(job)
 
     def _redue(self, job: _Job) -> None:
-        """Keep the job's entry in ``_due`` (sorted by the time its budget runs out) true:
+        """Keep the job's entry in ``_due`` (a heap by the time its budget runs out) true:
         an advancing clock runs out at ``clock_since + budget - clock_acc``; a paused one
         never, unless it already has (then it is filed at -inf)."""
         order = self._enforced.get(job.job_id)
@@ -1093,8 +1088,9 @@ class Scheduler:
         return first[0], first[1], holders, pausable
 
     def _set_clock(self, job: _Job, now: float, advancing: bool) -> None:
-        """`_start_clock` or `_stop_clock`, told in the job's story and reported changed:
-        written out, as a workspace freed or taken does this for every job queued there."""
+        """Start or pause a queued job's clock (as `_stop_clock`, with its budget deadline
+        kept in `_due`), told in its story and reported changed; written out, as a
+        workspace freed or taken does this for every job queued there."""
         since = job.clock_since
         if advancing == (since is not None):
             return
@@ -1262,8 +1258,9 @@ class Scheduler:
         """Bring the core up to ``now``: re-decide clock pauses at each time-driven change
         between the previous call and now (a head reaching 60 s, a retry delay ending), in
         time order, exactly as an event would.  Between such breakpoints and events nothing
-        changes, and every mutating method ends with `_reclassify`, so no pass is needed at
-        ``now`` itself unless it is a breakpoint.  Returns the effective time."""
+        changes, and every mutating method ends with `_reclassify` (or, `finished()`, owes
+        it: `_settle` runs it first), so no pass is needed at ``now`` itself unless it is a
+        breakpoint.  Returns the effective time."""
         self._settle()
         if now < self._t:
             now = self._t  # time never goes back; a stale `now` counts as the latest one
