@@ -701,6 +701,23 @@ class Scheduler:
         age = 0.0 if math.isnan(job.ready_at) else max(0.0, now - job.ready_at)
         return job.queue_wait_s(now), job.clock_since is not None, age
 
+    def clock_states(self, job_ids, now: float) -> list[tuple[float, bool, float] | None]:
+        """`clock_state` of each of `job_ids`, in order, None for one not queued (ended,
+        started, awaiting its bundles), with the core brought up to ``now`` once: the
+        dispatcher's clock saves, after a workspace freed or taken flipped every clock
+        queued there."""
+        now = self._refresh(now)
+        jobs = self._jobs
+        out = []
+        for job_id in job_ids:
+            job = jobs.get(job_id)
+            if job is None or job.state != QUEUED:
+                out.append(None)
+                continue
+            age = 0.0 if math.isnan(job.ready_at) else max(0.0, now - job.ready_at)
+            out.append((job.queue_wait_s(now), job.clock_since is not None, age))
+        return out
+
     def take_clock_changes(self, now: float) -> set[str]:
         """Ids of the jobs that joined a queue, or whose queue-wait clock started, paused or
         resumed, since the previous call (as of ``now``); the dispatcher persists the clocks

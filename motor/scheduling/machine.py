@@ -618,12 +618,13 @@ class DispatchMachine:
         A refusal (a full state fs) writes none of them; they are persisted later."""
         self.clock_check |= self.core.take_clock_changes(now)
         saves = []
-        for job_id in sorted(self.clock_check):  # job-id (arrival) order
+        ids = sorted(self.clock_check)  # job-id (arrival) order
+        for job_id, state in zip(ids, self.core.clock_states(ids, now)):
             record = self.queued.get(job_id)
-            if record is None or self.core.job_state(job_id) != QUEUED:
+            if record is None or state is None:
                 self.clock_check.discard(job_id)
                 continue  # ended, started, or still awaiting its bundles: no clock yet
-            waited_s, running, age_s = self.core.clock_state(job_id, now)
+            waited_s, running, age_s = state
             saved = self.clock_saved.get(job_id)
             if saved is not None and saved[0] is running and abs(
                     saved[1] + (now - saved[2] if running else 0.0) - waited_s) < 1e-6:

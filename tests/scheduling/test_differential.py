@@ -217,6 +217,11 @@ class Differential(RuleBasedStateMachine):
             self.both("budget_s", job_id)
             if state == "queued":
                 self.both("clock_state", job_id, self.now)
+        # the dispatcher's bulk clock answer (incremental core only), job by job
+        states = self.new.clock_states(self.ids, self.now)
+        want_states = [self.ref.clock_state(j, self.now) if self.ref.job_state(j) == "queued"
+                       else None for j in self.ids]
+        assert states == want_states, self.explain(f"clock_states: {states!r} != {want_states!r}")
         # the status view's bulk answer (incremental core only) is the reference's, job by job
         bulk = self.new.wait_statuses(live, self.now)
         want = [tuple(dataclasses.astuple(self.ref.wait_status(j, self.now))) for j in live]
