@@ -28,7 +28,7 @@ from .memory.core import MemoryCeiling
 from .records import Event, JobRecord, JobRequest
 from .scheduling.messages import (
     BundleArrived, CancelJob, CapacityView, CeilingChanged, Finished, Heartbeat, QueuedView,
-    SUBMIT_TIMEOUT_S, SetupDone, StartFailed, StatusView, Submit, Unfollowed, Withdraw,
+    QueuedViews, SUBMIT_TIMEOUT_S, SetupDone, StartFailed, StatusView, Submit, Unfollowed, Withdraw,
 )
 from .store.actor import Expire, Save, SaveMany
 
@@ -174,6 +174,9 @@ class DispatcherHandle(_Handle):
 
     async def queued_view(self, job_id: str):
         return await self.ref.call(QueuedView(job_id))
+
+    async def queued_views(self, job_ids: tuple[str, ...]) -> dict:
+        return await self.ref.call(QueuedViews(job_ids))
 
     async def heartbeat(self, job_id: str):
         return await self.ref.call(Heartbeat(job_id))

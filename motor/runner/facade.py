@@ -98,9 +98,14 @@ class Runner:
         return Refusal(code="not_found", detail=f"no job {job_id} on this runner")
 
     async def jobs(self, *, all: bool = False) -> list[JobRecord]:
-        if all:
-            return self.db.listing(limit=10_000)
-        return self.db.listing(limit=200)
+        """The stored records, newest first; a queued one as `get` shows it (its live
+        queue_wait_ms and waiting_on), not as last saved."""
+        records = self.db.listing(limit=10_000 if all else 200)
+        queued = tuple(r.job_id for r in records if r.state == QUEUED)
+        if not queued:
+            return records
+        live = await self.handles.dispatcher.queued_views(queued)
+        return [live.get(r.job_id, r) for r in records]
 
     async def events(self, job_id: str, from_seq: int = 0) -> AsyncIterator[Event]:
         """Replay stored events from `from_seq`, then follow until the terminal event.

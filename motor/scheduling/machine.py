@@ -36,8 +36,8 @@ from .admission import (
 )
 from .core import AWAITING_BUNDLES, Scheduler, queue_wait_budget_s
 from .messages import (
-    BundleArrived, CancelJob, CeilingChanged, Finished, Heartbeat, QueuedView, SetupDone,
-    StatusView, Unfollowed,
+    BundleArrived, CancelJob, CeilingChanged, Finished, Heartbeat, QueuedView, QueuedViews,
+    SetupDone, StatusView, Unfollowed,
 )
 from .view import QueuedJson, public_form
 
@@ -495,9 +495,10 @@ class DispatchMachine:
     def _on_CancelJob(self, event: CancelJob, now, wall_ms):
         job_id = event.job_id
         if job_id in self.queued:
+            waited_ms = self.core.wait_status(job_id, now).queue_wait_ms  # its clock's end
             self.core.cancel(job_id, now)
             effects = self._end_queued(job_id, wall_ms, CANCEL, reason="cancelled",
-                                       detail="cancelled before start")
+                                       detail="cancelled before start", queue_wait_ms=waited_ms)
             return [*effects, *self._after(now), Reply(None, "cancelled")]
         if job_id in self.active:
             return [CancelJobActor(job_id), *self._after(now), Reply(None, "signalled")]
@@ -535,13 +536,15 @@ class DispatchMachine:
         return answer, self._end_queued(job_id, wall_ms, WITHDRAW, reason="queue_wait_exceeded",
                                         detail=detail, queue_wait_ms=status.queue_wait_ms)
 
-    def _end_queued(self, job_id, wall_ms, event, *, reason, detail, queue_wait_ms=None) -> list:
+    def _end_queued(self, job_id, wall_ms, event, *, reason, detail, queue_wait_ms: int) -> list:
+        """End a job that never started; `queue_wait_ms` is its clock at the end (the core's,
+        read before the job left it: the stored record holds only the last saved value)."""
         record = self.queued.pop(job_id)
         self.clock_saved.pop(job_id, None)
         record = advance(
             record, event, who="dispatcher", reason=reason, detail=detail, ended_at_ms=wall_ms,
             waiting_on=None, waiting_on_job=None, waiting_detail=None, queue_clock_running=False,
-            queue_wait_ms=record.queue_wait_ms if queue_wait_ms is None else queue_wait_ms)
+            queue_wait_ms=queue_wait_ms)
         save = SaveRecord(record, (Terminal(record=public_record(record)),),
                           retain_until_ms=retain_until(record))
         return [*self._save_or_defer(save), NoteEnded(record)]
@@ -652,6 +655,14 @@ class DispatchMachine:
     def _on_QueuedView(self, event: QueuedView, now, wall_ms):
         record = self.queued.get(event.job_id)
         return [Reply(None, None if record is None else self._live_view(record, now))]
+
+    def _on_QueuedViews(self, event: QueuedViews, now, wall_ms):
+        ids = [job_id for job_id in event.job_ids if job_id in self.queued]
+        replace, queued = msgspec.structs.replace, self.queued
+        return [Reply(None, {job_id: replace(queued[job_id], queue_wait_ms=ms, waiting_on=on,
+                                             waiting_on_job=on_job, waiting_detail=detail)
+                             for job_id, (on, on_job, ms, detail)
+                             in zip(ids, self.core.wait_statuses(ids, now))})]
 
     def _on_Heartbeat(self, event: Heartbeat, now, wall_ms):
         if event.job_id not in self.queued:

@@ -60,6 +60,14 @@ class QueuedView:
 
 
 @dataclass(frozen=True)
+class QueuedViews:
+    """Reply: {job_id: the queued record with live queue_wait_ms/waiting_on} for those of
+    `job_ids` still queued (a listing's queued records, in one call)."""
+
+    job_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class StatusView:
     """Reply: {"queued": [public records, live queue_wait_ms/waiting_on], "active": [job ids
     setting up or running], "capacity": {max_weight, claim_limit, held_permits,

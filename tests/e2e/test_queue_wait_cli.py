@@ -198,3 +198,39 @@ def test_clocks_behind_a_workspace_drained_job_after_job_stay_paused(serve_facto
     result = serve.cli("attach", "--json", c["job_id"])
     record = json_lines(result.stdout)[-1]["record"]
     assert record["state"] == "succeeded" and record["queue_wait_ms"] < 1000, record
+
+
+def test_a_job_cancelled_while_queued_records_the_wait_it_had(serve_factory, tmp_path):
+    """Through `motor serve` and the CLI: a job waiting for capacity (its clock advancing)
+    and cancelled records the queue wait it had then, in its terminal record and in the
+    terminal event a follower reads; not the value saved when it was accepted (0)."""
+    serve = serve_factory("--max-weight", "1").start()
+    holder = hold_capacity(serve, tmp_path / "go")
+    job = serve.cli_json("submit", "--weight", "1", "--workspace", "w", "--", "true")
+    wait_for(lambda: (_record(serve, job["job_id"])["queue_wait_ms"] or 0) >= 1200,
+             what="its clock to pass 1.2 s")
+    assert serve.cli("cancel", job["job_id"]).returncode == 0
+    ended = wait_for(lambda: _terminal(serve, job["job_id"]), what="it to end")
+    assert (ended["state"], ended["reason"]) == ("cancelled", "cancelled")
+    assert ended["queue_wait_ms"] >= 1200, ended
+    result = serve.cli("attach", "--json", job["job_id"])
+    assert json_lines(result.stdout)[-1]["record"]["queue_wait_ms"] == ended["queue_wait_ms"]
+    (tmp_path / "go").write_text("")
+    assert serve.cli("attach", holder["job_id"]).returncode == 0
+
+
+def test_a_listing_shows_a_queued_jobs_live_wait_as_a_get_does(serve_factory, tmp_path):
+    """`motor jobs` (GET /v1/jobs) shows a queued job as `GET /v1/jobs/{id}` and `motor
+    status` do: its live queue_wait_ms and waiting_on, not the values saved when it was
+    accepted (0, nothing)."""
+    serve = serve_factory("--max-weight", "1").start()
+    holder = hold_capacity(serve, tmp_path / "go")
+    job = serve.cli_json("submit", "--weight", "1", "--workspace", "w", "--", "true")
+    time.sleep(1.2)  # real time passing is the point: its clock advances, waiting on permits
+    for listing in (serve.cli_json("jobs"), serve.cli_json("jobs", "--all")):
+        listed = next(r for r in listing if r["job_id"] == job["job_id"])
+        assert listed["state"] == "queued" and listed["waiting_on"] == "permits", listed
+        assert listed["queue_wait_ms"] >= 1000, listed
+    (tmp_path / "go").write_text("")
+    assert serve.cli("attach", job["job_id"]).returncode == 0
+    assert serve.cli("attach", holder["job_id"]).returncode == 0

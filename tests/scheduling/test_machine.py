@@ -167,6 +167,21 @@ def test_a_cancel_the_store_cannot_record_stands_and_is_retried():
     assert save.record.state == "cancelled" and shell.machine.unsaved == {}
 
 
+def test_a_job_cancelled_while_queued_ends_with_its_clock_at_the_end():
+    """Its terminal record's queue_wait_ms is the clock when it was cancelled, not the value
+    saved with its record at acceptance (0 for a clock that advanced ever since)."""
+    shell = Shell(m.DispatchMachine.new(SETTINGS))
+    submit(shell, "j1", "t1", workspace="a")  # all 4 CPUs
+    shell.run(m.DiskAnswered("j1", None))
+    submit(shell, "j2", "t2", workspace="b")  # waits for capacity: its clock advances
+    shell.run(m.DiskAnswered("j2", None))
+    shell.now = 7.5
+    shell.run(CancelJob("j2"))
+    [save] = [s for s in shell.of(m.SaveRecord) if s.record.job_id == "j2"]
+    assert save.record.state == "cancelled" and save.record.queue_wait_ms == 7500
+    assert save.events[0].record["queue_wait_ms"] == 7500  # the terminal event says the same
+
+
 def test_recovery_adopts_running_jobs_and_requeues_queued_ones_in_id_order():
     records = (
         JobRecord(job_id="j1", state="running", workspace="a", claim=2, cpus=[0, 1]),
