@@ -430,7 +430,10 @@ class DispatchMachine:
         if isinstance(save, SaveClocks):
             for clock in save.saves:
                 job_id = clock.record.job_id
-                self.queued[job_id] = clock.record
+                old = self.queued.get(job_id)
+                self.queued[job_id] = clock.record  # from `old`: nothing else ran since
+                if old is not None:
+                    self.queued_json.carry(old, clock.record)
                 self.clock_saved[job_id] = (clock.running, *clock.clock_at)
                 self.clock_check.discard(job_id)
             return []
@@ -553,8 +556,9 @@ class DispatchMachine:
         job_id = event.job_id
         if job_id in self.queued:
             self.core.set_runner_enforced(job_id, True)
-            self.queued[job_id] = msgspec.structs.replace(
-                self.queued[job_id], budget_enforced_by="runner")
+            old = self.queued[job_id]
+            self.queued[job_id] = msgspec.structs.replace(old, budget_enforced_by="runner")
+            self.queued_json.carry(old, self.queued[job_id])  # an internal field only
             self.clock_saved.pop(job_id, None)  # persist the new enforcer
             self.clock_check.add(job_id)
         return self._after(now)

@@ -86,6 +86,14 @@ class QueuedJson:
     def __len__(self) -> int:
         return len(self._parts)
 
+    def carry(self, old: JobRecord, new: JobRecord) -> None:
+        """`new` replaces `old` with only its clock changed (`queue_wait_ms`, a live field,
+        and the internal clock fields, none of them in the kept bytes): the bytes kept for
+        `old`, if any, stand for `new` (a clock save re-encodes no record)."""
+        entry = self._parts.get(new.job_id)
+        if entry is not None and entry[0] is old:
+            self._parts[new.job_id] = (new, entry[1], entry[2])
+
     def encode(self, records: Mapping[str, JobRecord], statuses: Iterable[tuple]) -> list[bytes]:
         """The JSON public form of each of `records`, in order, with its live fields from
         `statuses` (Scheduler.wait_statuses: (waiting_on, waiting_on_job, queue_wait_ms,

@@ -292,8 +292,9 @@ def test_the_encoded_status_view_is_each_live_view_and_follows_every_change_of_a
     encoding of every record's live view, on the first view (all encoded), on a later one
     (none encoded again, the wait fields moved on), and after each change of a queued
     record: a requeue after a failed start (new attempts and detail), a clock saved when it
-    paused (the stored queue_wait_ms is not what the view shows), and a cancel (the job
-    leaves the view and the cache)."""
+    paused (the stored queue_wait_ms is not what the view shows; its kept bytes stand for
+    the new record, as only clock fields changed: stop 25), and a cancel (the job leaves the
+    view and the cache)."""
     import json
 
     machine = m.DispatchMachine.new(AdmissionSettings(claim_limit=6, max_weight=4,
@@ -325,7 +326,7 @@ def test_the_encoded_status_view_is_each_live_view_and_follows_every_change_of_a
     assert clock.record.job_id == "j4" and machine.queued["j4"] is clock.record
     shell.now = 12.0
     body = _encoded_view(shell)
-    assert body == _live_views(machine, 12.0) and machine.queued_json.encoded_last == 1
+    assert body == _live_views(machine, 12.0) and machine.queued_json.encoded_last == 0
     assert len(machine.queued_json) == 2  # j1, j2 left the queue: their entries too
     by_id = {r["job_id"]: r for r in json.loads(body)}
     assert by_id["j4"]["waiting_on_job"] == "j1"
