@@ -175,7 +175,7 @@ class DispatcherHandle(_Handle):
     async def queued_view(self, job_id: str):
         return await self.ref.call(QueuedView(job_id))
 
-    async def queued_views(self, job_ids: tuple[str, ...]) -> dict:
+    async def queued_views(self, job_ids: tuple[str, ...]) -> dict[str, tuple]:
         return await self.ref.call(QueuedViews(job_ids))
 
     async def heartbeat(self, job_id: str):

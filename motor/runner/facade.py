@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
+import msgspec
 import trio
 
 import actors
@@ -105,7 +106,10 @@ class Runner:
         if not queued:
             return records
         live = await self.handles.dispatcher.queued_views(queued)
-        return [live.get(r.job_id, r) for r in records]
+        replace = msgspec.structs.replace
+        return [r if (w := live.get(r.job_id)) is None else
+                replace(r, waiting_on=w[0], waiting_on_job=w[1], queue_wait_ms=w[2],
+                        waiting_detail=w[3]) for r in records]
 
     async def events(self, job_id: str, from_seq: int = 0) -> AsyncIterator[Event]:
         """Replay stored events from `from_seq`, then follow until the terminal event.

@@ -662,11 +662,7 @@ class DispatchMachine:
 
     def _on_QueuedViews(self, event: QueuedViews, now, wall_ms):
         ids = [job_id for job_id in event.job_ids if job_id in self.queued]
-        replace, queued = msgspec.structs.replace, self.queued
-        return [Reply(None, {job_id: replace(queued[job_id], queue_wait_ms=ms, waiting_on=on,
-                                             waiting_on_job=on_job, waiting_detail=detail)
-                             for job_id, (on, on_job, ms, detail)
-                             in zip(ids, self.core.wait_statuses(ids, now))})]
+        return [Reply(None, dict(zip(ids, self.core.wait_statuses(ids, now))))]
 
     def _on_Heartbeat(self, event: Heartbeat, now, wall_ms):
         if event.job_id not in self.queued:

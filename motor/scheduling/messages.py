@@ -61,8 +61,9 @@ class QueuedView:
 
 @dataclass(frozen=True)
 class QueuedViews:
-    """Reply: {job_id: the queued record with live queue_wait_ms/waiting_on} for those of
-    `job_ids` still queued (a listing's queued records, in one call)."""
+    """Reply: {job_id: (waiting_on, waiting_on_job, queue_wait_ms, waiting_detail)}, the live
+    wait fields of those of `job_ids` still queued (a listing's queued records, in one call;
+    the caller puts them in its records, off the dispatcher)."""
 
     job_ids: tuple[str, ...]
 
