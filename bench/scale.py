@@ -16,6 +16,8 @@ blocker job (`sleep`, claim = max_weight) takes all capacity; then N jobs of `tr
   `GET /v1/status`), ms; with N queued also the CPU time per request of the runner
   (`runner_cpu_ms`, from /proc) and of this client (`client_cpu_ms`: reading and decoding
   the answer), steadier than wall time when other work shares the machine;
+- `jobs_latency` with N queued: the same for `GET /v1/jobs?all=1` (every retained record,
+  each queued one with its live wait fields; stop 25);
 - `runner_rss`: the runner process's resident set size, MiB;
 - `restart_to_healthy`: SIGTERM the runner, start it again on the same state dir, seconds
   from the new process's start until `GET /v1/health` answers 200, and `restart_to_queue`
@@ -209,7 +211,8 @@ def main() -> int:
             emit("fill_wall", fill, "s", f"n={args.n} jobs_per_s={args.n / fill:.1f}")
 
             # -- latency and size with N queued ---------------------------------------------
-            for metric, path in (("health_latency", "/v1/health"), ("status_latency", "/v1/status")):
+            for metric, path in (("health_latency", "/v1/health"), ("status_latency", "/v1/status"),
+                                 ("jobs_latency", "/v1/jobs?all=1")):
                 values, cpu = timed_cpu(lambda: client.call("GET", path), args.tries, runner.proc.pid)
                 emit(metric, statistics.median(values), "ms",
                      f"p90={p90(values):.3f} tries={len(values)} queued={args.n} {cpu}")
