@@ -27,8 +27,8 @@ from .disk.messages import (
 from .memory.core import MemoryCeiling
 from .records import Event, JobRecord, JobRequest
 from .scheduling.messages import (
-    BundleArrived, CancelJob, CapacityView, CeilingChanged, Finished, Heartbeat, QueuedView,
-    QueuedViews, SUBMIT_TIMEOUT_S, SetupDone, StartFailed, StatusView, Submit, Unfollowed, Withdraw,
+    BundleArrived, CancelJob, CapacityView, CeilingChanged, Finished, Heartbeat, QueuedViews,
+    SUBMIT_TIMEOUT_S, SetupDone, StartFailed, StatusView, Submit, Unfollowed, Withdraw,
 )
 from .store.actor import Expire, Save, SaveMany
 
@@ -171,9 +171,6 @@ class DispatcherHandle(_Handle):
 
     async def withdraw(self, job_id: str):
         return await self.ref.call(Withdraw(job_id))
-
-    async def queued_view(self, job_id: str):
-        return await self.ref.call(QueuedView(job_id))
 
     async def queued_views(self, job_ids: tuple[str, ...]) -> dict[str, tuple]:
         return await self.ref.call(QueuedViews(job_ids))

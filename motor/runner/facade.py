@@ -85,12 +85,21 @@ class Runner:
         return answers
 
     async def get(self, job_id: str) -> JobRecord:
-        record = self._known(job_id)
-        if record.state == QUEUED:
-            live = await self.handles.dispatcher.queued_view(job_id)
-            if live is not None:
-                return live
+        [record] = await self._live([self._known(job_id)])
         return record
+
+    async def _live(self, records: list[JobRecord]) -> list[JobRecord]:
+        """`records`, each queued one with its live wait fields (queue_wait_ms, waiting_on,
+        waiting_on_job, waiting_detail) as the dispatcher has them now: one call for all;
+        the records are copied here, not in the dispatcher, which serializes scheduling."""
+        queued = tuple(r.job_id for r in records if r.state == QUEUED)
+        if not queued:
+            return records
+        live = await self.handles.dispatcher.queued_views(queued)
+        replace = msgspec.structs.replace
+        return [r if (w := live.get(r.job_id)) is None else
+                replace(r, waiting_on=w[0], waiting_on_job=w[1], queue_wait_ms=w[2],
+                        waiting_detail=w[3]) for r in records]
 
     def _missing(self, job_id: str) -> Refusal:
         if history_expired(job_id, self.clock.now_ms()):
@@ -101,15 +110,7 @@ class Runner:
     async def jobs(self, *, all: bool = False) -> list[JobRecord]:
         """The stored records, newest first; a queued one as `get` shows it (its live
         queue_wait_ms and waiting_on), not as last saved."""
-        records = self.db.listing(limit=10_000 if all else 200)
-        queued = tuple(r.job_id for r in records if r.state == QUEUED)
-        if not queued:
-            return records
-        live = await self.handles.dispatcher.queued_views(queued)
-        replace = msgspec.structs.replace
-        return [r if (w := live.get(r.job_id)) is None else
-                replace(r, waiting_on=w[0], waiting_on_job=w[1], queue_wait_ms=w[2],
-                        waiting_detail=w[3]) for r in records]
+        return await self._live(self.db.listing(limit=10_000 if all else 200))
 
     async def events(self, job_id: str, from_seq: int = 0) -> AsyncIterator[Event]:
         """Replay stored events from `from_seq`, then follow until the terminal event.

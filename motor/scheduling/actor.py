@@ -28,8 +28,8 @@ from ..store.db import StoreFull
 from . import machine as m
 from .admission import AdmissionSettings
 from .messages import (DISK_ADMIT_TIMEOUT_S, BundleArrived, CancelJob, CapacityView,
-                       CeilingChanged, Finished, Heartbeat, QueuedView, QueuedViews, SetupDone,
-                       StartFailed, StatusView, Submit, Unfollowed, Withdraw)
+                       CeilingChanged, Finished, Heartbeat, QueuedViews, SetupDone, StartFailed,
+                       StatusView, Submit, Unfollowed, Withdraw)
 
 log = logging.getLogger("motor.dispatcher")
 
@@ -47,8 +47,8 @@ class DispatchDeps:
 
 
 #: the messages that are the machine's events as they are
-_AS_IS = (SetupDone, Finished, CancelJob, Unfollowed, BundleArrived, QueuedView, QueuedViews,
-          Heartbeat, StatusView, CapacityView, m.DiskAnswered, m.TimerFired, m.FlushUnsaved)
+_AS_IS = (SetupDone, Finished, CancelJob, Unfollowed, BundleArrived, QueuedViews, Heartbeat,
+          StatusView, CapacityView, m.DiskAnswered, m.TimerFired, m.FlushUnsaved)
 
 
 class Dispatcher(actors.Actor):

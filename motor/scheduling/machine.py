@@ -36,8 +36,8 @@ from .admission import (
 )
 from .core import AWAITING_BUNDLES, Scheduler, queue_wait_budget_s
 from .messages import (
-    BundleArrived, CancelJob, CeilingChanged, Finished, Heartbeat, QueuedView, QueuedViews,
-    SetupDone, StatusView, Unfollowed,
+    BundleArrived, CancelJob, CeilingChanged, Finished, Heartbeat, QueuedViews, SetupDone,
+    StatusView, Unfollowed,
 )
 from .view import QueuedJson, public_form
 
@@ -656,10 +656,6 @@ class DispatchMachine:
 
     # -- views ------------------------------------------------------------------------------
 
-    def _on_QueuedView(self, event: QueuedView, now, wall_ms):
-        record = self.queued.get(event.job_id)
-        return [Reply(None, None if record is None else self._live_view(record, now))]
-
     def _on_QueuedViews(self, event: QueuedViews, now, wall_ms):
         ids = [job_id for job_id in event.job_ids if job_id in self.queued]
         return [Reply(None, dict(zip(ids, self.core.wait_statuses(ids, now))))]
@@ -702,9 +698,6 @@ class DispatchMachine:
         status = self.core.wait_status(job_id, now)
         return {"queue_wait_ms": status.queue_wait_ms, "waiting_on": status.waiting_on,
                 "waiting_on_job": status.waiting_on_job, "waiting_detail": status.waiting_detail}
-
-    def _live_view(self, record: JobRecord, now: float) -> JobRecord:
-        return msgspec.structs.replace(record, **self._wait_fields(record.job_id, now))
 
     def capacity(self) -> dict:
         stats = self.core.statistics()

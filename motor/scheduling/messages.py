@@ -53,17 +53,10 @@ class Withdraw:
 
 
 @dataclass(frozen=True)
-class QueuedView:
-    """Reply: the queued record of `job_id` with live queue_wait_ms/waiting_on, or None."""
-
-    job_id: str
-
-
-@dataclass(frozen=True)
 class QueuedViews:
     """Reply: {job_id: (waiting_on, waiting_on_job, queue_wait_ms, waiting_detail)}, the live
-    wait fields of those of `job_ids` still queued (a listing's queued records, in one call;
-    the caller puts them in its records, off the dispatcher)."""
+    wait fields of those of `job_ids` still queued (a record or a listing's queued records,
+    in one call; the caller puts them in its records, off the dispatcher)."""
 
     job_ids: tuple[str, ...]
 

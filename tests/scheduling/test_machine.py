@@ -258,7 +258,7 @@ def test_the_status_view_shows_each_queued_record_with_its_live_wait_fields():
     shell.run(StatusView())
     [reply] = shell.of(m.Reply)
     machine = shell.machine
-    expected = [public_record(machine._live_view(r, 7.5)) for r in machine.queued.values()]
+    expected = [public_record(_live_view(machine, r, 7.5)) for r in machine.queued.values()]
     assert reply.value["queued"] == expected and len(expected) == 4
     by_id = {r["job_id"]: r for r in reply.value["queued"]}
     assert by_id["j1"]["waiting_on"] == "workspace_owner" and by_id["j1"]["waiting_on_job"] == "j0"
@@ -275,14 +275,21 @@ def _encoded_view(shell: Shell) -> bytes:
     return join_array(list(reply.value["queued"]))
 
 
+def _live_view(machine: m.DispatchMachine, record, now: float):
+    """A queued record with its live wait fields, as GET /v1/jobs/{id} shows it."""
+    import msgspec
+
+    return msgspec.structs.replace(record, **machine._wait_fields(record.job_id, now))
+
+
 def _live_views(machine: m.DispatchMachine, now: float) -> bytes:
-    """Each queued record's live view (`_live_view`, as QueuedView answers it), made public
-    and encoded: what the encoded status view must equal byte for byte."""
+    """Each queued record's live view, made public and encoded: what the encoded status
+    view must equal byte for byte."""
     import msgspec
 
     from motor.records import public_record
 
-    return msgspec.json.encode([public_record(machine._live_view(r, now))
+    return msgspec.json.encode([public_record(_live_view(machine, r, now))
                                 for r in machine.queued.values()])
 
 
