@@ -145,9 +145,9 @@ class Dispatcher(actors.Actor):
         elif isinstance(effect, m.ReleaseCpus):
             await job.cpu.release(effect.job_id)
         elif isinstance(effect, m.StartJobActor):
-            job_id = effect.job_id
-            await self.deps.execution.start_job(
-                job_id, lambda: JobExecution(job.records.get(job_id), job))
+            job_id, first = effect.job_id, [effect.record]  # a restart reads the stored one
+            await self.deps.execution.start_job(job_id, lambda: JobExecution(
+                (first.pop() if first else None) or job.records.get(job_id), job))
         elif isinstance(effect, m.CancelJobActor):
             ref = self.deps.execution.job(effect.job_id)
             if ref is not None:

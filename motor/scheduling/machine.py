@@ -205,6 +205,9 @@ class ReleaseCpus:
 @dataclass(frozen=True)
 class StartJobActor:
     job_id: str
+    #: the job's record as just saved (its start) or recovered: the job actor's first
+    #: incarnation starts from it without reading it back from the store (issue 14)
+    record: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -336,7 +339,7 @@ class DispatchMachine:
             self.core.adopt_running(spec, now)
             self.active.add(record.job_id)
             if record.job_id not in event.with_actor:
-                effects.append(StartJobActor(record.job_id))
+                effects.append(StartJobActor(record.job_id, record))
         return effects + self._after(now)
 
     # -- admission ---------------------------------------------------------------------------
@@ -444,7 +447,7 @@ class DispatchMachine:
             del self.starting[job_id]
             self.unsaved.pop(job_id, None)  # superseded (a deferred requeue)
             self.active.add(job_id)
-            return [StartJobActor(job_id)]
+            return [StartJobActor(job_id, save.record)]
         if save.purpose == "flush":
             current = self.unsaved.get(job_id)
             if current is not None and current.record is save.record:  # not superseded

@@ -86,6 +86,7 @@ class FakeExecution:
     def __init__(self, running=()):
         self.started: list[str] = []
         self.running = set(running)
+        self.factories: dict[str, object] = {}  # job id -> the factory of its actor
 
     def jobs(self) -> set[str]:
         return set(self.running)
@@ -96,6 +97,7 @@ class FakeExecution:
     async def start_job(self, job_id, factory) -> None:
         self.started.append(job_id)
         self.running.add(job_id)
+        self.factories[job_id] = factory
 
 
 class World:
@@ -110,12 +112,13 @@ class World:
         self.cpu = Recorder("cpu", reply=lambda msg: [0] if isinstance(msg, Place) else None)
         self.accounting = Recorder("accounting")
         self.execution = FakeExecution()
+        self.records = Records(self.db)  # what the job actors read
         self.dispatcher: Dispatcher | None = None
 
     async def start(self) -> DispatcherHandle:
         n = self.nursery
         self.job_deps = JobDeps(
-            config=self.config, records=Records(self.db),
+            config=self.config, records=self.records,
             store=StoreHandle(await n.start(self.store.run)), dispatcher=None,
             cpu=CpuHandle(await n.start(self.cpu.run)),
             accounting=AccountingHandle(await n.start(self.accounting.run)),
@@ -372,4 +375,37 @@ async def test_an_orderly_stop_saves_the_clocks_still_waiting_for_their_save(
         assert not dispatcher.ref.alive
         stored = world.db.get(waiting.job_id)
         assert stored.queue_clock_running and stored.queue_wait_ms == 7000
+        nursery.cancel_scope.cancel()
+
+
+class CountingRecords(Records):
+    """The records view the job actors read, counting the reads of one record."""
+
+    def __init__(self, db):
+        super().__init__(db)
+        self.gets: list[str] = []
+
+    def get(self, job_id):
+        self.gets.append(job_id)
+        return super().get(job_id)
+
+
+async def test_a_started_job_actor_gets_its_record_from_the_dispatcher(tmp_path, autojump_clock):
+    """The record the dispatcher saved at a job's start is the one its actor starts from:
+    no read of it back from the store on the start path (issue 14); an incarnation made
+    later (the supervisor restarting a crashed job actor) reads the record as stored then."""
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery)
+        world.records = counting = CountingRecords(world.db)
+        dispatcher = await world.start()
+        record = await dispatcher.submit(request())
+        await trio.testing.wait_all_tasks_blocked()
+        assert world.execution.started == [record.job_id]
+        factory = world.execution.factories[record.job_id]
+        first = factory()
+        assert first.record.job_id == record.job_id and first.record.state == "setup"
+        assert first.record == world.db.get(record.job_id) and counting.gets == []
+        world.db.save(msgspec.structs.replace(world.db.get(record.job_id), state="running"))
+        again = factory()
+        assert counting.gets == [record.job_id] and again.record.state == "running"
         nursery.cancel_scope.cancel()
