@@ -59,7 +59,7 @@ from motor.isolation.join import (  # noqa: E402
     SCOPE_TIMEOUT_S, JoinError, fork_into_cgroup, join_confinement,
 )
 from motor.execution.joblog import (  # noqa: E402
-    KEEPER_FILE, STATUS_FILE, STDERR, STDOUT, read_spec, write_json_atomic,
+    KEEPER_FILE, STATUS_FILE, STDERR, STDOUT, read_bytes, read_spec, write_json_atomic,
 )
 
 __all__ = ["KIND", "LOCK_NAME", "SOCKET_NAME", "START_LOCK_NAME", "main", "socket_address"]
@@ -112,16 +112,14 @@ def _now_ms() -> int:
 def _children(pid: int) -> list[int]:
     """The direct children of ``pid`` (single-threaded: its main task's list)."""
     try:
-        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
-            return [int(x) for x in f.read().split()]
+        return [int(x) for x in read_bytes(f"/proc/{pid}/task/{pid}/children").split()]
     except OSError:
         return []
 
 
 def _carries_marker(pid: int, job_id: bytes) -> bool:
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read()
+        env = read_bytes(f"/proc/{pid}/environ")
     except OSError:
         return False
     return JOB_MARKER + job_id in env.split(b"\0")
@@ -324,12 +322,15 @@ class Keeperd:
                 job.cancel_requested = True
         self._reap_orphans()
 
-    def _reap_orphans(self) -> None:
-        """Reap exited processes re-parented to us (we are the jobs' subreaper); never a
+    def _strangers(self) -> list[int]:
+        """Our children that are neither a job's main process nor a spare: processes
+        re-parented to us (we are the jobs' subreaper)."""
+        return [p for p in _children(self.pid) if p not in self.mains and not self.spares.is_spare(p)]
+
+    def _reap_orphans(self, strangers: list[int] | None = None) -> None:
+        """Reap exited processes re-parented to us (`strangers`, if just read); never a
         job's main process (its pidfd handler reaps it with its rusage)."""
-        for pid in _children(self.pid):
-            if pid in self.mains or self.spares.is_spare(pid):
-                continue
+        for pid in self._strangers() if strangers is None else strangers:
             try:
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
@@ -754,12 +755,12 @@ class Keeperd:
         if job.exited and not job.streams:
             self._tick(job, time.monotonic())
 
-    def _orphans_of(self, job: Job) -> list[int]:
-        """Processes re-parented to keeperd that carry the job's marker (a child that
-        left the job's process group, e.g. with setsid, whose parent exited)."""
-        return [p for p in _children(self.pid)
-                if p not in self.mains and not self.spares.is_spare(p)
-                and _carries_marker(p, job.job_id)]
+    def _orphans_of(self, job: Job, strangers: list[int] | None = None) -> list[int]:
+        """Processes re-parented to keeperd (`strangers`, if just read) that carry the job's
+        marker (a child that left the job's process group, e.g. with setsid, whose parent
+        exited)."""
+        return [p for p in (self._strangers() if strangers is None else strangers)
+                if _carries_marker(p, job.job_id)]
 
     def _signal_tree(self, job: Job, sig: int) -> None:
         """The job's process group, its main process's descendants, and its orphans (with
@@ -801,16 +802,17 @@ class Keeperd:
         os.close(job.pidfd)
         job.pidfd = -1
         # left-overs that escaped the group: re-parented to us, found by the job marker
-        # (only looked for when we have a child that is no job's main process)
-        if any(p not in self.mains and not self.spares.is_spare(p) for p in _children(self.pid)):
-            for orphan in self._orphans_of(job):
-                try:
-                    os.kill(orphan, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        # (only looked for when we have a child that is no job's main process); our
+        # children are read once for both this and the reaping below
+        strangers = self._strangers()
+        for orphan in self._orphans_of(job, strangers) if strangers else ():
+            try:
+                os.kill(orphan, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         job.exited = True
         job.drain_until = time.monotonic() + K.DRAIN_TIMEOUT_S
-        self._reap_orphans()
+        self._reap_orphans(strangers)
         self._tick(job, time.monotonic())
 
     def _tick(self, job: Job, now: float) -> None:

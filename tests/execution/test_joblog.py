@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +12,7 @@ from motor.execution import (
     read_status,
     write_json_atomic,
 )
-from motor.execution.joblog import RECORD_HEADER, encode_record
+from motor.execution.joblog import RECORD_HEADER, encode_record, read_bytes, read_spec
 
 
 def test_read_records_incremental_and_partial(tmp_path):
@@ -55,6 +56,20 @@ def test_json_files(tmp_path):
     (tmp_path / "status.json").write_text("[1]")
     with pytest.raises(JobDirError):
         read_status(tmp_path)
+
+
+def test_read_bytes_reads_a_file_whole_whatever_its_size(tmp_path):
+    """`read_bytes` (spec.json, status.json, /proc lists) reads to the end, past its chunk."""
+    env = {f"VAR{i}": "x" * 100 for i in range(2000)}  # a 230 kB spec.json (a large env)
+    write_json_atomic(tmp_path / "spec.json", {"command": ["true"], "env": env})
+    assert read_spec(tmp_path) == {"command": ["true"], "env": env}
+    assert read_bytes(tmp_path / "spec.json") == (tmp_path / "spec.json").read_bytes()
+    (tmp_path / "empty").write_bytes(b"")
+    assert read_bytes(tmp_path / "empty") == b""
+    proc = f"/proc/{os.getpid()}/cmdline"  # size 0 in its stat: read to the end all the same
+    assert read_bytes(proc) == Path(proc).read_bytes() and read_bytes(proc)
+    with pytest.raises(FileNotFoundError):
+        read_bytes(tmp_path / "absent")
 
 
 def test_read_records_reads_at_most_max_bytes_per_call(tmp_path):
