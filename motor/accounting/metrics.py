@@ -20,6 +20,11 @@ def _num(value: Any) -> float | None:
     return float(value)
 
 
+def _ms_to_s(value: Any) -> float | None:
+    v = _num(value)
+    return None if v is None else v / 1000.0
+
+
 def _gauge(name: str, doc: str, value: Any) -> GaugeMetricFamily | None:
     v = _num(value)
     return None if v is None else GaugeMetricFamily(name, doc, value=v)
@@ -40,6 +45,7 @@ class HealthCollector(Collector):
         disk = r.get("disk") or {}
         host = r.get("host") or {}
         active = r.get("active") or {}
+        last_checkpoint = (r.get("store") or {}).get("last_checkpoint") or {}
         singles = [
             ("motor_capacity_max_weight", "bound on the sum of running and setting-up claims",
              cap.get("max_weight")),
@@ -67,6 +73,11 @@ class HealthCollector(Collector):
             ("motor_host_logical_cpus", "logical CPU threads of the host", host.get("logical_cpus")),
             ("motor_host_available_memory_bytes", "MemAvailable of the host",
              host.get("available_memory_bytes")),
+            ("motor_store_last_checkpoint_seconds", "how long the store's last WAL checkpoint "
+             "took (in a worker thread)", _ms_to_s(last_checkpoint.get("ms"))),
+            ("motor_store_last_checkpoint_writes_paused_seconds", "how long the store's writes "
+             "waited for its last WAL checkpoint's final step", _ms_to_s(
+                 last_checkpoint.get("writes_paused_ms"))),
         ]
         for name, doc, value in singles:
             family = _gauge(name, doc, value)
@@ -84,6 +95,13 @@ class HealthCollector(Collector):
                 troubled.add_metric([name], 1.0)
             yield troubled
 
+        store = r.get("store") or {}
+        for key, name, doc in (("commits", "motor_store_commits", "write transactions of the job "
+                                "store since start"),
+                               ("checkpoints", "motor_store_checkpoints", "WAL checkpoints of the "
+                                "job store since start (each in a worker thread)")):
+            if _num(store.get(key)) is not None:
+                yield CounterMetricFamily(name, doc, value=float(store[key]))
         refusals = CounterMetricFamily(
             "motor_admission_refusals", "requests refused before acceptance since start, by code",
             labels=["code"])

@@ -281,8 +281,15 @@ class Runner:
                 report["disk"]["state_filesystem"] = self.host.state_fs
         report.update(ledger)
         degraded = self._supervision_troubles() + degraded
-        if self.db.full_error is not None:
-            degraded.insert(0, {"subsystem": "store", "cause": self.db.full_error})
+        db = self.db
+        if db.checkpoint_error is not None:
+            degraded.insert(0, {"subsystem": "store", "cause": db.checkpoint_error
+                                + "; the WAL grows until a checkpoint succeeds"})
+        if db.full_error is not None:
+            degraded.insert(0, {"subsystem": "store", "cause": db.full_error})
+        report["store"] = {"commits": db.commits, "checkpoints": db.checkpoints,
+                           **({} if db.last_checkpoint is None else
+                              {"last_checkpoint": db.last_checkpoint})}
         report["status"] = "degraded" if degraded else "ok"
         report["degraded"] = degraded
         return report

@@ -15,9 +15,12 @@ database to its end takes the next ones from the hub (`ChangeHub.recent`).
 from __future__ import annotations
 
 import logging
+import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
+
+import trio
 
 import actors
 
@@ -49,6 +52,9 @@ class SaveMany:
 
 #: at most this many waiting save messages are committed together with the current one
 GROUP_MAX = 64
+#: commits between two WAL checkpoints, run in a worker thread (db.py, "Checkpoints"): a
+#: commit here writes about 6.5 pages, so about SQLite's own 1,000-page interval
+CHECKPOINT_EVERY = 128
 
 
 def _writes(msg: Save | SaveMany) -> list[tuple]:
@@ -77,14 +83,57 @@ class StoreActor(actors.Actor):
         self.db = db
         self.hub = hub
         self.saves = 0
+        self._checkpoint_due = trio.Event()
+        self._checkpointed_at = db.commits  # `db.commits` when the last checkpoint began
+        self._writes_wait: trio.Event | None = None  # set: saves wait in the inbox for it
+
+    async def on_start(self):
+        self.db.background_checkpoints()
+        self.nursery.start_soon(self._checkpointer)
+
+    async def _checkpointer(self):
+        """The WAL's checkpoints, off the event loop (db.py, "Checkpoints"), one round after
+        every CHECKPOINT_EVERY commits, in a worker thread: first while commits go on (the
+        bulk of the WAL, and the two syncs), then with the saves held in the inbox (the
+        frames written meanwhile: a short copy) so that it completes and the next commit
+        starts the WAL over; without that pause a busy runner's commits would keep the WAL
+        from ever being restarted, and it would grow without bound. A failed round is
+        logged (health shows it) and tried again after as many commits."""
+        db = self.db
+        while True:
+            await self._checkpoint_due.wait()
+            self._checkpoint_due = trio.Event()
+            self._checkpointed_at = db.commits
+            try:
+                bulk = await trio.to_thread.run_sync(db.checkpoint)
+                self._writes_wait = trio.Event()
+                try:
+                    tail = await trio.to_thread.run_sync(db.checkpoint)
+                finally:
+                    resume, self._writes_wait = self._writes_wait, None
+                    resume.set()
+            except sqlite3.Error:
+                log.warning("store: %s; tried again after %d commits", db.checkpoint_error,
+                            CHECKPOINT_EVERY)
+                continue
+            db.checkpoints += 1
+            db.last_checkpoint = {"ms": round((bulk.seconds + tail.seconds) * 1000.0, 3),
+                                  "writes_paused_ms": round(tail.seconds * 1000.0, 3),
+                                  "wal_frames": bulk.wal_frames, "complete": tail.complete}
 
     #: a save to an idle store is written in the sender's task (no task switch)
     immediate = (Save, SaveMany)
 
     def handle_now(self, msg):
+        if self._writes_wait is not None:  # a checkpoint's last step: wait in the inbox
+            return actors.LATER
         return self._group(msg, self.take_waiting(_is_save, GROUP_MAX))
 
     async def handle(self, msg):
+        if self._writes_wait is not None:  # every message here writes
+            await self._writes_wait.wait()
+        if _is_save(msg):
+            return self._group(msg, self.take_waiting(_is_save, GROUP_MAX))
         if isinstance(msg, Expire):
             ids = self.db.expire(msg.now_ms)
             for job_id in ids:
@@ -133,6 +182,8 @@ class StoreActor(actors.Actor):
         writes = [w for msg in msgs for w in _writes(msg)]
         stamped = self.db.save_many(writes)
         self.saves += len(writes)
+        if self.db.commits - self._checkpointed_at >= CHECKPOINT_EVERY:
+            self._checkpoint_due.set()
         for write, events in zip(writes, stamped):
             if len(write) == 4:  # watchers index records; a clock alone changes none of that
                 self.hub.saved(write[0])

@@ -40,11 +40,21 @@ the file system (`PRAGMA incremental_vacuum`, at most RECLAIM_MAX_PAGES per call
 database created before that keeps `auto_vacuum=NONE` (changing it needs a full VACUUM,
 which motor does not run by itself): its space is reused but the file does not shrink.
 `journal_size_limit` truncates the WAL back after a checkpoint that ran while it was large.
+
+Checkpoints: by default SQLite copies the WAL back into the database file inside the commit
+that grows the WAL past 1,000 pages, with two `fdatasync`s (WAL, then database) under
+`synchronous=NORMAL`. In the runner that commit runs on the event loop's thread (the store
+writes in its caller's task), so every checkpoint stalled everything for as long as the
+disk took to sync: 13-24 ms per checkpoint on this host's journaled ext4, about once per
+40 jobs, and far longer on a build host whose disk is busy with builds. The store actor
+therefore turns the commits' checkpoints off (`background_checkpoints`) and runs
+`checkpoint` in a worker thread on a connection of its own (docs/performance.md, stop 26).
 """
 
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 from typing import Iterable, NamedTuple, Sequence
 
@@ -58,6 +68,19 @@ PAGE_EVENTS = 64
 RECLAIM_KEEP_PAGES = 256  # free pages kept for reuse after an expiry pass (1 MiB of 4 KiB pages)
 RECLAIM_MAX_PAGES = 4096  # free pages handed back per expiry pass (16 MiB: a short stall)
 WAL_SIZE_LIMIT = 16 * 1024 * 1024
+
+
+class CheckpointResult(NamedTuple):
+    """`PRAGMA wal_checkpoint(PASSIVE)`'s answer and how long it took."""
+
+    busy: int  # 1 when a lock kept it from starting (another checkpointer)
+    wal_frames: int  # frames in the WAL (-1: not in WAL mode)
+    checkpointed: int  # of them, copied into the database file (fewer: a reader's snapshot)
+    seconds: float
+
+    @property
+    def complete(self) -> bool:
+        return self.busy == 0 and self.checkpointed == self.wal_frames
 EVENTS_READ_BYTES = 4 * 1024 * 1024  # events_from stops after this many bytes (at least one row)
 _OUTPUT_PREFIX = b'{"event":"output"'
 _COLUMNS = {  # added after the first schema: created on open when missing
@@ -164,6 +187,13 @@ class Database:
         #: write transactions committed by `save`/`save_many` (bench/throughput.py's
         #: transactions per job; tests count them)
         self.commits = 0
+        #: `checkpoint`'s own connection (opened by its first call) and why the last
+        #: checkpoint failed (None: it did not); the store actor's checkpointer keeps the
+        #: count of its rounds and the last one's figures here (health shows them)
+        self._checkpoint_conn: sqlite3.Connection | None = None
+        self.checkpoint_error: str | None = None
+        self.checkpoints = 0
+        self.last_checkpoint: dict | None = None
         try:
             self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             # only takes effect while the file is still empty (a new database): set it first
@@ -205,7 +235,37 @@ class Database:
                 f" it with `sqlite3 motor.db .recover`")
 
     def close(self) -> None:
+        if self._checkpoint_conn is not None:  # first: the last close checkpoints the rest
+            self._checkpoint_conn.close()
+            self._checkpoint_conn = None
         self.conn.close()
+
+    # -- checkpoints (store actor: in a worker thread) ----------------------------------
+
+    def background_checkpoints(self) -> None:
+        """No commit checkpoints the WAL any more (`wal_autocheckpoint=0`): the caller runs
+        `checkpoint` itself, off the thread that commits (see the module docstring)."""
+        self.conn.execute("PRAGMA wal_autocheckpoint=0")
+
+    def checkpoint(self) -> CheckpointResult:
+        """One PASSIVE checkpoint (it never waits for a reader or the writer: what it cannot
+        copy now waits for the next one) on a connection of its own, so it may run in a
+        worker thread while commits go on; one caller at a time. sqlite3.Error (the disk
+        full, an I/O error) is recorded in `checkpoint_error` and raised."""
+        t0 = time.perf_counter()
+        try:
+            if self._checkpoint_conn is None:
+                conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
+                self._checkpoint_conn = conn
+            busy, frames, done = self._checkpoint_conn.execute(
+                "PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        except sqlite3.Error as exc:
+            self.checkpoint_error = f"WAL checkpoint of {self.path} failed: {exc}"
+            raise
+        self.checkpoint_error = None
+        return CheckpointResult(busy, frames, done, time.perf_counter() - t0)
 
     # -- writes (store actor only) ----------------------------------------------------------
 

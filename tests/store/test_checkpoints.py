@@ -1,0 +1,181 @@
+"""WAL checkpoints off the event loop (issue 14, stop 26; motor/store/db.py "Checkpoints").
+
+A commit no longer checkpoints the WAL (two fdatasyncs on the thread that commits, which in
+the runner is the event loop's); the store actor runs the checkpoints in a worker thread,
+one round per CHECKPOINT_EVERY commits: the bulk while commits go on, then the frames
+written meanwhile with the saves held in its inbox, so that the WAL starts over.
+
+A real store actor on a real SQLite database, on trio's real clock (the checkpoints run in
+real threads); the final step is held at a threading barrier to stage saves against it.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+
+import pytest
+import trio
+import trio.testing
+
+from motor.handles import StoreHandle
+from motor.records import Accepted, JobRecord
+from motor.store import actor as store_actor
+from motor.store.actor import StoreActor
+from motor.store.db import Database
+from motor.store.hub import ChangeHub
+
+
+def record(job_id: str, size: int = 3000) -> JobRecord:
+    """A record of about `size` bytes (a commit of it writes a page or two)."""
+    return JobRecord(job_id=job_id, state="queued", workspace="w", claim=1,
+                     command=["true", "x" * size], accepted_at_ms=0)
+
+
+def wal_frames(path) -> int:
+    """Frames in the database's WAL now, as another connection sees them."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        return conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]
+    finally:
+        conn.close()
+
+
+def wal_file_frames(path) -> int:
+    """Frames the WAL file has room for (its size): the frames written while the WAL was
+    never started over (reading it checkpoints nothing, unlike `wal_frames`)."""
+    return max(0, (os.path.getsize(f"{path}-wal") - 32) // (4096 + 24))
+
+
+class ThreadedDatabase(Database):
+    """The real database, noting the thread of each checkpoint and holding checkpoint
+    number `hold` (1: a round's first step, 2: its final step) until `release` is set."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.threads: list[int] = []
+        self.saved: list[str] = []  # job ids in commit order
+        self.hold = 0
+        self.held, self.release = threading.Event(), threading.Event()
+
+    def checkpoint(self):
+        self.threads.append(threading.get_ident())
+        if len(self.threads) == self.hold:
+            self.held.set()
+            assert self.release.wait(30)
+        return super().checkpoint()
+
+    def save_many(self, writes):
+        result = super().save_many(writes)
+        self.saved.extend(w[0].job_id for w in writes)
+        return result
+
+
+async def _until(predicate, timeout: float = 30) -> None:
+    with trio.fail_after(timeout):
+        while not predicate():
+            await trio.sleep(0.01)
+
+
+def test_commits_leave_the_checkpoints_to_the_caller(tmp_path):
+    """`background_checkpoints`: no commit copies the WAL back (it grows past SQLite's
+    1,000-page interval); `checkpoint` does, from another thread, and reports it."""
+    db = Database(tmp_path / "motor.db")
+    db.background_checkpoints()
+    assert db.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    for i in range(700):
+        db.save(record(f"j{i}"))
+    frames = wal_frames(tmp_path / "motor.db")
+    assert frames > 1000  # with the default every commit past 1,000 pages checkpoints
+
+    got = []
+    thread = threading.Thread(target=lambda: got.append(db.checkpoint()))
+    thread.start()
+    thread.join()
+    [result] = got
+    assert result.busy == 0 and result.wal_frames >= frames and result.complete
+    assert db.checkpoint_error is None
+    db.close()
+
+
+def test_a_failed_checkpoint_is_recorded_and_raised(tmp_path):
+    db = Database(tmp_path / "motor.db")
+    db.path = tmp_path / "gone" / "motor.db"  # its connection cannot be opened
+    with pytest.raises(sqlite3.OperationalError):
+        db.checkpoint()
+    assert "WAL checkpoint of" in db.checkpoint_error and "unable to open" in db.checkpoint_error
+    db.path = tmp_path / "motor.db"
+    assert db.checkpoint().complete and db.checkpoint_error is None
+    db.close()
+
+
+async def test_the_store_checkpoints_in_a_worker_thread_and_the_wal_starts_over(
+        tmp_path, monkeypatch):
+    """A round after every CHECKPOINT_EVERY commits, in worker threads. Commits go on during
+    its first step (held here while 12 more are written); its final step copies them with
+    the saves held, so the round completes and the next commit starts the WAL over (without
+    that step the WAL would hold every frame since the first commit: a busy runner's WAL
+    would only grow)."""
+    monkeypatch.setattr(store_actor, "CHECKPOINT_EVERY", 16)
+    db = ThreadedDatabase(tmp_path / "motor.db")
+    db.hold = 1
+    async with trio.open_nursery() as nursery:
+        store = StoreHandle(await nursery.start(StoreActor(db, ChangeHub()).run))
+        for i in range(15):
+            await store.save(record(f"j{i}"))
+        assert db.threads == [] and wal_file_frames(tmp_path / "motor.db") >= 15
+        await store.save(record("j15"))  # the 16th commit: a round
+        await trio.to_thread.run_sync(db.held.wait, 30)  # its first step, held
+        for i in range(16, 28):  # commits go on meanwhile (fewer than a round's worth)
+            await store.save(record(f"j{i}"))
+        assert db.commits == 28
+        db.release.set()
+        await _until(lambda: db.checkpoints == 1)
+        assert len(db.threads) == 2 and threading.get_ident() not in db.threads
+        assert db.last_checkpoint["complete"] and db.last_checkpoint["wal_frames"] >= 16
+        frames = wal_file_frames(tmp_path / "motor.db")
+        assert frames >= 28
+        await store.save(record("j28"))  # the next commit starts the WAL over
+        assert wal_frames(tmp_path / "motor.db") <= 8  # that one commit's pages alone
+        assert wal_file_frames(tmp_path / "motor.db") == frames  # (the file is reused)
+        nursery.cancel_scope.cancel()
+    db.close()
+
+
+async def test_saves_during_the_final_step_wait_in_order_and_the_loop_runs_on(
+        tmp_path, monkeypatch):
+    """While a round's final step runs, saves wait in the store's inbox (nothing is
+    committed, the event loop serves other tasks), then are committed in arrival order."""
+    monkeypatch.setattr(store_actor, "CHECKPOINT_EVERY", 4)
+    db = ThreadedDatabase(tmp_path / "motor.db")
+    db.hold = 2
+    async with trio.open_nursery() as nursery:
+        store = StoreHandle(await nursery.start(StoreActor(db, ChangeHub()).run))
+        for i in range(4):
+            await store.save(record(f"a{i}"))
+        await trio.to_thread.run_sync(db.held.wait, 30)  # the final step, held
+        commits = db.commits
+        done = []
+
+        async def save(job_id):
+            await store.save(record(job_id), [Accepted(job_id=job_id, claim=1)])
+            done.append(job_id)
+
+        for job_id in ("b0", "b1", "b2"):
+            nursery.start_soon(save, job_id)
+            await trio.testing.wait_all_tasks_blocked()
+        ticks = 0
+        for _ in range(5):  # the loop is not blocked: other tasks run
+            await trio.sleep(0.01)
+            ticks += 1
+        assert ticks == 5 and done == [] and db.commits == commits
+        db.release.set()
+        await _until(lambda: len(done) == 3)
+        assert db.saved[-3:] == ["b0", "b1", "b2"] and db.checkpoints == 1
+        assert db.last_checkpoint["complete"]
+        assert all(db.get(j) is not None and len(list(db.events_from(j, 0))) == 1
+                   for j in ("b0", "b1", "b2"))
+        nursery.cancel_scope.cancel()
+    db.close()
+    assert not os.path.exists(tmp_path / "motor.db-wal")  # the last close checkpointed it
