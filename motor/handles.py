@@ -30,7 +30,7 @@ from .scheduling.messages import (
     BundleArrived, CancelJob, CapacityView, CeilingChanged, Finished, Heartbeat, QueuedViews,
     SUBMIT_TIMEOUT_S, SetupDone, StartFailed, StatusView, Submit, Unfollowed, Withdraw,
 )
-from .store.actor import Expire, Save, SaveMany
+from .store.messages import Expire, Save, SaveMany
 
 __all__ = [
     "AccountingHandle", "CpuHandle", "DiskHandle", "DispatcherHandle", "ExecutionHandle",

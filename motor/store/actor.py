@@ -16,38 +16,20 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import trio
 
 import actors
 
-from ..records import Event, JobRecord
 from .db import Database, StoreFull
 from .hub import ChangeHub
+from .messages import Expire, Save, SaveMany, is_save, writes_of
+
+__all__ = ["CHECKPOINT_EVERY", "GROUP_MAX", "Expire", "Save", "SaveMany", "StoreActor",
+           "open_database"]
 
 log = logging.getLogger("motor.store")
-
-
-@dataclass(frozen=True)
-class Save:
-    """Upsert `record` and append `events` atomically; reply: the events with their seqs."""
-
-    record: JobRecord
-    events: Sequence[Event] = ()
-    log_offset: int | None = None
-    retain_until_ms: int | None = None
-    #: write only the record's queue-wait clock (`ClockSave`: no events, issue 14)
-    clock_only: bool = False
-
-
-@dataclass(frozen=True)
-class SaveMany:
-    """Several saves in one transaction (all or none); reply: each one's stamped events."""
-
-    saves: tuple[Save, ...]
 
 
 #: at most this many waiting save messages are committed together with the current one
@@ -55,21 +37,6 @@ GROUP_MAX = 64
 #: commits between two WAL checkpoints, run in a worker thread (db.py, "Checkpoints"): a
 #: commit here writes about 6.5 pages, so about SQLite's own 1,000-page interval
 CHECKPOINT_EVERY = 128
-
-
-def _writes(msg: Save | SaveMany) -> list[tuple]:
-    saves = msg.saves if isinstance(msg, SaveMany) else (msg,)
-    return [(s.record, (), None, None, True) if s.clock_only else
-            (s.record, s.events, s.log_offset, s.retain_until_ms) for s in saves]
-
-
-def _is_save(msg) -> bool:
-    return isinstance(msg, (Save, SaveMany))
-
-
-@dataclass(frozen=True)
-class Expire:
-    now_ms: int
 
 
 class StoreActor(actors.Actor):
@@ -127,13 +94,13 @@ class StoreActor(actors.Actor):
     def handle_now(self, msg):
         if self._writes_wait is not None:  # a checkpoint's last step: wait in the inbox
             return actors.LATER
-        return self._group(msg, self.take_waiting(_is_save, GROUP_MAX))
+        return self._group(msg, self.take_waiting(is_save, GROUP_MAX))
 
     async def handle(self, msg):
         if self._writes_wait is not None:  # every message here writes
             await self._writes_wait.wait()
-        if _is_save(msg):
-            return self._group(msg, self.take_waiting(_is_save, GROUP_MAX))
+        if is_save(msg):
+            return self._group(msg, self.take_waiting(is_save, GROUP_MAX))
         if isinstance(msg, Expire):
             ids = self.db.expire(msg.now_ms)
             for job_id in ids:
@@ -179,7 +146,7 @@ class StoreActor(actors.Actor):
 
     def _commit(self, msgs: list) -> list:
         """Write the saves of `msgs` in one transaction; each message's answer."""
-        writes = [w for msg in msgs for w in _writes(msg)]
+        writes = [w for msg in msgs for w in writes_of(msg)]
         stamped = self.db.save_many(writes)
         self.saves += len(writes)
         if self.db.commits - self._checkpointed_at >= CHECKPOINT_EVERY:
