@@ -1,0 +1,161 @@
+"""How long the runner's event loop is held at a time, and by the store's commits.
+
+    python bench/loop_stalls.py [--rounds 3] [--n 1000] [--isolation affinity]
+                                [--baseline-root DIR]
+
+Each round runs an embedded runner (`motor.open_runner`, `max_weight=2`) in a fresh process
+and submits N jobs of `true` over 4 workspaces at once (as bench/job_cost.py does), waits
+for every job's end, and takes, from the first submit to the last end:
+
+- `loop_step` (ms): the longest single task step of the trio loop (a trio Instrument,
+  `before_task_step` to `after_task_step`): for that long nothing else in the runner ran,
+  not the API, not a health probe, not the other jobs' events; printed with the 99th
+  percentile and the steps over 5 ms (count and their sum);
+- `commit` (ms): each `Database.save_many` (one transaction, on the loop's thread):
+  median, 99th percentile, max, the sum per job, and the commits over 5 ms;
+- `jobs_per_s`.
+
+`--io-load` runs, during each round, a writer beside the runner on the state directory's
+file system (`dd` of 256 MiB with `conv=fsync`, over and over, into TMPDIR): a build host
+whose builds write, where a sync waits behind their write-back.
+
+Stop 26 moved the WAL's checkpoints (two fdatasyncs each) out of the commits into a worker
+thread (docs/operations.md, "The job database's checkpoints"): run with `--baseline-root DIR`
+(`git archive REV | tar -x -C DIR`) for the code before, interleaved (peer=motor-baseline).
+The state directory is made under TMPDIR (its file system decides what a sync costs:
+bench/journaled_fs.sh). Every line carries load1=; the end shows medians over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+from benchlib import fs_note, load1, run_round
+from benchlib import peers as bench_peers
+
+ROOT = Path(__file__).resolve().parent.parent
+METRICS = ("loop_step_max", "loop_step_p99", "steps_over_5ms", "steps_over_5ms_sum",
+           "commit_p50", "commit_p99", "commit_max", "commit_ms_per_job", "commits_over_5ms",
+           "jobs_per_s")
+
+ROUND = r"""
+import json, sys, tempfile, time
+import trio, motor
+from motor.store import db as dbm
+
+iso, n = sys.argv[1], int(sys.argv[2])
+steps, commits, on = [], [], [False]
+real = dbm.Database.save_many
+
+def save_many(self, writes):
+    t0 = time.perf_counter()
+    try:
+        return real(self, writes)
+    finally:
+        if on[0]:
+            commits.append(time.perf_counter() - t0)
+
+dbm.Database.save_many = save_many
+
+class Steps(trio.abc.Instrument):
+    t0 = None  # added inside a step: its end is not counted
+    def before_task_step(self, task):
+        self.t0 = time.perf_counter()
+    def after_task_step(self, task):
+        if self.t0 is not None:
+            steps.append(time.perf_counter() - self.t0)
+
+def q(values, p):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(p * len(values)))]
+
+async def main():
+    with tempfile.TemporaryDirectory() as state:
+        config = motor.RunnerConfig(state_dir=state, max_weight=2, isolation=iso,
+                                    free_space_floor_bytes=0, max_queue_depth=n + 10)
+        async with motor.open_runner(config) as runner:
+            first = await runner.submit(motor.JobRequest(command=["true"], workspace="w",
+                                                         weight_hint=1))
+            async for _ in runner.events(first.job_id):  # warm: keeperd is up, code loaded
+                pass
+            trio.lowlevel.add_instrument(Steps())
+            on[0] = True
+            t0 = time.perf_counter()
+            ids = [(await runner.submit(motor.JobRequest(
+                command=["true"], workspace=f"ws{i % 4}", weight_hint=1))).job_id
+                for i in range(n)]
+            for job_id in ids:
+                async for _ in runner.events(job_id):
+                    pass
+            wall = time.perf_counter() - t0
+            on[0] = False
+    ms = lambda v: round(1000.0 * v, 3)
+    long = [s for s in steps if s > 0.005]
+    print(json.dumps({
+        "loop_step_max": ms(max(steps)), "loop_step_p99": ms(q(steps, 0.99)),
+        "steps_over_5ms": len(long), "steps_over_5ms_sum": ms(sum(long)),
+        "commit_p50": ms(q(commits, 0.5)), "commit_p99": ms(q(commits, 0.99)),
+        "commit_max": ms(max(commits)), "commit_ms_per_job": ms(sum(commits) / n),
+        "commits_over_5ms": len([c for c in commits if c > 0.005]),
+        "jobs_per_s": round(n / wall, 1)}))
+
+trio.run(main)
+"""
+
+
+@contextlib.contextmanager
+def io_load(on: bool):
+    """A shell loop of `dd ... conv=fsync` into TMPDIR while the block runs."""
+    if not on:
+        yield
+        return
+    target = os.path.join(tempfile.gettempdir(), f"motor-io-load-{os.getpid()}")
+    proc = subprocess.Popen(
+        ["sh", "-c", f"while :; do dd if=/dev/zero of={target} bs=1M count=256 conv=fsync "
+                     "status=none; done"], start_new_session=True)
+    try:
+        yield
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(target)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--isolation", default="affinity")
+    ap.add_argument("--baseline-root", metavar="DIR")
+    ap.add_argument("--io-load", action="store_true",
+                    help="a dd writer with fsync on TMPDIR's file system during each round")
+    args = ap.parse_args()
+    fs_note()
+    peers = bench_peers(ROOT, args.baseline_root)
+    every: dict[str, dict[str, list[float]]] = {p: {m: [] for m in METRICS} for p, _ in peers}
+    print(f"# loop_stalls: rounds={args.rounds} n={args.n} isolation={args.isolation} "
+          f"io_load={args.io_load} load1={load1()}", flush=True)
+    for _ in range(args.rounds):
+        for peer, root in peers:
+            with io_load(args.io_load):
+                got = run_round(ROUND, root, args.isolation, str(args.n))
+            for m in METRICS:
+                every[peer][m].append(got[m])
+            print(f"peer={peer} " + " ".join(f"{m}={got[m]}" for m in METRICS)
+                  + f" n={args.n} isolation={args.isolation} load1={load1()}", flush=True)
+    print(f"# medians over {args.rounds} rounds (ms, but counts and jobs_per_s), load1={load1()}")
+    for peer, _ in peers:
+        print(f"# {peer:15s} " + " ".join(f"{m}={statistics.median(every[peer][m]):g}"
+                                           for m in METRICS))
+
+
+if __name__ == "__main__":
+    main()
