@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 from pathlib import Path
 
 import trio
@@ -26,7 +27,7 @@ from .db import Database, StoreFull
 from .hub import ChangeHub
 from .messages import Expire, Save, SaveMany, is_save, writes_of
 
-__all__ = ["CHECKPOINT_EVERY", "GROUP_MAX", "Expire", "Save", "SaveMany", "StoreActor",
+__all__ = ["CHECKPOINT_BYTES", "CHECKPOINT_EVERY", "GROUP_MAX", "Expire", "Save", "SaveMany", "StoreActor",
            "open_database"]
 
 log = logging.getLogger("motor.store")
@@ -34,9 +35,11 @@ log = logging.getLogger("motor.store")
 
 #: at most this many waiting save messages are committed together with the current one
 GROUP_MAX = 64
-#: commits between two WAL checkpoints, run in a worker thread (db.py, "Checkpoints"): a
-#: commit here writes about 6.5 pages, so about SQLite's own 1,000-page interval
+#: a WAL checkpoint round (in a worker thread, db.py "Checkpoints") after this many commits
+#: (one writes about 6.5 pages: about SQLite's own 1,000-page interval) or this many bytes
+#: of records and events written (large output batches), whichever comes first
 CHECKPOINT_EVERY = 128
+CHECKPOINT_BYTES = 4 * 1024 * 1024
 
 
 class StoreActor(actors.Actor):
@@ -51,7 +54,7 @@ class StoreActor(actors.Actor):
         self.hub = hub
         self.saves = 0
         self._checkpoint_due = trio.Event()
-        self._checkpointed_at = db.commits  # `db.commits` when the last checkpoint began
+        self._checkpointed_at = (db.commits, db.bytes_written)  # when the last round began
         self._writes_wait: trio.Event | None = None  # set: saves wait in the inbox for it
 
     async def on_start(self):
@@ -60,32 +63,33 @@ class StoreActor(actors.Actor):
 
     async def _checkpointer(self):
         """The WAL's checkpoints, off the event loop (db.py, "Checkpoints"), one round after
-        every CHECKPOINT_EVERY commits, in a worker thread: first while commits go on (the
+        every CHECKPOINT_EVERY commits or CHECKPOINT_BYTES written, in a worker thread: first while commits go on (the
         bulk of the WAL, and the two syncs), then with the saves held in the inbox (the
         frames written meanwhile: a short copy) so that it completes and the next commit
         starts the WAL over; without that pause a busy runner's commits would keep the WAL
         from ever being restarted, and it would grow without bound. A failed round is
-        logged (health shows it) and tried again after as many commits."""
+        logged (health shows it) and tried again after as many."""
         db = self.db
         while True:
             await self._checkpoint_due.wait()
             self._checkpoint_due = trio.Event()
-            self._checkpointed_at = db.commits
+            self._checkpointed_at = (db.commits, db.bytes_written)
             try:
                 bulk = await trio.to_thread.run_sync(db.checkpoint)
-                self._writes_wait = trio.Event()
+                self._writes_wait, held_at = trio.Event(), time.perf_counter()
                 try:
                     tail = await trio.to_thread.run_sync(db.checkpoint)
                 finally:
                     resume, self._writes_wait = self._writes_wait, None
                     resume.set()
+                    held_s = time.perf_counter() - held_at
             except sqlite3.Error:
-                log.warning("store: %s; tried again after %d commits", db.checkpoint_error,
-                            CHECKPOINT_EVERY)
+                log.warning("store: %s; tried again after as many commits or bytes",
+                            db.checkpoint_error)
                 continue
             db.checkpoints += 1
             db.last_checkpoint = {"ms": round((bulk.seconds + tail.seconds) * 1000.0, 3),
-                                  "writes_paused_ms": round(tail.seconds * 1000.0, 3),
+                                  "writes_paused_ms": round(held_s * 1000.0, 3),
                                   "wal_frames": bulk.wal_frames, "complete": tail.complete}
 
     #: a save to an idle store is written in the sender's task (no task switch)
@@ -105,6 +109,8 @@ class StoreActor(actors.Actor):
             ids = self.db.expire(msg.now_ms)
             for job_id in ids:
                 self.hub.fire(job_id)
+            if ids:  # deletions (and pages handed back) the byte count does not see
+                self._checkpoint_due.set()
             return ids
         raise TypeError(f"store: unknown message {msg!r}")
 
@@ -149,7 +155,9 @@ class StoreActor(actors.Actor):
         writes = [w for msg in msgs for w in writes_of(msg)]
         stamped = self.db.save_many(writes)
         self.saves += len(writes)
-        if self.db.commits - self._checkpointed_at >= CHECKPOINT_EVERY:
+        commits, written = self._checkpointed_at
+        if self.db.commits - commits >= CHECKPOINT_EVERY or \
+                self.db.bytes_written - written >= CHECKPOINT_BYTES:
             self._checkpoint_due.set()
         for write, events in zip(writes, stamped):
             if len(write) == 4:  # watchers index records; a clock alone changes none of that

@@ -48,7 +48,8 @@ writes in its caller's task), so every checkpoint stalled everything for as long
 disk took to sync: 13-24 ms per checkpoint on this host's journaled ext4, about once per
 40 jobs, and far longer on a build host whose disk is busy with builds. The store actor
 therefore turns the commits' checkpoints off (`background_checkpoints`) and runs
-`checkpoint` in a worker thread on a connection of its own (docs/performance.md, stop 26).
+`checkpoint` in a worker thread on a connection of its own, by `commits` and
+`bytes_written` (docs/operations.md, "The job database's checkpoints").
 """
 
 from __future__ import annotations
@@ -194,6 +195,10 @@ class Database:
         self.checkpoint_error: str | None = None
         self.checkpoints = 0
         self.last_checkpoint: dict | None = None
+        #: bytes of records and events written by committed transactions (about what
+        #: they added to the WAL; the store actor checkpoints by it and by `commits`)
+        self.bytes_written = 0
+        self._txn_bytes = 0
         try:
             self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             # only takes effect while the file is still empty (a new database): set it first
@@ -285,7 +290,7 @@ class Database:
             return []
         conn = self.conn
         conn.execute("BEGIN IMMEDIATE")
-        self._unclocked = []
+        self._unclocked, self._txn_bytes = [], 0
         try:
             stamped: list[list[Event]] = []
             clocks: list[ClockSave] = []
@@ -301,6 +306,7 @@ class Database:
             if clocks:
                 self._write_clocks(clocks)
             conn.execute("COMMIT")
+            self.bytes_written += self._txn_bytes
         except BaseException as exc:
             self._unclocked = []  # rolled back: their rows are still there
             more = len({w[0].job_id for w in writes}) - 1
@@ -315,6 +321,7 @@ class Database:
 
     def _write_clocks(self, clocks: list[ClockSave]) -> None:
         self._clocked.update(clock.job_id for clock in clocks)  # before: a superset
+        self._txn_bytes += 64 * len(clocks)  # a row of ids and numbers
         self.conn.executemany("INSERT OR REPLACE INTO clocks VALUES (?, ?, ?, ?, ?, ?)", clocks)
 
     def _write(self, record: JobRecord, events: Sequence[Event], log_offset: int | None,
@@ -325,13 +332,15 @@ class Database:
         if record.job_id in self._clocked:
             conn.execute("DELETE FROM clocks WHERE job_id=?", (record.job_id,))
             self._unclocked.append(record.job_id)
+        data = _encoder.encode(record)
+        self._txn_bytes += len(data)
         if not events and log_offset is None:
             # A record alone (a queue-wait clock, a start): its seqs and offset stay as they
             # are, so one UPDATE does (issue 14: most saves are clocks); INSERT when new.
             cur = conn.execute(
                 "UPDATE jobs SET state=?, terminal=?, record=?, retain_until_ms=? WHERE job_id=?",
-                (record.state, int(record.state in TERMINAL_STATES), _encoder.encode(record),
-                 retain_until_ms, record.job_id))
+                (record.state, int(record.state in TERMINAL_STATES), data, retain_until_ms,
+                 record.job_id))
             if cur.rowcount:
                 return []
         row = conn.execute(
@@ -346,13 +355,14 @@ class Database:
         rows = [(record.job_id, e.seq, encode_event(e)) for e in stamped]
         conn.executemany("INSERT INTO events VALUES (?, ?, ?)", rows)
         terminal = record.state in TERMINAL_STATES
+        self._txn_bytes += sum(len(row[2]) for row in rows)
         conn.execute(
             "INSERT INTO jobs (job_id, state, terminal, record, log_offset, next_seq, retain_until_ms)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT(job_id) DO UPDATE SET state=excluded.state, terminal=excluded.terminal,"
             " record=excluded.record, log_offset=excluded.log_offset, next_seq=excluded.next_seq,"
             " retain_until_ms=excluded.retain_until_ms",
-            (record.job_id, record.state, int(terminal), _encoder.encode(record),
+            (record.job_id, record.state, int(terminal), data,
              old_offset if log_offset is None else log_offset, next_seq, retain_until_ms),
         )
         # the cap is on what is stored: the encoded event (JSON escapes included)

@@ -20,7 +20,7 @@ import trio
 import trio.testing
 
 from motor.handles import StoreHandle
-from motor.records import Accepted, JobRecord
+from motor.records import Accepted, JobRecord, Output
 from motor.store import actor as store_actor
 from motor.store.actor import StoreActor
 from motor.store.db import Database
@@ -179,3 +179,20 @@ async def test_saves_during_the_final_step_wait_in_order_and_the_loop_runs_on(
         nursery.cancel_scope.cancel()
     db.close()
     assert not os.path.exists(tmp_path / "motor.db-wal")  # the last close checkpointed it
+
+
+async def test_a_round_also_comes_after_as_many_bytes_written(tmp_path, monkeypatch):
+    """Large saves (a job's output in batches) checkpoint by the bytes they wrote, long
+    before CHECKPOINT_EVERY commits: the WAL stays near CHECKPOINT_BYTES, not 128 batches."""
+    monkeypatch.setattr(store_actor, "CHECKPOINT_BYTES", 1024 * 1024)
+    db = ThreadedDatabase(tmp_path / "motor.db")
+    async with trio.open_nursery() as nursery:
+        store = StoreHandle(await nursery.start(StoreActor(db, ChangeHub()).run))
+        await store.save(record("j", 100), [Output(stream="stdout", data="x" * 400_000)])
+        await store.save(record("j", 100), [Output(stream="stdout", data="y" * 400_000)])
+        assert db.bytes_written > 800_000 and db.threads == []
+        await store.save(record("j", 100), [Output(stream="stdout", data="z" * 400_000)])
+        await _until(lambda: db.checkpoints == 1)
+        assert db.commits == 3 and db.last_checkpoint["complete"]
+        nursery.cancel_scope.cancel()
+    db.close()
