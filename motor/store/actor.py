@@ -23,24 +23,18 @@ import trio
 
 import actors
 
+from .checkpoints import CheckpointPlan
 from .db import Database, StoreFull
 from .hub import ChangeHub
 from .messages import Expire, Save, SaveMany, is_save, writes_of
 
-__all__ = ["CHECKPOINT_BYTES", "CHECKPOINT_EVERY", "GROUP_MAX", "Expire", "Save", "SaveMany", "StoreActor",
-           "open_database"]
+__all__ = ["GROUP_MAX", "Expire", "Save", "SaveMany", "StoreActor", "open_database"]
 
 log = logging.getLogger("motor.store")
 
 
 #: at most this many waiting save messages are committed together with the current one
 GROUP_MAX = 64
-#: a WAL checkpoint round (in a worker thread, db.py "Checkpoints") after this many commits
-#: (one writes about 6.5 pages: about SQLite's own 1,000-page interval) or this many bytes
-#: of records and events written (large output batches), whichever comes first
-CHECKPOINT_EVERY = 128
-CHECKPOINT_BYTES = 4 * 1024 * 1024
-
 
 class StoreActor(actors.Actor):
     inbox_size = 256
@@ -54,49 +48,59 @@ class StoreActor(actors.Actor):
         self.hub = hub
         self.saves = 0
         self._checkpoint_due = trio.Event()
-        self._checkpointed_at = (db.commits, db.bytes_written)  # when the last round began
-        self._writes_wait: trio.Event | None = None  # set: saves wait in the inbox for it
+        self._plan = CheckpointPlan(db.commits, db.bytes_written)
+        self._writes_wait: trio.Event | None = None  # set: writes wait in the inbox for it
+        self._held_at = 0.0
 
     async def on_start(self):
         self.db.background_checkpoints()
         self.nursery.start_soon(self._checkpointer)
 
     async def _checkpointer(self):
-        """The WAL's checkpoints, off the event loop (db.py, "Checkpoints"), one round after
-        every CHECKPOINT_EVERY commits or CHECKPOINT_BYTES written, in a worker thread: first while commits go on (the
-        bulk of the WAL, and the two syncs), then with the saves held in the inbox (the
-        frames written meanwhile: a short copy) so that it completes and the next commit
-        starts the WAL over; without that pause a busy runner's commits would keep the WAL
-        from ever being restarted, and it would grow without bound. A failed round is
-        logged (health shows it) and tried again after as many."""
-        db = self.db
+        """The WAL's checkpoint rounds (checkpoints.py), in a worker thread, off the event
+        loop. A failed round is logged once until one succeeds (health shows it); the next
+        is due after as many commits or bytes."""
+        db, plan = self.db, self._plan
         while True:
             await self._checkpoint_due.wait()
             self._checkpoint_due = trio.Event()
-            self._checkpointed_at = (db.commits, db.bytes_written)
+            plan.begin(db.commits, db.bytes_written)
+            failing = db.checkpoint_error is not None
             try:
-                bulk = await trio.to_thread.run_sync(db.checkpoint)
-                self._writes_wait, held_at = trio.Event(), time.perf_counter()
-                try:
-                    tail = await trio.to_thread.run_sync(db.checkpoint)
-                finally:
-                    resume, self._writes_wait = self._writes_wait, None
-                    resume.set()
-                    held_s = time.perf_counter() - held_at
+                first = done = await trio.to_thread.run_sync(db.checkpoint)
+                if plan.second_step(first.wal_frames, db.page_size):
+                    self._hold_writes()
+                    done = await trio.to_thread.run_sync(db.checkpoint)
             except sqlite3.Error:
-                log.warning("store: %s; tried again after as many commits or bytes",
-                            db.checkpoint_error)
+                if not failing:
+                    log.warning("store: %s", db.checkpoint_error)
                 continue
+            finally:
+                held_s = self._release_writes()
             db.checkpoints += 1
-            db.last_checkpoint = {"ms": round((bulk.seconds + tail.seconds) * 1000.0, 3),
-                                  "writes_paused_ms": round(held_s * 1000.0, 3),
-                                  "wal_frames": bulk.wal_frames, "complete": tail.complete}
+            db.last_checkpoint = {
+                "ms": round((first.seconds + (done.seconds if done is not first else 0.0))
+                            * 1000.0, 3),
+                "writes_paused_ms": round(held_s * 1000.0, 3), "wal_frames": first.wal_frames,
+                "complete": done.complete}
+
+    def _hold_writes(self) -> None:
+        if self._writes_wait is None:
+            self._writes_wait, self._held_at = trio.Event(), time.perf_counter()
+
+    def _release_writes(self) -> float:
+        """Let the held writes go on; how long they were held (0: they were not)."""
+        resume, self._writes_wait = self._writes_wait, None
+        if resume is None:
+            return 0.0
+        resume.set()
+        return time.perf_counter() - self._held_at
 
     #: a save to an idle store is written in the sender's task (no task switch)
     immediate = (Save, SaveMany)
 
     def handle_now(self, msg):
-        if self._writes_wait is not None:  # a checkpoint's last step: wait in the inbox
+        if self._writes_wait is not None:  # held for a checkpoint: wait in the inbox
             return actors.LATER
         return self._group(msg, self.take_waiting(is_save, GROUP_MAX))
 
@@ -155,9 +159,10 @@ class StoreActor(actors.Actor):
         writes = [w for msg in msgs for w in writes_of(msg)]
         stamped = self.db.save_many(writes)
         self.saves += len(writes)
-        commits, written = self._checkpointed_at
-        if self.db.commits - commits >= CHECKPOINT_EVERY or \
-                self.db.bytes_written - written >= CHECKPOINT_BYTES:
+        db = self.db
+        if self._plan.committed(db.commits, db.bytes_written, db.wal_bytes()):
+            if self._plan.wal_over:  # the rounds fall behind: the writes wait for one
+                self._hold_writes()
             self._checkpoint_due.set()
         for write, events in zip(writes, stamped):
             if len(write) == 4:  # watchers index records; a clock alone changes none of that

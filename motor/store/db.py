@@ -39,7 +39,7 @@ running job's output does not grow the file. New databases are created with
 the file system (`PRAGMA incremental_vacuum`, at most RECLAIM_MAX_PAGES per call). A
 database created before that keeps `auto_vacuum=NONE` (changing it needs a full VACUUM,
 which motor does not run by itself): its space is reused but the file does not shrink.
-`journal_size_limit` truncates the WAL back after a checkpoint that ran while it was large.
+`journal_size_limit` truncates the WAL back to WAL_SIZE_LIMIT when it starts over after it grew larger.
 
 Checkpoints: by default SQLite copies the WAL back into the database file inside the commit
 that grows the WAL past 1,000 pages, with two `fdatasync`s (WAL, then database) under
@@ -48,12 +48,14 @@ writes in its caller's task), so every checkpoint stalled everything for as long
 disk took to sync: 13-24 ms per checkpoint on this host's journaled ext4, about once per
 40 jobs, and far longer on a build host whose disk is busy with builds. The store actor
 therefore turns the commits' checkpoints off (`background_checkpoints`) and runs
-`checkpoint` in a worker thread on a connection of its own, by `commits` and
-`bytes_written` (docs/operations.md, "The job database's checkpoints").
+`checkpoint` in a worker thread on a connection of its own, when motor/store/checkpoints.py
+says (by `commits`, `bytes_written` and `wal_bytes`; docs/operations.md, "The job
+database's checkpoints").
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -68,7 +70,7 @@ SCHEMA_VERSION = 1
 PAGE_EVENTS = 64
 RECLAIM_KEEP_PAGES = 256  # free pages kept for reuse after an expiry pass (1 MiB of 4 KiB pages)
 RECLAIM_MAX_PAGES = 4096  # free pages handed back per expiry pass (16 MiB: a short stall)
-WAL_SIZE_LIMIT = 16 * 1024 * 1024
+WAL_SIZE_LIMIT = 8 * 1024 * 1024
 
 
 class CheckpointResult(NamedTuple):
@@ -208,6 +210,7 @@ class Database:
             self.conn.execute("PRAGMA synchronous=NORMAL")
             self.conn.execute("PRAGMA busy_timeout=5000")
             self.conn.executescript(_SCHEMA)
+            self.page_size = self.conn.execute("PRAGMA page_size").fetchone()[0]
             have = {r[1] for r in self.conn.execute("PRAGMA table_info(jobs)")}
             for column, decl in _COLUMNS.items():
                 if column not in have:
@@ -251,6 +254,14 @@ class Database:
         """No commit checkpoints the WAL any more (`wal_autocheckpoint=0`): the caller runs
         `checkpoint` itself, off the thread that commits (see the module docstring)."""
         self.conn.execute("PRAGMA wal_autocheckpoint=0")
+
+    def wal_bytes(self) -> int:
+        """The size of the WAL file (a high-water mark: a WAL started over reuses it, and
+        it is truncated back to WAL_SIZE_LIMIT)."""
+        try:
+            return os.stat(f"{self.path}-wal").st_size
+        except FileNotFoundError:
+            return 0
 
     def checkpoint(self) -> CheckpointResult:
         """One PASSIVE checkpoint (it never waits for a reader or the writer: what it cannot

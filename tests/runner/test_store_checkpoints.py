@@ -11,7 +11,7 @@ import trio
 
 import motor
 from motor.records import JobRequest
-from motor.store import actor as store_actor
+from motor.store import checkpoints
 from runner_helpers import embedded_config, terminal_of
 
 
@@ -28,7 +28,8 @@ async def _until(predicate, timeout: float = 60) -> None:
 
 
 async def test_the_runner_checkpoints_off_its_commits_and_reports_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(store_actor, "CHECKPOINT_EVERY", 8)
+    monkeypatch.setattr(checkpoints, "CHECKPOINT_EVERY", 8)
+    monkeypatch.setattr(checkpoints, "WAL_RESTART_BYTES", 0)  # every round in two steps
     async with motor.open_runner(embedded_config(tmp_path, max_weight=2)) as runner:
         db = runner.db
         assert db.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0

@@ -2,8 +2,9 @@
 
 A commit no longer checkpoints the WAL (two fdatasyncs on the thread that commits, which in
 the runner is the event loop's); the store actor runs the checkpoints in a worker thread,
-one round per CHECKPOINT_EVERY commits: the bulk while commits go on, then the frames
-written meanwhile with the saves held in its inbox, so that the WAL starts over.
+one round per CHECKPOINT_EVERY commits or CHECKPOINT_BYTES written: a step while commits
+go on and, once the WAL has grown past WAL_RESTART_BYTES without starting over, a second
+one with the saves held in its inbox, so that the WAL starts over.
 
 A real store actor on a real SQLite database, on trio's real clock (the checkpoints run in
 real threads); the final step is held at a threading barrier to stage saves against it.
@@ -21,8 +22,9 @@ import trio.testing
 
 from motor.handles import StoreHandle
 from motor.records import Accepted, JobRecord, Output
-from motor.store import actor as store_actor
+from motor.store import checkpoints
 from motor.store.actor import StoreActor
+from motor.store.checkpoints import CheckpointPlan
 from motor.store.db import Database
 from motor.store.hub import ChangeHub
 
@@ -110,14 +112,35 @@ def test_a_failed_checkpoint_is_recorded_and_raised(tmp_path):
     db.close()
 
 
-async def test_the_store_checkpoints_in_a_worker_thread_and_the_wal_starts_over(
+async def test_a_round_holds_no_write_and_an_idle_moment_starts_the_wal_over(
         tmp_path, monkeypatch):
-    """A round after every CHECKPOINT_EVERY commits, in worker threads. Commits go on during
-    its first step (held here while 12 more are written); its final step copies them with
-    the saves held, so the round completes and the next commit starts the WAL over (without
-    that step the WAL would hold every frame since the first commit: a busy runner's WAL
-    would only grow)."""
-    monkeypatch.setattr(store_actor, "CHECKPOINT_EVERY", 16)
+    """A round after CHECKPOINT_EVERY commits, in a worker thread; below WAL_RESTART_BYTES
+    it is one step, no save waits for it, and when no commit came during it the next commit
+    starts the WAL over."""
+    monkeypatch.setattr(checkpoints, "CHECKPOINT_EVERY", 8)
+    db = ThreadedDatabase(tmp_path / "motor.db")
+    async with trio.open_nursery() as nursery:
+        store = StoreHandle(await nursery.start(StoreActor(db, ChangeHub()).run))
+        for i in range(8):
+            await store.save(record(f"j{i}"))
+        await _until(lambda: db.checkpoints == 1)
+        assert len(db.threads) == 1 and threading.get_ident() not in db.threads
+        assert db.last_checkpoint["writes_paused_ms"] == 0 and db.last_checkpoint["complete"]
+        assert wal_file_frames(tmp_path / "motor.db") >= 8
+        await store.save(record("j8"))
+        assert wal_frames(tmp_path / "motor.db") <= 8  # that one commit's pages alone
+        nursery.cancel_scope.cancel()
+    db.close()
+
+
+async def test_a_busy_wal_past_its_bound_is_started_over_with_the_writes_held(
+        tmp_path, monkeypatch):
+    """Commits go on during a round's first step (held here while 12 more are written):
+    they keep the WAL from starting over. Once it holds WAL_RESTART_BYTES (here: always) a
+    second step copies them with the saves held, so the round completes and the next
+    commit starts the WAL over (without it a busy runner's WAL would only grow)."""
+    monkeypatch.setattr(checkpoints, "CHECKPOINT_EVERY", 16)
+    monkeypatch.setattr(checkpoints, "WAL_RESTART_BYTES", 0)
     db = ThreadedDatabase(tmp_path / "motor.db")
     db.hold = 1
     async with trio.open_nursery() as nursery:
@@ -147,7 +170,8 @@ async def test_saves_during_the_final_step_wait_in_order_and_the_loop_runs_on(
         tmp_path, monkeypatch):
     """While a round's final step runs, saves wait in the store's inbox (nothing is
     committed, the event loop serves other tasks), then are committed in arrival order."""
-    monkeypatch.setattr(store_actor, "CHECKPOINT_EVERY", 4)
+    monkeypatch.setattr(checkpoints, "CHECKPOINT_EVERY", 4)
+    monkeypatch.setattr(checkpoints, "WAL_RESTART_BYTES", 0)
     db = ThreadedDatabase(tmp_path / "motor.db")
     db.hold = 2
     async with trio.open_nursery() as nursery:
@@ -184,7 +208,7 @@ async def test_saves_during_the_final_step_wait_in_order_and_the_loop_runs_on(
 async def test_a_round_also_comes_after_as_many_bytes_written(tmp_path, monkeypatch):
     """Large saves (a job's output in batches) checkpoint by the bytes they wrote, long
     before CHECKPOINT_EVERY commits: the WAL stays near CHECKPOINT_BYTES, not 128 batches."""
-    monkeypatch.setattr(store_actor, "CHECKPOINT_BYTES", 1024 * 1024)
+    monkeypatch.setattr(checkpoints, "CHECKPOINT_BYTES", 1024 * 1024)  # (the default)
     db = ThreadedDatabase(tmp_path / "motor.db")
     async with trio.open_nursery() as nursery:
         store = StoreHandle(await nursery.start(StoreActor(db, ChangeHub()).run))
@@ -194,5 +218,59 @@ async def test_a_round_also_comes_after_as_many_bytes_written(tmp_path, monkeypa
         await store.save(record("j", 100), [Output(stream="stdout", data="z" * 400_000)])
         await _until(lambda: db.checkpoints == 1)
         assert db.commits == 3 and db.last_checkpoint["complete"]
+        nursery.cancel_scope.cancel()
+    db.close()
+
+
+def test_the_plan_counts_commits_and_bytes_and_holds_past_the_bound():
+    plan = CheckpointPlan(commits_at=10, written_at=1000)
+    assert not plan.committed(10 + checkpoints.CHECKPOINT_EVERY - 1, 1000, 0)
+    assert plan.committed(10 + checkpoints.CHECKPOINT_EVERY, 1000, 0) and not plan.wal_over
+    assert plan.committed(11, 1000 + checkpoints.CHECKPOINT_BYTES, 0)
+    assert not plan.committed(11, 1001, checkpoints.WAL_HOLD_BYTES) and not plan.wal_over
+    assert plan.committed(11, 1001, checkpoints.WAL_HOLD_BYTES + 1) and plan.wal_over
+    assert plan.second_step(0, 4096)  # past the bound: always the second step
+    plan.committed(11, 1001, 0)
+    plan.begin(11, 1001)
+    assert (plan.commits_at, plan.written_at) == (11, 1001)
+    assert not plan.second_step(checkpoints.WAL_RESTART_BYTES // 4096 - 1, 4096)
+    assert plan.second_step(checkpoints.WAL_RESTART_BYTES // 4096, 4096)
+
+
+async def test_writes_wait_for_a_round_when_the_wal_file_outgrows_its_bound(
+        tmp_path, monkeypatch):
+    """Rounds that fall behind (here: the first step held) do not let the WAL grow on: a
+    commit that finds the WAL file past WAL_HOLD_BYTES holds the writes until a round has
+    run in two steps; then they are committed, in order, and the WAL starts over."""
+    monkeypatch.setattr(checkpoints, "CHECKPOINT_EVERY", 1000)
+    monkeypatch.setattr(checkpoints, "CHECKPOINT_BYTES", 1 << 30)
+    monkeypatch.setattr(checkpoints, "WAL_HOLD_BYTES", 256 * 1024)
+    db = ThreadedDatabase(tmp_path / "motor.db")
+    # the size a WAL started over is truncated back to: the bound (as WAL_SIZE_LIMIT is)
+    db.conn.execute(f"PRAGMA journal_size_limit={256 * 1024}")
+    db.hold = 1
+    async with trio.open_nursery() as nursery:
+        store = StoreHandle(await nursery.start(StoreActor(db, ChangeHub()).run))
+        i = 0
+        while db.wal_bytes() <= 256 * 1024:  # about 80 commits of a 3 kB record
+            await store.save(record(f"a{i}"))
+            i += 1
+        await trio.to_thread.run_sync(db.held.wait, 30)  # the round it asked for, held
+        commits, done = db.commits, []
+
+        async def save(job_id):
+            await store.save(record(job_id))
+            done.append(job_id)
+
+        for job_id in ("b0", "b1"):
+            nursery.start_soon(save, job_id)
+            await trio.testing.wait_all_tasks_blocked()
+        assert done == [] and db.commits == commits  # held, the loop running
+        db.release.set()
+        await _until(lambda: len(done) == 2)
+        assert db.saved[-2:] == ["b0", "b1"] and len(db.threads) == 2
+        assert db.last_checkpoint["complete"] and db.last_checkpoint["writes_paused_ms"] > 0
+        assert wal_frames(tmp_path / "motor.db") <= 8  # started over by b0's commit
+        assert db.wal_bytes() <= 256 * 1024  # and its file truncated back to the bound
         nursery.cancel_scope.cancel()
     db.close()
