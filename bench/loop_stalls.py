@@ -13,9 +13,10 @@ for every job's end, and takes, from the first submit to the last end:
   percentile and the steps over 5 ms (count and their sum);
 - `commit` (ms): each `Database.save_many` (one transaction, on the loop's thread):
   median, 99th percentile, max, the sum per job, and the commits over 5 ms;
-- `checkpoint_rounds` and `final_step_max` (ms): the store's WAL checkpoint rounds (in a
-  worker thread, stop 26 on; 0 for older code) and the longest final step, while which the
-  store's writes wait (the loop does not);
+- `checkpoints`, `writes_held` and `writes_held_max` (ms): the store's WAL checkpoints (in a
+  worker thread, stop 26 on; 0 for older code), how many times the store held its writes
+  for one (a round's second step, or a WAL file past its bound), and the longest hold
+  (the writes wait, the loop does not);
 - `jobs_per_s`.
 
 `--io-load` runs, during each round, a writer beside the runner on the state directory's
@@ -46,7 +47,7 @@ from benchlib import peers as bench_peers
 ROOT = Path(__file__).resolve().parent.parent
 METRICS = ("loop_step_max", "loop_step_p99", "steps_over_5ms", "steps_over_5ms_sum",
            "commit_p50", "commit_p99", "commit_max", "commit_ms_per_job", "commits_over_5ms",
-           "checkpoint_rounds", "final_step_max", "jobs_per_s")
+           "checkpoints", "writes_held", "writes_held_max", "jobs_per_s")
 
 ROUND = r"""
 import json, sys, tempfile, time
@@ -66,18 +67,19 @@ def save_many(self, writes):
             commits.append(time.perf_counter() - t0)
 
 dbm.Database.save_many = save_many
-rounds = []  # (first step, final step) seconds of each WAL checkpoint round (stop 26 on)
-if hasattr(dbm.Database, "checkpoint"):
-    real_checkpoint = dbm.Database.checkpoint
+checkpoints, holds = [0], []  # checkpoint calls; how long the writes were held, each time
+if hasattr(dbm.Database, "checkpoint"):  # stop 26 on
+    from motor.store.actor import StoreActor
+    real_checkpoint, real_release = dbm.Database.checkpoint, StoreActor._release_writes
     def checkpoint(self):
-        result = real_checkpoint(self)
-        if on[0]:
-            if rounds and len(rounds[-1]) == 1:
-                rounds[-1].append(result.seconds)
-            else:
-                rounds.append([result.seconds])
-        return result
-    dbm.Database.checkpoint = checkpoint
+        checkpoints[0] += on[0]
+        return real_checkpoint(self)
+    def release_writes(self):
+        held = real_release(self)
+        if on[0] and held:
+            holds.append(held)
+        return held
+    dbm.Database.checkpoint, StoreActor._release_writes = checkpoint, release_writes
 
 class Steps(trio.abc.Instrument):
     t0 = None  # added inside a step: its end is not counted
@@ -119,8 +121,8 @@ async def main():
         "commit_p50": ms(q(commits, 0.5)), "commit_p99": ms(q(commits, 0.99)),
         "commit_max": ms(max(commits)), "commit_ms_per_job": ms(sum(commits) / n),
         "commits_over_5ms": len([c for c in commits if c > 0.005]),
-        "checkpoint_rounds": len(rounds),
-        "final_step_max": ms(max((r[1] for r in rounds if len(r) == 2), default=0.0)),
+        "checkpoints": checkpoints[0], "writes_held": len(holds),
+        "writes_held_max": ms(max(holds, default=0.0)),
         "jobs_per_s": round(n / wall, 1)}))
 
 trio.run(main)
