@@ -14,8 +14,8 @@ for every job's end, and takes, from the first submit to the last end:
 - `commit` (ms): each `Database.save_many` (one transaction, on the loop's thread):
   median, 99th percentile, max, the sum per job, and the commits over 5 ms;
 - `checkpoints`, `writes_held` and `writes_held_max` (ms): the store's WAL checkpoints (in a
-  worker thread, stop 26 on; 0 for older code), how many times the store held its writes
-  for one (a round's second step, or a WAL file past its bound), and the longest hold
+  worker thread, stop 26 on; 0 for older code), how many rounds held the store's writes
+  (a second step, or a WAL file past its bound), and the longest time a round held them
   (the writes wait, the loop does not);
 - `jobs_per_s`.
 
@@ -69,17 +69,17 @@ def save_many(self, writes):
 dbm.Database.save_many = save_many
 checkpoints, holds = [0], []  # checkpoint calls; how long the writes were held, each time
 if hasattr(dbm.Database, "checkpoint"):  # stop 26 on
-    from motor.store.actor import StoreActor
-    real_checkpoint, real_release = dbm.Database.checkpoint, StoreActor._release_writes
+    from motor.store.holds import WriteHold
+    real_checkpoint, real_ended = dbm.Database.checkpoint, WriteHold.round_ended
     def checkpoint(self):
         checkpoints[0] += on[0]
         return real_checkpoint(self)
-    def release_writes(self):
-        held = real_release(self)
+    def round_ended(self):
+        held = real_ended(self)
         if on[0] and held:
             holds.append(held)
         return held
-    dbm.Database.checkpoint, StoreActor._release_writes = checkpoint, release_writes
+    dbm.Database.checkpoint, WriteHold.round_ended = checkpoint, round_ended
 
 class Steps(trio.abc.Instrument):
     t0 = None  # added inside a step: its end is not counted

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-import time
 from pathlib import Path
 
 import trio
@@ -25,6 +24,7 @@ import actors
 
 from .checkpoints import CheckpointPlan
 from .db import Database, StoreFull
+from .holds import WriteHold
 from .hub import ChangeHub
 from .messages import Expire, Save, SaveMany, is_save, writes_of
 
@@ -49,8 +49,7 @@ class StoreActor(actors.Actor):
         self.saves = 0
         self._checkpoint_due = trio.Event()
         self._plan = CheckpointPlan(db.commits, db.bytes_written)
-        self._writes_wait: trio.Event | None = None  # set: writes wait in the inbox for it
-        self._held_at = 0.0
+        self._hold = WriteHold()  # while held, writes wait in the inbox (holds.py)
 
     async def on_start(self):
         self.db.background_checkpoints()
@@ -69,14 +68,14 @@ class StoreActor(actors.Actor):
             try:
                 first = done = await trio.to_thread.run_sync(db.checkpoint)
                 if plan.second_step(first.wal_frames, db.page_size):
-                    self._hold_writes()
+                    self._hold.hold(self.nursery)
                     done = await trio.to_thread.run_sync(db.checkpoint)
             except sqlite3.Error:
                 if not failing:
                     log.warning("store: %s", db.checkpoint_error)
                 continue
             finally:
-                held_s = self._release_writes()
+                held_s = self._hold.round_ended()
             db.checkpoints += 1
             db.last_checkpoint = {
                 "ms": round((first.seconds + (done.seconds if done is not first else 0.0))
@@ -84,29 +83,17 @@ class StoreActor(actors.Actor):
                 "writes_paused_ms": round(held_s * 1000.0, 3), "wal_frames": first.wal_frames,
                 "complete": done.complete}
 
-    def _hold_writes(self) -> None:
-        if self._writes_wait is None:
-            self._writes_wait, self._held_at = trio.Event(), time.perf_counter()
-
-    def _release_writes(self) -> float:
-        """Let the held writes go on; how long they were held (0: they were not)."""
-        resume, self._writes_wait = self._writes_wait, None
-        if resume is None:
-            return 0.0
-        resume.set()
-        return time.perf_counter() - self._held_at
-
     #: a save to an idle store is written in the sender's task (no task switch)
     immediate = (Save, SaveMany)
 
     def handle_now(self, msg):
-        if self._writes_wait is not None:  # held for a checkpoint: wait in the inbox
+        if self._hold.event is not None:  # held for a checkpoint: wait in the inbox
             return actors.LATER
         return self._group(msg, self.take_waiting(is_save, GROUP_MAX))
 
     async def handle(self, msg):
-        if self._writes_wait is not None:  # every message here writes
-            await self._writes_wait.wait()
+        if (held := self._hold.event) is not None:  # every message here writes
+            await held.wait()
         if is_save(msg):
             return self._group(msg, self.take_waiting(is_save, GROUP_MAX))
         if isinstance(msg, Expire):
@@ -162,7 +149,7 @@ class StoreActor(actors.Actor):
         db = self.db
         if self._plan.committed(db.commits, db.bytes_written, db.wal_bytes()):
             if self._plan.wal_over:  # the rounds fall behind: the writes wait for one
-                self._hold_writes()
+                self._hold.hold(self.nursery)
             self._checkpoint_due.set()
         for write, events in zip(writes, stamped):
             if len(write) == 4:  # watchers index records; a clock alone changes none of that

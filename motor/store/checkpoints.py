@@ -18,10 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .db import WAL_SIZE_LIMIT
-
 __all__ = ["CHECKPOINT_BYTES", "CHECKPOINT_EVERY", "CheckpointPlan", "WAL_HOLD_BYTES",
-           "WAL_RESTART_BYTES"]
+           "WAL_RESTART_BYTES", "WAL_SIZE_LIMIT"]
+
+#: the size a WAL file that grew larger is truncated back to when it starts over
+#: (`journal_size_limit`, set by db.py)
+WAL_SIZE_LIMIT = 8 * 1024 * 1024
 
 #: a round after this many commits (one writes about 6.5 pages: about SQLite's own
 #: 1,000-page interval) or this many bytes of records and events written (output batches:

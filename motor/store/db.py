@@ -39,7 +39,8 @@ running job's output does not grow the file. New databases are created with
 the file system (`PRAGMA incremental_vacuum`, at most RECLAIM_MAX_PAGES per call). A
 database created before that keeps `auto_vacuum=NONE` (changing it needs a full VACUUM,
 which motor does not run by itself): its space is reused but the file does not shrink.
-`journal_size_limit` truncates the WAL back to WAL_SIZE_LIMIT when it starts over after it grew larger.
+`journal_size_limit` truncates the WAL file back to WAL_SIZE_LIMIT when the WAL starts over
+after it grew larger.
 
 Checkpoints: by default SQLite copies the WAL back into the database file inside the commit
 that grows the WAL past 1,000 pages, with two `fdatasync`s (WAL, then database) under
@@ -65,12 +66,12 @@ import msgspec
 
 from ..lifecycle import ACTIVE_STATES
 from ..records import JobRecord, Output, encode_event, Event, TERMINAL_STATES
+from .checkpoints import WAL_SIZE_LIMIT
 
 SCHEMA_VERSION = 1
 PAGE_EVENTS = 64
 RECLAIM_KEEP_PAGES = 256  # free pages kept for reuse after an expiry pass (1 MiB of 4 KiB pages)
 RECLAIM_MAX_PAGES = 4096  # free pages handed back per expiry pass (16 MiB: a short stall)
-WAL_SIZE_LIMIT = 8 * 1024 * 1024
 
 
 class CheckpointResult(NamedTuple):

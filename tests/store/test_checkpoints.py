@@ -22,7 +22,7 @@ import trio.testing
 
 from motor.handles import StoreHandle
 from motor.records import Accepted, JobRecord, Output
-from motor.store import checkpoints
+from motor.store import checkpoints, holds
 from motor.store.actor import StoreActor
 from motor.store.checkpoints import CheckpointPlan
 from motor.store.db import Database
@@ -272,5 +272,33 @@ async def test_writes_wait_for_a_round_when_the_wal_file_outgrows_its_bound(
         assert db.last_checkpoint["complete"] and db.last_checkpoint["writes_paused_ms"] > 0
         assert wal_frames(tmp_path / "motor.db") <= 8  # started over by b0's commit
         assert db.wal_bytes() <= 256 * 1024  # and its file truncated back to the bound
+        nursery.cancel_scope.cancel()
+    db.close()
+
+
+async def test_a_hold_lasts_at_most_hold_max_s_however_long_the_checkpoint_takes(
+        tmp_path, monkeypatch):
+    """A disk whose sync stalls (here: the second step held) holds the writes HOLD_MAX_S at
+    most: then they go on while the checkpoint still runs, no new hold comes in that round
+    (callers wait for a save with a 30 s timeout), and the round's end counts the hold."""
+    monkeypatch.setattr(checkpoints, "CHECKPOINT_EVERY", 4)
+    monkeypatch.setattr(checkpoints, "WAL_RESTART_BYTES", 0)
+    monkeypatch.setattr(holds, "HOLD_MAX_S", 0.3)
+    db = ThreadedDatabase(tmp_path / "motor.db")
+    db.hold = 2
+    async with trio.open_nursery() as nursery:
+        store = StoreHandle(await nursery.start(StoreActor(db, ChangeHub()).run))
+        for i in range(4):
+            await store.save(record(f"a{i}"))
+        await trio.to_thread.run_sync(db.held.wait, 30)  # the second step, stuck
+        monkeypatch.setattr(checkpoints, "CHECKPOINT_EVERY", 100)  # no next round
+        t0 = trio.current_time()
+        for i in range(6):  # held for at most 0.3 s, then written although it is stuck
+            await store.save(record(f"b{i}"))
+        assert 0.25 <= trio.current_time() - t0 < 5 and db.checkpoints == 0
+        assert db.saved[-6:] == [f"b{i}" for i in range(6)]
+        db.release.set()
+        await _until(lambda: db.checkpoints == 1)
+        assert 250 <= db.last_checkpoint["writes_paused_ms"] < 5000
         nursery.cancel_scope.cancel()
     db.close()
