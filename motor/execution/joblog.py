@@ -20,6 +20,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from ..smallfiles import read_bytes
+
 __all__ = [
     "KEEPER_FILE",
     "OUTPUT_FILE",
@@ -151,20 +153,6 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, fsync: bool = F
         raise
     os.close(fd)
     os.replace(tmp, path)
-
-
-def read_bytes(path: str | os.PathLike[str]) -> bytes:
-    """A small file's bytes in four system calls (open, read, read at the end, close):
-    `open(path, "rb").read()` makes nine (fstat twice, ioctl, lseek twice), and keeperd and
-    the runner read spec.json, status.json and /proc lists once or more per job (issue 14)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:

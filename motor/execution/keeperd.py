@@ -58,8 +58,9 @@ from motor.execution import spares as S  # noqa: E402
 from motor.isolation.join import (  # noqa: E402
     SCOPE_TIMEOUT_S, JoinError, fork_into_cgroup, join_confinement,
 )
+from motor.smallfiles import read_bytes  # noqa: E402
 from motor.execution.joblog import (  # noqa: E402
-    KEEPER_FILE, STATUS_FILE, STDERR, STDOUT, read_bytes, read_spec, write_json_atomic,
+    KEEPER_FILE, STATUS_FILE, STDERR, STDOUT, read_spec, write_json_atomic,
 )
 
 __all__ = ["KIND", "LOCK_NAME", "SOCKET_NAME", "START_LOCK_NAME", "main", "socket_address"]

@@ -12,7 +12,8 @@ from motor.execution import (
     read_status,
     write_json_atomic,
 )
-from motor.execution.joblog import RECORD_HEADER, encode_record, read_bytes, read_spec
+from motor.execution.joblog import RECORD_HEADER, encode_record, read_spec
+from motor.smallfiles import read_bytes
 
 
 def test_read_records_incremental_and_partial(tmp_path):
