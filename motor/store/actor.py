@@ -36,6 +36,7 @@ log = logging.getLogger("motor.store")
 #: at most this many waiting save messages are committed together with the current one
 GROUP_MAX = 64
 
+
 class StoreActor(actors.Actor):
     inbox_size = 256
     #: a write refused for lack of space was rolled back whole: the caller is told

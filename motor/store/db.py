@@ -46,8 +46,8 @@ Checkpoints: by default SQLite copies the WAL back into the database file inside
 that grows the WAL past 1,000 pages, with two `fdatasync`s (WAL, then database) under
 `synchronous=NORMAL`. In the runner that commit runs on the event loop's thread (the store
 writes in its caller's task), so every checkpoint stalled everything for as long as the
-disk took to sync: 13-24 ms per checkpoint on this host's journaled ext4, about once per
-40 jobs, and far longer on a build host whose disk is busy with builds. The store actor
+disk took to sync: 10-20 ms on this host's journaled ext4, about once per 45 jobs, and far
+longer on a build host whose disk is busy with builds (docs/performance.md, stop 26). The store actor
 therefore turns the commits' checkpoints off (`background_checkpoints`) and runs
 `checkpoint` in a worker thread on a connection of its own, when motor/store/checkpoints.py
 says (by `commits`, `bytes_written` and `wal_bytes`; docs/operations.md, "The job
@@ -72,6 +72,12 @@ SCHEMA_VERSION = 1
 PAGE_EVENTS = 64
 RECLAIM_KEEP_PAGES = 256  # free pages kept for reuse after an expiry pass (1 MiB of 4 KiB pages)
 RECLAIM_MAX_PAGES = 4096  # free pages handed back per expiry pass (16 MiB: a short stall)
+EVENTS_READ_BYTES = 4 * 1024 * 1024  # events_from stops after this many bytes (at least one row)
+_OUTPUT_PREFIX = b'{"event":"output"'
+_COLUMNS = {  # added after the first schema: created on open when missing
+    "output_bytes": "INTEGER NOT NULL DEFAULT 0",
+    "truncated_before_seq": "INTEGER NOT NULL DEFAULT 0",
+}
 
 
 class CheckpointResult(NamedTuple):
@@ -85,12 +91,7 @@ class CheckpointResult(NamedTuple):
     @property
     def complete(self) -> bool:
         return self.busy == 0 and self.checkpointed == self.wal_frames
-EVENTS_READ_BYTES = 4 * 1024 * 1024  # events_from stops after this many bytes (at least one row)
-_OUTPUT_PREFIX = b'{"event":"output"'
-_COLUMNS = {  # added after the first schema: created on open when missing
-    "output_bytes": "INTEGER NOT NULL DEFAULT 0",
-    "truncated_before_seq": "INTEGER NOT NULL DEFAULT 0",
-}
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
