@@ -98,8 +98,8 @@ class HealthCollector(Collector):
         store = r.get("store") or {}
         for key, name, doc in (("commits", "motor_store_commits", "write transactions of the job "
                                 "store since start"),
-                               ("checkpoints", "motor_store_checkpoints", "WAL checkpoints of the "
-                                "job store since start (each in a worker thread)")):
+                               ("checkpoints", "motor_store_checkpoints", "WAL checkpoint rounds "
+                                "of the job store since start (in a worker thread)")):
             if _num(store.get(key)) is not None:
                 yield CounterMetricFamily(name, doc, value=float(store[key]))
         refusals = CounterMetricFamily(

@@ -201,7 +201,8 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, handles: Handles,
     live_index = LiveIndex(db.live)  # outlives disk actor restarts; fed by every commit
     hub.watchers.append(live_index.apply)
     specs = [
-        _single("store", lambda: StoreActor(db, hub), refs["store"]),
+        _single("store", lambda: StoreActor(db, hub, offload=job_deps.clock.offload),
+                refs["store"]),
         _single("cpu", lambda: CpuActor(host.topology, host.allowed, host.kept_back, recorded_cpus,
                                         windows_cpus=host.windows,
                                         windows_slot_lock=config.windows_slot_lock),

@@ -22,6 +22,7 @@ import trio
 
 import actors
 
+from ..offload import Offload, thread_offload
 from .checkpoints import CheckpointPlan
 from .db import Database, StoreFull
 from .holds import WriteHold
@@ -43,10 +44,11 @@ class StoreActor(actors.Actor):
     #: (and answers `runner_disk_full`), the store goes on serving
     replied_errors = (StoreFull,)
 
-    def __init__(self, db: Database, hub: ChangeHub):
+    def __init__(self, db: Database, hub: ChangeHub, offload: Offload = thread_offload):
         super().__init__(name="store")
         self.db = db
         self.hub = hub
+        self.offload = offload  # for the checkpoints (the runner's clock's: see offload.py)
         self.saves = 0
         self._checkpoint_due = trio.Event()
         self._plan = CheckpointPlan(db.commits, db.bytes_written)
@@ -57,9 +59,9 @@ class StoreActor(actors.Actor):
         self.nursery.start_soon(self._checkpointer)
 
     async def _checkpointer(self):
-        """The WAL's checkpoint rounds (checkpoints.py), in a worker thread, off the event
-        loop. A failed round is logged once until one succeeds (health shows it); the next
-        is due after as many commits or bytes."""
+        """The WAL's checkpoint rounds (checkpoints.py), through `offload` (a worker thread,
+        off the event loop). A failed round is logged once until one succeeds (health shows
+        it); the next is due after as many commits or bytes."""
         db, plan = self.db, self._plan
         while True:
             await self._checkpoint_due.wait()
@@ -67,10 +69,10 @@ class StoreActor(actors.Actor):
             plan.begin(db.commits, db.bytes_written)
             failing = db.checkpoint_error is not None
             try:
-                first = done = await trio.to_thread.run_sync(db.checkpoint)
+                first = done = await self.offload(db.checkpoint)
                 if plan.second_step(first.wal_frames, db.page_size):
                     self._hold.hold(self.nursery)
-                    done = await trio.to_thread.run_sync(db.checkpoint)
+                    done = await self.offload(db.checkpoint)
             except sqlite3.Error:
                 if not failing:
                     log.warning("store: %s", db.checkpoint_error)

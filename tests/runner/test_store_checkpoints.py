@@ -2,7 +2,9 @@
 the embedded runner with real jobs, its health report and /metrics show the rounds, and a
 round that fails makes health degraded until one succeeds again.
 
-Real processes, a real SQLite database, trio's real clock (the checkpoints run in threads).
+Real processes, a real SQLite database, trio's real clock. The embedded test runner's wall
+clock (`MockWallClock`) runs the checkpoints inline, as it runs every offload (motor/clock.py:
+a thread would let virtual time jump); tests/store/test_checkpoints.py runs them in threads.
 """
 
 from __future__ import annotations
