@@ -12,6 +12,7 @@ real threads); the final step is held at a threading barrier to stage saves agai
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -72,6 +73,24 @@ class ThreadedDatabase(Database):
         result = super().save_many(writes)
         self.saved.extend(w[0].job_id for w in writes)
         return result
+
+
+@contextlib.asynccontextmanager
+async def a_held_second_step(tmp_path, monkeypatch):
+    """A store actor whose first round (after 4 saves, always in two steps) is held in its
+    second step, the writes held; yields (db, store handle, nursery), closes the database."""
+    monkeypatch.setattr(checkpoints, "CHECKPOINT_EVERY", 4)
+    monkeypatch.setattr(checkpoints, "WAL_RESTART_BYTES", 0)
+    db = ThreadedDatabase(tmp_path / "motor.db")
+    db.hold = 2
+    async with trio.open_nursery() as nursery:
+        store = StoreHandle(await nursery.start(StoreActor(db, ChangeHub()).run))
+        for i in range(4):
+            await store.save(record(f"a{i}"))
+        await trio.to_thread.run_sync(db.held.wait, 30)  # the second step, held
+        yield db, store, nursery
+        nursery.cancel_scope.cancel()
+    db.close()
 
 
 async def _until(predicate, timeout: float = 30) -> None:
@@ -170,15 +189,7 @@ async def test_saves_during_the_final_step_wait_in_order_and_the_loop_runs_on(
         tmp_path, monkeypatch):
     """While a round's final step runs, saves wait in the store's inbox (nothing is
     committed, the event loop serves other tasks), then are committed in arrival order."""
-    monkeypatch.setattr(checkpoints, "CHECKPOINT_EVERY", 4)
-    monkeypatch.setattr(checkpoints, "WAL_RESTART_BYTES", 0)
-    db = ThreadedDatabase(tmp_path / "motor.db")
-    db.hold = 2
-    async with trio.open_nursery() as nursery:
-        store = StoreHandle(await nursery.start(StoreActor(db, ChangeHub()).run))
-        for i in range(4):
-            await store.save(record(f"a{i}"))
-        await trio.to_thread.run_sync(db.held.wait, 30)  # the final step, held
+    async with a_held_second_step(tmp_path, monkeypatch) as (db, store, nursery):
         commits = db.commits
         done = []
 
@@ -200,8 +211,6 @@ async def test_saves_during_the_final_step_wait_in_order_and_the_loop_runs_on(
         assert db.last_checkpoint["complete"]
         assert all(db.get(j) is not None and len(list(db.events_from(j, 0))) == 1
                    for j in ("b0", "b1", "b2"))
-        nursery.cancel_scope.cancel()
-    db.close()
     assert not os.path.exists(tmp_path / "motor.db-wal")  # the last close checkpointed it
 
 
@@ -281,16 +290,8 @@ async def test_a_hold_lasts_at_most_hold_max_s_however_long_the_checkpoint_takes
     """A disk whose sync stalls (here: the second step held) holds the writes HOLD_MAX_S at
     most: then they go on while the checkpoint still runs, no new hold comes in that round
     (callers wait for a save with a 30 s timeout), and the round's end counts the hold."""
-    monkeypatch.setattr(checkpoints, "CHECKPOINT_EVERY", 4)
-    monkeypatch.setattr(checkpoints, "WAL_RESTART_BYTES", 0)
     monkeypatch.setattr(holds, "HOLD_MAX_S", 0.3)
-    db = ThreadedDatabase(tmp_path / "motor.db")
-    db.hold = 2
-    async with trio.open_nursery() as nursery:
-        store = StoreHandle(await nursery.start(StoreActor(db, ChangeHub()).run))
-        for i in range(4):
-            await store.save(record(f"a{i}"))
-        await trio.to_thread.run_sync(db.held.wait, 30)  # the second step, stuck
+    async with a_held_second_step(tmp_path, monkeypatch) as (db, store, nursery):
         monkeypatch.setattr(checkpoints, "CHECKPOINT_EVERY", 100)  # no next round
         t0 = trio.current_time()
         for i in range(6):  # held for at most 0.3 s, then written although it is stuck
@@ -300,5 +301,3 @@ async def test_a_hold_lasts_at_most_hold_max_s_however_long_the_checkpoint_takes
         db.release.set()
         await _until(lambda: db.checkpoints == 1)
         assert 250 <= db.last_checkpoint["writes_paused_ms"] < 5000
-        nursery.cancel_scope.cancel()
-    db.close()
