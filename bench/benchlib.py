@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -30,6 +31,19 @@ def fs_note(path: str | None = None) -> None:
 def load1() -> str:
     """The 1-minute load average, as every figure line carries it (load1=)."""
     return f"{os.getloadavg()[0]:.2f}"
+
+
+def ab_parser(doc: str, *, rounds: int | None = None) -> argparse.ArgumentParser:
+    """The arguments of a bench that runs this checkout's motor, and with `--baseline-root
+    DIR` another checkout's, interleaved (`peers`): `--isolation`, `--baseline-root` and,
+    given a default, `--rounds`. The script adds its own."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    if rounds is not None:
+        ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--isolation", default="affinity")
+    ap.add_argument("--baseline-root", metavar="DIR",
+                    help="also run the motor package found in DIR (peer=motor-baseline)")
+    return ap
 
 
 def peers(root: Path, baseline_root: str | None) -> list[tuple[str, Path]]:

@@ -20,13 +20,12 @@ the 1-minute load average (load1=); the end shows the medians over rounds.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import statistics
 from pathlib import Path
 
-from benchlib import fs_note, load1, run_round
+from benchlib import ab_parser, fs_note, load1, run_round
 from benchlib import peers as bench_peers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,11 +76,8 @@ def one_round(root: Path, iso: str, n: int, command: list[str]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap = ab_parser(__doc__, rounds=3)
     ap.add_argument("--n", type=int, default=200)
-    ap.add_argument("--isolation", default="affinity")
-    ap.add_argument("--baseline-root", metavar="DIR")
     ap.add_argument("--command", default="true",
                     help="each job's command (split like a shell would), e.g. 'echo hi'")
     args = ap.parse_args()

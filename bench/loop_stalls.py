@@ -32,7 +32,6 @@ bench/journaled_fs.sh). Every line carries load1=; the end shows medians over ro
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import signal
@@ -41,7 +40,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from benchlib import fs_note, load1, run_round
+from benchlib import ab_parser, fs_note, load1, run_round
 from benchlib import peers as bench_peers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -149,11 +148,8 @@ def io_load(on: bool):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap = ab_parser(__doc__, rounds=3)
     ap.add_argument("--n", type=int, default=1000)
-    ap.add_argument("--isolation", default="affinity")
-    ap.add_argument("--baseline-root", metavar="DIR")
     ap.add_argument("--io-load", action="store_true",
                     help="a dd writer with fsync on TMPDIR's file system during each round")
     args = ap.parse_args()

@@ -17,10 +17,9 @@ code before immediate messages, where every message is handled `here`.
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from benchlib import load1, run_round
+from benchlib import ab_parser, load1, run_round
 from benchlib import peers as bench_peers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,10 +116,8 @@ print(json.dumps({"|".join(k): v / n for k, v in counts.items()}))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = ab_parser(__doc__)
     ap.add_argument("--n", type=int, default=100)
-    ap.add_argument("--isolation", default="affinity")
-    ap.add_argument("--baseline-root", metavar="DIR")
     args = ap.parse_args()
     print(f"# messages: n={args.n} isolation={args.isolation} load1={load1()}", flush=True)
     totals = {}

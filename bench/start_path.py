@@ -23,11 +23,10 @@ the end shows the medians over every sample of every round. Every line carries l
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from pathlib import Path
 
-from benchlib import fs_note, load1, run_round
+from benchlib import ab_parser, fs_note, load1, run_round
 from benchlib import peers as bench_peers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,12 +84,9 @@ def one_round(root: Path, args) -> dict[str, list[float]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=5)
+    ap = ab_parser(__doc__, rounds=5)
     ap.add_argument("--samples", type=int, default=22)
     ap.add_argument("--gap", type=float, default=0.3)
-    ap.add_argument("--isolation", default="affinity")
-    ap.add_argument("--baseline-root", metavar="DIR")
     args = ap.parse_args()
     fs_note()
     peers = bench_peers(ROOT, args.baseline_root)

@@ -27,7 +27,6 @@ them only with counts. Every line carries load1=.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import subprocess
@@ -36,7 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import load1, run_round
+from benchlib import ab_parser, load1, run_round
 from benchlib import peers as bench_peers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -198,11 +197,9 @@ def wait_idle(c) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ab_parser(__doc__)
     ap.add_argument("--n", type=int, default=300, help="embedded jobs (default 300)")
     ap.add_argument("--requests", type=int, default=500, help="requests of each kind (default 500)")
-    ap.add_argument("--isolation", default="affinity")
-    ap.add_argument("--baseline-root", help="also measure the motor package in DIR (peer=motor-baseline)")
     args = ap.parse_args()
     peers = bench_peers(ROOT, args.baseline_root)
     results: dict[tuple[str, str], dict] = {}
