@@ -76,21 +76,29 @@ class ThreadedDatabase(Database):
 
 
 @contextlib.asynccontextmanager
+async def running_store(tmp_path, hold: int = 0):
+    """A store actor on a `ThreadedDatabase` (holding its checkpoint number `hold`);
+    yields (db, store handle, nursery); stops it and closes the database."""
+    db = ThreadedDatabase(tmp_path / "motor.db")
+    db.hold = hold
+    async with trio.open_nursery() as nursery:
+        store = StoreHandle(await nursery.start(StoreActor(db, ChangeHub()).run))
+        yield db, store, nursery
+        nursery.cancel_scope.cancel()
+    db.close()
+
+
+@contextlib.asynccontextmanager
 async def a_held_second_step(tmp_path, monkeypatch):
     """A store actor whose first round (after 4 saves, always in two steps) is held in its
     second step, the writes held; yields (db, store handle, nursery), closes the database."""
     monkeypatch.setattr(checkpoints, "CHECKPOINT_EVERY", 4)
     monkeypatch.setattr(checkpoints, "WAL_RESTART_BYTES", 0)
-    db = ThreadedDatabase(tmp_path / "motor.db")
-    db.hold = 2
-    async with trio.open_nursery() as nursery:
-        store = StoreHandle(await nursery.start(StoreActor(db, ChangeHub()).run))
+    async with running_store(tmp_path, hold=2) as (db, store, nursery):
         for i in range(4):
             await store.save(record(f"a{i}"))
         await trio.to_thread.run_sync(db.held.wait, 30)  # the second step, held
         yield db, store, nursery
-        nursery.cancel_scope.cancel()
-    db.close()
 
 
 async def _until(predicate, timeout: float = 30) -> None:
@@ -137,9 +145,7 @@ async def test_a_round_holds_no_write_and_an_idle_moment_starts_the_wal_over(
     it is one step, no save waits for it, and when no commit came during it the next commit
     starts the WAL over."""
     monkeypatch.setattr(checkpoints, "CHECKPOINT_EVERY", 8)
-    db = ThreadedDatabase(tmp_path / "motor.db")
-    async with trio.open_nursery() as nursery:
-        store = StoreHandle(await nursery.start(StoreActor(db, ChangeHub()).run))
+    async with running_store(tmp_path) as (db, store, nursery):
         for i in range(8):
             await store.save(record(f"j{i}"))
         await _until(lambda: db.checkpoints == 1)
@@ -148,8 +154,6 @@ async def test_a_round_holds_no_write_and_an_idle_moment_starts_the_wal_over(
         assert wal_file_frames(tmp_path / "motor.db") >= 8
         await store.save(record("j8"))
         assert wal_frames(tmp_path / "motor.db") <= 8  # that one commit's pages alone
-        nursery.cancel_scope.cancel()
-    db.close()
 
 
 async def test_a_busy_wal_past_its_bound_is_started_over_with_the_writes_held(
@@ -160,10 +164,7 @@ async def test_a_busy_wal_past_its_bound_is_started_over_with_the_writes_held(
     commit starts the WAL over (without it a busy runner's WAL would only grow)."""
     monkeypatch.setattr(checkpoints, "CHECKPOINT_EVERY", 16)
     monkeypatch.setattr(checkpoints, "WAL_RESTART_BYTES", 0)
-    db = ThreadedDatabase(tmp_path / "motor.db")
-    db.hold = 1
-    async with trio.open_nursery() as nursery:
-        store = StoreHandle(await nursery.start(StoreActor(db, ChangeHub()).run))
+    async with running_store(tmp_path, hold=1) as (db, store, nursery):
         for i in range(15):
             await store.save(record(f"j{i}"))
         assert db.threads == [] and wal_file_frames(tmp_path / "motor.db") >= 15
@@ -181,8 +182,6 @@ async def test_a_busy_wal_past_its_bound_is_started_over_with_the_writes_held(
         await store.save(record("j28"))  # the next commit starts the WAL over
         assert wal_frames(tmp_path / "motor.db") <= 8  # that one commit's pages alone
         assert wal_file_frames(tmp_path / "motor.db") == frames  # (the file is reused)
-        nursery.cancel_scope.cancel()
-    db.close()
 
 
 async def test_saves_during_the_final_step_wait_in_order_and_the_loop_runs_on(
@@ -218,17 +217,13 @@ async def test_a_round_also_comes_after_as_many_bytes_written(tmp_path, monkeypa
     """Large saves (a job's output in batches) checkpoint by the bytes they wrote, long
     before CHECKPOINT_EVERY commits: the WAL stays near CHECKPOINT_BYTES, not 128 batches."""
     monkeypatch.setattr(checkpoints, "CHECKPOINT_BYTES", 1024 * 1024)  # (the default)
-    db = ThreadedDatabase(tmp_path / "motor.db")
-    async with trio.open_nursery() as nursery:
-        store = StoreHandle(await nursery.start(StoreActor(db, ChangeHub()).run))
+    async with running_store(tmp_path) as (db, store, nursery):
         await store.save(record("j", 100), [Output(stream="stdout", data="x" * 400_000)])
         await store.save(record("j", 100), [Output(stream="stdout", data="y" * 400_000)])
         assert db.bytes_written > 800_000 and db.threads == []
         await store.save(record("j", 100), [Output(stream="stdout", data="z" * 400_000)])
         await _until(lambda: db.checkpoints == 1)
         assert db.commits == 3 and db.last_checkpoint["complete"]
-        nursery.cancel_scope.cancel()
-    db.close()
 
 
 def test_the_plan_counts_commits_and_bytes_and_holds_past_the_bound():
@@ -254,12 +249,9 @@ async def test_writes_wait_for_a_round_when_the_wal_file_outgrows_its_bound(
     monkeypatch.setattr(checkpoints, "CHECKPOINT_EVERY", 1000)
     monkeypatch.setattr(checkpoints, "CHECKPOINT_BYTES", 1 << 30)
     monkeypatch.setattr(checkpoints, "WAL_HOLD_BYTES", 256 * 1024)
-    db = ThreadedDatabase(tmp_path / "motor.db")
-    # the size a WAL started over is truncated back to: the bound (as WAL_SIZE_LIMIT is)
-    db.conn.execute(f"PRAGMA journal_size_limit={256 * 1024}")
-    db.hold = 1
-    async with trio.open_nursery() as nursery:
-        store = StoreHandle(await nursery.start(StoreActor(db, ChangeHub()).run))
+    async with running_store(tmp_path, hold=1) as (db, store, nursery):
+        # the size a WAL started over is truncated back to: the bound (as WAL_SIZE_LIMIT is)
+        db.conn.execute(f"PRAGMA journal_size_limit={256 * 1024}")
         i = 0
         while db.wal_bytes() <= 256 * 1024:  # about 80 commits of a 3 kB record
             await store.save(record(f"a{i}"))
@@ -281,8 +273,6 @@ async def test_writes_wait_for_a_round_when_the_wal_file_outgrows_its_bound(
         assert db.last_checkpoint["complete"] and db.last_checkpoint["writes_paused_ms"] > 0
         assert wal_frames(tmp_path / "motor.db") <= 8  # started over by b0's commit
         assert db.wal_bytes() <= 256 * 1024  # and its file truncated back to the bound
-        nursery.cancel_scope.cancel()
-    db.close()
 
 
 async def test_a_hold_lasts_at_most_hold_max_s_however_long_the_checkpoint_takes(
