@@ -259,6 +259,9 @@ class ActorRef:
         the actor is not running or dies before replying.
         """
         actor = self._live()
+        if isinstance(msg, actor.readers):
+            await trio.lowlevel.checkpoint_if_cancelled()  # yields only when cancelled
+            return actor.read(msg)
         reply = _Reply()
         actor._pending.add(reply)
         try:
@@ -364,6 +367,14 @@ class Actor:
     #: calls ``handle_now`` for it in turn. ``handle_now`` may return ``LATER`` when the
     #: message needs waiting (having changed nothing): it then goes to ``handle``.
     immediate: tuple[type, ...] = ()
+    #: Message types that only read the actor's state, answered by ``read``, a plain
+    #: function, at once in the caller's task, also while the actor is busy (inside
+    #: ``handle``, waiting on another actor or a thread): a probe that must not wait
+    #: behind a slow message. Only for state that is whole at every point ``handle`` waits
+    #: (e.g. a pure core's, changed only between those points). It sees that state as it
+    #: is, before any message still queued; ``read`` must change nothing, and what it
+    #: raises goes to the caller (the actor is not affected). Only ``call`` takes them.
+    readers: tuple[type, ...] = ()
 
     def __init__(self, *, name: str | None = None, inbox_size: float | None = None):
         self._explicit_name = name is not None
@@ -403,6 +414,10 @@ class Actor:
         """Handle one message of an ``immediate`` type without waiting (see there); the
         return value is the reply to ``call``, or ``LATER``."""
         return LATER
+
+    def read(self, msg: Any) -> Any:
+        """Answer a message of a ``readers`` type (see there) from the state as it is."""
+        raise NotImplementedError(f"{type(self).__name__}.read")
 
     async def on_stop(self) -> None:
         """Runs on orderly shutdown (not after a crash)."""

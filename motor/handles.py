@@ -13,6 +13,8 @@ Calls raise what the ref raises: the replied error of the callee (e.g. `StoreFul
 
 from __future__ import annotations
 
+import contextlib
+
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -226,6 +228,13 @@ class ExecutionHandle:
             return self._supervisor().ref(f"job-{job_id}")
         except KeyError:
             return None
+
+    async def call_job(self, job_id: str, msg: Any, timeout: float = 10) -> None:
+        """Call the job's actor with `msg`, if it has one (none, or it ended: nothing)."""
+        ref = self.job(job_id)
+        if ref is not None:
+            with contextlib.suppress(actors.ActorDead):
+                await ref.call(msg, timeout=timeout)
 
     async def start_job(self, job_id: str, factory: Callable[[], Any]) -> None:
         await self._supervisor().start_child(

@@ -71,7 +71,11 @@ class DiskActor(actors.Actor):
 
     #: A job's admission, setup and end, at once when neither file system needs a cleanup
     #: (else LATER: `handle` cleans up first), and the lookups that never wait.
-    immediate = (Admit, PrepareSetup, JobIdle, HasBundle, Reserve, Unreserve, Sample)
+    immediate = (Admit, PrepareSetup, JobIdle, HasBundle, Reserve, Unreserve)
+    readers = (Sample,)  # health's free space: not behind a cleanup or a walk
+
+    def read(self, msg):  # Sample: a statvfs of the state dir, no state of this actor
+        return self.probe(self.state_dir)
 
     def handle_now(self, msg):
         if isinstance(msg, Admit):
@@ -100,8 +104,6 @@ class DiskActor(actors.Actor):
             return self.holds.reserve(msg.token, self.names.touched(None, msg.names))
         if isinstance(msg, Unreserve):
             return self.holds.unreserve(msg.token)
-        if isinstance(msg, Sample):
-            return self.probe(self.state_dir)
         raise TypeError(f"disk: unknown message {msg!r}")
 
     async def handle(self, msg):

@@ -256,6 +256,9 @@ class Runner:
             except trio.TooSlowError:
                 degraded.append({"subsystem": name,
                                  "cause": f"did not answer within {timeout:g} s"})
+            except actors.ActorDead as exc:  # between two incarnations: its supervisor's
+                degraded.append({"subsystem": name, "cause": f"did not answer: {exc!r}",
+                                 "dead": True})  # report of the crash says why (below)
             except Exception as exc:  # noqa: BLE001 - reported, never raised to the probe
                 degraded.append({"subsystem": name, "cause": f"did not answer: {exc!r}"})
             return None
@@ -280,7 +283,10 @@ class Runner:
             if self.host.state_fs is not None:
                 report["disk"]["state_filesystem"] = self.host.state_fs
         report.update(ledger)
-        degraded = self._supervision_troubles() + degraded
+        troubles = self._supervision_troubles()
+        restarting = {t["subsystem"] for t in troubles}
+        degraded = troubles + [d for d in degraded if not (d.pop("dead", False)
+                                                           and d["subsystem"] in restarting)]
         db = self.db
         if db.checkpoint_error is not None:
             degraded.insert(0, {"subsystem": "store", "cause": db.checkpoint_error

@@ -48,11 +48,12 @@ class DispatchDeps:
 
 #: the messages that are the machine's events as they are
 _AS_IS = (SetupDone, Finished, CancelJob, Unfollowed, BundleArrived, QueuedViews, Heartbeat,
-          StatusView, CapacityView, m.DiskAnswered, m.TimerFired, m.FlushUnsaved)
+          StatusView, m.DiskAnswered, m.TimerFired, m.FlushUnsaved)
 
 
 class Dispatcher(actors.Actor):
     inbox_size = 512
+    readers = (CapacityView,)  # health's: answered also while a save waits on the disk
 
     def __init__(self, deps: DispatchDeps):
         super().__init__(name="dispatcher")
@@ -82,6 +83,9 @@ class Dispatcher(actors.Actor):
     async def on_stop(self):  # the queue-wait clocks changed since the last clock save
         with contextlib.suppress(actors.ActorDead, actors.CallTimeout):
             await self._run(m.FlushClocks())
+
+    def read(self, msg):  # CapacityView: the machine is whole wherever `_run` waits
+        return self.machine.capacity()
 
     async def handle(self, msg):
         self._answer = None
@@ -149,10 +153,7 @@ class Dispatcher(actors.Actor):
             await self.deps.execution.start_job(job_id, lambda: JobExecution(
                 (first.pop() if first else None) or job.records.get(job_id), job))
         elif isinstance(effect, m.CancelJobActor):
-            ref = self.deps.execution.job(effect.job_id)
-            if ref is not None:
-                with contextlib.suppress(actors.ActorDead):
-                    await ref.call(Cancel(), timeout=10)
+            await self.deps.execution.call_job(effect.job_id, Cancel())
         elif isinstance(effect, m.NoteRefused):
             job.accounting.refused(effect.code)
         elif isinstance(effect, m.NoteEnded):
@@ -172,12 +173,11 @@ class Dispatcher(actors.Actor):
     async def _disk_asker(self):
         """Disk admissions one at a time, in arrival order; each answer comes back as a message."""
         async for ask in self._asks:
-            disk = self.deps.disk
             try:
-                refusal = await disk.admit(ask.job_id, ask.workspace, ask.siblings,
-                                           timeout=DISK_ADMIT_TIMEOUT_S)
+                refusal = await self.deps.disk.admit(ask.job_id, ask.workspace, ask.siblings,
+                                                     timeout=DISK_ADMIT_TIMEOUT_S)
                 present = (ask.bundle_sha256 is None or refusal is not None
-                           or await disk.has_bundle(ask.bundle_sha256))
+                           or await self.deps.disk.has_bundle(ask.bundle_sha256))
             except (actors.CallTimeout, actors.ActorDead) as exc:
                 refusal, present = Refusal(code="runner_disk_full", detail=(
                     f"disk admission did not complete ({exc}); retry later")), False

@@ -687,9 +687,6 @@ class DispatchMachine:
             "capacity": self.capacity(),
         })]
 
-    def _on_CapacityView(self, event, now, wall_ms):
-        return [Reply(None, self.capacity())]
-
     def _budget_s(self, job_id: str) -> float:
         return queue_wait_budget_s(spec_of(self.queued[job_id]),
                                    default_spill_s=self.settings.default_spill_s)

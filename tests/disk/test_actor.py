@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 import actors
 from motor.disk import host, trash
 from motor.disk.actor import (
     Admit, AdmitUpload, BeginUpload, CommitUpload, DiskActor, HasBundle, JobIdle, Listing,
-    Periodic, PrepareSetup, Register, Reserve, Unreserve,
+    Periodic, PrepareSetup, Register, Reserve, Sample, Unreserve,
 )
 from motor.disk.core import DiskSample
 
@@ -584,3 +585,25 @@ async def test_a_job_that_ends_before_any_disk_check_saw_it_reserves_nothing(tmp
         probe.free = 10 * MB
         await ref.call(Periodic())
         assert not v.exists()
+
+
+async def test_health_s_sample_is_answered_while_the_disk_actor_is_busy(tmp_path):
+    """`Sample` is a reader (stop 27): a probe of the free space does not wait behind a
+    message the disk actor is working on (a cleanup, a walk)."""
+    async with disk_actor(tmp_path, probe=Probe(123 * MB)) as (ref, actor, probe, clock, live):
+        go = trio.Event()
+        real = actor.handle
+
+        async def handle(msg):  # a Listing that takes until `go`
+            if isinstance(msg, Listing):
+                await go.wait()
+            return await real(msg)
+
+        actor.handle = handle
+        async with trio.open_nursery() as n:
+            n.start_soon(ref.call, Listing())
+            await trio.testing.wait_all_tasks_blocked()
+            calls = probe.calls
+            assert (await ref.call(Sample())).free_bytes == 123 * MB  # not behind the Listing
+            assert probe.calls == calls + 1
+            go.set()
