@@ -30,7 +30,10 @@ Named points (each documented where it is hit):
 - `release.begin`      a job's terminal record is written, its isolation groups or units
                        not yet removed (motor/execution/messages.py, `release_isolation`);
 - `unpack.extracted`   a bundle is fully extracted into its staging directory, before its
-                       entries move into the workspace (motor/disk/bundles.py).
+                       entries move into the workspace (motor/disk/bundles.py);
+- `store.commit`       the store is about to write a transaction (motor/store/actor.py, on
+                       the event loop or in a worker thread: where commits run then): a
+                       `wait:` barrier there is a disk that stalls a commit.
 
 Without the variable every point is a no-op costing one environment lookup.
 """

@@ -47,7 +47,8 @@ def test_every_actor_shell_is_under_200_lines(path):
 PURE = ["motor.lifecycle", "motor.scheduling.core", "motor.scheduling.admission",
         "motor.scheduling.machine", "motor.cpu.core", "motor.cpu.topology", "motor.memory.core",
         "motor.disk.core", "motor.disk.book", "motor.disk.live", "motor.accounting.core",
-        "motor.execution.core", "motor.tasks.core", "motor.tasks.rules", "motor.store.checkpoints"]
+        "motor.execution.core", "motor.tasks.core", "motor.tasks.rules", "motor.store.checkpoints",
+        "motor.store.pace"]
 
 
 @pytest.mark.parametrize("module", PURE)

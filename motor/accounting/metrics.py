@@ -45,7 +45,8 @@ class HealthCollector(Collector):
         disk = r.get("disk") or {}
         host = r.get("host") or {}
         active = r.get("active") or {}
-        last_checkpoint = (r.get("store") or {}).get("last_checkpoint") or {}
+        store = r.get("store") or {}
+        last_checkpoint = store.get("last_checkpoint") or {}
         singles = [
             ("motor_capacity_max_weight", "bound on the sum of running and setting-up claims",
              cap.get("max_weight")),
@@ -78,6 +79,9 @@ class HealthCollector(Collector):
             ("motor_store_last_checkpoint_writes_paused_seconds", "how long the store's writes "
              "waited for its last WAL checkpoint's final step", _ms_to_s(
                  last_checkpoint.get("writes_paused_ms"))),
+            ("motor_store_commits_off_loop", "1 while the store's commits run in a worker "
+             "thread (a commit took 5 ms or more in the last 10 s), 0 on the event loop",
+             None if "commits_run_in" not in store else float(store["commits_run_in"] == "thread")),
         ]
         for name, doc, value in singles:
             family = _gauge(name, doc, value)
@@ -95,9 +99,12 @@ class HealthCollector(Collector):
                 troubled.add_metric([name], 1.0)
             yield troubled
 
-        store = r.get("store") or {}
         for key, name, doc in (("commits", "motor_store_commits", "write transactions of the job "
                                 "store since start"),
+                               ("slow_commits", "motor_store_slow_commits", "commits of the job "
+                                "store that took 5 ms or more since start"),
+                               ("commits_in_thread", "motor_store_commits_in_thread", "commits of "
+                                "the job store run in a worker thread (the disk slow) since start"),
                                ("checkpoints", "motor_store_checkpoints", "WAL checkpoint rounds "
                                 "of the job store since start (in a worker thread)")):
             if _num(store.get(key)) is not None:

@@ -21,6 +21,7 @@ from ..records import (
 from ..scheduling.admission import withdraw_answer
 from ..scheduling.view import join_array
 from ..store.hub import ChangeHub
+from ..store.pace import STALLED_COMMIT_S
 from .host import Host
 from ..wire import MAX_BATCH_JOBS
 
@@ -293,9 +294,20 @@ class Runner:
                                 + "; the WAL grows until a checkpoint succeeds"})
         if db.full_error is not None:
             degraded.insert(0, {"subsystem": "store", "cause": db.full_error})
+        pace = db.pace
+        waiting_s = pace.waiting_s(trio.current_time())
+        if waiting_s >= STALLED_COMMIT_S:
+            degraded.insert(0, {"subsystem": "store", "cause": (
+                f"a commit has waited {waiting_s:.1f} s on the state file system; the runner "
+                "answers, but accepting, starting and ending jobs wait for it")})
         report["store"] = {"commits": db.commits, "checkpoints": db.checkpoints,
                            **({} if db.last_checkpoint is None else
-                              {"last_checkpoint": db.last_checkpoint})}
+                              {"last_checkpoint": db.last_checkpoint}),
+                           "commits_run_in": "thread" if pace.off_loop else "loop",
+                           "slow_commits": pace.slow_commits,
+                           "commits_in_thread": pace.commits_off_loop,
+                           "longest_commit_ms": round(pace.longest_s * 1000.0, 3),
+                           "commit_waiting_ms": round(waiting_s * 1000.0, 3)}
         report["status"] = "degraded" if degraded else "ok"
         report["degraded"] = degraded
         return report

@@ -5,11 +5,17 @@ them in order in ONE transaction and then answers each (one commit instead of on
 issue 14). If that transaction fails, it writes them again one message at a time, so each
 caller gets its own answer (a `StoreFull` goes to the callers whose write did not fit).
 
-Readers (event replay, listings) read the database directly: they never write, and
-SQLite in WAL mode gives them a consistent snapshot. Followers of a job wait on
-`ChangeHub.changed(job_id)`, which the actor fires after each commit for that job; the hub
-also keeps the events committed for a followed job, so a follower that has read the
-database to its end takes the next ones from the hub (`ChangeHub.recent`).
+Commits run on the event loop while the disk keeps up, in a worker thread while it does not
+(`CommitPace`, motor/store/pace.py): a commit that took 5 ms or more moves them off the loop
+until none has been slow for 10 s. The loop then runs on while a commit waits on the disk;
+saves arriving meanwhile wait in the inbox and are committed together after it.
+
+Readers (event replay, listings) read the database directly, on its read connection: they
+never write, and SQLite in WAL mode gives them a consistent snapshot of what was committed.
+Followers of a job wait on `ChangeHub.changed(job_id)`, which the actor fires after each
+commit for that job; the hub also keeps the events committed for a followed job, so a
+follower that has read the database to its end takes the next ones from the hub
+(`ChangeHub.recent`).
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ import trio
 
 import actors
 
+from .. import faults
 from ..offload import Offload, thread_offload
 from .checkpoints import CheckpointPlan
 from .db import Database, StoreFull
+from .grouping import commit_group, run_inline
 from .holds import WriteHold
 from .hub import ChangeHub
 from .messages import Expire, Save, SaveMany, is_save, writes_of
@@ -48,8 +56,11 @@ class StoreActor(actors.Actor):
         super().__init__(name="store")
         self.db = db
         self.hub = hub
-        self.offload = offload  # for the checkpoints (the runner's clock's: see offload.py)
+        # for the checkpoints, and the commits while the disk is slow (the runner's clock's
+        # offloader: see offload.py)
+        self.offload = offload
         self.saves = 0
+        self.pace = db.pace  # on the database: it outlives an incarnation of this actor
         self._checkpoint_due = trio.Event()
         self._plan = CheckpointPlan(db.commits, db.bytes_written)
         self._hold = WriteHold()  # while held, writes wait in the inbox (holds.py)
@@ -92,15 +103,19 @@ class StoreActor(actors.Actor):
     def handle_now(self, msg):
         if self._hold.event is not None:  # held for a checkpoint: wait in the inbox
             return actors.LATER
-        return self._group(msg, self.take_waiting(is_save, GROUP_MAX))
+        if self.pace.place(trio.current_time()):  # the disk is slow: commit in a thread
+            return actors.LATER
+        return run_inline(self._group(msg, self.take_waiting(is_save, GROUP_MAX), False))
 
     async def handle(self, msg):
         if (held := self._hold.event) is not None:  # every message here writes
             await held.wait()
+        off_loop = self.pace.place(trio.current_time())
         if is_save(msg):
-            return self._group(msg, self.take_waiting(is_save, GROUP_MAX))
+            return await self._group(msg, self.take_waiting(is_save, GROUP_MAX), off_loop)
         if isinstance(msg, Expire):
-            ids = self.db.expire(msg.now_ms)
+            ids = await self.offload(self.db.expire, msg.now_ms) if off_loop \
+                else self.db.expire(msg.now_ms)
             for job_id in ids:
                 self.hub.fire(job_id)
             if ids:  # deletions (and pages handed back) the byte count does not see
@@ -108,46 +123,24 @@ class StoreActor(actors.Actor):
             return ids
         raise TypeError(f"store: unknown message {msg!r}")
 
-    def _group(self, msg, waiting: list):
-        """Commit `msg` and the save messages taken from the inbox in one transaction, then
-        answer the taken ones; return the answer to `msg`. If it fails, one at a time."""
-        if not waiting:
-            return self._commit([msg])[0]
-        try:
-            answers = self._commit([msg, *(m for m, _ in waiting)])
-        except Exception:
-            return self._one_by_one(msg, waiting)
-        for (_, token), answer in zip(waiting, answers[1:]):
-            if token is not None:
-                token.reply(answer)
-        return answers[0]
+    def _group(self, msg, waiting: list, off_loop: bool):
+        """`msg` and the saves taken from the inbox in one transaction (grouping.py): a
+        coroutine that, on the loop (`off_loop` false), never suspends."""
+        return commit_group(lambda msgs: self._commit(msgs, off_loop), msg, waiting, log)
 
-    def _one_by_one(self, msg, waiting: list):
-        """The group failed (nothing of it was written): each message in its own
-        transaction, in order, so each caller gets its own answer."""
-        try:
-            own, refused = self._commit([msg])[0], None
-        except StoreFull as exc:
-            own, refused = None, exc
-        for other, token in waiting:
-            try:
-                answer = self._commit([other])[0]
-            except StoreFull as exc:
-                if token is not None:
-                    token.fail(exc)
-                else:
-                    log.warning("store: cast %r failed: %r", other, exc)
-                continue
-            if token is not None:
-                token.reply(answer)
-        if refused is not None:
-            raise refused
-        return own
-
-    def _commit(self, msgs: list) -> list:
-        """Write the saves of `msgs` in one transaction; each message's answer."""
+    async def _commit(self, msgs: list, off_loop: bool) -> list:
+        """Write the saves of `msgs` in one transaction, in a worker thread when `off_loop`;
+        each message's answer."""
         writes = [w for msg in msgs for w in writes_of(msg)]
-        stamped = self.db.save_many(writes)
+        # timed on the runner's clock: real time in production; under a test's clock a
+        # blocking commit takes no time, so no test is moved off the loop by the host's load
+        self.pace.waiting_since = t0 = trio.current_time()
+        try:
+            stamped = await self.offload(self._save, writes) if off_loop else self._save(writes)
+        finally:
+            self.pace.waiting_since = None
+        now = trio.current_time()
+        self.pace.took(now - t0, now, off_loop)
         self.saves += len(writes)
         db = self.db
         if self._plan.committed(db.commits, db.bytes_written, db.wal_bytes()):
@@ -168,6 +161,11 @@ class StoreActor(actors.Actor):
                 answers.append(stamped[at])
                 at += 1
         return answers
+
+    def _save(self, writes: list) -> list:
+        """`Database.save_many`, on the loop or in a worker thread."""
+        faults.hit("store.commit")  # tests: a commit held (a disk that stalls)
+        return self.db.save_many(writes)
 
 
 def open_database(state_dir: Path, *, max_output_bytes: int | None = None,

@@ -4,8 +4,10 @@ Theory of operation
 -------------------
 One database file, `<state-dir>/motor.db`, in WAL mode with `synchronous=NORMAL`: a crash of
 the runner loses nothing committed; a power cut may lose the last commits, never corrupt.
-The store actor is the only writer; readers (event replay, listings) use the same
-connection from the same trio thread, which SQLite serialises for us.
+The store actor is the only writer, on `conn`: on the event loop while commits are fast, in a
+worker thread while the disk is slow (motor/store/pace.py). Readers (event replay, listings,
+start-up) use `reader`, a connection of their own, from the event loop: in WAL mode each read
+sees what was committed when it began, never a commit in progress.
 
 Tables
   jobs(job_id PK, state, terminal, record JSON, log_offset, next_seq, retain_until_ms)
@@ -67,6 +69,7 @@ import msgspec
 from ..lifecycle import ACTIVE_STATES
 from ..records import JobRecord, Output, encode_event, Event, TERMINAL_STATES
 from .checkpoints import WAL_SIZE_LIMIT
+from .pace import CommitPace
 
 SCHEMA_VERSION = 1
 PAGE_EVENTS = 64
@@ -199,6 +202,9 @@ class Database:
         self.checkpoint_error: str | None = None
         self.checkpoints = 0
         self.last_checkpoint: dict | None = None
+        #: where the store actor's commits run (the loop, or a worker thread while the
+        #: disk is slow), and what it saw of their times; health shows it
+        self.pace = CommitPace()
         #: bytes of records and events written by committed transactions (about what
         #: they added to the WAL; the store actor checkpoints by it and by `commits`)
         self.bytes_written = 0
@@ -231,6 +237,11 @@ class Database:
             self.conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
         elif int(row[0]) > SCHEMA_VERSION:
             raise StoreError(f"{path} has schema {row[0]}, newer than this motor ({SCHEMA_VERSION})")
+        #: the connection reads use (the event loop's: listings, replays, start-up), never
+        #: the writer's: the store's commits may run in a worker thread (store/pace.py), and
+        #: a read on the writer's connection during one would see its uncommitted rows
+        self.reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.reader.execute("PRAGMA busy_timeout=5000")
 
     def _quick_check(self) -> None:
         try:
@@ -248,6 +259,7 @@ class Database:
         if self._checkpoint_conn is not None:  # first: the last close checkpoints the rest
             self._checkpoint_conn.close()
             self._checkpoint_conn = None
+        self.reader.close()
         self.conn.close()
 
     # -- checkpoints (store actor: in a worker thread) ----------------------------------
@@ -429,7 +441,7 @@ class Database:
 
     def truncated_before(self, job_id: str) -> int:
         """Output events with a lower seq were evicted (0: nothing was)."""
-        row = self.conn.execute(
+        row = self.reader.execute(
             "SELECT truncated_before_seq FROM jobs WHERE job_id=?", (job_id,)).fetchone()
         return row[0] if row else 0
 
@@ -475,38 +487,38 @@ class Database:
     # -- reads ----------------------------------------------------------------------------
 
     def get(self, job_id: str) -> JobRecord | None:
-        row = self.conn.execute(_WITH_CLOCK + " WHERE j.job_id=?", (job_id,)).fetchone()
+        row = self.reader.execute(_WITH_CLOCK + " WHERE j.job_id=?", (job_id,)).fetchone()
         return _decode(row) if row else None
 
     def log_offset(self, job_id: str) -> int:
-        row = self.conn.execute("SELECT log_offset FROM jobs WHERE job_id=?", (job_id,)).fetchone()
+        row = self.reader.execute("SELECT log_offset FROM jobs WHERE job_id=?", (job_id,)).fetchone()
         return row[0] if row else 0
 
     def live(self) -> list[JobRecord]:
         """Jobs not yet terminal, oldest (by UUIDv7 id) first."""
-        return [_decode(r) for r in self.conn.execute(
+        return [_decode(r) for r in self.reader.execute(
             _WITH_CLOCK + " WHERE j.terminal=0 ORDER BY j.job_id")]
 
     def active(self) -> list[JobRecord]:
         """Jobs setting up or running, oldest first: what start-up needs for adoption and its
         sweep, without decoding every queued record (10,000 of them at scale, issue 14)."""
-        return [_decode(r) for r in self.conn.execute(
+        return [_decode(r) for r in self.reader.execute(
             _WITH_CLOCK + " WHERE j.terminal=0 AND j.state IN (?, ?) ORDER BY j.job_id",
             tuple(sorted(ACTIVE_STATES)))]
 
     def listing(self, *, limit: int = 200, terminal: bool | None = None) -> list[JobRecord]:
         """Newest first."""
         if terminal is None:
-            rows = self.conn.execute(
+            rows = self.reader.execute(
                 _WITH_CLOCK + " ORDER BY j.job_id DESC LIMIT ?", (limit,))
         else:
-            rows = self.conn.execute(
+            rows = self.reader.execute(
                 _WITH_CLOCK + " WHERE j.terminal=? ORDER BY j.job_id DESC LIMIT ?",
                 (int(terminal), limit))
         return [_decode(r) for r in rows]
 
     def iter_terminal(self) -> Iterable[JobRecord]:
-        for row in self.conn.execute(_WITH_CLOCK + " WHERE j.terminal=1"):
+        for row in self.reader.execute(_WITH_CLOCK + " WHERE j.terminal=1"):
             yield _decode(row)
 
     def events_from(self, job_id: str, from_seq: int, limit: int = 500,
@@ -515,7 +527,7 @@ class Database:
         `max_bytes` are reached (at least one), so a replay of big output stays bounded."""
         out: list[bytes] = []
         size = 0
-        cursor = self.conn.execute(
+        cursor = self.reader.execute(
             "SELECT data FROM events WHERE job_id=? AND seq>=? ORDER BY seq LIMIT ?",
             (job_id, from_seq, limit))
         try:
@@ -529,4 +541,4 @@ class Database:
         return out
 
     def count(self) -> int:
-        return self.conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
+        return self.reader.execute("SELECT count(*) FROM jobs").fetchone()[0]

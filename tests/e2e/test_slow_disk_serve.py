@@ -1,0 +1,108 @@
+"""A disk that stalls the store's commits, through a real `motor serve` (issue 14, stop 27;
+docs/operations.md "When the disk is slow").
+
+The fault point `store.commit` holds each commit at a file barrier (motor/faults.py), as a
+disk whose writes wait on the kernel's write-back holds it. The first held commit runs on
+the event loop; released after 50 ms, it was slow, and the commits move to a worker thread:
+while the next one is held there, the runner answers `GET /v1/health` at once (where the
+commits run; after a second, degraded: the store, with the wait), and nothing it accepted
+is lost. Real processes, the HTTP client on the
+runner's socket.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from motor.client import Client
+from motor.records import Terminal
+from tests.polling import wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def submit_in_thread(serve, job: dict) -> tuple[threading.Thread, list]:
+    answers: list = []
+
+    def run():
+        with Client(serve.socket, timeout=60) as client:
+            answers.append(client.submit(job))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, answers
+
+
+def ended(serve, job_id: str) -> str:
+    """The job's terminal state, once it ended."""
+    with Client(serve.socket, timeout=60) as client, client.events(job_id) as stream:
+        ends = [e for e in stream if isinstance(e, Terminal)]
+    return ends[-1].record["state"]
+
+
+def test_serve_answers_while_a_commit_waits_on_the_disk(serve_factory, tmp_path):
+    gate = tmp_path / "gate"
+    reached = tmp_path / "gate.reached"
+    serve = serve_factory("--isolation", "none")
+    serve.env = {"MOTOR_FAULTS": f"store.commit=wait:{gate}"}
+    serve.start()
+    try:
+        held_commits(serve, gate, reached)
+    finally:
+        gate.touch()  # a failed check leaves no runner held at the barrier
+    assert serve.stop() == 0
+
+
+def held_commits(serve, gate, reached) -> None:
+
+    # 1. the first commit (a submit's acceptance) is held on the event loop
+    first, first_answer = submit_in_thread(serve, {"command": ["true"], "workspace": "a"})
+    wait_for(reached.exists, timeout=30, what="the first commit to reach the barrier")
+    time.sleep(0.05)  # it takes at least this long: a slow commit
+    gate.touch()
+    first.join(30)
+    assert first_answer and first_answer[0].state in ("queued", "setup", "running", "succeeded")
+    assert ended(serve, first_answer[0].job_id) == "succeeded"
+
+    # 2. the barrier closed again, the runner idle: the next commit, the dispatcher's save
+    #    of a submit, waits in a worker thread
+    gate.unlink()
+    reached.unlink()
+    second, second_answer = submit_in_thread(serve, {"command": ["true"], "workspace": "b"})
+    wait_for(reached.exists, timeout=30, what="a commit to reach the barrier again")
+    with Client(serve.socket, timeout=5) as client:
+        # the event loop answers while the commit is held, and so does the dispatcher's
+        # capacity (its own save may be the one held: it is read, not queued behind it)
+        health = client.health()
+        assert health["store"]["commits_run_in"] == "thread", health["store"]
+        assert health["store"]["slow_commits"] >= 1
+        assert not [d for d in health["degraded"] if d["subsystem"] == "dispatcher"], health
+        assert health["capacity"]["max_weight"] >= 1
+        # held for a second: health says so (degraded, the store, with the wait)
+        stalled = wait_for(lambda: [d for d in client.health()["degraded"]
+                                    if d["subsystem"] == "store"], timeout=30,
+                           what="health to report the stalled commit")
+        assert "a commit has waited" in stalled[0]["cause"], stalled
+        assert not second_answer  # its acceptance is still being committed
+        assert client.health()["store"]["commit_waiting_ms"] >= 1000
+    gate.touch()
+    second.join(30)
+    assert second_answer and second_answer[0].job_id != first_answer[0].job_id
+
+    assert ended(serve, second_answer[0].job_id) == "succeeded"
+    with Client(serve.socket, timeout=30) as client:
+        health = client.health()
+        assert health["status"] == "ok", health["degraded"]
+        store = health["store"]
+        assert store["commit_waiting_ms"] == 0
+        assert store["slow_commits"] >= 2 and store["commits_in_thread"] >= 1
+        assert store["longest_commit_ms"] >= 50
+        metrics = client.metrics()
+    counts = {line.split()[0]: float(line.split()[1]) for line in metrics.splitlines()
+              if line.startswith("motor_store_")}
+    assert counts["motor_store_slow_commits_total"] >= 2
+    assert counts["motor_store_commits_in_thread_total"] >= 1
+    assert counts["motor_store_commits_off_loop"] in (0.0, 1.0)
