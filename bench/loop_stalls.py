@@ -11,8 +11,10 @@ for every job's end, and takes, from the first submit to the last end:
   `before_task_step` to `after_task_step`): for that long nothing else in the runner ran,
   not the API, not a health probe, not the other jobs' events; printed with the 99th
   percentile and the steps over 5 ms (count and their sum);
-- `commit` (ms): each `Database.save_many` (one transaction, on the loop's thread):
-  median, 99th percentile, max, the sum per job, and the commits over 5 ms;
+- `commit` (ms): each `Database.save_many` (one transaction): median, 99th percentile, max,
+  the sum per job, and the commits over 5 ms; `loop_commit_max` and
+  `loop_commits_over_5ms` of those on the event loop's thread, and `commits_in_thread` the
+  others (stop 27 on, the store commits in a worker thread while commits are slow);
 - `checkpoints`, `writes_held` and `writes_held_max` (ms): the store's WAL checkpoints (in a
   worker thread, stop 26 on; 0 for older code), how many rounds held the store's writes
   (a second step, or a WAL file past its bound), and the longest time a round held them
@@ -46,15 +48,18 @@ from benchlib import peers as bench_peers
 ROOT = Path(__file__).resolve().parent.parent
 METRICS = ("loop_step_max", "loop_step_p99", "steps_over_5ms", "steps_over_5ms_sum",
            "commit_p50", "commit_p99", "commit_max", "commit_ms_per_job", "commits_over_5ms",
+           "loop_commit_max", "loop_commits_over_5ms", "commits_in_thread",
            "checkpoints", "writes_held", "writes_held_max", "jobs_per_s")
 
 ROUND = r"""
-import json, sys, tempfile, time
+import json, sys, tempfile, threading, time
 import trio, motor
 from motor.store import db as dbm
 
 iso, n = sys.argv[1], int(sys.argv[2])
 steps, commits, on = [], [], [False]
+loop_commits = []  # those on the event loop's thread
+loop_thread = threading.get_ident()
 real = dbm.Database.save_many
 
 def save_many(self, writes):
@@ -64,6 +69,8 @@ def save_many(self, writes):
     finally:
         if on[0]:
             commits.append(time.perf_counter() - t0)
+            if threading.get_ident() == loop_thread:
+                loop_commits.append(commits[-1])
 
 dbm.Database.save_many = save_many
 checkpoints, holds = [0], []  # checkpoint calls; how long the writes were held, each time
@@ -120,6 +127,9 @@ async def main():
         "commit_p50": ms(q(commits, 0.5)), "commit_p99": ms(q(commits, 0.99)),
         "commit_max": ms(max(commits)), "commit_ms_per_job": ms(sum(commits) / n),
         "commits_over_5ms": len([c for c in commits if c > 0.005]),
+        "loop_commit_max": ms(max(loop_commits, default=0.0)),
+        "loop_commits_over_5ms": len([c for c in loop_commits if c > 0.005]),
+        "commits_in_thread": len(commits) - len(loop_commits),
         "checkpoints": checkpoints[0], "writes_held": len(holds),
         "writes_held_max": ms(max(holds, default=0.0)),
         "jobs_per_s": round(n / wall, 1)}))
