@@ -23,7 +23,13 @@ for every job's end, and takes, from the first submit to the last end:
 
 `--io-load` runs, during each round, a writer beside the runner on the state directory's
 file system (`dd` of 256 MiB with `conv=fsync`, over and over, into TMPDIR): a build host
-whose builds write, where a sync waits behind their write-back.
+whose builds write, where a sync waits behind their write-back. `--dirty-bytes N` (with
+`--io-load`, root) also limits the host's dirty page cache to N bytes during each round
+(`vm.dirty_bytes`, a quarter of it `vm.dirty_background_bytes`; the settings are restored
+after): the kernel then throttles every writer, the runner's commits too, as a disk that
+cannot keep up with the builds' writes does (4194304: commits of tens of ms, over a hundred
+of them per 500 jobs). Stop 27 moved the commits to a worker thread while such slow ones
+hold the loop (docs/operations.md, "When the disk is slow").
 
 Stop 26 moved the WAL's checkpoints (two fdatasyncs each) out of the commits into a worker
 thread (docs/operations.md, "The job database's checkpoints"): run with `--baseline-root DIR`
@@ -138,23 +144,49 @@ trio.run(main)
 """
 
 
+VM = "/proc/sys/vm"
+
+
 @contextlib.contextmanager
-def io_load(on: bool):
-    """A shell loop of `dd ... conv=fsync` into TMPDIR while the block runs."""
+def dirty_limit(nbytes: int | None):
+    """The host's dirty page cache limited to `nbytes` (vm.dirty_bytes, and a quarter of
+    it as vm.dirty_background_bytes) while the block runs, then the settings as they were
+    (root; a ratio written back clears its bytes setting, and the other way round)."""
+    if nbytes is None:
+        yield
+        return
+    names = ("dirty_bytes", "dirty_ratio", "dirty_background_bytes", "dirty_background_ratio")
+    before = {name: Path(VM, name).read_text().strip() for name in names}
+    try:
+        Path(VM, "dirty_bytes").write_text(str(nbytes))
+        Path(VM, "dirty_background_bytes").write_text(str(max(nbytes // 4, 4096)))
+        yield
+    finally:
+        for kind in ("", "background_"):  # the one in use last, so that it wins
+            used = f"dirty_{kind}bytes" if before[f"dirty_{kind}bytes"] != "0" \
+                else f"dirty_{kind}ratio"
+            Path(VM, used).write_text(before[used])
+
+
+@contextlib.contextmanager
+def io_load(on: bool, dirty_bytes: int | None = None):
+    """A shell loop of `dd ... conv=fsync` into TMPDIR while the block runs (with the
+    host's dirty page cache limited to `dirty_bytes`, when given)."""
     if not on:
         yield
         return
     target = os.path.join(tempfile.gettempdir(), f"motor-io-load-{os.getpid()}")
-    proc = subprocess.Popen(
-        ["sh", "-c", f"while :; do dd if=/dev/zero of={target} bs=1M count=256 conv=fsync "
-                     "status=none; done"], start_new_session=True)
-    try:
-        yield
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(target)
+    with dirty_limit(dirty_bytes):
+        proc = subprocess.Popen(
+            ["sh", "-c", f"while :; do dd if=/dev/zero of={target} bs=1M count=256 conv=fsync "
+                         "status=none; done"], start_new_session=True)
+        try:
+            yield
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(target)
 
 
 def main() -> None:
@@ -162,15 +194,18 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--io-load", action="store_true",
                     help="a dd writer with fsync on TMPDIR's file system during each round")
+    ap.add_argument("--dirty-bytes", type=int, metavar="N",
+                    help="with --io-load: the host's vm.dirty_bytes set to N during each round "
+                         "(restored after; root): every writer is throttled, a disk that stalls")
     args = ap.parse_args()
     fs_note()
     peers = bench_peers(ROOT, args.baseline_root)
     every: dict[str, dict[str, list[float]]] = {p: {m: [] for m in METRICS} for p, _ in peers}
     print(f"# loop_stalls: rounds={args.rounds} n={args.n} isolation={args.isolation} "
-          f"io_load={args.io_load} load1={load1()}", flush=True)
+          f"io_load={args.io_load} dirty_bytes={args.dirty_bytes} load1={load1()}", flush=True)
     for _ in range(args.rounds):
         for peer, root in peers:
-            with io_load(args.io_load):
+            with io_load(args.io_load, args.dirty_bytes):
                 got = run_round(ROUND, root, args.isolation, str(args.n))
             for m in METRICS:
                 every[peer][m].append(got[m])

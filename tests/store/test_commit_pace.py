@@ -22,7 +22,7 @@ from motor.store import pace as pace_module
 from motor.store.actor import StoreActor
 from motor.store.db import Database
 from motor.store.hub import ChangeHub
-from motor.store.pace import CALM_S, SLOW_COMMIT_S, CommitPace
+from motor.store.pace import CALM_S, SLOW_COMMIT_S, STALL_BUDGET_S, WINDOW_S, CommitPace
 
 
 def record(job_id: str) -> JobRecord:
@@ -33,51 +33,71 @@ def record(job_id: str) -> JobRecord:
 # -- the rule ------------------------------------------------------------------------------
 
 
-def test_fast_commits_stay_on_the_loop_and_a_slow_one_moves_them_off():
+def test_fast_commits_and_a_few_slow_ones_stay_on_the_loop():
     pace = CommitPace()
     for t in range(100):
         assert pace.place(float(t)) is False
         pace.took(SLOW_COMMIT_S / 10, float(t), False)
     assert pace.slow_commits == 0 and pace.moves_off_loop == 0
-    assert pace.place(100.0) is False
-    pace.took(SLOW_COMMIT_S, 100.0, False)  # as slow as the bound: slow
-    assert pace.off_loop and pace.moves_off_loop == 1 and pace.slow_commits == 1
-    assert pace.place(100.0 + CALM_S / 2) is True
-    pace.took(0.0001, 100.0 + CALM_S / 2, True)
+    # slow ones: 0.09 s of them within a second, then the oldest leaves the window
+    for i, t in enumerate((100.0, 100.5, 100.9)):
+        assert pace.place(t) is False
+        pace.took(0.03, t, False)
+    assert pace.slow_commits == 3 and not pace.off_loop
+    pace.took(0.03, 101.2, False)  # 100.5, 100.9, 101.2: 0.09 s again
+    assert not pace.off_loop and pace.place(101.2) is False
+    assert pace.longest_s == 0.03
+
+
+def test_slow_commits_holding_the_loop_for_the_budget_move_them_off():
+    pace = CommitPace()
+    for t in (10.0, 10.4, 10.8):
+        pace.took(0.04, t, False)  # 0.12 s within a second
+    assert pace.off_loop and pace.moves_off_loop == 1 and pace.slow_commits == 3
+    assert pace.place(10.8 + CALM_S / 2) is True
+    pace.took(0.0001, 10.8 + CALM_S / 2, True)
     assert pace.commits_off_loop == 1
-    assert pace.place(100.0 + CALM_S - 0.001) is True  # the calm counts from the slow one
-    assert pace.place(100.0 + CALM_S) is False
-    assert pace.longest_s == SLOW_COMMIT_S
+    assert pace.place(10.8 + CALM_S - 0.001) is True  # the calm counts from the slow one
+    assert pace.place(10.8 + CALM_S) is False
 
 
-def test_a_slow_commit_off_the_loop_keeps_them_off():
+def test_one_commit_over_the_budget_moves_them_off_and_a_slow_one_in_the_thread_keeps_them():
     pace = CommitPace()
     pace.place(0.0)
-    pace.took(0.05, 0.0, False)
+    pace.took(STALL_BUDGET_S, 0.0, False)
+    assert pace.off_loop and pace.moves_off_loop == 1
     assert pace.place(CALM_S - 1) is True
     pace.took(0.2, CALM_S - 1, True)  # still slow, in the thread
     assert pace.place(CALM_S + 1) is True
     assert pace.place(2 * CALM_S - 1 + 0.001) is False
     assert pace.moves_off_loop == 1 and pace.slow_commits == 2 and pace.longest_s == 0.2
+    pace.took(0.06, 30.0, False)  # back on the loop, the window starts empty
+    assert not pace.off_loop
 
 
-@given(st.lists(st.tuples(st.floats(0, 30, allow_nan=False), st.floats(0, 0.1, allow_nan=False)),
-                max_size=60))
-def test_commits_run_off_the_loop_exactly_within_the_calm_of_a_slow_one(steps):
-    """Whatever the times: a commit is placed off the loop iff a commit that ended less than
-    CALM_S before it was slow; the counters add up."""
+@given(st.lists(st.tuples(st.floats(0, 3, allow_nan=False), st.floats(0, 0.15, allow_nan=False)),
+                max_size=80))
+def test_commits_run_off_the_loop_exactly_as_the_rule_says(steps):
+    """Whatever the times, against a plain model: a commit runs off the loop iff, since the
+    commits last came back to the loop (or the start), slow ones on the loop summed to the
+    budget within a window, and since then no CALM_S passed without a slow one."""
     pace = CommitPace()
-    now, slow_at, off = 0.0, None, 0
+    now, off, last_slow, window, offs = 0.0, False, float("-inf"), [], 0
     for gap, seconds in steps:
         now += gap
-        expect = slow_at is not None and now - slow_at < CALM_S
+        if off and now - last_slow >= CALM_S:
+            off = False
         placed = pace.place(now)
-        assert placed is expect
-        off += placed
+        assert placed is off
+        offs += placed
         pace.took(seconds, now, placed)
         if seconds >= SLOW_COMMIT_S:
-            slow_at = now
-    assert pace.commits_off_loop == off
+            last_slow = now
+            if not off:
+                window = [(t, s) for t, s in window if t > now - WINDOW_S] + [(now, seconds)]
+                if sum(s for _, s in window) >= STALL_BUDGET_S:
+                    off, window = True, []
+    assert pace.commits_off_loop == offs
     assert pace.slow_commits == sum(s >= SLOW_COMMIT_S for _, s in steps)
     assert pace.longest_s == max((s for _, s in steps), default=0.0)
 
@@ -128,7 +148,7 @@ async def test_a_slow_commit_moves_the_commits_to_a_thread_and_the_loop_runs_on(
     loop_thread = threading.get_ident()
     async with running_store(tmp_path) as (db, store, nursery):
         await store.save(record("a0"))  # fast: on the loop
-        db.delay = 0.02
+        db.delay = 0.12
         await store.save(record("a1"))  # slow, on the loop: the next ones go off it
         assert db.threads == [loop_thread, loop_thread]
         assert db.pace.off_loop and db.pace.slow_commits == 1
@@ -170,7 +190,7 @@ async def test_a_refused_group_off_the_loop_still_answers_each_save(tmp_path, mo
     """Off the loop the group commit keeps its fallback: a group that fails is written one
     save at a time, each caller answered (here: all of them written)."""
     async with running_store(tmp_path) as (db, store, nursery):
-        db.delay = 0.02
+        db.delay = 0.12
         await store.save(record("b0"))
         assert db.pace.off_loop
         failed = []
@@ -209,7 +229,7 @@ async def test_expiry_runs_where_the_commits_run(tmp_path, slow):
         done = JobRecord(job_id="c0", state="succeeded", workspace="w", claim=1,
                          command=["true"], accepted_at_ms=0)
         if slow:
-            db.delay = 0.02
+            db.delay = 0.12
         await store.save(done, retain_until_ms=5)
         threads = []
         real = db.expire
