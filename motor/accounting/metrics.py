@@ -80,7 +80,7 @@ class HealthCollector(Collector):
              "waited for its last WAL checkpoint's final step", _ms_to_s(
                  last_checkpoint.get("writes_paused_ms"))),
             ("motor_store_commits_off_loop", "1 while the store's commits run in a worker "
-             "thread (a commit took 5 ms or more in the last 10 s), 0 on the event loop",
+             "thread (the disk slow), 0 on the event loop",
              None if "commits_run_in" not in store else float(store["commits_run_in"] == "thread")),
         ]
         for name, doc, value in singles:
