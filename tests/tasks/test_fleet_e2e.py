@@ -48,18 +48,28 @@ def runner_processes(cdir: Path) -> list[psutil.Process]:
     return out
 
 
+def _who(p: psutil.Process) -> str:
+    """A counted process's parent, state and age (what tells a real extra runner from a
+    fork not yet exec'd or a process dying)."""
+    try:
+        return f"ppid={p.ppid()} status={p.status()} age={time.time() - p.create_time():.3f}s"
+    except psutil.Error as exc:
+        return f"({type(exc).__name__})"
+
+
 class Sampler:
     """Counts live detached runner processes every 20 ms in a thread.
 
     One pass over /proc sees each process at a different instant (under load a pass can
     outlast a runner's death and its replacement's start), so a count above the best so far
     is checked again: the processes of the pass still alive together, right after it.
-    `max_detail` keeps what that count saw (pid, cmdline), for the assertion's message."""
+    `max_detail` keeps what that count saw (pid, parent, state and age, cmdline), for the
+    assertion's message."""
 
     def __init__(self, cdir: Path):
         self.cdir = cdir
         self.max_seen = 0
-        self.max_detail: list[tuple[int, list[str]]] = []
+        self.max_detail: list[tuple[int, str, list[str]]] = []
         self.samples = 0
         self.max_at = 0.0  # time.monotonic() of the last new maximum
         self.pids: set[int] = set()
@@ -74,7 +84,7 @@ class Sampler:
                 procs = [p for p in procs if _alive(p)]
             if len(procs) > self.max_seen:
                 self.max_seen = len(procs)
-                self.max_detail = [(p.pid, p.info["cmdline"]) for p in procs]
+                self.max_detail = [(p.pid, _who(p), p.info["cmdline"]) for p in procs]
                 self.max_at = time.monotonic()
             self.samples += 1
             self._stop.wait(0.02)
@@ -180,7 +190,7 @@ def test_kill_9_of_a_runner_mid_turn_then_reconcile_finishes_the_turn_once(fleet
     assert (victim_turn / "output.log").read_text().endswith("done\n")
     assert sampler.max_seen <= 2, (  # all of it: when, and which processes (stops 22, 26)
         f"victim {victim}; the maximum seen {sampler.max_at - killed_at:+.3f} s from the kill:\n"
-        + "\n".join(f"{pid} {' '.join(cmd)}" for pid, cmd in sampler.max_detail))
+        + "\n".join(f"{pid} {who} {' '.join(cmd)}" for pid, who, cmd in sampler.max_detail))
 
 
 def test_submit_killed_between_the_two_publishes_still_runs_the_turn_once(fleet, tmp_path):
