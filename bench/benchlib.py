@@ -64,3 +64,37 @@ def run_round(script: str, root: Path, *args: str) -> dict:
     if r.returncode != 0:
         raise SystemExit(f"round in {root} failed: {r.stderr[-1500:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+#: Python source that a round script starts with (`ROUND = BURST + r"""..."""`): it runs in the
+#: round's fresh interpreter against the motor of the tree under test (this one or a
+#: baseline), so it is text, not an import, and uses only the embedding API every measured
+#: tree has. `warm_runner(iso, depth)`: an embedded runner (`max_weight=2`) on a fresh state
+#: directory, one job run first (keeperd up, code loaded); `burst(runner, n, command)`: N
+#: jobs of claim 1 over 4 workspaces submitted at once, then each followed to its end; their
+#: ids.
+BURST = r"""
+import contextlib as _contextlib, tempfile as _tempfile
+import motor as _motor
+
+@_contextlib.asynccontextmanager
+async def warm_runner(iso, depth):
+    with _tempfile.TemporaryDirectory() as state:
+        config = _motor.RunnerConfig(state_dir=state, max_weight=2, isolation=iso,
+                                     free_space_floor_bytes=0, max_queue_depth=depth)
+        async with _motor.open_runner(config) as runner:
+            first = await runner.submit(_motor.JobRequest(command=["true"], workspace="w",
+                                                          weight_hint=1))
+            async for _ in runner.events(first.job_id):
+                pass
+            yield runner
+
+async def burst(runner, n, command=("true",)):
+    ids = [(await runner.submit(_motor.JobRequest(
+        command=list(command), workspace=f"ws{i % 4}", weight_hint=1))).job_id
+        for i in range(n)]
+    for job_id in ids:
+        async for _ in runner.events(job_id):
+            pass
+    return ids
+"""

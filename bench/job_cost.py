@@ -25,14 +25,14 @@ import shlex
 import statistics
 from pathlib import Path
 
-from benchlib import ab_parser, fs_note, load1, run_round
+from benchlib import BURST, ab_parser, fs_note, load1, run_round
 from benchlib import peers as bench_peers
 
 ROOT = Path(__file__).resolve().parent.parent
 
-ROUND = r"""
-import json, resource, sys, tempfile, time
-import trio, motor
+ROUND = BURST + r"""
+import json, resource, sys, time
+import trio
 
 iso, n, command = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 
@@ -41,26 +41,11 @@ def cpu():
     return r.ru_utime + r.ru_stime
 
 async def main():
-    with tempfile.TemporaryDirectory() as state:
-        config = motor.RunnerConfig(state_dir=state, max_weight=2, isolation=iso,
-                                    free_space_floor_bytes=0, max_queue_depth=n + 10)
-        async with motor.open_runner(config) as runner:
-            first = await runner.submit(motor.JobRequest(command=["true"], workspace="w",
-                                                         weight_hint=1))
-            async for _ in runner.events(first.job_id):  # warm: keeperd is up, code loaded
-                pass
-            c0, t0 = cpu(), time.perf_counter()
-            ids = []
-            for i in range(n):
-                job = await runner.submit(motor.JobRequest(
-                    command=command, workspace=f"ws{i % 4}", weight_hint=1))
-                ids.append(job.job_id)
-            states = []
-            for job_id in ids:
-                async for _ in runner.events(job_id):
-                    pass
-                states.append((await runner.get(job_id)).state)
-            c1, t1 = cpu(), time.perf_counter()
+    async with warm_runner(iso, n + 10) as runner:
+        c0, t0 = cpu(), time.perf_counter()
+        ids = await burst(runner, n, command)
+        states = [(await runner.get(job_id)).state for job_id in ids]
+        c1, t1 = cpu(), time.perf_counter()
     bad = [s for s in states if s != "succeeded"]
     print(json.dumps({"cpu_s": c1 - c0, "wall_s": t1 - t0, "bad": bad[:3]}))
 

@@ -48,7 +48,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from benchlib import ab_parser, fs_note, load1, run_round
+from benchlib import BURST, ab_parser, fs_note, load1, run_round
 from benchlib import peers as bench_peers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,9 +57,9 @@ METRICS = ("loop_step_max", "loop_step_p99", "steps_over_5ms", "steps_over_5ms_s
            "loop_commit_max", "loop_commits_over_5ms", "commits_in_thread",
            "checkpoints", "writes_held", "writes_held_max", "jobs_per_s")
 
-ROUND = r"""
-import json, sys, tempfile, threading, time
-import trio, motor
+ROUND = BURST + r"""
+import json, sys, threading, time
+import trio
 from motor.store import db as dbm
 
 iso, n = sys.argv[1], int(sys.argv[2])
@@ -106,25 +106,13 @@ def q(values, p):
     return values[min(len(values) - 1, int(p * len(values)))]
 
 async def main():
-    with tempfile.TemporaryDirectory() as state:
-        config = motor.RunnerConfig(state_dir=state, max_weight=2, isolation=iso,
-                                    free_space_floor_bytes=0, max_queue_depth=n + 10)
-        async with motor.open_runner(config) as runner:
-            first = await runner.submit(motor.JobRequest(command=["true"], workspace="w",
-                                                         weight_hint=1))
-            async for _ in runner.events(first.job_id):  # warm: keeperd is up, code loaded
-                pass
-            trio.lowlevel.add_instrument(Steps())
-            on[0] = True
-            t0 = time.perf_counter()
-            ids = [(await runner.submit(motor.JobRequest(
-                command=["true"], workspace=f"ws{i % 4}", weight_hint=1))).job_id
-                for i in range(n)]
-            for job_id in ids:
-                async for _ in runner.events(job_id):
-                    pass
-            wall = time.perf_counter() - t0
-            on[0] = False
+    async with warm_runner(iso, n + 10) as runner:
+        trio.lowlevel.add_instrument(Steps())
+        on[0] = True
+        t0 = time.perf_counter()
+        await burst(runner, n)
+        wall = time.perf_counter() - t0
+        on[0] = False
     ms = lambda v: round(1000.0 * v, 3)
     long = [s for s in steps if s > 0.005]
     print(json.dumps({

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchlib import ab_parser, load1, run_round
+from benchlib import BURST, ab_parser, load1, run_round
 from benchlib import peers as bench_peers
 
 ROOT = Path(__file__).resolve().parent.parent
 
-ROUND = r"""
-import collections, json, sys, tempfile, types
-import trio, motor
+ROUND = BURST + r"""
+import collections, json, sys, types
+import trio
 import actors._actor as A
 
 iso, n = sys.argv[1], int(sys.argv[2])
@@ -94,21 +94,11 @@ if real_here is not None:
 A.Actor._dispatch = _dispatch
 
 async def main():
-    with tempfile.TemporaryDirectory() as state:
-        config = motor.RunnerConfig(state_dir=state, max_weight=2, isolation=iso,
-                                    free_space_floor_bytes=0, max_queue_depth=n + 20)
-        async with motor.open_runner(config) as runner:
-            async def run(count):
-                ids = [(await runner.submit(motor.JobRequest(
-                    command=["true"], workspace=f"ws{i % 4}", weight_hint=1))).job_id
-                    for i in range(count)]
-                for job_id in ids:
-                    async for _ in runner.events(job_id):
-                        pass
-            await run(10)
-            on[0] = True
-            await run(n)
-            on[0] = False
+    async with warm_runner(iso, n + 20) as runner:
+        await burst(runner, 10)
+        on[0] = True
+        await burst(runner, n)
+        on[0] = False
 
 trio.run(main)
 print(json.dumps({"|".join(k): v / n for k, v in counts.items()}))

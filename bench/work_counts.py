@@ -35,14 +35,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import ab_parser, load1, run_round
+from benchlib import BURST, ab_parser, load1, run_round
 from benchlib import peers as bench_peers
 
 ROOT = Path(__file__).resolve().parent.parent
 
-EMBEDDED = r"""
-import cProfile, json, pstats, sys, tempfile
-import trio, motor
+EMBEDDED = BURST + r"""
+import cProfile, json, pstats, sys
+import trio
 
 iso, n = sys.argv[1], int(sys.argv[2])
 
@@ -52,26 +52,14 @@ class Count(trio.abc.Instrument):
     def before_io_wait(self, timeout): Count.io += 1
 
 async def main(prof):
-    with tempfile.TemporaryDirectory() as state:
-        config = motor.RunnerConfig(state_dir=state, max_weight=2, isolation=iso,
-                                    free_space_floor_bytes=0, max_queue_depth=n + 10)
-        async with motor.open_runner(config) as runner:
-            first = await runner.submit(motor.JobRequest(command=["true"], workspace="w", weight_hint=1))
-            async for _ in runner.events(first.job_id):
-                pass
-            count = Count()
-            trio.lowlevel.add_instrument(count)
-            prof.enable()
-            ids = []
-            for i in range(n):
-                job = await runner.submit(motor.JobRequest(command=["true"], workspace=f"ws{i % 4}", weight_hint=1))
-                ids.append(job.job_id)
-            for job_id in ids:
-                async for _ in runner.events(job_id):
-                    pass
-            prof.disable()
-            trio.lowlevel.remove_instrument(count)
-            return count
+    async with warm_runner(iso, n + 10) as runner:
+        count = Count()
+        trio.lowlevel.add_instrument(count)
+        prof.enable()
+        await burst(runner, n)
+        prof.disable()
+        trio.lowlevel.remove_instrument(count)
+        return count
 
 prof = cProfile.Profile()
 count = trio.run(main, prof)
