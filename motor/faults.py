@@ -31,6 +31,8 @@ Named points (each documented where it is hit):
                        not yet removed (motor/execution/messages.py, `release_isolation`);
 - `unpack.extracted`   a bundle is fully extracted into its staging directory, before its
                        entries move into the workspace (motor/disk/bundles.py);
+- `disk.walk`          the disk actor's walk of workspaces (their sizes) begins, in a
+                       worker thread the actor waits for (motor/disk/host.py);
 - `store.commit`       the store is about to write a transaction (motor/store/actor.py, on
                        the event loop or in a worker thread: where commits run then): a
                        `wait:` barrier there is a disk that stalls a commit.

@@ -16,6 +16,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from .. import faults
 from . import bundles as bundles_mod
 from . import cargo, sizes, trash
 from .book import SizeCache, held, listing_row, workspace_of
@@ -115,6 +116,7 @@ def measure(path: str, now_ms: int) -> tuple[sizes.Sizes, int]:
 
 def measure_all(items, now_ms: int) -> dict[str, tuple[sizes.Sizes, int]]:
     """`measure` for each (name, path), in order."""
+    faults.hit("disk.walk")  # tests: a walk held (the disk actor busy, waiting for it)
     return {name: measure(path, now_ms) for name, path in items}
 
 

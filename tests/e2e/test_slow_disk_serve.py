@@ -107,3 +107,30 @@ def held_commits(serve, gate, reached) -> None:
     assert counts["motor_store_slow_commits_total"] >= 2
     assert counts["motor_store_commits_in_thread_total"] >= 1
     assert counts["motor_store_commits_off_loop"] in (0.0, 1.0)
+
+
+def test_serve_health_reads_the_free_space_while_the_disk_actor_waits_on_a_walk(
+        serve_factory, tmp_path):
+    """The disk actor's `Sample` is a reader (docs/actors.md): while the actor waits for a
+    walk of a workspace (held at the fault point `disk.walk`, as a slow disk holds it),
+    `GET /v1/health` still answers at once with the free space."""
+    gate = tmp_path / "gate"
+    reached = tmp_path / "gate.reached"
+    gate.touch()  # walks pass until the job is in
+    serve = serve_factory("--isolation", "none")
+    serve.env = {"MOTOR_FAULTS": f"disk.walk=wait:{gate}"}
+    serve.start()
+    try:
+        gate.unlink()
+        reached.unlink(missing_ok=True)
+        with Client(serve.socket, timeout=30) as client:
+            job = client.submit({"command": ["true"], "workspace": "walked"})
+        wait_for(reached.exists, timeout=30, what="a walk to reach the barrier")
+        with Client(serve.socket, timeout=5) as client:
+            health = client.health()
+        assert not [d for d in health["degraded"] if d["subsystem"] == "disk"], health
+        assert health["disk"]["free_bytes"] > 0
+    finally:
+        gate.touch()
+    assert ended(serve, job.job_id) == "succeeded"
+    assert serve.stop() == 0
