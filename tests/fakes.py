@@ -25,7 +25,9 @@ class FakeKeepers:
     (keeper.json) and returns a made-up handle; the test ends a keeper with `exit`.
 
     Stage points: set `gate` to a trio.Event and `spawn` waits on it (a spawn in flight);
-    set `fail` to an exception and the next `spawn` raises it (a failed start)."""
+    set `fail` to an exception and the next `spawn` raises it (a failed start).
+    `reports_ends`: `exit_event` gives the keeper's exit event (keeperd's way: the job
+    actor waits on it); False: None (a per-job keeper's: waited for in `wait_exit`)."""
 
     def __init__(self) -> None:
         self.spawned: list[Path] = []
@@ -35,6 +37,7 @@ class FakeKeepers:
         self._pids = itertools.count(4_000_000)
         self._exits: dict[int, trio.Event] = {}
         self._dirs: dict[int, Path] = {}
+        self.reports_ends = True
 
     async def spawn(self, job_dir: os.PathLike[str] | str) -> KeeperHandle:
         path = Path(job_dir)
@@ -58,6 +61,9 @@ class FakeKeepers:
             "exit_code": exit_code, "signal": signal, "reason": reason, "detail": detail,
             "started_at_ms": None, "ended_at_ms": None})
         self._exits[pid].set()
+
+    def exit_event(self, pid: int, create_time: float, job_dir) -> trio.Event | None:
+        return self._exits[pid] if self.reports_ends else None
 
     async def wait_exit(self, pid: int, create_time: float, job_dir=None) -> None:
         await self._exits[pid].wait()

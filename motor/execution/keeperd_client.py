@@ -196,6 +196,7 @@ class _Req:
 class _Conn:
     def __init__(self, sock: socket.socket, hello: dict, rest: bytes) -> None:
         self.stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+        self.raw = sock  # the same socket (non-blocking now): `KeeperdSpawner._submit` sends on it
         self.identity = (int(hello["pid"]), float(hello["create_time"]))
         self.buf = bytearray(rest)
         self.pending: dict[int, _Req] = {}
@@ -219,6 +220,9 @@ class KeeperdSpawner:
         self._env = env
         self._clock = clock or WallClock()
         self._send, self._receive = trio.open_memory_channel[_Req](math.inf)
+        #: requests handed to the connection's task and not yet delivered by it: while
+        #: there are any, a request waits its turn behind them (`_submit`)
+        self._queued = 0
         self._conn: _Conn | None = None
         self._nursery: trio.Nursery | None = None
         self._next_id = 0
@@ -241,7 +245,13 @@ class KeeperdSpawner:
         task_status.started()
         async with self._receive:
             async for req in self._receive:
-                await self._deliver(req)
+                try:
+                    if isinstance(req, bytes):  # the rest of a line `_submit` began
+                        await self._send_rest(req)
+                    else:
+                        await self._deliver(req)
+                finally:
+                    self._queued -= 1
         if self._conn is not None:
             await self._conn.stream.aclose()
 
@@ -271,17 +281,7 @@ class KeeperdSpawner:
                     req.resolve(exc=_NotRunning(f"no keeperd runs for {self.state_dir}"))
                     return
                 self._conn = conn
-            self._next_id += 1
-            req_id = self._next_id
-            req.identity = conn.identity
-            conn.pending[req_id] = req
-            msg = {"id": req_id, "op": req.op, "job_dir": req.job_dir}
-            if req.watch is not None:
-                self._next_id += 1
-                msg["watch"] = self._next_id
-                req.watch_at, req.watch.identity = (conn, self._next_id), conn.identity
-                conn.pending[self._next_id] = req.watch
-            line = json.dumps(msg).encode() + b"\n"
+            req_id, line = self._frame(conn, req)
             try:
                 await conn.stream.send_all(line)
                 return
@@ -292,6 +292,30 @@ class KeeperdSpawner:
                 conn.lost(repr(exc))
                 if attempt == 2:
                     req.resolve(exc=SpawnerError(f"keeperd connection broken: {exc!r}"))
+
+    def _frame(self, conn: _Conn, req: _Req) -> tuple[int, bytes]:
+        """Give `req` (and the wait a spawn carries) its request ids on `conn`, where their
+        answers are awaited; its id and the line to send."""
+        self._next_id += 1
+        req_id = self._next_id
+        req.identity = conn.identity
+        conn.pending[req_id] = req
+        msg = {"id": req_id, "op": req.op, "job_dir": req.job_dir}
+        if req.watch is not None:
+            self._next_id += 1
+            msg["watch"] = self._next_id
+            req.watch_at, req.watch.identity = (conn, self._next_id), conn.identity
+            conn.pending[self._next_id] = req.watch
+        return req_id, json.dumps(msg).encode() + b"\n"
+
+    async def _send_rest(self, rest: bytes) -> None:
+        conn = self._conn
+        if conn is None or conn.dead:
+            return  # its requests were failed with the connection (`_Conn.lost`)
+        try:
+            await conn.stream.send_all(rest)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            conn.lost(repr(exc))
 
     async def _read(self, conn: _Conn) -> None:
         why = "closed by keeperd"
@@ -316,10 +340,29 @@ class KeeperdSpawner:
             conn.lost(why)
 
     def _submit(self, req: _Req) -> None:
+        """Send `req` now, from the caller's task, when the connection is up and nothing
+        is waiting to be sent (a non-blocking send of one short line; the connection's task
+        would cost a task switch and its turn in the run queue on every job's start path);
+        otherwise the connection's task sends it, in order, connecting first if need be.
+        A line the socket takes only in part is finished by that task before anything else."""
+        conn = self._conn
+        if conn is not None and not conn.dead and self._queued == 0:
+            req_id, line = self._frame(conn, req)
+            try:
+                sent = conn.raw.send(line)
+            except OSError:  # full (BlockingIOError) or broken: as if never tried
+                conn.pending.pop(req_id, None)
+                _drop_watch(req)
+            else:
+                if sent == len(line):
+                    return
+                req = line[sent:]  # type: ignore[assignment]
         try:
             self._send.send_nowait(req)
+            self._queued += 1
         except (trio.ClosedResourceError, trio.BrokenResourceError):
-            req.resolve(exc=SpawnerError("spawner is closed"))
+            if isinstance(req, _Req):
+                req.resolve(exc=SpawnerError("spawner is closed"))
 
     # -- the Keepers port ---------------------------------------------------------------
 
@@ -387,6 +430,15 @@ class KeeperdSpawner:
             self._spawned.pop(path, None)
             self._watches.pop(path, None)
 
+    def exit_event(self, pid: int, create_time: float,
+                   job_dir: os.PathLike[str] | str) -> trio.Event | None:
+        """The event of the wait this spawner's spawn of the job carried (keeperd answers it
+        at the job's end, or the connection's loss sets it); None when there is none."""
+        watch = self._watches.get(os.path.abspath(os.fspath(job_dir)))
+        if watch is None or watch.identity is None or not _same(watch.identity, (pid, create_time)):
+            return None
+        return watch.event
+
     async def _wait_keeperd(self, path: str, pid: int, create_time: float) -> None:
         sent = self._watches.pop(path, None)  # the wait that went with the spawn, if any
         while self._alive(pid, create_time):
@@ -396,7 +448,8 @@ class KeeperdSpawner:
             else:
                 req, sent = _Req("wait", path, launch=False), None
                 self._submit(req)
-            await req.event.wait()
+            if not req.event.is_set():  # (set: the job actor waited on `exit_event`)
+                await req.event.wait()
             if req.identity is not None and not _same(req.identity, (pid, create_time)):
                 await wait_process_exit(pid, create_time)  # not the keeperd on our socket
                 return

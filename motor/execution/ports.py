@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from typing import Protocol
 
+import trio
+
 from ..offload import Offload, thread_offload
 from .spawner import KeeperHandle
 
@@ -27,6 +29,13 @@ class Keepers(Protocol):
                         job_dir: os.PathLike[str] | str | None = None) -> None:
         """Return once that keeper is done with the job in `job_dir` (a per-job keeper: its
         process exited; keeperd: the job's status is written, or keeperd is gone)."""
+
+    def exit_event(self, pid: int, create_time: float,
+                   job_dir: os.PathLike[str] | str) -> trio.Event | None:
+        """An event set when `wait_exit` would return at once (or has to look again: it
+        is still called after it), for a job whose end the keeper reports unasked; None
+        when the only way is to wait in `wait_exit`. Lets the job actor tail the output
+        while waiting, without a task of its own for the wait."""
 
     def cancel(self, pid: int, create_time: float,
                job_dir: os.PathLike[str] | str | None = None) -> bool:

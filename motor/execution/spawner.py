@@ -435,6 +435,10 @@ class Spawner:
 
     # -- the keepers it started: real processes (motor.execution.ports.Keepers) ----------
 
+    def exit_event(self, pid: int, create_time: float,
+                   job_dir: os.PathLike[str] | str) -> trio.Event | None:
+        return None  # a per-job keeper's end is waited for in `wait_exit`
+
     async def wait_exit(self, pid: int, create_time: float,
                         job_dir: os.PathLike[str] | str | None = None) -> None:
         if job_dir is not None and _keeperd_claim(job_dir):

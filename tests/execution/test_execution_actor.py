@@ -115,6 +115,46 @@ async def test_a_started_job_runs_until_its_keeper_exits(tmp_path, autojump_cloc
         nursery.cancel_scope.cancel()
 
 
+@pytest.mark.parametrize("reports_ends", [True, False])
+async def test_output_is_tailed_until_the_keepers_end_however_the_end_is_waited_for(
+        tmp_path, autojump_clock, reports_ends):
+    """Issue 14 (a task step less per job): a keeper that reports the job's end unasked
+    (keeperd, `exit_event`) is waited for by the job actor's own task between output
+    batches, `wait_exit` called only once that has come; a keeper without it (a per-job
+    keeper's process) is waited for in `wait_exit` by a task of its own. Either way the
+    output written while the job runs arrives batch by batch, and the end after the last
+    of it."""
+    from motor.execution import joblog
+
+    waits = []
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery)
+        world.keepers.reports_ends = reports_ends
+        real_wait = world.keepers.wait_exit
+
+        async def wait_exit(pid, create_time, job_dir=None):
+            waits.append(world.keepers._exits[pid].is_set())
+            await real_wait(pid, create_time, job_dir)
+
+        world.keepers.wait_exit = wait_exit
+        job, ref = await world.start()
+        assert waits == ([] if reports_ends else [False])
+        for text in (b"one\n", b"two\n"):
+            with open(world.job_dir / joblog.OUTPUT_FILE, "ab") as f:
+                f.write(joblog.encode_record(joblog.STDOUT, text))
+            autojump_clock.jump(1.0)
+            await trio.testing.wait_all_tasks_blocked()
+        assert tags(world) == ["started", "output", "output"] and ref.alive
+        with open(world.job_dir / joblog.OUTPUT_FILE, "ab") as f:
+            f.write(joblog.encode_record(joblog.STDOUT, b"last\n"))
+        world.keepers.exit(job.keeper[0], exit_code=0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert tags(world) == ["started", "output", "output", "output", "terminal"]
+        assert world.state().state == "succeeded" and not ref.alive
+        assert waits == ([True] if reports_ends else [False])
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_failed_start_goes_back_to_the_dispatcher_with_its_cpus_released(
         tmp_path, autojump_clock):
     async with trio.open_nursery() as nursery:

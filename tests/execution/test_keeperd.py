@@ -292,7 +292,8 @@ async def test_a_spawn_carries_the_wait_for_its_jobs_end(tmp_path, make_job, mon
     """Issue 14: the spawn request reserves the id of the job's end (`"watch"`), so waiting
     for a job this spawner started sends nothing more: one request per job, not two. A
     keeperd whose answer does not say `"watching"` (one from before this change, still
-    running after an upgrade) is sent the `wait` as before."""
+    running after an upgrade) is sent the `wait` as before. The carried wait's event is
+    what the job actor waits on (`exit_event`); without a carried wait there is none."""
     from motor.execution import keeperd_client
 
     ops = []
@@ -304,9 +305,12 @@ async def test_a_spawn_carries_the_wait_for_its_jobs_end(tmp_path, make_job, mon
     async with open_keeperd_spawner(state) as spawner:
         for code, job_dir in zip((3, 4), jobs):
             handle = await spawner.spawn(job_dir)
+            ended = spawner.exit_event(handle.pid, handle.create_time, job_dir)
             with trio.fail_after(20):
+                await ended.wait()  # the job actor's way: keeperd's answer sets it
+                assert read_status(job_dir)["exit_code"] == code
                 await spawner.wait_exit(handle.pid, handle.create_time, job_dir)
-            assert read_status(job_dir)["exit_code"] == code
+            assert spawner.exit_event(handle.pid, handle.create_time, job_dir) is None
         assert ops == ["spawn", "spawn"]
 
         class OldAnswers:  # keeperd's answers without "watching"
@@ -322,6 +326,7 @@ async def test_a_spawn_carries_the_wait_for_its_jobs_end(tmp_path, make_job, mon
         ops.clear()
         job_dir = jobs[2]
         handle = await spawner.spawn(job_dir)
+        assert spawner.exit_event(handle.pid, handle.create_time, job_dir) is None
         with trio.fail_after(20):
             await spawner.wait_exit(handle.pid, handle.create_time, job_dir)
         assert read_status(job_dir)["exit_code"] == 5 and ops == ["spawn", "wait"]
@@ -349,3 +354,101 @@ async def test_a_job_whose_directory_is_removed_is_given_up_and_keeperd_still_ex
             await trio.sleep(0.05)
     log = (state / "keeperd.log").read_text()
     assert f"job directory {job_dir} is gone" in log, log
+
+
+async def test_requests_go_out_from_the_callers_task_and_in_order_behind_a_full_socket(
+        tmp_path, make_job, workspace, monkeypatch):
+    """Issue 14 (start latency): with the connection up and nothing waiting to be sent, a
+    spawn's line is sent from the caller's task (the connection's task is not woken for
+    it). While keeperd reads nothing (stopped) the socket fills: the lines it does not take
+    (or takes in part) go to the connection's task, which sends them in order once keeperd
+    reads again, and every spawn is answered and its job run."""
+    import signal
+    import socket
+
+    from motor.execution import keeperd_client
+
+    delivered = []
+    real_deliver, real_rest = (keeperd_client.KeeperdSpawner._deliver,
+                               keeperd_client.KeeperdSpawner._send_rest)
+
+    async def deliver(self, req):
+        delivered.append(req.op)
+        await real_deliver(self, req)
+
+    async def send_rest(self, rest):
+        delivered.append("rest")
+        await real_rest(self, rest)
+
+    monkeypatch.setattr(keeperd_client.KeeperdSpawner, "_deliver", deliver)
+    monkeypatch.setattr(keeperd_client.KeeperdSpawner, "_send_rest", send_rest)
+    state = tmp_path / "state"
+    first, second = make_job(["true"]), make_job(["sh", "-c", "exit 2"])
+    # long directory names: 80 spawn lines of some 300 bytes are more than the socket takes
+    many = [write_job_dir(state / "jobs" / f"{'x' * 200}{i}", f"many{i}", ["sh", "-c", f"exit {i % 7}"],
+                          workspace) for i in range(80)]
+    async with open_keeperd_spawner(state) as spawner:
+        with trio.fail_after(30):
+            for job_dir in (first, second):  # connected at the start: sent from this task
+                handle = await spawner.spawn(job_dir)
+                await spawner.wait_exit(handle.pid, handle.create_time, job_dir)
+            assert delivered == [] and read_status(second)["exit_code"] == 2
+
+        keeperd = psutil.Process(handle.pid)
+        spawner._conn.raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        keeperd.send_signal(signal.SIGSTOP)
+        try:
+            handles = {}
+
+            async def spawn(job_dir):
+                handles[job_dir] = await spawner.spawn(job_dir)
+
+            async with trio.open_nursery() as nursery:
+                for job_dir in many:
+                    nursery.start_soon(spawn, job_dir)
+                await trio.testing.wait_all_tasks_blocked()
+                assert delivered, "the socket took every line while keeperd read nothing"
+                keeperd.send_signal(signal.SIGCONT)
+        finally:
+            keeperd.send_signal(signal.SIGCONT)
+        with trio.fail_after(60):
+            for job_dir in many:
+                h = handles[job_dir]
+                await spawner.wait_exit(h.pid, h.create_time, job_dir)
+    for i, job_dir in enumerate(many):
+        assert read_status(job_dir)["exit_code"] == i % 7
+
+
+async def test_a_line_the_socket_took_in_part_is_finished_before_the_next(
+        tmp_path, make_job, workspace):
+    """Issue 14: when the socket takes only the start of a spawn's line (sent from the
+    caller's task), the rest goes to the connection's task, and a spawn made meanwhile
+    waits behind it (sent from this task it would land inside that line: keeperd would
+    read neither). Both are answered and both jobs run."""
+    state = tmp_path / "state"
+    a, b = make_job(["sh", "-c", "exit 3"]), make_job(["sh", "-c", "exit 4"])
+
+    class TakesPart:  # the socket, taking the first 10 bytes of the next line only
+        def __init__(self, sock):
+            self.sock, self.armed = sock, True
+
+        def send(self, data):
+            if self.armed:
+                self.armed = False
+                return self.sock.send(data[:10])
+            return self.sock.send(data)
+
+    async with open_keeperd_spawner(state) as spawner:
+        spawner._conn.raw = TakesPart(spawner._conn.raw)
+        handles = {}
+
+        async def spawn(job_dir):
+            handles[job_dir] = await spawner.spawn(job_dir)
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(spawn, a)
+                nursery.start_soon(spawn, b)
+            for job_dir, h in handles.items():
+                await spawner.wait_exit(h.pid, h.create_time, job_dir)
+    assert read_status(a)["exit_code"] == 3 and read_status(b)["exit_code"] == 4
