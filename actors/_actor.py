@@ -321,7 +321,18 @@ class ActorRef:
 
 def _offer(actor: "Actor", env: _Envelope, name: str) -> bool:
     """Into the actor's inbox if it has room (True), without a schedule point; False when
-    it is full; ActorDead when it is closed."""
+    it is full; ActorDead when it is closed. An actor running ``main`` serves no inbox: a
+    crash cancels its ``main``; any other message is refused (TypeError, or ActorDead
+    while it stops)."""
+    if actor._main_scope is not None:
+        if isinstance(env.msg, _Crash):
+            actor._main_crash = env.msg.exc
+            actor._main_scope.cancel()
+            return True
+        if actor._stopping or actor._crashing:
+            raise ActorDead(name)
+        raise TypeError(f"actor {name} runs main(): it takes only its immediate messages, "
+                        f"which handle_now answers at once, not {env.msg!r}")
     try:
         actor._send.send_nowait(env)
     except trio.WouldBlock:
@@ -394,6 +405,8 @@ class Actor:
         self._held: _Envelope | None = None  # looked at by take_waiting, not taken: next
         self._inflight = 0  # messages put into the inbox and not yet taken out
         self._crashing = False  # a handle_now failed in a sender's task: _Crash is queued
+        self._main_scope: trio.CancelScope | None = None  # while `main` runs
+        self._main_crash: BaseException | None = None  # what a handle_now raised meanwhile
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
@@ -418,6 +431,17 @@ class Actor:
     def read(self, msg: Any) -> Any:
         """Answer a message of a ``readers`` type (see there) from the state as it is."""
         raise NotImplementedError(f"{type(self).__name__}.read")
+
+    async def main(self) -> None:
+        """Optional: the incarnation's own work, for an actor that is a piece of work more
+        than a server of messages (e.g. one job's life). When a subclass defines it, the
+        actor's task runs it after ``on_start`` instead of serving an inbox, and the actor
+        stops when it returns (it crashes when it raises). Its messages are then all of
+        ``immediate`` types, each answered by ``handle_now`` at once in the sender's task
+        whenever ``main`` waits (``handle`` is never called; a message of another type, or
+        one ``handle_now`` answers ``LATER``, is refused with TypeError). ``stop()``
+        cancels ``main``. No task and no inbox wait of its own: a task step or two less
+        per incarnation than ``on_start`` starting the work in ``self.nursery``."""
 
     async def on_stop(self) -> None:
         """Runs on orderly shutdown (not after a crash)."""
@@ -480,8 +504,11 @@ class Actor:
         return taken
 
     def stop(self) -> None:
-        """Finish the current message, then stop normally."""
+        """Finish the current message, then stop normally (``main``: cancel it)."""
         self._stopping = True
+        if self._main_scope is not None:
+            self._main_scope.cancel()
+            return
         if self._waiting:  # an empty inbox: a word wakes it (no cancel scope per wait)
             try:
                 self._send.send_nowait(_WAKE)
@@ -506,7 +533,10 @@ class Actor:
                     ref._attach(self)  # from here on the ref reaches this incarnation
                     logger.debug("actor %s started", self.name)
                     task_status.started(ref)
-                    await self._serve()
+                    if type(self).main is not Actor.main:
+                        await self._run_main()
+                    else:
+                        await self._serve()
                     self._close_inbox()
                     await self.on_stop()
                     logger.debug("actor %s stopped", self.name)
@@ -524,6 +554,18 @@ class Actor:
             raise crash
 
     # -- internals ------------------------------------------------------------
+    async def _run_main(self) -> None:
+        if self._stopping:  # stopped during on_start
+            return
+        self._waiting = True  # between messages whenever main waits: handled in the sender's task
+        try:
+            with trio.CancelScope() as self._main_scope:
+                await self.main()
+        finally:
+            self._waiting, self._main_scope = False, None
+        if self._main_crash is not None:
+            raise self._main_crash
+
     async def _serve(self) -> None:
         while not self._stopping:
             env, self._held = self._held, None

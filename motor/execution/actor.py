@@ -41,23 +41,24 @@ class JobExecution(actors.Actor):
     record = property(lambda self: self.run_state.record)
     keeper = property(lambda self: self.run_state.keeper)
 
-    async def on_start(self):
-        self.nursery.start_soon(self._life)
+    immediate = (Cancel,)  # its only message, answered in the sender's task (`main`)
 
-    async def handle(self, msg):
+    def handle_now(self, msg):
         if isinstance(msg, Cancel):
             if self.run_state.cancel() == core.SIGNAL:
                 return self.deps.spawner.cancel(*self.keeper, self.dir)
             return True
         raise TypeError(f"{self.name}: unknown message {msg!r}")
 
-    async def _life(self):
+    async def main(self):
+        """The job's life in the actor's own task (actors.Actor.main): it ends when the job
+        has ended, or went back to the queue."""
         deps, job_id = self.deps, self.record.job_id
         found = core.found(*jobdir.look(self.dir))  # inline: a few stats (jobdir.py)
         if found.kill_strays:  # a start cut short: nothing of the job may run before its start
             await deps.offload(jobdir.kill_strays, deps.spawner, job_id, self.name)
         if not found.adopt and (found := await self._setup()) is None:
-            return self.stop()  # it ended, or went back to the queue
+            return  # it ended, or went back to the queue
         if found.adopt:
             self.run_state.follow(found.keeper)
             log.info("%s: adopted (keeper %s)", self.name, self.keeper)
@@ -69,7 +70,6 @@ class JobExecution(actors.Actor):
             deps.spawner.cancel(*self.keeper, self.dir)
         await self._follow()
         await self._finish()
-        self.stop()
 
     async def _setup(self) -> core.Found | None:
         """Set up and spawn: Found(adopt=False) once spawned, adopt=True when a keeper holds
