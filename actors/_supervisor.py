@@ -284,7 +284,14 @@ class Supervisor:
         assert self._events_recv is not None
         if self._shutdown_requested:
             return
-        async for event in self._events_recv:
+        while True:
+            try:
+                try:  # an event already waiting: no schedule point (a task step per job)
+                    event = self._events_recv.receive_nowait()
+                except trio.WouldBlock:
+                    event = await self._events_recv.receive()
+            except trio.EndOfChannel:
+                return
             if event is _SHUTDOWN:
                 return
             if isinstance(event, _Request):
