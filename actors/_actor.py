@@ -406,6 +406,7 @@ class Actor:
         self._inflight = 0  # messages put into the inbox and not yet taken out
         self._crashing = False  # a handle_now failed in a sender's task: _Crash is queued
         self._main_scope: trio.CancelScope | None = None  # while `main` runs
+        self._opened = False  # its inbox exists (`_open`)
         self._main_crash: BaseException | None = None  # what a handle_now raised meanwhile
 
     def __repr__(self) -> str:
@@ -522,7 +523,8 @@ class Actor:
         if self._ran:
             raise RuntimeError(f"{self!r} already ran; create a new instance per incarnation")
         self._ran = True
-        self._send, self._recv = trio.open_memory_channel[_Envelope](self.inbox_size)
+        if not self._opened:
+            self._open()
         ref = self._ref
         crash: BaseException | None = None
         try:
@@ -530,7 +532,8 @@ class Actor:
                 async with trio.open_nursery() as nursery:
                     self.nursery = nursery
                     await self.on_start()
-                    ref._attach(self)  # from here on the ref reaches this incarnation
+                    if ref._actor is not self:  # (a child started soon has it already)
+                        ref._attach(self)  # from here on the ref reaches this incarnation
                     logger.debug("actor %s started", self.name)
                     task_status.started(ref)
                     if type(self).main is not Actor.main:
@@ -554,8 +557,28 @@ class Actor:
             raise crash
 
     # -- internals ------------------------------------------------------------
+    def _open(self, attach: bool = False) -> None:
+        """Make the inbox; `attach`: the ref reaches this incarnation from now on, before its
+        task runs (`Supervisor.start_child_soon`): messages wait in the inbox until then."""
+        self._send, self._recv = trio.open_memory_channel[_Envelope](self.inbox_size)
+        self._opened = True
+        if attach:
+            self._ref._attach(self)
+
     async def _run_main(self) -> None:
         if self._stopping:  # stopped during on_start
+            return
+        while True:  # what came before main began (a child started soon): first, in order
+            try:
+                env = self._recv.receive_nowait()
+            except trio.WouldBlock:
+                break
+            self._inflight -= 1
+            if isinstance(env.msg, _Crash):  # a handle_now below failed: queued by it
+                raise env.msg.exc
+            if not (self._stopping or self._crashing):  # (else: ActorDead at the close)
+                self._answer_early(env)
+        if self._stopping:
             return
         self._waiting = True  # between messages whenever main waits: handled in the sender's task
         try:
@@ -607,6 +630,24 @@ class Actor:
         if result is not LATER:
             self._ref._messages_handled += 1
         return result
+
+    def _answer_early(self, env: _Envelope) -> None:
+        """A message queued for an actor running `main` before main began: `handle_now`
+        answers it, as it would have in the sender's task (LATER: refused)."""
+        reply = env.reply
+        try:
+            result = self._handle_here(env)
+            if result is LATER:
+                raise TypeError(f"actor {self.name} runs main(): {env.msg!r} cannot be "
+                                "answered at once")
+        except Exception as exc:
+            if reply is not None:
+                reply.set(outcome.Error(exc))
+            elif isinstance(exc, self.replied_errors):
+                logger.warning("actor %s: cast %r failed: %r", self.name, env.msg, exc)
+            return
+        if reply is not None and not env.deferred:
+            reply.set(outcome.Value(result))
 
     def _cast_here(self, env: _Envelope) -> bool:
         """A cast handled at once (True) if its type is immediate and the actor idle;

@@ -237,8 +237,12 @@ class ExecutionHandle:
                 await ref.call(msg, timeout=timeout)
 
     async def start_job(self, job_id: str, factory: Callable[[], Any]) -> None:
-        await self._supervisor().start_child(
-            actors.ChildSpec(name=f"job-{job_id}", factory=factory, restart="transient"))
+        """The job's actor, started: at once when the supervisor is idle (its task runs
+        soon; a Cancel sent meanwhile waits for it), else in the supervisor's turn."""
+        supervisor = self._supervisor()
+        spec = actors.ChildSpec(name=f"job-{job_id}", factory=factory, restart="transient")
+        if supervisor.start_child_soon(spec) is None:
+            await supervisor.start_child(spec)
 
 
 class Records:

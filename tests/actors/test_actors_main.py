@@ -166,3 +166,101 @@ async def test_main_raising_crashes_the_actor(autojump_clock):
         second.go.set()  # a normal return: a transient child is not restarted
         await trio.testing.wait_all_tasks_blocked()
         assert sup.children() == []
+
+
+# --- Supervisor.start_child_soon ---------------------------------------------------------
+
+
+class Plain(actors.Actor):
+    """An inbox-serving actor: records on_start and each message."""
+
+    def __init__(self, fail_start: bool = False, **kw):
+        super().__init__(**kw)
+        self.log: list[object] = []
+        self.fail_start = fail_start
+
+    async def on_start(self):
+        self.log.append("on_start")
+        if self.fail_start:
+            raise Crash("on_start failed")
+
+    async def handle(self, msg):
+        self.log.append(msg)
+        return ("handled", msg)
+
+
+async def test_a_child_started_soon_answers_what_was_sent_before_its_task_ran():
+    """The ref is there at once; what is sent before the child's task ran waits in its
+    inbox and is answered first once `main` begins (in order, in the child's task), what
+    comes later in the sender's task; an inbox-serving child handles it after `on_start`."""
+    async with actors.open_supervisor("sup", []) as sup:
+        ref = sup.start_child_soon(actors.ChildSpec("w", Worker, restart="transient"))
+        assert ref is not None and sup.children() == ["w"]
+        worker = ref._actor
+        ref.cast_nowait(Ask(1))  # before any schedule point: its task has not run yet
+        ref.cast_nowait(Ask(2))
+        assert worker.log == []
+        with trio.fail_after(5):
+            assert await ref.call(Ask(3)) == ("answer", 3)  # waits behind them, in the inbox
+        assert [what for what, _ in worker.log] == ["on_start", "Ask", "Ask", "Ask", "main"]
+        assert {task for _, task in worker.log} == {worker.main_task}  # all in its task
+        assert ref.statistics().messages_handled == 3
+        assert await ref.call(Ask(4)) == ("answer", 4)  # main waits: in this task
+        assert worker.log[-1] == ("Ask", trio.lowlevel.current_task().name)
+        worker.go.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert sup.children() == [] and ref.restarts == 0  # it returned: transient, removed
+
+        plain_ref = sup.start_child_soon(actors.ChildSpec("p", Plain))
+        assert await plain_ref.call("hello") == ("handled", "hello")
+        assert plain_ref._actor.log == ["on_start", "hello"]
+
+
+async def test_a_busy_supervisor_starts_nothing_soon_and_the_waiting_start_still_works():
+    """While the supervisor serves another change (here a start whose `on_start` waits),
+    start_child_soon does nothing (None): the caller takes `start_child`'s turn."""
+    release = trio.Event()
+
+    class Slow(Plain):
+        async def on_start(self):
+            await release.wait()
+
+    async with actors.open_supervisor("sup", []) as sup:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sup.start_child, actors.ChildSpec("slow", Slow))
+            await trio.testing.wait_all_tasks_blocked()
+            assert sup.start_child_soon(actors.ChildSpec("p", Plain)) is None
+            assert sup.children() == ["slow"]
+            release.set()
+        assert sup.start_child_soon(actors.ChildSpec("p", Plain)) is not None
+        with pytest.raises(ValueError):
+            sup.start_child_soon(actors.ChildSpec("p", Plain))
+    with pytest.raises(RuntimeError):
+        sup.start_child_soon(actors.ChildSpec("q", Plain))
+
+
+async def test_what_on_start_raises_in_a_child_started_soon_is_a_crash(autojump_clock):
+    """Nobody waits for a child started soon, so a failed start is a crash: the restart
+    strategy applies (here a transient child, restarted), the supervisor goes on."""
+    made = []
+
+    def factory():
+        made.append(Plain(fail_start=not made))  # the first incarnation fails its start
+        return made[-1]
+
+    async with actors.open_supervisor("sup", [], intensity=5, period=60) as sup:
+        ref = sup.start_child_soon(actors.ChildSpec("p", factory, restart="transient"))
+        await trio.testing.wait_all_tasks_blocked()
+        assert isinstance(sup.last_failure[1], Crash) and len(made) == 2
+        assert ref.restarts == 1 and await ref.call("again") == ("handled", "again")
+
+
+async def test_a_crash_in_a_message_answered_before_main_crashes_the_actor(autojump_clock):
+    async with actors.open_supervisor("sup", [], intensity=5, period=60) as sup:
+        ref = sup.start_child_soon(actors.ChildSpec("w", Worker, restart="transient"))
+        with pytest.raises(Crash):
+            await ref.call(Fail(replied=False))
+        await trio.testing.wait_all_tasks_blocked()
+        assert isinstance(sup.last_failure[1], Crash) and ref.restarts == 1
+        first_log = sup.last_failure  # the new incarnation runs main as usual
+        assert await ref.call(Ask(5)) == ("answer", 5) and first_log

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import msgspec
 import pytest
 import trio
 import trio.testing
@@ -152,6 +153,33 @@ async def test_output_is_tailed_until_the_keepers_end_however_the_end_is_waited_
         assert tags(world) == ["started", "output", "output", "output", "terminal"]
         assert world.state().state == "succeeded" and not ref.alive
         assert waits == ([True] if reports_ends else [False])
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_cancel_sent_before_a_job_actor_started_soon_ran_ends_it_before_any_keeper(
+        tmp_path, autojump_clock):
+    """Issue 14: the dispatcher's start of a job actor does not wait for the actor's task
+    (`Supervisor.start_child_soon`), so its Cancel can come first: it waits in the
+    actor's inbox and is answered before the job's life begins, which then ends the job
+    cancelled in setup, with no keeper spawned."""
+    from motor.handles import ExecutionHandle
+
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery)
+        job, _ = await world.start()  # (the deps; this first actor runs as usual)
+        world.keepers.exit(job.keeper[0], exit_code=0)
+        await trio.testing.wait_all_tasks_blocked()
+        spawned = list(world.keepers.spawned)
+        record = msgspec.structs.replace(world.record, job_id=uuid7(world.clock.now_ms()))
+        world.db.save(record)
+        async with actors.open_supervisor("execution", []) as sup:
+            execution = ExecutionHandle(lambda: sup)
+            await execution.start_job(record.job_id, lambda: JobExecution(record, job.deps))
+            assert sup.children() == [f"job-{record.job_id}"]
+            await execution.call_job(record.job_id, Cancel())
+            await trio.testing.wait_all_tasks_blocked()
+            assert world.db.get(record.job_id).state == "cancelled"
+            assert world.keepers.spawned == spawned and sup.children() == []
         nursery.cancel_scope.cancel()
 
 
