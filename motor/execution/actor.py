@@ -20,7 +20,7 @@ from ..lifecycle import RUNNING, retain_until
 from ..offload import offload_unless
 from ..records import JobRecord, Refusal, Started, Terminal, public_record
 from . import core, jobdir, joblog
-from .messages import Cancel, JobDeps, release_isolation, save_when_room
+from .messages import Cancel, JobDeps, awaiting_exit, release_isolation, save_when_room
 from .spawner import JobDirClaimed, KeeperNotStarted, SpawnerError
 
 log = logging.getLogger("motor.execution")
@@ -148,35 +148,15 @@ class JobExecution(actors.Actor):
             r.job_id, r.repository, r.workspace, r.claim, r.started_at_ms, r.queue_wait_ms))
 
     async def _follow(self):
-        """Output batches every POLL_S until the keeper has exited, then the rest of the log.
-        While the keeper reports the job's end unasked (`exit_event`) this task waits on
-        that; otherwise a task of its own waits in `wait_exit`."""
-        offset, spawner = self.deps.records.log_offset(self.record.job_id), self.deps.spawner
-        done = None if self.keeper is None else spawner.exit_event(*self.keeper, self.dir)
-        if done is not None:
-            offset = await self._tail(offset, done)
-            await spawner.wait_exit(*self.keeper, self.dir)  # at once, or it looks again
-        else:
-            done = trio.Event()
-
-            async def watch_exit():
-                if self.keeper is not None:
-                    await spawner.wait_exit(*self.keeper, self.dir)
-                done.set()
-
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch_exit)
-                offset = await self._tail(offset, done)
+        """Output batches every POLL_S until the keeper is done, then the rest of the log."""
+        offset = self.deps.records.log_offset(self.record.job_id)
+        async with awaiting_exit(self.deps.spawner, self.keeper, self.dir) as done:
+            while not done.is_set():
+                offset = await self._drain(offset)
+                if not done.is_set():
+                    with trio.move_on_after(POLL_S):
+                        await done.wait()
         await self._drain(offset)
-
-    async def _tail(self, offset: int, done: trio.Event) -> int:
-        while not done.is_set():
-            offset = await self._drain(offset)
-            if done.is_set():
-                break
-            with trio.move_on_after(POLL_S):
-                await done.wait()
-        return offset
 
     async def _drain(self, offset: int) -> int:
         """The log from `offset` into events, one batch at a time, each saved with the offset

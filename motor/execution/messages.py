@@ -4,6 +4,7 @@ handles the message and re-exports both)."""
 from __future__ import annotations
 
 import logging
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -82,3 +83,26 @@ async def release_isolation(deps: JobDeps, job_id: str, who: str) -> None:
     await faults.ahit("release.begin")  # tests: the record is out, the groups not yet removed
     if error := await deps.offload(deps.backend.release, job_id):
         log.warning("%s: isolation cleanup_error: %s", who, error)
+
+
+@asynccontextmanager
+async def awaiting_exit(spawner, keeper: tuple[int, float] | None, job_dir: Path):
+    """An event set once the job's keeper is done with it (`wait_exit` returned). Where the
+    keeper reports the job's end unasked (keeperd: `exit_event`) it is that report's event
+    and `wait_exit` is called on leaving (at once, or it looks again): no task of its own
+    (issue 14, a task step less per job); otherwise a task waits in `wait_exit`."""
+    done = trio.Event()
+    if keeper is None:
+        done.set()
+        yield done
+    elif (reported := spawner.exit_event(*keeper, job_dir)) is not None:
+        yield reported
+        await spawner.wait_exit(*keeper, job_dir)
+    else:
+        async def watch_exit():
+            await spawner.wait_exit(*keeper, job_dir)
+            done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_exit)
+            yield done

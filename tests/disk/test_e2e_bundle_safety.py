@@ -69,7 +69,10 @@ def test_staging_left_by_a_runner_killed_mid_unpack_is_swept_at_start_up(
         tmp_path, serve_factory, monkeypatch):
     data = _tar(("src/main.c", None, b"int main(){}\n"), ("hello.txt", None, b"unpacked\n"))
     sha = hashlib.sha256(data).hexdigest()
-    monkeypatch.setenv("MOTOR_FAULTS", "unpack.extracted=kill")  # crash after extraction
+    # held after extraction, then killed: the answer to the submit (sent as the job's
+    # set-up begins, maybe after the extraction when the host is loaded) is not raced
+    barrier = tmp_path / "extracted"
+    monkeypatch.setenv("MOTOR_FAULTS", f"unpack.extracted=wait:{barrier}")
     serve = serve_factory().start()
     staging = serve.state_dir / "workspaces" / ".motor-staging"
     with _http(serve) as http:
@@ -78,7 +81,9 @@ def test_staging_left_by_a_runner_killed_mid_unpack_is_swept_at_start_up(
                                            "bundle_sha256": sha})
         assert resp.status_code == 202, resp.text
         job_id = resp.json()["job_id"]
-    wait_for(lambda: serve.proc.poll() is not None, what="the runner to die mid-unpack")
+    wait_for((tmp_path / "extracted.reached").exists, what="the unpack to be extracted")
+    serve.proc.kill()  # the runner dies mid-unpack
+    serve.proc.wait(timeout=30)
     assert serve.proc.returncode == -9
     leftovers = os.listdir(staging)
     assert len(leftovers) == 1 and leftovers[0].startswith(job_id)
