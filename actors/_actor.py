@@ -504,6 +504,19 @@ class Actor:
             taken.append((env.msg, None if env.reply is None else DeferredReply(env.reply, self)))
         return taken
 
+    def handle_next(self, msg: Any) -> None:
+        """Inside ``handle`` or ``handle_now``: make ``msg`` (a cast) this actor's very next
+        message, ahead of everything in its inbox, handled in its own task: the rest of
+        the current message's work when ``handle_now`` finds it cannot finish at once
+        (with ``defer_reply`` for the answer). The actor is not idle until it is handled.
+        One at a time; RuntimeError outside a handler or while one is pending."""
+        if self._current is None or self._held is not None:
+            raise RuntimeError(f"{self!r}: handle_next() outside a handler, or twice")
+        self._held = _Envelope(msg, None)
+        if self._waiting:  # handle_now in a sender's task: the actor's task waits, wake it
+            self._send.send_nowait(_WAKE)
+            self._inflight += 1
+
     def stop(self) -> None:
         """Finish the current message, then stop normally (``main``: cancel it)."""
         self._stopping = True

@@ -40,6 +40,11 @@ __all__ = [
 ]
 
 
+def _save_many(writes: Iterable[tuple]) -> SaveMany:
+    return SaveMany(tuple(Save(record=w[0], events=tuple(w[1]), retain_until_ms=w[2],
+                               clock_only=len(w) > 3 and w[3]) for w in writes))
+
+
 class _Handle:
     __slots__ = ("ref",)
 
@@ -67,10 +72,12 @@ class StoreHandle(_Handle):
         each one's events with their seqs. Raises `StoreFull` (nothing written). A write
         `(record, (), None, True)` saves only the record's queue-wait clock (store/db.py,
         `ClockSave`)."""
-        return await self.ref.call(SaveMany(tuple(
-            Save(record=w[0], events=tuple(w[1]), retain_until_ms=w[2],
-                 clock_only=len(w) > 3 and w[3]) for w in writes)),
-            timeout=timeout)
+        return await self.ref.call(_save_many(writes), timeout=timeout)
+
+    def save_many_now(self, writes: Iterable[tuple]):
+        """`save_many` done at once when the store is idle and commits on the event loop
+        (for a caller that must not wait); actors.LATER otherwise, nothing written."""
+        return self.ref.try_now(_save_many(writes))
 
     async def expire(self, now_ms: int) -> list[str]:
         """Delete records past their retention; the ids deleted."""
@@ -82,6 +89,14 @@ class CpuHandle(_Handle):
 
     async def place(self, job_id: str, claim: int) -> list[int]:
         return await self.ref.call(Place(job_id, claim))
+
+    def place_now(self, job_id: str, claim: int):
+        """`place` at once when the allocator is idle; actors.LATER otherwise."""
+        return self.ref.try_now(Place(job_id, claim))
+
+    def release_now(self, job_id: str):
+        """`release` at once when the allocator is idle; actors.LATER otherwise."""
+        return self.ref.try_now(Release(job_id))
 
     async def release(self, job_id: str) -> None:
         """A cast (issue 14: one call less per job): the allocator's inbox is first in,
@@ -239,10 +254,25 @@ class ExecutionHandle:
     async def start_job(self, job_id: str, factory: Callable[[], Any]) -> None:
         """The job's actor, started: at once when the supervisor is idle (its task runs
         soon; a Cancel sent meanwhile waits for it), else in the supervisor's turn."""
-        supervisor = self._supervisor()
-        spec = actors.ChildSpec(name=f"job-{job_id}", factory=factory, restart="transient")
-        if supervisor.start_child_soon(spec) is None:
-            await supervisor.start_child(spec)
+        if not self.start_job_now(job_id, factory):
+            await self._supervisor().start_child(_job_spec(job_id, factory))
+
+    def start_job_now(self, job_id: str, factory: Callable[[], Any]) -> bool:
+        """`start_job` at once when the supervisor is idle (True); False: nothing done."""
+        return self._supervisor().start_child_soon(_job_spec(job_id, factory)) is not None
+
+    def call_job_now(self, job_id: str, msg: Any):
+        """`call_job` answered at once (the job's actor answers its messages in the
+        sender's task while its life waits), None when it has no actor; actors.LATER
+        when it cannot answer now."""
+        ref = self.job(job_id)
+        if ref is None or not ref.alive:
+            return None
+        return ref.try_now(msg)
+
+
+def _job_spec(job_id: str, factory: Callable[[], Any]) -> actors.ChildSpec:
+    return actors.ChildSpec(name=f"job-{job_id}", factory=factory, restart="transient")
 
 
 class Records:

@@ -11,39 +11,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from dataclasses import dataclass, field
-
 import trio
 
 import actors
 
 from ..clock import uuid7
-from ..disk.host import free_bytes
-from ..execution.actor import Cancel, JobDeps, JobExecution
-from ..handles import DiskHandle, ExecutionHandle
 from ..lifecycle import QUEUED
-from ..memory.core import MemoryCeiling
 from ..records import Refusal
-from ..store.db import StoreFull
+from . import effects as fx
 from . import machine as m
 from .admission import AdmissionSettings
+from .effects import DispatchDeps  # noqa: F401 (the runner's tree imports it from here)
 from .messages import (DISK_ADMIT_TIMEOUT_S, BundleArrived, CancelJob, CapacityView,
                        CeilingChanged, Finished, Heartbeat, QueuedViews, SetupDone, StartFailed,
                        StatusView, Submit, Unfollowed, Withdraw)
 
 log = logging.getLogger("motor.dispatcher")
-
-
-@dataclass
-class DispatchDeps:
-    job: JobDeps
-    execution: ExecutionHandle  # one transient job actor per job setting up or running
-    disk: DiskHandle
-    claim_limit: int
-    capabilities: tuple[str, ...]
-    ceiling: MemoryCeiling = MemoryCeiling()  # as read at start-up; maintenance sends changes
-    #: ids of followed jobs (the Runner's, kept across restarts): the others' budgets are ours
-    followers: set = field(default_factory=set)
 
 
 #: the messages that are the machine's events as they are
@@ -53,6 +36,7 @@ _AS_IS = (SetupDone, Finished, CancelJob, Unfollowed, BundleArrived, QueuedViews
 
 class Dispatcher(actors.Actor):
     inbox_size = 512
+    immediate = (SetupDone, Finished)  # from the job actors: answered in their tasks
     readers = (CapacityView,)  # health's: answered also while a save waits on the disk
 
     def __init__(self, deps: DispatchDeps):
@@ -87,8 +71,33 @@ class Dispatcher(actors.Actor):
     def read(self, msg):  # CapacityView: the machine is whole wherever `_run` waits
         return self.machine.capacity()
 
+    def handle_now(self, msg):
+        """A job actor's SetupDone or Finished, in its task when this actor is idle: the
+        effects are carried out at once while each can be (the store commits on the loop,
+        the allocator and the execution supervisor are idle); the rest, if one cannot,
+        in this actor's own task, in order (`effects.Resume`), the answer deferred until then."""
+        self._answer, pending = None, []
+        event = self._event(msg)
+        while event is not None:
+            pending.extend(reversed(self.machine.handle(
+                event, trio.current_time(), self.job.clock.now_ms())))
+            event = None
+            while pending and event is None:
+                effect = pending.pop()
+                if (event := self._do_now(effect)) is fx.NOT_NOW:
+                    pending.append(effect)
+                    token = self.defer_reply() if self.answering else None
+                    self.handle_next(fx.Resume(pending, token))  # before any other message
+                    return None
+        return self._answer
+
     async def handle(self, msg):
         self._answer = None
+        if isinstance(msg, fx.Resume):
+            await self._run(None, msg.pending)
+            if msg.token is not None:
+                msg.token.reply(self._answer)
+            return None
         await self._run(self._event(msg))
         return self._answer
 
@@ -108,32 +117,24 @@ class Dispatcher(actors.Actor):
             return msg
         raise TypeError(f"dispatcher: unknown message {msg!r}")
 
-    async def _run(self, event) -> None:
-        """Hand `event` to the machine and carry out its effects in order; an effect's
-        answer goes back to the machine before the next effect (depth first)."""
-        pending = []
-        while event is not None:
-            effects = self.machine.handle(event, trio.current_time(), self.job.clock.now_ms())
-            pending.extend(reversed(effects))
+    async def _run(self, event, pending=None) -> None:
+        """Hand `event` to the machine and carry out its effects in order (`pending`: those
+        left by `handle_now`); an effect's answer goes back to the machine before the next
+        effect (depth first)."""
+        pending = [] if pending is None else pending
+        while event is not None or pending:
+            if event is not None:
+                effects = self.machine.handle(event, trio.current_time(), self.job.clock.now_ms())
+                pending.extend(reversed(effects))
             event = None
             while pending and event is None:
                 event = await self._do(pending.pop())
 
-    async def _do(self, effect):
-        job = self.job
-        if isinstance(effect, (m.SaveRecord, m.SaveClocks)):
-            saves = effect.saves if isinstance(effect, m.SaveClocks) else (effect,)
-            try:
-                await job.store.save_many(s.store_write for s in saves)
-            except StoreFull as exc:
-                if effect.purpose != "accept":
-                    log.warning("dispatcher: %s %s (%s%s) not recorded yet: %s",
-                                saves[0].record.job_id, saves[0].record.state, effect.purpose,
-                                f", {len(saves)} jobs" if len(saves) > 1 else "", exc)
-                return m.SaveFailed(effect, str(exc), free_bytes(job.config.state_path))
-            return m.SaveDone(effect)
-        if isinstance(effect, m.PlaceCpus):
-            return m.Placed(effect.job_id, await job.cpu.place(effect.job_id, effect.claim))
+    def _do_now(self, effect):
+        """Carry `effect` out without waiting (effects.py): its answer for the machine, or
+        effects.NOT_NOW."""
+        if (answer := fx.now(effect, self.job, self.deps.execution)) is not fx.NOT_HERS:
+            return answer
         if isinstance(effect, m.Reply):
             if effect.token is None:
                 self._answer = effect.value
@@ -146,18 +147,6 @@ class Dispatcher(actors.Actor):
                 return m.DiskAnswered(effect.job_id, refusal, True)
             self._asking += 1
             self._asks_in.send_nowait(effect)
-        elif isinstance(effect, m.ReleaseCpus):
-            await job.cpu.release(effect.job_id)
-        elif isinstance(effect, m.StartJobActor):
-            job_id, first = effect.job_id, [effect.record]  # a restart reads the stored one
-            await self.deps.execution.start_job(job_id, lambda: JobExecution(
-                (first.pop() if first else None) or job.records.get(job_id), job))
-        elif isinstance(effect, m.CancelJobActor):
-            await self.deps.execution.call_job(effect.job_id, Cancel())
-        elif isinstance(effect, m.NoteRefused):
-            job.accounting.refused(effect.code)
-        elif isinstance(effect, m.NoteEnded):
-            job.accounting.ended(effect.record)
         elif isinstance(effect, m.ArmTimer):
             self._wakeup = math.inf if effect.deadline is None else effect.deadline
             if self._timer is not None:
@@ -169,6 +158,11 @@ class Dispatcher(actors.Actor):
         else:
             raise TypeError(f"dispatcher: unknown effect {effect!r}")
         return None
+
+    async def _do(self, effect):
+        if (answer := self._do_now(effect)) is not fx.NOT_NOW:
+            return answer
+        return await fx.wait(effect, self.job, self.deps.execution)
 
     async def _disk_asker(self):
         """Disk admissions one at a time, in arrival order; each answer comes back as a message."""

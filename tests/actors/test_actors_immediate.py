@@ -241,3 +241,76 @@ async def test_try_now_answers_at_once_or_says_later():
         with pytest.raises(Refused):
             ref.try_now(Fail(replied=True))
         assert clerk.log == [("now", 1, me), ("handle", "slow", clerk.own_task)]
+
+
+@dataclass(frozen=True)
+class Split:  # handle_now does the first half and leaves the rest for the actor's task
+    value: object = None
+
+
+@dataclass(frozen=True)
+class Rest:
+    value: object
+    token: object
+
+
+class Splitter(actors.Actor):
+    immediate = (Split,)
+
+    def __init__(self):
+        super().__init__()
+        self.log: list[tuple[str, object]] = []
+        self.gate = trio.Event()
+
+    def handle_now(self, msg):
+        self.log.append(("first half", msg.value))
+        token = self.defer_reply() if self.answering else None
+        self.handle_next(Rest(msg.value, token))
+        return None
+
+    async def handle(self, msg):
+        if isinstance(msg, Rest):
+            await self.gate.wait()
+            self.log.append(("rest", msg.value))
+            if msg.token is not None:
+                msg.token.reply(("done", msg.value))
+            return None
+        self.log.append(("other", msg))
+        return msg
+
+
+async def test_handle_next_finishes_a_message_before_anything_queued_behind_it():
+    """`handle_next` (issue 14: the dispatcher's end of a job): what `handle_now` cannot
+    finish at once is the actor's very next message, in its own task, ahead of the
+    messages already queued or sent meanwhile; the call is answered when it is done. From
+    a sender's task (the actor idle) it wakes the actor; from the actor's own task (the
+    message came through the inbox) it goes ahead of the inbox."""
+    async with trio.open_nursery() as nursery:
+        splitter = Splitter()
+        ref = await nursery.start(splitter.run)
+        got = []
+
+        async def call(msg):
+            got.append(await ref.call(msg))
+
+        nursery.start_soon(call, Split(1))  # idle: the first half in that task
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(call, "after 1")
+        await trio.testing.wait_all_tasks_blocked()
+        assert splitter.log == [("first half", 1)] and got == []
+        splitter.gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert splitter.log == [("first half", 1), ("rest", 1), ("other", "after 1")]
+        assert len(got) == 2 and ("done", 1) in got and "after 1" in got  # (woken in any order)
+
+        splitter.log.clear()
+        got.clear()
+        ref.cast_nowait("busy")  # queued: the actor is not idle for what follows
+        ref.cast_nowait(Split(2))  # through the inbox: handle_now in the actor's task
+        ref.cast_nowait("after 2")
+        await trio.testing.wait_all_tasks_blocked()
+        assert splitter.log == [("other", "busy"), ("first half", 2), ("rest", 2),
+                                ("other", "after 2")]
+        with pytest.raises(RuntimeError):
+            splitter.handle_next("outside a handler")
+        nursery.cancel_scope.cancel()

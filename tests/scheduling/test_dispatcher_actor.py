@@ -15,7 +15,7 @@ import actors
 from fakes import Recorder
 from motor.clock import MockWallClock, uuid7
 from motor.config import RunnerConfig
-from motor.cpu.actor import Place
+from motor.cpu.actor import Place, Release
 from motor.disk.messages import Admit, HasBundle
 from motor.execution.actor import JobDeps
 from motor.handles import AccountingHandle, CpuHandle, DiskHandle, Records, StoreHandle
@@ -95,9 +95,16 @@ class FakeExecution:
         return None
 
     async def start_job(self, job_id, factory) -> None:
+        self.start_job_now(job_id, factory)
+
+    def start_job_now(self, job_id, factory) -> bool:
         self.started.append(job_id)
         self.running.add(job_id)
         self.factories[job_id] = factory
+        return True
+
+    def call_job_now(self, job_id, msg):
+        return None  # (`job` finds no actor)
 
 
 class World:
@@ -408,4 +415,120 @@ async def test_a_started_job_actor_gets_its_record_from_the_dispatcher(tmp_path,
         world.db.save(msgspec.structs.replace(world.db.get(record.job_id), state="running"))
         again = factory()
         assert counting.gets == [record.job_id] and again.record.state == "running"
+        nursery.cancel_scope.cancel()
+
+
+class HeldCpu(Recorder):
+    """An allocator that answers at once (immediate) unless `gate` is set: then it waits
+    for it in its own task (a busy allocator)."""
+
+    immediate = (Place, Release)
+
+    def __init__(self):
+        super().__init__("cpu", reply=lambda msg: [0] if isinstance(msg, Place) else None)
+        self.gate: trio.Event | None = None
+
+    def handle_now(self, msg):
+        if self.gate is not None:
+            return actors.LATER
+        self.seen.append(msg)
+        return self._reply(msg)
+
+    async def handle(self, msg):
+        await self.gate.wait()
+        self.seen.append(msg)
+        return self._reply(msg)
+
+
+async def _one_running_one_queued(world: World):
+    running = JobRecord(job_id=uuid7(world.clock.now_ms()), state="running", workspace="old",
+                        claim=2, cpus=[0], command=["make"], accepted_at_ms=world.clock.now_ms())
+    world.db.save(running)
+    world.execution.running.add(running.job_id)
+    dispatcher = await world.start()
+    queued = await dispatcher.submit(request())
+    await trio.testing.wait_all_tasks_blocked()
+    assert world.state(queued.job_id) == "queued" and world.execution.started == []
+    return dispatcher, running, queued
+
+
+async def test_a_jobs_end_is_handled_in_the_job_actors_task_when_the_dispatcher_is_idle(
+        tmp_path, autojump_clock):
+    """Issue 14: a job actor's Finished (and SetupDone) finds the dispatcher idle: the
+    machine and every effect (the next job's CPUs, its `setup` record, its actor) are
+    carried out in the job actor's task, with no task switch to the dispatcher and back."""
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery)
+        world.cpu = HeldCpu()
+        dispatcher, running, queued = await _one_running_one_queued(world)
+        handled = dispatcher.ref.statistics().messages_handled
+        where = []
+        start_now = world.execution.start_job_now
+        world.execution.start_job_now = lambda *a: where.append(
+            trio.lowlevel.current_task()) or start_now(*a)
+        await dispatcher.finished(running.job_id)
+        assert where == [trio.lowlevel.current_task()]  # the next start, in this task
+        assert world.execution.started == [queued.job_id]
+        assert world.state(queued.job_id) == "setup" and world.cpu.kinds() == ["Place"]
+        assert dispatcher.ref.statistics().messages_handled == handled + 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_what_a_jobs_end_cannot_finish_at_once_is_finished_before_the_next_message(
+        tmp_path, autojump_clock):
+    """Issue 14: when an effect of a Finished handled in the job actor's task would wait
+    (here the allocator is busy), the rest is carried out by the dispatcher's own task
+    before any message that came after (a cancel of the job being started finds it
+    started, not half-way), and the Finished is answered only then."""
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery)
+        world.cpu = HeldCpu()
+        dispatcher, running, queued = await _one_running_one_queued(world)
+        world.cpu.gate = gate = trio.Event()
+        got = {}
+
+        async def finished():
+            await dispatcher.finished(running.job_id)
+            got["finished"] = world.execution.started[:]
+
+        async def cancel():
+            got["cancel"] = await dispatcher.cancel(queued.job_id)
+
+        nursery.start_soon(finished)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.start_soon(cancel)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == {} and world.execution.started == []  # the CPUs are being placed
+        gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == {"finished": [queued.job_id], "cancel": "signalled"}
+        assert world.state(queued.job_id) == "setup"
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_jobs_end_from_the_inbox_finishes_before_the_messages_queued_behind_it(
+        tmp_path, autojump_clock):
+    """The same when the Finished waited in the dispatcher's inbox (it was busy) and the
+    dispatcher's own task finds an effect that must wait: the rest comes next, ahead of
+    the cancel already queued behind the Finished (not after it)."""
+    from motor.scheduling.messages import Finished, Unfollowed
+
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery)
+        world.cpu = HeldCpu()
+        dispatcher, running, queued = await _one_running_one_queued(world)
+        world.cpu.gate = gate = trio.Event()
+        got = {}
+
+        async def cancel():
+            got["cancel"] = await dispatcher.cancel(queued.job_id)
+
+        dispatcher.ref.cast_nowait(Unfollowed(queued.job_id))  # through the inbox: now busy
+        dispatcher.ref.cast_nowait(Finished(running.job_id))  # so this waits in the inbox
+        nursery.start_soon(cancel)  # and this behind it
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == {} and world.execution.started == []  # the CPUs are being placed
+        gate.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == {"cancel": "signalled"} and world.execution.started == [queued.job_id]
         nursery.cancel_scope.cancel()

@@ -1,0 +1,120 @@
+"""The dispatcher machine's effects on the other actors (store, CPU allocator, execution
+supervisor, accounting), carried out through their handles: at once where the other actor
+can answer in the caller's task (`now`), else waited for (`wait`). The dispatcher's shell
+(actor.py) carries out the effects on itself (replies, timers, the disk's asker)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import actors
+
+from ..disk.host import free_bytes
+from ..execution.actor import Cancel, JobDeps, JobExecution
+from ..memory.core import MemoryCeiling
+from ..store.db import StoreFull
+from . import machine as m
+
+if TYPE_CHECKING:
+    from ..handles import DiskHandle, ExecutionHandle
+
+log = logging.getLogger("motor.dispatcher")
+
+
+@dataclass
+class DispatchDeps:
+    """The dispatcher's neighbours."""
+    job: JobDeps
+    execution: ExecutionHandle  # one transient job actor per job setting up or running
+    disk: DiskHandle
+    claim_limit: int
+    capabilities: tuple[str, ...]
+    ceiling: MemoryCeiling = MemoryCeiling()  # as read at start-up; maintenance sends changes
+    #: ids of followed jobs (the Runner's, kept across restarts): the others' budgets are ours
+    followers: set = field(default_factory=set)
+
+NOT_NOW = object()  # `now`: this effect would wait
+NOT_HERS = object()  # `now`: not an effect on another actor (the shell's own)
+
+
+@dataclass
+class Resume:
+    """The effects `Dispatcher.handle_now` could not carry out at once: the dispatcher's
+    next message (`Actor.handle_next`), with the deferred answer of the message, if any."""
+    pending: list
+    token: actors.DeferredReply | None
+
+
+def now(effect, job, execution):
+    """Carry `effect` out without waiting: its answer for the machine (None: none);
+    NOT_NOW when that would wait (the store's commits off the loop, an actor busy);
+    NOT_HERS for an effect the shell carries out itself."""
+    if isinstance(effect, (m.SaveRecord, m.SaveClocks)):
+        saves = _saves(effect)
+        try:
+            if job.store.save_many_now(s.store_write for s in saves) is actors.LATER:
+                return NOT_NOW
+        except StoreFull as exc:
+            return _save_failed(effect, saves, exc, job)
+        return m.SaveDone(effect)
+    if isinstance(effect, m.PlaceCpus):
+        cpus = job.cpu.place_now(effect.job_id, effect.claim)
+        return NOT_NOW if cpus is actors.LATER else m.Placed(effect.job_id, cpus)
+    if isinstance(effect, m.ReleaseCpus):
+        return NOT_NOW if job.cpu.release_now(effect.job_id) is actors.LATER else None
+    if isinstance(effect, m.StartJobActor):
+        return None if execution.start_job_now(effect.job_id, _job_factory(effect, job)) \
+            else NOT_NOW
+    if isinstance(effect, m.CancelJobActor):
+        return NOT_NOW if execution.call_job_now(effect.job_id, Cancel()) is actors.LATER \
+            else None
+    if isinstance(effect, m.NoteRefused):
+        job.accounting.refused(effect.code)
+    elif isinstance(effect, m.NoteEnded):
+        job.accounting.ended(effect.record)
+    else:
+        return NOT_HERS
+    return None
+
+
+async def wait(effect, job, execution):
+    """An effect `now` found would wait, waited for: its answer for the machine."""
+    if isinstance(effect, (m.SaveRecord, m.SaveClocks)):
+        saves = _saves(effect)
+        try:
+            await job.store.save_many(s.store_write for s in saves)
+        except StoreFull as exc:
+            return _save_failed(effect, saves, exc, job)
+        return m.SaveDone(effect)
+    if isinstance(effect, m.PlaceCpus):
+        return m.Placed(effect.job_id, await job.cpu.place(effect.job_id, effect.claim))
+    if isinstance(effect, m.ReleaseCpus):
+        await job.cpu.release(effect.job_id)
+    elif isinstance(effect, m.StartJobActor):
+        await execution.start_job(effect.job_id, _job_factory(effect, job))
+    elif isinstance(effect, m.CancelJobActor):
+        await execution.call_job(effect.job_id, Cancel())
+    else:
+        raise TypeError(f"dispatcher: {effect!r} does not wait")
+    return None
+
+
+def _saves(effect) -> tuple:
+    return effect.saves if isinstance(effect, m.SaveClocks) else (effect,)
+
+
+def _save_failed(effect, saves, exc: StoreFull, job):
+    if effect.purpose != "accept":
+        log.warning("dispatcher: %s %s (%s%s) not recorded yet: %s",
+                    saves[0].record.job_id, saves[0].record.state, effect.purpose,
+                    f", {len(saves)} jobs" if len(saves) > 1 else "", exc)
+    return m.SaveFailed(effect, str(exc), free_bytes(job.config.state_path))
+
+
+def _job_factory(effect, job):
+    """The job's actor: the record the dispatcher saved at its start; an incarnation made
+    later (a restart of a crashed job actor) reads the record as stored then."""
+    job_id, first = effect.job_id, [effect.record]
+    return lambda: JobExecution((first.pop() if first else None) or job.records.get(job_id), job)
