@@ -160,12 +160,13 @@ class _Crash:
 
 
 class _Envelope:
-    __slots__ = ("msg", "reply", "deferred")
+    __slots__ = ("msg", "reply", "deferred", "counted")
 
-    def __init__(self, msg: Any, reply: _Reply | None):
+    def __init__(self, msg: Any, reply: _Reply | None, counted: bool = True):
         self.msg = msg
         self.reply = reply
         self.deferred = False
+        self.counted = counted  # False: the rest of a message handled already (handle_next)
 
 
 #: `stop`'s word to an actor waiting for a message: wake up and see that it stops
@@ -508,11 +509,12 @@ class Actor:
         """Inside ``handle`` or ``handle_now``: make ``msg`` (a cast) this actor's very next
         message, ahead of everything in its inbox, handled in its own task: the rest of
         the current message's work when ``handle_now`` finds it cannot finish at once
-        (with ``defer_reply`` for the answer). The actor is not idle until it is handled.
+        (with ``defer_reply`` for the answer). The actor is not idle until it is handled;
+        it is not counted as another message handled.
         One at a time; RuntimeError outside a handler or while one is pending."""
         if self._current is None or self._held is not None:
             raise RuntimeError(f"{self!r}: handle_next() outside a handler, or twice")
-        self._held = _Envelope(msg, None)
+        self._held = _Envelope(msg, None, counted=False)  # the same message, continued
         if self._waiting:  # handle_now in a sender's task: the actor's task waits, wake it
             self._send.send_nowait(_WAKE)
             self._inflight += 1
@@ -693,7 +695,7 @@ class Actor:
             return
         finally:
             self._current = None
-            self._ref._messages_handled += 1
+            self._ref._messages_handled += env.counted
         if reply is not None and not env.deferred:
             reply.set(outcome.Value(result))
 

@@ -36,7 +36,11 @@ _AS_IS = (SetupDone, Finished, CancelJob, Unfollowed, BundleArrived, QueuedViews
 
 class Dispatcher(actors.Actor):
     inbox_size = 512
-    immediate = (SetupDone, Finished)  # from the job actors: answered in their tasks
+    #: every message from outside (issue 14): handled in the sender's task while the
+    #: dispatcher is idle (`handle_now`); its own follow-ups (DiskAnswered, TimerFired,
+    #: FlushUnsaved) and a `Resume` come through its inbox
+    immediate = (Submit, SetupDone, Finished, StartFailed, CancelJob, Withdraw, Unfollowed,
+                 BundleArrived, QueuedViews, Heartbeat, StatusView, CeilingChanged)
     readers = (CapacityView,)  # health's: answered also while a save waits on the disk
 
     def __init__(self, deps: DispatchDeps):
@@ -72,10 +76,10 @@ class Dispatcher(actors.Actor):
         return self.machine.capacity()
 
     def handle_now(self, msg):
-        """A job actor's SetupDone or Finished, in its task when this actor is idle: the
-        effects are carried out at once while each can be (the store commits on the loop,
-        the allocator and the execution supervisor are idle); the rest, if one cannot,
-        in this actor's own task, in order (`effects.Resume`), the answer deferred until then."""
+        """A message, in its sender's task when this actor is idle: the effects are carried
+        out at once while each can be (the store commits on the loop, the allocator and the
+        execution supervisor are idle); the rest, if one cannot, in this actor's own task,
+        next (`effects.Resume`), the answer deferred until then."""
         self._answer, pending = None, []
         event = self._event(msg)
         while event is not None:

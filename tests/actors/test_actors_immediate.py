@@ -302,6 +302,7 @@ async def test_handle_next_finishes_a_message_before_anything_queued_behind_it()
         await trio.testing.wait_all_tasks_blocked()
         assert splitter.log == [("first half", 1), ("rest", 1), ("other", "after 1")]
         assert len(got) == 2 and ("done", 1) in got and "after 1" in got  # (woken in any order)
+        assert ref.statistics().messages_handled == 2  # the rest is not another message
 
         splitter.log.clear()
         got.clear()
