@@ -36,10 +36,10 @@ _AS_IS = (SetupDone, Finished, CancelJob, Unfollowed, BundleArrived, QueuedViews
 
 class Dispatcher(actors.Actor):
     inbox_size = 512
-    #: every message from outside (issue 14): handled in the sender's task while the
-    #: dispatcher is idle (`handle_now`); its own follow-ups (DiskAnswered, TimerFired,
-    #: FlushUnsaved) and a `Resume` come through its inbox
-    immediate = (Submit, SetupDone, Finished, StartFailed, CancelJob, Withdraw, Unfollowed,
+    #: handled in the sender's task while the dispatcher is idle (`handle_now`, issue 14);
+    #: not a Submit (a client submitting in a loop yields to the jobs it starts: see
+    #: docs/scheduling.md), nor its own follow-ups (DiskAnswered, TimerFired, FlushUnsaved)
+    immediate = (SetupDone, Finished, StartFailed, CancelJob, Withdraw, Unfollowed,
                  BundleArrived, QueuedViews, Heartbeat, StatusView, CeilingChanged)
     readers = (CapacityView,)  # health's: answered also while a save waits on the disk
 

@@ -532,3 +532,22 @@ async def test_a_jobs_end_from_the_inbox_finishes_before_the_messages_queued_beh
         await trio.testing.wait_all_tasks_blocked()
         assert got == {"cancel": "signalled"} and world.execution.started == [queued.job_id]
         nursery.cancel_scope.cancel()
+
+
+async def test_a_submit_goes_through_the_dispatchers_inbox_and_yields(tmp_path, autojump_clock):
+    """Unlike the job actors' messages, a submit is handled in the dispatcher's own task
+    even when it is idle: the submitter waits for it, so a client submitting in a loop
+    lets the jobs it starts run between its submits (docs/scheduling.md: handled in the
+    submitter's task, a loop queued everything first and the deeper queues cost more)."""
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery, disk=QuickDisk)
+        dispatcher = await world.start()
+        ran = []
+
+        async def other():
+            ran.append(trio.current_time())
+
+        nursery.start_soon(other)
+        record = await dispatcher.submit(request())
+        assert ran and record.state == "queued"
+        nursery.cancel_scope.cancel()
