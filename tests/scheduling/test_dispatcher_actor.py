@@ -509,28 +509,30 @@ async def test_what_a_jobs_end_cannot_finish_at_once_is_finished_before_the_next
 async def test_a_jobs_end_from_the_inbox_finishes_before_the_messages_queued_behind_it(
         tmp_path, autojump_clock):
     """The same when the Finished waited in the dispatcher's inbox (it was busy) and the
-    dispatcher's own task finds an effect that must wait: the rest comes next, ahead of
-    the cancel already queued behind the Finished (not after it)."""
-    from motor.scheduling.messages import Finished, Unfollowed
+    dispatcher's own task finds an effect that must wait: the rest (the CPUs placed, the
+    start) comes next, ahead of the cancel already queued behind the Finished."""
+    from motor.scheduling import machine as m
+    from motor.scheduling.messages import CancelJob, Finished
 
     async with trio.open_nursery() as nursery:
         world = World(tmp_path, nursery)
         world.cpu = HeldCpu()
         dispatcher, running, queued = await _one_running_one_queued(world)
         world.cpu.gate = gate = trio.Event()
-        got = {}
-
-        async def cancel():
-            got["cancel"] = await dispatcher.cancel(queued.job_id)
-
-        dispatcher.ref.cast_nowait(Unfollowed(queued.job_id))  # through the inbox: now busy
-        dispatcher.ref.cast_nowait(Finished(running.job_id))  # so this waits in the inbox
-        nursery.start_soon(cancel)  # and this behind it
+        machine, events = world.dispatcher.machine, []
+        real_handle = machine.handle
+        machine.handle = lambda event, *a: events.append(type(event).__name__) or real_handle(
+            event, *a)
+        dispatcher.ref.cast_nowait(m.TimerFired())  # not immediate: queued, the actor busy
+        dispatcher.ref.cast_nowait(Finished(running.job_id))  # so these wait in its inbox
+        dispatcher.ref.cast_nowait(CancelJob(queued.job_id))
         await trio.testing.wait_all_tasks_blocked()
-        assert got == {} and world.execution.started == []  # the CPUs are being placed
+        assert world.execution.started == []  # the CPUs are being placed
         gate.set()
         await trio.testing.wait_all_tasks_blocked()
-        assert got == {"cancel": "signalled"} and world.execution.started == [queued.job_id]
+        assert [e for e in events if e in ("Finished", "Placed", "CancelJob")] == [
+            "Finished", "Placed", "CancelJob"]
+        assert world.execution.started == [queued.job_id]
         nursery.cancel_scope.cancel()
 
 
