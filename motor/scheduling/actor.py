@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+
 import trio
 
 import actors
