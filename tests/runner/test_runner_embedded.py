@@ -180,3 +180,23 @@ async def test_jobs_ending_in_one_workspace_get_one_guard_walk_after_the_delay(
         await wait_until(guarded, "the guard's walk")
         await trio.sleep(60)
         assert walked.count("w") == 1, walked
+
+
+async def test_a_submit_is_a_schedule_point_so_a_submitting_loop_lets_the_runner_work(
+        tmp_path, autojump_clock):
+    """Issue 14 (stop 28): the dispatcher answers most messages in the sender's task, but
+    not a submit: `runner.submit` yields, so a program submitting in a loop lets the
+    runner's other tasks (the job actors its submits started) run between its submits:
+    a task started just before a submit has run by the time the submit returns."""
+    async with motor.open_runner(config(tmp_path)) as runner:
+        ran = []
+
+        async def other():
+            ran.append(True)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(other)
+            first = await runner.submit(JobRequest(command=["true"], weight_hint=1,
+                                                   workspace="a"))
+            assert ran == [True]
+        assert (await terminal_of(runner, first.job_id))["state"] == "succeeded"
