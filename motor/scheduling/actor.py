@@ -82,18 +82,10 @@ class Dispatcher(actors.Actor):
         execution supervisor are idle); the rest, if one cannot, in this actor's own task,
         next (`effects.Resume`), the answer deferred until then."""
         self._answer, pending = None, []
-        event = self._event(msg)
-        while event is not None:
-            pending.extend(reversed(self.machine.handle(
-                event, trio.current_time(), self.job.clock.now_ms())))
-            event = None
-            while pending and event is None:
-                effect = pending.pop()
-                if (event := self._do_now(effect)) is fx.NOT_NOW:
-                    pending.append(effect)
-                    token = self.defer_reply() if self.answering else None
-                    self.handle_next(fx.Resume(pending, token))  # before any other message
-                    return None
+        if (waits := self._advance(self._event(msg), pending)) is not None:
+            token = self.defer_reply() if self.answering else None
+            self.handle_next(fx.Resume([*pending, waits], token))  # before any other message
+            return None
         return self._answer
 
     async def handle(self, msg):
@@ -124,16 +116,24 @@ class Dispatcher(actors.Actor):
 
     async def _run(self, event, pending=None) -> None:
         """Hand `event` to the machine and carry out its effects in order (`pending`: those
-        left by `handle_now`); an effect's answer goes back to the machine before the next
-        effect (depth first)."""
+        left by `handle_now`), waiting for those that must wait."""
         pending = [] if pending is None else pending
-        while event is not None or pending:
+        while (waits := self._advance(event, pending)) is not None:
+            event = await fx.wait(waits, self.job, self.deps.execution)
+
+    def _advance(self, event, pending: list):
+        """Hand `event` to the machine and carry out the effects at once, each answer back
+        to the machine before the next effect (depth first), until none is left (None) or
+        one would wait: that effect, taken off `pending`."""
+        while True:
             if event is not None:
-                effects = self.machine.handle(event, trio.current_time(), self.job.clock.now_ms())
-                pending.extend(reversed(effects))
-            event = None
-            while pending and event is None:
-                event = await self._do(pending.pop())
+                pending.extend(reversed(self.machine.handle(
+                    event, trio.current_time(), self.job.clock.now_ms())))
+            if not pending:
+                return None
+            effect = pending.pop()
+            if (event := self._do_now(effect)) is fx.NOT_NOW:
+                return effect
 
     def _do_now(self, effect):
         """Carry `effect` out without waiting (effects.py): its answer for the machine, or
@@ -163,11 +163,6 @@ class Dispatcher(actors.Actor):
         else:
             raise TypeError(f"dispatcher: unknown effect {effect!r}")
         return None
-
-    async def _do(self, effect):
-        if (answer := self._do_now(effect)) is not fx.NOT_NOW:
-            return answer
-        return await fx.wait(effect, self.job, self.deps.execution)
 
     async def _disk_asker(self):
         """Disk admissions one at a time, in arrival order; each answer comes back as a message."""
