@@ -35,8 +35,8 @@ class JobExecution(actors.Actor):
     def __init__(self, record: JobRecord, deps: JobDeps):
         super().__init__(name=f"job-{record.job_id}")
         self.deps, self.dir = deps, deps.jobs_dir / record.job_id
-        self.save = functools.partial(save_when_room, deps.store, self.name)  # StoreFull: retried
         self.run_state = core.JobRun(record)  # the record, phase, keeper, pending cancel, output
+        self.save = functools.partial(save_when_room, deps.store, self.name, self.run_state)
 
     record = property(lambda self: self.run_state.record)
     keeper = property(lambda self: self.run_state.keeper)
@@ -101,7 +101,7 @@ class JobExecution(actors.Actor):
             return await self._start_error(exc, progress.prepared)
         self.run_state.follow((handle.pid, handle.create_time))
         await faults.ahit("setup.spawned")  # tests/bench: a crash before keeper.json may exist
-        await self._mark_running(None)
+        await self._mark_running(None, defer=True)
         return core.Found(adopt=False)
 
     async def _start_error(self, exc: Exception, prepared: bool) -> core.Found | None:
@@ -139,21 +139,26 @@ class JobExecution(actors.Actor):
                         retain_until_ms=retain_until(record))
         self.deps.accounting.ended(record)
 
-    async def _mark_running(self, started_at_ms: int | None) -> None:
+    async def _mark_running(self, started_at_ms: int | None, defer: bool = False) -> None:
         r = self.run_state.record = core.running_record(
             self.record, started_at_ms, self.deps.clock.now_ms(), self.name)
-        await self.save(r, [Started(cpus=r.cpus, attempt=r.attempts)])
+        self.run_state.unsaved = [Started(cpus=r.cpus, attempt=r.attempts)]
+        if not defer:  # else saved with the job's next write: output, its end, or POLL_S in
+            await self.save(r)
         await self.deps.dispatcher.setup_done(r.job_id)
         self.deps.accounting.started(JobStarted(
             r.job_id, r.repository, r.workspace, r.claim, r.started_at_ms, r.queue_wait_ms))
 
     async def _follow(self):
         """Output batches every POLL_S until the keeper is done, then the rest of the log."""
-        offset = self.deps.records.log_offset(self.record.job_id)
+        offset, quiet = self.deps.records.log_offset(self.record.job_id), False
         async with awaiting_exit(self.deps.spawner, self.keeper, self.dir) as done:
             while not done.is_set():
                 offset = await self._drain(offset)
+                if quiet and self.run_state.unsaved:  # POLL_S in, no output: the start alone
+                    await self.save(self.record)
                 if not done.is_set():
+                    quiet = True  # at the next pass the job has run POLL_S or ended
                     with trio.move_on_after(POLL_S):
                         await done.wait()
         await self._drain(offset)

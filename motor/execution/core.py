@@ -183,6 +183,17 @@ class JobRun:
         self.keeper: tuple[int, float] | None = None
         self.cancel_requested = False
         self.output = OutputDecoder()
+        #: events of the start not yet saved: a fresh start's `running` record is saved with
+        #: the job's next write (one commit less per job; a crash meanwhile leaves the record
+        #: in setup, with keeper.json naming the job's keeper, a start adoption resumes)
+        self.unsaved: list = []
+
+    def with_unsaved(self, events=()) -> list:
+        """`events` after the start's unsaved ones, which this write carries (then gone)."""
+        if not self.unsaved:
+            return list(events)
+        merged, self.unsaved = [*self.unsaved, *events], []
+        return merged
 
     def cancel(self) -> str:
         """A cancel arrived: DEFER (no keeper yet), SIGNAL (signal the keeper now) or IGNORE

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ..handles import (
         AccountingHandle, CpuHandle, DiskHandle, DispatcherHandle, Records, StoreHandle,
     )
+    from .core import JobRun
 
 __all__ = ["Cancel", "JobDeps", "STORE_FULL_RETRY_S", "release_isolation", "save_when_room"]
 
@@ -57,11 +58,15 @@ class JobDeps:
     offload: Offload = thread_offload
 
 
-async def save_when_room(store: "StoreHandle", who: str, record, events=(), **kw) -> list:
+async def save_when_room(store: "StoreHandle", who: str, run: "JobRun | None", record,
+                         events=(), **kw) -> list:
     """`store.save`, retried every STORE_FULL_RETRY_S while the state filesystem is full
     (StoreFull): meanwhile a job's output stays in output.log (its saved offset does not
     advance) and its exit in status.json, so nothing is lost and nothing crashes. (A
-    `StoreHandle` method in waiting: motor/handles.py belongs to another change.)"""
+    `StoreHandle` method in waiting: motor/handles.py belongs to another change.) The
+    events of `run`'s start not saved yet go first (`JobRun.unsaved`)."""
+    if run is not None:
+        events = run.with_unsaved(events)
     waited = False
     while True:
         try:

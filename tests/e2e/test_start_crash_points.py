@@ -65,6 +65,9 @@ KEEPERD_CASES = [
     ("forkserver.claimed", True, 0, "lost"),
     ("keeper.spawned", False, 1, "succeeded"),  # the job runs, keeper.json lacks its pid
     ("keeper.spawned", True, 1, "lost"),
+    # the runner has keeperd's answer, its record still says setup (a fresh start's running
+    # record waits for the job's next write: execution/core.py, JobRun.unsaved)
+    ("setup.spawned", False, 1, "succeeded"),
 ]
 
 

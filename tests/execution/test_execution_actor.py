@@ -18,7 +18,7 @@ from fakes import FakeKeepers, Recorder, inline_offload
 from motor.clock import MockWallClock, uuid7
 from motor.disk.messages import PrepareSetup, SetupPlan
 from motor.execution import jobdir
-from motor.execution.actor import Cancel, JobDeps, JobExecution
+from motor.execution.actor import POLL_S, Cancel, JobDeps, JobExecution
 from motor.execution.messages import STORE_FULL_RETRY_S
 from motor.handles import (
     AccountingHandle, CpuHandle, DiskHandle, DispatcherHandle, Records, StoreHandle,
@@ -103,8 +103,13 @@ async def test_a_started_job_runs_until_its_keeper_exits(tmp_path, autojump_cloc
         job, ref = await world.start()
         [job_dir] = world.keepers.spawned
         assert (job_dir / "spec.json").exists() and job.keeper is not None
-        assert world.state().state == "running" and tags(world) == ["started"]
         assert world.dispatcher.kinds() == ["SetupDone"] and world.cpu.seen == []
+        # issue 14: the start is saved with the job's next write, or once it has run for
+        # POLL_S without output (a job that ends sooner saves it with its end: below)
+        assert world.state().state == "setup" and tags(world) == []
+        await trio.sleep(POLL_S)
+        await trio.testing.wait_all_tasks_blocked()
+        assert world.state().state == "running" and tags(world) == ["started"]
         assert ref.alive  # it follows the keeper until the keeper exits
 
         world.keepers.exit(job.keeper[0], exit_code=0)
@@ -113,6 +118,36 @@ async def test_a_started_job_runs_until_its_keeper_exits(tmp_path, autojump_cloc
         assert world.cpu.kinds() == ["Release"]
         assert world.dispatcher.kinds() == ["SetupDone", "Finished"]
         assert "JobEnded" in world.accounting.kinds() and not ref.alive
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("output", [False, True])
+async def test_a_job_start_is_saved_with_its_next_write(tmp_path, autojump_clock, output):
+    """Issue 14 (a commit less per job): the `running` record and its Started event are not
+    a transaction of their own; they go with the job's first output batch, or with its end
+    when it ends first, in that write, the Started event first."""
+    from motor.execution import joblog
+
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery)
+        job, ref = await world.start()
+        assert world.state().state == "setup" and world.dispatcher.kinds() == ["SetupDone"]
+        commits = world.db.commits
+        if output:
+            with open(world.job_dir / joblog.OUTPUT_FILE, "ab") as f:
+                f.write(joblog.encode_record(joblog.STDOUT, b"hello\n"))
+            await trio.sleep(POLL_S)  # read at the first poll: the start goes with it
+            await trio.testing.wait_all_tasks_blocked()
+            assert world.db.commits == commits + 1
+            assert world.state().state == "running" and tags(world) == ["started", "output"]
+        world.keepers.exit(job.keeper[0], exit_code=0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert world.db.commits == commits + 1 + output
+        assert tags(world) == ["started", *(["output"] if output else []), "terminal"]
+        rows = world.db.conn.execute("SELECT seq FROM events WHERE job_id=? ORDER BY seq",
+                                     (world.record.job_id,)).fetchall()
+        assert [seq for (seq,) in rows] == list(range(1, len(rows) + 1))
+        assert world.state().state == "succeeded" and not ref.alive
         nursery.cancel_scope.cancel()
 
 
@@ -403,6 +438,8 @@ async def test_a_full_store_holds_the_terminal_record_until_there_is_room(
     async with trio.open_nursery() as nursery:
         world = World(tmp_path, nursery, db=FullDatabase)
         job, ref = await world.start()
+        await trio.sleep(POLL_S)  # its start is saved
+        await trio.testing.wait_all_tasks_blocked()
         world.db.full = True
         world.keepers.exit(job.keeper[0], exit_code=0)
         await trio.testing.wait_all_tasks_blocked()
@@ -463,8 +500,10 @@ async def test_a_quiet_job_costs_no_thread_hop_without_groups_and_output_is_stil
     async with trio.open_nursery() as nursery:
         world = World(tmp_path, nursery, offload=counting_offload, backend=backend)
         job, ref = await world.start()
-        assert (world.job_dir / "spec.json").exists() and world.state().state == "running"
+        assert (world.job_dir / "spec.json").exists()
         autojump_clock.jump(1.0)  # many output polls go by
+        await trio.testing.wait_all_tasks_blocked()
+        assert world.state().state == "running"
         await trio.testing.wait_all_tasks_blocked()
         assert calls == setup
         with open(world.job_dir / joblog.OUTPUT_FILE, "ab") as f:

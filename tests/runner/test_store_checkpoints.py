@@ -62,7 +62,8 @@ async def test_the_runner_checkpoints_off_its_commits_and_reports_it(tmp_path, m
         health = await runner.health()
         assert health["status"] == "ok", health["degraded"]
         store = health["store"]
-        assert store["commits"] >= 24 and store["last_checkpoint"]["complete"] is True
+        # three commits per `true` job: queued, setup, and its start with its end
+        assert store["commits"] >= 18 and store["last_checkpoint"]["complete"] is True
         assert store["last_checkpoint"]["ms"] > 0 and store["last_checkpoint"]["writes_paused_ms"] > 0
         metrics = (await runner.metrics_text()).decode()
         assert f"motor_store_checkpoints_total {float(store['checkpoints'])}" in metrics
