@@ -51,8 +51,7 @@ class JobExecution(actors.Actor):
         raise TypeError(f"{self.name}: unknown message {msg!r}")
 
     async def main(self):
-        """The job's life in the actor's own task (actors.Actor.main): it ends when the job
-        has ended, or went back to the queue."""
+        """The job's life, in the actor's own task: until it ends or goes back to the queue."""
         deps, job_id = self.deps, self.record.job_id
         found = core.found(*jobdir.look(self.dir))  # inline: a few stats (jobdir.py)
         if found.kill_strays:  # a start cut short: nothing of the job may run before its start
@@ -101,7 +100,7 @@ class JobExecution(actors.Actor):
             return await self._start_error(exc, progress.prepared)
         self.run_state.follow((handle.pid, handle.create_time))
         await faults.ahit("setup.spawned")  # tests/bench: a crash before keeper.json may exist
-        await self._mark_running(None, defer=True)
+        await self._mark_running(None)
         return core.Found(adopt=False)
 
     async def _start_error(self, exc: Exception, prepared: bool) -> core.Found | None:
@@ -139,12 +138,11 @@ class JobExecution(actors.Actor):
                         retain_until_ms=retain_until(record))
         self.deps.accounting.ended(record)
 
-    async def _mark_running(self, started_at_ms: int | None, defer: bool = False) -> None:
+    async def _mark_running(self, started_at_ms: int | None) -> None:
         r = self.run_state.record = core.running_record(
             self.record, started_at_ms, self.deps.clock.now_ms(), self.name)
-        self.run_state.unsaved = [Started(cpus=r.cpus, attempt=r.attempts)]
-        if not defer:  # else saved with the job's next write: output, its end, or POLL_S in
-            await self.save(r)
+        # saved with the job's next write: its output, its end, or alone after a quiet POLL_S
+        self.run_state.defer([Started(cpus=r.cpus, attempt=r.attempts)])
         await self.deps.dispatcher.setup_done(r.job_id)
         self.deps.accounting.started(JobStarted(
             r.job_id, r.repository, r.workspace, r.claim, r.started_at_ms, r.queue_wait_ms))
@@ -161,12 +159,12 @@ class JobExecution(actors.Actor):
                     quiet = True  # at the next pass the job has run POLL_S or ended
                     with trio.move_on_after(POLL_S):
                         await done.wait()
-        await self._drain(offset)
+        await self._drain(offset, last=True)
 
-    async def _drain(self, offset: int) -> int:
-        """The log from `offset` into events, one batch at a time, each saved with the offset
-        after it before the next is read (one batch of memory; a restart resumes after it),
-        up to the size an inline stat saw (no thread hop while it has not grown)."""
+    async def _drain(self, offset: int, last: bool = False) -> int:
+        """The log from `offset` into events, a batch at a time, each saved with the offset after
+        it before the next is read (a restart resumes after it), up to the size an inline stat
+        saw; the `last` drain's final batch goes with the terminal record (JobRun.defer)."""
         output, size = self.run_state.output, jobdir.log_size(self.dir)
         while output.error is None and (size is None or offset < size):
             small = size is not None and size - offset <= jobdir.INLINE_READ_BYTES
@@ -178,7 +176,10 @@ class JobExecution(actors.Actor):
                 break
             if new == offset:
                 break
-            await self.save(self.record, events, log_offset=new)
+            if last and size is not None and new >= size:
+                self.run_state.defer(events, new)
+            else:
+                await self.save(self.record, events, log_offset=new)
             offset = new
         return offset
 

@@ -183,17 +183,31 @@ class JobRun:
         self.keeper: tuple[int, float] | None = None
         self.cancel_requested = False
         self.output = OutputDecoder()
-        #: events of the start not yet saved: a fresh start's `running` record is saved with
-        #: the job's next write (one commit less per job; a crash meanwhile leaves the record
-        #: in setup, with keeper.json naming the job's keeper, a start adoption resumes)
+        #: events not saved yet, and the log offset after them: they go with the job's next
+        #: write (`defer`), a commit less each (docs/keeper.md, "The start's record goes
+        #: with the job's next write")
         self.unsaved: list = []
+        self.unsaved_offset: int | None = None
 
-    def with_unsaved(self, events=()) -> list:
-        """`events` after the start's unsaved ones, which this write carries (then gone)."""
+    def defer(self, events: list, log_offset: int | None = None) -> None:
+        """Save `events` (and the log offset after them) with the job's next write: a fresh
+        start's Started event (a crash meanwhile leaves the record in setup and keeper.json
+        naming the job's keeper: a start adoption resumes), the last output batch read
+        after the job's exit (with the terminal record; a crash meanwhile reads it again
+        from output.log, from the offset saved before it)."""
+        self.unsaved += events
+        if log_offset is not None:
+            self.unsaved_offset = log_offset
+
+    def with_unsaved(self, events=(), log_offset: int | None = None) -> tuple[list, int | None]:
+        """The events and log offset of a write, with what waits for it (then gone): the
+        deferred events first, the write's own offset over the deferred one."""
         if not self.unsaved:
-            return list(events)
+            return list(events), log_offset
         merged, self.unsaved = [*self.unsaved, *events], []
-        return merged
+        offset = self.unsaved_offset if log_offset is None else log_offset
+        self.unsaved_offset = None
+        return merged, offset
 
     def cancel(self) -> str:
         """A cancel arrived: DEFER (no keeper yet), SIGNAL (signal the keeper now) or IGNORE

@@ -63,10 +63,12 @@ async def save_when_room(store: "StoreHandle", who: str, run: "JobRun | None", r
     """`store.save`, retried every STORE_FULL_RETRY_S while the state filesystem is full
     (StoreFull): meanwhile a job's output stays in output.log (its saved offset does not
     advance) and its exit in status.json, so nothing is lost and nothing crashes. (A
-    `StoreHandle` method in waiting: motor/handles.py belongs to another change.) The
-    events of `run`'s start not saved yet go first (`JobRun.unsaved`)."""
+    `StoreHandle` method in waiting: motor/handles.py belongs to another change.) What
+    `run` deferred goes with it (`JobRun.defer`)."""
     if run is not None:
-        events = run.with_unsaved(events)
+        events, offset = run.with_unsaved(events, kw.pop("log_offset", None))
+        if offset is not None:
+            kw["log_offset"] = offset
     waited = False
     while True:
         try:

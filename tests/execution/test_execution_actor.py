@@ -121,29 +121,37 @@ async def test_a_started_job_runs_until_its_keeper_exits(tmp_path, autojump_cloc
         nursery.cancel_scope.cancel()
 
 
-@pytest.mark.parametrize("output", [False, True])
+@pytest.mark.parametrize("output", ["none", "while_running", "at_the_end"])
 async def test_a_job_start_is_saved_with_its_next_write(tmp_path, autojump_clock, output):
     """Issue 14 (a commit less per job): the `running` record and its Started event are not
     a transaction of their own; they go with the job's first output batch, or with its end
-    when it ends first, in that write, the Started event first."""
+    when it ends first, in that write, the Started event first. The last output batch,
+    read after the job's exit, goes with the terminal record, its log offset too."""
     from motor.execution import joblog
+
+    def write_output():
+        with open(world.job_dir / joblog.OUTPUT_FILE, "ab") as f:
+            f.write(joblog.encode_record(joblog.STDOUT, b"hello\n"))
 
     async with trio.open_nursery() as nursery:
         world = World(tmp_path, nursery)
         job, ref = await world.start()
         assert world.state().state == "setup" and world.dispatcher.kinds() == ["SetupDone"]
         commits = world.db.commits
-        if output:
-            with open(world.job_dir / joblog.OUTPUT_FILE, "ab") as f:
-                f.write(joblog.encode_record(joblog.STDOUT, b"hello\n"))
+        if output == "while_running":
+            write_output()
             await trio.sleep(POLL_S)  # read at the first poll: the start goes with it
             await trio.testing.wait_all_tasks_blocked()
             assert world.db.commits == commits + 1
             assert world.state().state == "running" and tags(world) == ["started", "output"]
+        elif output == "at_the_end":
+            write_output()
         world.keepers.exit(job.keeper[0], exit_code=0)
         await trio.testing.wait_all_tasks_blocked()
-        assert world.db.commits == commits + 1 + output
-        assert tags(world) == ["started", *(["output"] if output else []), "terminal"]
+        assert world.db.commits == commits + 1 + (output == "while_running")
+        assert tags(world) == ["started", *([] if output == "none" else ["output"]), "terminal"]
+        size = (world.job_dir / joblog.OUTPUT_FILE).stat().st_size if output != "none" else 0
+        assert world.db.log_offset(world.record.job_id) == size
         rows = world.db.conn.execute("SELECT seq FROM events WHERE job_id=? ORDER BY seq",
                                      (world.record.job_id,)).fetchall()
         assert [seq for (seq,) in rows] == list(range(1, len(rows) + 1))
@@ -382,9 +390,11 @@ async def test_a_restarted_actor_adopts_the_keeper_that_claimed_the_directory(
         assert job.keeper == (keeper.pid, keeper.create_time)
         assert len(world.keepers.spawned) == 1  # only the claim: nothing spawned again
         assert not (world.job_dir / "spec.json").exists()
+        assert world.dispatcher.kinds() == (["SetupDone"] if state == "setup" else [])
+        await trio.sleep(POLL_S)  # an adopted start is saved with the job's next write too
+        await trio.testing.wait_all_tasks_blocked()
         assert world.state().state == "running"
         assert tags(world) == (["started"] if state == "setup" else [])
-        assert world.dispatcher.kinds() == (["SetupDone"] if state == "setup" else [])
         world.keepers.exit(keeper.pid, exit_code=3)
         await trio.testing.wait_all_tasks_blocked()
         record = world.state()
@@ -412,11 +422,11 @@ async def test_a_spawn_that_finds_the_directory_claimed_adopts_that_keeper(
         job, ref = await world.start()
         [other] = claims
         assert job.keeper == (other.pid, other.create_time)
-        assert world.state().state == "running" and tags(world) == ["started"]
         assert world.dispatcher.kinds() == ["SetupDone"] and world.cpu.seen == []
         world.keepers.exit(other.pid, exit_code=0)
         await trio.testing.wait_all_tasks_blocked()
         assert world.state().state == "succeeded" and not ref.alive
+        assert tags(world) == ["started", "terminal"]  # its start saved with its end
         nursery.cancel_scope.cancel()
 
 
