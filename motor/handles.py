@@ -40,9 +40,9 @@ __all__ = [
 ]
 
 
-def _save_many(writes: Iterable[tuple]) -> SaveMany:
-    return SaveMany(tuple(Save(record=w[0], events=tuple(w[1]), retain_until_ms=w[2],
-                               clock_only=len(w) > 3 and w[3]) for w in writes))
+def _save_many(writes: Iterable[tuple], also: tuple[Save, ...] = ()) -> SaveMany:
+    return SaveMany((*also, *(Save(record=w[0], events=tuple(w[1]), retain_until_ms=w[2],
+                                   clock_only=len(w) > 3 and w[3]) for w in writes)))
 
 
 class _Handle:
@@ -66,18 +66,19 @@ class StoreHandle(_Handle):
         return await self.ref.call(Save(record=record, events=tuple(events), log_offset=log_offset,
                                         retain_until_ms=retain_until_ms), timeout=timeout)
 
-    async def save_many(self, writes: Iterable[tuple], *,
+    async def save_many(self, writes: Iterable[tuple], *, also: tuple[Save, ...] = (),
                         timeout: float | None = 30.0) -> list[list]:
         """Several `(record, events, retain_until_ms)` saves in ONE commit, all or none;
         each one's events with their seqs. Raises `StoreFull` (nothing written). A write
         `(record, (), None, True)` saves only the record's queue-wait clock (store/db.py,
-        `ClockSave`)."""
-        return await self.ref.call(_save_many(writes), timeout=timeout)
+        `ClockSave`). `also`: `Save`s written first in the same commit (another actor's,
+        taken along: `Finished.ride`)."""
+        return await self.ref.call(_save_many(writes, also), timeout=timeout)
 
-    def save_many_now(self, writes: Iterable[tuple]):
+    def save_many_now(self, writes: Iterable[tuple], also: tuple[Save, ...] = ()):
         """`save_many` done at once when the store is idle and commits on the event loop
         (for a caller that must not wait); actors.LATER otherwise, nothing written."""
-        return self.ref.try_now(_save_many(writes))
+        return self.ref.try_now(_save_many(writes, also))
 
     async def expire(self, now_ms: int) -> list[str]:
         """Delete records past their retention; the ids deleted."""
@@ -217,9 +218,11 @@ class DispatcherHandle(_Handle):
     async def start_failed(self, job_id: str, detail: str, *, cleanup_pending: bool = False) -> None:
         await self.ref.cast(StartFailed(job_id, detail, cleanup_pending))
 
-    async def finished(self, job_id: str) -> None:
-        """Waits until the dispatcher has returned the job's permits."""
-        await self.ref.call(Finished(job_id))
+    async def finished(self, job_id: str, ride: Save | None = None) -> bool:
+        """Waits until the dispatcher has returned the job's permits. `ride`: the job's
+        terminal save, made with the dispatcher's next save while it handles this (the
+        next job's start); whether it was (if not, the caller saves it)."""
+        return await self.ref.call(Finished(job_id, ride)) is True
 
 
 class ExecutionHandle:

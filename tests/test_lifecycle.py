@@ -107,11 +107,11 @@ def test_retain_until_is_24_hours_after_the_later_of_end_and_birth():
 
 def test_the_one_retention_rule_is_used_everywhere():
     from motor.accounting import core as accounting_core
-    from motor.execution import actor as execution_actor
     from motor.execution import core as execution_core
+    from motor.execution import messages as execution_messages  # terminal_save
     from motor.scheduling import machine as scheduling_actor
 
-    for module in (accounting_core, execution_actor, scheduling_actor):
+    for module in (accounting_core, execution_messages, scheduling_actor):
         assert module.retain_until is lc.retain_until, module.__name__
     assert execution_core.terminal_from_status is lc.terminal_from_status
 

@@ -16,11 +16,11 @@ import trio
 import actors
 from .. import faults
 from ..accounting.actor import JobStarted
-from ..lifecycle import RUNNING, retain_until
+from ..lifecycle import RUNNING
 from ..offload import offload_unless
-from ..records import JobRecord, Refusal, Started, Terminal, public_record
+from ..records import JobRecord, Refusal, Started
 from . import core, jobdir, joblog
-from .messages import Cancel, JobDeps, awaiting_exit, release_isolation, save_when_room
+from .messages import Cancel, JobDeps, awaiting_exit, release_isolation, save_when_room, terminal_save
 from .spawner import JobDirClaimed, KeeperNotStarted, SpawnerError
 
 log = logging.getLogger("motor.execution")
@@ -133,9 +133,9 @@ class JobExecution(actors.Actor):
         log.info("%s: %s (%s; exit %s, signal %s)", self.name, record.state,
                  record.detail or record.reason, record.exit_code, record.signal)
         await self.deps.cpu.release(record.job_id)
-        await self.deps.dispatcher.finished(record.job_id)
-        await self.save(record, [Terminal(record=public_record(record))],
-                        retain_until_ms=retain_until(record))
+        save = terminal_save(self.run_state, record)  # with the next job's start, if one:
+        if not await self.deps.dispatcher.finished(record.job_id, save):
+            await self.save(save)
         self.deps.accounting.ended(record)
 
     async def _mark_running(self, started_at_ms: int | None) -> None:

@@ -14,7 +14,10 @@ import trio
 from .. import faults
 from ..offload import Offload, thread_offload
 from ..isolation.base import Backend
+from ..lifecycle import retain_until
+from ..records import Terminal, public_record
 from ..store.db import StoreFull
+from ..store.messages import Save
 
 if TYPE_CHECKING:
     from ..handles import (
@@ -22,7 +25,8 @@ if TYPE_CHECKING:
     )
     from .core import JobRun
 
-__all__ = ["Cancel", "JobDeps", "STORE_FULL_RETRY_S", "release_isolation", "save_when_room"]
+__all__ = ["Cancel", "JobDeps", "STORE_FULL_RETRY_S", "release_isolation", "save_when_room",
+           "terminal_save"]
 
 log = logging.getLogger("motor.execution")
 
@@ -64,7 +68,10 @@ async def save_when_room(store: "StoreHandle", who: str, run: "JobRun | None", r
     (StoreFull): meanwhile a job's output stays in output.log (its saved offset does not
     advance) and its exit in status.json, so nothing is lost and nothing crashes. (A
     `StoreHandle` method in waiting: motor/handles.py belongs to another change.) What
-    `run` deferred goes with it (`JobRun.defer`)."""
+    `run` deferred goes with it (`JobRun.defer`). `record` may be a whole store `Save`."""
+    if isinstance(record, Save):
+        record, events, kw = record.record, record.events, dict(
+            kw, log_offset=record.log_offset, retain_until_ms=record.retain_until_ms)
     if run is not None:
         events, offset = run.with_unsaved(events, kw.pop("log_offset", None))
         if offset is not None:
@@ -78,6 +85,15 @@ async def save_when_room(store: "StoreHandle", who: str, run: "JobRun | None", r
                 log.warning("%s: waiting for space to record the job: %s", who, exc)
                 waited = True
             await trio.sleep(STORE_FULL_RETRY_S)
+
+
+def terminal_save(run: "JobRun", record) -> Save:
+    """The job's terminal save: its terminal record and event after what `run` deferred
+    (its start, its last output batch), with the log offset after them. The dispatcher
+    makes it with its next save when it can (`Finished.ride`), else the job actor."""
+    events, offset = run.with_unsaved([Terminal(record=public_record(record))])
+    return Save(record=record, events=tuple(events), log_offset=offset,
+                retain_until_ms=retain_until(record))
 
 
 async def release_isolation(deps: JobDeps, job_id: str, who: str) -> None:

@@ -56,6 +56,7 @@ class Dispatcher(actors.Actor):
         self._timer: trio.CancelScope | None = None
         self._wakeup, self._answer = math.inf, None  # _answer: the reply to the current message
         self._asking = 0  # disk admissions handed to `_disk_asker`, not answered yet
+        self._ride: list | None = None  # a Finished's ride (messages.py), until a save takes it
 
     async def on_start(self):
         deps = self.deps
@@ -99,6 +100,7 @@ class Dispatcher(actors.Actor):
         return self._answer
 
     def _event(self, msg):
+        self._ride = [msg.ride] if isinstance(msg, Finished) and msg.ride is not None else None
         if isinstance(msg, _AS_IS):
             return msg
         if isinstance(msg, Submit):  # answered once the disk has answered (DiskAnswered)
@@ -119,7 +121,7 @@ class Dispatcher(actors.Actor):
         left by `handle_now`), waiting for those that must wait."""
         pending = [] if pending is None else pending
         while (waits := self._advance(event, pending)) is not None:
-            event = await fx.wait(waits, self.job, self.deps.execution)
+            event = await fx.wait(waits, self.job, self.deps.execution, self._ride)
 
     def _advance(self, event, pending: list):
         """Hand `event` to the machine and carry out the effects at once, each answer back
@@ -138,11 +140,12 @@ class Dispatcher(actors.Actor):
     def _do_now(self, effect):
         """Carry `effect` out without waiting (effects.py): its answer for the machine, or
         effects.NOT_NOW."""
-        if (answer := fx.now(effect, self.job, self.deps.execution)) is not fx.NOT_HERS:
+        answer = fx.now(effect, self.job, self.deps.execution, self._ride)
+        if answer is not fx.NOT_HERS:
             return answer
         if isinstance(effect, m.Reply):
-            if effect.token is None:
-                self._answer = effect.value
+            if effect.token is None:  # a Finished with a ride answers whether it went along
+                self._answer = effect.value if self._ride is None else not self._ride
             else:
                 effect.token.reply(effect.value)
         elif isinstance(effect, m.AskDisk):

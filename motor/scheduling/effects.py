@@ -47,17 +47,21 @@ class Resume:
     token: actors.DeferredReply | None
 
 
-def now(effect, job, execution):
+def now(effect, job, execution, ride: list | None = None):
     """Carry `effect` out without waiting: its answer for the machine (None: none);
     NOT_NOW when that would wait (the store's commits off the loop, an actor busy);
-    NOT_HERS for an effect the shell carries out itself."""
+    NOT_HERS for an effect the shell carries out itself. `ride`: saves the message being
+    handled brought along (`Finished.ride`): written with this save, then emptied."""
     if isinstance(effect, (m.SaveRecord, m.SaveClocks)):
         saves = _saves(effect)
         try:
-            if job.store.save_many_now(s.store_write for s in saves) is actors.LATER:
+            if job.store.save_many_now((s.store_write for s in saves),
+                                       tuple(ride or ())) is actors.LATER:
                 return NOT_NOW
         except StoreFull as exc:
             return _save_failed(effect, saves, exc, job)
+        if ride:
+            ride.clear()
         return m.SaveDone(effect)
     if isinstance(effect, m.PlaceCpus):
         cpus = job.cpu.place_now(effect.job_id, effect.claim)
@@ -79,14 +83,16 @@ def now(effect, job, execution):
     return None
 
 
-async def wait(effect, job, execution):
+async def wait(effect, job, execution, ride: list | None = None):
     """An effect `now` found would wait, waited for: its answer for the machine."""
     if isinstance(effect, (m.SaveRecord, m.SaveClocks)):
         saves = _saves(effect)
         try:
-            await job.store.save_many(s.store_write for s in saves)
+            await job.store.save_many((s.store_write for s in saves), also=tuple(ride or ()))
         except StoreFull as exc:
             return _save_failed(effect, saves, exc, job)
+        if ride:
+            ride.clear()
         return m.SaveDone(effect)
     if isinstance(effect, m.PlaceCpus):
         return m.Placed(effect.job_id, await job.cpu.place(effect.job_id, effect.claim))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..memory.core import MemoryCeiling
 from ..records import JobRequest
@@ -34,7 +35,13 @@ class StartFailed:
 
 @dataclass(frozen=True)
 class Finished:
+    """Reply: whether `ride` was saved. `ride`: the job's terminal save (a store `Save`),
+    which the first save the dispatcher makes while handling this message takes along (the
+    next job's start, mostly: one transaction for both); None when no save was made, or
+    it failed: the job actor saves it then."""
+
     job_id: str
+    ride: Any = None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ test_runner_rules.py, tests/runner, tests/e2e."""
 from __future__ import annotations
 
 import msgspec
+import pytest
 import trio
 import trio.testing
 
@@ -20,11 +21,12 @@ from motor.disk.messages import Admit, HasBundle
 from motor.execution.actor import JobDeps
 from motor.handles import AccountingHandle, CpuHandle, DiskHandle, Records, StoreHandle
 from motor.handles import DispatcherHandle
-from motor.records import JobRecord, JobRequest
+from motor.records import JobRecord, JobRequest, Terminal, public_record
 from motor.scheduling.actor import DispatchDeps, Dispatcher
 from motor.scheduling.core import retry_delay_s
 from motor.store.actor import StoreActor
 from motor.store.hub import ChangeHub
+from motor.store.messages import Save
 from motor.store.db import Database, StoreFull
 
 
@@ -450,6 +452,54 @@ async def _one_running_one_queued(world: World):
     await trio.testing.wait_all_tasks_blocked()
     assert world.state(queued.job_id) == "queued" and world.execution.started == []
     return dispatcher, running, queued
+
+
+def _terminal_save(world: World, job_id: str) -> Save:
+    """A job actor's terminal save of `job_id` (succeeded), as `terminal_save` makes it."""
+    ended = msgspec.structs.replace(world.db.get(job_id), state="succeeded", exit_code=0)
+    return Save(record=ended, events=(Terminal(record=public_record(ended)),))
+
+
+@pytest.mark.parametrize("store", ["room", "full"])
+async def test_a_jobs_terminal_save_rides_with_the_next_jobs_start(tmp_path, autojump_clock,
+                                                                    store):
+    """Issue 14 (stop 29): a job actor's Finished brings its terminal save (`ride`); the
+    dispatcher writes it in the transaction of the next job's `setup` record (one commit
+    for both) and answers True. When the store refuses that transaction (the state fs is
+    full: here for terminal records), neither is written: the next job goes back to its
+    queue (its clock's save, which the ride joins too, fails the same), the answer is
+    False and the terminal save is the job actor's again."""
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery)
+        dispatcher, running, queued = await _one_running_one_queued(world)
+        commits = world.db.commits
+        world.db.full_for = "succeeded" if store == "full" else None
+        saved = await dispatcher.finished(running.job_id, _terminal_save(world, running.job_id))
+        if store == "room":
+            assert saved is True and world.db.commits == commits + 1
+            assert world.state(running.job_id) == "succeeded"
+            assert world.state(queued.job_id) == "setup"
+            assert world.execution.started == [queued.job_id]
+        else:
+            assert saved is False and world.db.commits == commits
+            assert world.state(running.job_id) == "running"
+            assert world.state(queued.job_id) == "queued" and world.execution.started == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_terminal_save_with_no_start_to_ride_with_is_left_to_its_job_actor(
+        tmp_path, autojump_clock):
+    """Nothing waits to start: the dispatcher makes no save while handling the Finished,
+    so it writes none for the ride either, and answers False."""
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery)
+        dispatcher, running, queued = await _one_running_one_queued(world)
+        await dispatcher.cancel(queued.job_id)  # the queue is empty now
+        commits = world.db.commits
+        saved = await dispatcher.finished(running.job_id, _terminal_save(world, running.job_id))
+        assert saved is False and world.db.commits == commits
+        assert world.state(running.job_id) == "running"
+        nursery.cancel_scope.cancel()
 
 
 async def test_a_jobs_end_is_handled_in_the_job_actors_task_when_the_dispatcher_is_idle(
