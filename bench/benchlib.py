@@ -79,7 +79,9 @@ import motor as _motor
 
 @_contextlib.asynccontextmanager
 async def warm_runner(iso, depth):
-    with _tempfile.TemporaryDirectory() as state:
+    # keeperd outlives the runner (by design) and may still remove its files as the
+    # directory goes: a round's leftovers are not worth its figures
+    with _tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as state:
         config = _motor.RunnerConfig(state_dir=state, max_weight=2, isolation=iso,
                                      free_space_floor_bytes=0, max_queue_depth=depth)
         async with _motor.open_runner(config) as runner:
