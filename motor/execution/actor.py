@@ -53,6 +53,8 @@ class JobExecution(actors.Actor):
     async def main(self):
         """The job's life, in the actor's own task: until it ends or goes back to the queue."""
         deps, job_id = self.deps, self.record.job_id
+        if self.record.terminal:  # an incarnation before this one recorded its end, then crashed
+            return await release_isolation(deps, job_id, self.name)
         found = core.found(*jobdir.look(self.dir))  # inline: a few stats (jobdir.py)
         if found.kill_strays:  # a start cut short: nothing of the job may run before its start
             await deps.offload(jobdir.kill_strays, deps.spawner, job_id, self.name)
@@ -71,8 +73,7 @@ class JobExecution(actors.Actor):
         await self._finish()
 
     async def _setup(self) -> core.Found | None:
-        """Set up and spawn: Found(adopt=False) once spawned, adopt=True when a keeper holds
-        the job directory already, None when the job ended or was requeued."""
+        """Set up, spawn: Found (adopt: a keeper held the directory), None: ended or requeued."""
         deps, record, io, progress = self.deps, self.record, self.deps.offload, jobdir.Progress()
         try:
             await faults.ahit("setup.begin")  # tests: a barrier or a crash at this point
@@ -127,8 +128,7 @@ class JobExecution(actors.Actor):
         await self._end(core.ended_in_setup(self.record, refusal, now, self.name))
 
     async def _end(self, record: JobRecord) -> None:
-        """Make `record` the job's terminal record: capacity first (so whoever sees the
-        terminal event also sees the permits free), then the store, then accounting."""
+        """The job's end: capacity first (whoever sees it sees the permits free), then the store."""
         self.run_state.record = record
         log.info("%s: %s (%s; exit %s, signal %s)", self.name, record.state,
                  record.detail or record.reason, record.exit_code, record.signal)

@@ -599,3 +599,36 @@ def test_a_cgroup_end_settles_on_the_event_loop_only_when_its_groups_are_empty(c
     assert "job x: isolation" in caplog.text and "memory.peak: gone" in caplog.text
     assert jobdir.close_quick(empty, job, None) is None  # lost keeper: /proc, offloaded
     assert jobdir.close_quick(object(), job, {"exit_code": 0}) is None  # a stand-in backend
+
+
+@pytest.mark.parametrize("backend,end", [(NONE, []), (GROUPED, ["release"])])
+async def test_an_actor_restarted_after_its_jobs_end_was_recorded_just_ends(
+        tmp_path, autojump_clock, backend, end):
+    """A job actor crashed after its job's terminal record was written (its own save, or
+    the dispatcher's with the next start: `Finished.ride`, when the dispatcher then failed):
+    its next incarnation starts from that terminal record and ends at once, releasing the
+    job's isolation (groups or units) if any, with no transition out of a terminal state
+    (which used to crash it again, incarnation after incarnation), no message to the
+    dispatcher and nothing saved."""
+    import json
+
+    calls = []
+
+    async def counting_offload(fn, *args):
+        calls.append(getattr(fn, "__name__", repr(fn)))
+        return fn(*args)
+
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery, offload=counting_offload, backend=backend)
+        world.record.state = "succeeded"
+        world.db.save(world.record)
+        world.job_dir.mkdir(parents=True)
+        (world.job_dir / "status.json").write_text(json.dumps({"exit_code": 0}))
+        commits = world.db.commits
+        job, ref = await world.start()
+        await trio.testing.wait_all_tasks_blocked()
+        assert not ref.alive  # ended (a crash would fail this test's nursery)
+        assert world.state().state == "succeeded" and world.db.commits == commits
+        assert world.dispatcher.kinds() == [] and world.keepers.spawned == []
+        assert calls == end
+        nursery.cancel_scope.cancel()
