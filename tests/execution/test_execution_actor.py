@@ -90,6 +90,15 @@ class World:
         return self.db.get(self.record.job_id)
 
 
+def recording_offload(calls: list[str]):
+    """An offloader that runs each call inline and records its function's name in `calls`."""
+    async def offload(fn, *args):
+        calls.append(getattr(fn, "__name__", repr(fn)))
+        return fn(*args)
+
+    return offload
+
+
 def tags(world: World) -> list[str]:
     from motor.records import decode_event
 
@@ -501,11 +510,8 @@ async def test_a_quiet_job_costs_no_thread_hop_without_groups_and_output_is_stil
     with groups; more output goes to a thread, still batch by batch."""
     from motor.execution import joblog
 
-    calls = []
-
-    async def counting_offload(fn, *args):
-        calls.append(getattr(fn, "__name__", repr(fn)))
-        return fn(*args)
+    calls: list[str] = []
+    counting_offload = recording_offload(calls)
 
     async with trio.open_nursery() as nursery:
         world = World(tmp_path, nursery, offload=counting_offload, backend=backend)
@@ -612,11 +618,8 @@ async def test_an_actor_restarted_after_its_jobs_end_was_recorded_just_ends(
     dispatcher and nothing saved."""
     import json
 
-    calls = []
-
-    async def counting_offload(fn, *args):
-        calls.append(getattr(fn, "__name__", repr(fn)))
-        return fn(*args)
+    calls: list[str] = []
+    counting_offload = recording_offload(calls)
 
     async with trio.open_nursery() as nursery:
         world = World(tmp_path, nursery, offload=counting_offload, backend=backend)
