@@ -161,10 +161,20 @@ def fork_into_cgroup(cgroup_dir: str) -> int:
     For a spawner that fork+execs a job (motor/execution): the child sets up its fds and
     execs. Raises OSError (ENOSYS: kernel before 5.7 or a seccomp filter; EOPNOTSUPP, EBADF:
     `cgroup_dir` is not on a cgroup v2 hierarchy; EBUSY: a group with controllers enabled
-    for its children) with nothing forked; the caller may fall back to fork + join_cgroups.
+    for its children; EDEADLK: this process runs other threads) with nothing forked; the
+    caller may fall back to fork + join_cgroups.
+
+    The syscall goes around glibc's fork(), so none of glibc's fork handlers run: a lock
+    another thread holds at that moment (malloc's) stays held in the child for ever. So a
+    process with other Python threads is refused (keeperd, the one caller, has none; a
+    test's pytest process with a leftover server thread once hung its child so).
     """
     import ctypes  # the forkserver has it loaded already
+    import threading
 
+    if threading.active_count() > 1:
+        raise OSError(errno.EDEADLK, "clone3 into a cgroup from a process with other threads "
+                      "(its child could wait for ever on a lock one of them held): fork and join")
     fd = os.open(cgroup_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         args = ctypes.create_string_buffer(_CLONE_ARGS.pack(

@@ -99,9 +99,46 @@ def test_a_child_is_born_in_the_v2_group_and_the_parent_stays_put(tmp_path):
         kill_and_remove(group, strict=True)
 
 
+def test_clone3_is_refused_in_a_process_with_other_threads(tmp_path):
+    """fork_into_cgroup bypasses glibc's fork(): no fork handler runs, so a lock another
+    thread holds stays held in the child. With a second thread running it refuses
+    (EDEADLK) before forking; keeperd then forks and joins."""
+    import errno
+    import threading
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        with pytest.raises(OSError) as refused:
+            pid = fork_into_cgroup(V2 or str(tmp_path))
+            if pid == 0:  # (never, with the refusal): the child must not return into pytest
+                os._exit(0)
+            os.waitpid(pid, 0)
+        assert refused.value.errno == errno.EDEADLK
+    finally:
+        stop.set()
+        other.join()
+
+
 def test_clone_into_a_directory_that_is_no_v2_group_forks_nothing(tmp_path):
-    with pytest.raises(OSError):
-        fork_into_cgroup(str(tmp_path))  # a plain directory: EBADF/EINVAL, no child
+    """In a process of its own (no other thread, so clone3 itself is tried): a plain
+    directory is refused by the kernel (EBADF or EINVAL), and nothing is forked."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", (
+        "import errno, os, sys\n"
+        "from motor.isolation.join import fork_into_cgroup\n"
+        "try:\n"
+        "    pid = fork_into_cgroup(sys.argv[1])\n"
+        "except OSError as exc:\n"
+        "    print(errno.errorcode[exc.errno])\n"
+        "else:\n"
+        "    print('forked', pid)\n"
+        "    os._exit(0)\n"), str(tmp_path)], check=True, capture_output=True, text=True,
+        timeout=60).stdout.split()
+    assert out[0] in ("EBADF", "EINVAL", "EOPNOTSUPP", "ENOSYS"), out
 
 
 @needs_cgroups
