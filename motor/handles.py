@@ -66,7 +66,7 @@ class StoreHandle(_Handle):
         return await self.ref.call(Save(record=record, events=tuple(events), log_offset=log_offset,
                                         retain_until_ms=retain_until_ms), timeout=timeout)
 
-    async def save_many(self, writes: Iterable[tuple], *, also: tuple[Save, ...] = (),
+    async def save_many(self, writes: Iterable[tuple], also: tuple[Save, ...] = (), *,
                         timeout: float | None = 30.0) -> list[list]:
         """Several `(record, events, retain_until_ms)` saves in ONE commit, all or none;
         each one's events with their seqs. Raises `StoreFull` (nothing written). A write

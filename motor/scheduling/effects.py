@@ -55,14 +55,11 @@ def now(effect, job, execution, ride: list | None = None):
     if isinstance(effect, (m.SaveRecord, m.SaveClocks)):
         saves = _saves(effect)
         try:
-            if job.store.save_many_now((s.store_write for s in saves),
-                                       tuple(ride or ())) is actors.LATER:
+            if job.store.save_many_now(*_writes(saves, ride)) is actors.LATER:
                 return NOT_NOW
         except StoreFull as exc:
             return _save_failed(effect, saves, exc, job)
-        if ride:
-            ride.clear()
-        return m.SaveDone(effect)
+        return _saved(effect, ride)
     if isinstance(effect, m.PlaceCpus):
         cpus = job.cpu.place_now(effect.job_id, effect.claim)
         return NOT_NOW if cpus is actors.LATER else m.Placed(effect.job_id, cpus)
@@ -88,12 +85,10 @@ async def wait(effect, job, execution, ride: list | None = None):
     if isinstance(effect, (m.SaveRecord, m.SaveClocks)):
         saves = _saves(effect)
         try:
-            await job.store.save_many((s.store_write for s in saves), also=tuple(ride or ()))
+            await job.store.save_many(*_writes(saves, ride))
         except StoreFull as exc:
             return _save_failed(effect, saves, exc, job)
-        if ride:
-            ride.clear()
-        return m.SaveDone(effect)
+        return _saved(effect, ride)
     if isinstance(effect, m.PlaceCpus):
         return m.Placed(effect.job_id, await job.cpu.place(effect.job_id, effect.claim))
     if isinstance(effect, m.ReleaseCpus):
@@ -109,6 +104,18 @@ async def wait(effect, job, execution, ride: list | None = None):
 
 def _saves(effect) -> tuple:
     return effect.saves if isinstance(effect, m.SaveClocks) else (effect,)
+
+
+def _writes(saves: tuple, ride: list | None) -> tuple:
+    """`StoreHandle.save_many(_now)`'s arguments for `saves`, with the ride taken along."""
+    return (s.store_write for s in saves), tuple(ride or ())
+
+
+def _saved(effect, ride: list | None):
+    """The save is done: the ride went with it (emptied: the Finished answers True)."""
+    if ride:
+        ride.clear()
+    return m.SaveDone(effect)
 
 
 def _save_failed(effect, saves, exc: StoreFull, job):
