@@ -1,0 +1,55 @@
+"""Issue 14 (stop 29) through a real `motor serve` and its CLI: the store's transactions
+per job, read from `motor health --json` (`store.commits`).
+
+- a lone `true` job costs three: its acceptance, its start (`setup`), and its end, which
+  carries its `running` record (docs/keeper.md, "The start's record goes with the job's
+  next write");
+- a job's end and the next job's start are one (docs/scheduling.md, "A job's end rides with
+  the next start"): a job holding all the capacity, a second one queued behind it, then
+  released, cost three more between them: the second's acceptance, the first's end with
+  the second's start, the second's end.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from polling import wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def _commits(serve) -> int:
+    return serve.cli_json("health")["store"]["commits"]
+
+
+def _state(serve, job_id: str) -> str:
+    return next(j["state"] for j in _jobs(serve) if j["job_id"] == job_id)
+
+
+def _jobs(serve) -> list[dict]:
+    got = serve.cli_json("jobs", "--all")
+    return got if isinstance(got, list) else got["jobs"]
+
+
+def test_a_lone_true_job_costs_three_transactions(serve_factory):
+    serve = serve_factory("--max-weight", "2").start()
+    assert serve.cli("run", "--", "true").returncode == 0  # warm
+    before = _commits(serve)
+    assert serve.cli("run", "--", "true").returncode == 0
+    assert _commits(serve) - before == 3
+
+
+def test_a_jobs_end_and_the_next_jobs_start_are_one_transaction(serve_factory, tmp_path):
+    serve = serve_factory("--max-weight", "2").start()
+    go = tmp_path / "go"
+    first = serve.cli_json("submit", "--weight", "2", "--", "sh", "-c",
+                           f"while [ ! -e {go} ]; do sleep 0.01; done")["job_id"]
+    wait_for(lambda: _state(serve, first) == "running", what="the first job to run")
+    before = _commits(serve)
+    second = serve.cli_json("submit", "--weight", "2", "--", "true")["job_id"]
+    assert _state(serve, second) == "queued"
+    go.touch()
+    assert serve.cli("attach", second).returncode == 0
+    assert _state(serve, first) == "succeeded" and _state(serve, second) == "succeeded"
+    assert _commits(serve) - before == 3
