@@ -24,9 +24,6 @@ Named points (each documented where it is hit):
   the start protocol in keeperd: `forkserver.forked` the spawn request is in, no claim yet;
   `forkserver.claimed` the claim is written, the job not spawned; `keeper.spawned` and
   `keeper.status` as above. There they pause or kill keeperd, i.e. every job it keeps;
-- `spare.ordered`      a keeperd spare has a job's orders and has not yet exec'd it
-                       (motor/execution/spares.py; the spare, a process of its own,
-                       pauses or is killed there);
 - `release.begin`      a job's terminal record is written, its isolation groups or units
                        not yet removed (motor/execution/messages.py, `release_isolation`);
 - `unpack.extracted`   a bundle is fully extracted into its staging directory, before its

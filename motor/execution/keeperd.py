@@ -227,7 +227,6 @@ class Keeperd:
         self.conns: list[Conn] = []
         self.idle_since: float | None = time.monotonic()
         self.terminate = False
-        self._orig_affinity: set[int] | None = None
         self.record_pid_after_s = record_pid_after_s()
         # pre-placed processes for v1 cgroup jobs (motor/execution/spares.py)
         self.spares = S.SparePool(state_dir, self.sel, S.pool_size(), self._log)
@@ -245,10 +244,8 @@ class Keeperd:
             now = time.monotonic()
             if self.scopes is not None:  # a scope systemd did not start in time: its job fails
                 self.scopes.tick(now)
-            starting = False  # a job's start waits for its exec: its answer goes first
             for job in list(self.jobs.values()):
                 self._tick(job, now)
-                starting = starting or job.exec_fd >= 0
             if self.jobs or self.conns:
                 self.idle_since = None
             elif self.idle_since is None:
@@ -263,9 +260,8 @@ class Keeperd:
                     deadlines.append(extra)
             timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
             # Spares are made once nothing else is ready, one per turn (a request or an exec
-            # that comes in between is served first), and while a start waits for its exec
-            # only when the pool runs low (docs/isolation.md, "Spares").
-            refill = self.spares.refill_due and (not starting or self.spares.low)
+            # that comes in between is served first; docs/isolation.md, "Spares").
+            refill = self.spares.refill_due
             ready = self.sel.select(0 if refill else timeout)
             for key, events in ready:
                 try:
@@ -326,7 +322,7 @@ class Keeperd:
     def _strangers(self) -> list[int]:
         """Our children that are neither a job's main process nor a spare: processes
         re-parented to us (we are the jobs' subreaper)."""
-        return [p for p in _children(self.pid) if p not in self.mains and not self.spares.is_spare(p)]
+        return [p for p in _children(self.pid) if p not in self.mains]
 
     def _reap_orphans(self, strangers: list[int] | None = None) -> None:
         """Reap exited processes re-parented to us (`strangers`, if just read); never a
@@ -558,13 +554,13 @@ class Keeperd:
         err_r, err_w = os.pipe()
         job.started_at_ms = _now_ms()
         try:
-            placed = self._from_spare(spec, exe, argv, env, out_w, err_w)
-            if placed is not None:  # a pre-placed process in the job's groups becomes it
-                pid, exec_fd = placed
+            pid, exec_fd = self._from_spare(spec, exe, argv, env, out_w, err_w), -1
+            if pid is not None:  # spawned by a thread already in the job's groups
+                pass
             elif spec.get("cgroup_procs") or spec.get("systemd_scope"):  # joins before exec
                 pid, exec_fd = self._fork_exec(spec, exe, argv, env, out_w, err_w, cmd0)
             else:
-                pid, exec_fd = self._posix_spawn(spec, exe, argv, env, out_w, err_w, cmd0), -1
+                pid = self._posix_spawn(spec, exe, argv, env, out_w, err_w)
         except BaseException:
             for fd in (out_r, err_r):
                 os.close(fd)
@@ -611,10 +607,11 @@ class Keeperd:
         except OSError as exc:
             job.keeper_json_error = f"cannot add the job's pid to {KEEPER_FILE}: {exc}"
 
-    def _from_spare(self, spec, exe, argv, env, out_w, err_w) -> tuple[int, int] | None:
+    def _from_spare(self, spec, exe, argv, env, out_w, err_w) -> int | None:
         """A v1 job whose groups keeperd makes (`cgroup_make`): a spare's groups become the
-        job's, and the spare (already inside them) execs the job. None when no spare is
-        ready (the first job of a parent, a burst): the job forks and joins as before."""
+        job's, and the spare's thread (already inside them) spawns the job there. None
+        when no spare is ready (the first job of a parent, a burst): the job forks and
+        joins as before."""
         make = spec.get("cgroup_make")
         if not make:
             return None
@@ -623,52 +620,17 @@ class Keeperd:
         if spare is None or not self.spares.claim(spare, make):
             return None
         try:
-            fd = self.spares.order(spare, S.orders_of(spec, exe, argv, env), [out_w, err_w])
-        except OSError as exc:
-            self._log(f"spare {spare.pid} gone before its orders: {exc}")
-            return None
-        return spare.pid, fd
+            return self.spares.order(spare, S.orders_of(spec, exe, argv, env), out_w, err_w)
+        except S.ExecError as exc:
+            raise _SpawnFailed(str(exc)) from None
 
-    def _posix_spawn(self, spec, exe, argv, env, out_w, err_w, cmd0) -> int:
+    def _posix_spawn(self, spec, exe, argv, env, out_w, err_w) -> int:
         """No cgroup to join: keeperd takes the job's cwd, affinity and umask for the
         moment of the spawn (the child inherits them), then goes back."""
-        cwd = spec.get("cwd")
-        cpus = spec.get("cpus")
-        pin = bool(spec.get("pin") and cpus)
-        job_umask = spec.get("umask")
         try:
-            if cwd:
-                try:
-                    os.chdir(cwd)
-                except OSError as exc:
-                    raise _SpawnFailed(f"cannot use cwd {cwd!r}: {exc.strerror}") from None
-            if pin:
-                if self._orig_affinity is None:
-                    self._orig_affinity = os.sched_getaffinity(0)
-                try:
-                    os.sched_setaffinity(0, cpus)
-                except (OSError, ValueError, TypeError) as exc:
-                    raise _SpawnFailed(f"cannot pin to cpus {cpus!r}: {exc}") from None
-            old_umask = os.umask(job_umask) if isinstance(job_umask, int) else None
-            try:
-                return os.posix_spawn(
-                    exe, argv, env,
-                    file_actions=[(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-                                  (os.POSIX_SPAWN_DUP2, out_w, 1),
-                                  (os.POSIX_SPAWN_DUP2, err_w, 2)],
-                    setpgroup=0, setsigdef=K._SIGDEF, setsigmask=())
-            except OSError as exc:
-                raise _SpawnFailed(f"cannot execute {cmd0!r}: {exc.strerror or exc}") from None
-            except (ValueError, TypeError) as exc:
-                raise _SpawnFailed(f"cannot execute {cmd0!r}: {exc}") from None
-            finally:
-                if old_umask is not None:
-                    os.umask(old_umask)
-        finally:
-            if pin and self._orig_affinity is not None:
-                os.sched_setaffinity(0, self._orig_affinity)
-            if cwd:
-                os.chdir("/")
+            return S.spawn_job(S.orders_of(spec, exe, argv, env), out_w, err_w, oom_bump=False)
+        except S.ExecError as exc:
+            raise _SpawnFailed(str(exc)) from None
 
     def _fork_exec(self, spec, exe, argv, env, out_w, err_w, cmd0) -> tuple[int, int]:
         """The job joins its cgroups before exec (posix_spawn cannot): fork, and in the

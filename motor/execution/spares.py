@@ -1,49 +1,54 @@
-"""keeperd's pre-placed processes: the cgroup v1 join off the job's start path (issue 14).
+"""keeperd's pre-placed threads: the cgroup v1 join off the job's start path (issue 14).
 
-On cgroup v1 a process gets into a group only by a migration (a write to `cgroup.procs`),
-and on a host without `favordynmods` the first migration after an idle spell waits an RCU
-grace period: 10-19 ms here (docs/isolation.md, "The join"). v1 has no
-`clone3(CLONE_INTO_CGROUP)`, but it lets a group be renamed within its parent. So keeperd
-keeps a small pool of *spares*: per spare, a group `spare-<keeperd pid>-<start ticks>-<n>`
-in each hierarchy of the job's parent (cpuset, memory, cpuacct) and a process forked from
-keeperd that joined them ahead of time (the slow write happens in that process, while no
-job waits for it) and then waits, idle, on a socketpair for its orders.
+On cgroup v1 a process gets into a group only by a migration (a write to `cgroup.procs`, or
+to `tasks` for one thread), and on a host without `favordynmods` the first migration after
+an idle spell waits an RCU grace period: 10-19 ms here (docs/isolation.md, "The join"). v1
+has no `clone3(CLONE_INTO_CGROUP)`, but a child is born in the groups of the thread that
+creates it, and a group can be renamed within its parent. So keeperd keeps a small pool of
+*spares*: per spare, a group `spare-<keeperd pid>-<start ticks>-<n>` in each hierarchy of
+the job's parent (cpuset, memory, cpuacct) and a thread of keeperd that moved itself into
+them ahead of time (its `tasks` write: the slow migration happens in that thread, while no
+job waits for it and keeperd's loop goes on) and then waits for its orders.
 
 A job start from the pool (`take`, `claim`, `order`): keeperd writes the job's limits
 into the spare's groups (cpuset.cpus, memory.limit_in_bytes, from the spec's
 `cgroup_make`), zeroes the groups' usage counters (`cpuacct.usage`,
 `memory.max_usage_in_bytes`: the job's figures start here), renames each spare group to
-the job's name, and sends the order: the job's exe, argv, env, cwd, CPUs, umask as JSON
-and its stdout/stderr pipe ends as SCM_RIGHTS. The spare sets up its fds and execs: the
-job is in its groups before its first instruction and nothing migrates. The socketpair is
-close-on-exec in the spare: EOF tells keeperd the exec happened, bytes say why it did not
-(the same protocol as keeperd's fork+exec error pipe). keeperd then makes a new spare when
-its loop has nothing else to do (`fill_one`).
+the job's name, and gives the thread the job's exe, argv, env, cwd, CPUs, umask and
+stdout/stderr pipe ends. The thread `posix_spawn`s the job (`spawn_job`, as keeperd spawns
+a job with no groups): the job is in its groups before its first instruction, nothing
+migrates, and it is keeperd's child (a thread's children are its process's). Then the
+thread ends, which takes it out of the groups (a task's exit needs no migration); keeperd
+waits for that (its loop is held for the spawn, well under a millisecond) before it
+answers the start, so the job's groups never list keeperd once the runner knows the job.
+keeperd makes a new spare when its loop has nothing else to do (`fill_one`).
+
+Until stop 30 a spare was a process forked from keeperd that exec'd the job: about 5 ms of
+CPU per job on this host (the fork of keeperd's ~10 MiB, the pages keeperd and the spare
+then copied, the spare's exec tearing the copy down) against well under 1 ms for a thread
+and a `posix_spawn` (docs/performance.md, "Stop 30").
 
 keeperd learns the parent groups from the first spec that has a `cgroup_make` (that job
 starts the old way: fork, make its groups, join) and records them in
-`<state>/keeperd.spares`, so the next keeperd of the state dir removes the spares a
-killed one left (`clean_recorded`, at its start). Spares of another live keeperd (another
-state dir on the same parent) are left alone: a spare's name carries its keeperd's pid and
-start time. A spare whose keeperd dies reads EOF and exits.
+`<state>/keeperd.spares`, so the next keeperd of the state dir removes the spare groups a
+killed one left (`clean_recorded`, at its start; its threads died with it). Spares of
+another live keeperd (another state dir on the same parent) are left alone: a spare's
+name carries its keeperd's pid and start time.
 
 Stdlib only (keeperd is run by path: motor/execution/scriptboot.py).
 """
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import os
 import selectors
 import signal
-import socket
-import struct
+import threading
 import time
 from typing import Any, Callable
 
-from motor import faults
 from motor.execution import keeper as K
 from motor.execution.joblog import write_json_atomic
 from motor.isolation.join import JoinError, join_cgroups, rmdir_retry, write_knob
@@ -68,8 +73,11 @@ REFILL_IDLE_ENV = "MOTOR_KEEPERD_REFILL_IDLE_S"  # seconds; tests set it long
 READY = b"R"
 #: counters zeroed when a spare becomes a job (what the spare did before is not the job's)
 RESETS = (("cpuacct", "cpuacct.usage"), ("memory", "memory.max_usage_in_bytes"))
+#: how long keeperd waits for a let-go spare's thread to end (it may still be in its join:
+#: an RCU grace period, 10-20 ms here; a spare that spawns its job is waited for as long
+#: as that takes)
+SPARE_END_S = 5.0
 CLEAN_S = 2.0  # how long a leftover spare group may stay busy (its process exiting)
-_LEN = struct.Struct("<Q")
 
 
 def pool_size(environ=os.environ) -> int:
@@ -166,49 +174,112 @@ def tell_failure(fd: int, msg: str) -> None:
         pass
 
 
-def _spare_main(fd: int, procs: list[str]) -> None:
-    """The spare, right after the fork: never returns."""
-    msg = "the spare failed"
+def spawn_job(orders: dict, out_w: int, err_w: int, *, oom_bump: bool) -> int:
+    """posix_spawn the job from this thread: its cwd, CPUs (this thread's affinity, which
+    the child inherits), umask and, with `oom_bump`, a raised oom_score_adj are this
+    process's for the moment of the spawn and restored after (the caller makes sure no
+    other thread of it uses them meanwhile). The job's pid; ExecError with the detail
+    keeperd records. Shared by keeperd's own spawns and the spares' threads."""
+    cwd, cpus, cmd0 = orders.get("cwd"), orders.get("cpus"), orders["argv"][0]
+    pin = bool(orders.get("pin") and cpus)
+    old_affinity = None
     try:
-        gc.disable()  # no finaliser may close an fd number that is reused below
-        signal.set_wakeup_fd(-1)
-        for s in K._SIGDEF:
-            signal.signal(s, signal.SIG_DFL)
-        os.setpgid(0, 0)
-        os.closerange(3, fd)  # keeperd's fds (its lock, socket, the jobs' pipes) are not ours
-        os.closerange(fd + 1, 1 << 20)
-        sock = socket.socket(fileno=fd)
+        if cwd:
+            try:
+                os.chdir(cwd)
+            except OSError as exc:
+                raise ExecError(f"cannot use cwd {cwd!r}: {exc.strerror}") from None
+        if pin:
+            old_affinity = os.sched_getaffinity(0)
+            try:
+                os.sched_setaffinity(0, cpus)
+            except (OSError, ValueError, TypeError) as exc:
+                raise ExecError(f"cannot pin to cpus {cpus!r}: {exc}") from None
+        restore_oom = K._raise_oom_score_for_spawn() if oom_bump else None
+        umask = orders.get("umask")
+        old_umask = os.umask(umask) if isinstance(umask, int) else None
         try:
-            join_cgroups(procs)  # the slow migration: here, while no job waits for it
-        except JoinError as exc:
-            msg = str(exc)
-            raise
-        sock.sendall(READY)
-        buf, fds = b"", []
-        while len(buf) < _LEN.size or len(buf) < _LEN.size + _LEN.unpack_from(buf)[0]:
-            data, got, _, _ = socket.recv_fds(sock, 1 << 16, 2)
-            fds += got
-            if not data:  # keeperd let us go (or died): nothing to become
-                os._exit(0)
-            buf += data
-        orders = json.loads(buf[_LEN.size:])
-        faults.hit("spare.ordered")  # tests: the spare has the job's orders, not yet exec'd
-        try:
-            become_job(orders, fds[0], fds[1])
-        except ExecError as exc:
-            msg = str(exc)
-            raise
-    except BaseException:
-        tell_failure(fd, msg)
+            return os.posix_spawn(
+                orders["exe"], orders["argv"], orders["env"],
+                file_actions=[(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+                              (os.POSIX_SPAWN_DUP2, out_w, 1),
+                              (os.POSIX_SPAWN_DUP2, err_w, 2)],
+                setpgroup=0, setsigdef=K._SIGDEF, setsigmask=())
+        except OSError as exc:
+            raise ExecError(f"cannot execute {cmd0!r}: {exc.strerror or exc}") from None
+        except (ValueError, TypeError) as exc:
+            raise ExecError(f"cannot execute {cmd0!r}: {exc}") from None
+        finally:
+            if old_umask is not None:
+                os.umask(old_umask)
+            if restore_oom is not None:
+                K._set_oom_score_adj(restore_oom)
     finally:
-        os._exit(K.SPAWN_FAILED_EXIT_CODE)
+        if old_affinity is not None:
+            os.sched_setaffinity(0, old_affinity)
+        if cwd:
+            os.chdir("/")
+
+
+def _spare_thread(spare: "Spare") -> None:
+    """A spare's thread: join the spare's groups (the slow migration: here, while no job
+    waits for it and keeperd's loop goes on), say so, wait for the job's orders, spawn the
+    job from inside the groups, end. Its end takes it out of the groups (a thread's exit
+    needs no migration), before keeperd answers the start."""
+    spare.tid = threading.get_native_id()
+    signal.pthread_sigmask(signal.SIG_BLOCK, K._SIGDEF)  # signals are the main thread's
+    try:
+        join_cgroups([os.path.join(d, "tasks") for d in spare.dirs.values()], spare.tid)
+    except JoinError as exc:
+        os.write(spare.note_w, b"E" + str(exc).encode(errors="replace")[:4000])
+        return
+    os.write(spare.note_w, READY)
+    spare.go.wait()
+    if spare.orders is None:  # let go: nothing to become
+        return
+    orders, out_w, err_w = spare.orders
+    try:
+        spare.result = spawn_job(orders, out_w, err_w, oom_bump=True)
+    except ExecError as exc:
+        spare.result = exc
+    except BaseException as exc:  # noqa: BLE001 - keeperd reports it as the start's failure
+        spare.result = ExecError(f"the spare failed: {type(exc).__name__}: {exc}")
 
 
 class Spare:
-    __slots__ = ("pid", "sock", "dirs", "ready")
+    """A thread of keeperd in a spare's groups (`_spare_thread`), and what keeperd knows
+    of it: `note_r` says READY (or why it could not join); `go` releases it with `orders`
+    (None: let go); `result` is the job's pid or an ExecError."""
 
-    def __init__(self, pid: int, sock: socket.socket, dirs: dict[str, str]) -> None:
-        self.pid, self.sock, self.dirs, self.ready = pid, sock, dirs, False
+    __slots__ = ("name", "dirs", "ready", "tid", "thread", "note_r", "note_w", "go",
+                 "orders", "result")
+
+    def __init__(self, name: str, dirs: dict[str, str]) -> None:
+        self.name, self.dirs, self.ready = name, dirs, False
+        self.tid: int | None = None
+        self.note_r, self.note_w = os.pipe()
+        self.go = threading.Event()
+        self.orders: tuple[dict, int, int] | None = None
+        self.result: int | ExecError | None = None
+        self.thread = threading.Thread(target=_spare_thread, args=(self,), daemon=True,
+                                       name=name)
+
+    def end(self, timeout: float | None) -> bool:
+        """Release the thread and wait until it has ended, as a task too (its tid gone
+        from /proc: then it is out of every group); False if it did not within `timeout`
+        (None: wait as long as it takes)."""
+        self.go.set()
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            return False
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.tid is not None and os.path.exists(f"/proc/self/task/{self.tid}"):
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.0002)
+        for fd in (self.note_r, self.note_w):
+            os.close(fd)
+        return True
 
 
 class SparePool:
@@ -220,7 +291,7 @@ class SparePool:
         pid = os.getpid()
         self.owner = f"{pid}-{_start_ticks(pid)}"
         self.parents: dict[str, str] = {}  # controller -> parent group dir
-        self.spares: dict[int, Spare] = {}  # by pid
+        self.spares: dict[str, Spare] = {}  # by name
         self.serial = 0
         self.paused = False  # a spare died unasked: none made until the next job's start
         self.taken = self.missed = 0  # job starts from a spare / with none ready
@@ -239,11 +310,6 @@ class SparePool:
                 and (len(self.spares) <= self.size // 2 or self.burst
                      or time.monotonic() - self.last_take >= self.idle_s))
 
-    @property
-    def low(self) -> bool:
-        """Fewer than two spares (ready or joining): refill even while a start waits."""
-        return len(self.spares) < 2
-
     def refill_deadline(self) -> float | None:
         """When a short pool becomes due for its refill (keeperd's select timeout)."""
         if not self.parents or self.paused or len(self.spares) >= self.size:
@@ -251,13 +317,11 @@ class SparePool:
         return self.last_take + self.idle_s
 
     def describe(self) -> dict:
+        """The pool for the `spares` request: spares by name (their groups' name)."""
         return {"size": self.size, "parents": self.parents, "taken": self.taken,
                 "missed": self.missed,
-                "ready": sorted(p for p, s in self.spares.items() if s.ready),
-                "joining": sorted(p for p, s in self.spares.items() if not s.ready)}
-
-    def is_spare(self, pid: int) -> bool:
-        return pid in self.spares
+                "ready": sorted(n for n, s in self.spares.items() if s.ready),
+                "joining": sorted(n for n, s in self.spares.items() if not s.ready)}
 
     # -- start-up: what a killed keeperd left -----------------------------------------
 
@@ -304,8 +368,8 @@ class SparePool:
             return None
         for spare in self.spares.values():
             if spare.ready:
-                del self.spares[spare.pid]
-                self.sel.unregister(spare.sock)
+                del self.spares[spare.name]
+                self.sel.unregister(spare.note_r)
                 self.taken += 1
                 now = time.monotonic()
                 self.burst, self.last_take = now - self.last_take < self.idle_s, now
@@ -329,7 +393,7 @@ class SparePool:
                 renamed.append((job_dir, spare.dirs[controller]))
             return True
         except (JoinError, OSError) as exc:
-            self.log(f"spare {spare.pid} not used: {exc}")
+            self.log(f"spare {spare.name} not used: {exc}")
             for new, old in renamed:
                 try:
                     os.rename(new, old)
@@ -338,27 +402,23 @@ class SparePool:
             self._discard(spare)
             return False
 
-    def order(self, spare: Spare, orders: dict, fds: list[int]) -> int:
-        """Send the claimed spare its orders; the fd whose EOF says it exec'd. OSError:
-        it is gone (reaped here; its groups, now the job's, stay for the old way)."""
-        data = json.dumps(orders, separators=(",", ":")).encode()
-        msg = _LEN.pack(len(data)) + data
-        try:
-            spare.sock.setblocking(True)
-            n = socket.send_fds(spare.sock, [msg], fds)
-            if n < len(msg):
-                spare.sock.sendall(msg[n:])
-        except OSError:
-            spare.sock.close()
-            self._reap(spare.pid)
-            raise
-        return spare.sock.detach()
+    def order(self, spare: Spare, orders: dict, out_w: int, err_w: int) -> int:
+        """The claimed spare spawns the job from inside its groups and ends; the job's pid
+        once the spare's thread is out of the groups. ExecError: the job could not be
+        spawned (the spare ends all the same). keeperd's loop waits meanwhile (a
+        posix_spawn: well under a millisecond), so nothing else of keeperd runs while
+        the spawn holds the process's cwd, umask and oom_score_adj."""
+        spare.orders = (orders, out_w, err_w)
+        spare.end(None)  # its few steps, then a task's exit: never long
+        if isinstance(spare.result, int):
+            return spare.result
+        raise spare.result or ExecError("the spare ended without a result")
 
     # -- filling ------------------------------------------------------------------------
 
     def fill_one(self) -> None:
-        """Make one spare: its groups (cheap: mkdir, cpuset.mems/cpus), then fork it; the
-        spare itself joins them (the slow part) and says when it is ready."""
+        """Make one spare: its groups (cheap: mkdir, cpuset.mems/cpus), then its thread,
+        which joins them (the slow part) and says when it is ready."""
         self.serial += 1
         name = f"{PREFIX}{self.owner}-{self.serial}"
         dirs = {c: os.path.join(p, name) for c, p in self.parents.items()}
@@ -380,51 +440,31 @@ class SparePool:
                     pass
             self.parents = {}  # (a parent gone: the next job's spec may bring it back)
             return
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGCHLD})
+        spare = Spare(name, dirs)
         try:
-            pid = os.fork()
-        except OSError as exc:
-            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-            mine.close()
-            theirs.close()
-            self.log(f"cannot fork a spare: {exc}")
+            spare.thread.start()
+        except RuntimeError as exc:  # no thread to be had
+            self.log(f"cannot start a spare: {exc}")
+            for fd in (spare.note_r, spare.note_w):
+                os.close(fd)
             self._remove_dirs(dirs)
             self.paused = True  # none made until the next job's start
             return
-        if pid == 0:
-            _spare_main(theirs.fileno(), [os.path.join(d, "cgroup.procs") for d in dirs.values()])
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        theirs.close()
-        mine.setblocking(False)
-        spare = Spare(pid, mine, dirs)
-        self.spares[pid] = spare
-        self.sel.register(mine, selectors.EVENT_READ, lambda ev, s=spare: self._on_event(s))
+        self.spares[name] = spare
+        self.sel.register(spare.note_r, selectors.EVENT_READ, lambda ev, s=spare: self._on_event(s))
 
     def _on_event(self, spare: Spare) -> None:
-        try:
-            data = spare.sock.recv(4096)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
+        data = os.read(spare.note_r, 4096)
         if data == READY and not spare.ready:
             spare.ready = True
             return
-        if data:
-            self.log(f"spare {spare.pid}: {data.decode(errors='replace')}")
-        del self.spares[spare.pid]
-        self.sel.unregister(spare.sock)
+        self.log(f"spare {spare.name}: {data.decode(errors='replace')}")
+        del self.spares[spare.name]
+        self.sel.unregister(spare.note_r)
         self._discard(spare)
-        if data:  # it could not join: make no more (the log says why)
-            self.parents = {}
-        else:  # killed by someone (e.g. the parent group being removed): wait for a job
-            self.paused = True
+        self.parents = {}  # it could not join: make no more (the log says why)
 
     # -- letting go ---------------------------------------------------------------------
-
-    def _reap(self, pid: int) -> None:
-        K.kill_and_reap(pid)
 
     def _remove_dirs(self, dirs: dict[str, str]) -> None:
         deadline = time.monotonic() + CLEAN_S
@@ -434,9 +474,10 @@ class SparePool:
                 self.log(error)
 
     def _discard(self, spare: Spare) -> None:
-        """A spare out of the pool: closed, killed, reaped, its groups removed."""
-        spare.sock.close()
-        self._reap(spare.pid)
+        """A spare out of the pool: its thread let go and ended, its groups removed."""
+        spare.orders = None
+        if not spare.end(SPARE_END_S):
+            self.log(f"spare {spare.name} did not end within {SPARE_END_S:g}s")
         self._remove_dirs(spare.dirs)
 
     def drop(self) -> None:
@@ -447,8 +488,8 @@ class SparePool:
     def close(self) -> None:
         """Every spare let go (keeperd exits, or the parent changed)."""
         for spare in list(self.spares.values()):
-            del self.spares[spare.pid]
-            self.sel.unregister(spare.sock)
+            del self.spares[spare.name]
+            self.sel.unregister(spare.note_r)
             self._discard(spare)
 
 

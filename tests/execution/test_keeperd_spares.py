@@ -1,8 +1,9 @@
-"""keeperd's pre-placed processes on cgroup v1 (motor/execution/spares.py), for real: a
-job started from a spare is in its groups from its first instruction (it is the spare
-process, renamed groups and all, with the job's limits), the pool refills, a keeperd that
-exits or is killed leaves no spare group or process behind (the killed one's are removed
-by the next keeperd as it starts).
+"""keeperd's pre-placed threads on cgroup v1 (motor/execution/spares.py), for real: a job
+started from a spare is in its groups from its first instruction (spawned by a thread of
+keeperd that joined the renamed groups ahead of time, with the job's limits), the groups
+hold the job alone once keeperd answers, the pool refills, a keeperd that exits or is
+killed leaves no spare group behind (the killed one's are removed by the next keeperd as
+it starts).
 
 Needs root and writable cgroup v1 cpuset/memory/cpuacct hierarchies (this build host);
 skips with the reason elsewhere. Every group lives under a parent of the test's own
@@ -19,10 +20,9 @@ import psutil
 import pytest
 import trio
 from keeper_helpers import records, wait_until
-from keeper_tracking import ask_keeperd, blocked_in_recvmsg, write_job_dir
+from keeper_tracking import ask_keeperd, write_job_dir
 from private_cgroup import private_parent_name, remove_private_parent
 
-from motor import faults
 from motor.execution import read_keeper, read_status
 from motor.execution import keeperd as keeperd_mod
 from motor.execution import spares as spares_mod
@@ -60,8 +60,8 @@ def v1():
         remove_private_parent(name)
 
 
-async def _ready_spares(state, n: int) -> list[int]:
-    """Wait until keeperd has n spares that joined their groups; their pids."""
+async def _ready_spares(state, n: int) -> list[str]:
+    """Wait until keeperd has n spares that joined their groups; their names."""
     return await wait_until(lambda: (lambda a: a["ready"] if len(a["ready"]) == n else None)(
         ask_keeperd(state, "spares")))
 
@@ -108,7 +108,7 @@ async def _pool(tmp_path, workspace, v1, monkeypatch, size: int, first: str = "f
                 command: tuple[str, ...] = ("true",)):
     """keeperd on a new state dir keeping `size` spares: its first job (`first`, which
     forks and joins: no pool yet) teaches it v1's parent. Yields (spawner, state dir, the
-    first job's dir, the ready spares' pids)."""
+    first job's dir, the ready spares' names)."""
     monkeypatch.setenv(spares_mod.SIZE_ENV, str(size))
     monkeypatch.setenv(keeperd_mod.RECORD_PID_AFTER_ENV, "0")  # short jobs' pids looked up
     state = tmp_path / "state"
@@ -122,10 +122,12 @@ async def _pool(tmp_path, workspace, v1, monkeypatch, size: int, first: str = "f
 async def test_a_job_from_a_spare_is_in_its_groups_from_its_first_instruction(
         tmp_path, workspace, v1, monkeypatch):
     """The first job of a parent forks and joins (no spare yet) and teaches keeperd the
-    parent; keeperd then keeps 2 spares there. The next job is one of those spare
-    processes: `cat /proc/self/cgroup` exec'd straight away shows the job's own groups in
-    every hierarchy, the groups carry the job's CPUs and memory limit (a second job with
-    other needs gets its own), the job's CPU counter started at zero, and the pool refills."""
+    parent; keeperd then keeps 2 spares there. The next job comes from one of them: `cat
+    /proc/self/cgroup` exec'd straight away shows the job's own groups in every hierarchy,
+    the groups carry the job's CPUs and memory limit (a second job with other needs gets
+    its own), and the pool refills with new spares. A job from a spare is keeperd's child
+    and, once keeperd has answered its start, the only task in its groups (the spare's
+    thread has left them)."""
     cpus = sorted(os.sched_getaffinity(0))
     parent = v1.flavour.parent
     async with _pool(tmp_path, workspace, v1, monkeypatch, 2,
@@ -134,14 +136,13 @@ async def test_a_job_from_a_spare_is_in_its_groups_from_its_first_instruction(
             {c: f"/{parent}/job-first" for c in V1_CONTROLLERS}
         assert len(_spare_dirs(v1)) == 2 * len(V1_CONTROLLERS)
 
-        ran = []
-        for job_id, cpu, memory in (("second", cpus[-1], 64 << 20), ("third", cpus[0], 96 << 20)):
+        for taken, (job_id, cpu, memory) in enumerate(
+                (("second", cpus[-1], 64 << 20), ("third", cpus[0], 96 << 20)), 1):
             job_dir = _job(state, v1, workspace, job_id, ["cat", "/proc/self/cgroup"],
                            [cpu], memory)
             assert (await _run(spawner, job_dir))["exit_code"] == 0
-            job_pid = read_keeper(job_dir)["job_pid"]
-            assert job_pid in waiting, (job_pid, waiting)  # it was a pre-placed process
-            ran.append(job_pid)
+            pool = ask_keeperd(state, "spares")
+            assert pool["taken"] == taken and pool["missed"] == 1, pool  # 1: the first job
             assert {c: _group_lines(job_dir)[c] for c in V1_CONTROLLERS} == \
                 {c: f"/{parent}/job-{job_id}" for c in V1_CONTROLLERS}
             dirs = v1.flavour.job_dirs(job_id)
@@ -149,25 +150,37 @@ async def test_a_job_from_a_spare_is_in_its_groups_from_its_first_instruction(
                 assert f.read().strip() == str(cpu)
             with open(os.path.join(dirs["memory"], "memory.limit_in_bytes")) as f:
                 assert int(f.read()) == memory
-            waiting = await _ready_spares(state, 2)  # refilled: two new spares
-            assert job_pid not in waiting
-        assert ran[0] != ran[1]
-        for job_id in ("first", "second", "third"):
+            refilled = await _ready_spares(state, 2)
+            assert len(set(refilled) - set(waiting)) == 1  # one taken, one new in its place
+            waiting = refilled
+
+        held = _job(state, v1, workspace, "held", ["sleep", "30"])
+        handle = await spawner.spawn(held)
+        assert ask_keeperd(state, "spares")["taken"] == 3
+        job_pid = await wait_until(lambda: (read_keeper(held) or {}).get("job_pid"))
+        assert psutil.Process(job_pid).ppid() == spawner.keeperd_pid
+        for d in v1.flavour.job_dirs("held").values():
+            for listing in ("tasks", "cgroup.procs"):
+                with open(os.path.join(d, listing)) as f:
+                    assert f.read().split() == [str(job_pid)], (d, listing)
+        os.kill(job_pid, signal.SIGKILL)
+        with trio.fail_after(20):
+            await spawner.wait_exit(handle.pid, handle.create_time, held)
+        for job_id in ("first", "second", "third", "held"):
             assert v1.finish(job_id)["cleanup_error"] is None
         keeperd_pid = spawner.keeperd_pid
-    # idle keeperd exits, and takes its spares (processes and groups) with it
+    # idle keeperd exits, and takes its spares (threads and groups) with it
     await wait_until(lambda: _gone(keeperd_pid), 30)
     assert _spare_dirs(v1) == []
-    assert all(_gone(pid) for pid in waiting)
 
 
 async def test_a_killed_keeperds_spares_are_gone_once_the_next_one_started(
         tmp_path, workspace, v1, monkeypatch):
-    """SIGKILL keeperd with 2 spares ready: its spares read EOF and exit; the groups stay
+    """SIGKILL keeperd with 2 spares ready: its spare threads die with it; the groups stay
     until the next keeperd of the state dir starts and removes them (it reads the parents
     from keeperd.spares) before it says it is ready."""
     async with _pool(tmp_path, workspace, v1, monkeypatch, 2, first="only") as (
-            spawner, state, _, waiting):
+            spawner, state, _, _ready):
         assert len(_spare_dirs(v1)) == 2 * len(V1_CONTROLLERS)
         dead = spawner.keeperd_pid
         os.kill(dead, signal.SIGKILL)
@@ -176,7 +189,6 @@ async def test_a_killed_keeperds_spares_are_gone_once_the_next_one_started(
     async with open_keeperd_spawner(state) as spawner:
         assert spawner.keeperd_pid != dead
         assert _spare_dirs(v1) == []
-        assert all(_gone(pid) for pid in waiting)
         # and the new keeperd makes spares of its own with the next job
         again = _job(state, v1, workspace, "again", ["true"])
         assert (await _run(spawner, again))["exit_code"] == 0
@@ -206,8 +218,9 @@ async def test_without_spares_a_v1_job_makes_and_joins_its_groups(
 
 async def test_a_spare_that_cannot_exec_the_job_ends_it_spawn_failed(
         tmp_path, workspace, v1, monkeypatch):
-    """A job from a spare whose cwd does not exist: the spare says why over its socket and
-    exits; the job ends spawn_failed with the same detail as the fork+exec path."""
+    """A job from a spare whose cwd does not exist: the spare's thread says why and ends;
+    the job ends spawn_failed with the same detail as the fork+exec path, its groups
+    empty, and a new spare takes the used one's place."""
     from motor.execution.keeper import SPAWN_FAILED_EXIT_CODE
 
     async with _pool(tmp_path, workspace, v1, monkeypatch, 1) as (spawner, state, _, waiting):
@@ -218,17 +231,33 @@ async def test_a_spare_that_cannot_exec_the_job_ends_it_spawn_failed(
         status = await _run(spawner, bad)
         assert status["reason"] == "spawn_failed" and status["exit_code"] == SPAWN_FAILED_EXIT_CODE
         assert "cannot use cwd" in status["detail"], status
-        assert _gone(waiting[0])
-        await _ready_spares(state, 1)  # and a new spare took its place
+        assert ask_keeperd(state, "spares")["taken"] == 1
+        assert v1.flavour.pids("nocwd") == []
+        assert await _ready_spares(state, 1) != waiting  # a new spare took its place
         for job_id in ("first", "nocwd"):
             assert v1.finish(job_id)["cleanup_error"] is None
 
 
+def _asleep_in_futex(tid: int) -> bool:
+    """A thread of this process sleeps in futex(2) (a threading.Event's wait); on an
+    architecture other than x86_64, asleep at all."""
+    import platform
+
+    with open(f"/proc/self/task/{tid}/stat") as f:
+        asleep = f.read().rsplit(")", 1)[1].split()[0] == "S"
+    if platform.machine() != "x86_64":
+        return asleep
+    with open(f"/proc/self/task/{tid}/syscall") as f:
+        return asleep and f.read().split()[0] == "202"
+
+
 def test_a_claimed_spare_starts_the_jobs_cpu_counter_at_zero(tmp_path, v1):
-    """The pool on its own (in this process): a spare joins its groups and runs a little
-    there (its cpuacct.usage grows above 0); the claim gives the groups the job's name and
-    limit and zeroes the counters, so the job's CPU time is only the job's (the spare is
-    idle in recvmsg until its order); the order makes it exec the job in those groups."""
+    """The pool on its own (in this process): a spare's thread joins its groups (it alone:
+    this process's other threads stay where they are) and runs a little there (its
+    cpuacct.usage grows above 0); the claim gives the groups the job's name and limit and
+    zeroes the counters, so the job's CPU time is only the job's (the thread is asleep
+    until its order); the order makes it spawn the job in those groups and end, so the
+    job, this process's child, is then alone in them."""
     import selectors
 
     from polling import wait_for
@@ -238,7 +267,7 @@ def test_a_claimed_spare_starts_the_jobs_cpu_counter_at_zero(tmp_path, v1):
     sel = selectors.DefaultSelector()
     log: list[str] = []
     pool = SparePool(str(tmp_path), sel, 1, log.append)
-    spare = None
+    job_pid = None
     make = v1.prepare("acct", None, 64 << 20)["cgroup_make"]
     pool.learn(make)
     pool.fill_one()
@@ -248,19 +277,28 @@ def test_a_claimed_spare_starts_the_jobs_cpu_counter_at_zero(tmp_path, v1):
             key.data(events)
         return pool.describe()["ready"]
 
+    def listed(d: str, name: str) -> list[str]:
+        with open(os.path.join(d, name)) as f:
+            return f.read().split()
+
     try:
-        [pid] = wait_for(pump, what="the spare ready")
-        spare_dirs = pool.spares[pid].dirs
+        [name] = wait_for(pump, what="the spare ready")
+        spare = pool.spares[name]
+        spare_dirs = spare.dirs
+        assert all(listed(d, "tasks") == [str(spare.tid)] for d in spare_dirs.values())
+        with open("/proc/self/cgroup") as f:
+            own = f.read()
+        assert f"/{name}" not in own
 
         def usage(dirs) -> int:
             with open(os.path.join(dirs["cpuacct"], "cpuacct.usage")) as f:
                 return int(f.read())
 
         assert wait_for(lambda: usage(spare_dirs) > 0, what="the spare's own CPU charged")
-        # It said ready before it reached its recvmsg: claim it only once it sleeps there,
-        # or the few instructions in between are charged after the claim's reset.
-        wait_for(lambda: blocked_in_recvmsg(pid), what="the spare asleep in recvmsg")
-        spare = pool.take(make)
+        # It said ready before it reached its wait: claim it only once it sleeps there, or
+        # the few instructions in between are charged after the claim's reset.
+        wait_for(lambda: _asleep_in_futex(spare.tid), what="the spare asleep in its wait")
+        assert pool.take(make) is spare
         assert pool.claim(spare, make)
         job = v1.flavour.job_dirs("acct")
         assert not any(os.path.exists(d) for d in spare_dirs.values())
@@ -268,26 +306,26 @@ def test_a_claimed_spare_starts_the_jobs_cpu_counter_at_zero(tmp_path, v1):
         with open(os.path.join(job["memory"], "memory.limit_in_bytes")) as f:
             assert int(f.read()) == 64 << 20
         r, w = os.pipe()
-        fd = pool.order(spare, spares_mod.orders_of(
-            {"cwd": str(tmp_path)}, "/bin/cat", ["cat", "/proc/self/cgroup"], {}), [w, w])
+        job_pid = pool.order(spare, spares_mod.orders_of(
+            {"cwd": str(tmp_path)}, "/bin/sh", ["sh", "-c", "cat /proc/self/cgroup; exec sleep 30"],
+            {}), w, w)
         os.close(w)
+        assert not os.path.exists(f"/proc/self/task/{spare.tid}")
+        assert all(listed(d, "tasks") == [str(job_pid)] for d in job.values())
+        assert all(listed(d, "cgroup.procs") == [str(job_pid)] for d in job.values())
         with os.fdopen(r) as f:
-            out = f.read()
-        _, status = os.waitpid(pid, 0)
-        assert os.waitstatus_to_exitcode(status) == 0
-        assert os.read(fd, 100) == b""  # exec'd: nothing said on the socket
-        os.close(fd)
+            out = "".join(f.readline() for _ in own.splitlines())
         assert out.count("/job-acct\n") == 3, out
+        os.kill(job_pid, signal.SIGKILL)
+        _, status = os.waitpid(job_pid, 0)  # this process's child
+        job_pid = None
+        assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
         assert usage(job) > 0  # the job's own exec and run
     finally:
+        if job_pid is not None:
+            os.kill(job_pid, signal.SIGKILL)
+            os.waitpid(job_pid, 0)
         pool.close()
-        if spare is not None and spare.sock.fileno() >= 0:  # taken, never ordered: ours
-            spare.sock.close()
-            try:
-                os.kill(spare.pid, signal.SIGKILL)
-                os.waitpid(spare.pid, 0)
-            except (ProcessLookupError, ChildProcessError):
-                pass
         assert v1.finish("acct")["cleanup_error"] is None
     assert log == []
 
@@ -305,7 +343,7 @@ async def test_after_a_lone_start_the_pool_waits_to_refill_and_a_burst_refills_a
         lone = _job(state, v1, workspace, "lone", ["true"])
         assert (await _run(spawner, lone))["exit_code"] == 0
         after = ask_keeperd(state, "spares")
-        assert read_keeper(lone)["job_pid"] in full
+        assert after["taken"] == 1 and set(after["ready"]) < set(full)  # one used
         assert len(after["ready"]) == 3 and after["joining"] == [], after  # not refilled
         burst = _job(state, v1, workspace, "burst", ["true"])
         assert (await _run(spawner, burst))["exit_code"] == 0
@@ -313,70 +351,4 @@ async def test_after_a_lone_start_the_pool_waits_to_refill_and_a_burst_refills_a
         assert len(set(refilled) - set(full)) == 2
         assert ask_keeperd(state, "spares")["taken"] == 2
         for job_id in ("first", "lone", "burst"):
-            assert v1.finish(job_id)["cleanup_error"] is None
-
-
-async def test_starts_waiting_for_their_exec_are_answered_before_the_pool_refills(
-        tmp_path, workspace, v1, monkeypatch):
-    """Issue 14: keeperd makes a spare (a fork of itself, 1-2 ms) while a job's start waits
-    for its exec only when fewer than two spares are left, so the answer to a start from a
-    spare is not held behind a refill. Two starts within the refill idle time (a burst: the
-    pool is due for its refill at once) take two of four spares and are held at
-    `spare.ordered` (each spare has its job's orders and has not exec'd): keeperd makes no
-    spare meanwhile, though it keeps serving requests. Once they go on, both starts are
-    answered and the pool is topped up again."""
-    gate = tmp_path / "exec-gate"
-    monkeypatch.setenv(faults.ENV, f"spare.ordered=wait:{gate}")
-    monkeypatch.setenv(spares_mod.REFILL_IDLE_ENV, "30")
-    async with _pool(tmp_path, workspace, v1, monkeypatch, 4) as (spawner, state, _, full):
-        held = [_job(state, v1, workspace, name, ["true"]) for name in ("a", "b")]
-        statuses = []
-
-        async def start(job_dir):
-            statuses.append(await _run(spawner, job_dir))
-
-        async with trio.open_nursery() as nursery:
-            for job_dir in held:
-                nursery.start_soon(start, job_dir)
-            await wait_until(lambda: ask_keeperd(state, "spares")["taken"] == 2)
-            taken = set(full) - set(ask_keeperd(state, "spares")["ready"])
-            assert len(taken) == 2
-            # both have their orders: keeperd, which sent them, has turned its loop since
-            await wait_until(lambda: not any(blocked_in_recvmsg(pid) for pid in taken))
-            pool = ask_keeperd(state, "spares")
-            assert len(pool["ready"]) + len(pool["joining"]) == 2, pool
-            assert statuses == []
-            gate.touch()
-        assert [s["exit_code"] for s in statuses] == [0, 0]
-        assert {read_keeper(job_dir)["job_pid"] for job_dir in held} == taken
-        refilled = await _ready_spares(state, 4)
-        assert len(set(refilled) - set(full)) == 2
-        for job_id in ("first", "a", "b"):
-            assert v1.finish(job_id)["cleanup_error"] is None
-
-
-async def test_a_pool_down_to_one_spare_refills_even_while_a_start_waits(
-        tmp_path, workspace, v1, monkeypatch):
-    """The exception to the rule above: with fewer than two spares left, the next start
-    would likely find none ready and fork and join its groups the slow way, so keeperd
-    refills though a start waits for its exec (a pool of 2, one taken and held)."""
-    gate = tmp_path / "exec-gate"
-    monkeypatch.setenv(faults.ENV, f"spare.ordered=wait:{gate}")
-    monkeypatch.setenv(spares_mod.REFILL_IDLE_ENV, "30")
-    async with _pool(tmp_path, workspace, v1, monkeypatch, 2) as (spawner, state, _, full):
-        held = _job(state, v1, workspace, "held", ["true"])
-        statuses = []
-
-        async def start():
-            statuses.append(await _run(spawner, held))
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(start)
-            pool = await wait_until(lambda: (lambda a: a if len(a["ready"]) + len(a["joining"]) == 2
-                                             and a["taken"] == 1 else None)(ask_keeperd(state, "spares")))
-            assert len(set(pool["ready"] + pool["joining"]) - set(full)) == 1
-            assert statuses == []
-            gate.touch()
-        assert statuses[0]["exit_code"] == 0
-        for job_id in ("first", "held"):
             assert v1.finish(job_id)["cleanup_error"] is None

@@ -120,10 +120,11 @@ def test_start_up_sweep_removes_a_leftover_group_and_keeps_the_running_jobs(
 
 def test_on_v1_a_job_is_a_pre_placed_spare_already_in_its_groups(serve_factory, private_parent):
     """`motor serve --isolation cgroup` on cgroup v1: the runner leaves the job's groups to
-    keeperd (spec `cgroup_make`), which keeps spare processes already inside spare groups
-    under the parent. After the first job (which joins the old way), a job is one of those
-    spares: its first process is a spare's pid, inside the job's own groups, with its
-    limits; its record is as before (docs/isolation.md, "The join")."""
+    keeperd (spec `cgroup_make`), which keeps spare threads already inside spare groups
+    under the parent. After the first job (which joins the old way), a job is spawned by
+    one of those spares: it is keeperd's child, inside the job's own groups (one of the
+    spare groups, renamed) from its first instruction, with its limits, and alone there;
+    its record is as before (docs/isolation.md, "The join")."""
     from keeper_tracking import ask_keeperd
     from polling import wait_for
 
@@ -133,17 +134,24 @@ def test_on_v1_a_job_is_a_pre_placed_spare_already_in_its_groups(serve_factory, 
     serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent).start()
     first = serve.cli("run", "--weight", "1", "--", "true")
     assert first.returncode == 0, first.stderr
-    spares = wait_for(lambda: (lambda a: a["ready"] if len(a["ready"]) == DEFAULT_SIZE else None)(
-        ask_keeperd(serve.state_dir, "spares")), what="a full pool of ready spares")
+    wait_for(lambda: len(ask_keeperd(serve.state_dir, "spares")["ready"]) == DEFAULT_SIZE,
+             what="a full pool of ready spares")
     result = serve.cli("run", "--json", "--weight", "1", "--memory-max", str(128 << 20), "--",
-                       "sh", "-c", "echo $$; cat /proc/self/cgroup")
+                       "sh", "-c", "echo $PPID; cat /proc/self/cgroup; "
+                       "for c in cpuset memory cpuacct; do echo listed $(cat "
+                       "/sys/fs/cgroup/$c$(grep :$c: /proc/self/cgroup | cut -d: -f3)/cgroup.procs); "
+                       "done")
     assert result.returncode == 0, result.stderr
     events = [json.loads(line) for line in result.stdout.decode().splitlines()]
     record = events[-1]["record"]
     out = "".join(e["data"] for e in events if e["event"] == "output").splitlines()
-    assert int(out[0]) in spares, (out[0], spares)
-    groups = {name: path for line in out[1:] for _, names, path in [line.split(":", 2)]
-              for name in names.split(",")}
+    keeper = json.loads((serve.state_dir / "jobs" / record["job_id"] / "keeper.json").read_text())
+    assert int(out[0]) == keeper["keeper_pid"]  # keeperd's child
+    listed = [line.split()[1:] for line in out if line.startswith("listed ")]
+    assert len(listed) == 3 and all(str(keeper["keeper_pid"]) not in pids for pids in listed), out
+    assert ask_keeperd(serve.state_dir, "spares")["taken"] == 1  # spawned by a spare
+    groups = {name: path for line in out[1:] if not line.startswith("listed ")
+              for _, names, path in [line.split(":", 2)] for name in names.split(",")}
     want = f"/{private_parent}/job-{record['job_id']}"
     assert [groups[c] for c in ("cpuset", "memory", "cpuacct")] == [want] * 3
     assert record["state"] == "succeeded" and record["memory_max_bytes"] == 128 << 20
@@ -153,7 +161,8 @@ def test_on_v1_a_job_is_a_pre_placed_spare_already_in_its_groups(serve_factory, 
 def test_a_job_from_a_spare_outlives_a_killed_runner_and_is_adopted(
         serve_factory, private_parent, tmp_path):
     """A job started from a spare is kept like any other: the runner is kill -9'd while
-    it runs, the restarted runner adopts it, and it ends with its own exit status."""
+    it runs, the restarted runner adopts it, and it ends with its own exit status (keeperd,
+    whose child it is, saw it end)."""
     from keeper_tracking import ask_keeperd
     from polling import wait_for
 
@@ -162,20 +171,21 @@ def test_a_job_from_a_spare_outlives_a_killed_runner_and_is_adopted(
     barrier = tmp_path / "go"
     serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent).start()
     assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0
-    spares = wait_for(lambda: (lambda a: a["ready"] if len(a["ready"]) == DEFAULT_SIZE else None)(
-        ask_keeperd(serve.state_dir, "spares")), what="a full pool of ready spares")
+    wait_for(lambda: len(ask_keeperd(serve.state_dir, "spares")["ready"]) == DEFAULT_SIZE,
+             what="a full pool of ready spares")
     job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
                             f"echo $$; while [ ! -e {barrier} ]; do sleep 0.02; done; exit 7")["job_id"]
     keeper = serve.state_dir / "jobs" / job_id / "keeper.json"
     wait_for(lambda: keeper.exists() and json.loads(keeper.read_text()).get("job_pid"),
              what="the job's pid in keeper.json")
-    assert json.loads(keeper.read_text())["job_pid"] in spares
+    assert ask_keeperd(serve.state_dir, "spares")["taken"] == 1  # spawned by a spare
+    job_pid = json.loads(keeper.read_text())["job_pid"]
     serve.kill9()
     serve.start()
     barrier.touch()
     result = serve.cli("attach", job_id)
     assert result.returncode == 7, result.stderr
-    assert int(result.stdout.decode().split()[0]) in spares
+    assert int(result.stdout.decode().split()[0]) == job_pid
 
 
 def test_a_jobs_groups_go_after_its_terminal_record_while_its_cpus_serve_the_next_job(
@@ -246,51 +256,6 @@ def test_through_serve_a_lone_start_leaves_the_pool_short_and_a_burst_refills_it
     after = ask_keeperd(serve.state_dir, "spares")
     assert (len(after["ready"]), after["joining"], after["taken"]) == (DEFAULT_SIZE - 1, [], 1)
     assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0  # a burst
-    refilled = wait_for(lambda: (lambda a: a["ready"] if len(a["ready"]) == DEFAULT_SIZE
-                                 else None)(ask_keeperd(serve.state_dir, "spares")),
-                        what="the pool full again")
-    assert len(set(refilled) - set(full)) == 2
-
-
-def test_through_serve_starts_waiting_for_their_exec_get_no_refill_behind_them(
-        serve_factory, private_parent, tmp_path):
-    """Issue 14, through `motor serve --isolation cgroup` and the CLI: keeperd makes no spare
-    while a job's start from a spare waits for its exec, unless fewer than two are left
-    (docs/isolation.md, "Spares"). Two jobs submitted within the refill idle time (a burst)
-    take two of the four spares, which are held at `spare.ordered` (MOTOR_FAULTS, in the
-    runner's environment and so keeperd's and the spares'): the pool stays at two and the
-    runner still has both jobs setting up (their spawns unanswered). Released, both
-    succeed, and the pool is full again."""
-    import httpx
-
-    from keeper_tracking import ask_keeperd, blocked_in_recvmsg
-    from polling import wait_for
-
-    if open_cgroup_backend(parent=private_parent).version != 1:
-        pytest.skip("spares are for cgroup v1 hierarchies")
-    gate = tmp_path / "exec-gate"
-    serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent)
-    serve.env = {"MOTOR_KEEPERD_REFILL_IDLE_S": "30", "MOTOR_FAULTS": f"spare.ordered=wait:{gate}"}
-    serve.start()
-    assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0  # forks, joins
-    full = wait_for(lambda: (lambda a: a["ready"] if len(a["ready"]) == DEFAULT_SIZE else None)(
-        ask_keeperd(serve.state_dir, "spares")), what="a full pool of ready spares")
-    jobs = [serve.cli_json("submit", "--weight", "1", "--workspace", f"w{i}", "--", "true")["job_id"]
-            for i in range(2)]
-    with httpx.Client(transport=httpx.HTTPTransport(uds=str(serve.socket)),
-                      base_url="http://motor") as http:
-        wait_for(lambda: ask_keeperd(serve.state_dir, "spares")["taken"] == 2,
-                 what="both jobs handed to spares")
-        pool = ask_keeperd(serve.state_dir, "spares")
-        taken = set(full) - set(pool["ready"])
-        wait_for(lambda: not any(blocked_in_recvmsg(pid) for pid in taken),
-                 what="both spares past their orders")
-        pool = ask_keeperd(serve.state_dir, "spares")
-        assert len(pool["ready"]) + len(pool["joining"]) == DEFAULT_SIZE - 2, pool
-        assert [http.get(f"/v1/jobs/{j}").json()["state"] for j in jobs] == ["setup", "setup"]
-    gate.touch()
-    for job_id in jobs:
-        assert serve.cli("attach", job_id).returncode == 0
     refilled = wait_for(lambda: (lambda a: a["ready"] if len(a["ready"]) == DEFAULT_SIZE
                                  else None)(ask_keeperd(serve.state_dir, "spares")),
                         what="the pool full again")
