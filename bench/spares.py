@@ -6,13 +6,13 @@ No runner. Each round opens keeperd on a temporary state dir with a cgroup backe
 parent group of its own (`motor-bench-<pid>-<n>`, removed after), twice, interleaved:
 `MOTOR_KEEPERD_SPARES=0` (peer=join: the keeper makes the job's groups from the spec and
 its forked child joins them by a `cgroup.procs` write) and the default pool (DEFAULT_SIZE)
-(peer=spares: a pre-placed process in renamed groups execs the job). Per job, spaced
+(peer=spares: a pre-placed thread in renamed groups spawns the job). Per job, spaced
 `--gap-ms` apart (a join after an idle spell waits an RCU grace period: the case the
 spares are for), one after another:
 
 - `prepare` (ms): the runner's `backend.prepare` (the v1 plan: no mkdir, 3 stats, 1 read);
 - `spawn` (ms): keeperd's spawn request until its answer, which comes once the job
-  exec'd (or failed to): the start path the join was on;
+  was spawned (or failed to be): the start path the join was on;
 - `keeperd_cpu` (ms/job): keeperd's own utime+stime over the round, per job (the
   spares' refills included; the spares' own CPU is theirs, counted with the jobs).
 

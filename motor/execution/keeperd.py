@@ -11,7 +11,7 @@ Per job it does exactly what the per-job keeper (keeper.py) does, with the same 
 formats: the claim ``keeper.json`` first (exclusive link, naming keeperd, ``"kind":
 "keeperd"``), the job spawned in its own process group (``posix_spawn``; fork+exec when the
 job must join cgroups, so the join happens in the child before exec; on cgroup v1 a
-pre-placed spare process already in renamed groups execs the job: spares.py), ``keeper.json``
+pre-placed spare thread already in renamed groups spawns the job: spares.py), ``keeper.json``
 completed with the job's pid, ``output.log`` framed records (held in memory up to 4 MiB while
 the disk is full), ``status.json`` written atomically (retried without limit).
 
@@ -24,8 +24,8 @@ Protocol on the socket, one JSON object per line:
 - ``{"id": N, "op": "wait", "job_dir": "/abs"}`` -> ``{"id": N, "done": true}`` once the job's
   status.json is written (at once when keeperd does not keep that job)
 - ``{"id": N, "op": "cancel", "job_dir": "/abs"}`` -> ``{"id": N, "sent": bool}``
-- ``{"id": N, "op": "spares"}`` -> ``{"id": N, "size": S, "ready": [pids], "joining": [pids],
-  "parents": {controller: dir}}``: the pre-placed processes (spares.py)
+- ``{"id": N, "op": "spares"}`` -> ``{"id": N, "size": S, "ready": [names], "joining": [names],
+  "parents": {controller: dir}, "taken": T, "missed": M}``: the pre-placed threads (spares.py)
 
 SIGTERM to keeperd cancels every job it keeps (as SIGTERM to a per-job keeper cancels its
 job). It exits once it keeps no job and no runner has been connected for ``IDLE_EXIT_S``.

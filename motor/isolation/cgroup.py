@@ -15,8 +15,8 @@ The keeper joins the group itself: it writes its own pid into every path of
 `spec["cgroup_procs"]` before spawning the job, so the whole job tree is born inside.
 On v1 the runner's backend (`keeper_makes_groups`, set by motor/runner/host.py) makes no
 group: `prepare` puts the groups and limits in the spec (`cgroup_make`) and the keeper
-makes them; keeperd renames the groups of a spare process that joined them ahead of
-time instead (motor/execution/spares.py), so no migration is left on the job's start.
+makes them; keeperd renames the groups of a spare thread that joined them ahead of
+time instead, and the thread spawns the job (motor/execution/spares.py), so no migration is left on the job's start.
 
 Every failure to create or write a group raises `IsolationError` naming the path and the
 error (the job actor treats it as a failed start). `finish()` never raises.
@@ -662,7 +662,7 @@ def open_cgroup_backend(root: str = CGROUP_ROOT, parent: str = PARENT) -> Cgroup
     if flavour.version == 1:
         notes.append("memory.limit_in_bytes caps RAM only; swap is not capped (memory.memsw unset)")
     if flavour.version == 1:
-        notes.append("keeperd starts a job from a spare process already in renamed groups: "
+        notes.append("keeperd spawns a job from a spare thread already in renamed groups: "
                      "no migration on the start (docs/isolation.md, 'Spares (cgroup v1)')")
     if not favordynmods():
         notes.append(("without a spare (the per-job keeper, none ready) " if flavour.version == 1
