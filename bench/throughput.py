@@ -21,7 +21,9 @@ scripts from ../shared/bench/peers (`throughput.sh bare-xargs` and `throughput.s
 `setup.sh` must have run for tsp). It prints one line per measurement in the peers'
 format and, at the end, the medians, jobs/s and ratios.
 
-Each round also runs a fresh runner for peer=motor-batch: the same N jobs submitted in ONE
+Each round also runs a fresh runner for peer=motor-client: the same N requests one after
+another, sent by motor's own client (`motor.client.Client`, the CLI's transport, which keeps
+its connection between requests since stop 30) instead of httpx; and one for peer=motor-batch: the same N jobs submitted in ONE
 batch request (`POST /v1/jobs` with a JSON list, docs/protocol.md). Both motor lines carry
 `submit_s` (first submit until the last job is accepted) and `submit_jobs_per_s`; the
 medians end with the submit rate of one batch against one request per job.
@@ -78,7 +80,7 @@ def wait_idle(c: httpx.Client, poll: bool) -> None:
 def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
                 mode: str = "api", spawner: str | None = None) -> tuple[float, float]:
     """(wall until all N ended, wall until all N were accepted); `mode`: "api" (one request
-    per job), "api-poll" (the same, waiting with status polls), "batch" (one batch request),
+    per job, httpx), "api-client" (one request per job, motor.client.Client), "api-poll" (the same, waiting with status polls), "batch" (one batch request),
     "cli-each" (one `motor submit` process per job), "cli-from" (one `motor submit --from -`)."""
     with tempfile.TemporaryDirectory(prefix="motor-bench-") as tmp:
         ns = None
@@ -126,6 +128,12 @@ def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
                                            capture_output=True, cwd=ROOT)
                         if r.returncode != 0:
                             raise SystemExit(f"submit {i}: exit {r.returncode}: {r.stderr.decode()[-500:]}")
+                elif mode == "api-client":
+                    from motor.client import Client  # this checkout's (the runner: the cwd's)
+
+                    with Client(sock, timeout=60) as mc:
+                        for job in jobs:
+                            mc.submit(job, raw=True)
                 else:
                     for i, job in enumerate(jobs):
                         r = c.post("/v1/jobs", json=job)
@@ -178,7 +186,7 @@ def main() -> None:
                     help="also peer=motor-poll: the end waited for with GET /v1/status every 2 ms")
     args = ap.parse_args()
     fs_note()
-    base = {"motor": "api", "motor-batch": "batch"}
+    base = {"motor": "api", "motor-client": "api-client", "motor-batch": "batch"}
     if args.poll_status:
         base["motor-poll"] = "api-poll"
     if args.cli:

@@ -159,7 +159,7 @@ def test_import_motor_is_lazy_and_the_embedding_names_still_resolve():
 
 class OneShotServer:
     """A Unix socket that answers each connection with the next canned byte string (then
-    closes), and keeps what each request sent."""
+    closes, saying so: `Connection: close`), and keeps what each request sent."""
 
     def __init__(self, path, answers: list[bytes], delay: float = 0.0):
         self.path = str(path)
@@ -185,6 +185,9 @@ class OneShotServer:
                             body += conn.recv(65536)
                 self.requests.append(head + b"\r\n\r\n" + body)
                 time.sleep(self.delay)
+                if answer.startswith(b"HTTP/1.1 ") and b"\r\n" in answer:  # it closes: it says so
+                    status, _, rest = answer.partition(b"\r\n")
+                    answer = status + b"\r\nConnection: close\r\n" + rest
                 try:
                     conn.sendall(answer)
                 except OSError:  # the client gave up waiting
@@ -249,6 +252,122 @@ def test_an_event_stream_cut_short_is_runner_unavailable_and_garbage_too(one_sho
             client.health()
         with pytest.raises(RunnerUnavailable, match="without an answer"):
             client.status()
+
+
+class KeepAliveServer:
+    """A Unix socket that answers every request with `{"n": N}` (N: the request's number)
+    and keeps each connection open until the client closes it, or until the test asks
+    (`close_open`); counts connections and keeps the requests' first lines."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.connections = 0
+        self.lines: list[bytes] = []
+        self.open: list[socket.socket] = []
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.bind(self.path)
+        self.sock.listen(4)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            self.open.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        buf = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                want = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        want = int(line.split(b":")[1])
+                while len(buf) < want:
+                    buf += conn.recv(65536)
+                buf = buf[want:]
+                self.lines.append(head.split(b"\r\n")[0])
+                body = b'{"n": %d}' % len(self.lines)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        except OSError:
+            return
+
+    def close_open(self) -> None:
+        for conn in self.open:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)  # (a close alone would wait for the recv)
+            except OSError:
+                pass
+            conn.close()
+        self.open = []
+
+    def close(self) -> None:
+        self.close_open()
+        self.sock.close()
+
+
+def test_requests_one_after_another_share_one_kept_connection(tmp_path, monkeypatch):
+    """Issue 14: a response read to its end leaves its connection to the next request (no
+    `connection: close` sent); after the server closed the idle one, the next request
+    goes over a new one and is answered; one idle for longer than `REUSE_S` is not
+    taken."""
+    from motor.client import _Wire
+
+    server = KeepAliveServer(tmp_path / "k.sock")
+    try:
+        with Client(server.path) as client:
+            assert [client.call("GET", "/v1/health")["n"] for _ in range(3)] == [1, 2, 3]
+            assert client.call("POST", "/v1/jobs", json={"command": ["true"]}) == {"n": 4}
+            assert server.connections == 1
+            server.close_open()  # the runner let the idle connection go
+            time.sleep(0.05)
+            assert client.call("POST", "/v1/jobs", json={"command": ["true"]}) == {"n": 5}
+            assert server.connections == 2
+            monkeypatch.setattr(_Wire, "REUSE_S", 0.0)
+            time.sleep(0.01)
+            assert client.call("GET", "/v1/health") == {"n": 6}
+            assert server.connections == 3
+        assert not any(b"connection: close" in line.lower() for line in server.lines)
+    finally:
+        server.close()
+
+
+def test_a_connection_the_runner_closes_is_not_kept(one_shot):
+    """A response that says `Connection: close` (the one-shot server's) leaves nothing
+    kept: each request connects anew and is answered."""
+    server = one_shot(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+                      b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+    with Client(server.path) as client:
+        assert client.call("GET", "/v1/health") == {}
+        assert client._wire._idle is None
+        assert client.call("GET", "/v1/health") == {}
+    assert len(server.requests) == 2
+
+
+def test_a_client_submitting_to_a_real_runner_keeps_one_connection(serve, monkeypatch):
+    """Through `motor serve` (hypercorn keeps an idle connection for 5 s): twenty submits
+    and a status read one after another make one connection, and every job runs."""
+    from motor.client import _Wire
+
+    made = []
+    connect = _Wire._connect
+    monkeypatch.setattr(_Wire, "_connect", lambda self: made.append(1) or connect(self))
+    with Client(serve.socket) as client:
+        ids = [client.submit(JobRequest(command=["true"], weight_hint=1)).job_id for _ in range(20)]
+        client.status()
+        assert len(made) == 1
+    for job_id in ids:
+        assert serve.cli("attach", job_id).returncode == 0
 
 
 def test_bundle_upload_and_follow_against_a_real_runner(serve, tmp_path):
