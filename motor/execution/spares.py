@@ -45,6 +45,7 @@ import math
 import os
 import selectors
 import signal
+import _thread
 import threading
 import time
 from typing import Any, Callable
@@ -227,32 +228,40 @@ def _spare_thread(spare: "Spare") -> None:
     job from inside the groups, end. Its end takes it out of the groups (a thread's exit
     needs no migration), before keeperd answers the start."""
     spare.tid = threading.get_native_id()
-    signal.pthread_sigmask(signal.SIG_BLOCK, K._SIGDEF)  # signals are the main thread's
     try:
-        join_cgroups([os.path.join(d, "tasks") for d in spare.dirs.values()], spare.tid)
-    except JoinError as exc:
-        os.write(spare.note_w, b"E" + str(exc).encode(errors="replace")[:4000])
-        return
-    os.write(spare.note_w, READY)
-    spare.go.wait()
-    if spare.orders is None:  # let go: nothing to become
-        return
-    orders, out_w, err_w = spare.orders
-    try:
-        spare.result = spawn_job(orders, out_w, err_w, oom_bump=True)
-    except ExecError as exc:
-        spare.result = exc
-    except BaseException as exc:  # noqa: BLE001 - keeperd reports it as the start's failure
-        spare.result = ExecError(f"the spare failed: {type(exc).__name__}: {exc}")
+        signal.pthread_sigmask(signal.SIG_BLOCK, K._SIGDEF)  # signals are the main thread's
+        try:
+            join_cgroups([os.path.join(d, "tasks") for d in spare.dirs.values()], spare.tid)
+        except JoinError as exc:
+            os.write(spare.note_w, b"E" + str(exc).encode(errors="replace")[:4000])
+            return
+        os.write(spare.note_w, READY)
+        spare.go.wait()
+        if spare.orders is None:  # let go: nothing to become
+            return
+        orders, out_w, err_w = spare.orders
+        try:
+            spare.result = spawn_job(orders, out_w, err_w, oom_bump=True)
+        except ExecError as exc:
+            spare.result = exc
+        except BaseException as exc:  # noqa: BLE001 - keeperd reports it as the start's failure
+            spare.result = ExecError(f"the spare failed: {type(exc).__name__}: {exc}")
+    finally:
+        spare.finished.release()
 
 
 class Spare:
     """A thread of keeperd in a spare's groups (`_spare_thread`), and what keeperd knows
     of it: `note_r` says READY (or why it could not join); `go` releases it with `orders`
-    (None: let go); `result` is the job's pid or an ExecError."""
+    (None: let go); `result` is the job's pid or an ExecError; `finished` is released as
+    the thread's last step.
 
-    __slots__ = ("name", "dirs", "ready", "tid", "thread", "note_r", "note_w", "go",
-                 "orders", "result")
+    The thread is a bare `_thread` one: `threading.Thread.start` waits until the new
+    thread runs, and on a busy host that held keeperd's loop (a py-spy profile of a
+    400-job cgroup burst: 14.5% of keeperd's samples in that wait, 10% in `join`)."""
+
+    __slots__ = ("name", "dirs", "ready", "tid", "note_r", "note_w", "go", "orders", "result",
+                 "finished")
 
     def __init__(self, name: str, dirs: dict[str, str]) -> None:
         self.name, self.dirs, self.ready = name, dirs, False
@@ -261,22 +270,26 @@ class Spare:
         self.go = threading.Event()
         self.orders: tuple[dict, int, int] | None = None
         self.result: int | ExecError | None = None
-        self.thread = threading.Thread(target=_spare_thread, args=(self,), daemon=True,
-                                       name=name)
+        self.finished = threading.Lock()
+        self.finished.acquire()
+
+    def start(self) -> None:
+        """Start the thread, without waiting for it to run (it sets `tid` first thing).
+        RuntimeError: no thread to be had."""
+        _thread.start_new_thread(_spare_thread, (self,))
 
     def end(self, timeout: float | None) -> bool:
         """Release the thread and wait until it has ended, as a task too (its tid gone
         from /proc: then it is out of every group); False if it did not within `timeout`
         (None: wait as long as it takes)."""
         self.go.set()
-        self.thread.join(timeout)
-        if self.thread.is_alive():
+        if not self.finished.acquire(timeout=-1 if timeout is None else timeout):
             return False
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.tid is not None and os.path.exists(f"/proc/self/task/{self.tid}"):
+        while os.path.exists(f"/proc/self/task/{self.tid}"):
             if deadline is not None and time.monotonic() >= deadline:
                 return False
-            time.sleep(0.0002)
+            time.sleep(0.00005)
         for fd in (self.note_r, self.note_w):
             os.close(fd)
         return True
@@ -442,7 +455,7 @@ class SparePool:
             return
         spare = Spare(name, dirs)
         try:
-            spare.thread.start()
+            spare.start()
         except RuntimeError as exc:  # no thread to be had
             self.log(f"cannot start a spare: {exc}")
             for fd in (spare.note_r, spare.note_w):

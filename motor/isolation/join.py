@@ -172,7 +172,7 @@ def fork_into_cgroup(cgroup_dir: str) -> int:
     import ctypes  # the forkserver has it loaded already
     import threading
 
-    if threading.active_count() > 1:
+    if threading.active_count() > 1 or len(os.listdir("/proc/self/task")) > 1:  # (bare threads too)
         raise OSError(errno.EDEADLK, "clone3 into a cgroup from a process with other threads "
                       "(its child could wait for ever on a lock one of them held): fork and join")
     fd = os.open(cgroup_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
