@@ -552,6 +552,12 @@ class _Wire:
             idle, self._idle = self._idle, None
             self._drop(*idle[:2])
 
+    def __del__(self) -> None:  # a client dropped without close(): its kept connection goes
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the socket may be gone already
+            pass
+
     @staticmethod
     def _read_head(reader) -> tuple[int, _Headers]:
         while True:
