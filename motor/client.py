@@ -367,9 +367,9 @@ class _Wire:
     """HTTP/1.1 to one runner: a Unix socket path, or `http(s)://host:port[/prefix]`.
 
     Keep-alive: the connection of a response read to its end goes back to the wire and the
-    next request within `REUSE_S` takes it (issue 14: a client sending one request after
-    the other, 200 submits, went from 103-112 to 130-141 jobs/s through `motor serve`;
-    the runner's accept and its connection set-up are per connection). It is taken only
+    next request within `REUSE_S` takes it (issue 14: 200 submits one after the other
+    through `motor serve`, 88.0 -> 96.5 jobs/s, docs/performance.md "Stop 30"; the
+    runner's accept and its connection set-up are per connection). It is taken only
     after a non-blocking look finds it neither closed by the runner nor holding stray
     bytes, and the runner keeps an idle connection for `HEAD_TIMEOUT_S` (5 s, motor/api/
     server.py), well beyond `REUSE_S`. A request whose send on a kept connection fails
