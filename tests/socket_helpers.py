@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import threading
+from typing import Callable
 
 
 def read_until(conn: socket.socket, marker: bytes) -> tuple[bytes, bool]:
@@ -29,3 +31,19 @@ def take_response(buf: bytearray) -> tuple[bytes, bytes] | None:
         return None
     buf[:] = rest[length:]
     return head, rest[:length]
+
+
+def serve_each(listener: socket.socket, on_conn: Callable[[socket.socket], None]) -> threading.Thread:
+    """Accept on `listener` until it is closed, each connection handled by `on_conn` in a
+    thread of its own; the accepting thread (started)."""
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=on_conn, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    return thread

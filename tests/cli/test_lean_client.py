@@ -23,7 +23,7 @@ import pytest
 
 from motor.client import Client, RunnerUnavailable
 from motor.records import JobRequest, RefusedError, Terminal
-from socket_helpers import read_until
+from socket_helpers import read_until, serve_each
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -267,19 +267,11 @@ class KeepAliveServer:
         self.sock = socket.socket(socket.AF_UNIX)
         self.sock.bind(self.path)
         self.sock.listen(4)
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            self.open.append(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+        serve_each(self.sock, self._serve)
 
     def _serve(self, conn: socket.socket) -> None:
+        self.connections += 1
+        self.open.append(conn)
         buf = b""
         try:
             while True:

@@ -12,6 +12,7 @@ import time
 
 import pytest
 from fake_dbus import dbus_messages
+from socket_helpers import serve_each
 from jeepney import DBusAddress, new_error, new_method_return, new_signal
 
 from motor.execution.sdscopes import ScopeStarter
@@ -32,19 +33,10 @@ class Manager:
         self.script = script
         self.accepted = 0
         self.calls = []
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            threading.Thread(target=self._conn, args=(conn,), daemon=True).start()
+        self.thread = serve_each(self.listener, self._conn)
 
     def _conn(self, conn: socket.socket) -> None:
+        self.accepted += 1
         with conn:  # closed however the client leaves (else a ResourceWarning at a later GC)
             self._talk(conn)
 
