@@ -554,12 +554,12 @@ class Keeperd:
         err_r, err_w = os.pipe()
         job.started_at_ms = _now_ms()
         try:
+            # a spare's thread already in the job's groups spawns it, or the job joins its
+            # groups (or systemd scope) before exec, or nothing to join
             pid, exec_fd = self._from_spare(spec, exe, argv, env, out_w, err_w), -1
-            if pid is not None:  # spawned by a thread already in the job's groups
-                pass
-            elif spec.get("cgroup_procs") or spec.get("systemd_scope"):  # joins before exec
+            if pid is None and (spec.get("cgroup_procs") or spec.get("systemd_scope")):
                 pid, exec_fd = self._fork_exec(spec, exe, argv, env, out_w, err_w, cmd0)
-            else:
+            elif pid is None:
                 pid = self._posix_spawn(spec, exe, argv, env, out_w, err_w)
         except BaseException:
             for fd in (out_r, err_r):
