@@ -228,11 +228,12 @@ class Keeperd:
         self.idle_since: float | None = time.monotonic()
         self.terminate = False
         self.record_pid_after_s = record_pid_after_s()
-        # pre-placed processes for v1 cgroup jobs (motor/execution/spares.py)
+        # pre-placed threads for v1 cgroup jobs (motor/execution/spares.py)
         self.spares = S.SparePool(state_dir, self.sel, S.pool_size(), self._log)
         # systemd jobs' scopes, over one long-lived connection to the manager (sdscopes.py),
         # made for the first systemd job: its D-Bus client is then imported (issue 14:
-        # keeperd forks once per cgroup-v1 spare, and a smaller process forks faster)
+        # keeperd forks every job that joins its groups itself, and a smaller process forks
+        # faster)
         self.scopes: Any = None
 
     # -- event loop ---------------------------------------------------------------------
@@ -320,8 +321,8 @@ class Keeperd:
         self._reap_orphans()
 
     def _strangers(self) -> list[int]:
-        """Our children that are neither a job's main process nor a spare: processes
-        re-parented to us (we are the jobs' subreaper)."""
+        """Our children that are no job's main process: processes re-parented to us (we
+        are the jobs' subreaper)."""
         return [p for p in _children(self.pid) if p not in self.mains]
 
     def _reap_orphans(self, strangers: list[int] | None = None) -> None:

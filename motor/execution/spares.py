@@ -78,7 +78,7 @@ RESETS = (("cpuacct", "cpuacct.usage"), ("memory", "memory.max_usage_in_bytes"))
 #: an RCU grace period, 10-20 ms here; a spare that spawns its job is waited for as long
 #: as that takes)
 SPARE_END_S = 5.0
-CLEAN_S = 2.0  # how long a leftover spare group may stay busy (its process exiting)
+CLEAN_S = 2.0  # how long a leftover spare group may stay busy (what was in it exiting)
 
 
 def pool_size(environ=os.environ) -> int:
@@ -306,7 +306,7 @@ class SparePool:
         self.parents: dict[str, str] = {}  # controller -> parent group dir
         self.spares: dict[str, Spare] = {}  # by name
         self.serial = 0
-        self.paused = False  # a spare died unasked: none made until the next job's start
+        self.paused = False  # no thread could be started: none made until the next job's start
         self.taken = self.missed = 0  # job starts from a spare / with none ready
         self.last_take = -math.inf  # when a job last started from the pool (monotonic)
         self.burst = False  # that start came within `idle_s` of the one before
@@ -316,9 +316,9 @@ class SparePool:
     def refill_due(self) -> bool:
         """Spares to make now: the pool is short and at half its size or below, or in a
         burst of starts, or no job has started for `idle_s` (REFILL_IDLE_S). keeperd makes
-        the missing ones one per turn of its loop while nothing else is ready (`fill_one`,
-        and while a start waits for its exec only when `low`): one right after the other,
-        so their joins fall within one grace period."""
+        the missing ones one per turn of its loop while nothing else is ready
+        (`fill_one`): one right after the other, so their joins fall within one grace
+        period."""
         return (bool(self.parents) and not self.paused and len(self.spares) < self.size
                 and (len(self.spares) <= self.size // 2 or self.burst
                      or time.monotonic() - self.last_take >= self.idle_s))

@@ -16,7 +16,8 @@ The keeper joins the group itself: it writes its own pid into every path of
 On v1 the runner's backend (`keeper_makes_groups`, set by motor/runner/host.py) makes no
 group: `prepare` puts the groups and limits in the spec (`cgroup_make`) and the keeper
 makes them; keeperd renames the groups of a spare thread that joined them ahead of
-time instead, and the thread spawns the job (motor/execution/spares.py), so no migration is left on the job's start.
+time instead, and the thread spawns the job (motor/execution/spares.py), so no migration
+is left on the job's start.
 
 Every failure to create or write a group raises `IsolationError` naming the path and the
 error (the job actor treats it as a failed start). `finish()` never raises.

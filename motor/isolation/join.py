@@ -166,13 +166,14 @@ def fork_into_cgroup(cgroup_dir: str) -> int:
 
     The syscall goes around glibc's fork(), so none of glibc's fork handlers run: a lock
     another thread holds at that moment (malloc's) stays held in the child for ever. So a
-    process with other Python threads is refused (keeperd, the one caller, has none; a
-    test's pytest process with a leftover server thread once hung its child so).
+    process running other threads (any kind: /proc/self/task counts them all) is refused.
+    keeperd, the one caller, runs other threads only on cgroup v1, for its spares, where
+    it never asks for this; a test's pytest process with a leftover server thread once hung
+    its child so.
     """
     import ctypes  # the forkserver has it loaded already
-    import threading
 
-    if threading.active_count() > 1 or len(os.listdir("/proc/self/task")) > 1:  # (bare threads too)
+    if len(os.listdir("/proc/self/task")) > 1:
         raise OSError(errno.EDEADLK, "clone3 into a cgroup from a process with other threads "
                       "(its child could wait for ever on a lock one of them held): fork and join")
     fd = os.open(cgroup_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
