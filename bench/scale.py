@@ -16,6 +16,10 @@ blocker job (`sleep`, claim = max_weight) takes all capacity; then N jobs of `tr
   `GET /v1/status`), ms; with N queued also the CPU time per request of the runner
   (`runner_cpu_ms`, from /proc) and of this client (`client_cpu_ms`: reading and decoding
   the answer), steadier than wall time when other work shares the machine;
+- `status_full_latency`: the same for `GET /v1/status?full=1` (whole records; what `GET
+  /v1/status` answered before stop 31);
+- `status_latency_after_event`: `GET /v1/status` with one more job submitted (untimed)
+  before each request, so that each view follows an event (`--tries` more jobs queued);
 - `jobs_latency` with N queued: the same for `GET /v1/jobs?all=1` (every retained record,
   each queued one with its live wait fields; stop 25);
 - `runner_rss`: the runner process's resident set size, MiB;
@@ -212,10 +216,26 @@ def main() -> int:
 
             # -- latency and size with N queued ---------------------------------------------
             for metric, path in (("health_latency", "/v1/health"), ("status_latency", "/v1/status"),
+                                 ("status_full_latency", "/v1/status?full=1"),
                                  ("jobs_latency", "/v1/jobs?all=1")):
                 values, cpu = timed_cpu(lambda: client.call("GET", path), args.tries, runner.proc.pid)
                 emit(metric, statistics.median(values), "ms",
                      f"p90={p90(values):.3f} tries={len(values)} queued={args.n} {cpu}")
+            # the same status view with an event between two requests (one more job
+            # submitted, untimed): the view is then built from the records, not the view
+            # before with its clocks run on (docs/scheduling.md, "The status view, encoded")
+            values, runner_ms, client_ms = [], 0.0, 0.0
+            for i in range(args.tries):
+                client.call("POST", "/v1/jobs", json={
+                    "command": ["true"], "weight_hint": 1, "workspace": f"extra{i}",
+                    "capabilities": client.capabilities})
+                runner0, client0 = cpu_ms(runner.proc.pid), time.process_time()
+                values += timed(lambda: client.call("GET", "/v1/status"), 1)
+                runner_ms += cpu_ms(runner.proc.pid) - runner0
+                client_ms += (time.process_time() - client0) * 1000.0
+            emit("status_latency_after_event", statistics.median(values), "ms",
+                 f"p90={p90(values):.3f} tries={len(values)} queued={args.n + args.tries} "
+                 f"runner_cpu_ms={runner_ms / args.tries:.1f} client_cpu_ms={client_ms / args.tries:.1f}")
             status = client.status()
             queued = len(status.get("queued", []))
             emit("runner_rss", runner.rss_mib(), "MiB", f"queued={queued}")

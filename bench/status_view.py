@@ -11,10 +11,15 @@ Each round, time moves on 0.25 s (so every queue_wait_ms changes), and is timed:
 - `status_view_dicts`: the StatusView event (the view as Python dicts, what the embedding
   API's `runner.status()` returns), then the same view encoded to JSON with msgspec (what
   the API sent before the encoded view existed);
-- `status_view_encoded`: the encoded view (bytes of `{"queued": [...]`, what
-  `GET /v1/status` sends), with every record's encoded form cached;
+- `status_view_encoded`: the encoded view of status rows (bytes of `{"queued": [...]`, what
+  `GET /v1/status` sends), with every row's encoded form cached and no event between two
+  views (since stop 31 that is the view before with its clocks run on, `QueuedJson.again`);
+- `status_view_after_event`: the same with an event between two views (each row from its
+  kept bytes and the core's wait fields);
 - `status_view_cold`: the encoded view right after every record was replaced (each record
-  encoded again: what the first view after a fill, or a restart, costs).
+  encoded again: what the first view after a fill, or a restart, costs);
+- `status_view_full_encoded`, `status_view_full_cold`: the same with whole public records
+  (`GET /v1/status?full=1`; what `GET /v1/status` answered before stop 31).
 
 Printed in the peers' line format: the median (and p90) of the rounds' wall time, ms, the
 median of their CPU time (`cpu_ms`, this process only: steadier than wall time on a loaded
@@ -119,29 +124,49 @@ def main() -> int:
         return 0
     from motor.scheduling.view import join_array
 
-    def encoded_view() -> bytes:
-        [reply] = [e for e in run(machine, StatusView(encoded=True), now, wall)
-                   if isinstance(e, m.Reply)]
+    rows = hasattr(StatusView(), "full")  # since the status rows (stop 31)
+
+    def encoded_view(full: bool) -> bytes:
+        event = StatusView(encoded=True, full=full) if rows else StatusView(encoded=True)
+        [reply] = [e for e in run(machine, event, now, wall) if isinstance(e, m.Reply)]
         return join_array(reply.value["queued"])
 
-    warm, cold = [], []
-    encoded_view()  # the first view encodes every record
-    for _ in range(args.rounds):
-        now, wall = now + 0.25, wall + 250
-        with Timer() as t:
-            body = encoded_view()
-        warm.append(t.value)
-        assert machine.queued_json.encoded_last == 0
-    emit("status_view_encoded", warm, f"{extra} bytes={len(body)}")
-    for _ in range(max(3, args.rounds // 3)):
-        for job_id, record in machine.queued.items():  # every record replaced (same values)
-            machine.queued[job_id] = msgspec.structs.replace(record)
-        now, wall = now + 0.25, wall + 250
-        with Timer() as t:
-            encoded_view()
-        cold.append(t.value)
-        assert machine.queued_json.encoded_last == args.n
-    emit("status_view_cold", cold, f"{extra} encoded={args.n}")
+    # the status rows (GET /v1/status), then the whole records (?full=1; before stop 31,
+    # what GET /v1/status answered)
+    for full, name in ((False, "status_view_encoded"), (True, "status_view_full_encoded")):
+        if not rows and not full:
+            continue
+        cache = machine.queued_json if full or not rows else machine.queued_rows
+        again = hasattr(cache, "again")  # since stop 31: the view before, if only time moved
+        warm, changed, cold = [], [], []
+        encoded_view(full)  # the first view encodes every record
+        for _ in range(args.rounds):
+            now, wall = now + 0.25, wall + 250
+            with Timer() as t:
+                body = encoded_view(full)
+            warm.append(t.value)
+            assert cache.encoded_last == 0
+        emit(name, warm, f"{extra} bytes={len(body)}")
+        if again:  # after an event (counted as the machine counts one): from the records
+            for _ in range(args.rounds):
+                machine.events += 1
+                now, wall = now + 0.25, wall + 250
+                with Timer() as t:
+                    encoded_view(full)
+                changed.append(t.value)
+                assert cache.encoded_last == 0 and not cache.again_last
+            emit(name.replace("encoded", "after_event"), changed, extra)
+        for _ in range(max(3, args.rounds // 3)):
+            for job_id, record in machine.queued.items():  # every record replaced (same values)
+                machine.queued[job_id] = msgspec.structs.replace(record)
+            if again:
+                machine.events += 1  # records change only in events
+            now, wall = now + 0.25, wall + 250
+            with Timer() as t:
+                encoded_view(full)
+            cold.append(t.value)
+            assert cache.encoded_last == args.n
+        emit(name.replace("encoded", "cold"), cold, f"{extra} encoded={args.n}")
     return 0
 
 

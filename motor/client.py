@@ -850,8 +850,9 @@ class Client(_Base):
     def health(self) -> dict:
         return self.call("GET", "/v1/health")
 
-    def status(self) -> dict:
-        return self.call("GET", "/v1/status")
+    def status(self, full: bool = False) -> dict:
+        """Queued and running jobs as status rows (or whole records with `full`), capacity."""
+        return self.call("GET", "/v1/status?full=1" if full else "/v1/status")
 
     def workspaces(self) -> list[dict]:
         return self.call("GET", "/v1/workspaces")
@@ -995,8 +996,8 @@ class AsyncClient(_Base):
     async def health(self) -> dict:
         return await self.call("GET", "/v1/health")
 
-    async def status(self) -> dict:
-        return await self.call("GET", "/v1/status")
+    async def status(self, full: bool = False) -> dict:
+        return await self.call("GET", "/v1/status?full=1" if full else "/v1/status")
 
     async def workspaces(self) -> list[dict]:
         return await self.call("GET", "/v1/workspaces")

@@ -196,8 +196,8 @@ class DispatcherHandle(_Handle):
     async def heartbeat(self, job_id: str):
         return await self.ref.call(Heartbeat(job_id))
 
-    async def status_view(self, encoded: bool = False) -> dict:
-        return await self.ref.call(StatusView(encoded))
+    async def status_view(self, encoded: bool = False, full: bool = False) -> dict:
+        return await self.ref.call(StatusView(encoded, full))
 
     async def capacity(self) -> dict:
         return await self.ref.call(CapacityView())

@@ -13,6 +13,7 @@ import msgspec
 import trio
 
 from motor.config import RunnerConfig
+from motor.scheduling.view import ROW_FIELDS
 from motor.records import (
     CAPABILITIES,
     Accepted,
@@ -192,16 +193,19 @@ class FakeRunner:
         job.withdrawn.set()
         return self.withdraw_result
 
-    async def status(self) -> dict:
+    async def status(self, full: bool = False) -> dict:
         live = [public_record(j.record) for j in self.jobs_by_id.values() if not j.record.terminal]
+        if not full:
+            live = [{k: r.get(k) for k in (*ROW_FIELDS, "queue_wait_ms", "waiting_on",
+                                             "waiting_on_job")} for r in live]
         return {
             "queued": [r for r in live if r["state"] == "queued"],
             "running": [r for r in live if r["state"] != "queued"],
             "capacity": {"max_weight": 8, "held_permits": 0},
         }
 
-    async def status_json(self) -> bytes:
-        return msgspec.json.encode(await self.status()) + b"\n"
+    async def status_json(self, full: bool = False) -> bytes:
+        return msgspec.json.encode(await self.status(full)) + b"\n"
 
     async def health(self) -> dict:
         if self.explode:

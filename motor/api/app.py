@@ -366,7 +366,8 @@ class MotorApp:
 
     async def status(self, scope, receive, send, query) -> None:
         # already encoded: the queued records are spliced from cached bytes (issue 14)
-        await self._send_bytes(send, 200, JSON, await self.runner.status_json())
+        await self._send_bytes(send, 200, JSON,
+                               await self.runner.status_json(full=_flag(query, "full")))
 
     async def workspaces(self, scope, receive, send, query) -> None:
         await self._send_json(send, 200, await self.runner.workspaces())

@@ -142,6 +142,8 @@ def register(sub: argparse._SubParsersAction, only: str | None = None) -> None:
         p = sub.add_parser("status", parents=[common], help="queued and running jobs")
         p.add_argument("--watch", nargs="?", const=2.0, type=float, metavar="SECONDS",
                        help="redraw every SECONDS (default 2) until interrupted")
+        p.add_argument("--full", action="store_true",
+                       help="with --json: each job's whole record, not its status row")
         p.set_defaults(handler=cmd_status)
 
     if wanted("jobs"):
@@ -644,7 +646,8 @@ def cmd_withdraw(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     def go() -> int:
         with make_client(args) as client:
-            data = client.status()
+            full = args.json and args.full
+            data = client.status(full)
             if args.json:
                 _print_json(data)
             else:
@@ -657,7 +660,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
                 while True:  # live view: redraw until interrupted
                     _time.sleep(max(0.2, interval))
-                    data = client.status()
+                    data = client.status(full)
                     if args.json:
                         _print_json(data)
                     else:

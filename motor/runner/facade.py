@@ -19,7 +19,7 @@ from ..records import (
     Truncated, decode_event, public_record, to_json,
 )
 from ..scheduling.admission import withdraw_answer
-from ..scheduling.view import join_array
+from ..scheduling.view import join_array, row_form
 from ..store.hub import ChangeHub
 from ..store.pace import STALLED_COMMIT_S
 from .host import Host
@@ -225,22 +225,27 @@ class Runner:
 
     # -- reports --------------------------------------------------------------------------
 
-    async def status(self) -> dict:
-        view = await self.handles.dispatcher.status_view()
-        view["running"] = self._running(view.pop("active"))
+    async def status(self, full: bool = False) -> dict:
+        """The live view: a status row of each queued and running job (scheduling/view.py
+        ROW_FIELDS), or with `full` its whole public record, and the capacity."""
+        view = await self.handles.dispatcher.status_view(full=full)
+        view["running"] = self._running(view.pop("active"), full)
         return view
 
-    async def status_json(self) -> bytes:
+    async def status_json(self, full: bool = False) -> bytes:
         """`status()` as the JSON bytes `GET /v1/status` answers (with a final newline),
-        its queued records spliced from the dispatcher's encoded view (issue 14)."""
-        view = await self.handles.dispatcher.status_view(encoded=True)
+        its queued rows spliced from the dispatcher's encoded view (issue 14)."""
+        view = await self.handles.dispatcher.status_view(encoded=True, full=full)
         return join_array(view["queued"], b'{"queued":',
-                          b',"running":' + to_json(self._running(view["active"]))
+                          b',"running":' + to_json(self._running(view["active"], full))
                           + b',"capacity":' + to_json(view["capacity"]) + b"}\n")
 
-    def _running(self, active: list[str]) -> list[dict]:
-        records = (self.db.get(job_id) for job_id in active)
-        return [public_record(r) for r in records if r is not None]
+    def _running(self, active: list[str], full: bool) -> list[dict]:
+        records = [r for r in map(self.db.get, active) if r is not None]
+        if full:
+            return [public_record(r) for r in records]
+        return [row_form(r, r.waiting_on, r.waiting_on_job, r.queue_wait_ms, r.waiting_detail)
+                for r in records]
 
     async def health(self) -> dict:
         """The health report. `status` is "ok", or "degraded" with `degraded` listing each

@@ -104,6 +104,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import heapq
 import itertools
 import math
@@ -151,6 +152,25 @@ ENDED_MEMORY = 4096
 #: Budget comparisons tolerate float rounding (a deadline computed as t + remaining must be
 #: expired when the timer fires at exactly that t).
 _EPS_S = 1e-6
+EPS_MS = _EPS_S * 1000.0
+
+
+def wait_ms(acc: float, since: float | None, t: float) -> int:
+    """queue_wait_ms at time `t` of a clock that holds `acc` seconds and has advanced since
+    `since` (None: paused), as `wait_columns` computes it (no 29999 for 30 s)."""
+    if since is None:
+        return int(acc * 1000.0 + EPS_MS)
+    elapsed = t - since
+    return int((acc + (elapsed if elapsed > 0.0 else 0.0)) * 1000.0 + EPS_MS)
+
+
+def _mutates(method):
+    """A mutating method of the Scheduler: counted in `Scheduler.version`."""
+    @functools.wraps(method)
+    def counted(self, *args, **kwargs):
+        self.version += 1
+        return method(self, *args, **kwargs)
+    return counted
 #: Budget due times are filed as computed when a clock starts; entries this close to now are
 #: re-checked with the exact formula (`expired`, `next_wakeup`), so rounding never decides.
 _DUE_MARGIN_S = 1e-3
@@ -159,7 +179,7 @@ _DUE_MARGIN_S = 1e-3
 # --- plain data in and out ------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobSpec:
     """What the core needs to know about an accepted job."""
 
@@ -260,7 +280,7 @@ from motor.queue_wait import LocalDeadline  # noqa: E402
 # --- internal job record ----------------------------------------------------------------
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Job:
     spec: JobSpec
     accept_seq: int
@@ -283,9 +303,10 @@ class _Job:
     story: deque = field(default_factory=lambda: deque(maxlen=STORY_LINES))
     job_id: str = field(init=False)  # the spec's, read on every clock flip: plain attributes
     claim: int = field(init=False)
+    workspace: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.job_id, self.claim = self.spec.job_id, self.spec.claim
+        self.job_id, self.claim, self.workspace = self.spec.job_id, self.spec.claim, self.spec.workspace
 
     @property
     def background(self) -> bool:
@@ -377,6 +398,11 @@ class Scheduler:
         #: follows at the same instant (see `decide`); anything else runs it first
         self._owed = False
         self._t = -math.inf
+        #: counts the changes that may move a job's wait fields other than by its clock
+        #: running on: every mutating method (`_mutates`) and each time-driven pass in
+        #: `_refresh`. While it stands, each job's waiting_on/waiting_on_job/waiting_detail
+        #: stay and its queue_wait_ms follows `wait_ms` of its `wait_columns` clock.
+        self.version = 0
 
     # --- admission ------------------------------------------------------------------
 
@@ -392,6 +418,7 @@ class Scheduler:
             return Refusal(code="runner_full", detail=f"claim {claim} vCPUs exceeds {limit}")
         return None
 
+    @_mutates
     def accept(self, spec: JobSpec, now: float, *, force: bool = False) -> Refusal | None:
         """Admit a job (it then awaits its bundles) or refuse it before anything is recorded.
 
@@ -428,6 +455,7 @@ class Scheduler:
                    + f", queue-wait budget {job.budget_s:g}s")
         return None
 
+    @_mutates
     def ready(self, job_id: str, now: float, *, waited_s: float = 0.0,
               ready_age_s: float = 0.0) -> bool:
         """Bundles verified and pinned: the job joins its workspace queue, its clock starts.
@@ -470,6 +498,7 @@ class Scheduler:
                    + (", clock advancing" if job.clock_since is not None else ", clock paused"))
         return True
 
+    @_mutates
     def set_runner_enforced(self, job_id: str, enforced: bool) -> None:
         """Who enforces a pending job's queue-wait budget: the runner (`expired`) or a client
         that follows it. A follower that goes away hands enforcement back to the runner."""
@@ -485,6 +514,7 @@ class Scheduler:
                 self._unenrol(job)
         self._tell(job, self._t, "budget enforced by the " + ("runner" if enforced else "client"))
 
+    @_mutates
     def adopt_running(self, spec: JobSpec, now: float) -> None:
         """Count a job that was setting up or running before a restart as running now.
 
@@ -507,6 +537,7 @@ class Scheduler:
 
     # --- dispatch -------------------------------------------------------------------
 
+    @_mutates
     def decide(self, now: float) -> list[Start]:
         """The heads to start now, in order; each is already counted as setting up.
 
@@ -529,6 +560,7 @@ class Scheduler:
         self._reclassify(now)
         return starts
 
+    @_mutates
     def setup_done(self, job_id: str, now: float) -> None:
         job = self._get(job_id, SETUP)
         now = self._refresh(now)
@@ -539,6 +571,7 @@ class Scheduler:
         self._setup_held -= job.claim
         self._tell(job, now, "setup done: running")
 
+    @_mutates
     def start_failed(self, job_id: str, now: float, *, cleanup_pending: bool = False) -> None:
         """A start attempt failed: requeue the job at its place after a retry delay.
 
@@ -580,6 +613,7 @@ class Scheduler:
                    f"retry in {delay:g}s" + (", cleanup pending" if cleanup_pending else ""))
         self._reclassify(now)
 
+    @_mutates
     def cleanup_done(self, job_id: str, now: float) -> bool:
         """The failed start attempt's cleanup finished; False if there was none pending."""
         job = self._jobs.get(job_id)
@@ -592,6 +626,7 @@ class Scheduler:
         self._reclassify(now)
         return True
 
+    @_mutates
     def finished(self, job_id: str, now: float) -> None:
         """A running (or setting-up) job ended: its permits and workspaces are free."""
         job = self._jobs.get(job_id)
@@ -607,6 +642,7 @@ class Scheduler:
         self._forget(job, now, "finished")
         self._owed = True  # the clock pass, at `now`: the next call runs it (see `decide`)
 
+    @_mutates
     def cancel(self, job_id: str, now: float) -> bool:
         """Remove a queued or awaiting-bundle job.  False (no error) when there is none."""
         job = self._jobs.get(job_id)
@@ -617,6 +653,7 @@ class Scheduler:
         self._reclassify(now)
         return True
 
+    @_mutates
     def withdraw(self, job_id: str, now: float) -> str:
         """"withdrawn" (removed; the runner ends it refused_before_start/queue_wait_exceeded),
         "started" (already setting up or running, or it ran: too late), "already_ended"
@@ -647,38 +684,64 @@ class Scheduler:
     def wait_statuses(self, job_ids, now: float) -> list[tuple]:
         """The fields of `wait_status` as plain tuples (waiting_on, waiting_on_job,
         queue_wait_ms, waiting_detail) for each of `job_ids`, in order, with the core brought
-        up to ``now`` once: the status view of a deep queue (issue 14), one refresh and no
-        object per job."""
+        up to ``now`` once (`wait_columns`)."""
+        waits_ms, waits = self.wait_columns(job_ids, now)
+        return [(w[0], w[1], ms, w[2]) for ms, w in zip(waits_ms, waits)]
+
+    def wait_columns(self, job_ids, now: float, clocks: list | None = None
+                     ) -> tuple[list[int], list[tuple]]:
+        """The status view of a deep queue (issue 14): for each of `job_ids`, in order, its
+        queue_wait_ms, and its (waiting_on, waiting_on_job, waiting_detail), with the core
+        brought up to ``now`` once. Every job behind the queued head of a workspace waits
+        on the same: those share one tuple (the same object), so a caller may key what it
+        derives from a wait by the tuple's identity. `clocks`, a list, gets each job's
+        clock (held seconds, advancing since or None): while `version` stands, its
+        queue_wait_ms at a later time is `wait_ms(*clock, t)`."""
         self._refresh(now)
+        add_clock = clocks.append if clocks is not None else None
         jobs, queues, t, max_weight = self._jobs, self._queues, self._t, self.max_weight
         owner, sib_user = self._owner, self._sib_user
-        eps_ms = _EPS_S * 1000.0
-        out = []
-        append = out.append
+        eps_ms = EPS_MS  # wait_ms, inline
+        idle = (None, None, None)  # a job not queued: setting up or running
+        # {workspace: (its queued head, the wait of a job behind it)}
+        behind: dict[str, tuple] = {}
+        waits_ms: list[int] = []
+        waits: list[tuple] = []
+        add_ms, add = waits_ms.append, waits.append
         for job_id in job_ids:  # ~1 us per job: 10,000 per view (issue 14)
             job = jobs[job_id]
             since = job.clock_since
             if since is None:
-                wait = job.clock_acc
+                add_ms(int(job.clock_acc * 1000.0 + eps_ms))
             else:
                 elapsed = t - since
-                wait = job.clock_acc + (elapsed if elapsed > 0.0 else 0.0)
-            ms = int(wait * 1000.0 + eps_ms)
+                add_ms(int((job.clock_acc + (elapsed if elapsed > 0.0 else 0.0)) * 1000.0 + eps_ms))
+            if add_clock is not None:
+                add_clock((job.clock_acc, since))
             if job.state != QUEUED:
-                append((None, None, ms, None))
+                add(idle)
                 continue
-            spec = job.spec
-            ws = spec.workspace
-            dq = queues[ws]
-            head = dq[0]
-            if head != job_id and ws not in owner and ws not in sib_user:
-                append(("workspace_owner", head, ms, None if spec.claim <= max_weight
-                        else self._over_max(spec.claim)))  # behind its queued head
-                continue
-            waiting_on, on_job, _, _ = self._blockers(job, dq, head == job_id)
-            append((waiting_on, on_job, ms, None if spec.claim <= max_weight
-                    else self._over_max(spec.claim)))
-        return out
+            ws = job.workspace
+            entry = behind.get(ws)
+            if entry is None:
+                head = queues[ws][0]
+                holder = owner.get(ws)
+                if holder is not None:
+                    wait = ("workspace_owner", holder, None)
+                else:
+                    holder = sib_user.get(ws)
+                    wait = (("sibling_user", holder, None) if holder is not None
+                            else ("workspace_owner", head, None))
+                entry = behind[ws] = (head, wait)
+            if entry[0] != job_id:
+                wait = entry[1]
+            else:
+                waiting_on, on_job, _, _ = self._blockers(job, queues[ws], True)
+                wait = (waiting_on, on_job, None)
+            if job.claim > max_weight:
+                wait = (wait[0], wait[1], self._over_max(job.claim))
+            add(wait)
+        return waits_ms, waits
 
     def _over_max(self, claim: int) -> str:
         return (f"claim {claim} vCPUs exceeds max_weight {self.max_weight}: "
@@ -1271,6 +1334,10 @@ class Scheduler:
             self._owed = False
             self._reclassify(self._t)
 
+    def refresh(self, now: float) -> float:
+        """Bring the core up to ``now`` (`_refresh`); the effective time."""
+        return self._refresh(now)
+
     def _refresh(self, now: float) -> float:
         """Bring the core up to ``now``: re-decide clock pauses at each time-driven change
         between the previous call and now (a head reaching 60 s, a retry delay ending), in
@@ -1286,6 +1353,7 @@ class Scheduler:
             if at is None or at > now:
                 break
             self._t = at
+            self.version += 1
             self._reclassify(at)
         self._t = now
         return now

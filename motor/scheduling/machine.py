@@ -39,7 +39,7 @@ from .messages import (
     BundleArrived, CancelJob, CeilingChanged, Finished, Heartbeat, QueuedViews, SetupDone,
     StatusView, Unfollowed,
 )
-from .view import QueuedJson, public_form
+from .view import QueuedJson, public_form, row_form, row_parts
 
 #: how long the dispatcher waits before retrying saves the store refused for lack of space
 STORE_FULL_RETRY_S = 1.0
@@ -48,6 +48,8 @@ STORE_FULL_RETRY_S = 1.0
 #: every job queued in their workspaces each time, and saving each flip cost more than
 #: the job. A crash loses at most this much of their courses; an orderly stop none.
 CLOCK_SAVE_S = 0.25
+#: events that only read: they change no record and nothing in the core but its time
+_VIEWS = (StatusView, QueuedViews, Heartbeat)
 
 # --- events: what the shell hands in ------------------------------------------------------
 # The dispatcher's messages (messages.py) are events as they are, except Submit, StartFailed
@@ -272,7 +274,12 @@ class DispatchMachine:
     #: every STORE_FULL_RETRY_S; a later save of the same job supersedes it
     unsaved: dict[str, SaveRecord] = field(default_factory=dict)
     flush_armed: bool = False
-    #: the encoded public records of the queued jobs, kept across status views (view.py)
+    #: events handled that may change a record or the core (all but _VIEWS): with the
+    #: core's version, what says a status view may be the one before with time moved on
+    events: int = 0
+    #: the encoded status rows of the queued jobs, kept across status views (view.py)
+    queued_rows: QueuedJson = field(default_factory=lambda: QueuedJson(row_parts))
+    #: the same for their whole public records (`GET /v1/status?full=1`)
     queued_json: QueuedJson = field(default_factory=QueuedJson)
 
     @classmethod
@@ -290,6 +297,8 @@ class DispatchMachine:
         method = getattr(self, "_on_" + type(event).__name__, None)
         if method is None:
             raise TypeError(f"dispatcher: unknown event {event!r}")
+        if type(event) not in _VIEWS:
+            self.events += 1
         return method(event, now, wall_ms)
 
     def _after(self, now: float) -> list:
@@ -436,7 +445,7 @@ class DispatchMachine:
                 old = self.queued.get(job_id)
                 self.queued[job_id] = clock.record  # from `old`: nothing else ran since
                 if old is not None:
-                    self.queued_json.carry(old, clock.record)
+                    self._carry(old, clock.record)
                 self.clock_saved[job_id] = (clock.running, *clock.clock_at)
                 self.clock_check.discard(job_id)
             return []
@@ -561,7 +570,7 @@ class DispatchMachine:
             self.core.set_runner_enforced(job_id, True)
             old = self.queued[job_id]
             self.queued[job_id] = msgspec.structs.replace(old, budget_enforced_by="runner")
-            self.queued_json.carry(old, self.queued[job_id])  # an internal field only
+            self._carry(old, self.queued[job_id])  # an internal field only
             self.clock_saved.pop(job_id, None)  # persist the new enforcer
             self.clock_check.add(job_id)
         return self._after(now)
@@ -669,17 +678,30 @@ class DispatchMachine:
         return [Reply(None, Queued(**self._wait_fields(event.job_id, now),
                                    queue_wait_budget_ms=self._budget_ms(event.job_id)))]
 
+    def _carry(self, old: JobRecord, new: JobRecord) -> None:
+        """`new` replaced `old` with only clock or internal fields changed (view.QueuedJson.carry)."""
+        self.queued_rows.carry(old, new)
+        self.queued_json.carry(old, new)
+
     def _on_StatusView(self, event: StatusView, now, wall_ms):
-        # One refresh of the core for the whole view (issue 14: 10,000 queued). Encoded:
-        # "queued" holds each record's JSON, its encoded public form kept from
-        # the view before while the record is the same (view.QueuedJson), only the live
-        # wait fields encoded now. Else each record is made public once, with its live wait
-        # fields set on the result.
-        statuses = self.core.wait_statuses(self.queued, now)
+        # One refresh of the core for the whole view (issue 14: 10,000 queued). Each queued
+        # job is a status row, or its whole public record with `full`. Encoded: "queued"
+        # holds each one's JSON, kept from the view before while the record is the same
+        # (view.QueuedJson), only the live wait fields encoded now. Else each is built once,
+        # with its live wait fields set on the result.
+        cache, form = (self.queued_json, public_form) if event.full else (self.queued_rows, row_form)
         if event.encoded:
-            queued = self.queued_json.encode(self.queued, statuses)
+            # the view before, if nothing but time happened since (view.QueuedJson.again)
+            t = self.core.refresh(now)
+            key = (self.events, self.core.version)
+            queued = cache.again(key, t)
+            if queued is None:
+                clocks: list = []
+                waits_ms, waits = self.core.wait_columns(self.queued, now, clocks)
+                queued = cache.encode(self.queued, waits_ms, waits, clocks, key)
         else:
-            queued = [public_form(record, *status)
+            statuses = self.core.wait_statuses(self.queued, now)
+            queued = [form(record, *status)
                       for record, status in zip(self.queued.values(), statuses)]
         return [Reply(None, {
             "queued": queued,

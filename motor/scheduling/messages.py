@@ -70,12 +70,14 @@ class QueuedViews:
 
 @dataclass(frozen=True)
 class StatusView:
-    """Reply: {"queued": [public records, live queue_wait_ms/waiting_on], "active": [job ids
-    setting up or running], "capacity": {max_weight, claim_limit, held_permits,
-    setup_permits, max_queue_depth, pending_jobs}}. `encoded`: "queued" is a list of each
-    record's JSON bytes instead (what GET /v1/status splices; scheduling/view.py)."""
+    """Reply: {"queued": [status rows (scheduling/view.py ROW_FIELDS), live queue_wait_ms/
+    waiting_on], "active": [job ids setting up or running], "capacity": {max_weight,
+    claim_limit, held_permits, setup_permits, max_queue_depth, pending_jobs}}. `full`: whole
+    public records instead of rows. `encoded`: "queued" is a list of each one's JSON bytes
+    (what GET /v1/status splices; scheduling/view.py)."""
 
     encoded: bool = False
+    full: bool = False
 
 
 @dataclass(frozen=True)

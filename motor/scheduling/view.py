@@ -1,11 +1,11 @@
 """The queued part of the status view, as JSON bytes, each record encoded once (issue 14).
 
-`GET /v1/status` with 10,000 queued jobs answers about 6 MB of full public records. Of each
-record only the live wait fields (`queue_wait_ms`, `waiting_on`, `waiting_on_job`,
-`waiting_detail`) change between two views while the record stays the same; the rest of its
-public form is encoded once and kept as two byte strings, the part before `queue_wait_ms` and
-the part from `exit_code` on. A view then encodes only the live fields of each job and splices
-them between its two parts.
+`GET /v1/status` answers a status row per queued and running job (`ROW_FIELDS`, then the
+live wait fields; `?full=1`: the whole public record). Of each row or record only the live
+wait fields (`queue_wait_ms`, `waiting_on`, `waiting_on_job`, `waiting_detail`) change
+between two views while the record stays the same; the rest of it is encoded once and kept
+as two byte strings, the part before `queue_wait_ms` and the part after the live fields. A
+view then encodes only the live fields of each job and splices them between its two parts.
 
 A cached entry holds the record it was encoded from and is used only while the dispatcher
 still holds that same record object (`is`): every change to a queued record (a clock save,
@@ -15,16 +15,24 @@ encoded again at the next view. The entry's reference keeps the old object alive
 identity cannot be reused by another record. Entries of jobs no longer queued (started,
 cancelled, withdrawn) are dropped at the next view.
 
-Pure: no trio, no actors (the dispatcher's machine owns one `QueuedJson`).
+The view before is kept too (`QueuedJson.again`, stop 31): while the dispatcher handled no
+event but views and the core's `version` stands, nothing but the clocks moved, so the next
+view is the kept pieces with each advancing clock's queue_wait_ms computed anew, without a
+lookup per job.
+
+Pure: no trio, no actors (the dispatcher's machine owns one `QueuedJson` for rows and one
+for whole records).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from itertools import repeat
 
 import msgspec
 
 from ..records import _INTERNAL_FIELDS, JobRecord
+from .core import EPS_MS
 
 #: record fields the API never shows (records.public_record), reservation_use when unmeasured
 WITHHELD = ("env", "reservation_use", *_INTERNAL_FIELDS)
@@ -74,10 +82,47 @@ def encoded_parts(record: JobRecord) -> tuple[bytes, bytes]:
     return raw[:at + len(_MARK_HEAD)], raw[at + len(_MARK):]
 
 
-class QueuedJson:
-    """The encoded public records of the queued jobs, kept across views (see the module)."""
+#: a status row: what a queue view shows of a job (`GET /v1/status`; the whole record is
+#: `GET /v1/jobs/{id}`, or `GET /v1/status?full=1`): its public record with only these
+#: fields, in the record's order, and the live wait fields (last in both)
+ROW_FIELDS = ("job_id", "state", "workspace", "command", "kind", "gate", "claim", "cpus",
+              "accepted_at_ms", "started_at_ms")
+LIVE_FIELDS = ("queue_wait_ms", "waiting_on", "waiting_on_job", "waiting_detail")
+_ROW_MARK = b'"queue_wait_ms":0,"waiting_on":null,"waiting_on_job":null}'
 
-    def __init__(self) -> None:
+
+def row_form(record: JobRecord, waiting_on: str | None, waiting_on_job: str | None,
+             queue_wait_ms: int, waiting_detail: str | None) -> dict:
+    """The status row of `record` with these live wait fields (`waiting_detail` only when
+    there is one, as in a public record)."""
+    row = {name: getattr(record, name) for name in ROW_FIELDS}
+    row["queue_wait_ms"] = queue_wait_ms
+    row["waiting_on"] = waiting_on
+    row["waiting_on_job"] = waiting_on_job
+    if waiting_detail is not None:
+        row["waiting_detail"] = waiting_detail
+    return row
+
+
+def row_parts(record: JobRecord) -> tuple[bytes, bytes]:
+    """`encoded_parts` for the status row: (the encoded row up to and including
+    `"queue_wait_ms":`, the closing brace)."""
+    raw = _encode(row_form(record, None, None, 0, None))
+    if not raw.endswith(_ROW_MARK):  # ROW_FIELDS changed: the live fields are no longer last
+        raise ValueError("status view: the live wait fields of a row are not last")
+    return raw[:len(raw) - len(_ROW_MARK) + len(b'"queue_wait_ms":')], b"}"
+
+
+class QueuedJson:
+    """The encoded public records (or status rows, with `row_parts`) of the queued jobs,
+    kept across views (see the module)."""
+
+    def __init__(self, parts=encoded_parts) -> None:
+        self._make_parts = parts
+        #: (key, [(head, held s, advancing since, rest)]): the last view, kept for `again`
+        self._last: tuple | None = None
+        #: the last view came from `again`
+        self.again_last = False
         #: {job_id: (the record encoded, head bytes, tail bytes)}
         self._parts: dict[str, tuple[JobRecord, bytes, bytes]] = {}
         #: records encoded by the last view (fresh or replaced since the one before)
@@ -94,43 +139,90 @@ class QueuedJson:
         if entry is not None and entry[0] is old:
             self._parts[new.job_id] = (new, entry[1], entry[2])
 
-    def encode(self, records: Mapping[str, JobRecord], statuses: Iterable[tuple]) -> list[bytes]:
-        """The JSON public form of each of `records`, in order, with its live fields from
-        `statuses` (Scheduler.wait_statuses: (waiting_on, waiting_on_job, queue_wait_ms,
-        waiting_detail) per record, in the same order). A list, not joined: the caller
-        joins it once into the whole answer (a copy of 6 MB costs milliseconds)."""
+    def again(self, key: object, t: float) -> list[bytes] | None:
+        """The last view at time `t`, if it was encoded with `key` (the dispatcher's count of
+        events and the core's `version`: while both stand, only the clocks ran on), without
+        a lookup per job: each one's kept bytes, and its queue_wait_ms from its clock
+        (`core.wait_ms`, inline). None when `key` is another."""
+        last = self._last
+        if last is None or last[0] != key:
+            self.again_last = False
+            return None
+        out: list[bytes] = []
+        add = out.append
+        for head, acc, since, rest in last[1]:
+            add(head)
+            if since is None:
+                add(rest)  # a paused clock: the whole rest was kept
+            else:
+                elapsed = t - since
+                add(b"%d%s" % (int((acc + (elapsed if elapsed > 0.0 else 0.0)) * 1000.0 + EPS_MS),
+                               rest))
+        if out:
+            out[-1] = out[-1][:-1]
+        self.again_last = True
+        self.encoded_last = 0
+        return out
+
+    def encode(self, records: Mapping[str, JobRecord], waits_ms: Iterable[int],
+               waits: Iterable[tuple], clocks: list | None = None,
+               key: object = None) -> list[bytes]:
+        """The JSON of each of `records`, in order, with its live fields from `waits_ms` and
+        `waits` (Scheduler.wait_columns: queue_wait_ms, and (waiting_on, waiting_on_job,
+        waiting_detail), per record, in the same order). A list of pieces, not joined: the
+        caller joins it once into the whole answer (`join_array`: a copy of megabytes costs
+        milliseconds). Each record is two pieces, its kept head and the rest, a comma after
+        every record but the last, so the head is copied once, by the join. With `clocks`
+        (Scheduler.wait_columns's) the view is kept for `again` under `key`."""
         parts = self._parts
-        memo: dict = {None: b"null"}  # encoded waiting_on and waiting_on_job values
-        out = []
+        # encoded live fields after queue_wait_ms, by the identity of the wait tuple: the
+        # jobs behind one workspace head share theirs (Scheduler.wait_columns); each tuple
+        # lives in `waits` until the view ends, so no identity is reused meanwhile
+        mids: dict[int, bytes] = {}
+        out: list[bytes] = []
+        add = out.append
         encoded = 0
-        for (job_id, record), (waiting_on, on_job, ms, detail) in zip(records.items(), statuses):
+        kept: list[tuple] = []
+        keep = kept.append if clocks is not None else None
+        for (job_id, record), ms, wait, clock in zip(records.items(), waits_ms, waits,
+                                                     clocks if clocks is not None else repeat(None)):
             entry = parts.get(job_id)
             if entry is None or entry[0] is not record:
-                entry = parts[job_id] = (record, *encoded_parts(record))
+                entry = parts[job_id] = (record, *self._make_parts(record))
                 encoded += 1
-            on = memo.get(waiting_on)
-            if on is None:
-                on = memo[waiting_on] = _encode(waiting_on)
-            holder = memo.get(on_job)
-            if holder is None:
-                holder = memo[on_job] = _encode(on_job)
-            if detail is None:
-                out.append(b'%s%d,"waiting_on":%s,"waiting_on_job":%s%s'
-                           % (entry[1], ms, on, holder, entry[2]))
-            else:
-                out.append(b'%s%d,"waiting_on":%s,"waiting_on_job":%s,"waiting_detail":%s%s'
-                           % (entry[1], ms, on, holder, _encode(detail), entry[2]))
-        if len(parts) != len(out):  # every job has its entry: the others are no longer queued
+            mid = mids.get(id(wait))
+            if mid is None:
+                mid = mids[id(wait)] = _live_bytes(*wait)
+            rest = b"%d%s%s," % (ms, mid, entry[2])
+            add(entry[1])
+            add(rest)
+            if keep is not None:  # a paused clock's whole rest, else the rest after the ms
+                acc, since = clock
+                keep((entry[1], acc, None, rest) if since is None
+                     else (entry[1], acc, since, mid + entry[2] + b","))
+        self._last = (key, kept) if clocks is not None else None
+        self.again_last = False
+        if out:
+            out[-1] = out[-1][:-1]
+        if len(parts) * 2 != len(out):  # every job has its entry: the others are no longer queued
             self._parts = {job_id: parts[job_id] for job_id in records}
         self.encoded_last = encoded
         return out
 
 
+def _live_bytes(waiting_on: str | None, waiting_on_job: str | None,
+                waiting_detail: str | None) -> bytes:
+    """The encoded live fields that follow `"queue_wait_ms":N` (waiting_detail only when set)."""
+    out = b',"waiting_on":%s,"waiting_on_job":%s' % (_encode(waiting_on), _encode(waiting_on_job))
+    if waiting_detail is not None:
+        out += b',"waiting_detail":' + _encode(waiting_detail)
+    return out
+
+
 def join_array(pieces: list[bytes], before: bytes = b"", after: bytes = b"") -> bytes:
-    """`before + "[" + ",".join(pieces) + "]" + after`, copying the pieces once (the first
-    and last items of `pieces` are replaced: pass a list you no longer need)."""
-    if not pieces:
-        return before + b"[]" + after
-    pieces[0] = before + b"[" + pieces[0]
-    pieces[-1] = pieces[-1] + b"]" + after
-    return b",".join(pieces)
+    """`before + "[" + b"".join(pieces) + "]" + after`, copying the pieces once: `pieces` is
+    `QueuedJson.encode`'s list (the separators are in it; the list gets the two ends
+    inserted: pass a list you no longer need)."""
+    pieces.insert(0, before + b"[")
+    pieces.append(b"]" + after)
+    return b"".join(pieces)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from motor.memory.core import MemoryCeiling
 from motor.records import JobRecord, JobRequest, Refusal
 from motor.scheduling import machine as m
@@ -244,9 +246,11 @@ def test_recovery_saves_no_clock_whose_persisted_course_still_holds():
     assert machine.core.clock_state("j4", shell.now)[:2] == (1.0, False)
 
 
-def test_the_status_view_shows_each_queued_record_with_its_live_wait_fields():
+@pytest.mark.parametrize("full", [False, True], ids=["rows", "full"])
+def test_the_status_view_shows_each_queued_record_with_its_live_wait_fields(full):
     """The view is built with one refresh for the whole queue (issue 14); each entry is still
-    exactly the public record with the job's wait fields as wait_status answers them."""
+    exactly the public record with the job's wait fields as wait_status answers them (with
+    `full`), or that record with only the status row's fields."""
     from motor.records import public_record
 
     shell = Shell(m.DispatchMachine.new(AdmissionSettings(claim_limit=6, max_weight=4,
@@ -255,10 +259,13 @@ def test_the_status_view_shows_each_queued_record_with_its_live_wait_fields():
         submit(shell, f"j{i}", f"t{i}", workspace=ws, weight_hint=claim)
         shell.run(m.DiskAnswered(f"j{i}", None))
     shell.now = 7.5
-    shell.run(StatusView())
+    shell.run(StatusView(full=full))
     [reply] = shell.of(m.Reply)
     machine = shell.machine
     expected = [public_record(_live_view(machine, r, 7.5)) for r in machine.queued.values()]
+    if not full:
+        expected = [_row(r) for r in expected]
+        assert len(reply.value["queued"][0]) == 13  # the row's fields, waiting_detail unset
     assert reply.value["queued"] == expected and len(expected) == 4
     by_id = {r["job_id"]: r for r in reply.value["queued"]}
     assert by_id["j1"]["waiting_on"] == "workspace_owner" and by_id["j1"]["waiting_on_job"] == "j0"
@@ -266,11 +273,18 @@ def test_the_status_view_shows_each_queued_record_with_its_live_wait_fields():
     assert "waiting_detail" not in by_id["j2"] and by_id["j2"]["queue_wait_ms"] == 7500
 
 
-def _encoded_view(shell: Shell) -> bytes:
+def _row(public: dict) -> dict:
+    """A public record with only the status row's fields, in its own order."""
+    from motor.scheduling.view import LIVE_FIELDS, ROW_FIELDS
+
+    return {k: v for k, v in public.items() if k in ROW_FIELDS or k in LIVE_FIELDS}
+
+
+def _encoded_view(shell: Shell, full: bool) -> bytes:
     """The encoded status view's queued records, joined as GET /v1/status joins them."""
     from motor.scheduling.view import join_array
 
-    shell.run(StatusView(encoded=True))
+    shell.run(StatusView(encoded=True, full=full))
     [reply] = shell.of(m.Reply)
     return join_array(list(reply.value["queued"]))
 
@@ -282,18 +296,19 @@ def _live_view(machine: m.DispatchMachine, record, now: float):
     return msgspec.structs.replace(record, **machine._wait_fields(record.job_id, now))
 
 
-def _live_views(machine: m.DispatchMachine, now: float) -> bytes:
+def _live_views(machine: m.DispatchMachine, now: float, full: bool) -> bytes:
     """Each queued record's live view, made public and encoded: what the encoded status
     view must equal byte for byte."""
     import msgspec
 
     from motor.records import public_record
 
-    return msgspec.json.encode([public_record(_live_view(machine, r, now))
-                                for r in machine.queued.values()])
+    views = [public_record(_live_view(machine, r, now)) for r in machine.queued.values()]
+    return msgspec.json.encode(views if full else [_row(r) for r in views])
 
 
-def test_the_encoded_status_view_is_each_live_view_and_follows_every_change_of_a_record():
+@pytest.mark.parametrize("full", [False, True], ids=["rows", "full"])
+def test_the_encoded_status_view_is_each_live_view_and_follows_every_change_of_a_record(full):
     """Issue 14: GET /v1/status splices each queued record's encoded public form, kept from
     the previous view, with its live wait fields encoded per view. The bytes equal the
     encoding of every record's live view, on the first view (all encoded), on a later one
@@ -301,7 +316,7 @@ def test_the_encoded_status_view_is_each_live_view_and_follows_every_change_of_a
     record: a requeue after a failed start (new attempts and detail), a clock saved when it
     paused (the stored queue_wait_ms is not what the view shows; its kept bytes stand for
     the new record, as only clock fields changed: stop 25), and a cancel (the job leaves the
-    view and the cache)."""
+    view and the cache). The same for the status rows and for the whole records (`full`)."""
     import json
 
     machine = m.DispatchMachine.new(AdmissionSettings(claim_limit=6, max_weight=4,
@@ -311,13 +326,15 @@ def test_the_encoded_status_view_is_each_live_view_and_follows_every_change_of_a
         submit(shell, f"j{i}", f"t{i}", workspace=ws, weight_hint=claim)
         shell.run(m.DiskAnswered(f"j{i}", None))
     assert list(machine.queued) == ["j1", "j2", "j3", "j4"] and machine.active == {"j0"}
+    cache = machine.queued_json if full else machine.queued_rows
 
     shell.now = 7.5
-    assert _encoded_view(shell) == _live_views(machine, 7.5)
-    assert machine.queued_json.encoded_last == 4
-    shell.now = 9.25
-    body = _encoded_view(shell)
-    assert body == _live_views(machine, 9.25) and machine.queued_json.encoded_last == 0
+    assert _encoded_view(shell, full) == _live_views(machine, 7.5, full)
+    assert cache.encoded_last == 4 and not cache.again_last
+    shell.now = 9.25  # only time moved: the view before, its clocks run on (QueuedJson.again)
+    body = _encoded_view(shell, full)
+    assert body == _live_views(machine, 9.25, full) and cache.encoded_last == 0
+    assert cache.again_last
     by_id = {r["job_id"]: r for r in json.loads(body)}
     assert by_id["j2"]["queue_wait_ms"] == 9250 and by_id["j2"]["waiting_on"] == "permits"
     assert by_id["j4"]["waiting_on"] == "workspace_owner" and by_id["j4"]["waiting_on_job"] == "j0"
@@ -332,9 +349,10 @@ def test_the_encoded_status_view_is_each_live_view_and_follows_every_change_of_a
                if s.purpose == "start" and s.record.job_id == "j1"]
     assert clock.record.job_id == "j4" and machine.queued["j4"] is clock.record
     shell.now = 12.0
-    body = _encoded_view(shell)
-    assert body == _live_views(machine, 12.0) and machine.queued_json.encoded_last == 0
-    assert len(machine.queued_json) == 2  # j1, j2 left the queue: their entries too
+    body = _encoded_view(shell, full)
+    assert body == _live_views(machine, 12.0, full) and cache.encoded_last == 0
+    assert not cache.again_last  # events came between: encoded from the records
+    assert len(cache) == 2  # j1, j2 left the queue: their entries too
     by_id = {r["job_id"]: r for r in json.loads(body)}
     assert by_id["j4"]["waiting_on_job"] == "j1"
     # its clock resumed at 10 s (j4 would not fit beside j2): saved then at 0, live now 2 s
@@ -345,16 +363,44 @@ def test_the_encoded_status_view_is_each_live_view_and_follows_every_change_of_a
     shell.run(m.JobStartFailed("j1", "mount failed", False, setup))
     assert sorted(machine.queued) == ["j1", "j3", "j4"]
     shell.now = 13.0
-    body = _encoded_view(shell)
-    assert body == _live_views(machine, 13.0) and machine.queued_json.encoded_last >= 1
+    body = _encoded_view(shell, full)
+    assert body == _live_views(machine, 13.0, full) and cache.encoded_last >= 1
     by_id = {r["job_id"]: r for r in json.loads(body)}
-    assert by_id["j1"]["attempts"] == 1 and by_id["j1"]["detail"] == "mount failed"
+    if full:
+        assert by_id["j1"]["attempts"] == 1 and by_id["j1"]["detail"] == "mount failed"
 
     # a cancel: the job leaves the view and its cached entry goes
     shell.run(CancelJob("j4"))
-    body = _encoded_view(shell)
-    assert body == _live_views(machine, 13.0) and "j4" not in {r["job_id"] for r in json.loads(body)}
-    assert len(machine.queued_json) == len(machine.queued) and "j4" not in machine.queued
+    body = _encoded_view(shell, full)
+    assert body == _live_views(machine, 13.0, full) and "j4" not in {r["job_id"] for r in json.loads(body)}
+    assert len(cache) == len(machine.queued) and "j4" not in machine.queued
+
+
+def test_a_view_after_only_time_passed_is_the_one_before_unless_a_breakpoint_passed():
+    """The encoded view is the view before with its clocks run on (QueuedJson.again) while
+    the dispatcher handled no event but views and the core did no time-driven pass; a
+    head reaching its 60 s aging point between two views is such a pass (Scheduler.version)
+    and the view is encoded afresh. Each view equals the live views of that instant."""
+    machine = m.DispatchMachine.new(AdmissionSettings(claim_limit=4, max_weight=2,
+                                                      max_queue_depth=16))
+    shell = Shell(machine)
+    for i, (ws, claim, gate) in enumerate([("a", 2, False), ("b", 1, False), ("b", 1, False),
+                                           ("c", 2, False), ("d", 1, True)]):
+        submit(shell, f"j{i}", f"t{i}", workspace=ws, weight_hint=claim, gate=gate)
+        shell.run(m.DiskAnswered(f"j{i}", None))
+    assert machine.active == {"j0"}
+    cache = machine.queued_rows
+    seen = []
+    for now in (1.0, 2.5, 30.0, 59.0, 61.0, 62.0, 200.0):
+        version = machine.core.version
+        shell.now = now
+        assert _encoded_view(shell, False) == _live_views(machine, now, False)
+        shell.run(m.Heartbeat("j2"))  # a view too: no event
+        seen.append((now, cache.again_last, machine.core.version != version))
+    assert seen[1] == (2.5, True, False)  # the first view is encoded; then only time
+    passed = [(again, moved) for _, again, moved in seen[1:]]
+    assert (False, True) in passed, "no aging point passed between two views"
+    assert all(again != moved for again, moved in passed)
 
 
 def test_clocks_are_saved_alone_unless_the_jobs_record_awaits_a_refused_save():

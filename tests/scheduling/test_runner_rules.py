@@ -524,6 +524,7 @@ async def test_the_status_answer_over_http_is_the_status_view_spliced_from_cache
     import httpx
 
     from motor.api import make_app
+    from motor.scheduling.view import LIVE_FIELDS, ROW_FIELDS
 
     go = tmp_path / "go"
 
@@ -531,10 +532,19 @@ async def test_the_status_answer_over_http_is_the_status_view_spliced_from_cache
         await make_app(runner)({**scope, "server": None}, receive, send)
 
     async def both() -> tuple[dict, dict]:
-        # back to back, nothing in between waits: the dispatcher's clock stands still
-        resp = await http.get("/v1/status")
-        assert resp.status_code == 200 and resp.headers["content-type"] == "application/json"
-        assert resp.content.endswith(b"}\n")
+        # back to back, nothing in between waits: the dispatcher's clock stands still. The
+        # status rows, and the whole records (?full=1): each row is its record's row fields
+        resp, full = await http.get("/v1/status"), await http.get("/v1/status?full=1")
+        for r in (resp, full):
+            assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+            assert r.content.endswith(b"}\n")
+        want_full = await runner.status(full=True)
+        assert full.json() == want_full
+        for kind in ("queued", "running"):
+            assert resp.json()[kind] == [
+                {k: v for k, v in record.items() if k in ROW_FIELDS or k in LIVE_FIELDS}
+                for record in want_full[kind]]
+        assert all(len(record) > 20 for record in want_full["queued"] + want_full["running"])
         return resp.json(), await runner.status()
 
     async with motor.open_runner(embedded_config(tmp_path, max_weight=1)) as runner:

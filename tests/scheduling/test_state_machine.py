@@ -8,7 +8,7 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from motor.scheduling.core import GRACE_S, JobSpec, Scheduler, retry_delay_s
+from motor.scheduling.core import GRACE_S, JobSpec, Scheduler, retry_delay_s, wait_ms
 
 MAX_WEIGHT = 8
 CLAIM_LIMIT = 12  # claims 9..12 are over max_weight: accepted, they wait and never start
@@ -48,6 +48,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.jobs: dict[str, _M] = {}
         self.fifo: dict[str, list[str]] = {w: [] for w in WORKSPACES}
         self.last_ms: dict[str, int] = {}
+        self.snapshot: tuple | None = None  # (version, job ids, waits, clocks) at the last step
         self.counter = 0
         self.ready_counter = 0
 
@@ -322,6 +323,22 @@ class SchedulerMachine(RuleBasedStateMachine):
                         # a runner-enforced budget that ran out is due now, never later
                         assert self.s.next_wakeup(self.now) == self.now, self.why(job_id)
 
+    @invariant()
+    def a_standing_version_means_only_the_clocks_ran_on(self):
+        """While `version` stands (no mutating call, no time-driven pass), every job waits on
+        what it waited on and its queue_wait_ms is its clock run on (`wait_ms`): what the
+        status view's `QueuedJson.again` relies on."""
+        ids = [j for j, m in self.jobs.items() if m.state in ("queued", *ACTIVE)]
+        t = self.s.refresh(self.now)
+        if self.snapshot is not None and self.snapshot[:2] == (self.s.version, ids):
+            ms, waits = self.s.wait_columns(ids, self.now)
+            assert waits == self.snapshot[2]
+            assert ms == [wait_ms(*clock, t) for clock in self.snapshot[3]]
+        clocks: list = []
+        ms, waits = self.s.wait_columns(ids, self.now, clocks)
+        assert ms == [wait_ms(*clock, t) for clock in clocks]
+        self.snapshot = (self.s.version, ids, waits, clocks)
+
 
 TestScheduler = SchedulerMachine.TestCase
 TestScheduler.settings = settings(
@@ -330,3 +347,27 @@ TestScheduler.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+def test_a_head_reaching_its_aging_point_moves_the_version_and_a_clock():
+    """Found by the machine above (a pass at a head's 60 s aging point that did not count in
+    `version`): with no call in between, a head ages at 60 s, the core re-decides a clock
+    at that point, and `version` moves; a status view kept from before would be wrong."""
+    s = Scheduler(max_weight=MAX_WEIGHT, max_queue_depth=DEPTH, claim_limit=CLAIM_LIMIT)
+    s.accept(JobSpec("a1", "a", claim=1), 0.0)
+    s.ready("a1", 0.0)
+    assert [start.job_id for start in s.decide(0.0)] == ["a1"]
+    s.accept(JobSpec("c", "c", claim=4), 0.0)
+    s.ready("c", 0.0)
+    s.accept(JobSpec("a2", "a", claim=1), 0.0)
+    s.accept(JobSpec("b", "b", claim=4), 0.0)
+    s.ready("b", 0.0)
+    s.ready("a2", 1.0)
+    ids = ["a1", "c", "a2", "b"]
+    clocks: list = []
+    s.wait_columns(ids, 1.0, clocks)
+    version = s.version
+    t = s.refresh(60.75)
+    assert s.version != version
+    ms, _ = s.wait_columns(ids, 60.75)
+    assert ms != [wait_ms(*clock, t) for clock in clocks]

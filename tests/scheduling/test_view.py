@@ -7,7 +7,8 @@ from __future__ import annotations
 import msgspec
 
 from motor.records import JobRecord, ReservationUse, public_record
-from motor.scheduling.view import QueuedJson, encoded_parts, join_array, public_form
+from motor.scheduling.view import (LIVE_FIELDS, ROW_FIELDS, QueuedJson, encoded_parts, join_array,
+                                   public_form, row_form, row_parts)
 
 #: the bytes the splice looks for, inside values where a naive search would find them
 _TRAP = ',"queue_wait_ms":0,"waiting_on":null,"waiting_on_job":null,"exit_code":'
@@ -35,6 +36,11 @@ LIVE = [("permits", None, 0, None), ("workspace_owner", "j1", 2_500, None),
         ("sibling_user", "j\"9", 10**12, 'claim 6 vCPUs exceeds "max_weight" 4: é')]
 
 
+def _columns(live) -> tuple[list, list]:
+    """`live` as Scheduler.wait_columns gives it: the waits in ms, the other fields."""
+    return [ms for _, _, ms, _ in live], [(on, job, detail) for on, job, _, detail in live]
+
+
 def _expected(records, live) -> list[dict]:
     out = []
     for record, (waiting_on, on_job, ms, detail) in zip(records, live):
@@ -49,10 +55,26 @@ def test_each_spliced_record_is_the_encoding_of_its_public_live_view():
     for rotate in range(len(LIVE)):  # every record with every kind of live fields
         live = LIVE[rotate:] + LIVE[:rotate]
         view = QueuedJson()
-        pieces = view.encode({r.job_id: r for r in records}, live)
+        pieces = view.encode({r.job_id: r for r in records}, *_columns(live))
         assert join_array(pieces) == msgspec.json.encode(_expected(records, live))
         for record, fields in zip(records, live):
             assert public_form(record, *fields) == _expected([record], [fields])[0]
+
+
+def test_each_spliced_status_row_is_its_public_live_view_with_only_the_row_fields():
+    """A status row (GET /v1/status) is the record's public live view with only ROW_FIELDS and
+    the live fields, in the record's order: spliced from its kept head, byte for byte."""
+    records = _records()
+    for rotate in range(len(LIVE)):
+        live = LIVE[rotate:] + LIVE[:rotate]
+        rows = [{k: v for k, v in public.items() if k in ROW_FIELDS or k in LIVE_FIELDS}
+                for public in _expected(records, live)]
+        view = QueuedJson(row_parts)
+        pieces = view.encode({r.job_id: r for r in records}, *_columns(live))
+        assert join_array(pieces) == msgspec.json.encode(rows)
+        assert [row_form(r, *fields) for r, fields in zip(records, live)] == rows
+    head, tail = row_parts(records[1])
+    assert head.endswith(b',"queue_wait_ms":') and tail == b"}" and b"env" not in head
 
 
 def test_encoded_parts_cut_at_the_records_own_fields():
@@ -65,4 +87,19 @@ def test_encoded_parts_cut_at_the_records_own_fields():
 def test_join_array_places_what_surrounds_the_pieces():
     assert join_array([], b"{", b"}") == b"{[]}"
     assert join_array([b"1"], b"<", b">") == b"<[1]>"
-    assert join_array([b"1", b"2", b"3"]) == b"[1,2,3]"
+    assert join_array([b"1,", b"2,", b"3"]) == b"[1,2,3]"
+
+
+def test_jobs_sharing_one_wait_tuple_and_equal_ones_apart_encode_the_same():
+    """Wait tuples are memoized by identity within a view (the jobs behind one workspace
+    head share one): shared, equal but distinct, and different ones each encode right."""
+    records = [JobRecord(job_id=f"j{i}", state="queued", workspace="w", command=["true"])
+               for i in range(5)]
+    shared = ("workspace_owner", "j0", None)
+    waits = [("permits", None, None), shared, shared, ("workspace_owner", "j0", None),
+             ("sibling_user", "x", "too big")]
+    pieces = QueuedJson(row_parts).encode({r.job_id: r for r in records}, range(5), waits)
+    live = [(on, job, ms, detail) for ms, (on, job, detail) in enumerate(waits)]
+    rows = [{k: v for k, v in public.items() if k in ROW_FIELDS or k in LIVE_FIELDS}
+            for public in _expected(records, live)]
+    assert join_array(pieces) == msgspec.json.encode(rows)

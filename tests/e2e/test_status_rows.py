@@ -1,0 +1,44 @@
+"""`motor status` through a real runner (issue 14): each queued and running job is a status
+row, its public record with only the fields a queue view shows (scheduling/view.py
+ROW_FIELDS, then the live wait fields); `--full` (`GET /v1/status?full=1`) answers the
+whole records instead."""
+
+from __future__ import annotations
+
+import pytest
+
+from motor.scheduling.view import LIVE_FIELDS, ROW_FIELDS
+from polling import wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def test_status_answers_rows_and_full_answers_whole_records(serve_factory, tmp_path):
+    serve = serve_factory("--max-weight", "1").start()
+    gate = tmp_path / "go"
+    hold = serve.cli_json("submit", "--weight", "1", "--workspace", "a", "--",
+                          "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.01; done")
+    queued = serve.cli_json("submit", "--weight", "1", "--workspace", "b", "--", "echo", "later")
+    wait_for(lambda: [r["job_id"] for r in serve.cli_json("status")["running"]] == [hold["job_id"]],
+             what="the first job to run")
+
+    rows, full = serve.cli_json("status"), serve.cli_json("status", "--full")
+    assert [r["job_id"] for r in rows["queued"]] == [queued["job_id"]]
+    assert rows["capacity"] == full["capacity"]
+    for kind in ("queued", "running"):
+        [row], [record] = rows[kind], full[kind]
+        assert set(row) == set(ROW_FIELDS) | set(LIVE_FIELDS[:3])  # no waiting_detail unset
+        assert {"memory_max_bytes", "workspace_kind", "attempts"} <= set(record)
+        shown = {k: v for k, v in record.items() if k in row}
+        del shown["queue_wait_ms"], row["queue_wait_ms"]  # a queued job's clock moved on
+        assert shown == row
+    assert rows["queued"][0]["waiting_on"] == "permits"
+    assert rows["running"][0]["cpus"] == full["running"][0]["cpus"] and rows["running"][0]["cpus"]
+
+    text = serve.cli("status")
+    assert text.returncode == 0 and "permits" in text.stdout.decode()
+    gate.write_text("")
+    ids = {hold["job_id"], queued["job_id"]}
+    wait_for(lambda: {r["state"] for r in serve.cli_json("jobs") if r["job_id"] in ids}
+             == {"succeeded"}, what="both jobs to succeed")
+    assert serve.cli_json("status")["queued"] == []
