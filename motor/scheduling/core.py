@@ -701,7 +701,6 @@ class Scheduler:
         add_clock = clocks.append if clocks is not None else None
         jobs, queues, t, max_weight = self._jobs, self._queues, self._t, self.max_weight
         owner, sib_user = self._owner, self._sib_user
-        eps_ms = EPS_MS  # wait_ms, inline
         idle = (None, None, None)  # a job not queued: setting up or running
         # {workspace: (its queued head, the wait of a job behind it)}
         behind: dict[str, tuple] = {}
@@ -710,14 +709,9 @@ class Scheduler:
         add_ms, add = waits_ms.append, waits.append
         for job_id in job_ids:  # ~1 us per job: 10,000 per view (issue 14)
             job = jobs[job_id]
-            since = job.clock_since
-            if since is None:
-                add_ms(int(job.clock_acc * 1000.0 + eps_ms))
-            else:
-                elapsed = t - since
-                add_ms(int((job.clock_acc + (elapsed if elapsed > 0.0 else 0.0)) * 1000.0 + eps_ms))
+            add_ms(wait_ms(job.clock_acc, job.clock_since, t))
             if add_clock is not None:
-                add_clock((job.clock_acc, since))
+                add_clock((job.clock_acc, job.clock_since))
             if job.state != QUEUED:
                 add(idle)
                 continue
@@ -748,7 +742,7 @@ class Scheduler:
                 "it waits until it fits (serve --max-weight)")
 
     def _wait_status(self, job: _Job) -> WaitStatus:
-        ms = int(job.queue_wait_s(self._t) * 1000.0 + _EPS_S * 1000.0)  # no 29999 for 30 s
+        ms = wait_ms(job.clock_acc, job.clock_since, self._t)
         if job.state != QUEUED:
             return WaitStatus(None, None, ms)
         detail = self._over_max(job.claim) if job.claim > self.max_weight else None

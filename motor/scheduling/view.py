@@ -32,7 +32,7 @@ from itertools import repeat
 import msgspec
 
 from ..records import _INTERNAL_FIELDS, JobRecord
-from .core import EPS_MS
+from .core import wait_ms
 
 #: record fields the API never shows (records.public_record), reservation_use when unmeasured
 WITHHELD = ("env", "reservation_use", *_INTERNAL_FIELDS)
@@ -155,9 +155,7 @@ class QueuedJson:
             if since is None:
                 add(rest)  # a paused clock: the whole rest was kept
             else:
-                elapsed = t - since
-                add(b"%d%s" % (int((acc + (elapsed if elapsed > 0.0 else 0.0)) * 1000.0 + EPS_MS),
-                               rest))
+                add(b"%d%s" % (wait_ms(acc, since, t), rest))
         if out:
             out[-1] = out[-1][:-1]
         self.again_last = True
