@@ -688,17 +688,18 @@ class Scheduler:
         waits_ms, waits = self.wait_columns(job_ids, now)
         return [(w[0], w[1], ms, w[2]) for ms, w in zip(waits_ms, waits)]
 
-    def wait_columns(self, job_ids, now: float, clocks: list | None = None
+    def wait_columns(self, job_ids, now: float, clocks: tuple[list, list] | None = None
                      ) -> tuple[list[int], list[tuple]]:
         """The status view of a deep queue (issue 14): for each of `job_ids`, in order, its
         queue_wait_ms, and its (waiting_on, waiting_on_job, waiting_detail), with the core
         brought up to ``now`` once. Every job behind the queued head of a workspace waits
         on the same: those share one tuple (the same object), so a caller may key what it
-        derives from a wait by the tuple's identity. `clocks`, a list, gets each job's
-        clock (held seconds, advancing since or None): while `version` stands, its
-        queue_wait_ms at a later time is `wait_ms(*clock, t)`."""
+        derives from a wait by the tuple's identity. `clocks`, two lists, get each job's
+        clock: the seconds it holds, and since when it advances (None: paused); while
+        `version` stands, its queue_wait_ms at a later time is `wait_ms(held, since, t)`.
+        (Two lists of floats, not a tuple per job: nothing for the cyclic collector.)"""
         self._refresh(now)
-        add_clock = clocks.append if clocks is not None else None
+        add_held, add_since = (clocks[0].append, clocks[1].append) if clocks is not None else (None, None)
         jobs, queues, t, max_weight = self._jobs, self._queues, self._t, self.max_weight
         owner, sib_user = self._owner, self._sib_user
         idle = (None, None, None)  # a job not queued: setting up or running
@@ -710,8 +711,9 @@ class Scheduler:
         for job_id in job_ids:  # ~1 us per job: 10,000 per view (issue 14)
             job = jobs[job_id]
             add_ms(wait_ms(job.clock_acc, job.clock_since, t))
-            if add_clock is not None:
-                add_clock((job.clock_acc, job.clock_since))
+            if add_held is not None:
+                add_held(job.clock_acc)
+                add_since(job.clock_since)
             if job.state != QUEUED:
                 add(idle)
                 continue

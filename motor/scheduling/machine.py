@@ -696,7 +696,7 @@ class DispatchMachine:
             key = (self.events, self.core.version)
             queued = cache.again(key, t)
             if queued is None:
-                clocks: list = []
+                clocks: tuple[list, list] = ([], [])
                 waits_ms, waits = self.core.wait_columns(self.queued, now, clocks)
                 queued = cache.encode(self.queued, waits_ms, waits, clocks, key)
         else:

@@ -119,7 +119,7 @@ class QueuedJson:
 
     def __init__(self, parts=encoded_parts) -> None:
         self._make_parts = parts
-        #: (key, [(head, held s, advancing since, rest)]): the last view, kept for `again`
+        #: (key, heads, held s, advancing since, rests): the last view, kept for `again`
         self._last: tuple | None = None
         #: the last view came from `again`
         self.again_last = False
@@ -150,7 +150,7 @@ class QueuedJson:
             return None
         out: list[bytes] = []
         add = out.append
-        for head, acc, since, rest in last[1]:
+        for head, acc, since, rest in zip(*last[1:]):
             add(head)
             if since is None:
                 add(rest)  # a paused clock: the whole rest was kept
@@ -163,7 +163,7 @@ class QueuedJson:
         return out
 
     def encode(self, records: Mapping[str, JobRecord], waits_ms: Iterable[int],
-               waits: Iterable[tuple], clocks: list | None = None,
+               waits: Iterable[tuple], clocks: tuple[list, list] | None = None,
                key: object = None) -> list[bytes]:
         """The JSON of each of `records`, in order, with its live fields from `waits_ms` and
         `waits` (Scheduler.wait_columns: queue_wait_ms, and (waiting_on, waiting_on_job,
@@ -180,10 +180,11 @@ class QueuedJson:
         out: list[bytes] = []
         add = out.append
         encoded = 0
-        kept: list[tuple] = []
-        keep = kept.append if clocks is not None else None
-        for (job_id, record), ms, wait, clock in zip(records.items(), waits_ms, waits,
-                                                     clocks if clocks is not None else repeat(None)):
+        heads: list[bytes] = []
+        rests: list[bytes] = []
+        keep = clocks is not None
+        held, sinces = clocks if keep else (repeat(None), repeat(None))
+        for (job_id, record), ms, wait, since in zip(records.items(), waits_ms, waits, sinces):
             entry = parts.get(job_id)
             if entry is None or entry[0] is not record:
                 entry = parts[job_id] = (record, *self._make_parts(record))
@@ -194,11 +195,10 @@ class QueuedJson:
             rest = b"%d%s%s," % (ms, mid, entry[2])
             add(entry[1])
             add(rest)
-            if keep is not None:  # a paused clock's whole rest, else the rest after the ms
-                acc, since = clock
-                keep((entry[1], acc, None, rest) if since is None
-                     else (entry[1], acc, since, mid + entry[2] + b","))
-        self._last = (key, kept) if clocks is not None else None
+            if keep:  # a paused clock's whole rest, else the rest after the ms
+                heads.append(entry[1])
+                rests.append(rest if since is None else mid + entry[2] + b",")
+        self._last = (key, heads, held, sinces, rests) if keep else None
         self.again_last = False
         if out:
             out[-1] = out[-1][:-1]

@@ -333,10 +333,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         if self.snapshot is not None and self.snapshot[:2] == (self.s.version, ids):
             ms, waits = self.s.wait_columns(ids, self.now)
             assert waits == self.snapshot[2]
-            assert ms == [wait_ms(*clock, t) for clock in self.snapshot[3]]
-        clocks: list = []
+            assert ms == [wait_ms(*clock, t) for clock in zip(*self.snapshot[3])]
+        clocks: tuple[list, list] = ([], [])
         ms, waits = self.s.wait_columns(ids, self.now, clocks)
-        assert ms == [wait_ms(*clock, t) for clock in clocks]
+        assert ms == [wait_ms(*clock, t) for clock in zip(*clocks)]
         self.snapshot = (self.s.version, ids, waits, clocks)
 
 
@@ -364,10 +364,10 @@ def test_a_head_reaching_its_aging_point_moves_the_version_and_a_clock():
     s.ready("b", 0.0)
     s.ready("a2", 1.0)
     ids = ["a1", "c", "a2", "b"]
-    clocks: list = []
+    clocks: tuple[list, list] = ([], [])
     s.wait_columns(ids, 1.0, clocks)
     version = s.version
     t = s.refresh(60.75)
     assert s.version != version
     ms, _ = s.wait_columns(ids, 60.75)
-    assert ms != [wait_ms(*clock, t) for clock in clocks]
+    assert ms != [wait_ms(*clock, t) for clock in zip(*clocks)]
