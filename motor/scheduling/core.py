@@ -153,6 +153,9 @@ ENDED_MEMORY = 4096
 #: expired when the timer fires at exactly that t).
 _EPS_S = 1e-6
 EPS_MS = _EPS_S * 1000.0
+#: Budget due times are filed as computed when a clock starts; entries this close to now are
+#: re-checked with the exact formula (`expired`, `next_wakeup`), so rounding never decides.
+_DUE_MARGIN_S = 1e-3
 
 
 def wait_ms(acc: float, since: float | None, t: float) -> int:
@@ -171,9 +174,6 @@ def _mutates(method):
         self.version += 1
         return method(self, *args, **kwargs)
     return counted
-#: Budget due times are filed as computed when a clock starts; entries this close to now are
-#: re-checked with the exact formula (`expired`, `next_wakeup`), so rounding never decides.
-_DUE_MARGIN_S = 1e-3
 
 
 # --- plain data in and out ------------------------------------------------------------
@@ -306,7 +306,8 @@ class _Job:
     workspace: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.job_id, self.claim, self.workspace = self.spec.job_id, self.spec.claim, self.spec.workspace
+        spec = self.spec
+        self.job_id, self.claim, self.workspace = spec.job_id, spec.claim, spec.workspace
 
     @property
     def background(self) -> bool:
@@ -699,7 +700,8 @@ class Scheduler:
         `version` stands, its queue_wait_ms at a later time is `wait_ms(held, since, t)`.
         (Two lists of floats, not a tuple per job: nothing for the cyclic collector.)"""
         self._refresh(now)
-        add_held, add_since = (clocks[0].append, clocks[1].append) if clocks is not None else (None, None)
+        add_held, add_since = ((clocks[0].append, clocks[1].append) if clocks is not None
+                               else (None, None))
         jobs, queues, t, max_weight = self._jobs, self._queues, self._t, self.max_weight
         owner, sib_user = self._owner, self._sib_user
         idle = (None, None, None)  # a job not queued: setting up or running

@@ -679,7 +679,7 @@ class DispatchMachine:
                                    queue_wait_budget_ms=self._budget_ms(event.job_id)))]
 
     def _carry(self, old: JobRecord, new: JobRecord) -> None:
-        """`new` replaced `old` with only clock or internal fields changed (view.QueuedJson.carry)."""
+        """`new` replaced `old`, only clock or internal fields changed (QueuedJson.carry)."""
         self.queued_rows.carry(old, new)
         self.queued_json.carry(old, new)
 
@@ -689,7 +689,8 @@ class DispatchMachine:
         # holds each one's JSON, kept from the view before while the record is the same
         # (view.QueuedJson), only the live wait fields encoded now. Else each is built once,
         # with its live wait fields set on the result.
-        cache, form = (self.queued_json, public_form) if event.full else (self.queued_rows, row_form)
+        cache, form = ((self.queued_json, public_form) if event.full
+                       else (self.queued_rows, row_form))
         if event.encoded:
             # the view before, if nothing but time happened since (view.QueuedJson.again)
             t = self.core.refresh(now)

@@ -143,7 +143,7 @@ class QueuedJson:
         """The last view at time `t`, if it was encoded with `key` (the dispatcher's count of
         events and the core's `version`: while both stand, only the clocks ran on), without
         a lookup per job: each one's kept bytes, and its queue_wait_ms from its clock
-        (`core.wait_ms`, inline). None when `key` is another."""
+        (`core.wait_ms`). None when `key` is another."""
         last = self._last
         if last is None or last[0] != key:
             self.again_last = False
