@@ -90,3 +90,19 @@ def test_metrics_and_health_cli_on_a_real_runner(served):
     status = serve.cli("status")
     assert status.returncode == 0 and job_id in status.stdout.decode()
     assert json.loads(serve.cli("status", "--json").stdout)["running"][0]["job_id"] == job_id
+
+
+def test_the_page_reads_only_fields_a_status_row_has():
+    """The page draws its job tables from `GET /v1/status`, whose entries are status rows
+    since stop 31 (scheduling/view.py): every field it reads of an entry is one of theirs."""
+    import re
+
+    from motor.accounting import dashboard
+    from motor.scheduling.view import LIVE_FIELDS, ROW_FIELDS
+
+    source = dashboard.PAGE
+    body = source[source.index("function renderStatus"):source.index("function renderDisk")]
+    read = set(re.findall(r"\br\.([a-z_]+)", body))
+    assert {"job_id", "workspace", "claim", "cpus", "command", "waiting_on",
+            "queue_wait_ms"} <= read
+    assert read <= set(ROW_FIELDS) | set(LIVE_FIELDS)
