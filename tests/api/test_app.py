@@ -107,6 +107,8 @@ async def test_read_only_routes(http):
     assert health.status_code == 200 and health.json()["isolation"] == "none"
     status = await http.get("/v1/status")
     assert set(status.json()) >= {"queued", "running"}
+    assert (await http.get("/v1/status?full=1")).status_code == 200
+    assert_refusal(await http.get("/v1/status?full=maybe"), 400, "bad_request")
     ws = await http.get("/v1/workspaces")
     assert ws.json()[0]["name"] == "default"
     metrics = await http.get("/metrics")
