@@ -53,7 +53,8 @@ MSGSPEC_BYTES = 4 * 1024 * 1024  # `_loads`: an answer this large is decoded by 
 
 def _loads(data: bytes) -> Any:
     """`json.loads`, with the collector paused for a large answer (issue 14). `GET
-    /v1/status` with 10,000 queued jobs is 6 MB, some 300,000 new containers: they trigger
+    /v1/status?full=1` with 10,000 queued jobs is 6 MB (the rows of `GET /v1/status` 3 MB),
+    some 300,000 new containers: they trigger
     a young collection every 700 and full passes over everything the process holds, which
     cost as much as the decode itself and found nothing to free (a decoded document has no
     reference cycles). Named here, not `json.loads`: methods below take a `json=` argument
