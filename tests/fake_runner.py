@@ -13,7 +13,6 @@ import msgspec
 import trio
 
 from motor.config import RunnerConfig
-from motor.scheduling.view import ROW_FIELDS
 from motor.records import (
     CAPABILITIES,
     Accepted,
@@ -30,6 +29,7 @@ from motor.records import (
     public_record,
     validate_request,
 )
+from motor.scheduling.view import row_of
 
 
 class FakeJob:
@@ -194,10 +194,8 @@ class FakeRunner:
         return self.withdraw_result
 
     async def status(self, full: bool = False) -> dict:
-        live = [public_record(j.record) for j in self.jobs_by_id.values() if not j.record.terminal]
-        if not full:
-            live = [{k: r.get(k) for k in (*ROW_FIELDS, "queue_wait_ms", "waiting_on",
-                                             "waiting_on_job")} for r in live]
+        records = [j.record for j in self.jobs_by_id.values() if not j.record.terminal]
+        live = [public_record(r) if full else row_of(r) for r in records]
         return {
             "queued": [r for r in live if r["state"] == "queued"],
             "running": [r for r in live if r["state"] != "queued"],

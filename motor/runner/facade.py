@@ -19,7 +19,7 @@ from ..records import (
     Truncated, decode_event, public_record, to_json,
 )
 from ..scheduling.admission import withdraw_answer
-from ..scheduling.view import join_array, row_form
+from ..scheduling.view import join_array, row_of
 from ..store.hub import ChangeHub
 from ..store.pace import STALLED_COMMIT_S
 from .host import Host
@@ -244,8 +244,7 @@ class Runner:
         records = [r for r in map(self.db.get, active) if r is not None]
         if full:
             return [public_record(r) for r in records]
-        return [row_form(r, r.waiting_on, r.waiting_on_job, r.queue_wait_ms, r.waiting_detail)
-                for r in records]
+        return [row_of(r) for r in records]
 
     async def health(self) -> dict:
         """The health report. `status` is "ok", or "degraded" with `degraded` listing each

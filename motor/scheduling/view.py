@@ -104,6 +104,12 @@ def row_form(record: JobRecord, waiting_on: str | None, waiting_on_job: str | No
     return row
 
 
+def row_of(record: JobRecord) -> dict:
+    """The status row of `record` with its own stored wait fields (a running job's)."""
+    return row_form(record, record.waiting_on, record.waiting_on_job, record.queue_wait_ms,
+                    record.waiting_detail)
+
+
 def row_parts(record: JobRecord) -> tuple[bytes, bytes]:
     """`encoded_parts` for the status row: (the encoded row up to and including
     `"queue_wait_ms":`, the closing brace)."""
