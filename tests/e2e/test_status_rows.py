@@ -5,6 +5,8 @@ whole records instead."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from motor.scheduling.view import LIVE_FIELDS, ROW_FIELDS
@@ -33,6 +35,15 @@ def test_status_answers_rows_and_full_answers_whole_records(serve_factory, tmp_p
         del shown["queue_wait_ms"], row["queue_wait_ms"]  # a queued job's clock moved on
         assert shown == row
     assert rows["queued"][0]["waiting_on"] == "permits"
+
+    # views with nothing but time between them (the second from the view before, stop 31):
+    # the queued job's clock runs on by the time between, its wait stays
+    first = serve.cli_json("status")["queued"][0]
+    time.sleep(0.5)
+    second = serve.cli_json("status")["queued"][0]
+    assert second["queue_wait_ms"] - first["queue_wait_ms"] >= 500
+    assert {k: v for k, v in second.items() if k != "queue_wait_ms"} == \
+        {k: v for k, v in first.items() if k != "queue_wait_ms"}
     assert rows["running"][0]["cpus"] == full["running"][0]["cpus"] and rows["running"][0]["cpus"]
 
     text = serve.cli("status")

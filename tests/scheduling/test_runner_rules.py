@@ -515,18 +515,29 @@ async def test_health_capacity_comes_from_the_capacity_only_view(tmp_path, monke
 
 
 async def test_the_status_answer_over_http_is_the_status_view_spliced_from_cached_records(
-        tmp_path, autojump_clock):
-    """GET /v1/status answers the queued records from the dispatcher's cache of encoded
-    records (issue 14): the JSON is exactly the embedding API's status() of the same instant
-    (each queued record's public form with its live wait fields, the running ones, the
-    capacity), first with every record freshly encoded, then from the cache, and after a
-    cancel and a start changed the queue."""
+        tmp_path, monkeypatch, autojump_clock):
+    """GET /v1/status answers the queued jobs from the dispatcher's cache of encoded rows
+    (issue 14): the JSON is exactly the embedding API's status() of the same instant (each
+    queued job's status row with its live wait fields, the running ones, the capacity),
+    first with every row freshly encoded, then from the cache, and after a cancel and a
+    start changed the queue; `?full=1` the same with whole public records. A request right
+    after another, nothing in between, is answered from the view before (stop 31:
+    QueuedJson.again) with the same bytes."""
     import httpx
 
     from motor.api import make_app
-    from motor.scheduling.view import LIVE_FIELDS, ROW_FIELDS
+    from motor.scheduling.view import LIVE_FIELDS, ROW_FIELDS, QueuedJson
 
     go = tmp_path / "go"
+    kept: list[bool] = []  # each encoded view: from the view before?
+    again = QueuedJson.again
+
+    def counted_again(self, key, t):
+        pieces = again(self, key, t)
+        kept.append(pieces is not None)
+        return pieces
+
+    monkeypatch.setattr(QueuedJson, "again", counted_again)
 
     async def app(scope, receive, send):  # as if on the Unix socket: no token needed
         await make_app(runner)({**scope, "server": None}, receive, send)
@@ -535,6 +546,7 @@ async def test_the_status_answer_over_http_is_the_status_view_spliced_from_cache
         # back to back, nothing in between waits: the dispatcher's clock stands still. The
         # status rows, and the whole records (?full=1): each row is its record's row fields
         resp, full = await http.get("/v1/status"), await http.get("/v1/status?full=1")
+        assert (await http.get("/v1/status")).content == resp.content and kept[-1]
         for r in (resp, full):
             assert r.status_code == 200 and r.headers["content-type"] == "application/json"
             assert r.content.endswith(b"}\n")
