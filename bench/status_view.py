@@ -14,8 +14,10 @@ Each round, time moves on 0.25 s (so every queue_wait_ms changes), and is timed:
 - `status_view_encoded`: the encoded view of status rows (bytes of `{"queued": [...]`, what
   `GET /v1/status` sends), with every row's encoded form cached and no event between two
   views (since stop 31 that is the view before with its clocks run on, `QueuedJson.again`);
-- `status_view_after_event`: the same with an event between two views (each row from its
-  kept bytes and the core's wait fields);
+- `status_view_after_event`: the same with an event between two views: one more job
+  submitted (untimed) behind a workspace's head; since stop 32 the view before patched
+  with the jobs that moved (`redone=`: how many took their wait fields anew; before, every
+  row from its kept bytes and the core's wait fields);
 - `status_view_cold`: the encoded view right after every record was replaced (each record
   encoded again: what the first view after a fill, or a restart, costs);
 - `status_view_full_encoded`, `status_view_full_cold`: the same with whole public records
@@ -146,16 +148,26 @@ def main() -> int:
                 body = encoded_view(full)
             warm.append(t.value)
             assert cache.encoded_last == 0
-        emit(name, warm, f"{extra} bytes={len(body)}")
-        if again:  # after an event (counted as the machine counts one): from the records
-            for _ in range(args.rounds):
-                machine.events += 1
+        emit(name, warm, f"queued={len(machine.queued)} bytes={len(body)}")
+        if again:  # after an event: one more job submitted (untimed), as bench/scale.py
+            patch = hasattr(cache, "patch")  # since stop 32: the view before, patched
+            redone = []
+            for r in range(args.rounds):
+                if patch:
+                    job_id = f"019ae{r + (args.rounds if full else 0):08x}-7000-8000-0"
+                    req = JobRequest(command=["true"], workspace=f"ws{r}", weight_hint=1)
+                    run(machine, m.SubmitReceived(None, req, False, job_id), now, wall)
+                    run(machine, m.DiskAnswered(job_id, None), now, wall)
+                else:  # before: any event built the view from the records (counted as one)
+                    machine.events += 1
                 now, wall = now + 0.25, wall + 250
                 with Timer() as t:
                     encoded_view(full)
                 changed.append(t.value)
-                assert cache.encoded_last == 0 and not cache.again_last
-            emit(name.replace("encoded", "after_event"), changed, extra)
+                assert not cache.again_last
+                redone.append(getattr(cache, "redone_last", len(machine.queued)))
+            emit(name.replace("encoded", "after_event"), changed,
+                 f"queued={len(machine.queued)} redone={statistics.median(redone):g}")
         for _ in range(max(3, args.rounds // 3)):
             for job_id, record in machine.queued.items():  # every record replaced (same values)
                 machine.queued[job_id] = msgspec.structs.replace(record)
@@ -165,8 +177,8 @@ def main() -> int:
             with Timer() as t:
                 encoded_view(full)
             cold.append(t.value)
-            assert cache.encoded_last == args.n
-        emit(name.replace("encoded", "cold"), cold, f"{extra} encoded={args.n}")
+            assert cache.encoded_last == len(machine.queued)
+        emit(name.replace("encoded", "cold"), cold, f"queued={len(machine.queued)} encoded={len(machine.queued)}")
     return 0
 
 

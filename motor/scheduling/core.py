@@ -54,6 +54,9 @@ State fields of `Scheduler`
 ``_dirty``, ``_fresh``   workspaces freed/changed, jobs that joined a queue, since the last
                      clock pass (`_reclassify`).
 ``_clock_changed``   ids whose clock changed course since `take_clock_changes`.
+``_moved_ws``, ``_moved_jobs``   the status view's journal (`moved_since`): workspaces whose
+                     queue head, owner or sibling user changed, and ids of jobs whose
+                     state, clock or pending cleanup changed, since ``_moved_epoch`` began.
 ``_t``               the latest time the core has been told about; clocks are settled to it.
 
 Invariants (checked by tests/scheduling/test_state_machine.py)
@@ -148,6 +151,9 @@ BACKGROUND_KINDS = frozenset({"warm_build", "cache_fill"})
 WARM_BUILD_MAX_CLAIM = 4
 STORY_LINES = 64
 ENDED_MEMORY = 4096
+#: The status view's journal (`Scheduler.moved_since`) is dropped past this many entries
+#: (a view after that many changes is built afresh anyway).
+MOVED_MEMORY = 65536
 
 #: Budget comparisons tolerate float rounding (a deadline computed as t + remaining must be
 #: expired when the timer fires at exactly that t).
@@ -172,6 +178,8 @@ def _mutates(method):
     @functools.wraps(method)
     def counted(self, *args, **kwargs):
         self.version += 1
+        if len(self._moved_jobs) + len(self._moved_ws) > MOVED_MEMORY:
+            self._forget_moves()
         return method(self, *args, **kwargs)
     return counted
 
@@ -404,6 +412,12 @@ class Scheduler:
         #: `_refresh`. While it stands, each job's waiting_on/waiting_on_job/waiting_detail
         #: stay and its queue_wait_ms follows `wait_ms` of its `wait_columns` clock.
         self.version = 0
+        #: the status view's journal (`moved_since`); a new epoch when it is dropped
+        self._moved_ws: list[str] = []
+        self._moved_jobs: list[str] = []
+        self._moved_epoch = 0
+        #: queued heads with sibling workspaces (their wait reads those workspaces' holders)
+        self._sib_heads: set[str] = set()
 
     # --- admission ------------------------------------------------------------------
 
@@ -475,6 +489,7 @@ class Scheduler:
         self._n_awaiting -= 1
         self._n_queued += 1
         job.state = QUEUED
+        self._moved_jobs.append(job_id)
         job.ready_at = now - max(0.0, ready_age_s)
         job.clock_acc = max(0.0, waited_s)
         job.ready_seq = next(self._ready_seq)
@@ -533,6 +548,8 @@ class Scheduler:
         self._owner[spec.workspace] = job.job_id
         for s in job.touched[1:]:
             self._sib_user[s] = job.job_id
+        self._moved_ws.extend(job.touched)
+        self._moved_jobs.append(job.job_id)
         self._tell(job, now, f"adopted after restart: running, held permits now {self._held}")
         self._reclassify(now)
 
@@ -623,6 +640,7 @@ class Scheduler:
         now = self._refresh(now)
         job.cleanup_pending = False
         self._dirty.add(job.spec.workspace)
+        self._moved_ws.append(job.spec.workspace)
         self._tell(job, now, "cleanup of the failed start done")
         self._reclassify(now)
         return True
@@ -779,6 +797,39 @@ class Scheduler:
             out.append((job.queue_wait_s(now), job.clock_since is not None, age))
         return out
 
+    def moved_mark(self) -> tuple[int, int, int]:
+        """Where the status view's journal stands now, for `moved_since`."""
+        return (self._moved_epoch, len(self._moved_ws), len(self._moved_jobs))
+
+    def moved_since(self, mark: tuple[int, int, int]) -> set[str] | None:
+        """Ids of the live jobs whose `wait_columns` fields or clock may differ from what they
+        were at `mark` (a `moved_mark`), or None when the journal since then was dropped.
+
+        The journal holds the workspaces whose queued head, owner or sibling user changed
+        and the jobs whose state, clock or pending cleanup changed. A workspace stands for
+        every job queued there (behind the head they wait on the head or the holder, the
+        head on its own workspace's holders); when any workspace changed, every queued head
+        with siblings counts too (it reads its siblings' holders). Ids of jobs no longer
+        live are left out. Call `refresh` first: a time-driven pass journals its changes."""
+        epoch, n_ws, n_jobs = mark
+        if epoch != self._moved_epoch:
+            return None
+        jobs = self._jobs
+        moved = {job_id for job_id in self._moved_jobs[n_jobs:] if job_id in jobs}
+        if len(self._moved_ws) > n_ws:
+            queues = self._queues
+            for ws in set(self._moved_ws[n_ws:]):
+                dq = queues.get(ws)
+                if dq:
+                    moved.update(dq)
+            moved.update(self._sib_heads)
+        return moved
+
+    def _forget_moves(self) -> None:
+        self._moved_ws = []
+        self._moved_jobs = []
+        self._moved_epoch += 1
+
     def take_clock_changes(self, now: float) -> set[str]:
         """Ids of the jobs that joined a queue, or whose queue-wait clock started, paused or
         resumed, since the previous call (as of ``now``); the dispatcher persists the clocks
@@ -915,6 +966,7 @@ class Scheduler:
             if self._sib_user.get(s) == job.job_id:
                 del self._sib_user[s]
         self._dirty.update(job.touched)
+        self._moved_ws.extend(job.touched)
         self._held -= job.claim
 
     def _stop_clock(self, job: _Job, now: float) -> None:
@@ -998,6 +1050,8 @@ class Scheduler:
         self._owner[ws] = job.job_id
         for s in job.touched[1:]:
             self._sib_user[s] = job.job_id
+        self._moved_ws.extend(job.touched)
+        self._moved_jobs.append(job.job_id)
         self._tell(job, now, f"started: claim {job.claim}, held permits now {self._held}"
                    f"/{self.max_weight}, queue wait {job.clock_acc:.3f}s")
         return Start(job.job_id, job.claim)
@@ -1005,6 +1059,8 @@ class Scheduler:
     def _file_head(self, ws: str) -> None:
         job = self._jobs[self._queues[ws][0]]
         self._head_of[ws] = job.job_id
+        if len(job.touched) > 1:
+            self._sib_heads.add(job.job_id)
         ready_key = (job.ready_at, job.ready_seq, job.job_id)
         if job.spec.gate:
             keys = [(self._gate_heads, (job.accept_seq, job.job_id))]
@@ -1027,6 +1083,8 @@ class Scheduler:
         job_id = self._head_of.pop(ws, None)
         if job_id is None:
             return
+        self._moved_ws.append(ws)
+        self._sib_heads.discard(job_id)
         job = self._jobs[job_id]
         for lst, key in job.head_keys:
             _sorted_remove(lst, key)
@@ -1182,6 +1240,7 @@ class Scheduler:
         if job.due_key is not None or job.job_id in self._enforced:
             self._redue(job)
         self._clock_changed.add(job.job_id)
+        self._moved_jobs.append(job.job_id)
         job.story.append((now, line, job.queue_wait_s(now)))
 
     def _reclassify(self, now: float) -> None:

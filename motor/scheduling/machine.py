@@ -39,7 +39,7 @@ from .messages import (
     BundleArrived, CancelJob, CeilingChanged, Finished, Heartbeat, QueuedViews, SetupDone,
     StatusView, Unfollowed,
 )
-from .view import QueuedJson, public_form, row_form, row_parts
+from .view import Journaled, QueuedJson, public_form, row_form, row_parts
 
 #: how long the dispatcher waits before retrying saves the store refused for lack of space
 STORE_FULL_RETRY_S = 1.0
@@ -257,7 +257,8 @@ class DispatchMachine:
     settings: AdmissionSettings
     core: Scheduler
     ceiling: MemoryCeiling = MemoryCeiling()
-    queued: dict[str, JobRecord] = field(default_factory=dict)  # jobs waiting (owned here)
+    #: jobs waiting (owned here); journaled for the status view (view.QueuedJson.patch)
+    queued: dict[str, JobRecord] = field(default_factory=Journaled)
     active: set[str] = field(default_factory=set)  # setting up or running
     #: admissions waiting for the disk, in job-id order
     admitting: dict[str, _Admission] = field(default_factory=dict)
@@ -692,14 +693,18 @@ class DispatchMachine:
         cache, form = ((self.queued_json, public_form) if event.full
                        else (self.queued_rows, row_form))
         if event.encoded:
-            # the view before, if nothing but time happened since (view.QueuedJson.again)
+            # the view before, if nothing but time happened since (view.QueuedJson.again);
+            # else that view with the jobs that moved since changed (QueuedJson.patch)
             t = self.core.refresh(now)
-            key = (self.events, self.core.version)
+            key = (self.events, self.core.version, self.queued.mark())
             queued = cache.again(key, t)
             if queued is None:
+                queued = cache.patch(self.queued, self.core, now, key)
+            if queued is None:
+                marks = (self.core.moved_mark(), self.queued.mark())
                 clocks: tuple[list, list] = ([], [])
                 waits_ms, waits = self.core.wait_columns(self.queued, now, clocks)
-                queued = cache.encode(self.queued, waits_ms, waits, clocks, key)
+                queued = cache.encode(self.queued, waits_ms, waits, clocks, key, marks)
         else:
             statuses = self.core.wait_statuses(self.queued, now)
             queued = [form(record, *status)

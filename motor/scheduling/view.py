@@ -27,12 +27,12 @@ for whole records).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from itertools import repeat
+from itertools import islice, repeat
 
 import msgspec
 
 from ..records import _INTERNAL_FIELDS, JobRecord
-from .core import wait_ms
+from .core import MOVED_MEMORY, wait_ms
 
 #: record fields the API never shows (records.public_record), reservation_use when unmeasured
 WITHHELD = ("env", "reservation_use", *_INTERNAL_FIELDS)
@@ -119,20 +119,149 @@ def row_parts(record: JobRecord) -> tuple[bytes, bytes]:
     return raw[:len(raw) - len(_ROW_MARK) + len(b'"queue_wait_ms":')], b"}"
 
 
+class Journaled(dict):
+    """A dict that journals the keys set in it and removed from it (`moved_since`): the
+    dispatcher's queued records, so that a status view can patch the view before with the
+    records that changed instead of going over every one. A change it cannot journal key
+    by key (`update`, `clear`, ...) starts a new epoch: the next view is built afresh."""
+
+    __slots__ = ("_set", "_dropped", "_epoch")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._set: list = []
+        self._dropped: list = []
+        self._epoch = 0
+
+    def __setitem__(self, key, value) -> None:
+        dict.__setitem__(self, key, value)
+        self._note(self._set, key)
+
+    def __delitem__(self, key) -> None:
+        dict.__delitem__(self, key)
+        self._note(self._dropped, key)
+
+    def pop(self, key, *default):
+        if key in self:
+            self._note(self._dropped, key)
+        return dict.pop(self, key, *default)
+
+    def _note(self, journal: list, key) -> None:
+        journal.append(key)
+        if len(journal) > MOVED_MEMORY:
+            self._forget()
+
+    def _forget(self) -> None:
+        self._set = []
+        self._dropped = []
+        self._epoch += 1
+
+    def _unjournaled(name):  # noqa: N805 - builds the methods below
+        def method(self, *args, **kwargs):
+            self._forget()
+            return getattr(dict, name)(self, *args, **kwargs)
+        method.__name__ = name
+        return method
+
+    update = _unjournaled("update")
+    setdefault = _unjournaled("setdefault")
+    popitem = _unjournaled("popitem")
+    clear = _unjournaled("clear")
+    __ior__ = _unjournaled("__ior__")
+    del _unjournaled
+
+    def mark(self) -> tuple[int, int, int]:
+        """Where the journal stands now, for `moved_since`."""
+        return (self._epoch, len(self._set), len(self._dropped))
+
+    def moved_since(self, mark: tuple[int, int, int]) -> tuple[list, list] | None:
+        """(keys set since `mark`, keys removed since), in order, or None when the journal
+        since then was dropped."""
+        epoch, n_set, n_dropped = mark
+        if epoch != self._epoch:
+            return None
+        return self._set[n_set:], self._dropped[n_dropped:]
+
+
+class _Kept:
+    """The last view of a `QueuedJson`, kept for the next: per job in view order its id, its
+    kept head bytes, its clock (seconds held, advancing since or None) and the rest of its
+    bytes (after queue_wait_ms when the clock advances, else from it), and where the
+    journals stood (`key`, the core's and the records' marks)."""
+
+    __slots__ = ("key", "marks", "ids", "pos", "heads", "held", "sinces", "rests")
+
+    def __init__(self, key, marks, ids, heads, held, sinces, rests) -> None:
+        self.key, self.marks = key, marks
+        self.ids, self.heads, self.held, self.sinces, self.rests = ids, heads, held, sinces, rests
+        self.pos = dict(zip(ids, range(len(ids))))
+
+    def pieces(self, t: float) -> list[bytes]:
+        """The view at time `t`: each job's kept bytes and its queue_wait_ms from its clock
+        (`core.wait_ms`), a comma between two jobs."""
+        out: list[bytes] = []
+        add = out.append
+        for head, acc, since, rest in zip(self.heads, self.held, self.sinces, self.rests):
+            add(head)
+            if since is None:
+                add(rest)  # a paused clock: the whole rest was kept
+            else:
+                add(b"%d%s" % (wait_ms(acc, since, t), rest))
+        if out:
+            out[-1] = out[-1][:-1]
+        return out
+
+    def drop(self, gone: set) -> None:
+        """Take the jobs in `gone` out of the kept view."""
+        pos, ids = self.pos, self.ids
+        at = sorted(pos.pop(job_id) for job_id in gone)
+        columns = (ids, self.heads, self.held, self.sinces, self.rests)
+        if len(at) <= 64:  # a few: each a memmove
+            for i in reversed(at):
+                for column in columns:
+                    del column[i]
+        else:
+            keep = [i for i, job_id in enumerate(ids) if job_id not in gone]
+            for column in columns:
+                column[:] = [column[i] for i in keep]
+        for i in range(at[0], len(ids)):
+            pos[ids[i]] = i
+
+    def add(self, job_id: str) -> None:
+        """A job at the end of the view, its bytes and clock to be set (`QueuedJson.patch`)."""
+        self.pos[job_id] = len(self.ids)
+        self.ids.append(job_id)
+        self.heads.append(b"")
+        self.held.append(0.0)
+        self.sinces.append(None)
+        self.rests.append(b"")
+
+
 class QueuedJson:
     """The encoded public records (or status rows, with `row_parts`) of the queued jobs,
     kept across views (see the module)."""
 
+    #: `patch` builds the view afresh (`encode`) when more than this share of the jobs changed
+    PATCH_SHARE = 0.5
+
     def __init__(self, parts=encoded_parts) -> None:
         self._make_parts = parts
-        #: (key, heads, held s, advancing since, rests): the last view, kept for `again`
-        self._last: tuple | None = None
-        #: the last view came from `again`
-        self.again_last = False
+        #: the last view, kept for `again` and `patch`
+        self._kept: _Kept | None = None
+        #: how the last view was made: "again", "patch" or "encode"
+        self.last_made = ""
         #: {job_id: (the record encoded, head bytes, tail bytes)}
         self._parts: dict[str, tuple[JobRecord, bytes, bytes]] = {}
         #: records encoded by the last view (fresh or replaced since the one before)
         self.encoded_last = 0
+        #: jobs whose wait fields and clock the last view took anew (all of them unless
+        #: it was patched or `again`)
+        self.redone_last = 0
+
+    @property
+    def again_last(self) -> bool:
+        """The last view was the one before with its clocks run on (`again`)."""
+        return self.last_made == "again"
 
     def __len__(self) -> int:
         return len(self._parts)
@@ -150,34 +279,99 @@ class QueuedJson:
         events and the core's `version`: while both stand, only the clocks ran on), without
         a lookup per job: each one's kept bytes, and its queue_wait_ms from its clock
         (`core.wait_ms`). None when `key` is another."""
-        last = self._last
-        if last is None or last[0] != key:
-            self.again_last = False
+        kept = self._kept
+        if kept is None or kept.key != key:
             return None
-        out: list[bytes] = []
-        add = out.append
-        for head, acc, since, rest in zip(*last[1:]):
-            add(head)
-            if since is None:
-                add(rest)  # a paused clock: the whole rest was kept
-            else:
-                add(b"%d%s" % (wait_ms(acc, since, t), rest))
-        if out:
-            out[-1] = out[-1][:-1]
-        self.again_last = True
-        self.encoded_last = 0
-        return out
+        self.last_made = "again"
+        self.encoded_last = self.redone_last = 0
+        return kept.pieces(t)
+
+    def patch(self, records: Journaled, core, now: float, key: object) -> list[bytes] | None:
+        """The last view brought up to `now`, changing only the jobs that moved since it:
+        those whose record was set or removed (`records`' journal) and those whose wait
+        fields or clock the core may have changed (`core.moved_since`); the others keep
+        their bytes and clocks. Jobs that joined are at the end of `records` (a dict keeps
+        insertion order), and so at the end of the view. None when there is no view
+        before, a journal since it was dropped, or more than `PATCH_SHARE` of the jobs
+        moved: `encode` then builds the view afresh."""
+        kept = self._kept
+        if kept is None or kept.marks is None:
+            return None
+        core_mark, records_mark = kept.marks
+        moved = core.moved_since(core_mark)
+        changed = records.moved_since(records_mark)
+        if moved is None or changed is None:
+            return None
+        set_keys, dropped = changed
+        dropped = set(dropped)
+        pos = kept.pos
+        # removed since (a key removed and set again moved to the end of `records`)
+        gone = {job_id for job_id in dropped if job_id in pos}
+        new = {job_id for job_id in set_keys if job_id in records
+               and (job_id not in pos or job_id in dropped)}
+        redo = {job_id for job_id in moved if job_id in records}
+        redo.update(job_id for job_id in set_keys if job_id in records)
+        if len(gone) + len(redo) > self.PATCH_SHARE * max(len(records), 1):
+            return None
+        tail = list(islice(reversed(records.keys()), len(new)))
+        if set(tail) != new:
+            return None  # not only appended: (not so while every change is journaled)
+        if gone:
+            kept.drop(gone)
+            parts = self._parts
+            for job_id in gone:
+                if job_id not in records:
+                    parts.pop(job_id, None)
+        for job_id in reversed(tail):
+            kept.add(job_id)
+        if len(kept.ids) != len(records):
+            return None  # the journals missed a change: (not so while every one is journaled)
+        order = list(redo)
+        clocks: tuple[list, list] = ([], [])
+        waits_ms, waits = core.wait_columns(order, now, clocks)
+        self.encoded_last = self._set(kept, order, records, waits_ms, waits, clocks)
+        kept.key = key
+        kept.marks = (core.moved_mark(), records.mark())
+        self.last_made = "patch"
+        self.redone_last = len(order)
+        return kept.pieces(core.refresh(now))
+
+    def _set(self, kept: _Kept, order: list[str], records: Mapping[str, JobRecord],
+             waits_ms: list[int], waits: list[tuple], clocks: tuple[list, list]) -> int:
+        """Set the kept bytes and clock of each job of `order` from its record and its wait
+        (`wait_columns`'s columns, in that order); the count of records encoded anew."""
+        parts, pos = self._parts, kept.pos
+        heads, held, sinces, rests = kept.heads, kept.held, kept.sinces, kept.rests
+        mids: dict[int, bytes] = {}
+        encoded = 0
+        for job_id, ms, wait, acc, since in zip(order, waits_ms, waits, *clocks):
+            record = records[job_id]
+            entry = parts.get(job_id)
+            if entry is None or entry[0] is not record:
+                entry = parts[job_id] = (record, *self._make_parts(record))
+                encoded += 1
+            mid = mids.get(id(wait))
+            if mid is None:
+                mid = mids[id(wait)] = _live_bytes(*wait)
+            i = pos[job_id]
+            heads[i] = entry[1]
+            held[i] = acc
+            sinces[i] = since
+            rests[i] = (b"%d%s%s," % (ms, mid, entry[2]) if since is None
+                        else mid + entry[2] + b",")
+        return encoded
 
     def encode(self, records: Mapping[str, JobRecord], waits_ms: Iterable[int],
                waits: Iterable[tuple], clocks: tuple[list, list] | None = None,
-               key: object = None) -> list[bytes]:
+               key: object = None, marks: tuple | None = None) -> list[bytes]:
         """The JSON of each of `records`, in order, with its live fields from `waits_ms` and
         `waits` (Scheduler.wait_columns: queue_wait_ms, and (waiting_on, waiting_on_job,
         waiting_detail), per record, in the same order). A list of pieces, not joined: the
         caller joins it once into the whole answer (`join_array`: a copy of megabytes costs
         milliseconds). Each record is two pieces, its kept head and the rest, a comma after
         every record but the last, so the head is copied once, by the join. With `clocks`
-        (Scheduler.wait_columns's) the view is kept for `again` under `key`."""
+        (Scheduler.wait_columns's) the view is kept for `again` under `key`, and for `patch`
+        with `marks` (the core's `moved_mark` and the records' `mark` at this view)."""
         parts = self._parts
         # encoded live fields after queue_wait_ms, by the identity of the wait tuple: the
         # jobs behind one workspace head share theirs (Scheduler.wait_columns); each tuple
@@ -204,13 +398,14 @@ class QueuedJson:
             if keep:  # a paused clock's whole rest, else the rest after the ms
                 heads.append(entry[1])
                 rests.append(rest if since is None else mid + entry[2] + b",")
-        self._last = (key, heads, held, sinces, rests) if keep else None
-        self.again_last = False
+        self._kept = _Kept(key, marks, list(records), heads, held, sinces, rests) if keep else None
+        self.last_made = "encode"
         if out:
             out[-1] = out[-1][:-1]
         if len(parts) * 2 != len(out):  # every job has its entry: the others are no longer queued
             self._parts = {job_id: parts[job_id] for job_id in records}
         self.encoded_last = encoded
+        self.redone_last = len(out) // 2
         return out
 
 

@@ -49,6 +49,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.fifo: dict[str, list[str]] = {w: [] for w in WORKSPACES}
         self.last_ms: dict[str, int] = {}
         self.snapshot: tuple | None = None  # (version, job ids, waits, clocks) at the last step
+        self.moves: tuple | None = None  # (the core's moved_mark, each job's wait and clock)
         self.counter = 0
         self.ready_counter = 0
 
@@ -338,6 +339,24 @@ class SchedulerMachine(RuleBasedStateMachine):
         ms, waits = self.s.wait_columns(ids, self.now, clocks)
         assert ms == [wait_ms(*clock, t) for clock in zip(*clocks)]
         self.snapshot = (self.s.version, ids, waits, clocks)
+
+    @invariant()
+    def every_job_whose_wait_or_clock_moved_is_journaled(self):
+        """A live job whose wait fields or clock differ from the last step's is among the
+        core's `moved_since` that step's mark: what the status view's `QueuedJson.patch`
+        relies on to take only those anew."""
+        ids = [j for j, m in self.jobs.items()
+               if m.state in ("awaiting_bundles", "queued", *ACTIVE)]
+        self.s.refresh(self.now)
+        clocks: tuple[list, list] = ([], [])
+        _, waits = self.s.wait_columns(ids, self.now, clocks)
+        now = {j: (w, acc, since) for j, w, acc, since in zip(ids, waits, *clocks)}
+        if self.moves is not None:
+            mark, before = self.moves
+            moved = self.s.moved_since(mark)
+            changed = {j for j, seen in before.items() if j in now and now[j] != seen}
+            assert moved is not None and changed <= moved, changed - moved
+        self.moves = (self.s.moved_mark(), now)
 
 
 TestScheduler = SchedulerMachine.TestCase
