@@ -18,7 +18,10 @@ cancelled, withdrawn) are dropped at the next view.
 The view before is kept too (`QueuedJson.again`, stop 31): while the dispatcher handled no
 event but views and the core's `version` stands, nothing but the clocks moved, so the next
 view is the kept pieces with each advancing clock's queue_wait_ms computed anew, without a
-lookup per job.
+lookup per job. After events, the view before is patched (`QueuedJson.patch`, stop 32):
+the dispatcher's queued records are a `Journaled` dict and the core journals the
+workspaces and jobs whose waits or clocks moved (`Scheduler.moved_since`), so only those
+jobs are taken anew.
 
 Pure: no trio, no actors (the dispatcher's machine owns one `QueuedJson` for rows and one
 for whole records).
