@@ -257,6 +257,7 @@ class QueuedJson:
         self._parts: dict[str, tuple[JobRecord, bytes, bytes]] = {}
         #: records encoded by the last view (fresh or replaced since the one before)
         self.encoded_last = 0
+        self._encoded = 0  # records encoded so far by the view being made
         #: jobs whose wait fields and clock the last view took anew (all of them unless
         #: it was patched or `again`)
         self.redone_last = 0
@@ -343,26 +344,35 @@ class QueuedJson:
              waits_ms: list[int], waits: list[tuple], clocks: tuple[list, list]) -> int:
         """Set the kept bytes and clock of each job of `order` from its record and its wait
         (`wait_columns`'s columns, in that order); the count of records encoded anew."""
-        parts, pos = self._parts, kept.pos
+        pos = kept.pos
         heads, held, sinces, rests = kept.heads, kept.held, kept.sinces, kept.rests
         mids: dict[int, bytes] = {}
-        encoded = 0
+        self._encoded = 0
         for job_id, ms, wait, acc, since in zip(order, waits_ms, waits, *clocks):
-            record = records[job_id]
-            entry = parts.get(job_id)
-            if entry is None or entry[0] is not record:
-                entry = parts[job_id] = (record, *self._make_parts(record))
-                encoded += 1
-            mid = mids.get(id(wait))
-            if mid is None:
-                mid = mids[id(wait)] = _live_bytes(*wait)
+            entry, mid = self._bytes_of(job_id, records[job_id], wait, mids)
             i = pos[job_id]
             heads[i] = entry[1]
             held[i] = acc
             sinces[i] = since
             rests[i] = (b"%d%s%s," % (ms, mid, entry[2]) if since is None
                         else mid + entry[2] + b",")
-        return encoded
+        return self._encoded
+
+    def _bytes_of(self, job_id: str, record: JobRecord, wait: tuple,
+                  mids: dict[int, bytes]) -> tuple[tuple, bytes]:
+        """(the kept entry of `record`, encoded anew, and counted in `_encoded`, unless kept
+        for this same object; the encoded live fields of `wait` after queue_wait_ms, by the
+        identity of the tuple in `mids`: the jobs behind one workspace head share theirs
+        (Scheduler.wait_columns), and each tuple lives until the view ends, so no identity
+        is reused meanwhile)."""
+        entry = self._parts.get(job_id)
+        if entry is None or entry[0] is not record:
+            entry = self._parts[job_id] = (record, *self._make_parts(record))
+            self._encoded += 1
+        mid = mids.get(id(wait))
+        if mid is None:
+            mid = mids[id(wait)] = _live_bytes(*wait)
+        return entry, mid
 
     def encode(self, records: Mapping[str, JobRecord], waits_ms: Iterable[int],
                waits: Iterable[tuple], clocks: tuple[list, list] | None = None,
@@ -375,26 +385,16 @@ class QueuedJson:
         every record but the last, so the head is copied once, by the join. With `clocks`
         (Scheduler.wait_columns's) the view is kept for `again` under `key`, and for `patch`
         with `marks` (the core's `moved_mark` and the records' `mark` at this view)."""
-        parts = self._parts
-        # encoded live fields after queue_wait_ms, by the identity of the wait tuple: the
-        # jobs behind one workspace head share theirs (Scheduler.wait_columns); each tuple
-        # lives in `waits` until the view ends, so no identity is reused meanwhile
         mids: dict[int, bytes] = {}
         out: list[bytes] = []
         add = out.append
-        encoded = 0
+        self._encoded = 0
         heads: list[bytes] = []
         rests: list[bytes] = []
         keep = clocks is not None
         held, sinces = clocks if keep else (repeat(None), repeat(None))
         for (job_id, record), ms, wait, since in zip(records.items(), waits_ms, waits, sinces):
-            entry = parts.get(job_id)
-            if entry is None or entry[0] is not record:
-                entry = parts[job_id] = (record, *self._make_parts(record))
-                encoded += 1
-            mid = mids.get(id(wait))
-            if mid is None:
-                mid = mids[id(wait)] = _live_bytes(*wait)
+            entry, mid = self._bytes_of(job_id, record, wait, mids)
             rest = b"%d%s%s," % (ms, mid, entry[2])
             add(entry[1])
             add(rest)
@@ -405,9 +405,10 @@ class QueuedJson:
         self.last_made = "encode"
         if out:
             out[-1] = out[-1][:-1]
+        parts = self._parts
         if len(parts) * 2 != len(out):  # every job has its entry: the others are no longer queued
             self._parts = {job_id: parts[job_id] for job_id in records}
-        self.encoded_last = encoded
+        self.encoded_last = self._encoded
         self.redone_last = len(out) // 2
         return out
 
