@@ -244,8 +244,10 @@ class QueuedJson:
     """The encoded public records (or status rows, with `row_parts`) of the queued jobs,
     kept across views (see the module)."""
 
-    #: `patch` builds the view afresh (`encode`) when more than this share of the jobs changed
+    #: `patch` builds the view afresh (`encode`) when more than this share of the jobs, and
+    #: more than PATCH_MIN jobs, moved (a short queue is patched whatever moved)
     PATCH_SHARE = 0.5
+    PATCH_MIN = 64
 
     def __init__(self, parts=encoded_parts) -> None:
         self._make_parts = parts
@@ -296,8 +298,8 @@ class QueuedJson:
         fields or clock the core may have changed (`core.moved_since`); the others keep
         their bytes and clocks. Jobs that joined are at the end of `records` (a dict keeps
         insertion order), and so at the end of the view. None when there is no view
-        before, a journal since it was dropped, or more than `PATCH_SHARE` of the jobs
-        moved: `encode` then builds the view afresh."""
+        before, a journal since it was dropped, or more than `PATCH_SHARE` of the jobs (and
+        more than `PATCH_MIN`) moved: `encode` then builds the view afresh."""
         kept = self._kept
         if kept is None or kept.marks is None:
             return None
@@ -315,7 +317,7 @@ class QueuedJson:
                and (job_id not in pos or job_id in dropped)}
         redo = {job_id for job_id in moved if job_id in records}
         redo.update(job_id for job_id in set_keys if job_id in records)
-        if len(gone) + len(redo) > self.PATCH_SHARE * max(len(records), 1):
+        if len(gone) + len(redo) > max(self.PATCH_SHARE * len(records), self.PATCH_MIN):
             return None
         tail = list(islice(reversed(records.keys()), len(new)))
         if set(tail) != new:

@@ -522,7 +522,8 @@ async def test_the_status_answer_over_http_is_the_status_view_spliced_from_cache
     first with every row freshly encoded, then from the cache, and after a cancel and a
     start changed the queue; `?full=1` the same with whole public records. A request right
     after another, nothing in between, is answered from the view before (stop 31:
-    QueuedJson.again) with the same bytes."""
+    QueuedJson.again) with the same bytes; the first after the cancel, from the view before
+    patched with the jobs that moved (stop 32: QueuedJson.patch)."""
     import httpx
 
     from motor.api import make_app
@@ -538,6 +539,15 @@ async def test_the_status_answer_over_http_is_the_status_view_spliced_from_cache
         return pieces
 
     monkeypatch.setattr(QueuedJson, "again", counted_again)
+    patched: list[bool] = []  # each encoded view not from `again`: patched?
+    patch = QueuedJson.patch
+
+    def counted_patch(self, *args):
+        pieces = patch(self, *args)
+        patched.append(pieces is not None)
+        return pieces
+
+    monkeypatch.setattr(QueuedJson, "patch", counted_patch)
 
     async def app(scope, receive, send):  # as if on the Unix socket: no token needed
         await make_app(runner)({**scope, "server": None}, receive, send)
@@ -576,7 +586,9 @@ async def test_the_status_answer_over_http_is_the_status_view_spliced_from_cache
             assert got["queued"][0]["queue_wait_ms"] == 0  # paused behind its workspace owner
             assert got["queued"][1]["queue_wait_ms"] >= 1500
             await runner.cancel(jobs[2].job_id)  # w1's head goes: jobs[4] heads w1 now
+            patched.clear()
             got, want = await both()
+            assert patched == [True, True]  # the rows, then the whole records
             assert got == want and [r["job_id"] for r in got["queued"]] == [
                 jobs[1].job_id, jobs[3].job_id, jobs[4].job_id]
             go.write_text("")  # all run, one at a time

@@ -98,18 +98,18 @@ test_the_patched_view_is_every_live_view = ViewMachine.TestCase
 
 
 def test_a_view_after_a_submit_patches_only_the_jobs_that_moved():
-    """A deep queue (one job holds all capacity, 60 jobs queued over 20 workspaces): after a
+    """A deep queue (one job holds all capacity, 200 jobs queued over 20 workspaces): after a
     submit, the next view takes anew only the new job (its workspace's queue did not change
     head); after the holder ends and jobs start, only the jobs of the workspaces that moved;
     a failed start puts the job back (at the end of the view) and a record changed in
     place is encoded again; each view equal to the live views. A cancel drops the job; an
-    event that moves more than half the jobs builds the view afresh."""
+    event that moves more than half the jobs (and more than 64) builds the view afresh."""
     machine = m.DispatchMachine.new(AdmissionSettings(claim_limit=4, max_weight=4,
-                                                      max_queue_depth=200))
+                                                      max_queue_depth=300))
     shell = Shell(machine)
     submit(shell, "h", "th", workspace="hold", weight_hint=4)
     shell.run(m.DiskAnswered("h", None))
-    for i in range(60):
+    for i in range(200):
         submit(shell, f"j{i:02d}", f"t{i}", workspace=f"w{i % 20}", weight_hint=1)
         shell.run(m.DiskAnswered(f"j{i:02d}", None))
     rows = machine.queued_rows
@@ -119,22 +119,22 @@ def test_a_view_after_a_submit_patches_only_the_jobs_that_moved():
         assert _encoded_view(shell, False) == _live_views(machine, now, False)
 
     view(1.0)
-    assert rows.last_made == "encode" and rows.redone_last == 60
+    assert rows.last_made == "encode" and rows.redone_last == 200
     submit(shell, "k", "tk", workspace="w3", weight_hint=1)  # behind w3's head
     shell.run(m.DiskAnswered("k", None))
     view(2.0)
     assert (rows.last_made, rows.redone_last, rows.encoded_last) == ("patch", 1, 1)
     shell.run(CancelJob("j05"))  # a head: w5's jobs wait on the next one now
     view(3.0)
-    assert rows.last_made == "patch" and rows.redone_last == 2 and len(rows) == 60
+    assert rows.last_made == "patch" and rows.redone_last == 9 and len(rows) == 200
     shell.run(m.Finished("h"))  # four heads start (claim 1 each, max_weight 4)
     setups = {s.record.job_id: s.record for s in shell.of(m.SaveRecord) if s.purpose == "start"}
-    assert len(machine.queued) == 56 and len(setups) == 4
+    assert len(machine.queued) == 196 and len(setups) == 4
     failed = sorted(setups)[0]  # its start fails: requeued at the front of its workspace
     shell.run(m.JobStartFailed(failed, "mount failed", False, setups[failed]))
     assert list(machine.queued)[-1] == failed  # it joined the dispatcher's dict again
     view(4.0)  # the started left the view; the failed one is at its end
-    assert rows.last_made == "patch" and 4 <= rows.redone_last <= 20 and rows.encoded_last == 1
+    assert rows.last_made == "patch" and 4 <= rows.redone_last <= 60 and rows.encoded_last == 1
     assert len(rows) == len(machine.queued)  # its entries: of the jobs still queued
     # any change of a queued record is shown, the core's state moved or not
     record = machine.queued["j00"]
@@ -144,7 +144,7 @@ def test_a_view_after_a_submit_patches_only_the_jobs_that_moved():
     assert b'"command":["make","-j1"]' in _encoded_view(shell, False)
     for job_id in sorted(machine.active)[:3]:
         shell.run(CancelJob(job_id))  # a running job: signalled, nothing moves yet
-    for job_id in list(machine.queued)[:40]:
+    for job_id in list(machine.queued)[:120]:
         shell.run(CancelJob(job_id))
     view(5.0)
     assert rows.last_made == "encode"
