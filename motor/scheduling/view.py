@@ -281,8 +281,9 @@ class QueuedJson:
             self._parts[new.job_id] = (new, entry[1], entry[2])
 
     def again(self, key: object, t: float) -> list[bytes] | None:
-        """The last view at time `t`, if it was encoded with `key` (the dispatcher's count of
-        events and the core's `version`: while both stand, only the clocks ran on), without
+        """The last view at time `t`, if it was made with `key` (the dispatcher's count of
+        events, the core's `version` and the records' journal mark: while they stand, only
+        the clocks ran on), without
         a lookup per job: each one's kept bytes, and its queue_wait_ms from its clock
         (`core.wait_ms`). None when `key` is another."""
         kept = self._kept
