@@ -222,8 +222,9 @@ def main() -> int:
                 emit(metric, statistics.median(values), "ms",
                      f"p90={p90(values):.3f} tries={len(values)} queued={args.n} {cpu}")
             # the same status view with an event between two requests (one more job
-            # submitted, untimed): the view is then built from the records, not the view
-            # before with its clocks run on (docs/scheduling.md, "The status view, encoded")
+            # submitted, untimed): the view before patched with the jobs that moved (stop
+            # 32; before, built from the records), not the view before with its clocks run
+            # on alone (docs/scheduling.md, "The status view, encoded")
             values, runner_ms, client_ms = [], 0.0, 0.0
             for i in range(args.tries):
                 client.call("POST", "/v1/jobs", json={
