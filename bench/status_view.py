@@ -18,6 +18,8 @@ Each round, time moves on 0.25 s (so every queue_wait_ms changes), and is timed:
   submitted (untimed) behind a workspace's head; since stop 32 the view before patched
   with the jobs that moved (`redone=`: how many took their wait fields anew; before, every
   row from its kept bytes and the core's wait fields);
+- `status_view_after_start` (since stop 32, at the end): the rows after a running job ended
+  and the next head started (`redone=`: the jobs of the two workspaces that moved);
 - `status_view_cold`: the encoded view right after every record was replaced (each record
   encoded again: what the first view after a fill, or a restart, costs);
 - `status_view_full_encoded`, `status_view_full_cold`: the same with whole public records
@@ -179,6 +181,19 @@ def main() -> int:
             cold.append(t.value)
             assert cache.encoded_last == len(machine.queued)
         emit(name.replace("encoded", "cold"), cold, f"queued={len(machine.queued)} encoded={len(machine.queued)}")
+    if hasattr(machine.queued_rows, "patch"):  # since stop 32
+        # after a start: a running job ends and the next head starts before each view (the
+        # first round ends the blocker: two heads start)
+        started, redone = [], []
+        for _ in range(args.rounds):
+            run(machine, m.Finished(sorted(machine.active)[0]), now, wall)
+            now, wall = now + 0.25, wall + 250
+            with Timer() as t:
+                encoded_view(False)
+            started.append(t.value)
+            redone.append(machine.queued_rows.redone_last)
+        emit("status_view_after_start", started,
+             f"queued={len(machine.queued)} redone={statistics.median(redone):g}")
     return 0
 
 
