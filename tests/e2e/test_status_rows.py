@@ -53,3 +53,39 @@ def test_status_answers_rows_and_full_answers_whole_records(serve_factory, tmp_p
     wait_for(lambda: {r["state"] for r in serve.cli_json("jobs") if r["job_id"] in ids}
              == {"succeeded"}, what="both jobs to succeed")
     assert serve.cli_json("status")["queued"] == []
+
+
+def test_views_after_events_follow_each_change_of_the_queue(serve_factory, tmp_path):
+    """Stop 32: after an event a view is the view before patched with the jobs that moved
+    (a short queue is always patched). Through a real runner and the CLI: a job that joins
+    a workspace's queue waits on its head; once that head is cancelled the next one heads
+    the workspace and the job behind it waits on the new head, though no record of theirs
+    changed; each view's rows are the cut of the whole records of the same instant."""
+    serve = serve_factory("--max-weight", "1").start()
+    gate = tmp_path / "go"
+    hold = serve.cli_json("submit", "--weight", "1", "--workspace", "a", "--",
+                          "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.01; done")
+    wait_for(lambda: [r["job_id"] for r in serve.cli_json("status")["running"]] == [hold["job_id"]],
+             what="the first job to run")
+    b1, b2 = (serve.cli_json("submit", "--weight", "1", "--workspace", "b", "--", "true")
+              for _ in range(2))
+
+    def waits() -> dict:
+        rows, full = serve.cli_json("status"), serve.cli_json("status", "--full")
+        cut = [{k: v for k, v in r.items() if k in ROW_FIELDS or k in LIVE_FIELDS[1:]}
+               for r in full["queued"]]
+        assert [{k: v for k, v in r.items() if k != "queue_wait_ms"} for r in rows["queued"]] == cut
+        return {r["job_id"]: (r["waiting_on"], r["waiting_on_job"]) for r in rows["queued"]}
+
+    assert waits() == {b1["job_id"]: ("permits", None),
+                       b2["job_id"]: ("workspace_owner", b1["job_id"])}
+    b3 = serve.cli_json("submit", "--weight", "1", "--workspace", "b", "--", "true")
+    assert waits()[b3["job_id"]] == ("workspace_owner", b1["job_id"])
+    assert serve.cli("cancel", b1["job_id"]).returncode == 0
+    assert waits() == {b2["job_id"]: ("permits", None),
+                       b3["job_id"]: ("workspace_owner", b2["job_id"])}
+    gate.write_text("")
+    ids = {hold["job_id"], b2["job_id"], b3["job_id"]}
+    wait_for(lambda: {r["state"] for r in serve.cli_json("jobs") if r["job_id"] in ids}
+             == {"succeeded"}, what="the jobs to succeed")
+    assert waits() == {}
