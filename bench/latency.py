@@ -26,7 +26,7 @@ measures, `--samples` times each (idle runner, `--gap` seconds apart):
 Each client figure comes in up to three forms (peer=): `motor` runs `python -m motor` of
 this checkout's venv (an editable install, whose import hook site loads at every start:
 pathlib, urllib, importlib.util); `motor-script` runs the venv's console script `motor`;
-`motor-installed` runs a console script like pip's (`from motor.cli import main`) in a
+`motor-installed` runs a console script like pip's (`from motor.cli import console`) in a
 throwaway venv that has motor and its dependencies on plain sys.path entries, as a wheel
 install has them (no editable hook); its `interpreter_wall` is that venv's `python -c pass`.
 
@@ -182,10 +182,10 @@ def installed_env(tmp: Path) -> Path | None:
     ours = [p for p in site.getsitepackages() + [sysconfig.get_paths()["purelib"]] if os.path.isdir(p)]
     (Path(purelib) / "motor_bench.pth").write_text("\n".join([str(ROOT), *dict.fromkeys(ours)]) + "\n")
     script = venv / "bin" / "motor"
-    script.write_text(f"#!{python}\n# -*- coding: utf-8 -*-\nimport re\nimport sys\nfrom motor.cli import main\n"
+    script.write_text(f"#!{python}\n# -*- coding: utf-8 -*-\nimport re\nimport sys\nfrom motor.cli import console\n"
                       "if __name__ == '__main__':\n"
                       "    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n"
-                      "    sys.exit(main())\n")
+                      "    sys.exit(console())\n")
     script.chmod(0o755)
     return python
 

@@ -1,6 +1,6 @@
 """`python -m motor` = the `motor` console script."""
 
-from motor.cli import main
+from motor.cli import console
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    console()

@@ -423,7 +423,7 @@ def test_a_url_that_is_not_http_host_port_is_a_usage_error(url, capsys):
 
 
 def test_the_console_script_imports_no_more_than_python_m_motor(serve):
-    """The `motor` script pip writes (bin/motor: `from motor.cli import main`, no
+    """The `motor` script pip writes (bin/motor: `from motor.cli import console`, no
     importlib.metadata) takes the same lean path."""
     script = Path(sys.executable).with_name("motor")
     if not script.exists():
@@ -433,6 +433,47 @@ def test_the_console_script_imports_no_more_than_python_m_motor(serve):
     assert result.returncode == 0, result.stderr.decode()[-2000:]
     assert "motor.cli" in modules and lean_forbidden_in(modules) == []
     assert not {"importlib.metadata", "pkg_resources"} & modules
+
+
+#: `console()` as the console script calls it, with an atexit handler that marks a normal
+#: interpreter exit on stderr
+CONSOLE = ("import atexit, sys; atexit.register(lambda: sys.stderr.write('finalized\\n'));"
+           "sys.argv = ['motor', *sys.argv[1:]]; from motor.cli import console; console()")
+
+
+def console(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", CONSOLE, *argv], capture_output=True, timeout=60,
+                          env=motor_env(), cwd=ROOT)
+
+
+def test_a_client_command_leaves_without_the_interpreters_finalization_its_output_flushed(serve, tmp_path):
+    """`console()` (the `motor` script, `python -m motor`): a client command ends with
+    os._exit once stdout and stderr are flushed: no atexit handler runs, every byte of a
+    piped answer arrives and the exit status is the command's. A usage error, and every
+    command not in motor.cli.commands, ends as Python does."""
+    sock = str(serve.socket)
+    big = console("run", "--socket", sock, "--", "sh", "-c",
+                  "head -c 300000 /dev/zero | tr '\\0' x; echo err >&2; exit 3")
+    assert big.returncode == 3, big.stderr.decode()[-2000:]
+    assert big.stdout == b"x" * 300000
+    assert big.stderr == b"err\n"  # no "finalized": the atexit handler did not run
+
+    submitted = console("submit", "--socket", sock, "--", "true")
+    assert submitted.returncode == 0 and submitted.stderr == b""
+    job_id = submitted.stdout.decode().strip()
+    assert job_id
+    listed = console("jobs", "--socket", sock, "--json")  # text, block-buffered in a pipe
+    assert listed.returncode == 0 and listed.stderr == b""
+    assert job_id in {job["job_id"] for job in json.loads(listed.stdout)}
+
+    usage = console("status", "--socket", sock, "--no-such-option")
+    assert usage.returncode == 2
+    assert usage.stderr.decode().splitlines() == [
+        "motor: error: unrecognized arguments: --no-such-option", "finalized"]
+    helped = console("--help")
+    assert helped.returncode == 0 and helped.stderr == b"finalized\n"
+    tasks = console("task", "--client-dir", str(tmp_path / "client"), "list")  # not a client command
+    assert tasks.returncode == 0 and tasks.stderr == b"finalized\n", tasks.stderr.decode()[-2000:]
 
 
 # --- one definition of what the client and the runner share (motor/wire.py) ---------------------
