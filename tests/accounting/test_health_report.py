@@ -277,7 +277,9 @@ async def test_repositories_are_rebuilt_from_retained_records_after_restart(tmp_
     async with motor.open_runner(cfg) as runner:
         records = []
         for i, (repo, claim) in enumerate(repos):
-            job = await runner.submit(JobRequest(command=["true"], weight_hint=claim,
+            # `sleep 0.01`, not `true`: a job that ends within the millisecond it started has
+            # no measured reservation_use (a wall time of zero), which the sum below reads
+            job = await runner.submit(JobRequest(command=["sleep", "0.01"], weight_hint=claim,
                                                  workspace=f"w{i}", repository=repo))
             records.append(await terminal_of(runner, job.job_id))
         before = (await runner.health())["repositories"]
