@@ -150,7 +150,7 @@ def console() -> None:
     command (motor.cli.commands: `run`, `submit`, `status`, ...) leaves at once when its
     output is flushed (`os._exit`): its process holds nothing to tear down (one socket, no
     file open for writing, no thread but a daemon timer), and the interpreter's own
-    finalization (every module's objects freed, one by one) is about 3 ms of every `motor
+    finalization (every module's objects freed, one by one) is 4-6 ms of every `motor
     run` (docs/cli.md, "Start-up cost"). `serve`, `task` and `worker` exit as Python does."""
     argv = sys.argv[1:]
     code = main(argv)
