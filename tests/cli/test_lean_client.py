@@ -462,7 +462,7 @@ def test_a_client_command_leaves_without_the_interpreters_finalization_its_outpu
     assert submitted.returncode == 0 and submitted.stderr == b""
     job_id = submitted.stdout.decode().strip()
     assert job_id
-    listed = console("jobs", "--socket", sock, "--json")  # text, block-buffered in a pipe
+    listed = console("jobs", "--socket", sock, "--json")  # a whole JSON document through a pipe
     assert listed.returncode == 0 and listed.stderr == b""
     assert job_id in {job["job_id"] for job in json.loads(listed.stdout)}
 
