@@ -100,17 +100,23 @@ def set_up(record: JobRecord, cwd: Path, job_dir: Path, bundle: str | None,
     return None
 
 
-def set_up_is_light(backend: Any, bundle: str | None) -> bool:
+def set_up_is_light(backend: Any, bundle: str | None, cpus: list[int] | None = None,
+                    memory_max: int | None = None) -> bool:
     """Whether `set_up` may run inline: no bundle to unpack and the backend's `prepare` is
     the base one (`affinity`, `none`: spec fields only, no side effect). What is left is
     metadata work: the workspace and job directory made when missing (the disk actor stats
     the workspace's root on the event loop already) and spec.json written on the state
     directory. So is a backend whose `prepare` only plans (`plans_only`: cgroup v1, where
-    the keeper makes the groups: three stats and one read of the parent's memory limit). A
-    backend with groups to make (cgroup v2, systemd), or any other `prepare` (a replaced one
-    may block: tests/scheduling hold one at a barrier), goes to the offloader."""
-    return bundle is None and (type(backend).prepare is _BASE_PREPARE
-                               or getattr(backend, "plans_only", False))
+    the keeper makes the groups: three stats and one read of the parent's memory limit), and
+    one whose `prepare_is_light(cpus, memory_max)` says this job's needs no call (systemd:
+    the job's CPU slice carries its limits already; a few reads of the slice's counters). A
+    backend with groups to make (cgroup v2, systemd otherwise), or any other `prepare` (a
+    replaced one may block: tests/scheduling hold one at a barrier), goes to the offloader."""
+    if bundle is not None:
+        return False
+    light = getattr(backend, "prepare_is_light", None)
+    return (type(backend).prepare is _BASE_PREPARE or getattr(backend, "plans_only", False)
+            or (light is not None and light(cpus, memory_max)))
 
 
 #: output.log growth read on the event loop (one open, one read of a few pages in the page
@@ -193,6 +199,16 @@ def close(job_dir: Path, spawner: Any, backend: Any, job_id: str, status: dict[s
         status = read_status(job_dir, who)
     if status is None and (killed := spawner.kill_marked(job_id)):
         log.warning("%s: keeper lost; killed %d leftover process(es): %s", who, len(killed), killed)
-    facts = backend.settle(job_id, (status or {}).get("signal"))
+    signal = (status or {}).get("signal")
+    needs_spec = getattr(backend, "needs_spec", None)  # systemd: an adopted job's counters
+    if needs_spec is not None and needs_spec(job_id):
+        try:
+            spec = joblog.read_spec(job_dir)
+        except joblog.JobDirError as exc:
+            log.warning("%s: %s", who, exc)
+            spec = None
+        facts = backend.settle(job_id, signal, spec=spec)
+    else:
+        facts = backend.settle(job_id, signal)
     _log_problems(facts, who)
     return status, facts

@@ -104,7 +104,12 @@ async def release_isolation(deps: JobDeps, job_id: str, who: str) -> None:
     if type(deps.backend).release is _BASE_RELEASE:
         return
     await faults.ahit("release.begin")  # tests: the record is out, the groups not yet removed
-    if error := await deps.offload(deps.backend.release, job_id):
+    light = getattr(deps.backend, "release_is_light", None)
+    if light is not None and light(job_id):  # nothing to remove: no thread hop
+        error = deps.backend.release(job_id)
+    else:
+        error = await deps.offload(deps.backend.release, job_id)
+    if error:
         log.warning("%s: isolation cleanup_error: %s", who, error)
 
 

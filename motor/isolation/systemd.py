@@ -1,24 +1,31 @@
-"""The `systemd` backend: where systemd is PID 1, every job runs in a unit of its own inside
-the jobs slice (`motor-jobs.slice`, the seed's slice), capped and accounted by systemd.
+"""The `systemd` backend: where systemd is PID 1, every job runs in a unit of its own (a
+transient scope) inside the jobs slice (`motor-jobs.slice`, the seed's slice), capped and
+accounted through systemd's slices.
 
 Per job (docs/isolation.md, "systemd"):
 
-- `prepare` starts a transient slice `motor-jobs-j<hex>.slice` (a child of the jobs slice,
-  by systemd's naming) with `MemoryMax=` (the claim's memory_max, already clamped to the
-  jobs slice), `AllowedCPUs=` (the job's CPU set), and CPU and memory accounting, over the
-  manager's D-Bus API (`StartTransientUnit`).
-- The keeper's join step (motor/isolation/join.py) asks systemd for a transient scope
-  `motor-jobs-j<hex>.scope` in that slice with the keeper's own pid (`StartTransientUnit`,
-  `PIDs=`; what `systemd-run --scope` does for itself, without starting a program per
-  job), then spawns the job, so the whole process tree is born in the unit. Like the
-  cgroup backend's keeper, it raises its oom_score_adj for the spawn so that an OOM kill
-  in the slice takes a job process, not the keeper. The keeper also pins itself to the
-  CPU set (affinity, inherited by the tree): `AllowedCPUs=` needs the unified cpuset
-  controller, which hybrid (cgroup v1) hosts lack.
-- `finish` reads systemd's own summary of the slice (`CPUUsageNSec`, `ControlGroup`),
-  decides OOM from the memory controller of that group (`oom_verdict`), then stops the
-  slice, which kills anything the job left behind and lets systemd remove the unit.
-- `adopt` (after a runner restart) asks whether the job's slice is still active.
+- A job with CPUs runs in its CPU slice `motor-jobs-c<its lowest CPU>.slice` (a child of
+  the jobs slice, by systemd's naming). Running jobs hold disjoint CPU sets, so a CPU slice
+  holds one job at a time; it is started once (`StartTransientUnit`) and kept from job to
+  job. `prepare` gives it the job's limits, `MemoryMax=` (the claim's memory_max, already
+  clamped to the jobs slice) and `AllowedCPUs=` (the job's CPU set), over D-Bus
+  (`SetUnitProperties`) only when they differ from the job's before, and reads the slice's
+  counters (CPU time, OOM kills, limit hits) into the spec (`systemd_base`). A job without
+  CPUs gets a slice of its own, `motor-jobs-j<hex>.slice`, as every job did before.
+- keeperd (or the keeper's join step, motor/isolation/join.py) asks systemd for the job's
+  transient scope `motor-jobs-j<hex>.scope` in that slice with the job's process
+  (`StartTransientUnit`, `PIDs=`; what `systemd-run --scope` does for itself, without
+  starting a program per job), before the job's first instruction, so the whole process
+  tree is born in the unit. systemd drops the scope with its last process. The keeper (or
+  keeperd) also pins the job (affinity, inherited by the tree): `AllowedCPUs=` needs the
+  unified cpuset controller, which hybrid (cgroup v1) hosts lack.
+- `settle` takes the job's CPU time and OOM verdict as the growth of its CPU slice's
+  counters over the job (`job_figures`), with no D-Bus call when the job left nothing
+  behind (`settle_quick`, on the event loop); a process left there gets the job's scope
+  stopped, which kills it. A job in a slice of its own: systemd's own summary of that
+  slice (`CPUUsageNSec`, `ControlGroup`), then `release` stops the slice.
+- `adopt` (after a runner restart) asks whether the job's scope (or own slice) is active;
+  `settle` of an adopted job reads the counters before it from its spec.json.
 
 The D-Bus client is jeepney (message marshalling) over a blocking
 Unix socket: as root, the manager's private socket `/run/systemd/private` (what systemctl
@@ -55,8 +62,12 @@ __all__ = [
     "SystemdError",
     "SystemdManager",
     "cpu_mask",
+    "cpu_slice",
+    "job_figures",
     "job_slice",
     "oom_verdict",
+    "slice_counters",
+    "slice_group",
     "slice_ran",
     "unified_usage_usec",
     "open_systemd_backend",
@@ -117,6 +128,21 @@ def job_scope(parent: str, job_id: str) -> str:
     return job_slice(parent, job_id)[: -len(".slice")] + ".scope"
 
 
+def cpu_slice(parent: str, cpus: list[int]) -> str:
+    """The slice a job with this CPU set runs in: `<parent>-c<its lowest CPU>.slice`.
+
+    Running jobs hold disjoint CPU sets, so no two of them share a lowest CPU: the slice
+    holds one job at a time, and stays (with its counters) from job to job."""
+    return f"{parent}-c{min(cpus)}.slice"
+
+
+def slice_group(name: str) -> str:
+    """systemd's control group of a slice: each dash of its name is a level
+    (`motor-jobs-c0.slice` -> `/motor.slice/motor-jobs.slice/motor-jobs-c0.slice`)."""
+    parts = name[: -len(".slice")].split("-")
+    return "/" + "/".join("-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
+
+
 def cpu_mask(cpus: list[int]) -> bytes:
     """A CPU set as systemd's `ay` bitmask: bit `c % 8` of byte `c // 8` is CPU c."""
     if not cpus:
@@ -141,6 +167,13 @@ def slice_properties(job_id: str, cpus: list[int] | None, memory_max: int | None
     if cpus:
         props.append(("AllowedCPUs", ("ay", cpu_mask(cpus))))
     return props
+
+
+def cpu_slice_properties(cpus: list[int], memory_max: int | None) -> list:
+    """The limits a CPU slice carries for its next job (`SetUnitProperties`): its CPU set
+    and its memory cap (infinity when the claim has none)."""
+    return [("MemoryMax", ("t", UINT64_MAX if memory_max is None else int(memory_max))),
+            ("AllowedCPUs", ("ay", cpu_mask(cpus)))]
 
 
 def scope_argv(systemd_run: str, scope: str, slice_name: str) -> list[str]:
@@ -438,6 +471,62 @@ def unified_usage_usec(control_group: str, root: str = CGROUP_ROOT) -> int | Non
     return None
 
 
+def slice_counters(control_group: str, root: str = CGROUP_ROOT) -> dict:
+    """The counters of a CPU slice's group that a job's figures are the growth of, each None
+    where the host has no such file: `usage_usec` (cgroup v2 `cpu.stat`, also in a hybrid
+    host's unified tree: the counter systemd's CPUUsageNSec reads; else v1
+    `cpuacct.usage`), `oom_kills` (v2 `memory.events`, counted up the hierarchy, so a kill
+    in the job's scope counts here; else v1 `memory.oom_control`) with `oom_v2`, and
+    `failcnt` (v1 `memory.failcnt`: how often the slice hit its limit)."""
+    rel = control_group.lstrip("/")
+    usage = unified_usage_usec(control_group, root)
+    if usage is None:
+        for hierarchy in ("cpuacct", "cpu,cpuacct"):
+            text = (_try_read(os.path.join(root, hierarchy, rel, "cpuacct.usage")) or "").strip()
+            if text.isdigit():
+                usage = int(text) // 1000
+                break
+    out: dict[str, Any] = {"usage_usec": usage, "oom_kills": None, "oom_v2": False,
+                           "failcnt": None}
+    for base in (root, os.path.join(root, "unified")):
+        text = _try_read(os.path.join(base, rel, "memory.events"))
+        if text is not None and "oom_kill" in text:
+            out.update(oom_kills=oom_kills_v2(text), oom_v2=True)
+            return out
+    group = os.path.join(root, "memory", rel)
+    control = _try_read(os.path.join(group, "memory.oom_control"))
+    out["oom_kills"] = oom_kills_v1(control) if control is not None else None
+    fail = (_try_read(os.path.join(group, "memory.failcnt")) or "").strip()
+    out["failcnt"] = int(fail) if fail.isdigit() else None
+    return out
+
+
+def _grew(before: dict, after: dict, key: str) -> int | None:
+    a, b = after.get(key), before.get(key)
+    return None if a is None or b is None else max(0, a - b)
+
+
+def job_figures(before: dict, after: dict, signal: int | None) -> dict:
+    """A job's CPU time and OOM verdict from its CPU slice's counters before and after it
+    (`slice_counters`): the growth over the job. OOM as `oom_verdict` rules, on growth: v2
+    kills are exact; v1 counts a kill in the victim's own group (the job's scope, gone by
+    now), so there it is a kill counted in the slice, or SIGKILL after the slice hit its
+    limit during the job."""
+    usec = _grew(before, after, "usage_usec")
+    kills = _grew(before, after, "oom_kills")
+    facts: dict[str, Any] = {"cpu_time_ms": None if usec is None else usec // 1000,
+                             "oom_kills": kills}
+    if after.get("oom_v2"):
+        facts.update(oom_killed=bool(kills), oom_rule="v2 memory.events, growth over the job")
+    elif kills:
+        facts.update(oom_killed=True, oom_rule="v1 memory.oom_control, growth over the job")
+    else:
+        hit = bool(_grew(before, after, "failcnt"))
+        facts.update(oom_killed=hit and signal == _signal.SIGKILL,
+                     oom_rule="v1: SIGKILL after the slice hit its limit during the job")
+    return facts
+
+
 def slice_ran(control_group: str, root: str = CGROUP_ROOT) -> bool | None:
     """Did any process ever run in the slice? None when the host cannot tell.
 
@@ -496,6 +585,10 @@ class SystemdBackend(Backend):
     cgroup_root: str = CGROUP_ROOT
     #: the last MemoryMax read by parent_memory_limit (what health reports)
     last_read: dict = field(default_factory=dict, compare=False, repr=False)
+    #: CPU slice -> the (cpus, memory_max) it was last given
+    applied: dict = field(default_factory=dict, compare=False, repr=False)
+    #: job id -> {"slice", "base"}: a prepared job in its CPU slice, until `release`
+    jobs: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def parent_slice(self) -> str:
@@ -514,55 +607,124 @@ class SystemdBackend(Backend):
         return self.pool.connection()
 
     def spec_fields(self, job_id: str, cpus: list[int] | None, memory_max: int | None) -> dict:
-        """The keeper's join step (motor/isolation/join.py) starts the job's scope in its
-        slice with the keeper's own pid, then spawns the job inside (no systemd-run)."""
+        """keeperd (or the keeper's join step, motor/isolation/join.py) starts the job's
+        scope in its slice for the job's process, then the job runs inside (no
+        systemd-run). The slice is the job's CPU slice; a job without CPUs gets a slice of
+        its own."""
         return {"pin": bool(cpus), "cgroup_procs": [],
                 "systemd_scope": {"address": self.address,
                                   "scope": job_scope(self.parent, job_id),
-                                  "slice": job_slice(self.parent, job_id),
+                                  "slice": (cpu_slice(self.parent, cpus) if cpus
+                                            else job_slice(self.parent, job_id)),
                                   "description": f"motor job {job_id}"}}
 
     def prepare(self, job_id: str, cpus: list[int] | None, memory_max: int | None) -> dict:
-        """Start the job's slice with its limits; return the spec.json fields.
+        """Give the job's slice its limits; return the spec.json fields.
 
-        Idempotent: a slice left over from an earlier attempt is stopped (or reset) first.
-        Raises IsolationError when systemd refuses.
+        A job with CPUs runs in its CPU slice (`cpu_slice`), which is started once and
+        kept: its limits change over D-Bus (`SetUnitProperties`) only when this job's
+        differ from the last job's there, and its counters are read now, so that the job's
+        figures are their growth (`systemd_base` in the spec, for a restarted runner). A
+        job without CPUs gets a slice of its own, stopped by `release`. Idempotent; raises
+        IsolationError when systemd refuses.
         """
         fields = self.spec_fields(job_id, cpus, memory_max)
-        name = job_slice(self.parent, job_id)
-        properties = slice_properties(job_id, cpus, memory_max)
-        with self.manager() as m:
-            # The common case first: one StartTransientUnit, then the start job's
-            # JobRemoved signal (no state polling). A slice left by an earlier attempt of
-            # this job makes systemd answer UnitExists: clear it, then start again.
-            try:
-                job = m.start_transient(name, properties)
-            except SystemdError as exc:
-                if exc.name != UNIT_EXISTS:
-                    raise
-                job = _replace_leftover(m, name, properties)
-            result = m.wait_job(job)
-            if result is None:  # no signal on this connection: poll the state
-                deadline = time.monotonic() + ACTIVATE_TIMEOUT_S
-                while (state := m.active_state(name)) != "active":
-                    if state == "failed" or time.monotonic() > deadline:
-                        result = f"state {state}"
-                        break
-                    time.sleep(POLL_S)
-                else:
-                    result = "done"
-            if result != "done":
-                m.stop(name)
-                raise IsolationError(f"systemd: slice {name} did not start ({result})")
+        name = fields["systemd_scope"]["slice"]
+        if not cpus:
+            with self.manager() as m:
+                _start_slice(m, name, slice_properties(job_id, cpus, memory_max))
+            return fields
+        limits = (tuple(sorted(cpus)), memory_max)
+        group = slice_group(name)
+        if self.applied.get(name) != limits or not self._group_exists(group):
+            self.applied.pop(name, None)
+            with self.manager() as m:
+                _set_cpu_slice(m, name, cpus, memory_max)
+            self.applied[name] = limits
+        base = slice_counters(group, self.cgroup_root)
+        self.jobs[job_id] = {"slice": name, "base": base}
+        fields["systemd_base"] = base
         return fields
 
-    def settle(self, job_id: str, signal: int | None = None) -> dict:
-        """systemd's summary of the job's slice and the OOM verdict; the slice stays (its
-        stop is `release`, after the terminal record) when nothing of the job runs in it.
-        A process left in it (one that escaped the job's process group), or a slice whose
-        group cannot be read, is stopped here: systemd kills what is left, before the
-        terminal record. Never raises: problems are reported in `collect_error` /
-        `cleanup_error`."""
+    def prepare_is_light(self, cpus: list[int] | None, memory_max: int | None) -> bool:
+        """Whether `prepare` needs no D-Bus call for such a job (so it may run on the event
+        loop): its CPU slice is there with these limits already, from the job before."""
+        if not cpus:
+            return False
+        name = cpu_slice(self.parent, cpus)
+        return (self.applied.get(name) == (tuple(sorted(cpus)), memory_max)
+                and self._group_exists(slice_group(name)))
+
+    def _group_exists(self, group: str) -> bool:
+        rel = group.lstrip("/")
+        return any(os.path.isdir(os.path.join(self.cgroup_root, h, rel))
+                   for h in ("", "unified", "memory", "systemd"))
+
+    def needs_spec(self, job_id: str) -> bool:
+        """Whether `settle` wants the job's spec.json: a job this runner did not prepare (it
+        was adopted after a restart) keeps its slice's counters there."""
+        return job_id not in self.jobs
+
+    def _entry(self, job_id: str, spec: dict | None) -> dict | None:
+        entry = self.jobs.get(job_id)
+        if entry is None and spec and isinstance(spec.get("systemd_base"), dict):
+            name = (spec.get("systemd_scope") or {}).get("slice")
+            if isinstance(name, str) and name != job_slice(self.parent, job_id):
+                entry = self.jobs[job_id] = {"slice": name, "base": spec["systemd_base"]}
+        return entry
+
+    def settle_quick(self, job_id: str, signal: int | None = None) -> dict | None:
+        """`settle` on the event loop for a job in its CPU slice that left no process there:
+        a few reads of the slice's group, no D-Bus. None (the full `settle`, in a thread)
+        otherwise."""
+        entry = self.jobs.get(job_id)
+        if entry is None:
+            return None
+        group = slice_group(entry["slice"])
+        if group_pids(group, self.cgroup_root) != []:
+            return None
+        return self._figures(job_id, entry, signal)
+
+    def _figures(self, job_id: str, entry: dict, signal: int | None) -> dict:
+        after = slice_counters(slice_group(entry["slice"]), self.cgroup_root)
+        facts: dict[str, Any] = {"oom_killed": False, "cpu_time_ms": None, "cleanup_error": None}
+        facts.update(job_figures(entry["base"], after, signal))
+        if facts["cpu_time_ms"] is not None and after["usage_usec"] == entry["base"]["usage_usec"]:
+            facts["start_error"] = (f"systemd did not start the job's scope in {entry['slice']}; "
+                                    "the keeper's status says why")
+        return facts
+
+    def settle(self, job_id: str, signal: int | None = None, spec: dict | None = None) -> dict:
+        """The job's figures and OOM verdict, with nothing of the job left running.
+
+        A job in its CPU slice: the growth of the slice's counters over the job
+        (`job_figures`); a process left in the slice (one that escaped the job's process
+        group), or a group that cannot be read, gets the job's scope stopped first:
+        systemd kills what is left, before the terminal record. Anything still there after
+        that (another unit put in the slice) gets the whole slice stopped, so the next
+        job's counters start clean. A job in a slice of its
+        own: systemd's summary of that slice (it stays for `release` when nothing runs in
+        it). Never raises: problems are reported in `collect_error` / `cleanup_error`."""
+        entry = self._entry(job_id, spec)
+        if entry is None:
+            return self._settle_own_slice(job_id, signal)
+        try:
+            group = slice_group(entry["slice"])
+            facts = self._figures(job_id, entry, signal)  # before any stop removes groups
+            if group_pids(group, self.cgroup_root) != []:
+                with self.manager() as m:
+                    _stop(m, job_scope(self.parent, job_id))
+                    if group_pids(group, self.cgroup_root) != []:
+                        # still something there (another unit in the slice, or no way
+                        # to tell): the slice goes, and the next job's prepare starts it
+                        self.applied.pop(entry["slice"], None)
+                        _stop(m, entry["slice"])
+            return facts
+        except Exception as exc:  # noqa: BLE001 - accounting never blocks the terminal record
+            return {"oom_killed": False, "cpu_time_ms": None,
+                    "cleanup_error": f"{type(exc).__name__}: {exc}"}
+
+    def _settle_own_slice(self, job_id: str, signal: int | None) -> dict:
         facts: dict[str, Any] = {"oom_killed": False, "cpu_time_ms": None, "cleanup_error": None}
         try:
             name = job_slice(self.parent, job_id)
@@ -596,9 +758,17 @@ class SystemdBackend(Backend):
             facts["cleanup_error"] = f"{type(exc).__name__}: {exc}"
         return facts
 
+    def release_is_light(self, job_id: str) -> bool:
+        """A job in its CPU slice has nothing to remove (its scope went with its last
+        process; the slice stays for the next job): no thread hop."""
+        return job_id in self.jobs
+
     def release(self, job_id: str) -> str | None:
-        """Stop the job's slice (settled: nothing of the job runs in it) and wait until
+        """A job in its CPU slice: forget its counters (the slice stays). A job in a slice
+        of its own: stop the slice (settled: nothing of the job runs in it) and wait until
         systemd dropped it. Never raises."""
+        if self.jobs.pop(job_id, None) is not None:
+            return None
         try:
             name = job_slice(self.parent, job_id)
             with self.manager() as m:
@@ -611,25 +781,27 @@ class SystemdBackend(Backend):
         return None
 
     def sweep(self, known: set[str], owned: set[str] | None = None) -> list[str]:
-        """Stop every `<parent>-j*.slice` unit whose job the store does not know (and, given
-        `owned`, that is a job of this state dir). Never raises."""
-        def slices(job_ids):
+        """Stop every job unit (`<parent>-j*.slice` and `<parent>-j*.scope`) whose job the
+        store does not know (and, given `owned`, that is a job of this state dir). The CPU
+        slices stay. Never raises."""
+        def units(job_ids):
             names = set()
             for job_id in job_ids:
                 try:
-                    names.add(job_slice(self.parent, job_id))
+                    names.update((job_slice(self.parent, job_id), job_scope(self.parent, job_id)))
                 except IsolationError:
                     continue
             return names
 
-        keep = slices(known)
-        mine = None if owned is None else slices(owned)
+        keep = units(known)
+        mine = None if owned is None else units(owned)
         swept: list[str] = []
+        patterns = [f"{self.parent}-j*.slice", f"{self.parent}-j*.scope"]
         try:
             with self.manager() as m:
-                (units,) = m.call(MANAGER_PATH, MANAGER, "ListUnitsByPatterns", "asas",
-                                  ([], [f"{self.parent}-j*.slice"]))
-                for unit in units:
+                (listed,) = m.call(MANAGER_PATH, MANAGER, "ListUnitsByPatterns", "asas",
+                                   ([], patterns))
+                for unit in sorted(listed):
                     name = unit[0]
                     if name in keep:
                         continue
@@ -642,13 +814,15 @@ class SystemdBackend(Backend):
                     except SystemdError as exc:
                         swept.append(f"unit {name}: cannot stop: {exc}")
         except Exception as exc:  # noqa: BLE001 - start-up must go on
-            swept.append(f"cannot list {self.parent}-j*.slice units: {exc}")
+            swept.append(f"cannot list {' '.join(patterns)} units: {exc}")
         return swept
 
     def adopt(self, job_id: str) -> bool:
+        """After a restart: the job's scope (or its own slice) is still active."""
         try:
             with self.manager() as m:
-                return m.active_state(job_slice(self.parent, job_id)) == "active"
+                return any(m.active_state(name) == "active" for name in
+                           (job_scope(self.parent, job_id), job_slice(self.parent, job_id)))
         except IsolationError:
             return False
 
@@ -741,6 +915,43 @@ class ConnectionPool:
             m.close()
 
 
+def _start_slice(m: SystemdManager, name: str, properties: list) -> None:
+    """Start a transient slice and wait until it is active. The common case: one
+    StartTransientUnit, then the start job's JobRemoved signal (no state polling). A slice
+    left by an earlier attempt makes systemd answer UnitExists: cleared, then started again."""
+    try:
+        job = m.start_transient(name, properties)
+    except SystemdError as exc:
+        if exc.name != UNIT_EXISTS:
+            raise
+        job = _replace_leftover(m, name, properties)
+    result = m.wait_job(job)
+    if result is None:  # no signal on this connection: poll the state
+        deadline = time.monotonic() + ACTIVATE_TIMEOUT_S
+        while (state := m.active_state(name)) != "active":
+            if state == "failed" or time.monotonic() > deadline:
+                result = f"state {state}"
+                break
+            time.sleep(POLL_S)
+        else:
+            result = "done"
+    if result != "done":
+        m.stop(name)
+        raise IsolationError(f"systemd: slice {name} did not start ({result})")
+
+
+def _set_cpu_slice(m: SystemdManager, name: str, cpus: list[int], memory_max: int | None) -> None:
+    """Give a CPU slice these limits: `SetUnitProperties` (runtime) when it is active, else
+    start it with them (and CPU and memory accounting)."""
+    limits = cpu_slice_properties(cpus, memory_max)
+    if m.active_state(name) == "active":
+        m.call(MANAGER_PATH, MANAGER, "SetUnitProperties", "sba(sv)", (name, True, limits))
+        return
+    _start_slice(m, name, [("Description", ("s", "motor jobs on CPU %d" % min(cpus))),
+                           ("CPUAccounting", ("b", True)),
+                           ("MemoryAccounting", ("b", True))] + limits)
+
+
 def _replace_leftover(m: SystemdManager, name: str, properties: list) -> str:
     """A slice of this name is still loaded (an earlier attempt of the job): stop it (or
     reset it when failed), wait until systemd dropped it, then start the new one."""
@@ -784,8 +995,9 @@ def open_systemd_backend(parent: str = "motor-jobs", *, address: str | None = No
     address = address or default_address()
     with SystemdManager(address) as m:
         version = m.version()
-    notes = [f"systemd {version}: a slice per job under {parent}.slice, "
-             "the job in a scope its keeper starts (StartTransientUnit, PIDs=keeper)"]
+    notes = [f"systemd {version}: each job in a scope of its own in a slice per CPU "
+             f"({parent}-c<lowest CPU>.slice) under {parent}.slice, started by keeperd "
+             "(StartTransientUnit, PIDs=the job)"]
     if not unified_cpuset(cgroup_root):
         notes.append("AllowedCPUs= needs the cgroup v2 cpuset controller (absent here): "
                      "CPUs are enforced by affinity")

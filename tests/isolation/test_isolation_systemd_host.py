@@ -58,10 +58,20 @@ def ns_serve(systemd_ns, serve_factory):
     return make
 
 
-def job_units(ns: SystemdNamespace) -> list[str]:
+def units(ns: SystemdNamespace, pattern: str) -> list[str]:
     out = ns.run("systemctl", "list-units", "--all", "--plain", "--no-legend", "--no-pager",
-                 "motor-jobs-*").stdout.decode()
+                 pattern).stdout.decode()
     return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def job_units(ns: SystemdNamespace) -> list[str]:
+    """The units of single jobs (scopes, and slices of jobs without CPUs)."""
+    return units(ns, "motor-jobs-j*")
+
+
+def cpu_slices(ns: SystemdNamespace) -> list[str]:
+    """The CPU slices, which stay from job to job."""
+    return units(ns, "motor-jobs-c*")
 
 
 def test_systemd_backend_confines_each_job_in_its_own_unit(ns_serve, systemd_ns):
@@ -80,8 +90,9 @@ def test_systemd_backend_confines_each_job_in_its_own_unit(ns_serve, systemd_ns)
     inside = json.loads("".join(e["data"] for e in events if e["event"] == "output"))
     assert inside["pid1"] == "systemd"
     hexid = record["job_id"].replace("-", "")
-    # the job's whole tree is in its scope, inside its slice, inside the jobs slice
-    assert inside["unit"] == (f"/motor.slice/motor-jobs.slice/motor-jobs-j{hexid}.slice/"
+    # the job's whole tree is in its scope, inside its CPU slice, inside the jobs slice
+    cpu = min(record["cpus"])
+    assert inside["unit"] == (f"/motor.slice/motor-jobs.slice/motor-jobs-c{cpu}.slice/"
                               f"motor-jobs-j{hexid}.scope"), inside
     assert inside["group"] == inside["unit"]
     assert inside["memory_limit"] == record["memory_max_bytes"] == 256 * MiB
@@ -90,18 +101,41 @@ def test_systemd_backend_confines_each_job_in_its_own_unit(ns_serve, systemd_ns)
     assert inside["cpus"] in (expected, f"{record['cpus'][0]}-{record['cpus'][-1]}"), inside
     # CPU time measured for the job's slice (a python3 start alone takes well over 1 ms)
     assert record["reservation_use"]["cpu_time_ms"] > 0
-    # the slice is stopped after the terminal record (release): systemd removes the units
-    wait_for(lambda: job_units(systemd_ns) == [], what="the job's units to go")
+    # the scope went with the job's last process; the CPU slice stays for the next job
+    wait_for(lambda: job_units(systemd_ns) == [], what="the job's scope to go")
+    assert f"motor-jobs-c{cpu}.slice" in cpu_slices(systemd_ns)
+
+    # the next job in that slice gets its own limit (the slice's limits changed) and
+    # confinement; its CPU time is its own, not the slice's total
+    again = serve.cli("run", "--json", "--weight", str(claim), "--memory-max", str(128 * MiB),
+                      "--", "python3", "-c", INSIDE)
+    assert again.returncode == 0, again.stderr
+    events = json_lines(again.stdout)
+    second = events[-1]["record"]
+    inside = json.loads("".join(e["data"] for e in events if e["event"] == "output"))
+    assert min(second["cpus"]) == cpu, second
+    assert inside["memory_limit"] == second["memory_max_bytes"] == 128 * MiB
+    assert inside["unit"].endswith(f"motor-jobs-c{cpu}.slice/motor-jobs-j"
+                                   f"{second['job_id'].replace('-', '')}.scope"), inside
+    assert second["reservation_use"]["cpu_time_ms"] > 0
+    wait_for(lambda: job_units(systemd_ns) == [], what="the second job's scope to go")
 
 
 def test_systemd_backend_reports_cpu_time_and_oom_kills(ns_serve, systemd_ns):
     serve = ns_serve().start()
-    busy = serve.cli("run", "--json", "--weight", "1", "--", "python3", "-c",
+    every = str(serve.cli_json("health")["capacity"]["claim_limit"])  # one CPU slice
+    busy = serve.cli("run", "--json", "--weight", every, "--", "python3", "-c",
                      "import time\nt = time.process_time()\n"
                      "while time.process_time() - t < 0.5: pass")
     assert busy.returncode == 0, busy.stderr
-    use = json_lines(busy.stdout)[-1]["record"]["reservation_use"]
+    busy_record = json_lines(busy.stdout)[-1]["record"]
+    use = busy_record["reservation_use"]
     assert 400 <= use["cpu_time_ms"] <= 5000, use
+    # the next job in the same CPU slice is charged its own CPU time only
+    light = serve.cli("run", "--json", "--weight", every, "--", "sh", "-c", "sleep 0.05")
+    light_record = json_lines(light.stdout)[-1]["record"]
+    assert light_record["cpus"] == busy_record["cpus"]
+    assert light_record["reservation_use"]["cpu_time_ms"] < 200, light_record
 
     hog = serve.cli("run", "--json", "--weight", "1", "--memory-max", str(64 * MiB), "--",
                     "python3", "-c", "b = bytearray(512 * 1024 * 1024); print(len(b))")
@@ -110,15 +144,26 @@ def test_systemd_backend_reports_cpu_time_and_oom_kills(ns_serve, systemd_ns):
     assert terminal["reason"] == "oom_killed", terminal
     assert terminal["signal"] == 9 and hog.returncode == 128 + 9
     wait_for(lambda: job_units(systemd_ns) == [], what="the jobs' units to go")
+    # the kill is the growth of its slice's counters: the next job there is no OOM kill,
+    # even one that dies of SIGKILL
+    after = serve.cli("run", "--json", "--weight", "1", "--memory-max", str(64 * MiB), "--",
+                      "sh", "-c", "kill -9 $$")
+    record = json_lines(after.stdout)[-1]["record"]
+    assert min(record["cpus"]) == min(terminal["cpus"]), (record, terminal)
+    assert record["signal"] == 9 and record["reason"] != "oom_killed", record
 
 
 def test_a_job_in_a_systemd_unit_outlives_the_runner_and_is_readopted(
         ns_serve, systemd_ns, tmp_path):
     barrier = tmp_path / "go"
     serve = ns_serve().start()
+    # after the barrier the job leaves an orphan that burns 0.3 s of CPU and ends: the job's
+    # own rusage misses it (keeperd reaps it), its slice's counters do not
+    burn = ("import time; t = time.process_time(); "
+            "[0 for _ in iter(lambda: time.process_time() - t < 0.3, False)]")
     job = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
                          f"echo before; while [ ! -e {barrier} ]; do sleep 0.01; done; "
-                         "echo after; exit 7")
+                         f"echo after; (python3 -c '{burn}' &); sleep 1.5; exit 7")
     job_id = job["job_id"]
     log = serve.state_dir / "jobs" / job_id / "output.log"
     wait_for(lambda: log.exists() and b"before" in log.read_bytes(), what="first line")
@@ -126,7 +171,7 @@ def test_a_job_in_a_systemd_unit_outlives_the_runner_and_is_readopted(
 
     # the runner is gone; the job's unit is still there and the restarted runner adopts it
     unit = f"motor-jobs-j{job_id.replace('-', '')}"
-    assert sorted(job_units(systemd_ns)) == [f"{unit}.scope", f"{unit}.slice"]
+    assert sorted(job_units(systemd_ns)) == [f"{unit}.scope"]
     # a job slice the store does not know (with a process in it): the start-up sweep stops it
     leftover = systemd_ns.run("systemd-run", "--unit=motor-leftover-sleep",
                               "--slice=motor-jobs-jfeedbeef.slice", "sleep", "1000")
@@ -134,14 +179,17 @@ def test_a_job_in_a_systemd_unit_outlives_the_runner_and_is_readopted(
     assert "motor-jobs-jfeedbeef.slice" in job_units(systemd_ns)
     (serve.state_dir / "jobs" / "feedbeef").mkdir()  # a job of this state dir
     serve.start()
-    wait_for(lambda: sorted(job_units(systemd_ns)) == [f"{unit}.scope", f"{unit}.slice"],
-             what="the leftover slice to be stopped, the job's units kept")
+    wait_for(lambda: sorted(job_units(systemd_ns)) == [f"{unit}.scope"],
+             what="the leftover slice to be stopped, the job's scope kept")
     assert b"start-up sweep: unit motor-jobs-jfeedbeef.slice: stopped" in serve.log.read_bytes()
     barrier.write_text("")
     result = serve.cli("attach", "--json", job_id, "--from-seq", "0")
     events = json_lines(result.stdout)
     assert "".join(e["data"] for e in events if e["event"] == "output") == "before\nafter\n"
     assert events[-1]["record"]["exit_code"] == 7 and result.returncode == 7
+    # the restarted runner took the slice's counters before the job from its spec.json:
+    # the job's CPU time is their growth, the orphan's 0.3 s included
+    assert events[-1]["record"]["reservation_use"]["cpu_time_ms"] >= 300, events[-1]["record"]
     wait_for(lambda: job_units(systemd_ns) == [], what="the job's units to go")
 
 
@@ -220,26 +268,37 @@ BACKEND_SCRIPT = r"""
 import json, sys
 from motor.isolation.systemd import open_systemd_backend, job_slice
 backend = open_systemd_backend()
-job = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b"
+job, bare = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5d"
+memory = "/sys/fs/cgroup/memory/motor.slice/motor-jobs.slice/"
 first = backend.prepare(job, [0], 64 << 20)
-again = backend.prepare(job, [0], 32 << 20)  # a retried start: the old slice is replaced
-adopted = backend.adopt(job)
-limit = int(open("/sys/fs/cgroup/memory/motor.slice/motor-jobs.slice/"
-                 + job_slice("motor-jobs", job) + "/memory.limit_in_bytes").read())
+again = backend.prepare(job, [0], 32 << 20)  # a retried start: the slice takes the new limit
+limit = int(open(memory + "motor-jobs-c0.slice/memory.limit_in_bytes").read())
 facts = backend.finish(job)
-print(json.dumps({"same": first == again, "adopted": adopted, "facts": facts, "limit": limit,
-                  "after": backend.adopt(job), "slice": job_slice("motor-jobs", job)}))
+# a job without CPUs: a slice of its own, with its limit, gone after finish
+own = backend.prepare(bare, None, 48 << 20)
+own_limit = int(open(memory + job_slice("motor-jobs", bare) + "/memory.limit_in_bytes").read())
+adopted = backend.adopt(bare)
+own_facts = backend.finish(bare)
+print(json.dumps({"slices": [first["systemd_scope"]["slice"], again["systemd_scope"]["slice"],
+                             own["systemd_scope"]["slice"]],
+                  "facts": facts, "limit": limit, "own_limit": own_limit, "adopted": adopted,
+                  "own_facts": own_facts, "after": backend.adopt(bare)}))
 """
 
 
 def test_prepare_is_idempotent_and_finish_removes_the_slice(systemd_ns):
+    """A job with CPUs: its CPU slice takes each prepare's limits and stays after finish. A
+    job without CPUs: a slice of its own, removed by finish."""
     result = systemd_ns.run(sys.executable, "-c", BACKEND_SCRIPT, cwd=str(ROOT))
     assert result.returncode == 0, result.stderr.decode()
     out = json.loads(result.stdout)
-    assert out["same"] and out["adopted"] and not out["after"]
-    assert out["limit"] == 32 << 20
-    assert out["facts"]["cleanup_error"] is None and out["facts"]["oom_killed"] is False
+    assert out["slices"][:2] == ["motor-jobs-c0.slice"] * 2
+    assert out["limit"] == 32 << 20 and out["own_limit"] == 48 << 20
+    assert out["adopted"] and not out["after"]
+    for facts in (out["facts"], out["own_facts"]):
+        assert facts["cleanup_error"] is None and facts["oom_killed"] is False, facts
     assert job_units(systemd_ns) == []
+    assert "motor-jobs-c0.slice" in cpu_slices(systemd_ns)
 
 
 REFUSED_SCRIPT = r"""
@@ -302,45 +361,74 @@ def test_a_stalled_systemd_delays_jobs_but_never_wedges_the_runner(ns_serve, sys
 
 SETTLE_SCRIPT = r"""
 import json, subprocess
-from motor.isolation.systemd import open_systemd_backend, job_slice
+from motor.isolation.systemd import open_systemd_backend, job_scope
 backend = open_systemd_backend()
-quiet, busy = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a01", "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a02"
-for job in (quiet, busy):
-    backend.prepare(job, [0], 64 << 20)
-# a process left in the busy job's slice (as one that escaped its job would be)
-subprocess.run(["systemd-run", "--unit=motor-escapee", "--slice=" + job_slice("motor-jobs", busy),
-                "sleep", "1000"], check=True, capture_output=True)
-pid = int(subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", "motor-escapee"],
-                         capture_output=True, text=True).stdout)
+quiet, busy, third = ("0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a0%d" % i for i in (1, 2, 3))
+
+def alive(pid):
+    return subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode == 0
+
+def start(*args):
+    subprocess.run(["systemd-run", *args, "sleep", "1000"], check=True, capture_output=True)
+
+def main_pid(unit):
+    return int(subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", unit],
+                              capture_output=True, text=True).stdout)
+
+backend.prepare(quiet, [0], 64 << 20)
+backend.prepare(busy, [1], 64 << 20)
+# a process left in the busy job's scope (one that left the job's process group)
+left = subprocess.Popen(["systemd-run", "--scope", "--quiet", "--unit=" + job_scope("motor-jobs", busy),
+                         "--slice=motor-jobs-c1.slice", "sleep", "1000"])
+while subprocess.run(["systemctl", "is-active", "--quiet", job_scope("motor-jobs", busy)]).returncode:
+    pass
 settled = {job: backend.settle(job) for job in (quiet, busy)}
-alive = subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode == 0
-kept = {job: backend.adopt(job) for job in (quiet, busy)}
+slice_kept = subprocess.run(["systemctl", "is-active", "motor-jobs-c1.slice"],
+                            capture_output=True, text=True).stdout.strip()
 released = {job: backend.release(job) for job in (quiet, busy)}
-print(json.dumps({"settled": settled, "escapee_alive": alive, "kept": kept,
-                  "released": released, "after": [backend.adopt(j) for j in (quiet, busy)]}))
+left.wait(10)
+scope_gone = subprocess.run(["systemctl", "is-active", "--quiet",
+                             job_scope("motor-jobs", busy)]).returncode != 0
+# another unit put in a CPU slice: settle stops the whole slice; the next prepare starts it
+backend.prepare(third, [0], 64 << 20)
+start("--unit=motor-stranger", "--slice=motor-jobs-c0.slice")
+stranger = main_pid("motor-stranger")
+third_facts = backend.settle(third)
+backend.release(third)
+stranger_alive = alive(stranger)
+backend.prepare(quiet, [0], 64 << 20)
+restarted = subprocess.run(["systemctl", "is-active", "motor-jobs-c0.slice"],
+                           capture_output=True, text=True).stdout.strip()
+backend.finish(quiet)
+print(json.dumps({"settled": settled, "released": released, "scope_gone": scope_gone,
+                  "slice_kept": slice_kept,
+                  "left_rc": left.returncode, "third": third_facts,
+                  "stranger_alive": stranger_alive, "restarted": restarted}))
 """
 
 
 def test_settle_keeps_an_empty_slice_for_release_and_stops_one_with_a_process_left(systemd_ns):
-    """Issue 14: the slice's stop is off the job's end path (`release`, after the terminal
-    record) only when nothing runs in it; a process left in the slice is killed by its stop
-    in `settle`, before the terminal record (one live process tree per job)."""
+    """One live process tree per job: a process left in the job's scope is killed by the
+    scope's stop in `settle`, before the terminal record; anything else found in the CPU
+    slice gets the slice stopped, so the next job's counters start clean; an empty CPU
+    slice stays from job to job."""
     result = systemd_ns.run(sys.executable, "-c", SETTLE_SCRIPT, cwd=str(ROOT))
     assert result.returncode == 0, result.stderr.decode()
     out = json.loads(result.stdout)
-    assert not out["escapee_alive"]
-    quiet, busy = sorted(out["kept"])
-    assert out["kept"] == {quiet: True, busy: False}  # the empty slice stays until release
+    assert out["scope_gone"] and out["left_rc"] != 0, out  # the sleep in the scope was killed
+    assert out["slice_kept"] == "active", out  # by the scope's stop: the CPU slice stays
     assert all(f["cleanup_error"] is None for f in out["settled"].values()), out["settled"]
-    assert out["released"] == {quiet: None, busy: None} and out["after"] == [False, False]
+    assert out["released"] == dict.fromkeys(out["released"]) and len(out["released"]) == 2
+    assert out["third"]["cleanup_error"] is None and not out["stranger_alive"], out
+    assert out["restarted"] == "active"
     assert job_units(systemd_ns) == []
 
 
-def test_a_jobs_units_go_after_its_terminal_record_and_the_next_job_runs_meanwhile(
+def test_a_jobs_scope_goes_with_its_last_process_and_its_cpu_slice_serves_the_next_job(
         ns_serve, systemd_ns, tmp_path):
     """Through `motor serve` in the namespace: held at `release.begin`, a job's terminal
-    record is out while its slice is still loaded, and the next job claiming every CPU runs
-    to its end; once the barrier opens, systemd drops both jobs' units."""
+    record is out, its scope already gone with its last process, and the next job claiming
+    every CPU runs to its end in the same CPU slice; the slice stays."""
     barrier, reached = tmp_path / "release", tmp_path / "release.reached"
     serve = ns_serve()
     serve.env = {"MOTOR_FAULTS": f"release.begin=wait:{barrier}"}
@@ -352,7 +440,8 @@ def test_a_jobs_units_go_after_its_terminal_record_and_the_next_job_runs_meanwhi
         assert result.returncode == 0, result.stderr
         records.append(json_lines(result.stdout)[-1]["record"])
         wait_for(reached.exists, what="the job's release at the barrier")
-    slices = {f"motor-jobs-j{r['job_id'].replace('-', '')}.slice" for r in records}
-    assert slices <= set(job_units(systemd_ns))  # both ended, both slices still loaded
+    assert [r["state"] for r in records] == ["succeeded"] * 2
+    wait_for(lambda: job_units(systemd_ns) == [], what="both scopes to go with their jobs")
+    cpu = min(records[0]["cpus"])
+    assert min(records[1]["cpus"]) == cpu and f"motor-jobs-c{cpu}.slice" in cpu_slices(systemd_ns)
     barrier.touch()
-    wait_for(lambda: job_units(systemd_ns) == [], what="both jobs' units to go")

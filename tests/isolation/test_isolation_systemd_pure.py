@@ -19,9 +19,12 @@ from motor.isolation.systemd import (
     SystemdError,
     SystemdManager,
     cpu_mask,
+    job_figures,
     job_scope,
     job_slice,
     oom_verdict,
+    slice_counters,
+    slice_group,
     slice_properties,
     slice_ran,
     systemd_accounts_cpu,
@@ -70,9 +73,18 @@ def test_the_keeper_joins_a_scope_in_the_jobs_slice_itself():
     assert "command_prefix" not in fields
     assert fields["systemd_scope"] == {"address": "/nonexistent",
                                        "scope": job_scope("motor-jobs", JOB),
-                                       "slice": job_slice("motor-jobs", JOB),
+                                       "slice": "motor-jobs-c1.slice",
                                        "description": f"motor job {JOB}"}
-    assert backend.spec_fields(JOB, None, None)["pin"] is False
+    assert backend.spec_fields(JOB, [3, 2, 7], None)["systemd_scope"]["slice"] == (
+        "motor-jobs-c2.slice")  # the job's lowest CPU: no running job shares it
+    bare = backend.spec_fields(JOB, None, None)
+    assert bare["pin"] is False  # no CPUs: a slice of its own
+    assert bare["systemd_scope"]["slice"] == job_slice("motor-jobs", JOB)
+
+
+def test_a_slices_control_group_has_a_level_per_dash():
+    assert slice_group("motor-jobs-c0.slice") == "/motor.slice/motor-jobs.slice/motor-jobs-c0.slice"
+    assert slice_group("motor-jobs.slice") == "/motor.slice/motor-jobs.slice"
 
 
 # -- the OOM verdict on fake cgroup trees -----------------------------------------------------
@@ -115,6 +127,43 @@ def test_v1_kill_in_the_removed_scope_is_sigkill_after_the_slice_hit_its_limit(t
     assert oom_verdict(GROUP, None, str(tmp_path))["oom_killed"] is False
     write(tmp_path, "memory" + GROUP, "memory.failcnt", "0\n")  # never at its limit
     assert oom_verdict(GROUP, signal.SIGKILL, str(tmp_path))["oom_killed"] is False
+
+
+def test_a_jobs_figures_are_the_growth_of_its_cpu_slices_counters(tmp_path):
+    """A CPU slice holds one job after another: each job's CPU time and OOM verdict are
+    what its slice's counters grew by over the job, so an earlier job's kill or limit hit
+    is never this job's."""
+    cpu = "/motor.slice/motor-jobs.slice/motor-jobs-c0.slice"
+    write(tmp_path, "unified" + cpu, "cpu.stat", "usage_usec 5000\nuser_usec 1\nsystem_usec 1\n")
+    write(tmp_path, "memory" + cpu, "memory.oom_control", "oom_kill_disable 0\noom_kill 1\n")
+    write(tmp_path, "memory" + cpu, "memory.failcnt", "40\n")
+    before = slice_counters(cpu, str(tmp_path))
+    assert before == {"usage_usec": 5000, "oom_kills": 1, "oom_v2": False, "failcnt": 40}
+    write(tmp_path, "unified" + cpu, "cpu.stat", "usage_usec 2305000\n")
+    after = slice_counters(cpu, str(tmp_path))
+    quiet = job_figures(before, after, signal.SIGKILL)  # the earlier job's kill and hits
+    assert quiet["cpu_time_ms"] == 2300 and quiet["oom_kills"] == 0
+    assert quiet["oom_killed"] is False
+    write(tmp_path, "memory" + cpu, "memory.failcnt", "41\n")  # this job hit the limit
+    after = slice_counters(cpu, str(tmp_path))
+    assert job_figures(before, after, signal.SIGKILL)["oom_killed"] is True
+    assert job_figures(before, after, signal.SIGTERM)["oom_killed"] is False
+    write(tmp_path, "memory" + cpu, "memory.oom_control", "oom_kill_disable 0\noom_kill 2\n")
+    assert job_figures(before, slice_counters(cpu, str(tmp_path)), None)["oom_killed"] is True
+
+
+def test_v2_growth_of_oom_kills_is_exact_and_missing_counters_are_absent(tmp_path):
+    cpu = "/motor.slice/motor-jobs.slice/motor-jobs-c3.slice"
+    write(tmp_path, cpu, "cpu.stat", "usage_usec 100\n")
+    write(tmp_path, cpu, "memory.events", "oom 1\noom_kill 1\n")
+    before = slice_counters(cpu, str(tmp_path))
+    write(tmp_path, cpu, "memory.events", "oom 2\noom_kill 2\n")
+    facts = job_figures(before, slice_counters(cpu, str(tmp_path)), None)
+    assert facts["oom_killed"] is True and facts["oom_kills"] == 1
+    assert facts["cpu_time_ms"] == 0
+    gone = slice_counters("/motor.slice/nothing.slice", str(tmp_path))
+    assert gone["usage_usec"] is None
+    assert job_figures(gone, gone, signal.SIGKILL)["cpu_time_ms"] is None  # absent, not 0
 
 
 def test_a_missing_group_is_no_oom(tmp_path):
@@ -173,6 +222,7 @@ class FakeManager:
         self.calls: list[tuple[str, tuple]] = []
         self.units: list[str] = []  # loaded units (ListUnitsByPatterns, StopUnit answer them)
         self.accept_scopes = False  # StartTransientUnit of a .scope: a job and its JobRemoved
+        self.accept_slices = False  # ... of a .slice, the same (then GetUnit finds it, active)
         self.accepted = 0  # connections accepted
         #: signals sent in the same write as the auth OK line (systemd's private socket sends
         #: a new connection every signal at once: they may arrive right behind it)
@@ -211,8 +261,9 @@ class FakeManager:
                     elif member == "StopUnit" and msg.body[0] in self.units:
                         self.units.remove(msg.body[0])
                         reply = new_method_return(msg, "o", ("/org/freedesktop/systemd1/job/1",))
-                    elif (member == "StartTransientUnit" and self.accept_scopes
-                          and msg.body[0].endswith(".scope") and msg.body[0] not in self.units):
+                    elif (member == "StartTransientUnit" and msg.body[0] not in self.units
+                          and (self.accept_scopes and msg.body[0].endswith(".scope")
+                               or self.accept_slices and msg.body[0].endswith(".slice"))):
                         self.units.append(msg.body[0])
                         job = f"/org/freedesktop/systemd1/job/{len(self.calls)}"
                         conn.sendall(new_method_return(msg, "o", (job,)).serialise(
@@ -229,6 +280,13 @@ class FakeManager:
                     elif member == "Hello":
                         reply = new_method_return(msg, "s", (":1.42",))
                     elif member in ("AddMatch", "Subscribe"):
+                        reply = new_method_return(msg)
+                    elif member == "GetUnit" and msg.body[0] in self.units:
+                        reply = new_method_return(msg, "o", ("/unit/" + msg.body[0].replace(
+                            "-", "_2d").replace(".", "_2e"),))
+                    elif member == "Get" and msg.body[1] == "ActiveState":
+                        reply = new_method_return(msg, "v", (("s", "active"),))
+                    elif member == "SetUnitProperties" and msg.body[0] in self.units:
                         reply = new_method_return(msg)
                     elif member == "GetUnit":
                         reply = new_error(msg, "org.freedesktop.systemd1.NoSuchUnit", "s",
@@ -296,7 +354,7 @@ def test_the_start_up_sweep_stops_job_slices_the_store_does_not_know(fake_manage
     assert backend.sweep({JOB}) == ["unit motor-jobs-jdeadbeef.slice: stopped"]
     assert fake_manager.units == [known]
     listed = [c[1] for c in fake_manager.calls if c[0] == "ListUnitsByPatterns"]
-    assert listed == [([], ["motor-jobs-j*.slice"])]
+    assert listed == [([], ["motor-jobs-j*.slice", "motor-jobs-j*.scope"])]
 
 
 def test_the_start_up_sweep_leaves_slices_of_jobs_this_state_dir_never_held(fake_manager):
@@ -350,7 +408,7 @@ def test_the_join_step_asks_systemd_for_the_scope_with_its_own_pid(fake_manager)
     assert member == "StartTransientUnit" and mode == "fail" and aux == []
     assert name == job_scope("motor-jobs", JOB)
     assert dict(props) == {"Description": ("s", f"motor job {JOB}"),
-                           "Slice": ("s", job_slice("motor-jobs", JOB)),
+                           "Slice": ("s", "motor-jobs-c1.slice"),
                            "CollectMode": ("s", "inactive-or-failed"),
                            "PIDs": ("au", [os.getpid()])}
     with pytest.raises(JoinError, match="UnitExists: Unit .* already exists"):
@@ -409,3 +467,58 @@ def test_an_idle_pooled_connection_is_closed(fake_manager):
         assert again is not m and again.version() == "252-fake"
     assert pool.opened == 2
     pool.close()
+
+
+def test_a_cpu_slice_is_started_once_and_a_job_with_the_same_limits_costs_no_call(
+        fake_manager, tmp_path):
+    """Per job in a CPU slice: D-Bus only when the slice is not there or its limits change
+    (`SetUnitProperties`); a job with the last job's limits is prepared, settled and
+    released with reads alone (`prepare_is_light`, `settle_quick`, `release_is_light`: the
+    runner runs them on its event loop). A restarted runner takes the job's counters before
+    it from the spec."""
+    fake_manager.accept_slices = True
+    root = tmp_path / "cg"
+    backend = SystemdBackend(address=fake_manager.path, cgroup_root=str(root))
+    group = "/motor.slice/motor-jobs.slice/motor-jobs-c0.slice"
+    write(root, "unified" + group, "cpu.stat", "usage_usec 1000\n")
+    write(root, "unified" + group, "cgroup.procs", "")
+    jobs = [f"0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a{n:02x}" for n in range(4)]
+    assert not backend.prepare_is_light([0], 64 * MiB)
+    first = backend.prepare(jobs[0], [0], 64 * MiB)
+    assert first["systemd_scope"]["slice"] == "motor-jobs-c0.slice"
+    assert first["systemd_base"]["usage_usec"] == 1000
+    started = [c for c in fake_manager.calls if c[0] == "StartTransientUnit"]
+    assert [c[1][0] for c in started] == ["motor-jobs-c0.slice"]
+    assert ("MemoryMax", ("t", 64 * MiB)) in started[0][1][2]
+    assert ("AllowedCPUs", ("ay", b"\x01")) in started[0][1][2]
+    write(root, "unified" + group, "cpu.stat", "usage_usec 251000\n")  # the job ran 250 ms
+    assert backend.settle_quick(jobs[0])["cpu_time_ms"] == 250
+    assert backend.release_is_light(jobs[0]) and backend.release(jobs[0]) is None
+
+    calls = len(fake_manager.calls)
+    assert backend.prepare_is_light([0], 64 * MiB)
+    second = backend.prepare(jobs[1], [0], 64 * MiB)
+    assert second["systemd_base"]["usage_usec"] == 251000
+    write(root, "unified" + group, "cgroup.procs", "4242\n")  # something left: a thread's work
+    assert backend.settle_quick(jobs[1]) is None
+    write(root, "unified" + group, "cgroup.procs", "")
+    write(root, "unified" + group, "cpu.stat", "usage_usec 256000\n")
+    assert backend.settle_quick(jobs[1])["cpu_time_ms"] == 5
+    assert backend.release(jobs[1]) is None
+    assert len(fake_manager.calls) == calls  # not one call for the second job
+
+    # other limits: one SetUnitProperties on the active slice
+    assert not backend.prepare_is_light([0, 1], 64 * MiB)
+    third = backend.prepare(jobs[2], [0, 1], None)
+    assert third["systemd_scope"]["slice"] == "motor-jobs-c0.slice"
+    member, (name, runtime, props) = fake_manager.calls[-1]
+    assert (member, name, runtime) == ("SetUnitProperties", "motor-jobs-c0.slice", True)
+    assert dict(props) == {"MemoryMax": ("t", 2**64 - 1), "AllowedCPUs": ("ay", b"\x03")}
+
+    # a restarted runner (a new backend, the manager unreachable): the spec's counters
+    restarted = SystemdBackend(address=str(tmp_path / "gone"), cgroup_root=str(root))
+    assert restarted.needs_spec(jobs[2]) and not backend.needs_spec(jobs[2])
+    write(root, "unified" + group, "cpu.stat", "usage_usec 356000\n")
+    facts = restarted.settle(jobs[2], spec=third)
+    assert facts["cpu_time_ms"] == 100 and facts["cleanup_error"] is None, facts
+    assert restarted.release_is_light(jobs[2]) and restarted.release(jobs[2]) is None
