@@ -109,7 +109,7 @@ def set_up_is_light(backend: Any, bundle: str | None, cpus: list[int] | None = N
     directory. So is a backend whose `prepare` only plans (`plans_only`: cgroup v1, where
     the keeper makes the groups: three stats and one read of the parent's memory limit), and
     one whose `prepare_is_light(cpus, memory_max)` says this job's needs no call (systemd:
-    the job's CPU slice carries its limits already; a few reads of the slice's counters). A
+    a free slot slice carries its limits already; a few reads of the slice's counters). A
     backend with groups to make (cgroup v2, systemd otherwise), or any other `prepare` (a
     replaced one may block: tests/scheduling hold one at a barrier), goes to the offloader."""
     if bundle is not None:

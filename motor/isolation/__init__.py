@@ -4,11 +4,10 @@ One interface (`Backend`), chosen at start-up (`--isolation`), reported in healt
 (docs/isolation.md):
 
 - `systemd`: where systemd is PID 1, each job in a transient scope of its own, started
-  over D-Bus with the job's process (keeperd, or motor/isolation/join.py), inside its CPU
-  slice (one per lowest CPU of a running job, kept from job to job, carrying the job's
-  `MemoryMax=` and `AllowedCPUs=`) inside the jobs slice (`motor-jobs.slice`); CPU time
-  and OOM kills are the growth of the CPU slice's counters over the job
-  (`motor.isolation.systemd`).
+  over D-Bus with the job's process (keeperd, or motor/isolation/join.py), inside a slot
+  slice (one job at a time, kept from job to job, carrying the job's `MemoryMax=` and
+  `AllowedCPUs=`) inside the jobs slice (`motor-jobs.slice`); CPU time and OOM kills are
+  the growth of the slot slice's counters over the job (`motor.isolation.systemd`).
 - `cgroup`: a group per job under a motor parent group (cgroup v2, or writable v1
   cpuset/memory/cpuacct hierarchies). Enforces the CPU set and the memory cap; OOM kills
   and CPU time come from the group (`motor.isolation.cgroup`).

@@ -4,14 +4,15 @@ accounted through systemd's slices.
 
 Per job (docs/isolation.md, "systemd"):
 
-- A job with CPUs runs in its CPU slice `motor-jobs-c<its lowest CPU>.slice` (a child of
-  the jobs slice, by systemd's naming). Running jobs hold disjoint CPU sets, so a CPU slice
-  holds one job at a time; it is started once (`StartTransientUnit`) and kept from job to
-  job. `prepare` gives it the job's limits, `MemoryMax=` (the claim's memory_max, already
-  clamped to the jobs slice) and `AllowedCPUs=` (the job's CPU set), over D-Bus
-  (`SetUnitProperties`) only when they differ from the job's before, and reads the slice's
-  counters (CPU time, OOM kills, limit hits) into the spec (`systemd_base`). A job without
-  CPUs gets a slice of its own, `motor-jobs-j<hex>.slice`, as every job did before.
+- A job with CPUs runs in a slot slice `motor-jobs-s<n>.slice` (a child of the jobs slice,
+  by systemd's naming) that holds no other job: one job at a time, so its counters'
+  growth over the job is the job's. Slot slices are started once (`StartTransientUnit`)
+  and kept from job to job; `prepare` takes a free one that carries the job's limits
+  already when there is one (no D-Bus call), else the lowest free one and gives it the
+  job's limits, `MemoryMax=` (the claim's memory_max, already clamped to the jobs slice)
+  and `AllowedCPUs=` (the job's CPU set), over D-Bus (`SetUnitProperties`), and reads
+  the slice's counters (CPU time, OOM kills, limit hits) into the spec (`systemd_base`).
+  A job without CPUs gets a slice of its own, `motor-jobs-j<hex>.slice`.
 - keeperd (or the keeper's join step, motor/isolation/join.py) asks systemd for the job's
   transient scope `motor-jobs-j<hex>.scope` in that slice with the job's process
   (`StartTransientUnit`, `PIDs=`; what `systemd-run --scope` does for itself, without
@@ -19,7 +20,7 @@ Per job (docs/isolation.md, "systemd"):
   tree is born in the unit. systemd drops the scope with its last process. The keeper (or
   keeperd) also pins the job (affinity, inherited by the tree): `AllowedCPUs=` needs the
   unified cpuset controller, which hybrid (cgroup v1) hosts lack.
-- `settle` takes the job's CPU time and OOM verdict as the growth of its CPU slice's
+- `settle` takes the job's CPU time and OOM verdict as the growth of its slot slice's
   counters over the job (`job_figures`), with no D-Bus call when the job left nothing
   behind (`settle_quick`, on the event loop); a process left there gets the job's scope
   stopped, which kills it. A job in a slice of its own: systemd's own summary of that
@@ -62,13 +63,13 @@ __all__ = [
     "SystemdError",
     "SystemdManager",
     "cpu_mask",
-    "cpu_slice",
     "job_figures",
     "job_slice",
     "oom_verdict",
     "slice_counters",
     "slice_group",
     "slice_ran",
+    "slot_slice",
     "unified_usage_usec",
     "open_systemd_backend",
     "scope_argv",
@@ -128,17 +129,15 @@ def job_scope(parent: str, job_id: str) -> str:
     return job_slice(parent, job_id)[: -len(".slice")] + ".scope"
 
 
-def cpu_slice(parent: str, cpus: list[int]) -> str:
-    """The slice a job with this CPU set runs in: `<parent>-c<its lowest CPU>.slice`.
-
-    Running jobs hold disjoint CPU sets, so no two of them share a lowest CPU: the slice
-    holds one job at a time, and stays (with its counters) from job to job."""
-    return f"{parent}-c{min(cpus)}.slice"
+def slot_slice(parent: str, slot: int) -> str:
+    """A slot slice, `<parent>-s<slot>.slice`: it holds one job at a time and stays, with
+    its counters, from job to job (`SystemdBackend.prepare`)."""
+    return f"{parent}-s{slot}.slice"
 
 
 def slice_group(name: str) -> str:
     """systemd's control group of a slice: each dash of its name is a level
-    (`motor-jobs-c0.slice` -> `/motor.slice/motor-jobs.slice/motor-jobs-c0.slice`)."""
+    (`motor-jobs-s0.slice` -> `/motor.slice/motor-jobs.slice/motor-jobs-s0.slice`)."""
     parts = name[: -len(".slice")].split("-")
     return "/" + "/".join("-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
 
@@ -169,8 +168,8 @@ def slice_properties(job_id: str, cpus: list[int] | None, memory_max: int | None
     return props
 
 
-def cpu_slice_properties(cpus: list[int], memory_max: int | None) -> list:
-    """The limits a CPU slice carries for its next job (`SetUnitProperties`): its CPU set
+def slot_slice_properties(cpus: list[int], memory_max: int | None) -> list:
+    """The limits a slot slice carries for its next job (`SetUnitProperties`): its CPU set
     and its memory cap (infinity when the claim has none)."""
     return [("MemoryMax", ("t", UINT64_MAX if memory_max is None else int(memory_max))),
             ("AllowedCPUs", ("ay", cpu_mask(cpus)))]
@@ -472,7 +471,7 @@ def unified_usage_usec(control_group: str, root: str = CGROUP_ROOT) -> int | Non
 
 
 def slice_counters(control_group: str, root: str = CGROUP_ROOT) -> dict:
-    """The counters of a CPU slice's group that a job's figures are the growth of, each None
+    """The counters of a slot slice's group that a job's figures are the growth of, each None
     where the host has no such file: `usage_usec` (cgroup v2 `cpu.stat`, also in a hybrid
     host's unified tree: the counter systemd's CPUUsageNSec reads; else v1
     `cpuacct.usage`), `oom_kills` (v2 `memory.events`, counted up the hierarchy, so a kill
@@ -507,7 +506,7 @@ def _grew(before: dict, after: dict, key: str) -> int | None:
 
 
 def job_figures(before: dict, after: dict, signal: int | None) -> dict:
-    """A job's CPU time and OOM verdict from its CPU slice's counters before and after it
+    """A job's CPU time and OOM verdict from its slot slice's counters before and after it
     (`slice_counters`): the growth over the job. OOM as `oom_verdict` rules, on growth: v2
     kills are exact; v1 counts a kill in the victim's own group (the job's scope, gone by
     now), so there it is a kill counted in the slice, or SIGKILL after the slice hit its
@@ -585,10 +584,13 @@ class SystemdBackend(Backend):
     cgroup_root: str = CGROUP_ROOT
     #: the last MemoryMax read by parent_memory_limit (what health reports)
     last_read: dict = field(default_factory=dict, compare=False, repr=False)
-    #: CPU slice -> the (cpus, memory_max) it was last given
+    #: slot slice -> the (cpus, memory_max) it was last given
     applied: dict = field(default_factory=dict, compare=False, repr=False)
-    #: job id -> {"slice", "base"}: a prepared job in its CPU slice, until `release`
+    #: job id -> {"slice", "base"}: a prepared job in its slot slice, until `release`
     jobs: dict = field(default_factory=dict, compare=False, repr=False)
+    #: slot slice -> the job that holds it, from `prepare` until its `settle`
+    holders: dict = field(default_factory=dict, compare=False, repr=False)
+    lock: Any = field(default_factory=threading.Lock, compare=False, repr=False)
 
     @property
     def parent_slice(self) -> str:
@@ -606,54 +608,87 @@ class SystemdBackend(Backend):
         is idle, else a new one; put back after the operation, dropped after an error."""
         return self.pool.connection()
 
-    def spec_fields(self, job_id: str, cpus: list[int] | None, memory_max: int | None) -> dict:
+    def spec_fields(self, job_id: str, cpus: list[int] | None, memory_max: int | None,
+                    slice_name: str | None = None) -> dict:
         """keeperd (or the keeper's join step, motor/isolation/join.py) starts the job's
-        scope in its slice for the job's process, then the job runs inside (no
-        systemd-run). The slice is the job's CPU slice; a job without CPUs gets a slice of
-        its own."""
+        scope in its slice (`slice_name`, by default a slice of the job's own) for the
+        job's process, then the job runs inside (no systemd-run)."""
         return {"pin": bool(cpus), "cgroup_procs": [],
                 "systemd_scope": {"address": self.address,
                                   "scope": job_scope(self.parent, job_id),
-                                  "slice": (cpu_slice(self.parent, cpus) if cpus
-                                            else job_slice(self.parent, job_id)),
+                                  "slice": slice_name or job_slice(self.parent, job_id),
                                   "description": f"motor job {job_id}"}}
 
     def prepare(self, job_id: str, cpus: list[int] | None, memory_max: int | None) -> dict:
         """Give the job's slice its limits; return the spec.json fields.
 
-        A job with CPUs runs in its CPU slice (`cpu_slice`), which is started once and
-        kept: its limits change over D-Bus (`SetUnitProperties`) only when this job's
-        differ from the last job's there, and its counters are read now, so that the job's
-        figures are their growth (`systemd_base` in the spec, for a restarted runner). A
-        job without CPUs gets a slice of its own, stopped by `release`. Idempotent; raises
-        IsolationError when systemd refuses.
+        A job with CPUs runs in a slot slice (`slot_slice`), one that holds no other job:
+        a free one already carrying this job's limits when there is one, else the lowest
+        free one, whose limits change over D-Bus (`SetUnitProperties`), or which is started
+        when new. Its counters are read now, so that the job's figures are their growth
+        (`systemd_base` in the spec, for a restarted runner). A job without CPUs gets a
+        slice of its own, stopped by `release`. Idempotent; raises IsolationError when
+        systemd refuses.
         """
-        fields = self.spec_fields(job_id, cpus, memory_max)
-        name = fields["systemd_scope"]["slice"]
         if not cpus:
+            fields = self.spec_fields(job_id, cpus, memory_max)
             with self.manager() as m:
-                _start_slice(m, name, slice_properties(job_id, cpus, memory_max))
+                _start_slice(m, fields["systemd_scope"]["slice"],
+                             slice_properties(job_id, cpus, memory_max))
             return fields
         limits = (tuple(sorted(cpus)), memory_max)
+        with self.lock:  # prepares of two jobs in worker threads never take one slot
+            name, ready = self._take_slot(job_id, limits)
         group = slice_group(name)
-        if self.applied.get(name) != limits or not self._group_exists(group):
+        if not ready:
             self.applied.pop(name, None)
-            with self.manager() as m:
-                _set_cpu_slice(m, name, cpus, memory_max)
+            try:
+                with self.manager() as m:
+                    _set_slot_slice(m, name, cpus, memory_max)
+            except BaseException:
+                self._vacate(name, job_id)
+                raise
             self.applied[name] = limits
         base = slice_counters(group, self.cgroup_root)
         self.jobs[job_id] = {"slice": name, "base": base}
+        fields = self.spec_fields(job_id, cpus, memory_max, name)
         fields["systemd_base"] = base
         return fields
 
+    def _free(self, name: str, job_id: str | None = None) -> bool:
+        """Whether the slot slice may take a job: no other job of this runner holds it
+        (prepared, not yet settled) and no process runs in it (a job adopted after a
+        restart, or something else put there)."""
+        holder = self.holders.get(name)
+        return ((holder is None or holder == job_id)
+                and group_pids(slice_group(name), self.cgroup_root) in ([], None))
+
+    def _ready(self, limits: tuple, job_id: str | None = None) -> str | None:
+        """A free slot slice that carries these limits already, and whose group is there."""
+        for name, carried in sorted(self.applied.items()):
+            if (carried == limits and self._group_exists(slice_group(name))
+                    and self._free(name, job_id)):
+                return name
+        return None
+
+    def _take_slot(self, job_id: str, limits: tuple) -> tuple[str, bool]:
+        """The job's slot slice, now held by it, and whether it carries its limits."""
+        for held in [n for n, holder in self.holders.items() if holder == job_id]:
+            del self.holders[held]  # an earlier prepare of this job, never settled
+        name = self._ready(limits, job_id)
+        ready = name is not None
+        slot = 0
+        while name is None:
+            if self._free(slot_slice(self.parent, slot), job_id):
+                name = slot_slice(self.parent, slot)
+            slot += 1
+        self.holders[name] = job_id
+        return name, ready
+
     def prepare_is_light(self, cpus: list[int] | None, memory_max: int | None) -> bool:
         """Whether `prepare` needs no D-Bus call for such a job (so it may run on the event
-        loop): its CPU slice is there with these limits already, from the job before."""
-        if not cpus:
-            return False
-        name = cpu_slice(self.parent, cpus)
-        return (self.applied.get(name) == (tuple(sorted(cpus)), memory_max)
-                and self._group_exists(slice_group(name)))
+        loop): a free slot slice carries its limits already, from a job before."""
+        return bool(cpus) and self._ready((tuple(sorted(cpus)), memory_max)) is not None
 
     def _group_exists(self, group: str) -> bool:
         rel = group.lstrip("/")
@@ -674,7 +709,7 @@ class SystemdBackend(Backend):
         return entry
 
     def settle_quick(self, job_id: str, signal: int | None = None) -> dict | None:
-        """`settle` on the event loop for a job in its CPU slice that left no process there:
+        """`settle` on the event loop for a job in its slot slice that left no process there:
         a few reads of the slice's group, no D-Bus. None (the full `settle`, in a thread)
         otherwise."""
         entry = self.jobs.get(job_id)
@@ -683,7 +718,14 @@ class SystemdBackend(Backend):
         group = slice_group(entry["slice"])
         if group_pids(group, self.cgroup_root) != []:
             return None
-        return self._figures(job_id, entry, signal)
+        facts = self._figures(job_id, entry, signal)
+        self._vacate(entry["slice"], job_id)
+        return facts
+
+    def _vacate(self, name: str, job_id: str) -> None:
+        """The job is settled: its slot slice may take the next job (before `release`)."""
+        if self.holders.get(name) == job_id:
+            del self.holders[name]
 
     def _figures(self, job_id: str, entry: dict, signal: int | None) -> dict:
         after = slice_counters(slice_group(entry["slice"]), self.cgroup_root)
@@ -697,32 +739,28 @@ class SystemdBackend(Backend):
     def settle(self, job_id: str, signal: int | None = None, spec: dict | None = None) -> dict:
         """The job's figures and OOM verdict, with nothing of the job left running.
 
-        A job in its CPU slice: the growth of the slice's counters over the job
+        A job in its slot slice: the growth of the slice's counters over the job
         (`job_figures`); a process left in the slice (one that escaped the job's process
-        group), or a group that cannot be read, gets the job's scope stopped first:
-        systemd kills what is left, before the terminal record. Anything still there after
-        that (another unit put in the slice) gets the whole slice stopped, so the next
-        job's counters start clean. A job in a slice of its
+        group), or a group that cannot be read, gets the job's scope stopped: systemd kills
+        what is left, before the terminal record. Anything still there after that is not
+        this job's (another unit put in the slice): it is left alone, and the slot is not
+        taken again while a process runs there. A job in a slice of its
         own: systemd's summary of that slice (it stays for `release` when nothing runs in
         it). Never raises: problems are reported in `collect_error` / `cleanup_error`."""
         entry = self._entry(job_id, spec)
         if entry is None:
             return self._settle_own_slice(job_id, signal)
         try:
-            group = slice_group(entry["slice"])
-            facts = self._figures(job_id, entry, signal)  # before any stop removes groups
-            if group_pids(group, self.cgroup_root) != []:
+            facts = self._figures(job_id, entry, signal)
+            if group_pids(slice_group(entry["slice"]), self.cgroup_root) != []:
                 with self.manager() as m:
                     _stop(m, job_scope(self.parent, job_id))
-                    if group_pids(group, self.cgroup_root) != []:
-                        # still something there (another unit in the slice, or no way
-                        # to tell): the slice goes, and the next job's prepare starts it
-                        self.applied.pop(entry["slice"], None)
-                        _stop(m, entry["slice"])
             return facts
         except Exception as exc:  # noqa: BLE001 - accounting never blocks the terminal record
             return {"oom_killed": False, "cpu_time_ms": None,
                     "cleanup_error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            self._vacate(entry["slice"], job_id)
 
     def _settle_own_slice(self, job_id: str, signal: int | None) -> dict:
         facts: dict[str, Any] = {"oom_killed": False, "cpu_time_ms": None, "cleanup_error": None}
@@ -759,12 +797,12 @@ class SystemdBackend(Backend):
         return facts
 
     def release_is_light(self, job_id: str) -> bool:
-        """A job in its CPU slice has nothing to remove (its scope went with its last
+        """A job in its slot slice has nothing to remove (its scope went with its last
         process; the slice stays for the next job): no thread hop."""
         return job_id in self.jobs
 
     def release(self, job_id: str) -> str | None:
-        """A job in its CPU slice: forget its counters (the slice stays). A job in a slice
+        """A job in its slot slice: forget its counters (the slice stays). A job in a slice
         of its own: stop the slice (settled: nothing of the job runs in it) and wait until
         systemd dropped it. Never raises."""
         if self.jobs.pop(job_id, None) is not None:
@@ -940,14 +978,14 @@ def _start_slice(m: SystemdManager, name: str, properties: list) -> None:
         raise IsolationError(f"systemd: slice {name} did not start ({result})")
 
 
-def _set_cpu_slice(m: SystemdManager, name: str, cpus: list[int], memory_max: int | None) -> None:
-    """Give a CPU slice these limits: `SetUnitProperties` (runtime) when it is active, else
+def _set_slot_slice(m: SystemdManager, name: str, cpus: list[int], memory_max: int | None) -> None:
+    """Give a slot slice these limits: `SetUnitProperties` (runtime) when it is active, else
     start it with them (and CPU and memory accounting)."""
-    limits = cpu_slice_properties(cpus, memory_max)
+    limits = slot_slice_properties(cpus, memory_max)
     if m.active_state(name) == "active":
         m.call(MANAGER_PATH, MANAGER, "SetUnitProperties", "sba(sv)", (name, True, limits))
         return
-    _start_slice(m, name, [("Description", ("s", "motor jobs on CPU %d" % min(cpus))),
+    _start_slice(m, name, [("Description", ("s", "motor jobs, one at a time")),
                            ("CPUAccounting", ("b", True)),
                            ("MemoryAccounting", ("b", True))] + limits)
 
@@ -995,9 +1033,9 @@ def open_systemd_backend(parent: str = "motor-jobs", *, address: str | None = No
     address = address or default_address()
     with SystemdManager(address) as m:
         version = m.version()
-    notes = [f"systemd {version}: each job in a scope of its own in a slice per CPU "
-             f"({parent}-c<lowest CPU>.slice) under {parent}.slice, started by keeperd "
-             "(StartTransientUnit, PIDs=the job)"]
+    notes = [f"systemd {version}: each job in a scope of its own, started by keeperd "
+             f"(StartTransientUnit, PIDs=the job), in a slot slice ({parent}-s<n>.slice, "
+             f"one job at a time) under {parent}.slice"]
     if not unified_cpuset(cgroup_root):
         notes.append("AllowedCPUs= needs the cgroup v2 cpuset controller (absent here): "
                      "CPUs are enforced by affinity")

@@ -69,9 +69,14 @@ def job_units(ns: SystemdNamespace) -> list[str]:
     return units(ns, "motor-jobs-j*")
 
 
-def cpu_slices(ns: SystemdNamespace) -> list[str]:
-    """The CPU slices, which stay from job to job."""
-    return units(ns, "motor-jobs-c*")
+def slot_slices(ns: SystemdNamespace) -> list[str]:
+    """The slot slices, which stay from job to job."""
+    return units(ns, "motor-jobs-s*")
+
+
+def unit_slice(unit: str) -> str:
+    """The slice a job's scope is in, from its control group path."""
+    return unit.rstrip("/").split("/")[-2]
 
 
 def test_systemd_backend_confines_each_job_in_its_own_unit(ns_serve, systemd_ns):
@@ -90,9 +95,10 @@ def test_systemd_backend_confines_each_job_in_its_own_unit(ns_serve, systemd_ns)
     inside = json.loads("".join(e["data"] for e in events if e["event"] == "output"))
     assert inside["pid1"] == "systemd"
     hexid = record["job_id"].replace("-", "")
-    # the job's whole tree is in its scope, inside its CPU slice, inside the jobs slice
-    cpu = min(record["cpus"])
-    assert inside["unit"] == (f"/motor.slice/motor-jobs.slice/motor-jobs-c{cpu}.slice/"
+    # the job's whole tree is in its scope, inside a slot slice, inside the jobs slice
+    slot = unit_slice(inside["unit"])
+    assert slot.startswith("motor-jobs-s"), inside
+    assert inside["unit"] == (f"/motor.slice/motor-jobs.slice/{slot}/"
                               f"motor-jobs-j{hexid}.scope"), inside
     assert inside["group"] == inside["unit"]
     assert inside["memory_limit"] == record["memory_max_bytes"] == 256 * MiB
@@ -101,21 +107,20 @@ def test_systemd_backend_confines_each_job_in_its_own_unit(ns_serve, systemd_ns)
     assert inside["cpus"] in (expected, f"{record['cpus'][0]}-{record['cpus'][-1]}"), inside
     # CPU time measured for the job's slice (a python3 start alone takes well over 1 ms)
     assert record["reservation_use"]["cpu_time_ms"] > 0
-    # the scope went with the job's last process; the CPU slice stays for the next job
+    # the scope went with the job's last process; the slot slice stays for the next job
     wait_for(lambda: job_units(systemd_ns) == [], what="the job's scope to go")
-    assert f"motor-jobs-c{cpu}.slice" in cpu_slices(systemd_ns)
+    assert slot in slot_slices(systemd_ns)
 
-    # the next job in that slice gets its own limit (the slice's limits changed) and
-    # confinement; its CPU time is its own, not the slice's total
+    # the next job takes that slot (free again) with its own limit (the slice's limits
+    # changed) and confinement
     again = serve.cli("run", "--json", "--weight", str(claim), "--memory-max", str(128 * MiB),
                       "--", "python3", "-c", INSIDE)
     assert again.returncode == 0, again.stderr
     events = json_lines(again.stdout)
     second = events[-1]["record"]
     inside = json.loads("".join(e["data"] for e in events if e["event"] == "output"))
-    assert min(second["cpus"]) == cpu, second
     assert inside["memory_limit"] == second["memory_max_bytes"] == 128 * MiB
-    assert inside["unit"].endswith(f"motor-jobs-c{cpu}.slice/motor-jobs-j"
+    assert inside["unit"].endswith(f"{slot}/motor-jobs-j"
                                    f"{second['job_id'].replace('-', '')}.scope"), inside
     assert second["reservation_use"]["cpu_time_ms"] > 0
     wait_for(lambda: job_units(systemd_ns) == [], what="the second job's scope to go")
@@ -123,7 +128,7 @@ def test_systemd_backend_confines_each_job_in_its_own_unit(ns_serve, systemd_ns)
 
 def test_systemd_backend_reports_cpu_time_and_oom_kills(ns_serve, systemd_ns):
     serve = ns_serve().start()
-    every = str(serve.cli_json("health")["capacity"]["claim_limit"])  # one CPU slice
+    every = str(serve.cli_json("health")["capacity"]["claim_limit"])
     busy = serve.cli("run", "--json", "--weight", every, "--", "python3", "-c",
                      "import time\nt = time.process_time()\n"
                      "while time.process_time() - t < 0.5: pass")
@@ -131,11 +136,11 @@ def test_systemd_backend_reports_cpu_time_and_oom_kills(ns_serve, systemd_ns):
     busy_record = json_lines(busy.stdout)[-1]["record"]
     use = busy_record["reservation_use"]
     assert 400 <= use["cpu_time_ms"] <= 5000, use
-    # the next job in the same CPU slice is charged its own CPU time only
+    # the next job, in the same slot slice, is charged its own CPU time only
     light = serve.cli("run", "--json", "--weight", every, "--", "sh", "-c", "sleep 0.05")
     light_record = json_lines(light.stdout)[-1]["record"]
-    assert light_record["cpus"] == busy_record["cpus"]
     assert light_record["reservation_use"]["cpu_time_ms"] < 200, light_record
+    assert len(slot_slices(systemd_ns)) == 1, slot_slices(systemd_ns)  # one slot served both
 
     hog = serve.cli("run", "--json", "--weight", "1", "--memory-max", str(64 * MiB), "--",
                     "python3", "-c", "b = bytearray(512 * 1024 * 1024); print(len(b))")
@@ -149,8 +154,8 @@ def test_systemd_backend_reports_cpu_time_and_oom_kills(ns_serve, systemd_ns):
     after = serve.cli("run", "--json", "--weight", "1", "--memory-max", str(64 * MiB), "--",
                       "sh", "-c", "kill -9 $$")
     record = json_lines(after.stdout)[-1]["record"]
-    assert min(record["cpus"]) == min(terminal["cpus"]), (record, terminal)
     assert record["signal"] == 9 and record["reason"] != "oom_killed", record
+    assert len(slot_slices(systemd_ns)) == 1, slot_slices(systemd_ns)
 
 
 def test_a_job_in_a_systemd_unit_outlives_the_runner_and_is_readopted(
@@ -272,7 +277,7 @@ job, bare = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", "0190a1b2-c3d4-7e5f-8a9b-0c1
 memory = "/sys/fs/cgroup/memory/motor.slice/motor-jobs.slice/"
 first = backend.prepare(job, [0], 64 << 20)
 again = backend.prepare(job, [0], 32 << 20)  # a retried start: the slice takes the new limit
-limit = int(open(memory + "motor-jobs-c0.slice/memory.limit_in_bytes").read())
+limit = int(open(memory + "motor-jobs-s0.slice/memory.limit_in_bytes").read())
 facts = backend.finish(job)
 # a job without CPUs: a slice of its own, with its limit, gone after finish
 own = backend.prepare(bare, None, 48 << 20)
@@ -287,18 +292,18 @@ print(json.dumps({"slices": [first["systemd_scope"]["slice"], again["systemd_sco
 
 
 def test_prepare_is_idempotent_and_finish_removes_the_slice(systemd_ns):
-    """A job with CPUs: its CPU slice takes each prepare's limits and stays after finish. A
+    """A job with CPUs: its slot slice takes each prepare's limits and stays after finish. A
     job without CPUs: a slice of its own, removed by finish."""
     result = systemd_ns.run(sys.executable, "-c", BACKEND_SCRIPT, cwd=str(ROOT))
     assert result.returncode == 0, result.stderr.decode()
     out = json.loads(result.stdout)
-    assert out["slices"][:2] == ["motor-jobs-c0.slice"] * 2
+    assert out["slices"][:2] == ["motor-jobs-s0.slice"] * 2
     assert out["limit"] == 32 << 20 and out["own_limit"] == 48 << 20
     assert out["adopted"] and not out["after"]
     for facts in (out["facts"], out["own_facts"]):
         assert facts["cleanup_error"] is None and facts["oom_killed"] is False, facts
     assert job_units(systemd_ns) == []
-    assert "motor-jobs-c0.slice" in cpu_slices(systemd_ns)
+    assert "motor-jobs-s0.slice" in slot_slices(systemd_ns)
 
 
 REFUSED_SCRIPT = r"""
@@ -368,67 +373,65 @@ quiet, busy, third = ("0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a0%d" % i for i in (1, 2
 def alive(pid):
     return subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode == 0
 
-def start(*args):
-    subprocess.run(["systemd-run", *args, "sleep", "1000"], check=True, capture_output=True)
+def active(unit):
+    return subprocess.run(["systemctl", "is-active", unit], capture_output=True,
+                          text=True).stdout.strip()
 
-def main_pid(unit):
-    return int(subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", unit],
-                              capture_output=True, text=True).stdout)
-
-backend.prepare(quiet, [0], 64 << 20)
-backend.prepare(busy, [1], 64 << 20)
+slots = [backend.prepare(job, [n], 64 << 20)["systemd_scope"]["slice"]
+         for n, job in enumerate((quiet, busy))]
 # a process left in the busy job's scope (one that left the job's process group)
 left = subprocess.Popen(["systemd-run", "--scope", "--quiet", "--unit=" + job_scope("motor-jobs", busy),
-                         "--slice=motor-jobs-c1.slice", "sleep", "1000"])
+                         "--slice=" + slots[1], "sleep", "1000"])
 while subprocess.run(["systemctl", "is-active", "--quiet", job_scope("motor-jobs", busy)]).returncode:
     pass
 settled = {job: backend.settle(job) for job in (quiet, busy)}
-slice_kept = subprocess.run(["systemctl", "is-active", "motor-jobs-c1.slice"],
-                            capture_output=True, text=True).stdout.strip()
+slice_kept = active(slots[1])
 released = {job: backend.release(job) for job in (quiet, busy)}
 left.wait(10)
-scope_gone = subprocess.run(["systemctl", "is-active", "--quiet",
-                             job_scope("motor-jobs", busy)]).returncode != 0
-# another unit put in a CPU slice: settle stops the whole slice; the next prepare starts it
-backend.prepare(third, [0], 64 << 20)
-start("--unit=motor-stranger", "--slice=motor-jobs-c0.slice")
-stranger = main_pid("motor-stranger")
+scope_gone = active(job_scope("motor-jobs", busy)) != "active"
+# another unit put in a slot slice: not this job's, left alone; the slot is not taken again
+# while it runs there
+third_slot = backend.prepare(third, [0], 64 << 20)["systemd_scope"]["slice"]
+subprocess.run(["systemd-run", "--unit=motor-stranger", "--slice=" + third_slot, "sleep", "1000"],
+               check=True, capture_output=True)
+stranger = int(subprocess.run(["systemctl", "show", "-p", "MainPID", "--value", "motor-stranger"],
+                              capture_output=True, text=True).stdout)
 third_facts = backend.settle(third)
 backend.release(third)
 stranger_alive = alive(stranger)
-backend.prepare(quiet, [0], 64 << 20)
-restarted = subprocess.run(["systemctl", "is-active", "motor-jobs-c0.slice"],
-                           capture_output=True, text=True).stdout.strip()
+next_slot = backend.prepare(quiet, [0], 64 << 20)["systemd_scope"]["slice"]
 backend.finish(quiet)
-print(json.dumps({"settled": settled, "released": released, "scope_gone": scope_gone,
-                  "slice_kept": slice_kept,
-                  "left_rc": left.returncode, "third": third_facts,
-                  "stranger_alive": stranger_alive, "restarted": restarted}))
+subprocess.run(["systemctl", "stop", "motor-stranger"], capture_output=True)
+print(json.dumps({"slots": slots, "settled": settled, "released": released,
+                  "scope_gone": scope_gone, "slice_kept": slice_kept, "left_rc": left.returncode,
+                  "third": third_facts, "third_slot": third_slot,
+                  "stranger_alive": stranger_alive, "next_slot": next_slot}))
 """
 
 
 def test_settle_keeps_an_empty_slice_for_release_and_stops_one_with_a_process_left(systemd_ns):
     """One live process tree per job: a process left in the job's scope is killed by the
-    scope's stop in `settle`, before the terminal record; anything else found in the CPU
-    slice gets the slice stopped, so the next job's counters start clean; an empty CPU
-    slice stays from job to job."""
+    scope's stop in `settle`, before the terminal record, and the slot slice stays; a
+    process of another unit in a slot slice is not the job's to kill, and the slot is not
+    taken again while it runs there (its counters would not be the next job's)."""
     result = systemd_ns.run(sys.executable, "-c", SETTLE_SCRIPT, cwd=str(ROOT))
     assert result.returncode == 0, result.stderr.decode()
     out = json.loads(result.stdout)
+    assert out["slots"][0] != out["slots"][1]  # two jobs prepared at once: two slots
     assert out["scope_gone"] and out["left_rc"] != 0, out  # the sleep in the scope was killed
-    assert out["slice_kept"] == "active", out  # by the scope's stop: the CPU slice stays
+    assert out["slice_kept"] == "active", out  # by the scope's stop: the slot slice stays
     assert all(f["cleanup_error"] is None for f in out["settled"].values()), out["settled"]
     assert out["released"] == dict.fromkeys(out["released"]) and len(out["released"]) == 2
-    assert out["third"]["cleanup_error"] is None and not out["stranger_alive"], out
-    assert out["restarted"] == "active"
+    assert out["third"]["cleanup_error"] is None and out["stranger_alive"], out
+    assert out["next_slot"] != out["third_slot"], out
     assert job_units(systemd_ns) == []
 
 
-def test_a_jobs_scope_goes_with_its_last_process_and_its_cpu_slice_serves_the_next_job(
+def test_a_jobs_scope_goes_with_its_last_process_and_its_slot_slice_serves_the_next_job(
         ns_serve, systemd_ns, tmp_path):
     """Through `motor serve` in the namespace: held at `release.begin`, a job's terminal
     record is out, its scope already gone with its last process, and the next job claiming
-    every CPU runs to its end in the same CPU slice; the slice stays."""
+    every CPU runs to its end in the same slot slice, which stays."""
     barrier, reached = tmp_path / "release", tmp_path / "release.reached"
     serve = ns_serve()
     serve.env = {"MOTOR_FAULTS": f"release.begin=wait:{barrier}"}
@@ -442,6 +445,44 @@ def test_a_jobs_scope_goes_with_its_last_process_and_its_cpu_slice_serves_the_ne
         wait_for(reached.exists, what="the job's release at the barrier")
     assert [r["state"] for r in records] == ["succeeded"] * 2
     wait_for(lambda: job_units(systemd_ns) == [], what="both scopes to go with their jobs")
-    cpu = min(records[0]["cpus"])
-    assert min(records[1]["cpus"]) == cpu and f"motor-jobs-c{cpu}.slice" in cpu_slices(systemd_ns)
+    assert slot_slices(systemd_ns) == ["motor-jobs-s0.slice"]
     barrier.touch()
+
+
+OVERLAP = r"""
+import os, sys, time
+unit = [l.split(":", 2)[2] for l in open("/proc/self/cgroup").read().splitlines()
+        if l.split(":", 2)[1] == "name=systemd"][0]
+print(unit, flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.01)
+"""
+
+
+def test_jobs_whose_claims_overlap_run_at_once_each_in_a_slot_of_its_own(
+        ns_serve, systemd_ns, tmp_path):
+    """More claimed than the host has CPUs (`--max-weight` above the CPU count): two jobs
+    share CPUs and run at once, each in a slot slice of its own, each charged its own CPU
+    time."""
+    go = tmp_path / "go"
+    cpus = len(os.sched_getaffinity(0))
+    serve = ns_serve("--max-weight", str(2 * cpus)).start()
+    ids = [serve.cli_json("submit", "--workspace", f"w{n}", "--weight", str(cpus), "--",
+                          "python3", "-c", OVERLAP, str(go))["job_id"] for n in range(2)]
+    logs = [serve.state_dir / "jobs" / job_id / "output.log" for job_id in ids]
+    wait_for(lambda: all(log.exists() and b"scope" in log.read_bytes() for log in logs),
+             what="both jobs running")
+    running = {j["job_id"]: j for j in serve.cli_json("status")["running"]}
+    assert set(running) == set(ids), running
+    go.touch()
+    units, records = [], []
+    for job_id in ids:
+        result = serve.cli("attach", "--json", job_id, "--from-seq", "0")
+        events = json_lines(result.stdout)
+        units.append("".join(e["data"] for e in events if e["event"] == "output").strip())
+        records.append(events[-1]["record"])
+    assert [r["state"] for r in records] == ["succeeded"] * 2, records
+    assert records[0]["cpus"] == records[1]["cpus"]  # the claims overlap
+    assert unit_slice(units[0]) != unit_slice(units[1]), units
+    assert all(unit_slice(u).startswith("motor-jobs-s") for u in units), units
+    assert all(r["reservation_use"]["cpu_time_ms"] > 0 for r in records), records

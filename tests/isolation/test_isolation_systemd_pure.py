@@ -26,6 +26,7 @@ from motor.isolation.systemd import (
     slice_counters,
     slice_group,
     slice_properties,
+    slot_slice,
     slice_ran,
     systemd_accounts_cpu,
     unified_usage_usec,
@@ -73,17 +74,15 @@ def test_the_keeper_joins_a_scope_in_the_jobs_slice_itself():
     assert "command_prefix" not in fields
     assert fields["systemd_scope"] == {"address": "/nonexistent",
                                        "scope": job_scope("motor-jobs", JOB),
-                                       "slice": "motor-jobs-c1.slice",
+                                       "slice": job_slice("motor-jobs", JOB),
                                        "description": f"motor job {JOB}"}
-    assert backend.spec_fields(JOB, [3, 2, 7], None)["systemd_scope"]["slice"] == (
-        "motor-jobs-c2.slice")  # the job's lowest CPU: no running job shares it
-    bare = backend.spec_fields(JOB, None, None)
-    assert bare["pin"] is False  # no CPUs: a slice of its own
-    assert bare["systemd_scope"]["slice"] == job_slice("motor-jobs", JOB)
+    slot = backend.spec_fields(JOB, [3, 2, 7], None, slot_slice("motor-jobs", 4))
+    assert slot["systemd_scope"]["slice"] == "motor-jobs-s4.slice"
+    assert backend.spec_fields(JOB, None, None)["pin"] is False
 
 
 def test_a_slices_control_group_has_a_level_per_dash():
-    assert slice_group("motor-jobs-c0.slice") == "/motor.slice/motor-jobs.slice/motor-jobs-c0.slice"
+    assert slice_group("motor-jobs-s0.slice") == "/motor.slice/motor-jobs.slice/motor-jobs-s0.slice"
     assert slice_group("motor-jobs.slice") == "/motor.slice/motor-jobs.slice"
 
 
@@ -129,11 +128,11 @@ def test_v1_kill_in_the_removed_scope_is_sigkill_after_the_slice_hit_its_limit(t
     assert oom_verdict(GROUP, signal.SIGKILL, str(tmp_path))["oom_killed"] is False
 
 
-def test_a_jobs_figures_are_the_growth_of_its_cpu_slices_counters(tmp_path):
-    """A CPU slice holds one job after another: each job's CPU time and OOM verdict are
+def test_a_jobs_figures_are_the_growth_of_its_slot_slices_counters(tmp_path):
+    """A slot slice holds one job after another: each job's CPU time and OOM verdict are
     what its slice's counters grew by over the job, so an earlier job's kill or limit hit
     is never this job's."""
-    cpu = "/motor.slice/motor-jobs.slice/motor-jobs-c0.slice"
+    cpu = "/motor.slice/motor-jobs.slice/motor-jobs-s0.slice"
     write(tmp_path, "unified" + cpu, "cpu.stat", "usage_usec 5000\nuser_usec 1\nsystem_usec 1\n")
     write(tmp_path, "memory" + cpu, "memory.oom_control", "oom_kill_disable 0\noom_kill 1\n")
     write(tmp_path, "memory" + cpu, "memory.failcnt", "40\n")
@@ -153,7 +152,7 @@ def test_a_jobs_figures_are_the_growth_of_its_cpu_slices_counters(tmp_path):
 
 
 def test_v2_growth_of_oom_kills_is_exact_and_missing_counters_are_absent(tmp_path):
-    cpu = "/motor.slice/motor-jobs.slice/motor-jobs-c3.slice"
+    cpu = "/motor.slice/motor-jobs.slice/motor-jobs-s3.slice"
     write(tmp_path, cpu, "cpu.stat", "usage_usec 100\n")
     write(tmp_path, cpu, "memory.events", "oom 1\noom_kill 1\n")
     before = slice_counters(cpu, str(tmp_path))
@@ -408,7 +407,7 @@ def test_the_join_step_asks_systemd_for_the_scope_with_its_own_pid(fake_manager)
     assert member == "StartTransientUnit" and mode == "fail" and aux == []
     assert name == job_scope("motor-jobs", JOB)
     assert dict(props) == {"Description": ("s", f"motor job {JOB}"),
-                           "Slice": ("s", "motor-jobs-c1.slice"),
+                           "Slice": ("s", job_slice("motor-jobs", JOB)),
                            "CollectMode": ("s", "inactive-or-failed"),
                            "PIDs": ("au", [os.getpid()])}
     with pytest.raises(JoinError, match="UnitExists: Unit .* already exists"):
@@ -469,56 +468,68 @@ def test_an_idle_pooled_connection_is_closed(fake_manager):
     pool.close()
 
 
-def test_a_cpu_slice_is_started_once_and_a_job_with_the_same_limits_costs_no_call(
+def test_a_slot_slice_holds_one_job_at_a_time_and_one_with_the_same_limits_costs_no_call(
         fake_manager, tmp_path):
-    """Per job in a CPU slice: D-Bus only when the slice is not there or its limits change
-    (`SetUnitProperties`); a job with the last job's limits is prepared, settled and
+    """Per job in a slot slice: D-Bus only when the slice is new or its limits change
+    (`SetUnitProperties`); a job with a free slot's limits is prepared, settled and
     released with reads alone (`prepare_is_light`, `settle_quick`, `release_is_light`: the
-    runner runs them on its event loop). A restarted runner takes the job's counters before
+    runner runs them on its event loop). A slot holds one job from `prepare` to `settle`,
+    and none while a process runs in it. A restarted runner takes the job's counters before
     it from the spec."""
     fake_manager.accept_slices = True
     root = tmp_path / "cg"
     backend = SystemdBackend(address=fake_manager.path, cgroup_root=str(root))
-    group = "/motor.slice/motor-jobs.slice/motor-jobs-c0.slice"
-    write(root, "unified" + group, "cpu.stat", "usage_usec 1000\n")
-    write(root, "unified" + group, "cgroup.procs", "")
-    jobs = [f"0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a{n:02x}" for n in range(4)]
+    s0, s1, s2 = ("/motor.slice/motor-jobs.slice/motor-jobs-s%d.slice" % n for n in range(3))
+    for group in (s0, s1):
+        write(root, "unified" + group, "cpu.stat", "usage_usec 1000\n")
+        write(root, "unified" + group, "cgroup.procs", "")
+    jobs = [f"0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a{n:02x}" for n in range(6)]
     assert not backend.prepare_is_light([0], 64 * MiB)
     first = backend.prepare(jobs[0], [0], 64 * MiB)
-    assert first["systemd_scope"]["slice"] == "motor-jobs-c0.slice"
+    assert first["systemd_scope"]["slice"] == "motor-jobs-s0.slice"
     assert first["systemd_base"]["usage_usec"] == 1000
+    # a job prepared while the first is not settled (claims that overlap): the next slot
+    other = backend.prepare(jobs[1], [0], 64 * MiB)
+    assert other["systemd_scope"]["slice"] == "motor-jobs-s1.slice"
     started = [c for c in fake_manager.calls if c[0] == "StartTransientUnit"]
-    assert [c[1][0] for c in started] == ["motor-jobs-c0.slice"]
+    assert [c[1][0] for c in started] == ["motor-jobs-s0.slice", "motor-jobs-s1.slice"]
     assert ("MemoryMax", ("t", 64 * MiB)) in started[0][1][2]
     assert ("AllowedCPUs", ("ay", b"\x01")) in started[0][1][2]
-    write(root, "unified" + group, "cpu.stat", "usage_usec 251000\n")  # the job ran 250 ms
+    write(root, "unified" + s0, "cpu.stat", "usage_usec 251000\n")  # the job ran 250 ms
     assert backend.settle_quick(jobs[0])["cpu_time_ms"] == 250
     assert backend.release_is_light(jobs[0]) and backend.release(jobs[0]) is None
 
     calls = len(fake_manager.calls)
-    assert backend.prepare_is_light([0], 64 * MiB)
-    second = backend.prepare(jobs[1], [0], 64 * MiB)
+    assert backend.prepare_is_light([0], 64 * MiB)  # s0 is free again, with these limits
+    second = backend.prepare(jobs[2], [0], 64 * MiB)
+    assert second["systemd_scope"]["slice"] == "motor-jobs-s0.slice"
     assert second["systemd_base"]["usage_usec"] == 251000
-    write(root, "unified" + group, "cgroup.procs", "4242\n")  # something left: a thread's work
-    assert backend.settle_quick(jobs[1]) is None
-    write(root, "unified" + group, "cgroup.procs", "")
-    write(root, "unified" + group, "cpu.stat", "usage_usec 256000\n")
-    assert backend.settle_quick(jobs[1])["cpu_time_ms"] == 5
-    assert backend.release(jobs[1]) is None
-    assert len(fake_manager.calls) == calls  # not one call for the second job
+    write(root, "unified" + s0, "cgroup.procs", "4242\n")  # something left: a thread's work
+    assert backend.settle_quick(jobs[2]) is None
+    write(root, "unified" + s0, "cgroup.procs", "")
+    write(root, "unified" + s0, "cpu.stat", "usage_usec 256000\n")
+    assert backend.settle_quick(jobs[2])["cpu_time_ms"] == 5
+    assert backend.release(jobs[2]) is None
+    assert len(fake_manager.calls) == calls  # not one call for that job
 
-    # other limits: one SetUnitProperties on the active slice
-    assert not backend.prepare_is_light([0, 1], 64 * MiB)
-    third = backend.prepare(jobs[2], [0, 1], None)
-    assert third["systemd_scope"]["slice"] == "motor-jobs-c0.slice"
+    # a process in a free slot (an adopted job's, or a stranger's): not taken
+    write(root, "unified" + s0, "cgroup.procs", "4343\n")
+    assert not backend.prepare_is_light([0], 64 * MiB)
+    third = backend.prepare(jobs[3], [0, 1], None)
+    assert third["systemd_scope"]["slice"] == "motor-jobs-s2.slice"  # s1 is still held
+    write(root, "unified" + s0, "cgroup.procs", "")
+    # other limits on a free slot: one SetUnitProperties on the active slice
+    backend.settle(jobs[1])
+    fourth = backend.prepare(jobs[4], [1], None)
+    assert fourth["systemd_scope"]["slice"] == "motor-jobs-s0.slice"
     member, (name, runtime, props) = fake_manager.calls[-1]
-    assert (member, name, runtime) == ("SetUnitProperties", "motor-jobs-c0.slice", True)
-    assert dict(props) == {"MemoryMax": ("t", 2**64 - 1), "AllowedCPUs": ("ay", b"\x03")}
+    assert (member, name, runtime) == ("SetUnitProperties", "motor-jobs-s0.slice", True)
+    assert dict(props) == {"MemoryMax": ("t", 2**64 - 1), "AllowedCPUs": ("ay", b"\x02")}
 
     # a restarted runner (a new backend, the manager unreachable): the spec's counters
     restarted = SystemdBackend(address=str(tmp_path / "gone"), cgroup_root=str(root))
-    assert restarted.needs_spec(jobs[2]) and not backend.needs_spec(jobs[2])
-    write(root, "unified" + group, "cpu.stat", "usage_usec 356000\n")
-    facts = restarted.settle(jobs[2], spec=third)
+    assert restarted.needs_spec(jobs[4]) and not backend.needs_spec(jobs[4])
+    write(root, "unified" + s0, "cpu.stat", "usage_usec 356000\n")
+    facts = restarted.settle(jobs[4], spec=fourth)
     assert facts["cpu_time_ms"] == 100 and facts["cleanup_error"] is None, facts
-    assert restarted.release_is_light(jobs[2]) and restarted.release(jobs[2]) is None
+    assert restarted.release_is_light(jobs[4]) and restarted.release(jobs[4]) is None
