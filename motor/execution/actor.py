@@ -89,9 +89,7 @@ class JobExecution(actors.Actor):
                 return await self._end_in_setup()
             # workspace, the backend's groups and limits, spec.json: one hop, or none (jobdir)
             if refusal := await offload_unless(
-                    jobdir.set_up_is_light(deps.backend, bundle, record.cpus,
-                                           record.memory_max_bytes),
-                    io, jobdir.set_up, record,
+                    jobdir.set_up_is_light(deps.backend, bundle, record), io, jobdir.set_up, record,
                     cwd, self.dir, bundle, root, deps.backend, deps.config, progress):
                 return await self._end_in_setup(refusal)
             if self.run_state.setup_cancelled():

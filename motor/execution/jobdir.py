@@ -100,15 +100,14 @@ def set_up(record: JobRecord, cwd: Path, job_dir: Path, bundle: str | None,
     return None
 
 
-def set_up_is_light(backend: Any, bundle: str | None, cpus: list[int] | None = None,
-                    memory_max: int | None = None) -> bool:
+def set_up_is_light(backend: Any, bundle: str | None, record: JobRecord | None = None) -> bool:
     """Whether `set_up` may run inline: no bundle to unpack and the backend's `prepare` is
     the base one (`affinity`, `none`: spec fields only, no side effect). What is left is
     metadata work: the workspace and job directory made when missing (the disk actor stats
     the workspace's root on the event loop already) and spec.json written on the state
     directory. So is a backend whose `prepare` only plans (`plans_only`: cgroup v1, where
     the keeper makes the groups: three stats and one read of the parent's memory limit), and
-    one whose `prepare_is_light(cpus, memory_max)` says this job's needs no call (systemd:
+    one whose `prepare_is_light(cpus, memory_max)` says the record's needs no call (systemd:
     a free slot slice carries its limits already; a few reads of the slice's counters). A
     backend with groups to make (cgroup v2, systemd otherwise), or any other `prepare` (a
     replaced one may block: tests/scheduling hold one at a barrier), goes to the offloader."""
@@ -116,7 +115,8 @@ def set_up_is_light(backend: Any, bundle: str | None, cpus: list[int] | None = N
         return False
     light = getattr(backend, "prepare_is_light", None)
     return (type(backend).prepare is _BASE_PREPARE or getattr(backend, "plans_only", False)
-            or (light is not None and light(cpus, memory_max)))
+            or (light is not None and record is not None
+                and light(record.cpus, record.memory_max_bytes)))
 
 
 #: output.log growth read on the event loop (one open, one read of a few pages in the page
