@@ -79,6 +79,16 @@ def unit_slice(unit: str) -> str:
     return unit.rstrip("/").split("/")[-2]
 
 
+def run_inside(serve, claim: int, memory_max: int) -> tuple[dict, dict]:
+    """`motor run` of the INSIDE probe: the job's terminal record and what it saw."""
+    result = serve.cli("run", "--json", "--weight", str(claim), "--memory-max", str(memory_max),
+                       "--", "python3", "-c", INSIDE)
+    assert result.returncode == 0, result.stderr
+    events = json_lines(result.stdout)
+    return (events[-1]["record"],
+            json.loads("".join(e["data"] for e in events if e["event"] == "output")))
+
+
 def test_systemd_backend_confines_each_job_in_its_own_unit(ns_serve, systemd_ns):
     serve = ns_serve().start()
     health = serve.cli_json("health")["isolation"]
@@ -87,12 +97,7 @@ def test_systemd_backend_confines_each_job_in_its_own_unit(ns_serve, systemd_ns)
     assert health["parent"] == "motor-jobs.slice"
 
     claim = min(4, serve.cli_json("health")["capacity"]["claim_limit"])
-    result = serve.cli("run", "--json", "--weight", str(claim), "--memory-max", str(256 * MiB),
-                       "--", "python3", "-c", INSIDE)
-    assert result.returncode == 0, result.stderr
-    events = json_lines(result.stdout)
-    record = events[-1]["record"]
-    inside = json.loads("".join(e["data"] for e in events if e["event"] == "output"))
+    record, inside = run_inside(serve, claim, 256 * MiB)
     assert inside["pid1"] == "systemd"
     hexid = record["job_id"].replace("-", "")
     # the job's whole tree is in its scope, inside a slot slice, inside the jobs slice
@@ -113,12 +118,7 @@ def test_systemd_backend_confines_each_job_in_its_own_unit(ns_serve, systemd_ns)
 
     # the next job takes that slot (free again) with its own limit (the slice's limits
     # changed) and confinement
-    again = serve.cli("run", "--json", "--weight", str(claim), "--memory-max", str(128 * MiB),
-                      "--", "python3", "-c", INSIDE)
-    assert again.returncode == 0, again.stderr
-    events = json_lines(again.stdout)
-    second = events[-1]["record"]
-    inside = json.loads("".join(e["data"] for e in events if e["event"] == "output"))
+    second, inside = run_inside(serve, claim, 128 * MiB)
     assert inside["memory_limit"] == second["memory_max_bytes"] == 128 * MiB
     assert inside["unit"].endswith(f"{slot}/motor-jobs-j"
                                    f"{second['job_id'].replace('-', '')}.scope"), inside
