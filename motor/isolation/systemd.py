@@ -673,7 +673,8 @@ class SystemdBackend(Backend):
 
     def _take_slot(self, job_id: str, limits: tuple) -> tuple[str, bool]:
         """The job's slot slice, now held by it, and whether it carries its limits."""
-        for held in [n for n, holder in self.holders.items() if holder == job_id]:
+        # list() copies in one C call: `_vacate` (the event loop) may delete meanwhile
+        for held in [n for n, holder in list(self.holders.items()) if holder == job_id]:
             del self.holders[held]  # an earlier prepare of this job, never settled
         name = self._ready(limits, job_id)
         ready = name is not None
@@ -725,7 +726,7 @@ class SystemdBackend(Backend):
     def _vacate(self, name: str, job_id: str) -> None:
         """The job is settled: its slot slice may take the next job (before `release`)."""
         if self.holders.get(name) == job_id:
-            del self.holders[name]
+            self.holders.pop(name, None)
 
     def _figures(self, job_id: str, entry: dict, signal: int | None) -> dict:
         after = slice_counters(slice_group(entry["slice"]), self.cgroup_root)
