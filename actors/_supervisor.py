@@ -139,6 +139,9 @@ class Supervisor:
         self._done = trio.Event()
         #: (child name, exception) of the latest crash or failed start, for health reports
         self.last_failure: tuple[str, BaseException] | None = None
+        #: child name -> its crash, from the moment its task ended until the loop handled
+        #: the exit (restarted it, or gave up): a health probe in between names the crash
+        self._crashed: dict[str, BaseException] = {}
 
     def __repr__(self) -> str:
         return f"<Supervisor {self.name!r} children={self.children()}>"
@@ -159,6 +162,11 @@ class Supervisor:
     def restarts_in_window(self) -> int:
         """Restarts counted against the budget now (more than ``intensity``: it gives up)."""
         return self._budget.used(trio.current_time())
+
+    def crashed_unhandled(self) -> dict[str, BaseException]:
+        """Children whose crash the loop has not handled yet (not yet restarted, not yet
+        counted against the budget): what a caller that found one not running is told."""
+        return dict(self._crashed)
 
     def children(self) -> list[str]:
         return [child.spec.name for child in self._children]
@@ -430,10 +438,13 @@ class Supervisor:
         finally:
             done.set()
         assert self._events_send is not None
+        if exc is not None:
+            self._crashed[child.spec.name] = exc
         self._events_send.send_nowait((child, instance, exc))
 
     async def _handle_exit(self, child: _Child, instance, exc: Exception | None) -> None:
         """A child ended (instance None: it failed to start). Apply the restart strategy."""
+        self._crashed.pop(child.spec.name, None)
         if child not in self._children or (instance is not None and child.instance is not instance):
             return  # stale event: we stopped this incarnation deliberately
         child.instance = None

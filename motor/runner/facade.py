@@ -329,6 +329,11 @@ class Runner:
                 continue
             restarts = sup.restarts_in_window()
             if not restarts:
+                # crashed this moment, its restart not under way yet (not yet counted)
+                for child, exc in sup.crashed_unhandled().items():
+                    out.append({"subsystem": name, "restarts": 0,
+                                "cause": f"{child} crashed: {exc!r}; restarting"})
+                    break
                 continue
             child, exc = sup.last_failure or (name, None)
             out.append({

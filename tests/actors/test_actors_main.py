@@ -264,3 +264,33 @@ async def test_a_crash_in_a_message_answered_before_main_crashes_the_actor(autoj
         assert isinstance(sup.last_failure[1], Crash) and ref.restarts == 1
         first_log = sup.last_failure  # the new incarnation runs main as usual
         assert await ref.call(Ask(5)) == ("answer", 5) and first_log
+
+
+async def test_a_crash_is_told_from_the_moment_the_child_ended_until_the_loop_handled_it(
+        autojump_clock):
+    """A health probe that finds a subsystem not running, in the moment between its crash
+    and its supervisor's handling of it (not yet restarted, not yet counted against the
+    budget), is told the crash: `crashed_unhandled`. Staged: the supervisor's loop is busy
+    starting another child while `w` crashes."""
+    release = trio.Event()
+
+    class Slow(Plain):
+        async def on_start(self):
+            await release.wait()
+
+    async with actors.open_supervisor(
+            "sup", [actors.ChildSpec("w", Worker)], intensity=5, period=60) as sup:
+        ref = sup.ref("w")
+        await trio.testing.wait_all_tasks_blocked()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sup.start_child, actors.ChildSpec("slow", Slow))
+            await trio.testing.wait_all_tasks_blocked()  # the loop waits in Slow.on_start
+            with pytest.raises(Crash):
+                await ref.call(Fail(replied=False))
+            await trio.testing.wait_all_tasks_blocked()
+            crashed = sup.crashed_unhandled()
+            assert list(crashed) == ["w"] and isinstance(crashed["w"], Crash)
+            assert sup.restarts_in_window() == 0 and not ref.alive
+            release.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert sup.crashed_unhandled() == {} and sup.restarts_in_window() == 1 and ref.alive
