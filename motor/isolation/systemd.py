@@ -675,7 +675,7 @@ class SystemdBackend(Backend):
         """The job's slot slice, now held by it, and whether it carries its limits."""
         # list() copies in one C call: `_vacate` (the event loop) may delete meanwhile
         for held in [n for n, holder in list(self.holders.items()) if holder == job_id]:
-            del self.holders[held]  # an earlier prepare of this job, never settled
+            self.holders.pop(held, None)  # an earlier prepare of this job, never settled
         name = self._ready(limits, job_id)
         ready = name is not None
         slot = 0
