@@ -10,7 +10,7 @@ the job, so that the job and all its descendants are born inside (docs/isolation
 - `cgroup_procs` (the cgroup backend): the caller writes its own pid into each
   `cgroup.procs` file (one per v1 hierarchy, or the one v2 group).
 - `systemd_scope` (the systemd backend): the caller asks systemd, over the manager's D-Bus
-  API, for a transient scope in the job's (CPU) slice with itself as its process
+  API, for a transient scope in the job's (slot) slice with itself as its process
   (`StartTransientUnit`, `PIDs=[own pid]`), and waits for the start job to finish: what
   `systemd-run --scope` does for itself before it execs, without a second program.
 

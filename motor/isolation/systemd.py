@@ -442,21 +442,22 @@ def oom_verdict(control_group: str, signal: int | None, root: str = CGROUP_ROOT)
     of SIGKILL (not sent by its keeper: a timeout or cancel wins over OOM anyway) and the
     slice hit its limit (memory.failcnt > 0), or a kill counted in the slice itself.
     """
-    rel = control_group.lstrip("/")
-    for base in (root, os.path.join(root, "unified")):
-        text = _try_read(os.path.join(base, rel, "memory.events"))
-        if text is not None and "oom_kill" in text:
-            kills = oom_kills_v2(text)
-            return {"oom_killed": bool(kills), "oom_kills": kills, "oom_rule": "v2 memory.events"}
-    group = os.path.join(root, "memory", rel)
-    control = _try_read(os.path.join(group, "memory.oom_control"))
-    kills = oom_kills_v1(control) if control is not None else None
+    c = slice_counters(control_group, root)
+    return _oom_rule(c["oom_kills"], c["oom_v2"], bool(c["failcnt"]), signal)
+
+
+def _oom_rule(kills: int | None, v2: bool, hit: bool, signal: int | None,
+              over_the_job: bool = False) -> dict:
+    """`oom_verdict`'s rules on a slice's kill count and whether it hit its limit: its
+    totals, or (`over_the_job`, `job_figures`) their growth over one job."""
+    over = ", growth over the job" if over_the_job else ""
+    if v2:
+        return {"oom_killed": bool(kills), "oom_kills": kills, "oom_rule": "v2 memory.events" + over}
     if kills:
-        return {"oom_killed": True, "oom_kills": kills, "oom_rule": "v1 memory.oom_control"}
-    fail = (_try_read(os.path.join(group, "memory.failcnt")) or "").strip()
-    hit = fail.isdigit() and int(fail) > 0
+        return {"oom_killed": True, "oom_kills": kills, "oom_rule": "v1 memory.oom_control" + over}
     return {"oom_killed": hit and signal == _signal.SIGKILL, "oom_kills": kills,
-            "oom_rule": "v1: SIGKILL after the slice hit its limit"}
+            "oom_rule": "v1: SIGKILL after the slice hit its limit"
+                        + (" during the job" if over_the_job else "")}
 
 
 def unified_usage_usec(control_group: str, root: str = CGROUP_ROOT) -> int | None:
@@ -512,18 +513,9 @@ def job_figures(before: dict, after: dict, signal: int | None) -> dict:
     now), so there it is a kill counted in the slice, or SIGKILL after the slice hit its
     limit during the job."""
     usec = _grew(before, after, "usage_usec")
-    kills = _grew(before, after, "oom_kills")
-    facts: dict[str, Any] = {"cpu_time_ms": None if usec is None else usec // 1000,
-                             "oom_kills": kills}
-    if after.get("oom_v2"):
-        facts.update(oom_killed=bool(kills), oom_rule="v2 memory.events, growth over the job")
-    elif kills:
-        facts.update(oom_killed=True, oom_rule="v1 memory.oom_control, growth over the job")
-    else:
-        hit = bool(_grew(before, after, "failcnt"))
-        facts.update(oom_killed=hit and signal == _signal.SIGKILL,
-                     oom_rule="v1: SIGKILL after the slice hit its limit during the job")
-    return facts
+    return {"cpu_time_ms": None if usec is None else usec // 1000,
+            **_oom_rule(_grew(before, after, "oom_kills"), bool(after.get("oom_v2")),
+                        bool(_grew(before, after, "failcnt")), signal, over_the_job=True)}
 
 
 def slice_ran(control_group: str, root: str = CGROUP_ROOT) -> bool | None:
@@ -821,7 +813,7 @@ class SystemdBackend(Backend):
 
     def sweep(self, known: set[str], owned: set[str] | None = None) -> list[str]:
         """Stop every job unit (`<parent>-j*.slice` and `<parent>-j*.scope`) whose job the
-        store does not know (and, given `owned`, that is a job of this state dir). The CPU
+        store does not know (and, given `owned`, that is a job of this state dir). The slot
         slices stay. Never raises."""
         def units(job_ids):
             names = set()

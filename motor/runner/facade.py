@@ -330,10 +330,10 @@ class Runner:
             restarts = sup.restarts_in_window()
             if not restarts:
                 # crashed this moment, its restart not under way yet (not yet counted)
-                for child, exc in sup.crashed_unhandled().items():
+                crash = next(iter(sup.crashed_unhandled().items()), None)
+                if crash is not None:
                     out.append({"subsystem": name, "restarts": 0,
-                                "cause": f"{child} crashed: {exc!r}; restarting"})
-                    break
+                                "cause": f"{crash[0]} crashed: {crash[1]!r}; restarting"})
                 continue
             child, exc = sup.last_failure or (name, None)
             out.append({
