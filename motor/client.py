@@ -217,6 +217,14 @@ def _raw_line(line: str) -> dict | None:
     return event if isinstance(event, dict) and isinstance(event.get("event"), str) else None
 
 
+def _is_terminal(event: Any) -> bool:
+    """A stream's last event: `terminal` (a decoded Terminal, or the wire's dict)."""
+    if isinstance(event, dict):
+        return event.get("event") == "terminal"
+    return getattr(type(event), "__struct_config__", None) is not None \
+        and type(event).__struct_config__.tag == "terminal"
+
+
 # --- a lean HTTP/1.1 client (the synchronous Client's transport) --------------------------
 
 
@@ -349,19 +357,39 @@ class _Response:
     def text(self) -> str:
         return self.read().decode("utf-8", "replace")
 
-    def close(self) -> None:
+    def close(self, *, last_event_read: bool = False) -> None:
+        """`last_event_read`: the caller read an event stream's last event (`terminal`),
+        which the runner follows at once with the chunked body's end: the connection goes
+        back to the wire with that end still to read (`ended_quietly`, by the next request
+        that takes it), so a client that follows one job after another keeps one
+        connection, and a closing one (the CLI's) waits for nothing."""
         if not self._closed:
             self._closed = True
             if self._owners is not None:
                 self._owners.discard(self)
-            if (self._eof and self._mode != "close" and self._wire is not None
+            if (self._mode != "close" and self._wire is not None
                     and "close" not in self.headers.get("connection", "").lower()):
-                self._wire.give(self._sock, self._reader)
-                return
+                if self._eof:
+                    self._wire.give(self._sock, self._reader)
+                    return
+                if last_event_read and self._mode == "chunked":
+                    self._wire.give(self._sock, self._reader, rest=self)
+                    return
             try:
                 self._reader.close()
             finally:
                 self._sock.close()
+
+    def ended_quietly(self, timeout: float) -> bool:
+        """Read what is left of the body, within `timeout`: whether it ended with no data
+        left in it (else, or on any error, the connection is not to be used again)."""
+        try:
+            self._sock.settimeout(timeout)
+            for _ in self.iter_bytes():
+                return False  # more after the stream's last event: not a body we know
+        except (TransportError, OSError):
+            return False
+        return self._eof
 
 
 class _Wire:
@@ -380,13 +408,18 @@ class _Wire:
     #: how long an idle connection is kept for the next request (the runner closes one
     #: idle for 5 s)
     REUSE_S = 1.0
+    #: how long the next request waits for the end of an event stream's body that was
+    #: left after its last event (the runner sends it right after; past this, or with
+    #: anything else in it, the connection is dropped and a new one made)
+    REST_S = 1.0
 
     def __init__(self, socket_path: str | os.PathLike | None, base_url: str, headers: dict[str, str],
                  timeout: float | None):
         self.socket_path = socket_path
         self.timeout = timeout
         self.headers = dict(headers)
-        self._idle: tuple[Any, Any, float] | None = None  # (socket, reader, since)
+        # (socket, reader, since, the response whose body's end is still to read or None)
+        self._idle: tuple[Any, Any, float, Any] | None = None
         if socket_path is not None:  # the Unix socket: no URL to parse (urllib.parse is not cheap)
             self.scheme, self.host, self.port, self.prefix, self.host_header = "http", "localhost", 80, "", "motor"
             return
@@ -512,8 +545,9 @@ class _Wire:
         idle, self._idle = self._idle, None
         if idle is None:
             return None
-        sock, reader, since = idle
-        if time.monotonic() - since > self.REUSE_S:
+        sock, reader, since, rest = idle
+        if time.monotonic() - since > self.REUSE_S or (
+                rest is not None and not rest.ended_quietly(self.REST_S)):
             self._drop(sock, reader)
             return None
         try:
@@ -529,15 +563,16 @@ class _Wire:
         self._drop(sock, reader)  # closed by the runner (b""), or bytes no request asked for
         return None
 
-    def give(self, sock: Any, reader: Any) -> None:
-        """A connection whose response was read to its end, for the next request (not a
-        TLS one: its look ahead would need the TLS layer)."""
+    def give(self, sock: Any, reader: Any, rest: "_Response | None" = None) -> None:
+        """A connection whose response was read to its end (or, with `rest`, to an event
+        stream's last event: the body's end is read when the connection is taken), for the
+        next request (not a TLS one: its look ahead would need the TLS layer)."""
         if self.scheme == "https":
             self._drop(sock, reader)
             return
         if self._idle is not None:
             self._drop(*self._idle[:2])
-        self._idle = (sock, reader, time.monotonic())
+        self._idle = (sock, reader, time.monotonic(), rest)
 
     @staticmethod
     def _drop(sock: Any, reader: Any) -> None:
@@ -674,6 +709,7 @@ class EventStream:
         self.response = response
         self._lines: Iterator[str] | None = None
         self._decode = _raw_line if raw else _decode_line
+        self._last_read = False  # the stream's last event (terminal) was read
 
     def __iter__(self) -> "EventStream":
         return self
@@ -685,16 +721,20 @@ class EventStream:
             while True:
                 event = self._decode(next(self._lines))
                 if event is not None:
+                    self._last_read = _is_terminal(event)
                     return event
         except StopIteration:
             self.close()
             raise
         except TransportError as exc:
+            self._last_read = False
             self.close()
             raise RunnerUnavailable(f"lost the connection to the runner at {self._client.where}: {exc}") from exc
 
     def close(self) -> None:
-        self.response.close()
+        """Close the stream. After its last event (`terminal`) its connection is kept for
+        the client's next request (`_Response.close`)."""
+        self.response.close(last_event_read=self._last_read)
 
     def __enter__(self) -> "EventStream":
         return self

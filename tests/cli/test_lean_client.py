@@ -289,10 +289,31 @@ class KeepAliveServer:
                     buf += conn.recv(65536)
                 buf = buf[want:]
                 self.lines.append(head.split(b"\r\n")[0])
+                if b"follow=1" in self.lines[-1]:
+                    conn.sendall(self._stream(len(self.lines)))
+                    continue
                 body = b'{"n": %d}' % len(self.lines)
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
         except OSError:
             return
+
+    #: what a follow's chunked NDJSON body has after its terminal event: its end ("end",
+    #: as the runner sends it), one more event and its end ("more"), or nothing ("hold")
+    after_terminal = "end"
+
+    def _stream(self, n: int) -> bytes:
+        def chunk(data: bytes) -> bytes:
+            return b"%x\r\n%s\r\n" % (len(data), data)
+
+        out = (b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n"
+               + chunk(b'{"event": "accepted", "n": %d}\n' % n)
+               + chunk(b'{"event": "terminal", "n": %d}\n' % n))
+        if self.after_terminal == "more":
+            out += chunk(b'{"event": "output", "n": %d}\n' % n)
+        if self.after_terminal != "hold":
+            out += b"0\r\n\r\n"
+        return out
 
     def close_open(self) -> None:
         for conn in self.open:
@@ -334,6 +355,55 @@ def test_requests_one_after_another_share_one_kept_connection(tmp_path, monkeypa
         server.close()
 
 
+def _follow_to_terminal(client: Client, raw: bool = True) -> list:
+    """Follow a submit as `motor run` and bench/latency.py do: stop at the terminal event."""
+    seen = []
+    with client.submit({"command": ["true"]} if raw else JobRequest(command=["true"], weight_hint=1),
+                       follow=True, raw=raw) as stream:
+        for event in stream:
+            seen.append(event)
+            if (event.get("event") if raw else type(event).__name__.lower()) == "terminal":
+                break
+    return seen
+
+
+def test_a_stream_left_at_its_terminal_event_leaves_its_connection_to_the_next_request(
+        tmp_path, monkeypatch):
+    """Issue 14: a follow left at its last event (terminal), the body's end not yet read,
+    keeps its connection: the next request reads that end, then goes over it. Anything
+    else after the terminal event, or no end within `REST_S`, and the next request goes
+    over a new connection (and is answered); so does one after a stream left before its
+    terminal event."""
+    from motor.client import _Wire
+
+    server = KeepAliveServer(tmp_path / "k.sock")
+    try:
+        with Client(server.path) as client:
+            assert [e["n"] for e in _follow_to_terminal(client)] == [1, 1]
+            assert [e["n"] for e in _follow_to_terminal(client)] == [2, 2]
+            assert client.call("GET", "/v1/health") == {"n": 3}
+            assert server.connections == 1
+
+            server.after_terminal = "more"
+            assert [e["n"] for e in _follow_to_terminal(client)] == [4, 4]
+            assert client.call("GET", "/v1/health") == {"n": 5}
+            assert server.connections == 2
+
+            server.after_terminal = "hold"
+            monkeypatch.setattr(_Wire, "REST_S", 0.05)
+            assert [e["n"] for e in _follow_to_terminal(client)] == [6, 6]
+            assert client.call("GET", "/v1/health") == {"n": 7}
+            assert server.connections == 3
+
+            server.after_terminal = "end"
+            with client.submit({"command": ["true"]}, follow=True, raw=True) as stream:
+                assert next(stream)["event"] == "accepted"  # left before its terminal event
+            assert client.call("GET", "/v1/health") == {"n": 9}
+            assert server.connections == 4
+    finally:
+        server.close()
+
+
 def test_a_connection_the_runner_closes_is_not_kept(one_shot):
     """A response that says `Connection: close` (the one-shot server's) leaves nothing
     kept: each request connects anew and is answered."""
@@ -360,6 +430,24 @@ def test_a_client_submitting_to_a_real_runner_keeps_one_connection(serve, monkey
         assert len(made) == 1
     for job_id in ids:
         assert serve.cli("attach", job_id).returncode == 0
+
+
+def test_jobs_followed_one_after_another_through_a_real_runner_keep_one_connection(
+        serve, monkeypatch):
+    """Through `motor serve`: five submits followed to their terminal events (left there,
+    as `motor run` leaves them), decoded and raw, then a status read, over one connection;
+    every job succeeded."""
+    from motor.client import _Wire
+
+    made = []
+    connect = _Wire._connect
+    monkeypatch.setattr(_Wire, "_connect", lambda self: made.append(1) or connect(self))
+    with Client(serve.socket) as client:
+        ends = [_follow_to_terminal(client, raw=i % 2 == 0)[-1] for i in range(5)]
+        client.status()
+        assert len(made) == 1
+    states = [e["record"]["state"] if isinstance(e, dict) else e.record["state"] for e in ends]
+    assert states == ["succeeded"] * 5
 
 
 def test_bundle_upload_and_follow_against_a_real_runner(serve, tmp_path):
