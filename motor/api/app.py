@@ -396,6 +396,12 @@ class MotorApp:
         # the runner validates the request (records.validate_request, once, in the dispatcher)
         # and refuses it bad_request: the same answer for the API and embedded callers
         record = await self.runner.submit(req, follow=follow)
+        # A job that starts at once had its actor started in the dispatcher's turn that
+        # answered: let it take its turn (the job directory, spec.json, keeperd's request)
+        # before this answer is written, not after it at random (trio runs the tasks made
+        # runnable together in either order): the answer waits about as long as the start
+        # would have, the start no longer waits for the answer
+        await trio.lowlevel.cancel_shielded_checkpoint()
         if follow:
             await self._stream_events(receive, send, 202, self.runner.follow(record.job_id))
         else:
