@@ -34,7 +34,9 @@ In the same round, interleaved, it runs `latency.sh bare` and `latency.sh tsp` (
 the peers' `setup.sh`; a peer that cannot run is reported on a `#` line and skipped).
 `--baseline-root DIR` also times `motor run -- date` and `motor status --help` with the
 motor package found in DIR (e.g. an older checkout: `git archive REV | tar -x -C DIR`)
-against the same runner, as peer=motor-baseline.
+against the same runner, as peer=motor-baseline; and, in the same round right after this
+checkout's, `start_latency` and `api_run_wall` with DIR's client against a runner of DIR's
+(a child process of this script that imports DIR's motor), as peer=motor-baseline.
 
 Before measuring, the motor package (and the baseline's) is byte-compiled
 (`compileall`), as an installed package is: with PYTHONDONTWRITEBYTECODE set, every CLI
@@ -47,6 +49,7 @@ shows the medians over rounds of each round's median.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import statistics
@@ -63,7 +66,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PEERS = next((p for p in (ROOT.parent / "shared" / "bench" / "peers",
                           ROOT.parent.parent / "shared" / "bench" / "peers") if p.exists()),
              ROOT.parent / "shared" / "bench" / "peers")
-sys.path.insert(0, str(ROOT))
+#: the motor this process imports and whose runner it starts: this checkout's, or, in the
+#: `--api-only` child that `--baseline-root` runs, the baseline's (its client and runner)
+MOTOR_ROOT = Path(os.environ.get("LATENCY_MOTOR_ROOT") or ROOT).resolve()
+sys.path.insert(0, str(MOTOR_ROOT))
 
 from motor.client import Client  # noqa: E402
 from motor.records import JobRequest, Output, Terminal  # noqa: E402
@@ -90,7 +96,8 @@ def start_runner(tmp: Path, isolation: str) -> tuple[subprocess.Popen, Path]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "motor", "serve", "--state-dir", str(state), "--max-weight", "2",
          "--free-space-floor-bytes", "0", "--isolation", isolation],
-        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=motor_env())
+        stdout=log, stderr=subprocess.STDOUT, cwd=MOTOR_ROOT,
+        env=motor_env(None if MOTOR_ROOT == ROOT else MOTOR_ROOT))
     log.close()
     sock = state / "motor.sock"
     deadline = time.monotonic() + 60
@@ -205,23 +212,59 @@ def peer_latency(peer: str, samples: int, gap: float) -> float | None:
     return float(dict(kv.split("=", 1) for kv in line.split())["value"])
 
 
+def api_samples(sock: Path, samples: int, gap: float) -> tuple[list[float], list[float]]:
+    """`start_latency` and `api_run_wall` samples against the runner on `sock`, one client."""
+    with Client(sock, timeout=60) as client:
+        client.health()
+        api_latency(client, 0)  # warm: first workspace creation, first spawn
+        lat: list[float] = []
+        round_trip: list[float] = []
+        for i in range(samples):
+            time.sleep(gap)
+            lat.append(api_latency(client, i, round_trip))
+    return lat, round_trip
+
+
+def api_only(args) -> None:
+    """The `--api-only` child: a runner of MOTOR_ROOT's motor, its samples as JSON."""
+    with tempfile.TemporaryDirectory(prefix="motor-lat-") as tmp:
+        proc, sock = start_runner(Path(tmp), args.isolation)
+        try:
+            lat, round_trip = api_samples(sock, args.samples, args.gap)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    print(json.dumps({"start_latency": lat, "api_run_wall": round_trip}))
+
+
+def emit_api(peer: str, lat: list[float], round_trip: list[float], args,
+             medians: dict[str, list[float]]) -> None:
+    extra = f"isolation={args.isolation} via=api"
+    medians.setdefault(f"{peer} start_latency", []).append(
+        emit(peer, "start_latency", lat, extra=extra))
+    medians.setdefault(f"{peer} api_run_wall", []).append(
+        emit(peer, "api_run_wall", round_trip, extra=extra))
+
+
+def baseline_api_round(args, medians: dict[str, list[float]]) -> None:
+    """The same API samples with the baseline's client and runner (a child process that
+    imports the baseline's motor), as peer=motor-baseline."""
+    base = Path(args.baseline_root).resolve()
+    out = subprocess.run(
+        [sys.executable, __file__, "--api-only", "--samples", str(args.samples),
+         "--gap", str(args.gap), "--isolation", args.isolation],
+        env={**motor_env(base), "LATENCY_MOTOR_ROOT": str(base)}, capture_output=True, check=True)
+    got = json.loads(out.stdout.decode().splitlines()[-1])
+    emit_api("motor-baseline", got["start_latency"], got["api_run_wall"], args, medians)
+
+
 def motor_round(args, medians: dict[str, list[float]]) -> None:
     with tempfile.TemporaryDirectory(prefix="motor-lat-") as tmp:
         proc, sock = start_runner(Path(tmp), args.isolation)
         try:
-            with Client(sock, timeout=60) as client:
-                client.health()
-                api_latency(client, 0)  # warm: first workspace creation, first spawn
-                lat: list[float] = []
-                round_trip: list[float] = []
-                for i in range(args.samples):
-                    time.sleep(args.gap)
-                    lat.append(api_latency(client, i, round_trip))
-            key = "motor start_latency"
-            medians.setdefault(key, []).append(
-                emit("motor", "start_latency", lat, extra=f"isolation={args.isolation} via=api"))
-            medians.setdefault("motor api_run_wall", []).append(
-                emit("motor", "api_run_wall", round_trip, extra=f"isolation={args.isolation} via=api"))
+            emit_api("motor", *api_samples(sock, args.samples, args.gap), args, medians)
+            if args.baseline_root:
+                baseline_api_round(args, medians)
 
             run_args = ["run", "--socket", str(sock), "--", "date"]
             # (peer, the command before its arguments, the python it runs on, cwd, env)
@@ -282,7 +325,11 @@ def main() -> None:
     ap.add_argument("--isolation", default="affinity")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--baseline-root", metavar="DIR")
+    ap.add_argument("--api-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.api_only:
+        api_only(args)
+        return
     fs_note()
     byte_compile(ROOT)
     if args.baseline_root:
