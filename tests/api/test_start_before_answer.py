@@ -3,10 +3,11 @@ API writes the submit's answer.
 
 The dispatcher's turn that answers a submit also starts the job's actor when the job can
 start at once; trio runs the tasks made runnable together in either order, so the answer
-(0.3-0.45 ms of h11 and socket work) went before the job's start about half of the time.
-The app now yields once before it answers. Driven through the real embedded runner and its
-ASGI app in-process, twenty submits one after another, half of them followed: without the
-yield, the chance that every one has its spawn first is about one in a million.
+(0.3-0.7 ms of h11 and socket work in `motor serve`) went before the job's start about half
+of the time. The app now yields once before it answers. Driven through the real embedded
+runner and its ASGI app in-process, twenty submits one after another, half of them
+followed: without the yield, the chance that every one has its spawn first is about one in
+a million.
 """
 
 from __future__ import annotations
