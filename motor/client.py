@@ -221,8 +221,7 @@ def _is_terminal(event: Any) -> bool:
     """A stream's last event: `terminal` (a decoded Terminal, or the wire's dict)."""
     if isinstance(event, dict):
         return event.get("event") == "terminal"
-    return getattr(type(event), "__struct_config__", None) is not None \
-        and type(event).__struct_config__.tag == "terminal"
+    return getattr(getattr(type(event), "__struct_config__", None), "tag", None) == "terminal"
 
 
 # --- a lean HTTP/1.1 client (the synchronous Client's transport) --------------------------

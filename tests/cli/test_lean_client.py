@@ -362,7 +362,7 @@ def _follow_to_terminal(client: Client, raw: bool = True) -> list:
                        follow=True, raw=raw) as stream:
         for event in stream:
             seen.append(event)
-            if (event.get("event") if raw else type(event).__name__.lower()) == "terminal":
+            if (event.get("event") if raw else event.__struct_config__.tag) == "terminal":
                 break
     return seen
 
