@@ -119,7 +119,7 @@ def _saved(effect, ride: list | None):
 
 
 def _save_failed(effect, saves, exc: StoreFull, job):
-    if effect.purpose != "accept":
+    if effect.purpose not in ("accept", "admit"):  # a refused submit: its answer says it
         log.warning("dispatcher: %s %s (%s%s) not recorded yet: %s",
                     saves[0].record.job_id, saves[0].record.state, effect.purpose,
                     f", {len(saves)} jobs" if len(saves) > 1 else "", exc)

@@ -22,7 +22,7 @@ their answers come in, so queue order stays job-id order, as recovery rebuilds i
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
@@ -167,14 +167,19 @@ class SaveRecord:
     record: JobRecord
     events: tuple = ()
     retain_until_ms: int | None = None
-    purpose: str = "defer"  # "accept" | "start" | "defer" | "flush" | "clock"
-    token: Any = None  # accept: the submitter's deferred reply
+    #: "accept" | "admit" (accept and start in one save) | "start" | "defer" | "flush" | "clock"
+    purpose: str = "defer"
+    token: Any = None  # accept, admit: the submitter's deferred reply
     #: clock, accept: the clock's course saved (accept: None while it awaits its bundles)
     running: bool | None = None
     #: clock: write the clock alone, not the record (the store's `ClockSave`, issue 14)
     clock_only: bool = False
     #: clock, accept: the clock's value saved and the core time of that value
     clock_at: tuple[float, float] | None = None
+    #: accept: the starts were decided with the job in its queue (no decision after it)
+    decided: bool = False
+    #: admit: the record as accepted (queued), the submitter's answer; `record` is its start
+    accepted: Any = field(default=None, compare=False, repr=False)
 
     @property
     def store_write(self) -> tuple:
@@ -264,6 +269,9 @@ class DispatchMachine:
     admitting: dict[str, _Admission] = field(default_factory=dict)
     #: {job_id: the queued record} of jobs being placed and saved as `setup`
     starting: dict[str, JobRecord] = field(default_factory=dict)
+    #: {job_id: its accept's SaveRecord} of jobs in `starting` accepted in this message: their
+    #: accept is saved with their start ("admit"), once placed
+    admitted: dict[str, "SaveRecord"] = field(default_factory=dict)
     #: {job_id: (queue_clock_running, value s, core time of the value)} as last persisted
     clock_saved: dict[str, tuple[bool, float, float]] = field(default_factory=dict)
     #: queued jobs whose clock may differ from what was persisted
@@ -304,11 +312,20 @@ class DispatchMachine:
 
     def _after(self, now: float) -> list:
         """After every event that may change the core: start the heads that can start."""
+        return [*self._place(self.core.decide(now)), Continue(Settle())]
+
+    def _place(self, starts: list, accept: "SaveRecord | None" = None) -> list:
+        """Place the CPUs of `starts` (decided), in order; `accept`: the job being admitted,
+        not queued yet, which may be one of them."""
         effects: list = []
-        for start in self.core.decide(now):
-            self.starting[start.job_id] = self.queued.pop(start.job_id)
+        for start in starts:
+            if accept is not None and start.job_id == accept.record.job_id:
+                self.starting[start.job_id] = accept.record
+                self.admitted[start.job_id] = accept
+            else:
+                self.starting[start.job_id] = self.queued.pop(start.job_id)
             effects.append(PlaceCpus(start.job_id, start.claim))
-        return [*effects, Continue(Settle())]
+        return effects
 
     def _on_Settle(self, event, now, wall_ms):
         wakeup = self.core.next_wakeup(now)
@@ -376,7 +393,8 @@ class DispatchMachine:
         """Complete the first admission if its disk answer is in: admissions complete in
         job-id order (queue order is arrival order), ONE at a time: the next is admitted
         once this one's record is saved (or it is refused), so at most one accepted job is
-        in the core and not yet recorded, and no start is decided while it is."""
+        in the core and not yet recorded, and the only starts decided while it is are those
+        of its own admission (`_admit`)."""
         effects: list = []
         while self.admitting:
             job_id, first = next(iter(self.admitting.items()))
@@ -384,7 +402,7 @@ class DispatchMachine:
                 break
             del self.admitting[job_id]
             effects += self._admit(job_id, first, now, wall_ms)
-            if isinstance(effects[-1], SaveRecord):  # the next one after its answer
+            if isinstance(effects[-1], (SaveRecord, Continue)):  # the next after its save
                 break
         return effects
 
@@ -401,30 +419,51 @@ class DispatchMachine:
         # Bundle present (verified, pinned): it joins its queue now and its clock starts,
         # saved with its record (issue 14: not a second save of the same record right after
         # it). Missing: it waits, accepted and counted in max_queue_depth, until the upload
-        # arrives (BundleArrived); its clock starts then. No start is decided before the
-        # record is saved (`_after` runs after SaveDone), and a refused save cancels it.
+        # arrives (BundleArrived); its clock starts then; no start is decided before its
+        # record is saved (`_after` runs after SaveDone). A refused save cancels it.
         running = None
         if pending.answer.bundle_present or pending.bundle_arrived:
             self.core.ready(job_id, now)
             running = self.core.clock_state(job_id, now)[1]
             record = msgspec.structs.replace(record, queue_wait_ms=0, queue_clock_at_ms=wall_ms,
                                              queue_clock_running=running, ready_at_ms=wall_ms)
-        return [SaveRecord(record, tuple(accepted_events(record, self.settings)),
-                           purpose="accept", token=pending.token, running=running,
-                           clock_at=None if running is None else (0.0, now))]
+        accept = SaveRecord(record, tuple(accepted_events(record, self.settings)),
+                            purpose="accept", token=pending.token, running=running,
+                            clock_at=None if running is None else (0.0, now))
+        if running is None:
+            return [accept]
+        # In its queue: the starts are decided now, not after the save (issue 14). If it is
+        # one of them, its accept is saved with its start, once placed ("admit": one commit
+        # on an idle runner's start path, not two); a refused save undoes both. Otherwise
+        # its accept is saved after the other starts' placements, with nothing more to
+        # decide after it. (Another job can only be among them if it could start before
+        # this one came: a job joining a queue frees nothing.)
+        effects = self._place(self.core.decide(now), accept)
+        if job_id in self.admitted:
+            return [*effects, Continue(Settle()), Continue(AdmitNext())]
+        return [*effects, replace(accept, decided=True)]
 
     def _accept_saved(self, save: SaveRecord, now) -> list:
         record = save.record
         self.queued[record.job_id] = record
         if save.running is not None:  # its clock, as saved with it
             self.clock_saved[record.job_id] = (save.running, *save.clock_at)
-        return [Reply(save.token, record), *self._after(now), Continue(AdmitNext())]
+        after = [Continue(Settle())] if save.decided else self._after(now)
+        return [Reply(save.token, record), *after, Continue(AdmitNext())]
 
     def _accept_failed(self, failed: SaveFailed, now) -> list:
         # not recorded, so not accepted: undo the core's accept (and its joining a queue)
-        self.core.cancel(failed.save.record.job_id, now)
-        return [NoteRefused("runner_disk_full"), Reply(failed.save.token, disk_full_refusal(
-            failed.detail, self.settings, failed.free_bytes)), Continue(AdmitNext())]
+        save = failed.save
+        job_id = save.record.job_id
+        effects: list = [NoteRefused("runner_disk_full"), Reply(save.token, disk_full_refusal(
+            failed.detail, self.settings, failed.free_bytes))]
+        if save.purpose == "admit":  # its start too: Settle and AdmitNext follow already
+            del self.starting[job_id]
+            self.core.start_failed(job_id, now)
+            self.core.cancel(job_id, now)
+            return [ReleaseCpus(job_id), *effects]
+        self.core.cancel(job_id, now)
+        return [*effects, Continue(AdmitNext())]
 
     # -- answers of the shell's effects -----------------------------------------------------------
 
@@ -436,6 +475,10 @@ class DispatchMachine:
             queue_wait_ms=status.queue_wait_ms, waiting_on=None, waiting_on_job=None,
             waiting_detail=None, queue_clock_running=False)
         self.clock_saved.pop(event.job_id, None)
+        accept = self.admitted.pop(event.job_id, None)
+        if accept is not None:  # accepted in this message: its accept goes with its start
+            return [SaveRecord(setup, accept.events, purpose="admit", token=accept.token,
+                               accepted=accept.record)]
         return [SaveRecord(setup, purpose="start")]
 
     def _on_SaveDone(self, event: SaveDone, now, wall_ms):
@@ -453,11 +496,13 @@ class DispatchMachine:
         job_id = save.record.job_id
         if save.purpose == "accept":
             return self._accept_saved(save, now)
-        if save.purpose == "start":
+        if save.purpose in ("start", "admit"):
             del self.starting[job_id]
             self.unsaved.pop(job_id, None)  # superseded (a deferred requeue)
             self.active.add(job_id)
-            return [StartJobActor(job_id, save.record)]
+            started = StartJobActor(job_id, save.record)
+            return [Reply(save.token, save.accepted), started] if save.purpose == "admit" \
+                else [started]
         if save.purpose == "flush":
             current = self.unsaved.get(job_id)
             if current is not None and current.record is save.record:  # not superseded
@@ -470,7 +515,7 @@ class DispatchMachine:
         if isinstance(save, SaveClocks):  # a full state fs: the clocks are persisted next time
             return []
         job_id = save.record.job_id
-        if save.purpose == "accept":
+        if save.purpose in ("accept", "admit"):
             return self._accept_failed(event, now)
         if save.purpose == "start":  # nothing runs unrecorded: back to its queue, retry later
             record = self.starting.pop(job_id)

@@ -21,7 +21,7 @@ from motor.disk.messages import Admit, HasBundle
 from motor.execution.actor import JobDeps
 from motor.handles import AccountingHandle, CpuHandle, DiskHandle, Records, StoreHandle
 from motor.handles import DispatcherHandle
-from motor.records import JobRecord, JobRequest, Terminal, public_record
+from motor.records import JobRecord, JobRequest, Terminal, decode_event, public_record
 from motor.scheduling.actor import DispatchDeps, Dispatcher
 from motor.scheduling.core import retry_delay_s
 from motor.store.actor import StoreActor
@@ -265,14 +265,27 @@ async def test_a_submit_behind_an_admission_in_cleanup_waits_for_it_in_arrival_o
         nursery.cancel_scope.cancel()
 
 
+def hold_capacity(world: World) -> JobRecord:
+    """A running job (recorded, its actor running) that holds max_weight 2 at start-up."""
+    running = JobRecord(job_id=uuid7(world.clock.now_ms()), state="running", workspace="old",
+                        claim=2, cpus=[0], command=["make"], accepted_at_ms=world.clock.now_ms())
+    world.db.save(running)
+    world.execution.running.add(running.job_id)
+    return running
+
+
 async def test_a_start_the_store_cannot_record_goes_back_to_its_queue(tmp_path, autojump_clock):
-    """The store refuses the `setup` save (state fs full): nothing runs unrecorded, the CPUs
-    placed are released and the job waits in its queue; it starts once the store has room."""
+    """The store refuses the `setup` save of a queued job (state fs full): nothing runs
+    unrecorded, the CPUs placed are released and the job waits in its queue; it starts once
+    the store has room."""
     async with trio.open_nursery() as nursery:
         world = World(tmp_path, nursery)
+        running = hold_capacity(world)
         dispatcher = await world.start()
+        record = await dispatcher.submit(request())  # it waits: accepted, recorded
+        assert world.state(record.job_id) == "queued"
         world.db.full_for = "setup"
-        record = await dispatcher.submit(request())
+        await dispatcher.finished(running.job_id)
         await trio.testing.wait_all_tasks_blocked()
         assert world.cpu.kinds() == ["Place", "Release"]
         assert world.state(record.job_id) == "queued" and world.execution.started == []
@@ -288,14 +301,54 @@ async def test_a_start_the_store_cannot_record_goes_back_to_its_queue(tmp_path, 
         nursery.cancel_scope.cancel()
 
 
-async def test_a_submit_the_store_cannot_record_is_refused_disk_full(tmp_path, autojump_clock):
+async def test_a_job_that_starts_at_its_admission_is_accepted_and_started_in_one_save(
+        tmp_path, autojump_clock):
+    """Issue 14: on an idle runner a submit's accept and its start are one commit (the
+    record is saved as `setup`, with the accept's events), answered with the record as
+    accepted. If the store refuses that save (state fs full), the submit is refused
+    runner_disk_full and nothing is left of it: no record, no CPUs, no permits, no actor;
+    the next submit, once there is room, starts."""
     async with trio.open_nursery() as nursery:
         world = World(tmp_path, nursery)
+        dispatcher = await world.start()
+        commits = world.db.commits
+        record = await dispatcher.submit(request())
+        await trio.testing.wait_all_tasks_blocked()
+        assert record.state == "queued" and world.state(record.job_id) == "setup"
+        assert world.db.commits == commits + 1 and world.execution.started == [record.job_id]
+        events = world.db.events_from(record.job_id, 0)
+        assert [type(decode_event(e)).__name__ for e in events] == ["Accepted", "Queued"]
+        await dispatcher.finished(record.job_id)
+
+        world.db.full_for = "setup"
+        refusal = await dispatcher.submit(request())
+        await trio.testing.wait_all_tasks_blocked()
+        assert refusal.code == "runner_disk_full" and "full" in refusal.detail
+        assert [r.job_id for r in world.db.live()] == [record.job_id]  # (its actor is fake)
+        assert world.execution.started == [record.job_id]
+        assert world.cpu.kinds() == ["Place", "Place", "Release"]  # (the first: its actor's)
+        status = await dispatcher.status_view()
+        assert status["queued"] == [] and status["active"] == []
+        assert status["capacity"]["held_permits"] == 0 and status["capacity"]["pending_jobs"] == 0
+
+        world.db.full_for = None
+        again = await dispatcher.submit(request())
+        await trio.testing.wait_all_tasks_blocked()
+        assert world.state(again.job_id) == "setup"
+        assert world.execution.started == [record.job_id, again.job_id]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_submit_the_store_cannot_record_is_refused_disk_full(tmp_path, autojump_clock):
+    """A submit that would wait (its accept saved alone, as `queued`) and the store full."""
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery)
+        running = hold_capacity(world)
         dispatcher = await world.start()
         world.db.full_for = "queued"
         refusal = await dispatcher.submit(request())
         assert refusal.code == "runner_disk_full" and refusal.floor_bytes == 0
-        assert "full" in refusal.detail and world.db.live() == []
+        assert "full" in refusal.detail and world.db.live() == [world.db.get(running.job_id)]
         assert (await dispatcher.capacity())["pending_jobs"] == 0
         await trio.testing.wait_all_tasks_blocked()
         assert "AdmissionRefused" in world.accounting.kinds()

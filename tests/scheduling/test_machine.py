@@ -60,8 +60,12 @@ def test_a_submit_asks_the_disk_and_is_answered_only_when_the_disk_answers():
     shell.run(m.DiskAnswered("j1", None))
     [reply] = shell.of(m.Reply)
     assert reply.token == "t1" and reply.value.state == "queued" and reply.value.job_id == "j1"
-    assert [e.purpose for e in shell.of(m.SaveRecord)] == ["accept", "start"]
+    # it starts at once: its accept is saved with its start, one save (issue 14)
+    [save] = shell.of(m.SaveRecord)
+    assert save.purpose == "admit" and save.record.state == "setup" and save.accepted is reply.value
+    assert [type(e).__name__ for e in save.events] == ["Accepted", "Queued"]
     assert shell.of(m.StartJobActor) == [m.StartJobActor("j1")] and shell.machine.active == {"j1"}
+    assert shell.machine.starting == {} and shell.machine.admitted == {}
 
 
 def test_answers_out_of_order_still_queue_jobs_in_job_id_order():
@@ -89,9 +93,10 @@ def test_an_accepted_jobs_clock_is_saved_with_its_record_and_admissions_go_one_b
     done = shell.run(m.DiskAnswered("j1", None))  # all three complete in this message
     saves = [(e.record.job_id, e.purpose) for e in done
              if isinstance(e, (m.SaveRecord, m.SaveClocks)) for e in getattr(e, "saves", (e,))]
-    # j1 starts (weight 4 fills max_weight 4) once recorded; j2 and j3 wait, their clocks
-    # saved with their records: j2 paused behind j1 (its workspace's owner), j3 advancing
-    assert saves == [("j1", "accept"), ("j1", "start"), ("j2", "accept"), ("j3", "accept")]
+    # j1 starts (weight 4 fills max_weight 4), its accept and start one save; j2 and j3
+    # wait, their clocks saved with their records: j2 paused behind j1 (its workspace's
+    # owner), j3 advancing; each admitted after the save before it
+    assert saves == [("j1", "admit"), ("j2", "accept"), ("j3", "accept")]
     records = {e.record.job_id: e.record for e in shell.of(m.SaveRecord)}
     assert (records["j2"].queue_clock_running, records["j3"].queue_clock_running) == (False, True)
     assert records["j2"].queue_clock_at_ms == shell.wall_ms == records["j2"].ready_at_ms
@@ -135,20 +140,43 @@ def test_a_start_the_store_refuses_releases_its_cpus_and_requeues():
     shell = Shell(m.DispatchMachine.new(SETTINGS))
     submit(shell, "j1", "t1")
     shell.run(m.DiskAnswered("j1", None))
-    shell.run(m.Finished("j1"))
     submit(shell, "j2", "t2")
-    shell.full = False
     machine = shell.machine
-    # the accept is recorded, then the store fills before the start is
-    effects = machine.handle(m.DiskAnswered("j2", None), 0.0, 1)
-    [accept] = effects
-    follow = machine.handle(m.SaveDone(accept), 0.0, 1)
-    assert isinstance(follow[0], m.Reply) and isinstance(follow[1], m.PlaceCpus)
+    shell.run(m.DiskAnswered("j2", None))  # j1 holds max_weight: j2 is accepted, queued
+    assert list(machine.queued) == ["j2"]
+    # the store fills before j2's start is recorded
+    [place, settle] = machine.handle(m.Finished("j1"), 0.0, 1)[:2]
+    assert place == m.PlaceCpus("j2", 4) and settle == m.Continue(m.Settle())
     [save] = machine.handle(m.Placed("j2", [0, 1, 2, 3]), 0.0, 1)
     assert save.purpose == "start" and save.record.state == "setup"
     assert machine.handle(m.SaveFailed(save, "full", 0), 0.0, 1) == [m.ReleaseCpus("j2")]
     assert list(machine.queued) == ["j2"] and machine.queued["j2"].state == "queued"
     assert machine.core.statistics().held_permits == 0 and "j2" not in machine.active
+
+
+def test_an_admission_the_store_refuses_leaves_nothing_of_the_job_it_started():
+    """The accept and the start are one save ("admit"); refused, the submit is refused
+    runner_disk_full and the core is as if the job had never come: CPUs released, no
+    permits, nothing queued, and the rotation as it was (the next job starts the same)."""
+    shell = Shell(m.DispatchMachine.new(SETTINGS))
+    submit(shell, "j1", "t1")
+    shell.full = True
+    shell.run(m.DiskAnswered("j1", None))
+    machine = shell.machine
+    assert [type(e) for e in shell.done if not isinstance(e, (m.Continue, m.ArmTimer))] == [
+        m.PlaceCpus, m.SaveRecord, m.ReleaseCpus, m.NoteRefused, m.Reply]
+    [reply] = shell.of(m.Reply)
+    assert reply.token == "t1" and reply.value.code == "runner_disk_full"
+    stats = machine.core.statistics()
+    assert (stats.pending, stats.held_permits) == (0, 0)
+    assert (machine.starting, machine.admitted, machine.active, dict(machine.queued)) == (
+        {}, {}, set(), {})
+    assert machine.core.job_state("j1") is None
+    shell.full = False
+    submit(shell, "j2", "t2")
+    shell.run(m.DiskAnswered("j2", None))
+    assert [e.purpose for e in shell.of(m.SaveRecord)] == ["admit"]
+    assert shell.of(m.StartJobActor) == [m.StartJobActor("j2")] and machine.active == {"j2"}
 
 
 def test_a_cancel_the_store_cannot_record_stands_and_is_retried():

@@ -109,6 +109,13 @@ def test_submit_on_a_full_state_fs_is_refused_runner_disk_full_then_works_once_f
             body = resp.json()
             assert body["refused"] is True and body["code"] == "runner_disk_full"
             assert "full" in body["detail"]
+        # on this idle runner each was accepted and started in one save (docs/scheduling.md,
+        # "Admission and the disk"): refused, nothing of them is left, CPUs and permits free
+        status = http.get("/v1/status").json()
+        assert status["queued"] == [] and status["running"] == []
+        assert status["capacity"]["held_permits"] == 0 and status["capacity"]["pending_jobs"] == 0
+        assert [j["job_id"] for j in http.get("/v1/jobs?all=1").json()] == [
+            first.json()["job_id"]]
         health = http.get("/v1/health")
         assert health.status_code == 200 and health.json()["status"] == "degraded"
         assert any(d["subsystem"] == "store" and "full" in d["cause"]
