@@ -461,9 +461,11 @@ class DispatchMachine:
             del self.starting[job_id]
             self.core.start_failed(job_id, now)
             self.core.cancel(job_id, now)
-            return [ReleaseCpus(job_id), *effects]
+            return [ReleaseCpus(job_id), *effects, *self._place(self.core.decide(now))]
         self.core.cancel(job_id, now)
-        return [*effects, Continue(AdmitNext())]
+        # decided before its save (`_admit`): decide again without it, and settle
+        after = self._after(now) if save.decided else []
+        return [*effects, *after, Continue(AdmitNext())]
 
     # -- answers of the shell's effects -----------------------------------------------------------
 

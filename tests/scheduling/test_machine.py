@@ -13,6 +13,7 @@ from motor.memory.core import MemoryCeiling
 from motor.records import JobRecord, JobRequest, Refusal
 from motor.scheduling import machine as m
 from motor.scheduling.admission import AdmissionSettings
+from motor.scheduling.core import retry_delay_s
 from motor.scheduling.messages import BundleArrived, CancelJob, StatusView
 
 SETTINGS = AdmissionSettings(claim_limit=4, max_weight=4, max_queue_depth=8)
@@ -177,6 +178,41 @@ def test_an_admission_the_store_refuses_leaves_nothing_of_the_job_it_started():
     shell.run(m.DiskAnswered("j2", None))
     assert [e.purpose for e in shell.of(m.SaveRecord)] == ["admit"]
     assert shell.of(m.StartJobActor) == [m.StartJobActor("j2")] and machine.active == {"j2"}
+
+
+def test_a_job_that_waits_is_saved_after_the_starts_decided_at_its_admission():
+    """A start decided at an admission may be another job's: j1's start failed and its
+    retry delay has passed, its timer not yet fired, when j2 is admitted. j1 starts (placed,
+    saved as `setup`, its actor started) and j2, which must wait behind it, has its accept
+    saved alone after that, with no second decision. Refused (the store full), j2 is
+    cancelled in the core, the submit refused, and j1 still runs."""
+    for full in (False, True):
+        shell = Shell(m.DispatchMachine.new(SETTINGS))
+        machine = shell.machine
+        submit(shell, "j1", "t1")
+        shell.run(m.DiskAnswered("j1", None))
+        [admit] = shell.of(m.SaveRecord)
+        shell.run(m.JobStartFailed("j1", "spawn failed", False, admit.record))
+        assert list(machine.queued) == ["j1"]
+        shell.now += retry_delay_s(1) + 1.0  # past j1's retry: no TimerFired handled yet
+        submit(shell, "j2", "t2", workspace="other")
+        shell.full = full
+        decide, decided = machine.core.decide, []
+        machine.core.decide = lambda now: decided.append(now) or decide(now)
+        done = shell.run(m.DiskAnswered("j2", None))
+        assert len(decided) == (2 if full else 1)  # refused: once more, without j2
+        saves = [(e.record.job_id, e.purpose) for e in done if isinstance(e, m.SaveRecord)]
+        assert saves == [("j1", "start"), ("j2", "accept")]
+        assert [e.job_id for e in done if isinstance(e, m.PlaceCpus)] == ["j1"]
+        [reply] = shell.of(m.Reply)
+        if full:  # j1's start was refused too (the same store): back to its queue
+            assert reply.value.code == "runner_disk_full" and machine.core.job_state("j2") is None
+            assert list(machine.queued) == ["j1"] and machine.active == set()
+        else:
+            assert reply.token == "t2" and reply.value.state == "queued"
+            assert shell.of(m.StartJobActor) == [m.StartJobActor("j1")]
+            assert machine.active == {"j1"} and list(machine.queued) == ["j2"]
+        assert [type(e) for e in done].count(m.ArmTimer) == 1  # settled once, at the end
 
 
 def test_a_cancel_the_store_cannot_record_stands_and_is_retried():
