@@ -154,6 +154,15 @@ def request(workspace="ws", weight=2) -> JobRequest:
     return JobRequest(command=["make"], workspace=workspace, weight_hint=weight)
 
 
+def hold_capacity(world: World) -> JobRecord:
+    """A running job (recorded, its actor running) that holds max_weight 2 at start-up."""
+    running = JobRecord(job_id=uuid7(world.clock.now_ms()), state="running", workspace="old",
+                        claim=2, cpus=[0], command=["make"], accepted_at_ms=world.clock.now_ms())
+    world.db.save(running)
+    world.execution.running.add(running.job_id)
+    return running
+
+
 async def test_a_long_disk_admission_does_not_block_the_dispatcher(tmp_path, autojump_clock):
     """The disk cleans up for 60 s before admitting a submit (twice the dispatcher's
     call timeout): meanwhile the dispatcher serves a status view and a Finished, and the
@@ -161,11 +170,7 @@ async def test_a_long_disk_admission_does_not_block_the_dispatcher(tmp_path, aut
     dispatcher awaited the disk inside the Submit: it crashed at 30 s with CallTimeout.)"""
     async with trio.open_nursery() as nursery:
         world = World(tmp_path, nursery)
-        running = JobRecord(job_id=uuid7(world.clock.now_ms()), state="running", workspace="old",
-                            claim=2, cpus=[0], command=["make"],
-                            accepted_at_ms=world.clock.now_ms())
-        world.db.save(running)
-        world.execution.running.add(running.job_id)
+        running = hold_capacity(world)
         dispatcher = await world.start()
         world.disk.admit_s = 60.0
         t0 = trio.current_time()
@@ -263,15 +268,6 @@ async def test_a_submit_behind_an_admission_in_cleanup_waits_for_it_in_arrival_o
         status = await dispatcher.status_view()
         assert status["active"] == ids[:1] and [r["job_id"] for r in status["queued"]] == ids[1:]
         nursery.cancel_scope.cancel()
-
-
-def hold_capacity(world: World) -> JobRecord:
-    """A running job (recorded, its actor running) that holds max_weight 2 at start-up."""
-    running = JobRecord(job_id=uuid7(world.clock.now_ms()), state="running", workspace="old",
-                        claim=2, cpus=[0], command=["make"], accepted_at_ms=world.clock.now_ms())
-    world.db.save(running)
-    world.execution.running.add(running.job_id)
-    return running
 
 
 async def test_a_start_the_store_cannot_record_goes_back_to_its_queue(tmp_path, autojump_clock):
