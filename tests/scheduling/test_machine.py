@@ -157,8 +157,8 @@ def test_a_start_the_store_refuses_releases_its_cpus_and_requeues():
 
 def test_an_admission_the_store_refuses_leaves_nothing_of_the_job_it_started():
     """The accept and the start are one save ("admit"); refused, the submit is refused
-    runner_disk_full and the core is as if the job had never come: CPUs released, no
-    permits, nothing queued, and the rotation as it was (the next job starts the same)."""
+    runner_disk_full and nothing is left of the job: CPUs released, no permits, nothing
+    queued, the core does not know it; the next job is admitted and starts."""
     shell = Shell(m.DispatchMachine.new(SETTINGS))
     submit(shell, "j1", "t1")
     shell.full = True
@@ -184,8 +184,9 @@ def test_a_job_that_waits_is_saved_after_the_starts_decided_at_its_admission():
     """A start decided at an admission may be another job's: j1's start failed and its
     retry delay has passed, its timer not yet fired, when j2 is admitted. j1 starts (placed,
     saved as `setup`, its actor started) and j2, which must wait behind it, has its accept
-    saved alone after that, with no second decision. Refused (the store full), j2 is
-    cancelled in the core, the submit refused, and j1 still runs."""
+    saved alone after that, with no second decision. With the store full, j1's start is
+    refused too (back to its queue), j2 is cancelled in the core, its submit refused, and
+    the starts are decided once more without it."""
     for full in (False, True):
         shell = Shell(m.DispatchMachine.new(SETTINGS))
         machine = shell.machine
