@@ -402,8 +402,8 @@ class DispatchMachine:
                 break
             del self.admitting[job_id]
             effects += self._admit(job_id, first, now, wall_ms)
-            if isinstance(effects[-1], (SaveRecord, Continue)):  # the next after its save
-                break
+            if job_id in self.admitted or isinstance(effects[-1], SaveRecord):
+                break  # the next after its save (with its start, or alone)
         return effects
 
     def _admit(self, job_id: str, pending: _Admission, now, wall_ms) -> list:
