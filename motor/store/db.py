@@ -6,8 +6,12 @@ One database file, `<state-dir>/motor.db`, in WAL mode with `synchronous=NORMAL`
 the runner loses nothing committed; a power cut may lose the last commits, never corrupt.
 The store actor is the only writer, on `conn`: on the event loop while commits are fast, in a
 worker thread while the disk is slow (motor/store/pace.py). Readers (event replay, listings,
-start-up) use `reader`, a connection of their own, from the event loop: in WAL mode each read
-sees what was committed when it began, never a commit in progress.
+start-up) use `reader`, a connection of their own: in WAL mode each read sees what was
+committed when it began, never a commit in progress. A read from another thread (a worker
+thread's hook, an offloaded call) gets a connection of that thread's: two threads' reads on
+one connection would share one read transaction, and a read begun while another thread's
+statement was still open saw that statement's older snapshot (a job accepted a moment
+before was "not found").
 
 Tables
   jobs(job_id PK, state, terminal, record JSON, log_offset, next_seq, retain_until_ms)
@@ -60,6 +64,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
 from pathlib import Path
 from typing import Iterable, NamedTuple, Sequence
@@ -237,11 +242,34 @@ class Database:
             self.conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
         elif int(row[0]) > SCHEMA_VERSION:
             raise StoreError(f"{path} has schema {row[0]}, newer than this motor ({SCHEMA_VERSION})")
-        #: the connection reads use (the event loop's: listings, replays, start-up), never
-        #: the writer's: the store's commits may run in a worker thread (store/pace.py), and
-        #: a read on the writer's connection during one would see its uncommitted rows
-        self.reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.reader.execute("PRAGMA busy_timeout=5000")
+        #: the connection reads use, never the writer's: the store's commits may run in a
+        #: worker thread (store/pace.py), and a read on the writer's connection during one
+        #: would see its uncommitted rows. One per reading thread (`reader`): this one is
+        #: the opening thread's (the event loop's: listings, replays, start-up).
+        self._reader = self._open_reader()
+        self._reader_thread = threading.get_ident()
+        self._thread_readers = threading.local()
+        self._other_readers: list[sqlite3.Connection] = []
+        self._readers_lock = threading.Lock()
+
+    def _open_reader(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA busy_timeout=5000")
+        return conn
+
+    @property
+    def reader(self) -> sqlite3.Connection:
+        """The calling thread's read connection. Statements of two threads on one
+        connection share its read transaction: a read that began while another thread's
+        statement was open would see that statement's snapshot, not the last commit."""
+        if threading.get_ident() == self._reader_thread:
+            return self._reader
+        conn = getattr(self._thread_readers, "conn", None)
+        if conn is None:
+            conn = self._thread_readers.conn = self._open_reader()
+            with self._readers_lock:
+                self._other_readers.append(conn)
+        return conn
 
     def _quick_check(self) -> None:
         try:
@@ -259,7 +287,10 @@ class Database:
         if self._checkpoint_conn is not None:  # first: the last close checkpoints the rest
             self._checkpoint_conn.close()
             self._checkpoint_conn = None
-        self.reader.close()
+        with self._readers_lock:
+            others, self._other_readers = self._other_readers, []
+        for conn in (self._reader, *others):
+            conn.close()
         self.conn.close()
 
     # -- checkpoints (store actor: in a worker thread) ----------------------------------
