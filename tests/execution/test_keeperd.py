@@ -452,3 +452,62 @@ async def test_a_line_the_socket_took_in_part_is_finished_before_the_next(
             for job_dir, h in handles.items():
                 await spawner.wait_exit(h.pid, h.create_time, job_dir)
     assert read_status(a)["exit_code"] == 3 and read_status(b)["exit_code"] == 4
+
+
+async def test_a_spawn_carries_its_spec_and_keeperd_writes_spec_json_after_the_start(
+        tmp_path, make_job, monkeypatch):
+    """Issue 14: the runner hands keeperd the job's spec in the spawn request, and keeperd
+    writes spec.json once the job is started (the file's write was on every start's path
+    in the runner). keeperd's greeting says it takes a spec (`spec_inline`); to one that
+    does not (an older keeperd still running after an upgrade) the spawner writes spec.json
+    first and sends no spec. A spec that is not an object is refused `bad_request`."""
+    import socket
+
+    from motor.execution import keeperd_client
+    from motor.execution.joblog import read_spec
+
+    lines = []
+    real_frame = keeperd_client.KeeperdSpawner._frame
+
+    def noting_frame(self, conn, req):
+        req_id, line = real_frame(self, conn, req)
+        if req.op == "spawn":
+            lines.append(json.loads(line))
+        return req_id, line
+
+    monkeypatch.setattr(keeperd_client.KeeperdSpawner, "_frame", noting_frame)
+    state = tmp_path / "state"
+    jobs = [make_job(["sh", "-c", f"echo out{n}; exit {n}"]) for n in (3, 4)]
+    specs = [read_spec(job_dir) for job_dir in jobs]
+    for job_dir in jobs:  # what the runner has: the spec, no spec.json
+        os.unlink(job_dir / "spec.json")
+    async with open_keeperd_spawner(state) as spawner:
+        with trio.fail_after(20):
+            await finish(await spawner.spawn(jobs[0], specs[0]), jobs[0])
+        assert read_status(jobs[0])["exit_code"] == 3 and records(jobs[0]) == [("stdout", b"out3\n")]
+        assert read_spec(jobs[0]) == specs[0]
+        assert (os.stat(jobs[0] / "spec.json").st_mode & 0o777) == 0o600  # it holds the env
+        assert [line.get("spec") for line in lines] == [specs[0]]
+
+        with socket.socket(socket.AF_UNIX) as sock:  # keeperd's side of the protocol
+            address, dir_fd = keeperd_mod.socket_address(str(state))
+            sock.settimeout(20)
+            sock.connect(address)
+            if dir_fd is not None:
+                os.close(dir_fd)
+            reader = sock.makefile("rb")
+            assert json.loads(reader.readline())["spec_inline"] is True
+            sock.sendall(json.dumps({"id": 7, "op": "spawn", "job_dir": str(jobs[1]),
+                                     "spec": ["sh"]}).encode() + b"\n")
+            answer = json.loads(reader.readline())
+            assert (answer["id"], answer["code"]) == (7, "bad_request"), answer
+            assert "spec must be an object" in answer["error"]
+            reader.close()
+        assert not (jobs[1] / "keeper.json").exists()  # refused before any claim
+
+        spawner._conn.spec_inline = False  # as an older keeperd greets
+        lines.clear()
+        with trio.fail_after(20):
+            await finish(await spawner.spawn(jobs[1], specs[1]), jobs[1])
+        assert read_status(jobs[1])["exit_code"] == 4 and records(jobs[1]) == [("stdout", b"out4\n")]
+        assert read_spec(jobs[1]) == specs[1] and "spec" not in lines[0]
