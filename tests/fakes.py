@@ -39,11 +39,9 @@ class FakeKeepers:
         self._dirs: dict[int, Path] = {}
         self.reports_ends = True
 
-    async def spawn(self, job_dir: os.PathLike[str] | str, spec: dict | None = None) -> KeeperHandle:
+    async def spawn(self, job_dir: os.PathLike[str] | str) -> KeeperHandle:
         path = Path(job_dir)
         self.spawned.append(path)
-        if spec is not None:  # as keeperd leaves it
-            joblog.write_json_atomic(path / joblog.SPEC_FILE, spec)
         if self.gate is not None:
             await self.gate.wait()
         if self.fail is not None:

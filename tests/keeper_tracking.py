@@ -39,8 +39,8 @@ class Tracker:
         self.handles: list[KeeperHandle] = []
         self.dirs: list[Path] = []
 
-    async def spawn(self, job_dir: Path, spec: dict | None = None) -> KeeperHandle:
-        handle = await self.spawner.spawn(job_dir, spec)
+    async def spawn(self, job_dir: Path) -> KeeperHandle:
+        handle = await self.spawner.spawn(job_dir)
         self.handles.append(handle)
         self.dirs.append(Path(job_dir))
         return handle

@@ -87,17 +87,16 @@ class JobExecution(actors.Actor):
                 cwd, bundle, root = Path(plan.path), plan.bundle, plan.root
             if self.run_state.setup_cancelled():
                 return await self._end_in_setup()
-            # workspace, the backend's groups and limits, the spec: one hop, or none (jobdir)
-            spec = await offload_unless(
-                jobdir.set_up_is_light(deps.backend, bundle, record), io, jobdir.set_up, record,
-                cwd, self.dir, bundle, root, deps.backend, deps.config, progress)
-            if isinstance(spec, Refusal):
-                return await self._end_in_setup(spec)
+            # workspace, the backend's groups and limits, spec.json: one hop, or none (jobdir)
+            if refusal := await offload_unless(
+                    jobdir.set_up_is_light(deps.backend, bundle, record), io, jobdir.set_up, record,
+                    cwd, self.dir, bundle, root, deps.backend, deps.config, progress):
+                return await self._end_in_setup(refusal)
             if self.run_state.setup_cancelled():
                 await io(deps.backend.finish, record.job_id)
                 return await self._end_in_setup()
             self.run_state.spawning()
-            handle = await deps.spawner.spawn(self.dir, spec)
+            handle = await deps.spawner.spawn(self.dir)
         except Exception as exc:
             return await self._start_error(exc, progress.prepared)
         self.run_state.follow((handle.pid, handle.create_time))

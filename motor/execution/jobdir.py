@@ -29,7 +29,8 @@ from . import joblog
 from .core import OutputDecoder, isolation_problems, job_env, job_spec
 
 __all__ = ["Progress", "claimed", "close", "close_is_light", "kill_strays", "log_size", "look",
-           "prepare", "read_output", "read_status", "set_up", "set_up_is_light"]
+           "prepare", "read_output", "read_status", "set_up", "set_up_is_light",
+           "write_spec"]
 
 log = logging.getLogger("motor.execution")
 
@@ -84,27 +85,27 @@ class Progress:
 
 
 def set_up(record: JobRecord, cwd: Path, job_dir: Path, bundle: str | None,
-           root: str | None, backend: Any, config: Any, progress: Progress) -> Refusal | dict:
+           root: str | None, backend: Any, config: Any, progress: Progress) -> Refusal | None:
     """A start's steps in one call (one thread hop, or none: `set_up_is_light`): `prepare`
-    (workspace, bundle, job directory) and the isolation backend's groups
-    (`backend.prepare`; `progress.prepared` is set before it runs); returns the keeper's
-    spec (core.job_spec: the job's environment, the runner's umask, the backend's fields),
-    which the spawner hands to the keeper and leaves as spec.json (keeperd writes it after
-    the spawn: off the start's path, issue 14). A refusal (a bundle that cannot be
-    unpacked) stops it before the backend is asked."""
+    (workspace, bundle, job directory), the isolation backend's groups (`backend.prepare`;
+    `progress.prepared` is set before it runs) and the keeper's spec.json (core.job_spec:
+    the job's environment, the runner's umask, the backend's fields). A refusal (a bundle
+    that cannot be unpacked) stops it before the backend is asked."""
     if refusal := prepare(cwd, job_dir, bundle, root, record.job_id):
         return refusal
     env = job_env(record, os.environ, getattr(config, "compile_cache", None))
     progress.prepared = True
     isolation = backend.prepare(record.job_id, record.cpus, record.memory_max_bytes)
-    return job_spec(record, str(cwd), env, job_umask(), isolation)
+    write_spec(job_dir, job_spec(record, str(cwd), env, job_umask(), isolation))
+    return None
 
 
 def set_up_is_light(backend: Any, bundle: str | None, record: JobRecord | None = None) -> bool:
     """Whether `set_up` may run inline: no bundle to unpack and the backend's `prepare` is
     the base one (`affinity`, `none`: spec fields only, no side effect). What is left is
     metadata work: the workspace and job directory made when missing (the disk actor stats
-    the workspace's root on the event loop already). So is a backend whose `prepare` only plans (`plans_only`: cgroup v1, where
+    the workspace's root on the event loop already) and spec.json written on the state
+    directory. So is a backend whose `prepare` only plans (`plans_only`: cgroup v1, where
     the keeper makes the groups: three stats and one read of the parent's memory limit), and
     one whose `prepare_is_light(cpus, memory_max)` says the record's needs no call (systemd:
     a free slot slice carries its limits already; a few reads of the slice's counters). A
@@ -133,6 +134,11 @@ def log_size(job_dir: Path) -> int | None:
         return 0
     except OSError:
         return None
+
+
+def write_spec(job_dir: Path, spec: dict[str, Any]) -> None:
+    """The keeper's spec.json, atomically (mode 0600: it holds the environment)."""
+    joblog.write_json_atomic(job_dir / joblog.SPEC_FILE, spec)
 
 
 def read_output(job_dir: Path, offset: int, max_bytes: int,

@@ -17,14 +17,10 @@ the disk is full), ``status.json`` written atomically (retried without limit).
 
 Protocol on the socket, one JSON object per line:
 
-- on connect keeperd says ``{"keeperd": true, "pid": P, "create_time": T, "spec_inline": true}``
-- ``{"id": N, "op": "spawn", "job_dir": "/abs", "spec": {...}}`` -> ``{"id": N, "pid": P,
-  "create_time": T, "job_pid": J}`` (J null when the spawn failed: status.json says
-  spawn_failed) or ``{"id": N, "error": "...", "code": "claimed" | "spawn_failed" |
-  "bad_request"}``. ``spec`` (optional; ``spec_inline`` in the greeting says keeperd takes
-  it) is the job's spec: keeperd starts the job from it and then writes ``spec.json``
-  itself, so the file's write is off the start's path (issue 14); without it keeperd reads
-  the ``spec.json`` the runner wrote.
+- on connect keeperd says ``{"keeperd": true, "pid": P, "create_time": T}``
+- ``{"id": N, "op": "spawn", "job_dir": "/abs"}`` -> ``{"id": N, "pid": P, "create_time": T,
+  "job_pid": J}`` (J null when the spawn failed: status.json says spawn_failed) or
+  ``{"id": N, "error": "...", "code": "claimed" | "spawn_failed" | "bad_request"}``
 - ``{"id": N, "op": "wait", "job_dir": "/abs"}`` -> ``{"id": N, "done": true}`` once the job's
   status.json is written (at once when keeperd does not keep that job)
 - ``{"id": N, "op": "cancel", "job_dir": "/abs"}`` -> ``{"id": N, "sent": bool}``
@@ -64,7 +60,7 @@ from motor.isolation.join import (  # noqa: E402
 )
 from motor.smallfiles import read_bytes  # noqa: E402
 from motor.execution.joblog import (  # noqa: E402
-    KEEPER_FILE, SPEC_FILE, STATUS_FILE, STDERR, STDOUT, read_spec, write_json_atomic,
+    KEEPER_FILE, STATUS_FILE, STDERR, STDOUT, read_spec, write_json_atomic,
 )
 
 __all__ = ["KIND", "LOCK_NAME", "SOCKET_NAME", "START_LOCK_NAME", "main", "socket_address"]
@@ -352,8 +348,7 @@ class Keeperd:
             conn = Conn(sock)
             self.conns.append(conn)
             self.sel.register(sock, selectors.EVENT_READ, lambda ev, c=conn: self._on_conn(c, ev))
-            self._send(conn, {"keeperd": True, "pid": self.pid, "create_time": self.create_time,
-                              "spec_inline": True})
+            self._send(conn, {"keeperd": True, "pid": self.pid, "create_time": self.create_time})
 
     def _on_conn(self, conn: Conn, events: int) -> None:
         if events & selectors.EVENT_WRITE:
@@ -428,14 +423,11 @@ class Keeperd:
             if not isinstance(job_dir, str) or not os.path.isabs(job_dir):
                 raise ValueError(f"job_dir must be an absolute path, got {job_dir!r}")
             job_dir = os.path.normpath(job_dir)
-            spec = req.get("spec")
-            if spec is not None and not isinstance(spec, dict):
-                raise ValueError(f"spec must be an object, got {type(spec).__name__}")
         except Exception as exc:
             self._send(conn, {"id": req_id, "code": "bad_request", "error": f"bad request: {exc}"})
             return
         if op == "spawn":
-            answer = self._spawn(job_dir, conn, req_id, req.get("watch"), spec)
+            answer = self._spawn(job_dir, conn, req_id, req.get("watch"))
             if answer is not None:
                 self._send(conn, {"id": req_id, **answer})
         elif op == "wait":
@@ -454,17 +446,14 @@ class Keeperd:
 
     # -- a job's start ------------------------------------------------------------------
 
-    def _spawn(self, job_dir: str, conn: Conn, req_id: Any, watch: Any = None,
-               spec: dict | None = None) -> dict | None:
+    def _spawn(self, job_dir: str, conn: Conn, req_id: Any, watch: Any = None) -> dict | None:
         """Claim and start the job. A refusal is returned (the caller sends it); otherwise
         the answer is sent here once the job runs (a forked job still on its way to exec:
         later, from _on_exec); keeper.json gets the job's pid if it still runs
         `RECORD_PID_AFTER_S` later (`_record_pid`, from `_tick`).
         `watch`: a second request id the spawner reserved for the job's end; it is told
         `{"id": watch, "done": true}` as a `wait` would be, and the answer says
-        `"watching": true` (one request less per job).
-        `spec`: the job's spec, sent with the request: the job starts from it, and
-        spec.json is written once the job is on its way (`_write_spec`)."""
+        `"watching": true` (one request less per job)."""
         if job_dir in self.jobs:
             return {"code": "claimed", "error": f"{job_dir} already has a keeper (keeperd keeps it)"}
         # The start steps keep the forkserver's point names (motor/faults.py): the same
@@ -485,11 +474,9 @@ class Keeperd:
             job.watched_by_spawn = True
         job.reply_to = (conn, req_id)
         try:
-            self._start(job, spec)
+            self._start(job)
         except _SpawnFailed as exc:
             self._spawn_failed(job, str(exc))
-        if spec is not None:
-            self._write_spec(job, spec)
         if job.exec_fd >= 0:
             return None
         job.reply_to = None
@@ -540,24 +527,13 @@ class Keeperd:
             job.reply_to = None
             self._send(conn, self._answer(job, req_id))
 
-    def _write_spec(self, job: Job, spec: dict) -> None:
-        """spec.json from the spec the request carried, after the spawn: the job directory
-        holds what the job was started with, as when the runner writes it (an adopted
-        systemd job's counters are read from it). A write that fails is logged: the job
-        runs on, and only what a restarted runner would read from the file is missing."""
+    def _start(self, job: Job) -> None:
         try:
-            write_json_atomic(os.path.join(job.job_dir, SPEC_FILE), spec)
-        except OSError as exc:
-            self._log(f"cannot write {os.path.join(job.job_dir, SPEC_FILE)}: {exc}")
-
-    def _start(self, job: Job, spec: dict | None = None) -> None:
+            spec = read_spec(job.job_dir)
+        except Exception as exc:
+            raise _SpawnFailed(f"bad spec: {exc}") from None
         if spec is None:
-            try:
-                spec = read_spec(job.job_dir)
-            except Exception as exc:
-                raise _SpawnFailed(f"bad spec: {exc}") from None
-        if spec is None:
-            raise _SpawnFailed(f"missing {os.path.join(job.job_dir, SPEC_FILE)}")
+            raise _SpawnFailed(f"missing {os.path.join(job.job_dir, 'spec.json')}")
         if isinstance(spec.get("job_id"), str):
             job.job_id = spec["job_id"].encode()
         command = spec.get("command")

@@ -172,15 +172,12 @@ def cancel_once(job_dir: os.PathLike[str] | str, timeout: float = 2.0) -> bool:
 
 class _Req:
     __slots__ = ("op", "job_dir", "launch", "event", "resp", "exc", "identity", "watch",
-                 "watch_at", "spec")
+                 "watch_at")
 
-    def __init__(self, op: str, job_dir: str, launch: bool, watch: "_Req | None" = None,
-                 spec: dict | None = None) -> None:
+    def __init__(self, op: str, job_dir: str, launch: bool, watch: "_Req | None" = None) -> None:
         self.op = op
         self.job_dir = job_dir
         self.launch = launch
-        #: a spawn's job spec, sent with it (`_frame`); None: spec.json is on disk
-        self.spec = spec
         self.event = trio.Event()
         self.resp: dict | None = None
         self.exc: BaseException | None = None
@@ -201,8 +198,6 @@ class _Conn:
         self.stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
         self.raw = sock  # the same socket (non-blocking now): `KeeperdSpawner._submit` sends on it
         self.identity = (int(hello["pid"]), float(hello["create_time"]))
-        #: keeperd takes a spawn's spec in its request (an older one reads spec.json only)
-        self.spec_inline = bool(hello.get("spec_inline"))
         self.buf = bytearray(rest)
         self.pending: dict[int, _Req] = {}
         self.dead = False
@@ -286,11 +281,7 @@ class KeeperdSpawner:
                     req.resolve(exc=_NotRunning(f"no keeperd runs for {self.state_dir}"))
                     return
                 self._conn = conn
-            try:
-                req_id, line = self._frame(conn, req)
-            except OSError as exc:  # spec.json for an older keeperd could not be written
-                req.resolve(exc=exc)
-                return
+            req_id, line = self._frame(conn, req)
             try:
                 await conn.stream.send_all(line)
                 return
@@ -304,20 +295,12 @@ class KeeperdSpawner:
 
     def _frame(self, conn: _Conn, req: _Req) -> tuple[int, bytes]:
         """Give `req` (and the wait a spawn carries) its request ids on `conn`, where their
-        answers are awaited; its id and the line to send. A spawn's spec goes in the line;
-        to a keeperd that does not take it there (one started by an older motor, still
-        running), it is written as spec.json first (OSError if that fails)."""
-        spec = req.spec
-        if spec is not None and not conn.spec_inline:
-            joblog.write_json_atomic(os.path.join(req.job_dir, joblog.SPEC_FILE), spec)
-            spec = req.spec = None
+        answers are awaited; its id and the line to send."""
         self._next_id += 1
         req_id = self._next_id
         req.identity = conn.identity
         conn.pending[req_id] = req
         msg = {"id": req_id, "op": req.op, "job_dir": req.job_dir}
-        if spec is not None:
-            msg["spec"] = spec
         if req.watch is not None:
             self._next_id += 1
             msg["watch"] = self._next_id
@@ -383,17 +366,15 @@ class KeeperdSpawner:
 
     # -- the Keepers port ---------------------------------------------------------------
 
-    async def spawn(self, job_dir: os.PathLike[str] | str, spec: dict | None = None) -> KeeperHandle:
-        """Ask keeperd to claim ``job_dir`` and start its job: from ``spec``, sent with the
-        request (keeperd writes spec.json after the spawn), or, without it, from the
-        spec.json already there.
+    async def spawn(self, job_dir: os.PathLike[str] | str) -> KeeperHandle:
+        """Ask keeperd to claim ``job_dir`` and start its job (spec.json must exist).
 
         Shielded from cancellation (a claimed job is never silently lost; a cancelled
         caller gets the handle and sees Cancelled at its next checkpoint). Raises
         JobDirClaimed, KeeperNotStarted, or SpawnerError (keeperd died or was unreachable
         during the request: the job may or may not run, look at keeper.json)."""
         path = os.path.abspath(os.fspath(job_dir))
-        req = _Req("spawn", path, launch=True, watch=_Req("wait", path, launch=False), spec=spec)
+        req = _Req("spawn", path, launch=True, watch=_Req("wait", path, launch=False))
         with trio.CancelScope(shield=True):
             self._submit(req)
             try:

@@ -21,10 +21,9 @@ __all__ = ["Keepers", "KeeperHandle", "Offload", "thread_offload"]
 class Keepers(Protocol):
     """Starts a job's keeper and watches it (motor.execution.spawner.Spawner)."""
 
-    async def spawn(self, job_dir: os.PathLike[str] | str, spec: dict | None = None) -> KeeperHandle:
-        """Start the job in the job directory under its keeper (raises JobDirClaimed,
-        KeeperNotStarted, SpawnerError): from `spec`, which the spawner hands to the keeper
-        and leaves as the directory's spec.json, or, without it, from the spec.json there."""
+    async def spawn(self, job_dir: os.PathLike[str] | str) -> KeeperHandle:
+        """Fork a keeper for the job directory (raises JobDirClaimed, KeeperNotStarted,
+        SpawnerError)."""
 
     async def wait_exit(self, pid: int, create_time: float,
                         job_dir: os.PathLike[str] | str | None = None) -> None:

@@ -25,7 +25,6 @@ import psutil
 import trio
 
 from ..clock import WallClock
-from . import joblog
 
 __all__ = [
     "CREATE_TIME_TOLERANCE_S",
@@ -363,9 +362,8 @@ class Spawner:
             self._server = None
         await server.stop(timeout=0)
 
-    async def spawn(self, job_dir: os.PathLike[str] | str, spec: dict | None = None) -> KeeperHandle:
-        """Fork a keeper for ``job_dir``: its spec.json is ``spec``, written here first
-        (the keeper reads it), or, without it, the one already there.
+    async def spawn(self, job_dir: os.PathLike[str] | str) -> KeeperHandle:
+        """Fork a keeper for ``job_dir`` (its spec.json must exist).
 
         Returns once the forkserver reported the keeper's pid.  The
         request/response exchange is shielded from cancellation so a keeper
@@ -376,8 +374,6 @@ class Spawner:
         forkserver.
         """
         path = os.path.abspath(os.fspath(job_dir))
-        if spec is not None:
-            joblog.write_json_atomic(os.path.join(path, joblog.SPEC_FILE), spec)
         req = _SpawnRequest(path)
         try:
             self._send.send_nowait(req)

@@ -52,9 +52,9 @@ async def test_a_job_that_starts_at_once_is_spawned_before_its_submit_is_answere
     order: list[str] = []
     spawn = keeperd_client.KeeperdSpawner.spawn
 
-    async def noting_spawn(self, job_dir, spec=None):
+    async def noting_spawn(self, job_dir):
         order.append("spawn")
-        return await spawn(self, job_dir, spec)
+        return await spawn(self, job_dir)
 
     monkeypatch.setattr(keeperd_client.KeeperdSpawner, "spawn", noting_spawn)
     async with motor.open_runner(embedded_config(tmp_path, max_weight=2)) as runner:

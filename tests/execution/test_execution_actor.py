@@ -265,7 +265,7 @@ async def test_a_cancel_during_setup_ends_the_job_before_any_keeper(tmp_path, au
     release = trio.Event()
 
     async def gated_offload(fn, *args):  # the setup step (workspace, backend's groups,
-        if fn is jobdir.set_up:  # the spec: one offloaded call) holds until the test says
+        if fn is jobdir.set_up:  # spec.json: one offloaded call) holds until the test says
             prepared.set()
             await release.wait()
         return fn(*args)
@@ -414,14 +414,14 @@ async def test_a_restarted_actor_adopts_the_keeper_that_claimed_the_directory(
 @pytest.mark.parametrize("error", [JobDirClaimed("claimed"), SpawnerError("forkserver died")])
 async def test_a_spawn_that_finds_the_directory_claimed_adopts_that_keeper(
         tmp_path, autojump_clock, error):
-    """Another forkserver's keeper claims the directory between the set-up and the spawn:
+    """Another forkserver's keeper claims the directory between spec.json and the spawn:
     the spawn answers `claimed` (or the forkserver fails after the claim) and the actor
     adopts the keeper the claim names instead of requeueing the job."""
     claims = []
 
     async def offload(fn, *args):
         result = fn(*args)
-        if fn is jobdir.set_up:  # set up: the other claim comes before the spawn
+        if fn is jobdir.set_up:  # spec.json is written: the other claim comes before the spawn
             claims.append(await world.keepers.spawn(args[2]))  # the other claim wins
             world.keepers.fail = error
         return result
