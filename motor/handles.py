@@ -21,7 +21,7 @@ from typing import Any
 import actors
 
 from .accounting.actor import AdmissionRefused, JobEnded, JobStarted, Report, notify
-from .cpu.actor import Place, Release, Snapshot
+from .cpu.actor import KeepOnly, Place, Release, Snapshot
 from .disk.messages import (
     Admit, AdmitUpload, BeginUpload, CommitUpload, HasBundle, JobIdle, Listing, Periodic,
     PrepareSetup, Register, Reserve, Sample, SetupPlan, Unreserve,
@@ -104,6 +104,10 @@ class CpuHandle(_Handle):
         first out, so whatever the caller asks after it (the dispatcher's next `place`)
         finds the CPUs free; nothing waits for an answer it does not need."""
         await self.ref.cast(Release(job_id))
+
+    async def keep_only(self, job_ids) -> list[str]:
+        """Release the placements of every job not in `job_ids`; the ids released."""
+        return await self.ref.call(KeepOnly(frozenset(job_ids)))
 
     async def snapshot(self) -> dict:
         return await self.ref.call(Snapshot())

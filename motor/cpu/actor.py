@@ -37,6 +37,15 @@ class Release:
 
 
 @dataclass(frozen=True)
+class KeepOnly:
+    """Release every placement but those of `job_ids` (the jobs recorded as setting up or
+    running). A restarted dispatcher sends it before it recovers: a start it had placed and
+    not yet recorded when it crashed holds CPUs no job will release (an admitted job was
+    never recorded at all). Reply: the job ids released, sorted."""
+    job_ids: frozenset
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Reply: {"allowed": [...], "kept_back": [...], "jobs": {job_id: [cpus]}}."""
 
@@ -96,7 +105,7 @@ class CpuActor(actors.Actor):
             self.placement.register(job_id, cpus)
             log.info("cpu: re-registered %s on %s", job_id, cpus)
 
-    immediate = (Place, Release, Snapshot)  # all of them: none waits
+    immediate = (Place, Release, KeepOnly, Snapshot)  # all of them: none waits
 
     def handle_now(self, msg):
         if isinstance(msg, Place):
@@ -118,6 +127,11 @@ class CpuActor(actors.Actor):
             except KeyError:
                 pass
             return None
+        if isinstance(msg, KeepOnly):
+            dropped = sorted(set(self.placement.snapshot()) - msg.job_ids)
+            for job_id in dropped:
+                self.placement.release(job_id)
+            return dropped
         if isinstance(msg, Snapshot):
             return {
                 "online": list(self.topology.online),

@@ -99,3 +99,23 @@ async def test_placement_avoids_the_windows_cpus_while_their_slot_lock_is_held(
             os.close(fd)  # slot released
         job = await runner.submit(JobRequest(command=["true"], weight_hint=4, workspace="b"))
         assert (await terminal(runner, job.job_id))["cpus"] == [12, 13, 28, 29]
+
+
+async def test_a_restarted_dispatcher_keeps_the_cpus_of_the_jobs_that_run(tmp_path, autojump_clock):
+    """A restarted dispatcher has the allocator release only placements no recorded start
+    holds (tests/scheduling/test_runner_rules.py): a running job keeps its CPUs, and the
+    next job is placed beside them, not on them."""
+    go = tmp_path / "go"
+    async with motor.open_runner(config(tmp_path, max_weight=8)) as runner:
+        holder = await runner.submit(barrier_job(go, weight_hint=4, workspace="a"))
+        held = await started(runner, holder.job_id)
+        with pytest.raises(TypeError):
+            await runner.dispatcher.call("not a message")  # the dispatcher restarts
+        with trio.fail_after(60):
+            while not (runner.dispatcher.alive and runner.dispatcher.restarts == 1):
+                await trio.sleep(0.02)
+        assert (await runner.health())["cpus"]["jobs"] == {holder.job_id: held}
+        other = await runner.submit(JobRequest(command=["true"], weight_hint=4, workspace="b"))
+        assert not set(await started(runner, other.job_id)) & set(held)
+        go.write_text("")
+        assert (await terminal(runner, holder.job_id))["state"] == "succeeded"

@@ -180,6 +180,36 @@ async def test_a_restarted_dispatcher_leaves_a_live_followers_budget_to_it(tmp_p
             nursery.cancel_scope.cancel()
 
 
+async def test_a_dispatcher_that_crashed_between_a_placement_and_its_save_leaves_no_cpus_held(
+        tmp_path, monkeypatch, caplog):
+    """The dispatcher places a start's CPUs, then saves its record; crashed between the two
+    (here at the save of a job admitted and started in one commit, so the job is not even
+    recorded), no job actor will ever release those CPUs. Its successor has the allocator
+    keep only the placements of recorded starts, then the next jobs are placed afresh."""
+    from motor.scheduling import effects, machine
+
+    real_saves, crashed = effects._saves, []
+
+    def crash_at_the_admit_save(effect):
+        if isinstance(effect, machine.SaveRecord) and effect.purpose == "admit" and not crashed:
+            crashed.append(effect.record.job_id)
+            raise RuntimeError("test: the dispatcher crashes before the start's save")
+        return real_saves(effect)
+
+    monkeypatch.setattr(effects, "_saves", crash_at_the_admit_save)
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=2)) as runner:
+        with pytest.raises(Exception):
+            await runner.submit(JobRequest(command=["true"], weight_hint=2, workspace="a"))
+        await wait_until(lambda: _alive_again(runner), "the dispatcher to come back", 60)
+        [lost] = crashed
+        assert runner.db.get(lost) is None  # never recorded: never accepted
+        assert (await runner.health())["cpus"]["jobs"] == {}
+        assert f"released the CPUs of 1 start(s) placed and never recorded: {lost}" in caplog.text
+        job = await runner.submit(JobRequest(command=["true"], weight_hint=2, workspace="a"))
+        record = await terminal_of(runner, job.job_id, 60)
+        assert record["state"] == "succeeded" and sorted(record["cpus"]) == [0, 1]
+
+
 async def _alive_again(runner) -> bool:
     return runner.dispatcher.alive and runner.dispatcher.restarts == 1
 
