@@ -66,6 +66,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Iterable, NamedTuple, Sequence
 
@@ -188,6 +189,10 @@ def _is_full(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.Error) and "disk is full" in str(exc)
 
 
+class _ReadConnection(sqlite3.Connection):
+    """A read connection (a subclass only so that the database can hold it weakly)."""
+
+
 class Database:
     def __init__(self, path: Path, *, max_output_bytes: int | None = None, check: bool = False):
         """Open (create) the database. `check`: run `PRAGMA quick_check` first (the runner
@@ -248,12 +253,15 @@ class Database:
         #: the opening thread's (the event loop's: listings, replays, start-up).
         self._reader = self._open_reader()
         self._reader_thread = threading.get_ident()
+        #: the other threads' (each held by its thread: it closes when the thread ends;
+        #: those still open are closed with the database)
         self._thread_readers = threading.local()
-        self._other_readers: list[sqlite3.Connection] = []
+        self._other_readers: weakref.WeakSet = weakref.WeakSet()
         self._readers_lock = threading.Lock()
 
     def _open_reader(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                               factory=_ReadConnection)
         conn.execute("PRAGMA busy_timeout=5000")
         return conn
 
@@ -268,7 +276,7 @@ class Database:
         if conn is None:
             conn = self._thread_readers.conn = self._open_reader()
             with self._readers_lock:
-                self._other_readers.append(conn)
+                self._other_readers.add(conn)
         return conn
 
     def _quick_check(self) -> None:
@@ -288,7 +296,7 @@ class Database:
             self._checkpoint_conn.close()
             self._checkpoint_conn = None
         with self._readers_lock:
-            others, self._other_readers = self._other_readers, []
+            others = list(self._other_readers)
         for conn in (self._reader, *others):
             conn.close()
         self.conn.close()

@@ -7,6 +7,7 @@ store gives each reading thread a connection of its own (motor/store/db.py, `rea
 
 from __future__ import annotations
 
+import gc
 import sqlite3
 import threading
 
@@ -70,3 +71,15 @@ def test_each_reading_thread_has_its_own_connection_closed_with_the_database(tmp
     db.close()
     with pytest.raises(sqlite3.ProgrammingError, match="closed"):
         found["conn"].execute("SELECT 1")
+
+
+def test_a_reading_threads_connection_goes_with_the_thread(tmp_path):
+    db = Database(tmp_path / "motor.db")
+    db.save(_queued(1))
+    for _ in range(3):  # threads come and go (trio's worker threads do)
+        thread = threading.Thread(target=lambda: db.get(_queued(1).job_id))
+        thread.start()
+        thread.join(30)
+    gc.collect()
+    assert len(db._other_readers) == 0  # none kept for a thread that ended
+    db.close()
