@@ -14,6 +14,7 @@ Calls raise what the ref raises: the replied error of the callee (e.g. `StoreFul
 from __future__ import annotations
 
 import contextlib
+import logging
 
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -26,6 +27,7 @@ from .disk.messages import (
     Admit, AdmitUpload, BeginUpload, CommitUpload, HasBundle, JobIdle, Listing, Periodic,
     PrepareSetup, Register, Reserve, Sample, SetupPlan, Unreserve,
 )
+from .lifecycle import ACTIVE_STATES
 from .memory.core import MemoryCeiling
 from .records import Event, JobRecord, JobRequest
 from .scheduling.messages import (
@@ -33,6 +35,8 @@ from .scheduling.messages import (
     SUBMIT_TIMEOUT_S, SetupDone, StartFailed, StatusView, Submit, Unfollowed, Withdraw,
 )
 from .store.messages import Expire, Save, SaveMany
+
+log = logging.getLogger("motor.cpu")
 
 __all__ = [
     "AccountingHandle", "CpuHandle", "DiskHandle", "DispatcherHandle", "ExecutionHandle",
@@ -105,9 +109,22 @@ class CpuHandle(_Handle):
         finds the CPUs free; nothing waits for an answer it does not need."""
         await self.ref.cast(Release(job_id))
 
-    async def keep_only(self, job_ids) -> list[str]:
-        """Release the placements of every job not in `job_ids`; the ids released."""
-        return await self.ref.call(KeepOnly(frozenset(job_ids)))
+    async def keep_only_recorded(self, records) -> list[str]:
+        """Release the placements of every job not setting up or running in `records`
+        (what the store holds), logged; the ids released. A restarted dispatcher's first
+        step: its predecessor may have crashed between a start's placement and its save,
+        and no job actor will release those CPUs (docs/cpu.md, "A restarted
+        dispatcher"). An allocator between two incarnations: nothing to do (it
+        re-registers only the recorded jobs itself)."""
+        active = frozenset(r.job_id for r in records if r.state in ACTIVE_STATES)
+        try:
+            dropped = await self.ref.call(KeepOnly(active))
+        except actors.ActorDead:
+            return []
+        if dropped:
+            log.warning("cpu: released the CPUs of %d start(s) placed and never recorded: %s",
+                        len(dropped), ", ".join(dropped))
+        return dropped
 
     async def snapshot(self) -> dict:
         return await self.ref.call(Snapshot())

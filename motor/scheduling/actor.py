@@ -17,7 +17,7 @@ import trio
 import actors
 
 from ..clock import uuid7
-from ..lifecycle import ACTIVE_STATES, QUEUED
+from ..lifecycle import QUEUED
 from ..records import Refusal
 from . import effects as fx
 from . import machine as m
@@ -61,16 +61,7 @@ class Dispatcher(actors.Actor):
     async def on_start(self):
         deps = self.deps
         records = tuple(deps.job.records.live())
-        # CPUs placed for a start not recorded (this actor's predecessor crashed between the
-        # placement and the save): no job actor will release them
-        active = {r.job_id for r in records if r.state in ACTIVE_STATES}
-        try:
-            dropped = await deps.job.cpu.keep_only(active)
-        except actors.ActorDead:  # restarting: it re-registers only recorded jobs itself
-            dropped = []
-        if dropped:
-            log.warning("dispatcher: released the CPUs of %d start(s) placed and never "
-                        "recorded: %s", len(dropped), ", ".join(dropped))
+        await deps.job.cpu.keep_only_recorded(records)  # a predecessor's unsaved starts
         shas = {r.bundle_sha256 for r in records if r.state == QUEUED and r.bundle_sha256}
         present = {sha for sha in shas if await deps.disk.has_bundle(sha)}
         self.nursery.start_soon(self._timer_loop)
