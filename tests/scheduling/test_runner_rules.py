@@ -198,7 +198,7 @@ async def test_a_dispatcher_that_crashed_between_a_placement_and_its_save_leaves
 
     monkeypatch.setattr(effects, "_saves", crash_at_the_admit_save)
     async with motor.open_runner(embedded_config(tmp_path, max_weight=2)) as runner:
-        with pytest.raises(Exception):
+        with pytest.raises(RuntimeError, match="crashes before the start's save"):
             await runner.submit(JobRequest(command=["true"], weight_hint=2, workspace="a"))
         await wait_until(lambda: _alive_again(runner), "the dispatcher to come back", 60)
         [lost] = crashed
