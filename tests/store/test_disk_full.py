@@ -117,6 +117,7 @@ def test_submit_on_a_full_state_fs_is_refused_runner_disk_full_then_works_once_f
         assert [j["job_id"] for j in http.get("/v1/jobs?all=1").json()] == [
             first.json()["job_id"]]
         health = http.get("/v1/health")
+        assert health.json()["cpus"]["jobs"] == {}  # the refused starts' CPUs went back
         assert health.status_code == 200 and health.json()["status"] == "degraded"
         assert any(d["subsystem"] == "store" and "full" in d["cause"]
                    for d in health.json()["degraded"]), health.text
