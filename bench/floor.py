@@ -1,7 +1,7 @@
 """The floor under motor's start latency: what the parts of its start path cost with
 nothing of motor in them, beside bare fork+exec, in the peers' line format.
 
-    python bench/floor.py [--rounds 3] [--samples 20] [--gap 0.3]
+    python bench/floor.py [--rounds 3] [--samples 20] [--gap 0.3] [--burst N]
 
 Each sample starts one `date +%s.%N` on an idle host (`--gap` seconds apart, plus a random
 0-0.1 s) and takes the job's own timestamp minus the time read just before the start was
@@ -21,9 +21,18 @@ the peers. The variants (peer=floor-VARIANT), each a fresh set of processes per 
 - `http-commit-keeper`: the same with one SQLite commit (WAL, synchronous=NORMAL, one
   row of 1 KiB) before the line is sent: persisting the job before its start.
 
-`latency.sh bare` runs in the same round (peer=bare). None of this is motor: it is what
-any runner with motor's shape (an HTTP API, a persisted job, a keeper process that is
-not the runner) pays on this host before its own work. Every line carries load1=.
+`latency.sh bare` runs in the same round (peer=bare).
+
+`--burst N` measures throughput instead, as bench/throughput.py does for motor: N jobs
+of `true`, at most 2 at a time, one `POST` per job from one client, each answered before
+the next is sent, until every job has ended (jobs/s). The keeper queues the jobs and
+tells the server of each end, which `http-commit-keeper` commits as a second row (a
+runner records a job's acceptance and its end). `throughput.sh tsp N` runs in the same
+round (peer=tsp; the peers' setup.sh must have run).
+
+None of this is motor: it is what any runner of motor's shape (an HTTP API, a persisted
+job, a keeper process that is not the runner) pays on this host before its own work.
+Every line carries load1=.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from benchlib import load1
 
@@ -45,30 +55,54 @@ HERE = Path(__file__).resolve().parent
 PEERS = HERE.parent.parent / "shared" / "bench" / "peers"
 VARIANTS = ("spawn", "keeper", "socket-keeper", "http-keeper", "http-commit-keeper")
 DATE = "/bin/date"
+TRUE = "/bin/true"
+SLOTS = 2
+BURST_VARIANTS = ("http-keeper", "http-commit-keeper")
 
 KEEPER = r"""
-import os, selectors, socket, sys
-path = sys.argv[1]
+import os, select, signal, socket, sys
+path, exe, slots = sys.argv[1], sys.argv[2], int(sys.argv[3])
 ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); ls.bind(path); ls.listen(8)
 print("ready", flush=True)
 conn, _ = ls.accept()
-buf = b""
-while True:
-    data = conn.recv(65536)
-    if not data:
-        break
-    buf += data
-    while b"\n" in buf:
-        line, buf = buf.split(b"\n", 1)
-        out = line.decode()
-        pid = os.posix_spawn(sys.argv[2], [sys.argv[2], "+%s.%N"], os.environ, file_actions=[
+wake_r, wake_w = os.pipe(); os.set_blocking(wake_w, False)
+signal.set_wakeup_fd(wake_w); signal.signal(signal.SIGCHLD, lambda *a: None)
+buf, queue, running = b"", [], 0
+
+def start(out):
+    # slots 0: a start (`date +%s.%N` into `out`), answered with its pid; else a burst
+    # job (`true`), at most `slots` at once, each end told as a line
+    if slots == 0:
+        pid = os.posix_spawn(exe, [exe, "+%s.%N"], os.environ, file_actions=[
             (os.POSIX_SPAWN_OPEN, 1, out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)])
         conn.sendall(b"%d\n" % pid)
+    else:
+        os.posix_spawn(exe, [exe], os.environ)
+
+while True:
+    ready = select.select([conn, wake_r], [], [])[0]
+    if wake_r in ready:
+        os.read(wake_r, 4096)
+    if conn in ready:
+        data = conn.recv(65536)
+        if not data:
+            break
+        buf += data
+        *lines, buf = buf.split(b"\n")
+        queue.extend(line.decode() for line in lines)
+    ended = 0
     try:
         while os.waitpid(-1, os.WNOHANG)[0]:
-            pass
+            ended += 1
     except ChildProcessError:
         pass
+    if slots:
+        running -= ended
+        if ended:
+            conn.sendall(b"x\n" * ended)
+    while queue and (slots == 0 or running < slots):
+        start(queue.pop(0))
+        running += 1 if slots else 0
 """
 
 SERVER = r"""
@@ -76,7 +110,8 @@ import os, socket, sqlite3, sys, uuid
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
-variant, sock_path, keeper_path, db_path = sys.argv[1:5]
+variant, sock_path, keeper_path, db_path, burst = sys.argv[1:6]
+burst = int(burst)
 keeper = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); keeper.connect(keeper_path)
 keeper.setblocking(False)
 db = None
@@ -86,10 +121,23 @@ if "commit" in variant:
     db.execute("CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, rec BLOB)")
 ROW = b"x" * 1024
 
+def commit():
+    db.execute("BEGIN"); db.execute("INSERT INTO jobs VALUES (?, ?)", (uuid.uuid4().hex, ROW))
+    db.execute("COMMIT")
+
 async def drain():
+    # a burst: each job's end (one line from the keeper) committed, as a runner records
+    # it; the done file once all have ended
     s = trio.socket.from_stdlib_socket(keeper)
-    while await s.recv(65536):
-        pass
+    ended = 0
+    while data := await s.recv(65536):
+        if burst:
+            for _ in range(data.count(b"x")):
+                ended += 1
+                if db is not None:
+                    commit()
+            if ended == burst:
+                open(db_path + ".done", "w").close()
 
 async def app(scope, receive, send):
     if scope["type"] == "lifespan":
@@ -104,8 +152,7 @@ async def app(scope, receive, send):
         body += msg.get("body", b"")
         more = msg.get("more_body", False)
     if db is not None:
-        db.execute("BEGIN"); db.execute("INSERT INTO jobs VALUES (?, ?)", (uuid.uuid4().hex, ROW))
-        db.execute("COMMIT")
+        commit()
     keeper.send(body + b"\n")
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-length", b"2")]})
@@ -181,9 +228,20 @@ trio.run(main)
 
 CLIENT = r"""
 import json, os, random, socket, sys, time
-sock_path, outdir, samples, gap, raw = sys.argv[1:6]
-samples, gap, raw = int(samples), float(gap), raw == "raw"
+sock_path, outdir, samples, gap, raw, burst, done = sys.argv[1:8]
+samples, gap, raw, burst = int(samples), float(gap), raw == "raw", int(burst)
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.connect(sock_path)
+if burst:  # N requests one after another, each answered before the next; then the end
+    t0 = time.perf_counter()
+    for i in range(burst):
+        s.sendall(b"POST /start HTTP/1.1\r\nhost: floor\r\ncontent-length: 1\r\n\r\nb")
+        got = b""
+        while not got.endswith(b"ok"):
+            got += s.recv(65536)
+    while not os.path.exists(done):
+        time.sleep(0.0005)
+    print(json.dumps(burst / (time.perf_counter() - t0)))
+    sys.exit()
 lats = []
 for i in range(samples):
     time.sleep(gap + random.random() * 0.1)
@@ -217,14 +275,17 @@ def wait_ready(proc: subprocess.Popen, path: str) -> None:
         time.sleep(0.01)
 
 
-def one(variant: str, samples: int, gap: float) -> list[float]:
+def one(variant: str, samples: int, gap: float, burst: int = 0) -> Any:
+    """A round of one variant: its start latencies (ms), or with `burst` its jobs/s."""
     with tempfile.TemporaryDirectory() as tmp:
         keeper_path = os.path.join(tmp, "keeper.sock")
+        db = os.path.join(tmp, "db.sqlite")
         procs: list[subprocess.Popen] = []
         try:
             if variant != "spawn":
-                procs.append(subprocess.Popen([sys.executable, "-c", KEEPER, keeper_path, DATE],
-                                              stdout=subprocess.PIPE))
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-c", KEEPER, keeper_path, TRUE if burst else DATE,
+                     str(SLOTS if burst else 0)], stdout=subprocess.PIPE))
                 procs[-1].stdout.readline()
             if variant in ("spawn", "keeper"):
                 r = subprocess.run([sys.executable, "-c", EMBEDDED, variant, keeper_path, tmp,
@@ -233,12 +294,12 @@ def one(variant: str, samples: int, gap: float) -> list[float]:
                 return json.loads(r.stdout)
             sock = os.path.join(tmp, "api.sock")
             procs.append(subprocess.Popen([sys.executable, "-c", SERVER, variant, sock,
-                                           keeper_path, os.path.join(tmp, "db.sqlite")],
+                                           keeper_path, db, str(burst)],
                                           stderr=subprocess.DEVNULL))
             wait_ready(procs[-1], sock)
             r = subprocess.run([sys.executable, "-c", CLIENT, sock, tmp, str(samples), str(gap),
-                                "raw" if variant == "socket-keeper" else "http"],
-                               capture_output=True, text=True, check=True)
+                                "raw" if variant == "socket-keeper" else "http", str(burst),
+                                db + ".done"], capture_output=True, text=True, check=True)
             return json.loads(r.stdout)
         finally:
             for p in reversed(procs):
@@ -246,24 +307,23 @@ def one(variant: str, samples: int, gap: float) -> list[float]:
                 p.wait()
 
 
-def bare(samples: int, gap: float) -> float | None:
-    r = subprocess.run(["bash", str(PEERS / "latency.sh"), "bare", str(samples)],
-                       capture_output=True, text=True, env=dict(os.environ, LAT_GAP=str(gap)))
+def peer_line(script: str, args: list[str], env: dict | None = None) -> str | None:
+    """The peer's figure line from ../shared/bench/peers/SCRIPT (a `#` line when it could
+    not run)."""
+    r = subprocess.run(["bash", str(PEERS / script), *args], capture_output=True, text=True,
+                       env=dict(os.environ, **(env or {})))
     for line in r.stdout.splitlines():
-        if line.startswith("peer=bare"):
-            return float(line.split("value=")[1].split()[0])
-    print(f"# bare: {r.stderr.strip()[-300:]}", flush=True)
+        if line.startswith("peer="):
+            return line
+    print(f"# {script} {' '.join(args)}: {r.stderr.strip()[-300:]}", flush=True)
     return None
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--samples", type=int, default=20)
-    ap.add_argument("--gap", type=float, default=0.3)
-    args = ap.parse_args()
-    print(f"# floor: rounds={args.rounds} samples={args.samples} gap_s={args.gap} "
-          f"load1={load1()}", flush=True)
+def field(line: str, name: str) -> float:
+    return float(line.split(f"{name}=")[1].split()[0])
+
+
+def latency_rounds(args: argparse.Namespace) -> dict[str, list[float]]:
     meds: dict[str, list[float]] = {v: [] for v in (*VARIANTS, "bare")}
     for _ in range(args.rounds):
         order = list(VARIANTS)
@@ -275,16 +335,45 @@ def main() -> None:
             print(f"peer=floor-{variant} metric=start_latency value={med:.3f} unit=ms "
                   f"samples={len(lats)} min={min(lats):.3f} max={max(lats):.3f} "
                   f"gap_s={args.gap} load1={load1()}", flush=True)
-        b = bare(args.samples, args.gap)
-        if b is not None:
-            meds["bare"].append(b)
-            print(f"peer=bare metric=start_latency value={b:.3f} unit=ms gap_s={args.gap} "
-                  f"load1={load1()}", flush=True)
-    print(f"# medians over {args.rounds} rounds (ms), load1={load1()}")
-    base = statistics.median(meds["bare"]) if meds["bare"] else None
+        line = peer_line("latency.sh", ["bare", str(args.samples)], {"LAT_GAP": str(args.gap)})
+        if line is not None:
+            meds["bare"].append(field(line, "value"))
+            print(f"{line} gap_s={args.gap} load1={load1()}", flush=True)
+    return meds
+
+
+def burst_rounds(args: argparse.Namespace) -> dict[str, list[float]]:
+    meds: dict[str, list[float]] = {v: [] for v in (*BURST_VARIANTS, "tsp")}
+    for _ in range(args.rounds):
+        for variant in BURST_VARIANTS:
+            rate = one(variant, 0, 0, args.burst)
+            meds[variant].append(rate)
+            print(f"peer=floor-{variant} metric=jobs_per_s value={rate:.1f} n={args.burst} "
+                  f"slots={SLOTS} load1={load1()}", flush=True)
+        line = peer_line("throughput.sh", ["tsp", str(args.burst)])
+        if line is not None:
+            meds["tsp"].append(field(line, "jobs_per_s"))
+            print(f"{line} load1={load1()}", flush=True)
+    return meds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--samples", type=int, default=20)
+    ap.add_argument("--gap", type=float, default=0.3)
+    ap.add_argument("--burst", type=int, default=0, metavar="N",
+                    help="instead: N jobs of `true` back to back, 2 at a time (jobs/s)")
+    args = ap.parse_args()
+    print(f"# floor: rounds={args.rounds} samples={args.samples} gap_s={args.gap} "
+          f"burst={args.burst} load1={load1()}", flush=True)
+    meds = burst_rounds(args) if args.burst else latency_rounds(args)
+    unit, ref = ("jobs/s", "tsp") if args.burst else ("ms", "bare")
+    print(f"# medians over {args.rounds} rounds ({unit}), load1={load1()}")
+    base = statistics.median(meds[ref]) if meds[ref] else None
     for v, ms in meds.items():
         if ms:
-            ratio = f"  {statistics.median(ms) / base:.2f}x bare" if base else ""
+            ratio = f"  {statistics.median(ms) / base:.2f}x {ref}" if base else ""
             print(f"# {v:20s} {statistics.median(ms):8.3f}{ratio}")
 
 
