@@ -1,5 +1,6 @@
-"""The floor under motor's start latency: what the parts of its start path cost with
-nothing of motor in them, beside bare fork+exec, in the peers' line format.
+"""The floor under motor's start latency and throughput: what the parts of its path cost
+with nothing of motor in them, beside bare fork+exec and task-spooler, in the peers' line
+format.
 
     python bench/floor.py [--rounds 3] [--samples 20] [--gap 0.3] [--burst N]
 
@@ -338,7 +339,7 @@ def latency_rounds(args: argparse.Namespace) -> dict[str, list[float]]:
         line = peer_line("latency.sh", ["bare", str(args.samples)], {"LAT_GAP": str(args.gap)})
         if line is not None:
             meds["bare"].append(field(line, "value"))
-            print(f"{line} gap_s={args.gap} load1={load1()}", flush=True)
+            print(f"{line} load1={load1()}", flush=True)
     return meds
 
 
