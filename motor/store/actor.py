@@ -11,7 +11,8 @@ second, until none has been slow for 10 s. The loop then runs on while a commit 
 the disk; saves arriving meanwhile wait in the inbox and are committed together after it.
 
 Readers (event replay, listings) read the database directly, each thread on a read
-connection of its own (`Database.reader`): they never write, and SQLite in WAL mode gives them a consistent snapshot of what was committed.
+connection of its own (`Database.reader`): they never write, and SQLite in WAL mode gives
+them a consistent snapshot of what was committed.
 Followers of a job wait on `ChangeHub.changed(job_id)`, which the actor fires after each
 commit for that job; the hub also keeps the events committed for a followed job, so a
 follower that has read the database to its end takes the next ones from the hub
