@@ -186,8 +186,26 @@ async def main():
 trio.run(main)
 """
 
-EMBEDDED = r"""
-import json, os, random, socket, sys, time
+#: in both programs that time starts: the job's own timestamp in `out`, minus `t0`, in ms
+WAIT_FOR = r"""
+import time
+
+def wait_for(out, t0):
+    for _ in range(2000):
+        try:
+            with open(out) as f:
+                text = f.read()
+            if text.endswith("\n"):
+                return (float(text) - t0) * 1000
+        except FileNotFoundError:
+            pass
+        time.sleep(0.0005)
+    raise SystemExit(f"no timestamp in {out}")
+
+"""
+
+EMBEDDED = WAIT_FOR + r"""
+import json, os, random, socket, sys
 import trio
 variant, keeper_path, outdir, samples, gap, date = sys.argv[1:7]
 samples, gap = int(samples), float(gap)
@@ -212,22 +230,10 @@ async def main():
         lats.append(wait_for(out, t0))
     print(json.dumps(lats))
 
-def wait_for(out, t0):
-    for _ in range(2000):
-        try:
-            with open(out) as f:
-                text = f.read()
-            if text.endswith("\n"):
-                return (float(text) - t0) * 1000
-        except FileNotFoundError:
-            pass
-        time.sleep(0.0005)
-    raise SystemExit(f"no timestamp in {out}")
-
 trio.run(main)
 """
 
-CLIENT = r"""
+CLIENT = WAIT_FOR + r"""
 import json, os, random, socket, sys, time
 sock_path, outdir, samples, gap, raw, burst, done = sys.argv[1:8]
 samples, gap, raw, burst = int(samples), float(gap), raw == "raw", int(burst)
@@ -256,16 +262,7 @@ for i in range(samples):
     got = b""
     while not got.endswith(b"ok"):
         got += s.recv(65536)
-    for _ in range(2000):
-        try:
-            with open(out) as f:
-                text = f.read()
-            if text.endswith("\n"):
-                break
-        except FileNotFoundError:
-            pass
-        time.sleep(0.0005)
-    lats.append((float(text) - t0) * 1000)
+    lats.append(wait_for(out, t0))
 print(json.dumps(lats))
 """
 
