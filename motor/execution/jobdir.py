@@ -84,6 +84,23 @@ class Progress:
         self.prepared = False
 
 
+_environ: tuple[dict, dict[str, str]] = ({}, {})  # os.environ's raw bytes, and decoded
+
+
+def runner_environ() -> dict[str, str]:
+    """The runner's environment as text, for every job's (not to be changed: `job_env`
+    copies it). Decoded again only when it changed: reading os.environ decodes each
+    variable on every job's start (issue 14), while a look at its raw bytes (CPython keeps
+    them in `os.environ._data`) compares at C speed."""
+    global _environ
+    raw = getattr(os.environ, "_data", None)
+    if raw is None:
+        return dict(os.environ)
+    if raw != _environ[0]:
+        _environ = (dict(raw), dict(os.environ))
+    return _environ[1]
+
+
 def set_up(record: JobRecord, cwd: Path, job_dir: Path, bundle: str | None,
            root: str | None, backend: Any, config: Any, progress: Progress) -> Refusal | None:
     """A start's steps in one call (one thread hop, or none: `set_up_is_light`): `prepare`
@@ -93,7 +110,7 @@ def set_up(record: JobRecord, cwd: Path, job_dir: Path, bundle: str | None,
     that cannot be unpacked) stops it before the backend is asked."""
     if refusal := prepare(cwd, job_dir, bundle, root, record.job_id):
         return refusal
-    env = job_env(record, os.environ, getattr(config, "compile_cache", None))
+    env = job_env(record, runner_environ(), getattr(config, "compile_cache", None))
     progress.prepared = True
     isolation = backend.prepare(record.job_id, record.cpus, record.memory_max_bytes)
     write_spec(job_dir, job_spec(record, str(cwd), env, job_umask(), isolation))

@@ -200,3 +200,24 @@ async def test_a_submit_is_a_schedule_point_so_a_submitting_loop_lets_the_runner
                                                    workspace="a"))
             assert ran == [True]
         assert (await terminal_of(runner, first.job_id))["state"] == "succeeded"
+
+
+async def test_each_job_gets_the_runners_environment_as_it_is_at_the_jobs_start(
+        tmp_path, autojump_clock, monkeypatch):
+    """The runner's environment is decoded once and again only when it changed (jobdir
+    `runner_environ`): a variable set, changed or removed between jobs reaches the next job
+    as it is then, and a request's `env` still overrides it."""
+    async def seen(**request) -> str:
+        job = await runner.submit(JobRequest(
+            command=["sh", "-c", 'echo "[${MOTOR_TEST_VAR-unset}]"'], weight_hint=1, **request))
+        events = [e async for e in runner.events(job.job_id)]
+        return "".join(e.data for e in events if e.__struct_config__.tag == "output")
+
+    monkeypatch.setenv("MOTOR_TEST_VAR", "one")
+    async with motor.open_runner(config(tmp_path)) as runner:
+        assert await seen() == "[one]\n"
+        monkeypatch.setenv("MOTOR_TEST_VAR", "two")
+        assert await seen() == "[two]\n"
+        assert await seen(env={"MOTOR_TEST_VAR": "mine"}) == "[mine]\n"
+        monkeypatch.delenv("MOTOR_TEST_VAR")
+        assert await seen() == "[unset]\n"
