@@ -19,7 +19,10 @@ the peers. The variants (peer=floor-VARIANT), each a fresh set of processes per 
 - `http-keeper`: a client process sends `POST` (raw HTTP/1.1, one kept connection) to a
   hypercorn server (trio worker, Unix socket, a bare ASGI app) that sends the line to
   that keeper process and answers 200: the HTTP API on top;
-- `http-commit-keeper`: the same with one SQLite commit (WAL, synchronous=NORMAL, one
+- `h11-keeper`: the same `POST` read and answered by h11 (the HTTP/1.1 library under
+  hypercorn) in a plain trio connection loop, no ASGI server around it: what hypercorn's
+  own layers (its protocol and stream objects, a task per request) add to `http-keeper`;
+- `http-commit-keeper`: the `http-keeper` request with one SQLite commit (WAL, synchronous=NORMAL, one
   row of 1 KiB) before the line is sent: persisting the job before its start.
 
 `latency.sh bare` runs in the same round (peer=bare).
@@ -54,11 +57,12 @@ from benchlib import load1
 
 HERE = Path(__file__).resolve().parent
 PEERS = HERE.parent.parent / "shared" / "bench" / "peers"
-VARIANTS = ("spawn", "keeper", "socket-keeper", "http-keeper", "http-commit-keeper")
+VARIANTS = ("spawn", "keeper", "socket-keeper", "http-keeper", "h11-keeper",
+            "http-commit-keeper")
 DATE = "/bin/date"
 TRUE = "/bin/true"
 SLOTS = 2
-BURST_VARIANTS = ("http-keeper", "http-commit-keeper")
+BURST_VARIANTS = ("http-keeper", "h11-keeper", "http-commit-keeper")
 
 KEEPER = r"""
 import os, select, signal, socket, sys
@@ -108,6 +112,7 @@ while True:
 
 SERVER = r"""
 import os, socket, sqlite3, sys, uuid
+import h11
 import trio
 from hypercorn.config import Config
 from hypercorn.trio import serve
@@ -171,13 +176,34 @@ async def raw(stream):
             keeper.send(line + b"\n")
             await stream.send_all(b"ok")
 
+async def bare_h11(stream):
+    # HTTP/1.1 by h11 alone: each request's body to the keeper, answered 200 "ok"
+    conn = h11.Connection(h11.SERVER)
+    body = b""
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await stream.receive_some(65536))
+        elif isinstance(event, h11.Data):
+            body += event.data
+        elif isinstance(event, h11.EndOfMessage):
+            keeper.send(body + b"\n")
+            body = b""
+            await stream.send_all(
+                conn.send(h11.Response(status_code=200, headers=[(b"content-length", b"2")]))
+                + conn.send(h11.Data(data=b"ok")) + conn.send(h11.EndOfMessage()))
+            conn.start_next_cycle()
+        elif not isinstance(event, h11.Request):  # ConnectionClosed
+            return
+
 async def main():
-    if variant == "socket-keeper":
+    if variant in ("socket-keeper", "h11-keeper"):
         listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
         await listener.bind(sock_path); listener.listen(8)
         async with trio.open_nursery() as n:
             n.start_soon(drain)
-            await trio.serve_listeners(raw, [trio.SocketListener(listener)])
+            handler = raw if variant == "socket-keeper" else bare_h11
+            await trio.serve_listeners(handler, [trio.SocketListener(listener)])
     config = Config(); config.bind = ["unix:" + sock_path]; config.accesslog = None
     async with trio.open_nursery() as n:
         n.start_soon(drain)
