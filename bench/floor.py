@@ -22,8 +22,9 @@ the peers. The variants (peer=floor-VARIANT), each a fresh set of processes per 
 - `h11-keeper`: the same `POST` read and answered by h11 (the HTTP/1.1 library under
   hypercorn) in a plain trio connection loop, no ASGI server around it: what hypercorn's
   own layers (its protocol and stream objects, a task per request) add to `http-keeper`;
-- `http-commit-keeper`: the `http-keeper` request with one SQLite commit (WAL, synchronous=NORMAL, one
-  row of 1 KiB) before the line is sent: persisting the job before its start.
+- `http-commit-keeper`: the `http-keeper` request with one SQLite commit (WAL,
+  synchronous=NORMAL, one row of 1 KiB) before the line is sent: persisting the job
+  before its start.
 
 `latency.sh bare` runs in the same round (peer=bare).
 

@@ -1,0 +1,183 @@
+"""What hypercorn's layers cost motor's start latency: `motor serve` as it is, beside the same
+runner and app with each connection served by h11 alone, in the peers' line format.
+
+    python bench/http_layer.py [--rounds 3] [--samples 20] [--gap 0.3] [--isolation affinity]
+                               [--no-peers]
+
+Each round starts two runners on fresh state dirs, in a random order: `motor serve` as
+shipped (peer=motor-hypercorn), and `motor serve` with hypercorn's per-connection handler
+(motor/api/server.py `_TCPServer`) replaced, in that process only, by a plain trio loop
+around an `h11.Connection` that calls the same ASGI app (peer=motor-h11). The listeners,
+the connection cap, the app and everything behind it are the same. Against each it takes
+bench/latency.py's samples: `start_latency` (submit -> the job's own `date +%s.%N`) and
+`api_run_wall` (until the terminal event), motor's own client, one kept connection.
+`latency.sh bare` runs in the same round (peer=bare).
+
+The h11 loop here is a measuring probe, not a server motor ships: it serves the Unix
+socket's requests as the latency samples make them (a JSON body, an NDJSON stream, keep-
+alive) and nothing of what motor/api/server.py gets from hypercorn (the head timeout,
+graceful shutdown, protocol errors answered 400, `Expect: 100-continue`, TCP). It tells
+how much of the start latency is hypercorn's, and so what keeping hypercorn costs
+(docs/performance.md, "Stop 40").
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchlib import fs_note, load1
+from latency import ROOT, api_samples, emit, motor_env, peer_latency
+
+#: `python -c` program: run `motor ARGV...`, with h11 serving each connection when the first
+#: argument is "h11"
+SERVE = r"""
+import runpy, sys
+variant, argv = sys.argv[1], sys.argv[2:]
+if variant == "h11":
+    from urllib.parse import unquote
+    import h11
+    import motor.api.server as server
+
+    class H11Connection:
+        # hypercorn's `_TCPServer(app, config, context, state, stream)`, awaited once
+        def __init__(self, app, config, context, state, stream):
+            self.app, self.stream = app, stream
+            self.conn = h11.Connection(h11.SERVER)
+
+        def __await__(self):
+            return self.serve().__await__()
+
+        async def next_event(self):
+            while (event := self.conn.next_event()) is h11.NEED_DATA:
+                self.conn.receive_data(await self.stream.receive_some(65536))
+            return event
+
+        async def serve(self):
+            while isinstance(request := await self.next_event(), h11.Request):
+                if not await self.exchange(request):
+                    return
+                self.conn.start_next_cycle()
+
+        async def exchange(self, request):
+            conn, stream = self.conn, self.stream
+            path, _, query = request.target.partition(b"?")
+            scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"},
+                     "http_version": request.http_version.decode(),
+                     "method": request.method.decode(), "scheme": "http",
+                     "path": unquote(path.decode("ascii")), "raw_path": path,
+                     "query_string": query, "root_path": "", "headers": list(request.headers),
+                     "client": None, "server": None, "extensions": {}}
+            state = {"body_done": False, "gone": False, "ended": False, "head": None}
+
+            async def receive():
+                if not state["body_done"]:
+                    event = await self.next_event()
+                    if isinstance(event, h11.Data):
+                        return {"type": "http.request", "body": bytes(event.data),
+                                "more_body": True}
+                    state["body_done"] = True
+                    return {"type": "http.request", "body": b"", "more_body": False}
+                while not state["gone"]:  # after the body: wait for the client to leave
+                    data = await stream.receive_some(65536)
+                    state["gone"] = not data
+                    conn.receive_data(data)  # (a next request: parsed in its turn)
+                return {"type": "http.disconnect"}
+
+            async def send(message):
+                if message["type"] == "http.response.start":
+                    state["head"] = (message["status"], list(message.get("headers", [])))
+                    return
+                body, more = message.get("body", b""), message.get("more_body", False)
+                out = b""
+                if state["head"] is not None:
+                    status, headers = state["head"]
+                    state["head"] = None
+                    if not more and not any(k.lower() == b"content-length" for k, _ in headers):
+                        headers.append((b"content-length", b"%d" % len(body)))
+                    out += conn.send(h11.Response(status_code=status, headers=headers))
+                if body:
+                    out += conn.send(h11.Data(data=body))
+                if not more:
+                    out += conn.send(h11.EndOfMessage())
+                    state["ended"] = True
+                if out:
+                    await stream.send_all(out)
+
+            await self.app(scope, receive, send, None, None)
+            while not state["body_done"] and not isinstance(await self.next_event(),
+                                                          h11.EndOfMessage):
+                pass
+            return state["ended"] and not state["gone"] and conn.our_state is h11.DONE
+
+    server._TCPServer = H11Connection
+sys.argv = ["motor", *argv]
+runpy.run_module("motor", run_name="__main__", alter_sys=True)
+"""
+
+VARIANTS = ("hypercorn", "h11")
+
+
+def start(variant: str, tmp: Path, isolation: str) -> tuple[subprocess.Popen, Path]:
+    state = tmp / "state"
+    log_path = tmp / "serve.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SERVE, variant, "serve", "--state-dir", str(state),
+             "--max-weight", "2", "--free-space-floor-bytes", "0", "--isolation", isolation],
+            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=motor_env())
+    deadline = time.monotonic() + 60
+    while b"listening on" not in log_path.read_bytes():
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise SystemExit(f"serve ({variant}) did not start: {log_path.read_text()}")
+        time.sleep(0.01)
+    return proc, state / "motor.sock"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--samples", type=int, default=20)
+    ap.add_argument("--gap", type=float, default=0.3, help="idle seconds before each sample")
+    ap.add_argument("--isolation", default="affinity")
+    ap.add_argument("--no-peers", action="store_true")
+    args = ap.parse_args()
+    fs_note()
+    print(f"# http_layer: rounds={args.rounds} samples={args.samples} gap_s={args.gap} "
+          f"isolation={args.isolation} load1={load1()}", flush=True)
+    medians: dict[str, list[float]] = {}
+    for _ in range(args.rounds):
+        for variant in random.sample(VARIANTS, len(VARIANTS)):
+            with tempfile.TemporaryDirectory(prefix="motor-http-") as tmp:
+                proc, sock = start(variant, Path(tmp), args.isolation)
+                try:
+                    lat, walls = api_samples(sock, args.samples, args.gap)
+                finally:
+                    proc.terminate()
+                    proc.wait(30)
+            extra = f"isolation={args.isolation} server={variant}"
+            for metric, values in (("start_latency", lat), ("api_run_wall", walls)):
+                medians.setdefault(f"motor-{variant} {metric}", []).append(
+                    emit(f"motor-{variant}", metric, values, extra=extra))
+        if not args.no_peers:
+            value = peer_latency("bare", args.samples, args.gap)
+            if value is not None:
+                medians.setdefault("bare start_latency", []).append(value)
+    print(f"# medians over {args.rounds} rounds (ms), load1={load1()}")
+    for key, values in medians.items():
+        print(f"# {key:32s} {statistics.median(values):8.3f}")
+    bare = medians.get("bare start_latency")
+    for variant in VARIANTS:
+        if bare and (lat := medians.get(f"motor-{variant} start_latency")):
+            print(f"# motor-{variant} start_latency / fork+exec (bare): "
+                  f"{statistics.median(lat) / statistics.median(bare):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
