@@ -108,17 +108,37 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
     return argv, None
 
 
+def _messages_untranslated(environ=os.environ) -> bool:
+    """Whether gettext would hand every message back as it is: the language it takes (the
+    first of LANGUAGE, LC_ALL, LC_MESSAGES, LANG that is set, its first entry) is the C
+    locale (unset, `C`, `POSIX`, `C.UTF-8`, ...), for which no catalog is looked up."""
+    for name in ("LANGUAGE", "LC_ALL", "LC_MESSAGES", "LANG"):
+        if value := environ.get(name):
+            language = value.split(":")[0].split(".")[0].split("@")[0]
+            return language in ("", "C", "POSIX")
+    return True
+
+
 def _cache_argparse_translations() -> None:
     """argparse looks every message up with gettext, and each look-up searches the locale
     directories again (a dozen stat calls; about half of building a parser). The answer
-    cannot change within one process: remember it."""
+    cannot change within one process: remember it. In the C locale (services and CI jobs
+    mostly run in it) every answer is the message itself, so argparse is given that
+    without asking: gettext's first look-up imports `locale`, 2 ms of a CLI start."""
     import functools
     import gettext
 
+    untranslated = _messages_untranslated()
     if getattr(argparse, "_", None) is gettext.gettext:
-        argparse._ = functools.lru_cache(maxsize=None)(gettext.gettext)
+        argparse._ = str if untranslated else functools.lru_cache(maxsize=None)(gettext.gettext)
     if getattr(argparse, "ngettext", None) is gettext.ngettext:
-        argparse.ngettext = functools.lru_cache(maxsize=None)(gettext.ngettext)
+        argparse.ngettext = (_plural if untranslated
+                             else functools.lru_cache(maxsize=None)(gettext.ngettext))
+
+
+def _plural(singular: str, plural: str, n: int) -> str:
+    """gettext.ngettext without a catalog."""
+    return singular if n == 1 else plural
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -89,6 +89,42 @@ def test_client_command_help_imports_no_runner_server_or_trio(command):
         assert lean_forbidden_in(modules) == []
 
 
+C_LOCALE = {"LANGUAGE": "", "LC_ALL": "", "LC_MESSAGES": "", "LANG": "C.UTF-8"}
+
+
+@pytest.mark.parametrize("environ, untranslated", [
+    ({}, True), ({"LANG": "C"}, True), ({"LANG": "C.UTF-8"}, True), ({"LANG": "POSIX"}, True),
+    ({"LC_ALL": "", "LANG": "C.utf8"}, True), ({"LANGUAGE": "C:de"}, True),
+    ({"LANG": "de_DE.UTF-8"}, False), ({"LC_MESSAGES": "fr_FR", "LANG": "C"}, False),
+    ({"LANGUAGE": "de:C", "LANG": "C.UTF-8"}, False), ({"LC_ALL": "C", "LANG": "de_DE"}, True),
+])
+def test_gettext_is_skipped_exactly_where_it_would_translate_nothing(environ, untranslated):
+    from motor.cli import _messages_untranslated
+
+    assert _messages_untranslated(environ) is untranslated
+
+
+def test_a_command_in_the_c_locale_never_imports_locale_and_elsewhere_asks_gettext():
+    """In the C locale argparse gets its messages as they are: gettext's look-up, which
+    imports `locale` (2 ms of a start), is not made; in another locale it still is."""
+    result, modules = imported_modules("-m", "motor", "run", "--help", env_extra=C_LOCALE)
+    assert result.returncode == 0 and b"usage: motor run" in result.stdout, result.stderr[-2000:]
+    assert "locale" not in modules - _site_modules_of(C_LOCALE)
+
+    german = C_LOCALE | {"LANG": "de_DE.UTF-8"}
+    result, modules = imported_modules("-m", "motor", "run", "--help", env_extra=german)
+    assert result.returncode == 0 and b"motor run" in result.stdout, result.stderr[-2000:]
+    assert "locale" in modules
+
+
+def _site_modules_of(extra: dict) -> set[str]:
+    """What `python -c pass` itself imports in that environment."""
+    result = subprocess.run([sys.executable, "-X", "importtime", "-c", "pass"], capture_output=True,
+                            timeout=60, env=motor_env(extra), cwd=ROOT)
+    return {line.rsplit("|", 1)[1].strip() for line in result.stderr.decode().splitlines()
+            if line.startswith("import time:") and "|" in line}
+
+
 def test_run_submit_status_against_a_real_runner_import_no_runner_server_or_trio(serve):
     sock = str(serve.socket)
     result, modules = imported_modules("-m", "motor", "run", "--socket", sock, "--", "sh", "-c", "echo lean")
