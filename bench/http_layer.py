@@ -23,17 +23,14 @@ how much of the start latency is hypercorn's, and so what keeping hypercorn cost
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from benchlib import fs_note, load1
-from latency import ROOT, api_samples, emit, motor_env, peer_latency
+from latency import api_samples, emit, peer_latency, samples_parser, start_runner
 
 #: `python -c` program: run `motor ARGV...`, with h11 serving each connection when the first
 #: argument is "h11"
@@ -124,30 +121,8 @@ runpy.run_module("motor", run_name="__main__", alter_sys=True)
 VARIANTS = ("hypercorn", "h11")
 
 
-def start(variant: str, tmp: Path, isolation: str) -> tuple[subprocess.Popen, Path]:
-    state = tmp / "state"
-    log_path = tmp / "serve.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", SERVE, variant, "serve", "--state-dir", str(state),
-             "--max-weight", "2", "--free-space-floor-bytes", "0", "--isolation", isolation],
-            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=motor_env())
-    deadline = time.monotonic() + 60
-    while b"listening on" not in log_path.read_bytes():
-        if time.monotonic() > deadline or proc.poll() is not None:
-            raise SystemExit(f"serve ({variant}) did not start: {log_path.read_text()}")
-        time.sleep(0.01)
-    return proc, state / "motor.sock"
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--samples", type=int, default=20)
-    ap.add_argument("--gap", type=float, default=0.3, help="idle seconds before each sample")
-    ap.add_argument("--isolation", default="affinity")
-    ap.add_argument("--no-peers", action="store_true")
-    args = ap.parse_args()
+    args = samples_parser(__doc__, samples=20).parse_args()
     fs_note()
     print(f"# http_layer: rounds={args.rounds} samples={args.samples} gap_s={args.gap} "
           f"isolation={args.isolation} load1={load1()}", flush=True)
@@ -155,7 +130,8 @@ def main() -> None:
     for _ in range(args.rounds):
         for variant in random.sample(VARIANTS, len(VARIANTS)):
             with tempfile.TemporaryDirectory(prefix="motor-http-") as tmp:
-                proc, sock = start(variant, Path(tmp), args.isolation)
+                proc, sock = start_runner(Path(tmp), args.isolation,
+                                          (sys.executable, "-c", SERVE, variant))
                 try:
                     lat, walls = api_samples(sock, args.samples, args.gap)
                 finally:

@@ -90,11 +90,15 @@ def motor_env(root: Path | None = None) -> dict:
     return env
 
 
-def start_runner(tmp: Path, isolation: str) -> tuple[subprocess.Popen, Path]:
+def start_runner(tmp: Path, isolation: str,
+                 motor: tuple[str, ...] = (sys.executable, "-m", "motor"),
+                 ) -> tuple[subprocess.Popen, Path]:
+    """`motor serve` (`motor`: the command that runs motor) on a state dir under `tmp`, once
+    it listens: the process and its socket."""
     state = tmp / "state"
     log = open(tmp / "serve.log", "wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "motor", "serve", "--state-dir", str(state), "--max-weight", "2",
+        [*motor, "serve", "--state-dir", str(state), "--max-weight", "2",
          "--free-space-floor-bytes", "0", "--isolation", isolation],
         stdout=log, stderr=subprocess.STDOUT, cwd=MOTOR_ROOT,
         env=motor_env(None if MOTOR_ROOT == ROOT else MOTOR_ROOT))
@@ -317,13 +321,20 @@ def byte_compile(root: Path) -> None:
     compileall.compile_dir(str(root / "motor"), quiet=1)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def samples_parser(doc: str, samples: int) -> argparse.ArgumentParser:
+    """The arguments of a script that takes start-latency samples: --rounds, --samples,
+    --gap, --isolation, --no-peers."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--samples", type=int, default=10)
+    ap.add_argument("--samples", type=int, default=samples)
     ap.add_argument("--gap", type=float, default=0.3, help="idle seconds before each sample")
     ap.add_argument("--isolation", default="affinity")
     ap.add_argument("--no-peers", action="store_true")
+    return ap
+
+
+def main() -> None:
+    ap = samples_parser(__doc__, samples=10)
     ap.add_argument("--baseline-root", metavar="DIR")
     ap.add_argument("--api-only", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
