@@ -111,7 +111,8 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
 def _messages_untranslated(environ=os.environ) -> bool:
     """Whether gettext would hand every message back as it is: the language it takes (the
     first of LANGUAGE, LC_ALL, LC_MESSAGES, LANG that is set, its first entry) is the C
-    locale (unset, `C`, `POSIX`, `C.UTF-8`, ...), for which no catalog is looked up."""
+    locale (unset, `C`, `POSIX`, `C.UTF-8`, ...), which has no catalog (for `C.UTF-8`
+    Python's gettext still looks for one under that name; no distribution ships one)."""
     for name in ("LANGUAGE", "LC_ALL", "LC_MESSAGES", "LANG"):
         if value := environ.get(name):
             language = value.split(":")[0].split(".")[0].split("@")[0]

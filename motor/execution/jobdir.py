@@ -88,10 +88,10 @@ _environ: tuple[dict, dict[str, str]] = ({}, {})  # os.environ's raw bytes, and 
 
 
 def runner_environ() -> dict[str, str]:
-    """The runner's environment as text, for every job's (not to be changed: `job_env`
-    copies it). Decoded again only when it changed: reading os.environ decodes each
-    variable on every job's start (issue 14), while a look at its raw bytes (CPython keeps
-    them in `os.environ._data`) compares at C speed."""
+    """The runner's environment as text, the base of every job's (one dict, shared: never
+    changed; `job_env` copies it). Decoded again only when it changed: reading os.environ
+    decodes each variable on every job's start (issue 14), while a look at its raw bytes
+    (CPython keeps them in `os.environ._data`) compares at C speed."""
     global _environ
     raw = getattr(os.environ, "_data", None)
     if raw is None:
