@@ -131,3 +131,17 @@ def test_cancel_and_withdraw(serve):
     result = serve.cli("attach", running["job_id"])
     assert result.returncode == 130
     assert serve.cli("cancel", running["job_id"]).returncode == 0  # idempotent
+
+
+def test_every_job_through_serve_starts_from_the_runners_environment_and_a_request_env_stays_its_own(
+        serve_factory):
+    """The runner's environment is decoded once and shared by every job's start (jobdir
+    `runner_environ`): each job sees the runner's variable, a request's `--env` overrides it
+    for that job only, and the next job sees the runner's value again."""
+    runner = serve_factory()
+    runner.env = {"MOTOR_TEST_VAR": "from-serve"}
+    runner.start()
+    show = ["--", "sh", "-c", 'echo "[${MOTOR_TEST_VAR-unset}]"']
+    assert runner.cli("run", *show).stdout == b"[from-serve]\n"
+    assert runner.cli("run", "--env", "MOTOR_TEST_VAR=mine", *show).stdout == b"[mine]\n"
+    assert runner.cli("run", *show).stdout == b"[from-serve]\n"
