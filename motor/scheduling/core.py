@@ -51,6 +51,10 @@ State fields of `Scheduler`
                      whose clock advances (or -inf: paused and already run out); lazy
                      deletion: an entry is live while it is its job's ``due_key``.
 ``_breakpoints``     heap [(time, job_id)]: heads' aging points and retry ends (lazy deletion).
+``_in_order``, ``_claims_in``   workspace -> its queued jobs sorted in fence order
+                     (`_fence_order`), and their claims: which clocks a fence or a start
+                     can move, found by bisection (`_reclassify`).
+``_free_seen``       workspaces free at the last clock pass (every clock there advances).
 ``_dirty``, ``_fresh``   workspaces freed/changed, jobs that joined a queue, since the last
                      clock pass (`_reclassify`).
 ``_clock_changed``   ids whose clock changed course since `take_clock_changes`.
@@ -306,6 +310,9 @@ class _Job:
     cleanup_pending: bool = False
     head_keys: list = field(default_factory=list)  # [(index list name, key)] while filed as head
     due_key: tuple | None = None  # its entry in Scheduler._due while it has one
+    #: its place in the fence order while queued (`_fence_order`), an entry of
+    #: Scheduler._in_order
+    order: tuple | None = None
     # (time, line, clock value or None): formatted only when read (`Scheduler.story`); a
     # workspace freed or taken tells every clock queued there (issue 14)
     story: deque = field(default_factory=lambda: deque(maxlen=STORY_LINES))
@@ -403,6 +410,13 @@ class Scheduler:
         #: occupied workspace -> (head, room, claims behind the head, fence) at its
         #: last full clock pass (see `_reclassify`)
         self._occupied_seen: dict[str, tuple] = {}
+        #: workspace -> its queued jobs' `_Job.order` entries, sorted (`_fence_order`),
+        #: and their claims
+        self._in_order: dict[str, list[tuple]] = {}
+        self._claims_in: dict[str, Counter[int]] = {}
+        #: workspaces that were free at the last clock pass: every clock queued there
+        #: advances, but for the jobs that joined since (see `_reclassify`)
+        self._free_seen: set[str] = set()
         #: a clock pass at `_t` is owed: `finished()` leaves it to the `decide()` that
         #: follows at the same instant (see `decide`); anything else runs it first
         self._owed = False
@@ -498,6 +512,7 @@ class Scheduler:
         if dq is None:
             dq = self._queues[ws] = deque()
         dq.append(job_id)
+        self._put_in_order(job)
         if len(dq) == 1:
             self._file_head(ws)
         if job.spec.runner_enforces_budget:
@@ -623,6 +638,7 @@ class Scheduler:
         if dq is None:
             dq = self._queues[ws] = deque()
         dq.appendleft(job_id)
+        self._put_in_order(job)
         self._file_head(ws)
         if job.spec.runner_enforces_budget:
             self._enrol(job)
@@ -947,8 +963,10 @@ class Scheduler:
             if was_head:
                 self._unfile_head(ws)
             dq.remove(job.job_id)
+            self._take_from_order(job)
             if not dq:
                 del self._queues[ws]
+                self._free_seen.discard(ws)
             elif was_head:
                 self._file_head(ws)
             self._n_queued -= 1
@@ -1034,12 +1052,14 @@ class Scheduler:
         assert dq[0] == job.job_id
         self._unfile_head(ws)
         dq.popleft()
+        self._take_from_order(job)
         job.prev_dispatch = self._last_dispatch.get(ws)
         self._last_dispatch[ws] = next(self._dispatch_counter)
         if dq:
             self._file_head(ws)
         else:
             del self._queues[ws]
+            self._free_seen.discard(ws)
         self._n_queued -= 1
         self._n_setup += 1
         self._unenrol(job)
@@ -1055,6 +1075,53 @@ class Scheduler:
         self._tell(job, now, f"started: claim {job.claim}, held permits now {self._held}"
                    f"/{self.max_weight}, queue wait {job.clock_acc:.3f}s")
         return Start(job.job_id, job.claim)
+
+    @staticmethod
+    def _fence_order(job: _Job) -> tuple:
+        """A queued job's place in the order a fence is compared in, as a key that does not
+        change while it waits: gate jobs by arrival, then ordinary jobs, then background
+        jobs, each by readiness. Behind the head of an occupied workspace a job is at or
+        ahead of a fence F (`_order_key`: its clock may pause) exactly when its key is at
+        most F's: a job that has not aged is ready later than any aged fence, so it is
+        behind one either way, as its class-3 `_order_key` says."""
+        if job.spec.gate:
+            return (1, job.accept_seq, job.job_id)
+        return (4 if job.background else 2, job.ready_at, job.ready_seq, job.job_id)
+
+    def _put_in_order(self, job: _Job) -> None:
+        job.order = key = self._fence_order(job)
+        ws = job.workspace
+        order = self._in_order.get(ws)
+        if order is None:
+            self._in_order[ws] = [key]
+            self._claims_in[ws] = Counter((job.claim,))
+            return
+        self._claims_in[ws][job.claim] += 1
+        if order[-1] < key:
+            order.append(key)  # the usual case: readied after everything queued there
+        else:
+            bisect.insort(order, key)
+
+    def _take_from_order(self, job: _Job) -> None:
+        ws = job.workspace
+        order = self._in_order[ws]
+        if order[0] == job.order:
+            del order[0]  # the usual case: the head starts
+        else:
+            _sorted_remove(order, job.order)
+        job.order = None
+        if not order:
+            del self._in_order[ws], self._claims_in[ws]
+            return
+        claims = self._claims_in[ws]
+        claims[job.claim] -= 1
+        if not claims[job.claim]:
+            del claims[job.claim]
+
+    def _tail_claims(self, ws: str, head: _Job) -> set[int]:
+        """The claims of the jobs queued behind `head` in `ws`."""
+        claims = self._claims_in[ws]
+        return {c for c, n in claims.items() if n > 1 or c != head.claim}
 
     def _file_head(self, ws: str) -> None:
         job = self._jobs[self._queues[ws][0]]
@@ -1266,13 +1333,14 @@ class Scheduler:
             for ws in self._dirty:
                 if ws in owner or ws in sib_user:
                     continue  # occupied: its record is checked below
-                cache.pop(ws, None)
+                seen = cache.pop(ws, None)
                 dq = self._queues.get(ws)
                 if dq:
-                    for job_id in dq:
+                    for job_id in self._may_be_paused(ws, dq, seen):
                         job = self._jobs[job_id]
                         if job.clock_since is None:
                             self._set_clock(job, now, True)
+                    self._free_seen.add(ws)
             self._dirty.clear()
         fresh_in: dict[str, list[_Job]] = {}  # occupied workspace -> jobs that joined it
         if self._fresh:
@@ -1303,8 +1371,12 @@ class Scheduler:
                 walked = True
             return fence is None or fence is job or not fence_key < self._order_key(job, now)
 
+        free_seen = self._free_seen
         for ws, holder in occupied:
             dq = self._queues[ws]
+            was_free = ws in free_seen
+            if was_free:
+                free_seen.discard(ws)
             room = self.max_weight - (self._held - self._jobs[holder].claim)
             head = self._jobs[dq[0]]
             pausable = not head.cleanup_pending
@@ -1338,7 +1410,11 @@ class Scheduler:
                             fence_key = None if fence is None else self._order_key(fence, now)
                             walked = True
                         same = fence is s_fence
-                    if same:
+                    if same or s_fence is not _UNWALKED:
+                        if not same:
+                            # Only the fence moved (fence is walked here): the jobs between
+                            # the two in fence order, and only those, change answer.
+                            self._fence_moved(ws, head, room, s_fence, fence, now)
                         # Jobs that joined the tail since: decided alone (a job joining
                         # changes no other job's answer); the record now covers them too.
                         joined = [j for j in fresh_in.get(ws, ()) if j is not head]
@@ -1348,6 +1424,34 @@ class Scheduler:
                                      s_claims | {j.claim for j in joined} if joined else s_claims,
                                      fence if walked else s_fence)
                         continue
+            if was_free:
+                # Free at the last pass: every clock queued here advances, but for the jobs
+                # that joined since. Behind the head the clocks that pause now are those of
+                # the jobs at or ahead of the fence in `_fence_order` (every job, without a
+                # fence) whose claim fits: found by bisection, not by a pass over the queue.
+                if not walked:
+                    _, fence = self._walk(now, need_fence=True)
+                    fence_key = None if fence is None else self._order_key(fence, now)
+                    walked = True
+                order = self._in_order[ws]
+                cut = len(order) if fence is None else \
+                    bisect.bisect_right(order, self._fence_order(fence))
+                cacheable = True
+                jobs = self._jobs
+                for key in order[:cut]:
+                    job = jobs[key[-1]]
+                    if job is not head:
+                        if job.retry_at > now:
+                            cacheable = False  # as below
+                        self._set_clock(job, now, not pauses(job, room))
+                for job in fresh_in.get(ws, ()):
+                    if job is not head:
+                        self._set_clock(job, now, not pauses(job, room))
+                if cacheable:
+                    cache[ws] = (dq[0], room, self._tail_claims(ws, head), fence)
+                else:
+                    cache.pop(ws, None)
+                continue
             claims = set()
             cacheable = True
             for i in range(1, len(dq)):
@@ -1360,6 +1464,50 @@ class Scheduler:
                 cache[ws] = (dq[0], room, claims, fence if walked else _UNWALKED)
             else:
                 cache.pop(ws, None)
+
+    def _may_be_paused(self, ws: str, dq: deque[str], seen: tuple | None):
+        """The jobs queued in `ws`, just freed (or changed while free), whose clocks may be
+        paused: when it was free at the last pass too, none (only a pass that finds a
+        workspace occupied pauses a clock; its head is returned all the same); with the
+        record of its last pass while occupied (`seen`, see `_reclassify`), its head and
+        the jobs at or ahead of that pass's fence in `_fence_order` (every job, without a
+        fence; none, when no claim fitted); else every job queued there. (Jobs that
+        joined since the last pass are the caller's.)"""
+        if seen is None:
+            return (dq[0],) if ws in self._free_seen else dq
+        if not (seen[0] == dq[0] or self._left_queue(seen[0])):
+            return dq
+        fence = seen[3]
+        if fence is _UNWALKED:
+            return (dq[0],)
+        order = self._in_order[ws]
+        cut = len(order) if fence is None else \
+            bisect.bisect_right(order, self._fence_order(fence))
+        return [dq[0], *(key[-1] for key in order[:cut])]
+
+    def _fence_moved(self, ws: str, head: _Job, room: int, was: _Job | None,
+                     fence: _Job | None, now: float) -> None:
+        """`_reclassify` for the jobs behind `head` in the occupied workspace `ws` when only
+        the fence changed since its record (`was` then, `fence` now): a job's answer
+        there is (its claim fits `room`) and (no fence, or it is at or ahead of the fence
+        in `_fence_order`), and the claims' side of room is as it was; so the jobs whose
+        answer changes are those between the two fences in that order (no fence: after
+        every job), found by bisection instead of a pass over the queue (issue 14: with a
+        deep workspace every start moved the fence and re-decided thousands of jobs)."""
+        order = self._in_order[ws]
+        top = (5,)  # after every key: where "no fence" stands
+        old_at = top if was is None else self._fence_order(was)
+        new_at = top if fence is None else self._fence_order(fence)
+        if old_at == new_at:
+            return
+        lo, hi = (old_at, new_at) if old_at < new_at else (new_at, old_at)
+        start = bisect.bisect_right(order, lo)
+        stop = bisect.bisect_right(order, hi)
+        jobs = self._jobs
+        for key in order[start:stop]:
+            job = jobs[key[-1]]
+            if job is not head and job.claim <= room:
+                self._set_clock(job, now, not key <= new_at)
 
     def _left_queue(self, job_id: str) -> bool:
         """Whether a workspace's recorded head has left its queue (started, ended): then

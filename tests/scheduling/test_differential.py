@@ -306,3 +306,70 @@ def test_differential_smoke_many_workspaces():
         live = [j for j in live if ref.job_state(j) is not None]
         for job_id in rnd.sample(live, min(5, len(live))):
             both("wait_status", job_id, now)
+
+
+def test_differential_deep_workspaces_drained_in_rotation():
+    """A few deep workspaces drained two at a time (issue 14: each start takes another
+    workspace, each end frees one), through the young phase and past 60 s, with gates,
+    background jobs, a claim that fits only alone and one that never fits, failed starts
+    and withdrawals: every decision, and the clock of every queued job, the same in both
+    cores after every step. This is where the incremental core skips work (a workspace
+    freed or taken, a fence that moved), so the clocks are compared job by job."""
+    import random
+
+    rnd = random.Random(41)
+    kwargs = dict(max_weight=2, max_queue_depth=10_000, claim_limit=3)
+    new, ref = core.Scheduler(**kwargs), reference.Scheduler(**kwargs)
+    now, n, live = 0.0, 0, []
+    workspaces = ["a", "b", "c", "d"]
+
+    def both(name, *args, **kw):
+        got = _call(getattr(new, name), *args, **kw)
+        want = _call(getattr(ref, name), *args, **kw)
+        assert got == want, (name, args, got, want)
+        return want[1] if want[0] == "ok" else None
+
+    def submit():
+        nonlocal n
+        n += 1
+        spec = core.JobSpec(f"j{n}", workspaces[n % 4], claim=rnd.choice([1] * 12 + [2, 3]),
+                            gate=rnd.random() < 0.03,
+                            kind="warm_build" if rnd.random() < 0.05 else "job",
+                            queue_wait_limit_s=rnd.choice([None, None, 150.0]),
+                            runner_enforces_budget=rnd.random() < 0.5)
+        if both("accept", spec, now) is None:
+            both("ready", spec.job_id, now)
+            live.append(spec.job_id)
+
+    def compare_clocks(step):
+        queued = [j for j in live if ref.job_state(j) == "queued"]
+        assert new.clock_states(queued, now) == [ref.clock_state(j, now) for j in queued], \
+            (step, now)
+
+    for _ in range(240):
+        submit()
+        now += 0.25
+    for step in range(1500):
+        running = [j for j in live if ref.job_state(j) == "running"]
+        r = rnd.random()
+        if r < 0.7 and running:
+            both("finished", running[0], now)  # an end, and the next start at that instant
+            if rnd.random() < 0.2:
+                compare_clocks(step)  # a read between the two: the workspace freed
+        elif r < 0.8:
+            submit()
+        elif r < 0.82 and live:
+            both("withdraw", rnd.choice(live), now)
+        else:
+            now += rnd.choice([0.05, 0.4, 2.0, 9.0])
+        for start in both("decide", now):
+            if rnd.random() < 0.05:
+                both("start_failed", start[1][0], now)
+            else:
+                both("setup_done", start[1][0], now)
+        both("next_wakeup", now)
+        for job_id in both("expired", now):
+            both("withdraw", job_id, now)
+        live = [j for j in live if ref.job_state(j) is not None]
+        compare_clocks(step)
+    assert now > 120.0  # the heads aged on the way

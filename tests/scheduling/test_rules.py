@@ -818,3 +818,40 @@ def test_a_job_adopted_while_setting_up_whose_start_then_fails_is_requeued():
     assert stats.held_permits == 0 and stats.setup_permits == 0
     assert s.decide(1.0) == []  # its retry delay first
     assert [st.job_id for st in s.decide(1.0 + 3600)] == ["old"]
+
+
+def test_a_drain_of_aged_deep_workspaces_re_decides_only_the_clocks_a_fence_moves(monkeypatch):
+    """Per-event clock work in a deep queue over few workspaces (issue 14): 2,000 jobs over
+    4 workspaces, 2 at a time, drained in rotation (each end frees one workspace, the
+    start at the same instant takes another) once the heads have aged. Each start moves
+    the fence (the oldest head waiting for permits), and the workspaces freed and taken
+    hold some 500 jobs each; a clock pauses only at or ahead of the fence, so the pass
+    looks at the jobs between two fences and those ahead of one, a few per event, not at
+    every job queued in the workspaces the event touched (it did: 953 per event).
+    The answers are the reference core's (test_differential.py)."""
+    looked_at = []
+    set_clock = Scheduler._set_clock
+
+    def counted(self, job, now, advancing):
+        looked_at.append(job.job_id)
+        return set_clock(self, job, now, advancing)
+
+    monkeypatch.setattr(Scheduler, "_set_clock", counted)
+    s = sched(2, depth=10_000)
+    now = 0.0
+    for i in range(2000):
+        add(s, f"j{i}", f"w{i % 4}", now, claim=1, runner_enforces_budget=i % 2 == 0)
+        now += 0.001
+    running = started(s, now)
+    for job_id in running:
+        s.setup_done(job_id, now)
+    now = 70.0  # every head has aged: a head waiting for permits fences
+    looked_at.clear()
+    for _ in range(200):
+        now += 0.01
+        s.finished(running.pop(0), now)
+        for job_id in started(s, now):
+            s.setup_done(job_id, now)
+            running.append(job_id)
+    assert len(s._queues["w0"]) > 400  # still deep
+    assert len(looked_at) <= 200 * 20, f"{len(looked_at) / 200:.1f} clocks looked at per event"
