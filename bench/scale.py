@@ -1,7 +1,8 @@
 """The 10,000-queued rows of issue 14: a real `motor serve` with a deep queue.
 
     python bench/scale.py [--n 10000] [--workspaces 2000] [--isolation affinity]
-                          [--max-weight 2] [--tries 5] [--drain-limit 300] [--no-restart]
+                          [--max-weight 2] [--tries 5] [--drain-limit 300] [--drain-after S]
+                          [--no-restart]
                           [--profile DIR]
 
 A runner on a temporary state dir (`--max-queue-depth` = n + 100, `--max-weight`). A
@@ -30,7 +31,10 @@ blocker job (`sleep`, claim = max_weight) takes all capacity; then N jobs of `tr
 - `drain_rate`: cancel the blocker and count the jobs that end per second until none is
   queued or running (polled every 0.2 s through `/v1/health`, whose capacity is O(1)),
   or `--drain-limit` seconds pass (then the rate of those that ended;
-  `complete=0` says so). Every ended job is checked to have succeeded.
+  `complete=0` says so). Every ended job is checked to have succeeded. `--drain-after S`
+  starts it no sooner than S seconds after the last submit (`after_fill_s=` says when):
+  with 61 every job queued has passed its 60 s aging point, so a head waiting for
+  permits fences (with a few deep workspaces: each start moves the fence).
 
 `--profile DIR` runs each runner start under cProfile (main thread only: work in
 `trio.to_thread` threads is not in it) and writes DIR/serve-K.prof when it stops; the
@@ -168,6 +172,9 @@ def main() -> int:
     ap.add_argument("--max-weight", type=int, default=2)
     ap.add_argument("--tries", type=int, default=5, help="requests per latency figure")
     ap.add_argument("--drain-limit", type=float, default=300.0, help="seconds to measure the drain")
+    ap.add_argument("--drain-after", type=float, default=0.0, metavar="S",
+                    help="start the drain no sooner than S seconds after the last submit "
+                         "(61: every queued job has passed its 60 s aging point)")
     ap.add_argument("--no-restart", action="store_true")
     ap.add_argument("--block", type=int, default=1000, help="submits per submit_rate line")
     ap.add_argument("--profile", metavar="DIR",
@@ -211,7 +218,8 @@ def main() -> int:
                     emit("submit_rate", done / (now - t_block), "jobs/s",
                          f"block={(i // args.block) + 1} queued={i + 1}")
                     t_block = now
-            fill = time.perf_counter() - t_fill
+            t_filled = time.perf_counter()
+            fill = t_filled - t_fill
             emit("fill_wall", fill, "s", f"n={args.n} jobs_per_s={args.n / fill:.1f}")
 
             # -- latency and size with N queued ---------------------------------------------
@@ -260,6 +268,8 @@ def main() -> int:
                 emit("runner_rss_after_restart", runner.rss_mib(), "MiB", f"queued={args.n}")
 
             # -- drain --------------------------------------------------------------------------
+            time.sleep(max(0.0, args.drain_after - (time.perf_counter() - t_filled)))
+            after_fill = time.perf_counter() - t_filled
             client.cancel(blocker.job_id)
             t0 = time.perf_counter()
             remaining = args.n
@@ -281,7 +291,8 @@ def main() -> int:
             ended = [r for r in records if r["job_id"] != blocker.job_id and r["state"] in TERMINAL_STATES]
             bad = [r for r in ended if r["state"] != "succeeded"]
             emit("drain_rate", len(ended) / wall, "jobs/s",
-                 f"ended={len(ended)} wall_s={wall:.1f} complete={int(remaining == 0)} not_succeeded={len(bad)}")
+                 f"ended={len(ended)} wall_s={wall:.1f} complete={int(remaining == 0)} not_succeeded={len(bad)}"
+                 f" after_fill_s={after_fill:.1f}")
             if bad:
                 print(f"# not succeeded (first 3): {bad[:3]}", flush=True)
             return 1 if bad else 0

@@ -13,6 +13,9 @@ Each round, with the queue kept at N:
   next_wakeup() what the dispatcher asks after every message.
 Printed: the median of the rounds, per call.  Then, once per size:
   finished() after the heads pass 60 s  (time jumps 61 s: every head ages on the way),
+  finished() + decide(), heads aged  then, each round, one job ends and the next starts
+               (median; with few workspaces and --plain the start is in another
+               workspace and moves the fence),
   status view  wait_status() + clock_state() of every queued job; for the core also
                wait_statuses() of all of them (what GET /v1/status does now),
   recovery     a fresh core re-admitting N queued jobs (accept(force) + ready(waited, age))
@@ -101,7 +104,21 @@ def bench(mod, n: int, rounds: int) -> dict[str, float]:
     # every head passes its 60 s aging point before the next event
     now += 61.0
     out["finished() after heads pass 60 s (1 run)"] = timed(s.finished, running.pop(0), now)
-    s.decide(now)
+
+    def start(now: float) -> None:
+        for st in s.decide(now):
+            s.setup_done(st.job_id, now)
+            running.append(st.job_id)
+
+    start(now)
+    aged = []
+    for _ in range(rounds):
+        now += 0.01
+        t0 = time.perf_counter()
+        s.finished(running.pop(0), now)
+        start(now)
+        aged.append(time.perf_counter() - t0)
+    out["finished() + decide(), heads aged"] = statistics.median(aged)
     queued = [j for j in (f"j{i}" for i in range(nxt)) if s.job_state(j) == "queued"]
 
     def status_view():
