@@ -471,7 +471,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             return follow(stream, as_json=args.json, on_job_id=job_id.append, watch=watch)
         except RunnerUnavailable as exc:
-            return _unavailable(exc)
+            status = _unavailable(exc)
+            if job_id:  # accepted: it is not lost with the connection (a runner restart)
+                _err(f"motor: job {job_id[0]} was accepted and is not lost with the connection;"
+                     f" follow it again with: motor attach {job_id[0]}")
+            return status
     except KeyboardInterrupt:
         if watch is not None:
             watch.stop()

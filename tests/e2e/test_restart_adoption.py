@@ -158,3 +158,29 @@ def test_a_runner_switched_to_per_job_keepers_adopts_and_cancels_keeperd_jobs(
     barrier.write_text("")
     result = serve.cli("attach", waits, "--from-seq", "0")
     assert result.returncode == 6 and result.stdout == b"before\nafter\n"
+
+
+def test_motor_run_across_a_restart_names_its_job_and_attach_follows_it_to_the_end(
+        serve_factory, tmp_path):
+    """`motor serve` stopped (SIGTERM: an upgrade) while `motor run` follows a job: the
+    client loses its connection and exits 69, naming the job, which keeps running; after
+    the restart `motor attach` with that id replays it and ends with its exit status."""
+    barrier = tmp_path / "go"
+    serve = serve_factory().start()
+    run = serve.cli_popen(
+        "run", "--weight", "1", "--",
+        "sh", "-c", f"echo before; while [ ! -e {barrier} ]; do sleep 0.01; done; echo after; exit 7")
+    wait_for(lambda: len(serve.cli_json("status")["running"]) == 1, what="the job to run")
+    job_id = serve.cli_json("status")["running"][0]["job_id"]
+    wait_for(lambda: _has_output(serve, job_id, "before"), what="first line")
+    assert serve.stop() == 0
+    out, err = run.communicate(timeout=30)
+    assert run.returncode == 69, err.decode()
+    assert out == b"before\n"
+    assert f"follow it again with: motor attach {job_id}" in err.decode()
+
+    serve.start()
+    barrier.write_text("")
+    result = serve.cli("attach", job_id, "--from-seq", "0")
+    assert result.returncode == 7, result.stderr.decode()
+    assert result.stdout == b"before\nafter\n"
