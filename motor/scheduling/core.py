@@ -1359,16 +1359,20 @@ class Scheduler:
         walked = False
         fence = fence_key = None
 
-        def pauses(job: _Job, room: int) -> bool:
-            """A pausable job: does its clock pause (fits once its holder frees, not in a
-            retry delay, no fence ahead of it)?"""
+        def walk() -> None:
+            """Find the fence (once per pass: a dry walk of the heads)."""
             nonlocal walked, fence, fence_key
-            if not (now >= job.retry_at and job.claim <= room):
-                return False
             if not walked:
                 _, fence = self._walk(now, need_fence=True)
                 fence_key = None if fence is None else self._order_key(fence, now)
                 walked = True
+
+        def pauses(job: _Job, room: int) -> bool:
+            """A pausable job: does its clock pause (fits once its holder frees, not in a
+            retry delay, no fence ahead of it)?"""
+            if not (now >= job.retry_at and job.claim <= room):
+                return False
+            walk()
             return fence is None or fence is job or not fence_key < self._order_key(job, now)
 
         free_seen = self._free_seen
@@ -1405,10 +1409,7 @@ class Scheduler:
                         not any(lo < c <= hi for c in s_claims):
                     same = not any(c <= room for c in s_claims)  # all advance, as they did
                     if not same:
-                        if not walked:
-                            _, fence = self._walk(now, need_fence=True)
-                            fence_key = None if fence is None else self._order_key(fence, now)
-                            walked = True
+                        walk()
                         same = fence is s_fence
                     if same or s_fence is not _UNWALKED:
                         if not same:
@@ -1429,13 +1430,9 @@ class Scheduler:
                 # that joined since. Behind the head the clocks that pause now are those of
                 # the jobs at or ahead of the fence in `_fence_order` (every job, without a
                 # fence) whose claim fits: found by bisection, not by a pass over the queue.
-                if not walked:
-                    _, fence = self._walk(now, need_fence=True)
-                    fence_key = None if fence is None else self._order_key(fence, now)
-                    walked = True
+                walk()
                 order = self._in_order[ws]
-                cut = len(order) if fence is None else \
-                    bisect.bisect_right(order, self._fence_order(fence))
+                cut = self._up_to(order, fence)
                 cacheable = True
                 jobs = self._jobs
                 for key in order[:cut]:
@@ -1481,9 +1478,12 @@ class Scheduler:
         if fence is _UNWALKED:
             return (dq[0],)
         order = self._in_order[ws]
-        cut = len(order) if fence is None else \
-            bisect.bisect_right(order, self._fence_order(fence))
-        return [dq[0], *(key[-1] for key in order[:cut])]
+        return [dq[0], *(key[-1] for key in order[:self._up_to(order, fence)])]
+
+    def _up_to(self, order: list[tuple], fence: _Job | None) -> int:
+        """How many of a workspace's queued jobs in fence order (`order`) are at or ahead of
+        `fence`: all of them when there is none."""
+        return len(order) if fence is None else bisect.bisect_right(order, self._fence_order(fence))
 
     def _fence_moved(self, ws: str, head: _Job, room: int, was: _Job | None,
                      fence: _Job | None, now: float) -> None:
