@@ -1170,7 +1170,11 @@ class Scheduler:
         return claim <= self.max_weight - held
 
     def _aged(self, job: _Job, now: float) -> bool:
-        return now - job.ready_at >= GRACE_S
+        # At or after its aging point, computed as its breakpoint is (`ready_at + GRACE_S`):
+        # `now - ready_at >= GRACE_S` can be false at that very point in floats (readied at
+        # 4.07 s: 64.07 - 4.07 is 59.99999999999999), and the head then fenced only from
+        # the next event on.
+        return job.ready_at + GRACE_S <= now
 
     def _fences(self, job: _Job, now: float) -> bool:
         """A head waiting for permits that stops backfill behind it."""
@@ -1205,7 +1209,6 @@ class Scheduler:
         held = self._held
         extra: set[str] = set()
         starts: list[_Job] = []
-        cut = now - GRACE_S
 
         def visit(job: _Job) -> bool:
             """True when the walk stops at this head (a fence)."""
@@ -1224,7 +1227,7 @@ class Scheduler:
             if visit(job):
                 return starts, job
         for ready_at, _, job_id in self._ready_heads:
-            if ready_at > cut:
+            if ready_at + GRACE_S > now:
                 break
             job = jobs[job_id]
             if visit(job):
@@ -1232,7 +1235,7 @@ class Scheduler:
         if self._rot_claims and self.max_weight - held >= min(self._rot_claims):
             smallest = min(self._rot_claims)
             for _, ready_at, _, job_id in self._rot_heads:
-                if ready_at > cut:
+                if ready_at + GRACE_S > now:
                     visit(jobs[job_id])  # an ordinary head that has not aged never fences
                     if self.max_weight - held < smallest:
                         break
@@ -1241,7 +1244,7 @@ class Scheduler:
             if not may_start and not need_fence:
                 return starts, None
             for ready_at, _, job_id in self._bg_heads:
-                if not may_start and ready_at > cut:
+                if not may_start and ready_at + GRACE_S > now:
                     break  # only aged background heads fence; nothing here can start
                 job = jobs[job_id]
                 if visit(job):

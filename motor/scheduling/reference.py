@@ -658,13 +658,12 @@ class Scheduler:
         """Heads in dispatch order (classes 1-4); tolerant of index changes while iterating."""
         for _, job_id in list(self._gate_heads):
             yield job_id
-        cut = now - GRACE_S
         for ready_at, _, job_id in list(self._ready_heads):
-            if ready_at > cut:
+            if ready_at + GRACE_S > now:
                 break
             yield job_id
         for _, ready_at, _, job_id in list(self._rot_heads):
-            if ready_at > cut:
+            if ready_at + GRACE_S > now:
                 yield job_id
         for _, _, job_id in list(self._bg_heads):
             yield job_id
@@ -677,7 +676,11 @@ class Scheduler:
         return claim <= self.max_weight - held
 
     def _aged(self, job: _Job, now: float) -> bool:
-        return now - job.ready_at >= GRACE_S
+        # At or after its aging point, computed as its breakpoint is (`ready_at + GRACE_S`):
+        # `now - ready_at >= GRACE_S` can be false at that very point in floats (readied at
+        # 4.07 s: 64.07 - 4.07 is 59.99999999999999), and the head then fenced only from
+        # the next event on.
+        return job.ready_at + GRACE_S <= now
 
     def _fences(self, job: _Job, now: float) -> bool:
         """A head waiting for permits that stops backfill behind it."""

@@ -855,3 +855,20 @@ def test_a_drain_of_aged_deep_workspaces_re_decides_only_the_clocks_a_fence_move
             running.append(job_id)
     assert s.statistics().queued > 1700  # still deep: some 450 per workspace
     assert len(looked_at) <= 200 * 20, f"{len(looked_at) / 200:.1f} clocks looked at per event"
+
+
+def test_a_head_fences_at_its_own_aging_point_whatever_the_float_rounding():
+    """A head readied at 4.07 s ages at its breakpoint, 4.07 + 60, and fences from that very
+    instant: a smaller job readied then is not backfilled past it. (Computed as `now -
+    ready_at`, 64.07 - 4.07 is 59.99999999999999 in floats: the head was not aged at its
+    own breakpoint and fenced only from the next event, seen through the runner.)"""
+    ready = 4.07
+    aging_point = ready + 60.0
+    assert aging_point - ready < 60.0  # the float case this test is about
+    s = sched(2)
+    run(s, "holder", "w0", 0.0, claim=1)
+    add(s, "big", "w1", ready, claim=2)  # waits for both permits
+    assert started(s, ready) == []
+    add(s, "small", "w2", aging_point, claim=1)
+    assert started(s, aging_point) == []  # big has aged: no backfill past it
+    assert s.wait_status("small", aging_point).waiting_on == "permits"
