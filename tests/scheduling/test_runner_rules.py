@@ -723,3 +723,75 @@ async def test_a_restart_rewrites_no_queued_clock_whose_course_held(tmp_path, au
         go.write_text("")
         for job in (blocker, *queued):
             assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
+
+
+async def test_deep_workspaces_pause_only_the_clocks_at_or_ahead_of_the_fence_through_the_runner(
+        tmp_path, autojump_clock):
+    """The queue-wait clock rule where the core finds the clocks to change by fence order
+    (issue 14, stop 41), through the embedded runner with real jobs: behind an occupied
+    workspace's head a clock pauses only when the job is at or ahead of the fence (the
+    oldest aged head waiting for permits); when the fence moves, the jobs between the two
+    fences change course; a workspace taken after it was free pauses the jobs queued there
+    (no fence then). Virtual time: heads age at 60 s, from their exact aging point (this
+    test first showed a head readied at a time like 5.58 s fencing only 7 s late)."""
+    go = {name: tmp_path / f"go-{name}" for name in ("hA", "hB", "c1", "b1")}
+    config = embedded_config(tmp_path, max_weight=2)
+    async with motor.open_runner(config) as runner:
+        async def submit(name, ws):
+            barrier = go.get(name)
+            request = (barrier_job(barrier, weight_hint=1, workspace=ws) if barrier
+                       else JobRequest(command=["true"], weight_hint=1, workspace=ws))
+            return (await runner.submit(request)).job_id
+
+        async def waited(job_id):
+            live = await runner.get(job_id)
+            assert live.state == "queued", live
+            return live.queue_wait_ms
+
+        hA, hB = await submit("hA", "A"), await submit("hB", "B")
+        for job_id in (hA, hB):
+            await wait_until(lambda: _is(runner, job_id, "running"), "a holder to run")
+        t0 = trio.current_time()
+        a1 = await submit("a1", "A")  # behind A's owner, ahead of every later fence
+        await trio.sleep(5)
+        c1 = await submit("c1", "C")  # waits for permits: the fence once it has aged
+        await trio.sleep(5)
+        a2 = await submit("a2", "A")  # readied after c1, before b1
+        await trio.sleep(2)
+        b1 = await submit("b1", "B")
+        await trio.sleep(2)
+        b2 = await submit("b2", "B")
+        await trio.sleep(2)
+        b3 = await submit("b3", "B")
+        await trio.sleep(100 - (trio.current_time() - t0))
+
+        # c1 aged at 65 s and fences: a1 (ahead of it) stays paused, a2 and B's jobs
+        # (behind it) advance from then on; c1 itself advances (it waits for permits)
+        assert await waited(a1) == 0
+        assert 34_000 <= await waited(a2) <= 36_000
+        assert 34_000 <= await waited(b2) <= 36_000
+        assert await waited(c1) >= 90_000
+
+        # B freed: c1 (older than b1) takes the permit, B stays free and its head b1, aged
+        # and waiting for permits, is the fence now: a2 (readied before b1) pauses
+        go["hB"].write_text("")
+        await wait_until(lambda: _is(runner, c1, "running"), "c1 to start")
+        a2_then, b2_then = await waited(a2), await waited(b2)
+        await trio.sleep(50)
+        assert await waited(a2) == a2_then
+        assert await waited(b2) >= b2_then + 45_000  # B is free: it advances
+        assert await waited(a1) == 0
+
+        # c1 ends: b1 takes B after it was free, with no fence left: the jobs queued behind
+        # it (b2, now B's head, and b3 behind b2) pause
+        go["c1"].write_text("")
+        await wait_until(lambda: _is(runner, b1, "running"), "b1 to start")
+        b2_then, b3_then = await waited(b2), await waited(b3)
+        await trio.sleep(50)
+        assert (await waited(b2), await waited(b3)) == (b2_then, b3_then)
+        assert await waited(a2) == a2_then
+
+        for barrier in go.values():
+            barrier.write_text("")
+        for job_id in (hA, hB, a1, c1, a2, b1, b2, b3):
+            assert (await terminal_of(runner, job_id))["state"] == "succeeded"
