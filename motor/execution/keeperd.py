@@ -44,6 +44,7 @@ if __name__ == "__main__" and not __package__:  # run by path: see scriptboot.py
 
     scriptboot.bootstrap(__file__)
 
+import collections  # noqa: E402
 import fcntl  # noqa: E402
 import json  # noqa: E402
 import selectors  # noqa: E402
@@ -55,6 +56,7 @@ from typing import Any  # noqa: E402
 from motor import faults  # noqa: E402
 from motor.execution import keeper as K  # noqa: E402
 from motor.execution import spares as S  # noqa: E402
+from motor.execution.slotspares import SlotSpares  # noqa: E402
 from motor.isolation.join import (  # noqa: E402
     SCOPE_TIMEOUT_S, JoinError, fork_into_cgroup, join_confinement,
 )
@@ -126,6 +128,10 @@ def _carries_marker(pid: int, job_id: bytes) -> bool:
     return JOB_MARKER + job_id in env.split(b"\0")
 
 
+#: a job's CPU times as a slot spare relays them (the fields of a wait4 rusage keeperd reads)
+_Times = collections.namedtuple("_Times", "ru_utime ru_stime")
+
+
 class _SpawnFailed(Exception):
     pass
 
@@ -151,6 +157,7 @@ class Job(K.HeldOutput):
         self.record_pid_at: float | None = None  # when keeper.json gets the job's pid
         self.wait_status = 0
         self.rusage: Any = None
+        self.spare: Any = None  # the slot spare whose child the job is (slotspares.py)
         self.drain_until = 0.0
         self.init_output(job_dir)  # output.log and its hold while the disk is full
         self.keeper_json_error: str | None = None
@@ -235,6 +242,10 @@ class Keeperd:
         # keeperd forks every job that joins its groups itself, and a smaller process forks
         # faster)
         self.scopes: Any = None
+        # per slot slice, a process of keeperd's in a scope there that clones the slot's
+        # jobs into it: no unit per job (motor/execution/slotspares.py)
+        self.slot_spares = SlotSpares(self.sel, self._log, self._scope_starter,
+                                      self._spare_exit, self._spare_gone)
 
     # -- event loop ---------------------------------------------------------------------
 
@@ -260,6 +271,8 @@ class Keeperd:
                 if extra is not None:
                     deadlines.append(extra)
             timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+            if self.slot_spares.deferred:  # exits relayed during an order: handled now
+                timeout = 0
             # Spares are made once nothing else is ready, one per turn (a request or an exec
             # that comes in between is served first; docs/isolation.md, "Spares").
             refill = self.spares.refill_due
@@ -269,11 +282,13 @@ class Keeperd:
                     key.data(events)
                 except Exception:  # a keeperd bug must not take every job down with it
                     self._log_exception()
+            self.slot_spares.flush()
             if refill and not ready:
                 try:
                     self.spares.fill_one()
                 except Exception:
                     self._log_exception()
+        self.slot_spares.close()
         if self.scopes is not None:
             self.scopes.close()
         self._shutdown()
@@ -323,7 +338,8 @@ class Keeperd:
     def _strangers(self) -> list[int]:
         """Our children that are no job's main process: processes re-parented to us (we
         are the jobs' subreaper)."""
-        return [p for p in _children(self.pid) if p not in self.mains]
+        spares = self.slot_spares.pids()
+        return [p for p in _children(self.pid) if p not in self.mains and p not in spares]
 
     def _reap_orphans(self, strangers: list[int] | None = None) -> None:
         """Reap exited processes re-parented to us (`strangers`, if just read); never a
@@ -558,7 +574,14 @@ class Keeperd:
             # a spare's thread already in the job's groups spawns it, or the job joins its
             # groups (or systemd scope) before exec, or nothing to join
             pid, exec_fd = self._from_spare(spec, exe, argv, env, out_w, err_w), -1
-            if pid is None and (spec.get("cgroup_procs") or spec.get("systemd_scope")):
+            if pid is None and (scope := spec.get("systemd_scope")):
+                # born in its slot's scope, or forked into a scope of its own (and the
+                # slot's spare made after that)
+                pid = self._from_slot_spare(job, spec, scope, exe, argv, env, out_w, err_w)
+                if pid is None:
+                    pid, exec_fd = self._fork_exec(spec, exe, argv, env, out_w, err_w, cmd0)
+                    self.slot_spares.want(scope)
+            elif pid is None and spec.get("cgroup_procs"):
                 pid, exec_fd = self._fork_exec(spec, exe, argv, env, out_w, err_w, cmd0)
             elif pid is None:
                 pid = self._posix_spawn(spec, exe, argv, env, out_w, err_w)
@@ -584,8 +607,8 @@ class Keeperd:
         if timeout_s is not None:
             job.timeout_s = float(timeout_s)
             job.timeout_at = job.start + job.timeout_s
-        job.pidfd = os.pidfd_open(pid)
-        self.sel.register(job.pidfd, selectors.EVENT_READ, lambda ev, j=job: self._on_exit(j))
+        if job.spare is None:  # else the spare reaps the job and relays its end
+            self._watch_exit(job)
         for fd, stream in ((out_r, STDOUT), (err_r, STDERR)):
             os.set_blocking(fd, False)
             job.streams[fd] = stream
@@ -625,6 +648,30 @@ class Keeperd:
         except S.ExecError as exc:
             raise _SpawnFailed(str(exc)) from None
 
+    def _from_slot_spare(self, job: Job, spec, scope, exe, argv, env, out_w,
+                         err_w) -> int | None:
+        """A systemd job in a slot slice whose spare is ready: the spare spawns it in its
+        scope and relays its end (motor/execution/slotspares.py). None when the slot has
+        no ready spare."""
+        spare = self.slot_spares.ready(scope)
+        if spare is None:
+            return None
+        try:
+            pid = self.slot_spares.order(spare, S.orders_of(spec, exe, argv, env), out_w, err_w)
+        except S.ExecError as exc:
+            raise _SpawnFailed(str(exc)) from None
+        if pid is not None:
+            job.spare = spare
+        return pid
+
+    def _scope_starter(self):
+        """The ScopeStarter, made for the first systemd job (its D-Bus client imported then)."""
+        if self.scopes is None:
+            from motor.execution.sdscopes import ScopeStarter
+
+            self.scopes = ScopeStarter(self.sel, self._log)
+        return self.scopes
+
     def _posix_spawn(self, spec, exe, argv, env, out_w, err_w) -> int:
         """No cgroup to join: keeperd takes the job's cwd, affinity and umask for the
         moment of the spawn (the child inherits them), then goes back."""
@@ -644,10 +691,8 @@ class Keeperd:
         jobs): the child waits on a pipe for keeperd's word (b"g", or b"e" and why not)
         before it execs, and keeperd asks systemd for the scope with the child's pid."""
         scope = spec.get("systemd_scope")
-        if scope and self.scopes is None:  # the first systemd job: before the fork
-            from motor.execution.sdscopes import ScopeStarter
-
-            self.scopes = ScopeStarter(self.sel, self._log)
+        if scope:  # the first systemd job: its D-Bus client made before the fork
+            self._scope_starter()
         err_r, err_w2 = os.pipe()
         go_r = go_w = -1
         if scope:
@@ -751,6 +796,36 @@ class Keeperd:
                 pass
             todo.extend(children.get(p, ()))
 
+    def _watch_exit(self, job: Job) -> None:
+        job.pidfd = os.pidfd_open(job.pid)
+        self.sel.register(job.pidfd, selectors.EVENT_READ, lambda ev, j=job: self._on_exit(j))
+
+    def _spare_exit(self, pid: int, status: int, utime: float, stime: float) -> None:
+        """A job a slot spare spawned ended; the spare killed its group and reaped it."""
+        job = self.mains.get(pid)
+        if job is None or job.spare is None:
+            return
+        del self.mains[pid]
+        job.wait_status, job.rusage = status, _Times(utime, stime)
+        self._exited(job)
+
+    def _spare_gone(self, spare: Any) -> None:
+        """A slot spare ended (killed with its scope, say): its running jobs were re-parented
+        to keeperd, their subreaper, and are reaped here from now on; one it reaped but
+        whose end it did not relay is concluded without an exit status."""
+        for pid, job in list(self.mains.items()):
+            if job.spare is not spare:
+                continue
+            job.spare = None
+            try:
+                self._watch_exit(job)
+            except ProcessLookupError:
+                del self.mains[pid]
+                job.wait_status, job.rusage = None, None
+                job.output_error = ((job.output_error + "; ") if job.output_error else "") + (
+                    "the job's exit status was lost with its slot's spare process")
+                self._exited(job)
+
     def _on_exit(self, job: Job) -> None:
         """The main process exited (pidfd readable; not reaped yet, so its process group
         id is still pinned): kill the group, reap it with its rusage, kill what is left."""
@@ -765,6 +840,10 @@ class Keeperd:
         self.sel.unregister(job.pidfd)
         os.close(job.pidfd)
         job.pidfd = -1
+        self._exited(job)
+
+    def _exited(self, job: Job) -> None:
+        """The job's main process is reaped: kill what is left of it, drain its output."""
         # left-overs that escaped the group: re-parented to us, found by the job marker
         # (only looked for when we have a child that is no job's main process); our
         # children are read once for both this and the reaping below
@@ -824,8 +903,8 @@ class Keeperd:
         ws = job.wait_status
         job.kill_at = None
         job.set_status(
-            exit_code=os.WEXITSTATUS(ws) if os.WIFEXITED(ws) else None,
-            signal=os.WTERMSIG(ws) if os.WIFSIGNALED(ws) else None,
+            exit_code=os.WEXITSTATUS(ws) if ws is not None and os.WIFEXITED(ws) else None,
+            signal=os.WTERMSIG(ws) if ws is not None and os.WIFSIGNALED(ws) else None,
             reason=job.reason, detail="; ".join(details) or None,
             cpu_time_ms=round((job.rusage.ru_utime + job.rusage.ru_stime) * 1000) if job.rusage else 0)
 

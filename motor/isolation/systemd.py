@@ -99,6 +99,9 @@ IDLE_CLOSE_S = 1.0
 UNIT_EXISTS = "org.freedesktop.systemd1.UnitExists"
 NO_SUCH_UNIT = "org.freedesktop.systemd1.NoSuchUnit"
 
+#: the scope of keeperd's spare `pid` in a slot slice (motor/execution/slotspares.py): the
+#: spare is not a job's process
+SPARE_SCOPE = re.compile(r"-s\d+-p(\d+)\.scope$")
 _JOB_ID = re.compile(r"^[0-9A-Za-z][0-9A-Za-z_-]{0,127}$")
 
 
@@ -534,19 +537,31 @@ def slice_ran(control_group: str, root: str = CGROUP_ROOT) -> bool | None:
 
 def group_pids(control_group: str, root: str = CGROUP_ROOT) -> list[int] | None:
     """The processes in the group and below it (the unified tree, a hybrid host's `unified`
-    tree or v1's name=systemd tree, whichever has it); None when none can be read."""
+    tree or v1's name=systemd tree, whichever has it), but keeperd's slot spares (each the
+    pid its scope is named for, `<slot>-p<pid>.scope`); None when none can be read."""
+    found = _pids_by_group(control_group, root)
+    return None if found is None else [p for pids in found.values() for p in pids]
+
+
+def _pids_by_group(control_group: str, root: str = CGROUP_ROOT) -> dict[str, list[int]] | None:
+    """group_pids, by the name of the group (the unit) each process is in."""
     rel = control_group.lstrip("/")
     for base in (root, os.path.join(root, "unified"), os.path.join(root, "systemd")):
         top = os.path.join(base, rel)
         if not os.path.isfile(os.path.join(top, "cgroup.procs")):
             continue
-        pids: list[int] = []
+        found: dict[str, list[int]] = {}
         for d, _, _ in os.walk(top):
             text = _try_read(os.path.join(d, "cgroup.procs"))
             if text is None and d == top:
                 return None
-            pids += [int(p) for p in (text or "").split() if p.isdigit()]
-        return pids
+            name = os.path.basename(d)
+            spare = SPARE_SCOPE.search(name)
+            pids = [int(p) for p in (text or "").split()
+                    if p.isdigit() and not (spare and int(p) == int(spare[1]))]
+            if pids:
+                found[name] = pids
+        return found
     return None
 
 
@@ -605,11 +620,12 @@ class SystemdBackend(Backend):
         """keeperd (or the keeper's join step, motor/isolation/join.py) starts the job's
         scope in its slice (`slice_name`, by default a slice of the job's own) for the
         job's process, then the job runs inside (no systemd-run)."""
-        return {"pin": bool(cpus), "cgroup_procs": [],
-                "systemd_scope": {"address": self.address,
-                                  "scope": job_scope(self.parent, job_id),
-                                  "slice": slice_name or job_slice(self.parent, job_id),
-                                  "description": f"motor job {job_id}"}}
+        scope = {"address": self.address, "scope": job_scope(self.parent, job_id),
+                 "slice": slice_name or job_slice(self.parent, job_id),
+                 "description": f"motor job {job_id}"}
+        if slice_name:  # a slot slice: keeperd's spare there may clone the job in its scope
+            scope["slot"] = True
+        return {"pin": bool(cpus), "cgroup_procs": [], "systemd_scope": scope}
 
     def prepare(self, job_id: str, cpus: list[int] | None, memory_max: int | None) -> dict:
         """Give the job's slice its limits; return the spec.json fields.
@@ -745,9 +761,16 @@ class SystemdBackend(Backend):
             return self._settle_own_slice(job_id, signal)
         try:
             facts = self._figures(job_id, entry, signal)
-            if group_pids(slice_group(entry["slice"]), self.cgroup_root) != []:
+            left = _pids_by_group(slice_group(entry["slice"]), self.cgroup_root)
+            if left != {}:  # the job's scope, or the slot spare's it was born in
+                stem = entry["slice"].removesuffix(".slice")
+                own = job_scope(self.parent, job_id)
+                names = [own] if left is None else [
+                    name for name in left if name == own or (
+                        name.startswith(stem + "-p") and SPARE_SCOPE.search(name))]
                 with self.manager() as m:
-                    _stop(m, job_scope(self.parent, job_id))
+                    for name in names:
+                        _stop(m, name)
             return facts
         except Exception as exc:  # noqa: BLE001 - accounting never blocks the terminal record
             return {"oom_killed": False, "cpu_time_ms": None,
@@ -849,13 +872,26 @@ class SystemdBackend(Backend):
         return swept
 
     def adopt(self, job_id: str) -> bool:
-        """After a restart: the job's scope (or its own slice) is still active."""
+        """After a restart: the job's scope (or its own slice) is still active, or (a job a
+        slot spare spawned) a process of the job's runs in a slot spare's scope."""
         try:
             with self.manager() as m:
-                return any(m.active_state(name) == "active" for name in
-                           (job_scope(self.parent, job_id), job_slice(self.parent, job_id)))
+                if any(m.active_state(name) == "active" for name in
+                       (job_scope(self.parent, job_id), job_slice(self.parent, job_id))):
+                    return True
         except IsolationError:
             return False
+        marker = f"MOTOR_JOB_ID={job_id}".encode()
+        for pids in (_pids_by_group(slice_group(self.parent_slice), self.cgroup_root)
+                     or {}).values():
+            for pid in pids:
+                try:
+                    with open(f"/proc/{pid}/environ", "rb") as f:
+                        if marker in f.read().split(b"\0"):
+                            return True
+                except OSError:
+                    continue
+        return False
 
     def parent_memory_limit(self) -> int | None:
         # A blocking D-Bus read: start-up makes it, then maintenance in a worker thread, with

@@ -71,7 +71,14 @@ def job_units(ns: SystemdNamespace) -> list[str]:
 
 def slot_slices(ns: SystemdNamespace) -> list[str]:
     """The slot slices, which stay from job to job."""
-    return units(ns, "motor-jobs-s*")
+    return units(ns, "motor-jobs-s*.slice")
+
+
+def spare_scopes(ns: SystemdNamespace) -> list[str]:
+    """The active scopes of keeperd's slot spares (one per slot slice a job ran in)."""
+    out = ns.run("systemctl", "list-units", "--state=active", "--plain", "--no-legend",
+                 "--no-pager", "motor-jobs-s*-p*.scope").stdout.decode()
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
 def unit_slice(unit: str) -> str:
@@ -89,7 +96,7 @@ def run_inside(serve, claim: int, memory_max: int) -> tuple[dict, dict]:
             json.loads("".join(e["data"] for e in events if e["event"] == "output")))
 
 
-def test_systemd_backend_confines_each_job_in_its_own_unit(ns_serve, systemd_ns):
+def test_systemd_backend_confines_each_job_in_its_slot_unit(ns_serve, systemd_ns):
     serve = ns_serve().start()
     health = serve.cli_json("health")["isolation"]
     assert health["backend"] == "systemd", health
@@ -116,14 +123,19 @@ def test_systemd_backend_confines_each_job_in_its_own_unit(ns_serve, systemd_ns)
     wait_for(lambda: job_units(systemd_ns) == [], what="the job's scope to go")
     assert slot in slot_slices(systemd_ns)
 
+    # keeperd's spare for that slot, in a scope of the slot (motor/execution/slotspares.py)
+    wait_for(lambda: spare_scopes(systemd_ns), what="the slot's spare scope")
+    (spare,) = spare_scopes(systemd_ns)
+    assert spare.startswith(slot.removesuffix(".slice") + "-p"), spare
+
     # the next job takes that slot (free again) with its own limit (the slice's limits
-    # changed) and confinement
+    # changed) and confinement, born in the spare's scope: no unit started for it
     second, inside = run_inside(serve, claim, 128 * MiB)
     assert inside["memory_limit"] == second["memory_max_bytes"] == 128 * MiB
-    assert inside["unit"].endswith(f"{slot}/motor-jobs-j"
-                                   f"{second['job_id'].replace('-', '')}.scope"), inside
+    assert inside["unit"] == f"/motor.slice/motor-jobs.slice/{slot}/{spare}", inside
+    assert inside["group"] == inside["unit"]
     assert second["reservation_use"]["cpu_time_ms"] > 0
-    wait_for(lambda: job_units(systemd_ns) == [], what="the second job's scope to go")
+    assert job_units(systemd_ns) == [] and spare_scopes(systemd_ns) == [spare]
 
 
 def test_systemd_backend_reports_cpu_time_and_oom_kills(ns_serve, systemd_ns):
@@ -486,3 +498,36 @@ def test_jobs_whose_claims_overlap_run_at_once_each_in_a_slot_of_its_own(
     assert unit_slice(units[0]) != unit_slice(units[1]), units
     assert all(unit_slice(u).startswith("motor-jobs-s") for u in units), units
     assert all(r["reservation_use"]["cpu_time_ms"] > 0 for r in records), records
+
+
+def test_a_process_a_job_left_in_its_slots_spare_scope_is_killed_before_its_record(
+        ns_serve, systemd_ns):
+    """One live process tree per job, for a job born in its slot spare's scope: a process
+    that left the job's process group and environment (so keeperd cannot tell it is the
+    job's) is killed by the stop of the spare's scope in `settle`, before the terminal
+    record; the slot's next job runs, and a new spare follows."""
+    serve = ns_serve().start()
+    claim = str(serve.cli_json("health")["capacity"]["claim_limit"])
+    first = serve.cli("run", "--json", "--weight", claim, "--", "true")
+    assert first.returncode == 0, first.stderr
+    wait_for(lambda: spare_scopes(systemd_ns), what="the slot's spare scope")
+    (spare,) = spare_scopes(systemd_ns)
+
+    left = serve.cli("run", "--json", "--weight", claim, "--", "sh", "-c",
+                     "setsid env -i sleep 1000 & pid=$!; "
+                     "until grep -qx sleep /proc/$pid/comm; do sleep 0.01; done; echo $pid")
+    events = json_lines(left.stdout)
+    record = events[-1]["record"]
+    assert record["state"] == "succeeded", record
+    pid = "".join(e["data"] for e in events if e["event"] == "output").strip()
+    assert pid.isdigit(), events
+    # the record is out: the escaped sleep is gone, and the spare's scope with it
+    assert systemd_ns.run("test", "-e", f"/proc/{pid}").returncode != 0, (
+        f"sleep {pid} still runs: " + systemd_ns.run("systemctl", "status", spare).stdout.decode())
+    assert spare not in spare_scopes(systemd_ns)
+
+    again = serve.cli("run", "--json", "--weight", claim, "--", "true")
+    assert json_lines(again.stdout)[-1]["record"]["state"] == "succeeded"
+    wait_for(lambda: [s for s in spare_scopes(systemd_ns) if s != spare],
+             what="a new spare for the slot")
+    assert b"cleanup_error" not in serve.log.read_bytes()
