@@ -548,21 +548,30 @@ def _pids_by_group(control_group: str, root: str = CGROUP_ROOT) -> dict[str, lis
     rel = control_group.lstrip("/")
     for base in (root, os.path.join(root, "unified"), os.path.join(root, "systemd")):
         top = os.path.join(base, rel)
-        if not os.path.isfile(os.path.join(top, "cgroup.procs")):
+        text = _try_read(os.path.join(top, "cgroup.procs"))
+        if text is None:
+            if os.path.isdir(top):  # there, but not readable: cannot tell
+                return None
             continue
         found: dict[str, list[int]] = {}
-        for d, _, _ in os.walk(top):
-            text = _try_read(os.path.join(d, "cgroup.procs"))
-            if text is None and d == top:
-                return None
-            name = os.path.basename(d)
-            spare = SPARE_SCOPE.search(name)
-            pids = [int(p) for p in (text or "").split()
-                    if p.isdigit() and not (spare and int(p) == int(spare[1]))]
-            if pids:
-                found[name] = pids
+        _collect_pids(top, text, found)
         return found
     return None
+
+
+def _collect_pids(group: str, procs: str | None, found: dict[str, list[int]]) -> None:
+    name = os.path.basename(group)
+    spare = SPARE_SCOPE.search(name)
+    pids = [int(p) for p in (procs or "").split()
+            if p.isdigit() and not (spare and int(p) == int(spare[1]))]
+    if pids:
+        found[name] = pids
+    try:
+        subgroups = [e.path for e in os.scandir(group) if e.is_dir(follow_symlinks=False)]
+    except OSError:  # removed meanwhile
+        return
+    for sub in subgroups:
+        _collect_pids(sub, _try_read(os.path.join(sub, "cgroup.procs")), found)
 
 
 def systemd_accounts_cpu(root: str = CGROUP_ROOT) -> bool:

@@ -114,6 +114,9 @@ def look(job_id):
 result["timed_out"] = job("t0", ["sh", "-c", "sleep 30; exit 5"], during=look, timeout_s=0.5)
 result["timed_out"].update(seen)
 result["bad_cwd"] = job("bad", cwd="/no/such/dir")
+# an order too big for one message to the spare (300 kB of argv): forked into a scope of
+# its own instead, and it runs
+result["big"] = job("big", ["sh", "-c", PROBE, *["x" * 1000] * 300])
 # the spare dies while a job of its runs: keeperd reaps that job (its subreaper); the
 # next job gets a scope of its own, and a new spare follows
 spare_pid = int(result["spares"][0].rsplit("-p", 1)[1].split(".")[0])
@@ -167,6 +170,9 @@ def test_a_slots_jobs_are_born_in_its_spares_scope_as_keeperds_children(systemd_
     # the spare could not exec it: the job's spawn failure, with why
     bad = out["bad_cwd"]
     assert bad["reason"] == "spawn_failed" and "/no/such/dir" in (bad["detail"] or ""), bad
+    big = out["big"]
+    assert big["exit_code"] == 3 and big["unit"].split("/")[-1].startswith("motor-jobs-j"), big
+    assert "cannot send an order" in out["log"], out["log"]
     # the spare killed under a running job: keeperd reaped it, its exit code is right
     orphaned = out["orphaned"]
     assert orphaned["exit_code"] == 4 and orphaned["reason"] is None, orphaned
