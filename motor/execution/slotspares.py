@@ -23,8 +23,11 @@ re-parented to keeperd, the subreaper above the spare, as before.
 
 The order goes over a `SOCK_SEQPACKET` pair: the orders as JSON (`spares.orders_of`) with
 the job's stdout and stderr pipe ends (SCM_RIGHTS); the answer is `p<pid>` or `e<why the
-job could not be spawned>`; a relayed end is `x[pid, status, user s, system s]`, which may
+job could not be spawned>`; a relayed end is `x` and the pid, wait status and CPU times packed (`EXIT`), which may
 come in while keeperd waits for another order's answer (kept, handed on after: `flush`).
+The spare keeps the last job's cwd, CPUs and umask (`spares.spawn_job`'s `kept`): it does
+nothing else, so only what differs is changed per job. Its oom_score_adj is raised for
+each spawn and put back (the job, not the spare, is what an OOM kill in the slot takes).
 
 The first job of a slot (no spare there yet, or its scope still starting) is forked into a
 scope of its own as before, and keeperd starts the slot's spare right after that job's
@@ -61,6 +64,7 @@ import select  # noqa: E402
 import selectors  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
+import struct  # noqa: E402
 import time  # noqa: E402
 from typing import Any, Callable  # noqa: E402
 
@@ -76,6 +80,8 @@ RETRY_S = 30.0
 _PR_SET_PDEATHSIG = 1
 #: the spare's end of its socket pair, in the spare
 SPARE_FD = 3
+#: a relayed end: b"x", the job's pid, its wait status, its user and system CPU seconds
+EXIT = struct.Struct("=cqqdd")
 
 
 def supported() -> bool:
@@ -177,9 +183,8 @@ class SlotSpares:
         self.flush()
 
     def _heard(self, spare: SlotSpare, data: bytes) -> None:
-        if data[:1] == b"x":  # [pid, wait status, user s, system s]
-            pid, status, utime, stime = json.loads(data[1:])
-            self.deferred.append((pid, status, utime, stime))
+        if data[:1] == b"x" and len(data) == EXIT.size:
+            self.deferred.append(EXIT.unpack(data)[1:])
 
     def flush(self) -> None:
         """Hand the relayed exits on to keeperd (outside of an order's wait)."""
@@ -276,10 +281,11 @@ def _spare_main(sock: socket.socket, keeperd: int) -> None:
     sel = selectors.EpollSelector()
     sel.register(sock, selectors.EVENT_READ)
     jobs: dict[int, int] = {}  # pidfd -> pid
+    kept: dict = {}  # the cwd, CPUs and umask of the last job (spares.spawn_job)
     while True:
         for key, _ in sel.select():
             if key.fileobj is sock:
-                if not _take_order(sock, sel, jobs):
+                if not _take_order(sock, sel, jobs, kept):
                     return
                 continue
             fd = key.fd
@@ -291,10 +297,10 @@ def _spare_main(sock: socket.socket, keeperd: int) -> None:
             except ProcessLookupError:
                 pass
             _, status, ru = os.wait4(pid, 0)
-            sock.send(b"x" + json.dumps([pid, status, ru.ru_utime, ru.ru_stime]).encode())
+            sock.send(EXIT.pack(b"x", pid, status, ru.ru_utime, ru.ru_stime))
 
 
-def _take_order(sock: socket.socket, sel, jobs: dict[int, int]) -> bool:
+def _take_order(sock: socket.socket, sel, jobs: dict[int, int], kept: dict) -> bool:
     """One order: False at EOF (keeperd closed its end)."""
     fds = array.array("i")
     try:
@@ -310,7 +316,7 @@ def _take_order(sock: socket.socket, sel, jobs: dict[int, int]) -> bool:
     try:
         if len(fds) != 2:
             raise S.ExecError(f"slot spare: an order with {len(fds)} descriptors, not 2")
-        pid = S.spawn_job(json.loads(msg), fds[0], fds[1], oom_bump=True)
+        pid = S.spawn_job(json.loads(msg), fds[0], fds[1], oom_bump=True, kept=kept)
     except S.ExecError as exc:
         sock.send(b"e" + str(exc).encode(errors="replace")[:4000])
         return True

@@ -175,41 +175,44 @@ def tell_failure(fd: int, msg: str) -> None:
         pass
 
 
-def spawn_job(orders: dict, out_w: int, err_w: int, *, oom_bump: bool) -> int:
+def spawn_job(orders: dict, out_w: int, err_w: int, *, oom_bump: bool,
+              kept: dict | None = None) -> int:
     """posix_spawn the job from this thread: its cwd, CPUs (this thread's affinity, which
     the child inherits), umask and, with `oom_bump`, a raised oom_score_adj are this
     process's for the moment of the spawn and restored after (the caller makes sure no
     other thread of it uses them meanwhile). The job's pid; ExecError with the detail
-    keeperd records. Shared by keeperd's own spawns and the spares' threads."""
+    keeperd records. Shared by keeperd's own spawns, the spares' threads and the slot
+    spares. A process that does nothing else between spawns (a slot spare) passes `kept`
+    (a dict, empty at first): its cwd, CPUs and umask stay as the last job's and change
+    only when a job's differ; its own oom_score_adj is read once."""
     cwd, cpus, cmd0 = orders.get("cwd"), orders.get("cpus"), orders["argv"][0]
     pin = bool(orders.get("pin") and cpus)
+    umask = orders.get("umask")
+    if kept is not None:
+        _keep_as_the_jobs(kept, cwd, cpus if pin else None, umask)
+        if not oom_bump:
+            return _posix_spawn_job(orders, out_w, err_w, cmd0)
+        own = kept.get("oom")
+        if own is None:
+            kept["oom"] = K._raise_oom_score_for_spawn()
+        else:
+            K._set_oom_score_adj(min(1000, own + K.JOB_OOM_SCORE_BUMP))
+        try:
+            return _posix_spawn_job(orders, out_w, err_w, cmd0)
+        finally:
+            if kept["oom"] is not None:
+                K._set_oom_score_adj(kept["oom"])
     old_affinity = None
     try:
         if cwd:
-            try:
-                os.chdir(cwd)
-            except OSError as exc:
-                raise ExecError(f"cannot use cwd {cwd!r}: {exc.strerror}") from None
+            _chdir_for(cwd)
         if pin:
             old_affinity = os.sched_getaffinity(0)
-            try:
-                os.sched_setaffinity(0, cpus)
-            except (OSError, ValueError, TypeError) as exc:
-                raise ExecError(f"cannot pin to cpus {cpus!r}: {exc}") from None
+            _pin_for(cpus)
         restore_oom = K._raise_oom_score_for_spawn() if oom_bump else None
-        umask = orders.get("umask")
         old_umask = os.umask(umask) if isinstance(umask, int) else None
         try:
-            return os.posix_spawn(
-                orders["exe"], orders["argv"], orders["env"],
-                file_actions=[(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-                              (os.POSIX_SPAWN_DUP2, out_w, 1),
-                              (os.POSIX_SPAWN_DUP2, err_w, 2)],
-                setpgroup=0, setsigdef=K._SIGDEF, setsigmask=())
-        except OSError as exc:
-            raise ExecError(f"cannot execute {cmd0!r}: {exc.strerror or exc}") from None
-        except (ValueError, TypeError) as exc:
-            raise ExecError(f"cannot execute {cmd0!r}: {exc}") from None
+            return _posix_spawn_job(orders, out_w, err_w, cmd0)
         finally:
             if old_umask is not None:
                 os.umask(old_umask)
@@ -220,6 +223,62 @@ def spawn_job(orders: dict, out_w: int, err_w: int, *, oom_bump: bool) -> int:
             os.sched_setaffinity(0, old_affinity)
         if cwd:
             os.chdir("/")
+
+
+def _chdir_for(cwd: str) -> None:
+    try:
+        os.chdir(cwd)
+    except OSError as exc:
+        raise ExecError(f"cannot use cwd {cwd!r}: {exc.strerror}") from None
+
+
+def _pin_for(cpus: Any) -> None:
+    try:
+        os.sched_setaffinity(0, cpus)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ExecError(f"cannot pin to cpus {cpus!r}: {exc}") from None
+
+
+def _keep_as_the_jobs(kept: dict, cwd: str | None, cpus: Any, umask: Any) -> None:
+    """The process's cwd, affinity and umask made the job's, each only if it differs from
+    what it is (`kept`: what they were set to; their first values are taken as the
+    defaults a job without them gets)."""
+    if not kept:
+        umask_now = os.umask(0o077)
+        os.umask(umask_now)
+        kept.update(cwd=None, cpus=None, all_cpus=os.sched_getaffinity(0), umask=umask_now,
+                    default_umask=umask_now)
+    want_cwd = cwd or "/"
+    if want_cwd != kept["cwd"]:
+        kept["cwd"] = None  # unknown until the chdir succeeds
+        _chdir_for(want_cwd)
+        kept["cwd"] = want_cwd
+    want_cpus = tuple(cpus) if cpus else None
+    if want_cpus != kept["cpus"]:
+        kept["cpus"] = "unknown"  # until the change succeeds
+        if cpus:
+            _pin_for(cpus)
+        else:
+            os.sched_setaffinity(0, kept["all_cpus"])
+        kept["cpus"] = want_cpus
+    want_umask = umask if isinstance(umask, int) else kept["default_umask"]
+    if want_umask != kept["umask"]:
+        os.umask(want_umask)
+        kept["umask"] = want_umask
+
+
+def _posix_spawn_job(orders: dict, out_w: int, err_w: int, cmd0: str) -> int:
+    try:
+        return os.posix_spawn(
+            orders["exe"], orders["argv"], orders["env"],
+            file_actions=[(os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+                          (os.POSIX_SPAWN_DUP2, out_w, 1),
+                          (os.POSIX_SPAWN_DUP2, err_w, 2)],
+            setpgroup=0, setsigdef=K._SIGDEF, setsigmask=())
+    except OSError as exc:
+        raise ExecError(f"cannot execute {cmd0!r}: {exc.strerror or exc}") from None
+    except (ValueError, TypeError) as exc:
+        raise ExecError(f"cannot execute {cmd0!r}: {exc}") from None
 
 
 def _spare_thread(spare: "Spare") -> None:

@@ -99,6 +99,9 @@ IDLE_CLOSE_S = 1.0
 UNIT_EXISTS = "org.freedesktop.systemd1.UnitExists"
 NO_SUCH_UNIT = "org.freedesktop.systemd1.NoSuchUnit"
 
+#: how long the slot `prepare_is_light` found free stays taken as free for `prepare`
+#: (which follows it on the event loop at once) without reading its processes again
+LIGHT_FRESH_S = 0.05
 #: the scope of keeperd's spare `pid` in a slot slice (motor/execution/slotspares.py): the
 #: spare is not a job's process
 SPARE_SCOPE = re.compile(r"-s\d+-p(\d+)\.scope$")
@@ -607,6 +610,8 @@ class SystemdBackend(Backend):
     #: slot slice -> the job that holds it, from `prepare` until its `settle`
     holders: dict = field(default_factory=dict, compare=False, repr=False)
     lock: Any = field(default_factory=threading.Lock, compare=False, repr=False)
+    #: "found": (slot, limits, when), the free slot `prepare_is_light` found, for `prepare`
+    light: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def parent_slice(self) -> str:
@@ -681,7 +686,16 @@ class SystemdBackend(Backend):
                 and group_pids(slice_group(name), self.cgroup_root) in ([], None))
 
     def _ready(self, limits: tuple, job_id: str | None = None) -> str | None:
-        """A free slot slice that carries these limits already, and whose group is there."""
+        """A free slot slice that carries these limits already, and whose group is there.
+        The one `prepare_is_light` just found (within `LIGHT_FRESH_S`, the same turn of the
+        event loop in practice) is not read again, only checked for a holder."""
+        light = self.light.pop("found", None)
+        if light is not None:
+            name, carried_for, at = light
+            if (carried_for == limits and time.monotonic() - at < LIGHT_FRESH_S
+                    and self.applied.get(name) == limits
+                    and self.holders.get(name) in (None, job_id)):
+                return name
         for name, carried in sorted(self.applied.items()):
             if (carried == limits and self._group_exists(slice_group(name))
                     and self._free(name, job_id)):
@@ -706,7 +720,14 @@ class SystemdBackend(Backend):
     def prepare_is_light(self, cpus: list[int] | None, memory_max: int | None) -> bool:
         """Whether `prepare` needs no D-Bus call for such a job (so it may run on the event
         loop): a free slot slice carries its limits already, from a job before."""
-        return bool(cpus) and self._ready((tuple(sorted(cpus)), memory_max)) is not None
+        if not cpus:
+            return False
+        limits = (tuple(sorted(cpus)), memory_max)
+        name = self._ready(limits)
+        if name is None:
+            return False
+        self.light["found"] = (name, limits, time.monotonic())  # for the `prepare` next
+        return True
 
     def _group_exists(self, group: str) -> bool:
         rel = group.lstrip("/")

@@ -7,6 +7,7 @@ made again; a job the spare cannot exec is a spawn failure with the reason."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -50,19 +51,22 @@ def request(req):
         if msg.get("id") == serial:
             return msg
 
-# the unit, the parent, and the signals the job's processes start with ignored and blocked
+# the unit, the parent, the signals the job's processes start with blocked and ignored,
+# its cwd, umask, CPUs and oom_score_adj
 PROBE = ("grep :name=systemd: /proc/self/cgroup | cut -d: -f3; echo $PPID; "
-         "grep -E '^Sig(Ign|Blk)' /proc/self/status | tr -d '\\t'; exit 3")
+         "grep -E '^Sig(Ign|Blk)' /proc/self/status | tr -d '\\t'; pwd; umask; "
+         "grep Cpus_allowed_list /proc/self/status | cut -f2; cat /proc/self/oom_score_adj; "
+         "exit 3")
+FIELDS = ("unit", "ppid", "blocked", "ignored", "cwd", "umask", "cpus", "oom")
 
-def job(tag, command=None, cwd="/", during=None, timeout_s=60.0):
+def job(tag, command=None, cwd="/", during=None, timeout_s=60.0, cpus=(0,), umask=None):
     job_id = str(uuid.uuid4())
-    fields = backend.prepare(job_id, [0], None)
+    fields = backend.prepare(job_id, list(cpus), None)
     d = os.path.join(state, "jobs", tag)
     os.makedirs(d)
     spec = {"job_id": job_id, "command": command or ["sh", "-c", PROBE],
-            "cwd": cwd, "env": {**os.environ, "MOTOR_JOB_ID": job_id}, "cpus": [0],
-            "timeout_s": timeout_s,
-            "kill_grace_s": 1.0}
+            "cwd": cwd, "env": {**os.environ, "MOTOR_JOB_ID": job_id}, "cpus": list(cpus),
+            "timeout_s": timeout_s, "kill_grace_s": 1.0, "umask": umask}
     spec.update(fields)
     write_json_atomic(os.path.join(d, "spec.json"), spec)
     spawned = request({"op": "spawn", "job_dir": d})
@@ -71,11 +75,13 @@ def job(tag, command=None, cwd="/", during=None, timeout_s=60.0):
     request({"op": "wait", "job_dir": d})
     facts = backend.finish(job_id)
     recs, _ = read_records(os.path.join(d, "output.log"))
-    text = b"".join(data for stream, data in recs if stream == "stdout").decode().split()
+    text = b"".join(data for stream, data in recs if stream == "stdout").decode().split("\n")
     status = read_status(d)
+    seen = dict(zip(FIELDS, text)) if len(text) > len(FIELDS) else {}
     return {"spawn": spawned, "exit_code": status["exit_code"], "reason": status.get("reason"),
-            "detail": status.get("detail"), "unit": text[0] if text else None,
-            "ppid": int(text[1]) if text else None, "signals": text[2:], "slice": fields["systemd_scope"]["slice"],
+            "detail": status.get("detail"), **seen, "unit": seen.get("unit"),
+            "ppid": int(seen["ppid"]) if seen else None,
+            "slice": fields["systemd_scope"]["slice"],
             "cpu_time_ms": facts.get("cpu_time_ms"), "cleanup_error": facts.get("cleanup_error")}
 
 def spare_scopes():
@@ -93,6 +99,9 @@ def await_spare(old=()):
         time.sleep(0.02)
     return []
 
+def spare_pid_of(scope):
+    return int(scope.rsplit("-p", 1)[1].split(".")[0])
+
 def job_units():
     out = subprocess.run(["systemctl", "list-units", "--all", "--plain", "--no-legend",
                           "--no-pager", "motor-jobs-j*"], capture_output=True, text=True).stdout
@@ -103,6 +112,12 @@ result["jobs"].append(job("a0"))
 result["spares"] = await_spare()
 for n in range(1, 4):
     result["jobs"].append(job(f"a{n}"))
+# one spare, jobs that differ in cwd, umask and CPUs: each runs with its own
+result["varied"] = [job("v0", cwd="/tmp", umask=0o022),
+                    job("v1", cpus=(len(os.sched_getaffinity(0)) - 1,)),
+                    job("v2", umask=0o027)]
+result["keeperd_oom"] = open(f"/proc/{hello['pid']}/oom_score_adj").read().strip()
+result["spare_oom"] = open(f"/proc/{spare_pid_of(result['spares'][0])}/oom_score_adj").read().strip()
 result["job_units_after"] = job_units()
 # a job of the spare's that outlives its timeout: keeperd kills its tree; while it runs,
 # the backend finds it (adopt: a process of the job's in a spare's scope)
@@ -119,7 +134,7 @@ result["bad_cwd"] = job("bad", cwd="/no/such/dir")
 result["big"] = job("big", ["sh", "-c", PROBE, *["x" * 1000] * 300])
 # the spare dies while a job of its runs: keeperd reaps that job (its subreaper); the
 # next job gets a scope of its own, and a new spare follows
-spare_pid = int(result["spares"][0].rsplit("-p", 1)[1].split(".")[0])
+spare_pid = spare_pid_of(result["spares"][0])
 def kill_spare(job_id):
     time.sleep(0.2)  # the job runs: its sh waits for its sleep
     os.kill(spare_pid, signal.SIGKILL)
@@ -160,9 +175,20 @@ def test_a_slots_jobs_are_born_in_its_spares_scope_as_keeperds_children(systemd_
         # nothing of the spare's Python (SIGPIPE, SIGXFSZ ignored) reaches the job: it
         # starts as keeperd's own spawns do (glibc's posix_spawn leaves its two internal
         # signals, 32 and 33, ignored: docs/keeper.md)
-        blocked, ignored = (int(v.split(":")[1], 16) for v in job["signals"])
+        blocked, ignored = (int(job[k].split(":")[1], 16) for k in ("blocked", "ignored"))
         assert blocked == 0 and ignored & ~(0b11 << 31) == 0, job
     assert out["job_units_after"] == [], out["job_units_after"]  # no unit per job
+    # the spare keeps the last job's cwd, umask and CPUs between jobs: each job had its own;
+    # its oom_score_adj is raised for each spawn only (the job's, not the spare's)
+    keeperd_oom = int(out["keeperd_oom"])
+    v0, v1, v2 = out["varied"]
+    last_cpu = str(len(os.sched_getaffinity(0)) - 1)
+    assert (v0["cwd"], v0["umask"], v0["cpus"]) == ("/tmp", "0022", "0"), v0
+    assert (v1["cwd"], v1["cpus"]) == ("/", last_cpu) and v1["umask"] == spared[0]["umask"], v1
+    assert (v2["cwd"], v2["umask"], v2["cpus"]) == ("/", "0027", "0"), v2
+    assert all(j["unit"].endswith("/" + spare) for j in (v0, v1, v2)), out["varied"]
+    assert all(int(j["oom"]) == min(1000, keeperd_oom + 500) for j in (v0, v1, v2)), out["varied"]
+    assert int(out["spare_oom"]) == keeperd_oom, out
     timed_out = out["timed_out"]
     assert timed_out["reason"] == "timed_out" and timed_out["exit_code"] is None, timed_out
     # it ran in the spare's scope (no unit of its own), and adopt found it there
