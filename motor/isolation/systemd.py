@@ -1,6 +1,6 @@
-"""The `systemd` backend: where systemd is PID 1, every job runs in a unit of its own (a
-transient scope) inside the jobs slice (`motor-jobs.slice`, the seed's slice), capped and
-accounted through systemd's slices.
+"""The `systemd` backend: where systemd is PID 1, every job runs in a unit (a transient
+scope) inside the jobs slice (`motor-jobs.slice`, the seed's slice), capped and accounted
+through systemd's slices.
 
 Per job (docs/isolation.md, "systemd"):
 
@@ -13,19 +13,24 @@ Per job (docs/isolation.md, "systemd"):
   and `AllowedCPUs=` (the job's CPU set), over D-Bus (`SetUnitProperties`), and reads
   the slice's counters (CPU time, OOM kills, limit hits) into the spec (`systemd_base`).
   A job without CPUs gets a slice of its own, `motor-jobs-j<hex>.slice`.
-- keeperd (or the keeper's join step, motor/isolation/join.py) asks systemd for the job's
-  transient scope `motor-jobs-j<hex>.scope` in that slice with the job's process
-  (`StartTransientUnit`, `PIDs=`; what `systemd-run --scope` does for itself, without
-  starting a program per job), before the job's first instruction, so the whole process
-  tree is born in the unit. systemd drops the scope with its last process. The keeper (or
-  keeperd) also pins the job (affinity, inherited by the tree): `AllowedCPUs=` needs the
-  unified cpuset controller, which hybrid (cgroup v1) hosts lack.
+- keeperd hands a job with CPUs to its slot's spare, a process of keeperd's in a scope of
+  the slot slice (`motor-jobs-s<n>-p<pid>.scope`, started once per slot), which spawns
+  the job there: no unit per job (motor/execution/slotspares.py; `spec_fields` marks a
+  slot's scope `slot`). Otherwise (a slot's first job, a job without CPUs, the per-job
+  keeper) keeperd (or the keeper's join step, motor/isolation/join.py) asks systemd for
+  the job's transient scope `motor-jobs-j<hex>.scope` in that slice with the job's
+  process (`StartTransientUnit`, `PIDs=`; what `systemd-run --scope` does for itself,
+  without starting a program per job), before the job's first instruction, so the whole
+  process tree is born in the unit. systemd drops the scope with its last process. The
+  keeper (or keeperd, or the spare) also pins the job (affinity, inherited by the tree):
+  `AllowedCPUs=` needs the unified cpuset controller, which hybrid (cgroup v1) hosts lack.
 - `settle` takes the job's CPU time and OOM verdict as the growth of its slot slice's
   counters over the job (`job_figures`), with no D-Bus call when the job left nothing
-  behind (`settle_quick`, on the event loop); a process left there gets the job's scope
-  stopped, which kills it. A job in a slice of its own: systemd's own summary of that
+  behind (`settle_quick`, on the event loop; a spare is not the job's); a process left
+  there gets the scope that holds it stopped (the job's, or the spare's), which kills it. A job in a slice of its own: systemd's own summary of that
   slice (`CPUUsageNSec`, `ControlGroup`), then `release` stops the slice.
-- `adopt` (after a runner restart) asks whether the job's scope (or own slice) is active;
+- `adopt` (after a runner restart) asks whether the job's scope (or own slice) is active,
+  or finds a process with the job's marker in the jobs slice;
   `settle` of an adopted job reads the counters before it from its spec.json.
 
 The D-Bus client is jeepney (message marshalling) over a blocking
