@@ -242,8 +242,8 @@ class Keeperd:
         # keeperd forks every job that joins its groups itself, and a smaller process forks
         # faster)
         self.scopes: Any = None
-        # per slot slice, a process of keeperd's in a scope there that clones the slot's
-        # jobs into it: no unit per job (motor/execution/slotspares.py)
+        # per slot slice, a process of keeperd's in a scope there that spawns the slot's
+        # jobs in it: no unit per job (motor/execution/slotspares.py)
         self.slot_spares = SlotSpares(self.sel, self._log, self._scope_starter,
                                       self._spare_exit, self._spare_gone)
 
@@ -271,7 +271,7 @@ class Keeperd:
                 if extra is not None:
                     deadlines.append(extra)
             timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
-            if self.slot_spares.deferred:  # exits relayed during an order: handled now
+            if self.slot_spares.deferred:  # ends relayed during an order: handled now
                 timeout = 0
             # Spares are made once nothing else is ready, one per turn (a request or an exec
             # that comes in between is served first; docs/isolation.md, "Spares").

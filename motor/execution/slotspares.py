@@ -118,7 +118,7 @@ class SlotSpares:
         self.orphaned = orphaned  # a spare is gone: its jobs are keeperd's children now
         self.by_slice: dict[str, SlotSpare] = {}
         self.retry_at: dict[str, float] = {}
-        self.deferred: list[tuple[int, int, float, float]] = []
+        self.deferred: list[tuple[Callable, tuple]] = []
 
     def pids(self) -> set[int]:
         return {spare.pid for spare in self.by_slice.values()}
@@ -184,12 +184,14 @@ class SlotSpares:
 
     def _heard(self, spare: SlotSpare, data: bytes) -> None:
         if data[:1] == b"x" and len(data) == EXIT.size:
-            self.deferred.append(EXIT.unpack(data)[1:])
+            self.deferred.append((self.exited, EXIT.unpack(data)[1:]))
 
     def flush(self) -> None:
-        """Hand the relayed exits on to keeperd (outside of an order's wait)."""
+        """Hand the relayed exits, and then the spares' ends, on to keeperd, in the order
+        they came (from keeperd's loop, not from inside an order's wait)."""
         while self.deferred:
-            self.exited(*self.deferred.pop(0))
+            call, args = self.deferred.pop(0)
+            call(*args)
 
     def _drop(self, spare: SlotSpare, kill: bool = False) -> None:
         if self.by_slice.get(spare.slice) is spare:
@@ -204,7 +206,8 @@ class SlotSpares:
                 os.kill(spare.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        self.orphaned(spare)  # its running jobs are keeperd's children now
+        # its running jobs are keeperd's children now (after the ends it relayed before)
+        self.deferred.append((self.orphaned, (spare,)))
 
     def order(self, spare: SlotSpare, orders: dict, out_w: int, err_w: int) -> int | None:
         """The job's pid, spawned by the spare in its scope. None when the order could not
