@@ -194,3 +194,22 @@ class SystemdNamespace:
                         if time.monotonic() > deadline:
                             break
                         time.sleep(0.05)
+
+
+#: The start of a script run inside the namespace that talks to keeperd itself: the systemd
+#: backend, keeperd for `<argv[1]>/state` (launched if none runs), `sock`, `hello`, `buf`.
+KEEPERD_SCRIPT_HEAD = r"""
+import json, os, signal, socket, subprocess, sys, time, uuid
+from motor.execution import keeperd
+from motor.execution.joblog import read_records, read_status, write_json_atomic
+from motor.execution.keeperd_client import connect_or_launch
+from motor.isolation.systemd import open_systemd_backend, job_scope
+
+work = sys.argv[1]
+state = os.path.join(work, "state")
+os.makedirs(state, exist_ok=True)
+backend = open_systemd_backend()
+sock, hello, rest = connect_or_launch(state, [sys.executable, keeperd.__file__, state],
+                                      dict(os.environ), True)
+buf = rest
+"""

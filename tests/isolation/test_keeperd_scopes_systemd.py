@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from systemd_ns import SystemdNamespace, unavailable
+from systemd_ns import KEEPERD_SCRIPT_HEAD, SystemdNamespace, unavailable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(unavailable() is not None,
                                                   reason=f"systemd harness: {unavailable()}")]
@@ -21,20 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 #: `cat /proc/self/cgroup`: its first instructions run in the unit it reports), ask
 #: keeperd for all of them at once, wait, report. With "reexec", systemd re-executes
 #: itself (closing every connection) after the first batch, and a second batch follows.
-SCRIPT = r"""
-import json, os, socket, subprocess, sys, time, uuid
-from motor.execution import keeperd
-from motor.execution.joblog import read_records, read_status, write_json_atomic
-from motor.execution.keeperd_client import connect_or_launch
-from motor.isolation.systemd import open_systemd_backend, job_scope
-
-work, n, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-state = os.path.join(work, "state")
-os.makedirs(state, exist_ok=True)
-backend = open_systemd_backend()
-sock, hello, rest = connect_or_launch(state, [sys.executable, keeperd.__file__, state],
-                                      dict(os.environ), True)
-buf = rest
+SCRIPT = KEEPERD_SCRIPT_HEAD + r"""
+n, mode = int(sys.argv[2]), sys.argv[3]
 
 def request_all(reqs):
     global buf

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from systemd_ns import unavailable
+from systemd_ns import KEEPERD_SCRIPT_HEAD, unavailable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(unavailable() is not None,
                                                   reason=f"systemd harness: {unavailable()}")]
@@ -22,20 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Run inside the namespace: jobs with CPUs in one slot slice, one after another, each
 #: printing the unit it runs in and its parent; the spare's scope awaited after the first;
 #: then the spare killed, and two more jobs.
-SCRIPT = r"""
-import json, os, signal, socket, subprocess, sys, time, uuid
-from motor.execution import keeperd
-from motor.execution.joblog import read_records, read_status, write_json_atomic
-from motor.execution.keeperd_client import connect_or_launch
-from motor.isolation.systemd import open_systemd_backend
-
-work = sys.argv[1]
-state = os.path.join(work, "state")
-os.makedirs(state, exist_ok=True)
-backend = open_systemd_backend()
-sock, hello, rest = connect_or_launch(state, [sys.executable, keeperd.__file__, state],
-                                      dict(os.environ), True)
-buf = rest
+SCRIPT = KEEPERD_SCRIPT_HEAD + r"""
 serial = 0
 
 def request(req):
