@@ -70,7 +70,8 @@ from typing import Any, Callable  # noqa: E402
 
 from motor.execution import spares as S  # noqa: E402
 
-__all__ = ["ORDER_TIMEOUT_S", "RETRY_S", "SlotSpares", "spare_scope", "supported"]
+__all__ = ["ENABLE_ENV", "ORDER_TIMEOUT_S", "RETRY_S", "SlotSpares", "spare_scope",
+           "supported"]
 
 #: how long keeperd waits for a spare's answer to an order (it answers within a millisecond
 #: unless it is stopped or dying)
@@ -84,9 +85,16 @@ SPARE_FD = 3
 EXIT = struct.Struct("=cqqdd")
 
 
-def supported() -> bool:
-    """Whether a spare can wait for its jobs here (pidfds: Linux 5.3 and later)."""
-    return hasattr(os, "pidfd_open")
+#: `MOTOR_KEEPERD_SLOT_SPARES=0` in keeperd's environment (so the runner's): no slot
+#: spares, every systemd job in a transient scope of its own (`motor-jobs-j<id>.scope`),
+#: for hosts that want a unit per job and pay PID 1's work per job for it
+ENABLE_ENV = "MOTOR_KEEPERD_SLOT_SPARES"
+
+
+def supported(environ=os.environ) -> bool:
+    """Whether keeperd makes slot spares: not turned off (`ENABLE_ENV`), and a spare can
+    wait for its jobs here (pidfds: Linux 5.3 and later)."""
+    return environ.get(ENABLE_ENV, "1").strip() != "0" and hasattr(os, "pidfd_open")
 
 
 def spare_scope(slice_name: str, pid: int) -> str:
@@ -119,6 +127,7 @@ class SlotSpares:
         self.by_slice: dict[str, SlotSpare] = {}
         self.retry_at: dict[str, float] = {}
         self.deferred: list[tuple[Callable, tuple]] = []
+        self.enabled = supported()
 
     def pids(self) -> set[int]:
         return {spare.pid for spare in self.by_slice.values()}
@@ -132,7 +141,7 @@ class SlotSpares:
         """Make the slot's spare, unless there is one (or the slot's last one was refused
         a moment ago)."""
         slice_name = scope.get("slice")
-        if (not scope.get("slot") or not supported() or slice_name in self.by_slice
+        if (not scope.get("slot") or not self.enabled or slice_name in self.by_slice
                 or self.retry_at.get(slice_name, 0.0) > time.monotonic()):
             return
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

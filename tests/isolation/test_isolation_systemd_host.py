@@ -531,3 +531,18 @@ def test_a_process_a_job_left_in_its_slots_spare_scope_is_killed_before_its_reco
     wait_for(lambda: [s for s in spare_scopes(systemd_ns) if s != spare],
              what="a new spare for the slot")
     assert b"cleanup_error" not in serve.log.read_bytes()
+
+
+def test_without_slot_spares_every_job_gets_a_scope_of_its_own(ns_serve, systemd_ns):
+    """`MOTOR_KEEPERD_SLOT_SPARES=0` (for hosts that want a unit per job): the slot's jobs
+    each run in a transient scope named for the job, and no spare is made."""
+    serve = ns_serve()
+    serve.env = {"MOTOR_KEEPERD_SLOT_SPARES": "0"}
+    serve.start()
+    claim = str(serve.cli_json("health")["capacity"]["claim_limit"])
+    for _ in range(3):
+        record, inside = run_inside(serve, int(claim), 128 * MiB)
+        hexid = record["job_id"].replace("-", "")
+        assert inside["unit"].endswith(f"/motor-jobs-j{hexid}.scope"), inside
+        assert record["reservation_use"]["cpu_time_ms"] > 0
+    assert spare_scopes(systemd_ns) == []
