@@ -615,6 +615,8 @@ class SystemdBackend(Backend):
     #: slot slice -> the job that holds it, from `prepare` until its `settle`
     holders: dict = field(default_factory=dict, compare=False, repr=False)
     lock: Any = field(default_factory=threading.Lock, compare=False, repr=False)
+    #: whether keeperd spawns slot jobs from its slot spares (health says)
+    slot_spares: bool = False
     #: "found": (slot, limits, when), the free slot `prepare_is_light` found, for `prepare`
     light: dict = field(default_factory=dict, compare=False, repr=False)
 
@@ -944,6 +946,7 @@ class SystemdBackend(Backend):
         out["parent"] = self.parent_slice
         out["address"] = self.address
         out["memory_max"] = self.last_read.get("memory_max")
+        out["slot_spares"] = self.slot_spares
         return out
 
 
@@ -1097,9 +1100,17 @@ def open_systemd_backend(parent: str = "motor-jobs", *, address: str | None = No
     address = address or default_address()
     with SystemdManager(address) as m:
         version = m.version()
-    notes = [f"systemd {version}: each job in a scope of its own, started by keeperd "
-             f"(StartTransientUnit, PIDs=the job), in a slot slice ({parent}-s<n>.slice, "
-             f"one job at a time) under {parent}.slice"]
+    spares = slot_spares_on()
+    if spares:
+        notes = [f"systemd {version}: each job in a slot slice ({parent}-s<n>.slice, one job "
+                 f"at a time) under {parent}.slice, born in the scope of keeperd's spare for "
+                 f"the slot ({parent}-s<n>-p<pid>.scope, started once); a slot's first job and "
+                 "a job without CPUs in a scope of its own (docs/isolation.md, 'Slot spares')"]
+    else:
+        notes = [f"systemd {version}: each job in a scope of its own, started by the keeper "
+                 f"(StartTransientUnit, PIDs=the job), in a slot slice ({parent}-s<n>.slice, "
+                 f"one job at a time) under {parent}.slice (no slot spares: "
+                 f"{SLOT_SPARES_ENV}=0, or the per-job keeper)"]
     if not unified_cpuset(cgroup_root):
         notes.append("AllowedCPUs= needs the cgroup v2 cpuset controller (absent here): "
                      "CPUs are enforced by affinity")
@@ -1113,4 +1124,16 @@ def open_systemd_backend(parent: str = "motor-jobs", *, address: str | None = No
         notes.append("systemd has no CPU figure here (cgroup v1 cpu and cpuacct are separate "
                      f"hierarchies): CPU time is {source}")
     return SystemdBackend(notes=tuple(notes), parent=parent, systemd_run=run, address=address,
-                          cgroup_root=cgroup_root)
+                          cgroup_root=cgroup_root, slot_spares=spares)
+
+
+#: motor/execution/slotspares.py ENABLE_ENV (keeperd reads it; not imported here: the spare
+#: is run by path and must not load this module's D-Bus client)
+SLOT_SPARES_ENV = "MOTOR_KEEPERD_SLOT_SPARES"
+
+
+def slot_spares_on(environ=os.environ) -> bool:
+    """Whether keeperd will spawn slot jobs from slot spares: keeperd is the spawner
+    (MOTOR_SPAWNER) and the spares are not turned off."""
+    return (environ.get("MOTOR_SPAWNER", "keeperd") in ("", "keeperd")
+            and environ.get(SLOT_SPARES_ENV, "1").strip() != "0")

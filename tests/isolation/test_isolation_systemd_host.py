@@ -102,6 +102,7 @@ def test_systemd_backend_confines_each_job_in_its_slot_unit(ns_serve, systemd_ns
     assert health["backend"] == "systemd", health
     assert set(health["enforces"]) == {"cpus", "memory"}
     assert health["parent"] == "motor-jobs.slice"
+    assert health["slot_spares"] is True and "Slot spares" in health["notes"][0], health
 
     claim = min(4, serve.cli_json("health")["capacity"]["claim_limit"])
     record, inside = run_inside(serve, claim, 256 * MiB)
@@ -539,7 +540,9 @@ def test_without_slot_spares_every_job_gets_a_scope_of_its_own(ns_serve, systemd
     serve = ns_serve()
     serve.env = {"MOTOR_KEEPERD_SLOT_SPARES": "0"}
     serve.start()
-    claim = str(serve.cli_json("health")["capacity"]["claim_limit"])
+    health = serve.cli_json("health")
+    assert health["isolation"]["slot_spares"] is False, health["isolation"]
+    claim = str(health["capacity"]["claim_limit"])
     for _ in range(3):
         record, inside = run_inside(serve, int(claim), 128 * MiB)
         hexid = record["job_id"].replace("-", "")
