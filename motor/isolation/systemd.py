@@ -27,8 +27,9 @@ Per job (docs/isolation.md, "systemd"):
 - `settle` takes the job's CPU time and OOM verdict as the growth of its slot slice's
   counters over the job (`job_figures`), with no D-Bus call when the job left nothing
   behind (`settle_quick`, on the event loop; a spare is not the job's); a process left
-  there gets the scope that holds it stopped (the job's, or the spare's), which kills it. A job in a slice of its own: systemd's own summary of that
-  slice (`CPUUsageNSec`, `ControlGroup`), then `release` stops the slice.
+  there gets the scope that holds it stopped (the job's, or the spare's), which kills it.
+  A job in a slice of its own: systemd's own summary of that slice (`CPUUsageNSec`,
+  `ControlGroup`), then `release` stops the slice.
 - `adopt` (after a runner restart) asks whether the job's scope (or own slice) is active,
   or finds a process with the job's marker in the jobs slice;
   `settle` of an adopted job reads the counters before it from its spec.json.
@@ -644,7 +645,7 @@ class SystemdBackend(Backend):
         scope = {"address": self.address, "scope": job_scope(self.parent, job_id),
                  "slice": slice_name or job_slice(self.parent, job_id),
                  "description": f"motor job {job_id}"}
-        if slice_name:  # a slot slice: keeperd's spare there may clone the job in its scope
+        if slice_name:  # a slot slice: keeperd's spare there may spawn the job in its scope
             scope["slot"] = True
         return {"pin": bool(cpus), "cgroup_procs": [], "systemd_scope": scope}
 
