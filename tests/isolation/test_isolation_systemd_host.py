@@ -549,3 +549,35 @@ def test_without_slot_spares_every_job_gets_a_scope_of_its_own(ns_serve, systemd
         assert inside["unit"].endswith(f"/motor-jobs-j{hexid}.scope"), inside
         assert record["reservation_use"]["cpu_time_ms"] > 0
     assert spare_scopes(systemd_ns) == []
+
+
+def test_a_job_in_its_slots_spare_scope_outlives_the_runner_and_is_readopted(
+        ns_serve, systemd_ns, tmp_path):
+    """A job a slot spare spawned: the runner is killed (-9) while it runs; keeperd and the
+    spare go on, the restarted runner adopts the job, and its end comes through the spare's
+    relay with its exit code and its slot's CPU time."""
+    barrier = tmp_path / "go"
+    serve = ns_serve().start()
+    claim = str(serve.cli_json("health")["capacity"]["claim_limit"])
+    first = serve.cli("run", "--json", "--weight", claim, "--", "true")
+    assert first.returncode == 0, first.stderr
+    wait_for(lambda: spare_scopes(systemd_ns), what="the slot's spare scope")
+    (spare,) = spare_scopes(systemd_ns)
+    job = serve.cli_json("submit", "--weight", claim, "--", "sh", "-c",
+                         "grep :name=systemd: /proc/self/cgroup | cut -d: -f3; "
+                         f"while [ ! -e {barrier} ]; do sleep 0.01; done; echo after; exit 7")
+    job_id = job["job_id"]
+    log = serve.state_dir / "jobs" / job_id / "output.log"
+    wait_for(lambda: log.exists() and b"scope" in log.read_bytes(), what="the job running")
+    serve.kill9()
+
+    assert job_units(systemd_ns) == [] and spare_scopes(systemd_ns) == [spare]
+    serve.start()
+    barrier.write_text("")
+    result = serve.cli("attach", "--json", job_id, "--from-seq", "0")
+    events = json_lines(result.stdout)
+    out = "".join(e["data"] for e in events if e["event"] == "output").split()
+    assert out[0].endswith("/" + spare) and out[1] == "after", out
+    record = events[-1]["record"]
+    assert record["exit_code"] == 7 and result.returncode == 7, record
+    assert record["reservation_use"]["cpu_time_ms"] is not None, record
