@@ -1,4 +1,4 @@
-"""Start-up of the keeper-side programs run by path (forkserver.py, keeperd.py, slotspares.py).
+"""Start-up of the keeper-side programs run by path (forkserver.py, keeperd.py).
 
 `python -m motor.execution.forkserver` would execute `motor/__init__.py` and
 `motor/execution/__init__.py` first, which pull in the runner (trio, msgspec, sqlite, ...).
