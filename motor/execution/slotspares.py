@@ -208,12 +208,16 @@ class SlotSpares:
             self.sel.unregister(spare.sock)
         except (KeyError, ValueError):
             pass
-        spare.sock.close()  # the spare exits on EOF; keeperd reaps it as an orphan
+        spare.sock.close()  # the spare exits on EOF; keeperd reaps it as any stranger
         if kill:
             try:
                 os.kill(spare.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        try:  # dead already: its SIGCHLD came while keeperd's reaping still passed it over
+            os.waitpid(spare.pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
         # its running jobs are keeperd's children now (after the ends it relayed before)
         self.deferred.append((self.orphaned, (spare,)))
 

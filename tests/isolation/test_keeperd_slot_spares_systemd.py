@@ -109,8 +109,7 @@ result["job_units_after"] = job_units()
 # a job of the spare's that outlives its timeout: keeperd kills its tree; while it runs,
 # the backend finds it (adopt: a process of the job's in a spare's scope)
 seen = {}
-def look(job_id):
-    time.sleep(0.1)
+def look(job_id):  # the spawn was answered: the job has exec'd, its marker is there
     seen["adopt"] = backend.adopt(job_id)
     seen["job_units"] = job_units()
 result["timed_out"] = job("t0", ["sh", "-c", "sleep 30; exit 5"], during=look, timeout_s=0.5)
@@ -122,12 +121,24 @@ result["big"] = job("big", ["sh", "-c", PROBE, *["x" * 1000] * 300])
 # the spare dies while a job of its runs: keeperd reaps that job (its subreaper); the
 # next job gets a scope of its own, and a new spare follows
 spare_pid = spare_pid_of(result["spares"][0])
-def kill_spare(job_id):
-    time.sleep(0.2)  # the job runs: its sh waits for its sleep
+go = os.path.join(work, "go")
+def dead(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+def kill_spare(job_id):  # the job waits for `go`; the spare is dead before it is there
     os.kill(spare_pid, signal.SIGKILL)
-result["orphaned"] = job("k0", ["sh", "-c", "sleep 1; exit 4"], during=kill_spare)
+    deadline = time.monotonic() + 20
+    while not dead(spare_pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    open(go, "w").close()
+result["orphaned"] = job("k0", ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.01; done; exit 4"],
+                         during=kill_spare)
 result["after_kill"] = job("b0")
 result["new_spares"] = await_spare(result["spares"])
+result["old_spare_reaped"] = not os.path.exists(f"/proc/{spare_pid}")
 result["after_new"] = job("b1")
 result["log"] = open(os.path.join(state, "keeperd.log")).read() if os.path.exists(
     os.path.join(state, "keeperd.log")) else ""
@@ -136,7 +147,7 @@ print(json.dumps(result))
 """
 
 
-def test_a_slots_jobs_are_born_in_its_spares_scope_as_keeperds_children(systemd_ns, tmp_path):
+def test_a_slots_jobs_are_born_in_its_spares_scope_as_its_children(systemd_ns, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     run = systemd_ns.run(sys.executable, "-c", SCRIPT, str(work), cwd=str(ROOT), timeout=180)
@@ -159,9 +170,10 @@ def test_a_slots_jobs_are_born_in_its_spares_scope_as_keeperds_children(systemd_
         assert job["slice"] == slot, job
         assert job["unit"] == f"/motor.slice/motor-jobs.slice/{slot}/{spare}", job
         assert job["ppid"] == spare_pid, job
-        # nothing of the spare's Python (SIGPIPE, SIGXFSZ ignored) reaches the job: it
-        # starts as keeperd's own spawns do (glibc's posix_spawn leaves its two internal
-        # signals, 32 and 33, ignored: docs/keeper.md)
+        # nothing of the spare's dispositions (keeperd's: SIGINT, SIGHUP, SIGPIPE ignored,
+        # SIGTERM and SIGCHLD caught) reaches the job: it starts as keeperd's own spawns do
+        # (glibc's posix_spawn leaves its two internal signals, 32 and 33, ignored:
+        # docs/keeper.md)
         blocked, ignored = (int(job[k].split(":")[1], 16) for k in ("blocked", "ignored"))
         assert blocked == 0 and ignored & ~(0b11 << 31) == 0, job
     assert out["job_units_after"] == [], out["job_units_after"]  # no unit per job
@@ -193,5 +205,6 @@ def test_a_slots_jobs_are_born_in_its_spares_scope_as_keeperds_children(systemd_
     assert out["after_kill"]["unit"].split("/")[-1].startswith("motor-jobs-j"), out["after_kill"]
     assert out["after_kill"]["exit_code"] == 3
     assert len(out["new_spares"]) == 1 and out["new_spares"] != out["spares"], out
+    assert out["old_spare_reaped"], out  # keeperd reaped the killed spare (no zombie left)
     assert out["after_new"]["unit"].endswith("/" + out["new_spares"][0]), out["after_new"]
     assert out["after_new"]["exit_code"] == 3
