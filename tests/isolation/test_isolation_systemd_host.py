@@ -81,6 +81,18 @@ def spare_scopes(ns: SystemdNamespace) -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
+def serve_with_a_spare(ns_serve, systemd_ns) -> tuple:
+    """`motor serve` in the namespace after one job claiming every CPU: (serve, that claim,
+    the scope of the slot's spare, which keeperd made after that job)."""
+    serve = ns_serve().start()
+    claim = str(serve.cli_json("health")["capacity"]["claim_limit"])
+    first = serve.cli("run", "--json", "--weight", claim, "--", "true")
+    assert first.returncode == 0, first.stderr
+    wait_for(lambda: spare_scopes(systemd_ns), what="the slot's spare scope")
+    (spare,) = spare_scopes(systemd_ns)
+    return serve, claim, spare
+
+
 def unit_slice(unit: str) -> str:
     """The slice a job's scope is in, from its control group path."""
     return unit.rstrip("/").split("/")[-2]
@@ -507,12 +519,7 @@ def test_a_process_a_job_left_in_its_slots_spare_scope_is_killed_before_its_reco
     that left the job's process group and environment (so keeperd cannot tell it is the
     job's) is killed by the stop of the spare's scope in `settle`, before the terminal
     record; the slot's next job runs, and a new spare follows."""
-    serve = ns_serve().start()
-    claim = str(serve.cli_json("health")["capacity"]["claim_limit"])
-    first = serve.cli("run", "--json", "--weight", claim, "--", "true")
-    assert first.returncode == 0, first.stderr
-    wait_for(lambda: spare_scopes(systemd_ns), what="the slot's spare scope")
-    (spare,) = spare_scopes(systemd_ns)
+    serve, claim, spare = serve_with_a_spare(ns_serve, systemd_ns)
 
     left = serve.cli("run", "--json", "--weight", claim, "--", "sh", "-c",
                      "setsid env -i sleep 1000 & pid=$!; "
@@ -557,12 +564,7 @@ def test_a_job_in_its_slots_spare_scope_outlives_the_runner_and_is_readopted(
     spare go on, the restarted runner adopts the job, and its end comes through the spare's
     relay with its exit code and its slot's CPU time."""
     barrier = tmp_path / "go"
-    serve = ns_serve().start()
-    claim = str(serve.cli_json("health")["capacity"]["claim_limit"])
-    first = serve.cli("run", "--json", "--weight", claim, "--", "true")
-    assert first.returncode == 0, first.stderr
-    wait_for(lambda: spare_scopes(systemd_ns), what="the slot's spare scope")
-    (spare,) = spare_scopes(systemd_ns)
+    serve, claim, spare = serve_with_a_spare(ns_serve, systemd_ns)
     job = serve.cli_json("submit", "--weight", claim, "--", "sh", "-c",
                          "grep :name=systemd: /proc/self/cgroup | cut -d: -f3; "
                          f"while [ ! -e {barrier} ]; do sleep 0.01; done; echo after; exit 7")
