@@ -184,44 +184,35 @@ def spawn_job(orders: dict, out_w: int, err_w: int, *, oom_bump: bool,
     keeperd records. Shared by keeperd's own spawns, the spares' threads and the slot
     spares. A process that does nothing else between spawns (a slot spare) passes `kept`
     (a dict, empty at first): its cwd, CPUs and umask stay as the last job's and change
-    only when a job's differ; its own oom_score_adj is read once."""
+    only when a job's differ."""
     cwd, cpus, cmd0 = orders.get("cwd"), orders.get("cpus"), orders["argv"][0]
     pin = bool(orders.get("pin") and cpus)
     umask = orders.get("umask")
-    if kept is not None:
-        _keep_as_the_jobs(kept, cwd, cpus if pin else None, umask)
-        if not oom_bump:
-            return _posix_spawn_job(orders, out_w, err_w, cmd0)
-        own = kept.get("oom")
-        if own is None:
-            kept["oom"] = K._raise_oom_score_for_spawn()
-        else:
-            K._set_oom_score_adj(min(1000, own + K.JOB_OOM_SCORE_BUMP))
-        try:
-            return _posix_spawn_job(orders, out_w, err_w, cmd0)
-        finally:
-            if kept["oom"] is not None:
-                K._set_oom_score_adj(kept["oom"])
-    old_affinity = None
+    old_affinity = old_umask = None
+    back_to_root = False
     try:
-        if cwd:
-            _chdir_for(cwd)
-        if pin:
-            old_affinity = os.sched_getaffinity(0)
-            _pin_for(cpus)
+        if kept is not None:
+            _keep_as_the_jobs(kept, cwd, cpus if pin else None, umask)
+        else:
+            if cwd:
+                back_to_root = True
+                _chdir_for(cwd)
+            if pin:
+                old_affinity = os.sched_getaffinity(0)
+                _pin_for(cpus)
+            old_umask = os.umask(umask) if isinstance(umask, int) else None
         restore_oom = K._raise_oom_score_for_spawn() if oom_bump else None
-        old_umask = os.umask(umask) if isinstance(umask, int) else None
         try:
             return _posix_spawn_job(orders, out_w, err_w, cmd0)
         finally:
-            if old_umask is not None:
-                os.umask(old_umask)
             if restore_oom is not None:
                 K._set_oom_score_adj(restore_oom)
     finally:
+        if old_umask is not None:
+            os.umask(old_umask)
         if old_affinity is not None:
             os.sched_setaffinity(0, old_affinity)
-        if cwd:
+        if back_to_root:
             os.chdir("/")
 
 
