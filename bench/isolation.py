@@ -339,7 +339,7 @@ def bench_runner(args) -> None:
                 after = {k: tree_cpu_ms(p) for k, p in parts.items()}
                 live_after = live_tree_cpu_ms(spawner)  # made during the run: all of it
                 after["spawner_keepers_jobs"] += sum(
-                    ms - live_before.get(c, 0.0) for c, ms in live_after.items())
+                    ms - live_before.get(child, 0.0) for child, ms in live_after.items())
                 jobs = c.get("/v1/jobs", params={"all": 1}).json()
                 ok = sum(1 for j in jobs if j["state"] == "succeeded"
                          and not str(j.get("workspace")).startswith("warm"))
