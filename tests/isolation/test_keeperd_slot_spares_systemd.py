@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Run inside the namespace: jobs with CPUs in one slot slice, one after another, each
 #: printing the unit it runs in and its parent; the spare's scope awaited after the first;
 #: then the spare killed, and two more jobs.
-SCRIPT = KEEPERD_SCRIPT_HEAD + r"""
+HELPERS = r"""
 serial = 0
 
 def request(req):
@@ -94,6 +94,9 @@ def job_units():
                           "--no-pager", "motor-jobs-j*"], capture_output=True, text=True).stdout
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
+"""
+
+SCRIPT = KEEPERD_SCRIPT_HEAD + HELPERS + r"""
 result = {"keeperd": hello.get("pid"), "jobs": []}
 result["jobs"].append(job("a0"))
 result["spares"] = await_spare()
@@ -145,6 +148,24 @@ result["log"] = open(os.path.join(state, "keeperd.log")).read() if os.path.exist
 sock.close()
 print(json.dumps(result))
 """
+
+
+#: keeperd with its fault probe on: the slot's spare dies right after reaping its first job,
+#: before relaying the job's end (slotspares.FAULT_ENV)
+LOST_SCRIPT = ('import os; os.environ["MOTOR_KEEPERD_FAULT"] = "spare-drops-exit"\n'
+               + KEEPERD_SCRIPT_HEAD + HELPERS + r"""
+result = {"first": job("a0"), "spares": await_spare()}
+spare_pid = spare_pid_of(result["spares"][0])
+result["lost"] = job("l0")
+deadline = time.monotonic() + 20
+while os.path.exists(f"/proc/{spare_pid}") and time.monotonic() < deadline:
+    time.sleep(0.01)
+result["spare_reaped"] = not os.path.exists(f"/proc/{spare_pid}")
+result["after"] = job("b0")
+result["new_spares"] = await_spare(result["spares"])
+sock.close()
+print(json.dumps(result))
+""")
 
 
 def test_a_slots_jobs_are_born_in_its_spares_scope_as_its_children(systemd_ns, tmp_path):
@@ -208,3 +229,28 @@ def test_a_slots_jobs_are_born_in_its_spares_scope_as_its_children(systemd_ns, t
     assert out["old_spare_reaped"], out  # keeperd reaped the killed spare (no zombie left)
     assert out["after_new"]["unit"].endswith("/" + out["new_spares"][0]), out["after_new"]
     assert out["after_new"]["exit_code"] == 3
+
+
+def test_a_job_whose_end_died_with_its_spare_is_concluded_without_an_exit_status(
+        systemd_ns, tmp_path):
+    """The spare reaped the job and died before relaying its end: keeperd cannot learn the
+    exit status from anyone, and concludes the job without one, saying why; the slot goes
+    on (its next job in a scope of its own, then a new spare)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    run = systemd_ns.run(sys.executable, "-c", LOST_SCRIPT, str(work), cwd=str(ROOT), timeout=120)
+    assert run.returncode == 0, run.stderr.decode()
+    out = json.loads(run.stdout)
+    assert out["first"]["exit_code"] == 3, out["first"]
+    assert len(out["spares"]) == 1, out
+    lost = out["lost"]
+    # it ran in the spare's scope as the spare's child (its probe printed all of that) ...
+    assert lost["unit"].endswith("/" + out["spares"][0]), lost
+    assert lost["ppid"] == int(out["spares"][0].rsplit("-p", 1)[1].split(".")[0]), lost
+    # ... and its end is known, its exit status is not
+    assert lost["exit_code"] is None and lost["reason"] is None, lost
+    assert "exit status was lost with its slot's spare process" in (lost["detail"] or ""), lost
+    assert out["spare_reaped"], out
+    assert out["after"]["exit_code"] == 3, out["after"]
+    assert out["after"]["unit"].split("/")[-1].startswith("motor-jobs-j"), out["after"]
+    assert len(out["new_spares"]) == 1 and out["new_spares"] != out["spares"], out
