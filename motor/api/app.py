@@ -152,6 +152,8 @@ class MotorApp:
         caps = tuple(getattr(runner, "capabilities", CAPABILITIES))
         self.capabilities = list(caps)
         self._caps_header = (b"motor-capabilities", ",".join(caps).encode("ascii"))
+        #: set by `stop()`: the runner is stopping (docs/protocol.md, "When the runner stops")
+        self.stopping = trio.Event()
         # (compiled path pattern, {method: handler})
         self.routes: list[tuple[re.Pattern[str], dict[str, Callable[..., Awaitable[None]]]]] = [
             (re.compile(r"/"), {"GET": self.index}),
@@ -257,8 +259,15 @@ class MotorApp:
 
     # -- responses -------------------------------------------------------------------------
 
+    def stop(self) -> None:
+        """The runner is stopping: answers from now on say `connection: close` (the server
+        closes each connection after its answer), and event streams end cleanly now."""
+        self.stopping.set()
+
     def _headers(self, content_type: bytes, length: int | None = None, extra=()) -> list:
         headers = [(b"content-type", content_type), self._caps_header, (b"cache-control", b"no-store")]
+        if self.stopping.is_set():
+            headers.append((b"connection", b"close"))
         if length is not None:
             headers.append((b"content-length", str(length).encode("ascii")))
         headers.extend(extra)
@@ -324,8 +333,13 @@ class MotorApp:
                         cancel_scope.cancel()
                         return
 
+            async def watch_stop(cancel_scope: trio.CancelScope) -> None:
+                await self.stopping.wait()
+                cancel_scope.cancel()  # the stream ends cleanly; the client follows it again
+
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(watch_disconnect, nursery.cancel_scope)
+                nursery.start_soon(watch_stop, nursery.cancel_scope)
                 try:
                     if first is not None:
                         await send({"type": "http.response.body",

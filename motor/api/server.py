@@ -97,6 +97,9 @@ async def claim_socket_path(path: Path, *, connect_timeout: float = 2.0) -> None
 LISTEN_BACKLOG = 4096
 #: Seconds a new (or kept-alive) connection may take to send a complete request head.
 HEAD_TIMEOUT_S = 5.0
+#: When the server stops, an idle keep-alive connection is closed this long after: a request
+#: its client sent just then is answered (with `connection: close`), not reset.
+IDLE_CLOSE_GRACE_S = 0.25
 #: Connections above the cap being answered 503 at once; beyond it they are closed unanswered.
 REFUSING_MAX = 64
 #: Descriptors kept for everything else the runner opens (SQLite, logs, job pipes, cgroups).
@@ -201,8 +204,10 @@ class _KeepAliveTimer:
     `restart` sets and `stop` clears. hypercorn's own starts a task (`nursery.start`, a round
     trip through the scheduler) at every idle point and cancels it at every request head,
     each under a lock: with keep-alive, two of those per request (issue 14). What it does
-    when the deadline passes, or the server terminates first, is hypercorn's
-    `TCPServer._idle_timeout`: close the connection (shielded)."""
+    when the deadline passes is hypercorn's `TCPServer._idle_timeout`: close the connection
+    (shielded). When the server terminates, a connection busy with a request is left to
+    finish it (hypercorn closes it after the answer), and an idle one is closed after
+    `IDLE_CLOSE_GRACE_S`: a request its client sent meanwhile is still answered, not reset."""
 
     def __init__(self, server: "_TCPServer") -> None:
         self._server = server
@@ -212,7 +217,10 @@ class _KeepAliveTimer:
         self._closed = False
 
     async def restart(self, task_group: Any, action: Any) -> None:
-        self._set(trio.current_time() + self._server.config.keep_alive_timeout)
+        timeout = self._server.config.keep_alive_timeout
+        if self._server.context.terminated.is_set():
+            timeout = min(timeout, IDLE_CLOSE_GRACE_S)
+        self._set(trio.current_time() + timeout)
         if not self._watching and not self._closed:
             self._watching = True
             task_group._nursery.start_soon(self._watch)
@@ -235,8 +243,13 @@ class _KeepAliveTimer:
         terminated = self._server.context.terminated
         while not self._closed:
             with trio.CancelScope(deadline=self._deadline) as self._scope:
+                if terminated.is_set():
+                    await trio.sleep_forever()  # until idle past the (short) deadline
                 await terminated.wait()
-                break  # the server is closing: so is this connection
+                # the server is stopping: an idle connection has a short grace from now on
+                # (a busy one, no deadline, finishes its request; hypercorn closes it then)
+                if self._deadline != math.inf:
+                    self._deadline = min(self._deadline, trio.current_time() + IDLE_CLOSE_GRACE_S)
             self._scope = None
             if trio.current_time() >= self._deadline:
                 break  # idle (or without a complete request head) for keep_alive_timeout
@@ -319,12 +332,16 @@ async def _serve_hypercorn(
     hc: HypercornConfig,
     connections: Connections,
     shutdown_trigger: Callable[[], Awaitable[None]],
+    unlink: Callable[[], None],
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """hypercorn's trio worker (hypercorn.trio.run.worker_serve) with our accept handler.
 
     The app's lifespan is a no-op, so it is not driven; every connection is served by
-    hypercorn's TCPServer (HTTP/1.1 via h11)."""
+    hypercorn's TCPServer (HTTP/1.1 via h11). When `shutdown_trigger()` returns: the socket
+    file goes (`unlink`: a new client finds no runner), the connections the kernel already
+    queued are accepted and served (closing a listener would reset them), the listeners
+    close, and open requests have `graceful_timeout` to finish."""
     wrapped = wrap_app(app, hc.wsgi_max_body_size, "asgi")
     context = WorkerContext(None)
     sockets = hc.create_sockets()
@@ -353,10 +370,32 @@ async def _serve_hypercorn(
                     handler_nursery=server_nursery))
                 await shutdown_trigger()
                 nursery.cancel_scope.cancel()
+            unlink()
+            handle = connections.handler(serve_one)
+            for sock in sockets.insecure_sockets:
+                for stream in _queued(sock):
+                    server_nursery.start_soon(handle, stream)
         finally:
+            for sock in sockets.insecure_sockets:
+                sock.close()
             # Graceful: stop accepting, let open requests finish for graceful_timeout.
             await context.terminated.set()
             server_nursery.cancel_scope.deadline = trio.current_time() + hc.graceful_timeout
+
+
+def _queued(listening: socket.socket) -> list[trio.SocketStream]:
+    """The connections waiting in a listening socket's backlog, accepted without blocking
+    (trio made the socket non-blocking)."""
+    streams = []
+    while True:
+        try:
+            sock, _ = listening.accept()
+        except (BlockingIOError, InterruptedError):
+            return streams
+        except OSError:  # EMFILE and the like: the rest stay queued (reset at the close)
+            return streams
+        sock.setblocking(False)
+        streams.append(trio.SocketStream(trio.socket.from_stdlib_socket(sock)))
 
 
 async def serve_api(
@@ -381,9 +420,18 @@ async def serve_api(
     connections = Connections(connection_cap(config))
     trigger = shutdown_trigger if shutdown_trigger is not None else trio.sleep_forever
     inode = None
+
+    def unlink_ours() -> None:  # the socket file, while it is still ours
+        try:
+            if inode is not None and os.stat(path).st_ino == inode:
+                os.unlink(path)
+        except OSError:
+            pass
+
     try:
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(_serve_hypercorn, app, hc, connections, trigger)
+            binds = await nursery.start(_serve_hypercorn, app, hc, connections, trigger,
+                                        unlink_ours)
             inode = os.stat(path).st_ino
             if gid is not None:
                 os.chown(path, -1, gid)
@@ -395,8 +443,4 @@ async def serve_api(
                          config.listen, ", ".join(f"{m} {p}" for m, p in sorted(PUBLIC_ON_TCP)))
             task_status.started(binds)
     finally:
-        try:
-            if inode is not None and os.stat(path).st_ino == inode:
-                os.unlink(path)
-        except OSError:
-            pass
+        unlink_ours()

@@ -400,7 +400,8 @@ class QueueWaitWatch:
 
 def follow(events: Iterable, *, as_json: bool, on_job_id: Callable[[str], None] | None = None,
            watch: QueueWaitWatch | None = None) -> int:
-    """Print a job's events (output, or JSON lines) until the terminal one; its exit status.
+    """Print a job's events (output, or JSON lines) until the terminal one; its exit status
+    (RunnerUnavailable when the stream breaks or ends before it).
     Events are the wire's dicts (`events(..., raw=True)`) or typed motor.records events; with
     `as_json`, every event is printed as one JSON line, kinds this client does not know too."""
     writer = _Writer()
@@ -434,8 +435,8 @@ def follow(events: Iterable, *, as_json: bool, on_job_id: Callable[[str], None] 
             return exit_status(record)
     if watch is not None:
         watch.stop()
-    _err("motor: the runner closed the stream before the job ended")
-    return EXIT_UNAVAILABLE
+    # (a runner that stops ends its streams: the job goes on, and can be followed again)
+    raise RunnerUnavailable("the runner closed the stream before the job ended")
 
 
 # --- commands ---------------------------------------------------------------------------

@@ -104,3 +104,42 @@ async def test_a_shutdown_closes_kept_alive_connections_and_the_server_returns(c
         assert await read_eof(stream) == b""
         await done.wait()
     await stream.aclose()
+
+
+async def test_at_shutdown_a_request_on_an_idle_connection_is_still_answered(
+        config, nursery, monkeypatch):
+    """The server stops (its shutdown trigger): a client that sends its next request on a
+    kept-alive connection just then gets its answer, saying `connection: close`, and then
+    the connection closes; a connection that stays idle is closed after the grace; the
+    server then returns. Before: every connection was closed at once, a request sent
+    meanwhile reset or left unanswered."""
+    monkeypatch.setattr(server_mod, "IDLE_CLOSE_GRACE_S", 2.0)
+    stop, served = trio.Event(), trio.Event()
+    app = make_app(FakeRunner(config))
+
+    async def serve(task_status=trio.TASK_STATUS_IGNORED):
+        try:
+            await serve_api(app, config, shutdown_trigger=stop.wait, task_status=task_status)
+        finally:
+            served.set()
+
+    await nursery.start(serve)
+    busy = await trio.open_unix_socket(str(config.socket_path))
+    idle = await trio.open_unix_socket(str(config.socket_path))
+    for stream in (busy, idle):
+        await stream.send_all(HEAD)
+        assert (await read_response(stream, bytearray())).startswith(b"HTTP/1.1 200")
+    app.stop()
+    stop.set()
+    await trio.sleep(0.05)  # the server has stopped accepting
+    assert not config.socket_path.exists()
+    await busy.send_all(HEAD)
+    with trio.fail_after(10):
+        answer = await read_eof(busy)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert b"connection: close" in answer.lower().partition(b"\r\n\r\n")[0], answer[:200]
+    with trio.fail_after(10):
+        assert await read_eof(idle) == b""
+        await served.wait()
+    for stream in (busy, idle):
+        await stream.aclose()

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import signal
+import socket
 
 import psutil
 import pytest
 
+from motor.client import Client
 from job_markers import marked_processes
 from polling import json_lines, wait_for
 
@@ -163,8 +166,9 @@ def test_a_runner_switched_to_per_job_keepers_adopts_and_cancels_keeperd_jobs(
 def test_motor_run_across_a_restart_names_its_job_and_attach_follows_it_to_the_end(
         serve_factory, tmp_path):
     """`motor serve` stopped (SIGTERM: an upgrade) while `motor run` follows a job: the
-    client loses its connection and exits 69, naming the job, which keeps running; after
-    the restart `motor attach` with that id replays it and ends with its exit status."""
+    runner ends the stream cleanly and the client exits 69, naming the job, which keeps
+    running; after the restart `motor attach` with that id replays it and ends with its
+    exit status."""
     barrier = tmp_path / "go"
     serve = serve_factory().start()
     run = serve.cli_popen(
@@ -177,6 +181,7 @@ def test_motor_run_across_a_restart_names_its_job_and_attach_follows_it_to_the_e
     out, err = run.communicate(timeout=30)
     assert run.returncode == 69, err.decode()
     assert out == b"before\n"
+    assert "the runner closed the stream before the job ended" in err.decode()
     assert f"follow it again with: motor attach {job_id}" in err.decode()
 
     serve.start()
@@ -184,3 +189,83 @@ def test_motor_run_across_a_restart_names_its_job_and_attach_follows_it_to_the_e
     result = serve.cli("attach", job_id, "--from-seq", "0")
     assert result.returncode == 7, result.stderr.decode()
     assert result.stdout == b"before\nafter\n"
+
+
+
+def _submit_head(body: bytes) -> bytes:
+    return (b"POST /v1/jobs HTTP/1.1\r\nhost: motor\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % len(body))
+
+
+def _answer(sock: socket.socket) -> tuple[bytes, bytes]:
+    """The whole answer until the runner closes the connection: (head, body)."""
+    answer = b""
+    while chunk := sock.recv(65536):
+        answer += chunk
+    sock.close()
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    return head, rest
+
+
+def _job_kept(serve, job_id: str) -> bool:
+    with Client(serve.socket) as client:
+        return client.get(job_id).job_id == job_id
+
+
+def test_a_submit_in_flight_at_sigterm_is_answered_and_its_job_kept(serve_factory, request):
+    """SIGTERM while a submit's body is still arriving: the runner stops accepting (its
+    socket file goes first), but answers the request in flight (202, `connection: close`)
+    before its dispatcher and store stop, and the job it accepted is there after the
+    restart. Before: the request was cut (a reset, or a 500 with no body)."""
+    serve = serve_factory().start()
+    body = json.dumps({"command": ["true"], "workspace": "w", "weight_hint": 1}).encode()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    request.addfinalizer(sock.close)
+    sock.settimeout(30)
+    sock.connect(str(serve.socket))
+    # the connection is the runner's (a first request answered on it), then a submit whose
+    # body is cut short
+    sock.sendall(b"GET /v1/health HTTP/1.1\r\nhost: motor\r\n\r\n")
+    first = b""
+    while b"\r\n\r\n" not in first:
+        first += sock.recv(65536)
+    length = int(first.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    while len(first.partition(b"\r\n\r\n")[2]) < length:
+        first += sock.recv(65536)
+    sock.sendall(_submit_head(body) + body[:10])
+    serve.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: not serve.socket.exists(), what="the runner to stop accepting")
+    assert serve.proc.poll() is None  # still answering what it has
+    sock.sendall(body[10:])
+    head, rest = _answer(sock)
+    assert head.startswith(b"HTTP/1.1 202"), head + rest
+    assert b"connection: close" in head.lower(), head
+    job_id = json.loads(rest)["job_id"]
+    assert serve.proc.wait(timeout=30) == 0
+    serve.start()
+    assert _job_kept(serve, job_id)
+
+
+def test_a_connection_queued_at_sigterm_is_served_not_reset(serve_factory, request):
+    """A client connected and sent its submit while the runner was not accepting (stopped
+    with SIGSTOP: the connection waits in the kernel's queue), and SIGTERM came with it:
+    the runner, stopping, takes the queued connection and answers it instead of closing its
+    listener on it (which resets it). Before: reset when the signal was handled first."""
+    serve = serve_factory().start()
+    body = json.dumps({"command": ["true"], "workspace": "w", "weight_hint": 1}).encode()
+    serve.proc.send_signal(signal.SIGSTOP)
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        request.addfinalizer(sock.close)
+        sock.settimeout(30)
+        sock.connect(str(serve.socket))  # queued: nobody accepts while it is stopped
+        sock.sendall(_submit_head(body) + body)
+        serve.proc.send_signal(signal.SIGTERM)
+    finally:
+        serve.proc.send_signal(signal.SIGCONT)
+    head, rest = _answer(sock)
+    assert head.startswith(b"HTTP/1.1 202"), head + rest
+    job_id = json.loads(rest)["job_id"]
+    assert serve.proc.wait(timeout=30) == 0
+    serve.start()
+    assert _job_kept(serve, job_id)
