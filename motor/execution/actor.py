@@ -51,7 +51,19 @@ class JobExecution(actors.Actor):
         raise TypeError(f"{self.name}: unknown message {msg!r}")
 
     async def main(self):
-        """The job's life, in the actor's own task: until it ends or goes back to the queue."""
+        """The job's life, in the actor's own task: until it ends or goes back to the queue.
+        A subsystem it needs found stopped: while the runner stops (the dispatcher stops
+        before the job actors), the actor ends quietly and the next start adopts the job;
+        otherwise that subsystem is restarting, and the actor crashes so that its own
+        restart adopts the job."""
+        try:
+            await self._life()
+        except actors.ActorDead as exc:
+            if not self.deps.stopping():
+                raise
+            log.info("%s: %s as the runner stops; its next start adopts the job", self.name, exc)
+
+    async def _life(self):
         deps, job_id = self.deps, self.record.job_id
         if self.record.terminal:  # an incarnation before this one recorded its end, then crashed
             return await release_isolation(deps, job_id, self.name)

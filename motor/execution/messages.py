@@ -7,7 +7,7 @@ import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import trio
 
@@ -60,6 +60,9 @@ class JobDeps:
     #: loop: a worker thread, also under the runner's test clock (a blocking setup step must
     #: not stall the event loop: tests/scheduling hold one at a barrier)
     offload: Offload = thread_offload
+    #: whether the runner is stopping (its root supervisor shut down or gave up): a
+    #: subsystem found stopped then is not one that restarts (execution/actor.py `main`)
+    stopping: Callable[[], bool] = lambda: False
 
 
 async def save_when_room(store: "StoreHandle", who: str, run: "JobRun | None", record,

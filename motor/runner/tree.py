@@ -138,7 +138,7 @@ async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runn
                     dispatcher=handles.dispatcher, cpu=handles.cpu,
                     accounting=handles.accounting, disk=handles.disk, spawner=spawner,
                     backend=host.backend, clock=clock, jobs_dir=jobs_dir,
-                    workspace_root=roots[0])
+                    workspace_root=roots[0], stopping=lambda: not tree.root.alive)
                 followers: set[str] = set()  # jobs a client follows (kept across restarts)
                 children = _children(config, host, db, hub, job_deps, handles, followers,
                                      tree, api)
