@@ -457,8 +457,12 @@ class Actor:
         """Queue ``msg`` in this incarnation's own inbox (waiting for room), also while
         ``on_start`` still runs and the ref does not reach it yet: for an actor's own
         timers and follow-ups. Handled after ``on_start``, in order with other messages.
-        As ``cast``: with room, no schedule point (a cancellation already due is raised)."""
+        As ``cast``: with room, no schedule point (a cancellation already due is raised).
+        Once the incarnation is stopping (``stop()``), ``msg`` is dropped: it would never be
+        handled, and a timer of the actor's that fires during ``on_stop`` is no crash."""
         await trio.lowlevel.checkpoint_if_cancelled()
+        if self._stopping:
+            return
         await _put(self, _Envelope(msg, None), self.name)
 
     def cast_self_nowait(self, msg: Any) -> None:

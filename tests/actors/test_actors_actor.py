@@ -415,6 +415,36 @@ async def test_cast_self_during_on_start_is_handled_after_it_without_polling():
         actor.stop()
 
 
+async def test_cast_self_while_stopping_is_dropped_not_a_crash():
+    """A timer of the actor's fires while its on_stop runs (its inbox closed): the follow-up
+    is dropped, and the actor stops normally. Before: ActorDead crashed the actor."""
+    seen = []
+    fire = trio.Event()
+
+    class Timer(actors.Actor):
+        async def on_start(self):
+            self.nursery.start_soon(self._fire)
+
+        async def _fire(self):
+            await fire.wait()
+            await self.cast_self("tick")
+            seen.append("cast")
+
+        async def handle(self, msg):
+            seen.append(msg)
+
+        async def on_stop(self):
+            fire.set()
+            await trio.testing.wait_all_tasks_blocked()  # _fire has cast
+            seen.append("stopped")
+
+    async with trio.open_nursery() as nursery:
+        actor = Timer(name="timer")
+        ref = await nursery.start(actor.run)
+        actor.stop()
+    assert seen == ["cast", "stopped"] and not ref.alive
+
+
 class _Gatekeeper(actors.Actor):
     """Defers every ("ask", key) call; ("answer", key, value) answers it from another
     message; ("fail", key) answers it with an error; anything else is answered at once."""
