@@ -440,6 +440,44 @@ async def test_an_orderly_stop_saves_the_clocks_still_waiting_for_their_save(
         nursery.cancel_scope.cancel()
 
 
+async def test_after_a_save_of_many_clocks_the_next_waits_longer(
+        tmp_path, autojump_clock, monkeypatch):
+    """Stop 43, through the dispatcher and its store: a save of N clocks holds off the next
+    clock save for N / CLOCK_SAVE_ROWS_PER_S seconds when that is longer than CLOCK_SAVE_S
+    (here 4 clocks a second, so three clocks hold it off 0.75 s). Real flips: a workspace
+    freed resumes the three clocks queued behind its job; taken again 0.4 s later, two of
+    them pause, and that change is stored only once the 0.75 s are up."""
+    from motor.scheduling import machine as m
+
+    monkeypatch.setattr(m, "CLOCK_SAVE_ROWS_PER_S", 4)
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery, max_weight=1)
+        dispatcher = await world.start()
+        a1 = await dispatcher.submit(request("a", 1))
+        behind = [await dispatcher.submit(request("a", 1)) for _ in range(3)]
+        b1 = await dispatcher.submit(request("b", 1))
+        await trio.testing.wait_all_tasks_blocked()
+        assert world.state(a1.job_id) == "setup"
+        assert [world.db.get(r.job_id).queue_clock_running for r in behind] == [False] * 3
+        await trio.sleep(5)  # (every clock saved long ago)
+        await dispatcher.finished(a1.job_id)  # b's turn: a is free, its three clocks run
+        await trio.testing.wait_all_tasks_blocked()
+        t0 = trio.current_time()
+        assert world.state(b1.job_id) == "setup"
+        assert [world.db.get(r.job_id).queue_clock_running for r in behind] == [True] * 3
+        await trio.sleep(0.4)
+        await dispatcher.finished(b1.job_id)  # a's next job starts: the other two pause
+        await trio.testing.wait_all_tasks_blocked()
+        assert world.state(behind[0].job_id) == "setup"
+        rest = behind[1:]
+        await trio.sleep(t0 + 0.7 - trio.current_time())  # past CLOCK_SAVE_S: not yet saved
+        assert [world.db.get(r.job_id).queue_clock_running for r in rest] == [True, True]
+        await trio.sleep(t0 + 0.76 - trio.current_time())
+        assert [world.db.get(r.job_id).queue_clock_running for r in rest] == [False, False]
+        assert [world.db.get(r.job_id).queue_wait_ms for r in rest] == [400, 400]
+        nursery.cancel_scope.cancel()
+
+
 class CountingRecords(Records):
     """The records view the job actors read, counting the reads of one record."""
 

@@ -547,6 +547,47 @@ def test_clock_changes_within_clock_save_s_of_the_last_are_saved_at_its_end():
     assert _clock_saves(shell) == {}
 
 
+def test_a_save_of_many_clocks_holds_off_the_next_for_a_second_per_4000():
+    """Stop 43: after a save of N clocks the next waits max(CLOCK_SAVE_S, N / 4000 s), so a
+    few deep workspaces taken and freed in turn (thousands of clocks flipped at each start
+    and end) no longer spend most of the dispatcher's time saving them; a save of fewer
+    than 1,000 clocks keeps CLOCK_SAVE_S."""
+    assert m.CLOCK_SAVE_ROWS_PER_S == 4000
+    shell = Shell(m.DispatchMachine.new(AdmissionSettings(
+        claim_limit=4, max_weight=4, max_queue_depth=3000)))
+    machine = shell.machine
+    submit(shell, "j0", "t0", workspace="a")
+    shell.run(m.DiskAnswered("j0", None))  # runs on all 4 CPUs: the others wait, advancing
+    waiting = [f"q{i:04d}" for i in range(2000)]
+    for job_id in waiting:
+        submit(shell, job_id, "t" + job_id, workspace="b" + job_id)
+        shell.run(m.DiskAnswered(job_id, None))
+    shell.now = 5.0
+    for job_id in waiting:  # as after a change of their courses
+        machine.clock_saved.pop(job_id)
+        machine.clock_check.add(job_id)
+    shell.run(m.TimerFired())
+    assert len(_clock_saves(shell)) == 2000
+    assert machine.clock_save_at == 5.0 + 2000 / 4000
+    shell.now = 5.3  # later than CLOCK_SAVE_S, sooner than half a second: it waits
+    machine.clock_saved.pop("q0001")
+    machine.clock_check.add("q0001")
+    done = shell.run(m.TimerFired())
+    assert _clock_saves(shell) == {} and "q0001" in machine.clock_check
+    assert [e.deadline for e in done if isinstance(e, m.ArmTimer)][-1] == 5.5
+    shell.now = 5.5
+    shell.run(m.TimerFired())
+    assert _clock_saves(shell) == {"q0001": (True, 5500)}
+    assert machine.clock_save_at == 5.5 + m.CLOCK_SAVE_S  # one clock: the usual spacing
+    machine.clock_save_s = 0.0  # every change at once: no spacing, however many clocks
+    shell.now = 6.0
+    for job_id in waiting:
+        machine.clock_saved.pop(job_id)
+        machine.clock_check.add(job_id)
+    shell.run(m.TimerFired())
+    assert len(_clock_saves(shell)) == 2000 and machine.clock_save_at == 6.0
+
+
 def test_a_clock_is_saved_again_unless_the_stored_one_still_tells_its_value():
     """A clock whose course is the stored one is skipped only while the stored value, plus
     the time since if it advances, is its value: one that paused and advanced again
