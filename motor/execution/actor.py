@@ -1,9 +1,7 @@
-"""One actor per job setting up or running: the shell that carries its messages.
-
-Setup and spawn, `running`, output.log into the store batch by batch until the keeper
-exits, status.json to the terminal record (theory of operation: execution/core.py, which
-holds the rules; blocking file work: execution/jobdir.py, through `JobDeps.offload`).
-"""
+"""One actor per job setting up or running, the shell that carries its messages: setup and
+spawn, `running`, output.log into the store batch by batch until the keeper exits, status.json
+to the terminal record (theory of operation: execution/core.py, which holds the rules;
+blocking file work: execution/jobdir.py, through `JobDeps.offload`)."""
 
 from __future__ import annotations
 
@@ -19,7 +17,7 @@ from ..accounting.actor import JobStarted
 from ..lifecycle import RUNNING
 from ..offload import offload_unless
 from ..records import JobRecord, Refusal, Started
-from . import core, jobdir, joblog
+from . import core, jobdir, joblog, messages
 from .messages import Cancel, JobDeps, awaiting_exit, release_isolation, save_when_room, terminal_save
 from .spawner import JobDirClaimed, KeeperNotStarted, SpawnerError
 
@@ -51,38 +49,28 @@ class JobExecution(actors.Actor):
         raise TypeError(f"{self.name}: unknown message {msg!r}")
 
     async def main(self):
-        """The job's life, in the actor's own task: until it ends or goes back to the queue.
-        A subsystem it needs found stopped: while the runner stops (the dispatcher stops
-        before the job actors), the actor ends quietly and the next start adopts the job;
-        otherwise that subsystem is restarting, and the actor crashes so that its own
-        restart adopts the job."""
-        try:
-            await self._life()
-        except actors.ActorDead as exc:
-            if not self.deps.stopping():
-                raise
-            log.info("%s: %s as the runner stops; its next start adopts the job", self.name, exc)
-
-    async def _life(self):
-        deps, job_id = self.deps, self.record.job_id
-        if self.record.terminal:  # an incarnation before this one recorded its end, then crashed
-            return await release_isolation(deps, job_id, self.name)
-        found = core.found(*jobdir.look(self.dir))  # inline: a few stats (jobdir.py)
-        if found.kill_strays:  # a start cut short: nothing of the job may run before its start
-            await deps.offload(jobdir.kill_strays, deps.spawner, job_id, self.name)
-        if not found.adopt and (found := await self._setup()) is None:
-            return  # it ended, or went back to the queue
-        if found.adopt:
-            self.run_state.follow(found.keeper)
-            log.info("%s: adopted (keeper %s)", self.name, self.keeper)
-            if not await deps.offload(deps.backend.adopt, job_id):
-                log.warning("%s: its isolation group is gone; following it without one", self.name)
-            if self.record.state != RUNNING:
-                await self._mark_running(found.started_at_ms)
-        if self.run_state.cancel_due():
-            deps.spawner.cancel(*self.keeper, self.dir)
-        await self._follow()
-        await self._finish()
+        """The job's life, in the actor's own task: until it ends, goes back to the queue, or
+        the runner stops under it (`messages.left_to_the_next_start`)."""
+        with messages.left_to_the_next_start(self.deps, self.name):
+            deps, job_id = self.deps, self.record.job_id
+            if self.record.terminal:  # an incarnation before this one recorded its end, then crashed
+                return await release_isolation(deps, job_id, self.name)
+            found = core.found(*jobdir.look(self.dir))  # inline: a few stats (jobdir.py)
+            if found.kill_strays:  # a start cut short: nothing of the job may run before its start
+                await deps.offload(jobdir.kill_strays, deps.spawner, job_id, self.name)
+            if not found.adopt and (found := await self._setup()) is None:
+                return  # it ended, or went back to the queue
+            if found.adopt:
+                self.run_state.follow(found.keeper)
+                log.info("%s: adopted (keeper %s)", self.name, self.keeper)
+                if not await deps.offload(deps.backend.adopt, job_id):
+                    log.warning("%s: its isolation group is gone; following it without one", self.name)
+                if self.record.state != RUNNING:
+                    await self._mark_running(found.started_at_ms)
+            if self.run_state.cancel_due():
+                deps.spawner.cancel(*self.keeper, self.dir)
+            await self._follow()
+            await self._finish()
 
     async def _setup(self) -> core.Found | None:
         """Set up, spawn: Found (adopt: a keeper held the directory), None: ended or requeued."""

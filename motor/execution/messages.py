@@ -4,13 +4,14 @@ handles the message and re-exports both)."""
 from __future__ import annotations
 
 import logging
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 import trio
 
+import actors
 from .. import faults
 from ..offload import Offload, thread_offload
 from ..isolation.base import Backend
@@ -114,6 +115,20 @@ async def release_isolation(deps: JobDeps, job_id: str, who: str) -> None:
         error = await deps.offload(deps.backend.release, job_id)
     if error:
         log.warning("%s: isolation cleanup_error: %s", who, error)
+
+
+@contextmanager
+def left_to_the_next_start(deps: JobDeps, who: str):
+    """Around a job actor's life: a subsystem it needs found stopped (ActorDead) while the
+    runner stops (the dispatcher stops before the job actors) ends the actor quietly, and
+    the next start adopts the job; at any other time that subsystem is restarting, and the
+    actor crashes so that its own restart adopts the job (docs/actors.md)."""
+    try:
+        yield
+    except actors.ActorDead as exc:
+        if not deps.stopping():
+            raise
+        log.info("%s: %s as the runner stops; its next start adopts the job", who, exc)
 
 
 @asynccontextmanager
