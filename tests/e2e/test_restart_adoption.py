@@ -191,7 +191,6 @@ def test_motor_run_across_a_restart_names_its_job_and_attach_follows_it_to_the_e
     assert result.stdout == b"before\nafter\n"
 
 
-
 def _submit_head(body: bytes) -> bytes:
     return (b"POST /v1/jobs HTTP/1.1\r\nhost: motor\r\ncontent-type: application/json\r\n"
             b"content-length: %d\r\n\r\n" % len(body))
