@@ -583,3 +583,28 @@ def test_a_job_in_its_slots_spare_scope_outlives_the_runner_and_is_readopted(
     record = events[-1]["record"]
     assert record["exit_code"] == 7 and result.returncode == 7, record
     assert record["reservation_use"]["cpu_time_ms"] is not None, record
+
+
+def test_a_job_whose_exit_status_died_with_its_spare_is_recorded_with_why(
+        ns_serve, systemd_ns):
+    """Through `motor serve`, with keeperd's fault probe (`MOTOR_KEEPERD_FAULT=
+    spare-drops-exit`: a slot spare dies after reaping its job, before relaying the end):
+    the job's terminal record has no exit code and says why, `motor run` says so too, and
+    the slot's next job runs (in a scope of its own; then a new spare)."""
+    serve = ns_serve()
+    serve.env = {"MOTOR_KEEPERD_FAULT": "spare-drops-exit"}
+    serve.start()
+    claim = str(serve.cli_json("health")["capacity"]["claim_limit"])
+    assert serve.cli("run", "--weight", claim, "--", "true").returncode == 0
+    wait_for(lambda: spare_scopes(systemd_ns), what="the slot's spare scope")
+    (spare,) = spare_scopes(systemd_ns)
+    lost = serve.cli("run", "--json", "--weight", claim, "--", "sh", "-c", "exit 3")
+    record = json_lines(lost.stdout)[-1]["record"]
+    assert record["exit_code"] is None and record["state"] == "failed", record
+    assert "exit status was lost with its slot's spare process" in (record["detail"] or ""), record
+    assert lost.returncode == 1, lost  # failed, not the job's own 3
+    assert b"exit status was lost" in lost.stderr, lost.stderr
+    after = serve.cli("run", "--json", "--weight", claim, "--", "sh", "-c", "exit 5")
+    assert after.returncode == 5, after.stderr
+    wait_for(lambda: spare_scopes(systemd_ns) and spare_scopes(systemd_ns) != [spare],
+             what="a new spare")
