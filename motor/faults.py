@@ -30,6 +30,9 @@ Named points (each documented where it is hit):
                        entries move into the workspace (motor/disk/bundles.py);
 - `disk.walk`          the disk actor's walk of workspaces (their sizes) begins, in a
                        worker thread the actor waits for (motor/disk/host.py);
+- `api.accepting_stopped` the runner is stopping: the API's accept loop has stopped, the
+                       socket file is still there, the connections queued in the kernel
+                       not yet taken (motor/api/server.py);
 - `store.commit`       the store is about to write a transaction (motor/store/actor.py, on
                        the event loop or in a worker thread: where commits run then): a
                        `wait:` barrier there is a disk that stalls a commit.

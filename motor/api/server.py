@@ -44,6 +44,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
 
+from motor import faults
 from motor.api.app import PUBLIC_ON_TCP
 from motor.config import ConfigError, RunnerConfig
 
@@ -350,7 +351,7 @@ async def _serve_hypercorn(
     try:
         for sock in sockets.insecure_sockets:
             sock.listen(hc.backlog)
-            listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+            listeners.append(_KeptOpen(trio.SocketListener(trio.socket.from_stdlib_socket(sock))))
             binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
     except BaseException:
         for sock in sockets.insecure_sockets:
@@ -370,6 +371,7 @@ async def _serve_hypercorn(
                     handler_nursery=server_nursery))
                 await shutdown_trigger()
                 nursery.cancel_scope.cancel()
+            await faults.ahit("api.accepting_stopped")  # tests: a connection queued now
             unlink()
             handle = connections.handler(serve_one)
             for sock in sockets.insecure_sockets:
@@ -381,6 +383,22 @@ async def _serve_hypercorn(
             # Graceful: stop accepting, let open requests finish for graceful_timeout.
             await context.terminated.set()
             server_nursery.cancel_scope.deadline = trio.current_time() + hc.graceful_timeout
+
+
+class _KeptOpen(trio.abc.Listener[trio.SocketStream]):
+    """A listener that `trio.serve_listeners` cannot close. Its accept loop closes each
+    listener when it is cancelled, and closing a listening socket resets the connections
+    waiting in its backlog: these are taken after the loop stops (`_queued`), and the
+    sockets closed after that (`_serve_hypercorn`)."""
+
+    def __init__(self, listener: trio.SocketListener):
+        self.listener = listener
+
+    async def accept(self) -> trio.SocketStream:
+        return await self.listener.accept()
+
+    async def aclose(self) -> None:
+        await trio.lowlevel.checkpoint()
 
 
 def _queued(listening: socket.socket) -> list[trio.SocketStream]:

@@ -4,6 +4,9 @@ Served for real by hypercorn on a Unix socket (FakeRunner behind the app)."""
 
 from __future__ import annotations
 
+import os
+import socket
+
 import pytest
 import trio
 from fake_runner import FakeRunner
@@ -143,3 +146,53 @@ async def test_at_shutdown_a_request_on_an_idle_connection_is_still_answered(
         await served.wait()
     for stream in (busy, idle):
         await stream.aclose()
+
+
+async def test_a_connection_queued_after_accepting_stopped_is_answered(
+        config, nursery, monkeypatch):
+    """Staged at the one moment where only the backlog can hold it: the shutdown trigger
+    has returned and the accept loop is gone, the socket file is about to be removed (the
+    server's `os.unlink` of it, wrapped), and a client connects then and sends its request.
+    The kernel queues the connection, no accept loop will take it, and the listener closes
+    next: the server accepts it from the backlog and answers it (`connection: close`), the
+    connection is not reset. Before: the listener closed on it (a reset)."""
+    stop, served = trio.Event(), trio.Event()
+    app = make_app(FakeRunner(config))
+    real_unlink, queued = os.unlink, []
+
+    def unlink(path, *args, **kwargs):
+        if os.fspath(path) == str(config.socket_path) and not queued:
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            client.settimeout(10)
+            try:  # into the backlog: nothing accepts any more
+                client.connect(os.fspath(path))
+                client.sendall(HEAD)
+            except OSError as exc:  # the listener is closed already
+                client.close()
+                queued.append(exc)
+            else:
+                queued.append(client)
+        return real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+
+    async def serve(task_status=trio.TASK_STATUS_IGNORED):
+        try:
+            await serve_api(app, config, shutdown_trigger=stop.wait, task_status=task_status)
+        finally:
+            served.set()
+
+    await nursery.start(serve)
+    app.stop()
+    stop.set()
+    with trio.fail_after(10):
+        await served.wait()
+    assert queued, "the server did not remove its socket file on the way out"
+    client = queued[0]
+    assert isinstance(client, socket.socket), f"the client could not connect: {client!r}"
+    answer = b""
+    while data := client.recv(65536):  # the server has returned: the answer is in the buffer
+        answer += data
+    client.close()
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert b"connection: close" in answer.lower().partition(b"\r\n\r\n")[0], answer[:200]

@@ -245,26 +245,30 @@ def test_a_submit_in_flight_at_sigterm_is_answered_and_its_job_kept(serve_factor
     assert _job_kept(serve, job_id)
 
 
-def test_a_connection_queued_at_sigterm_is_served_not_reset(serve_factory, request):
-    """A client connected and sent its submit while the runner was not accepting (stopped
-    with SIGSTOP: the connection waits in the kernel's queue), and SIGTERM came with it:
-    the runner, stopping, takes the queued connection and answers it instead of closing its
-    listener on it (which resets it). Before: reset when the signal was handled first."""
-    serve = serve_factory().start()
+def test_a_connection_queued_at_sigterm_is_served_not_reset(serve_factory, request, tmp_path):
+    """A client connects and sends its submit just after the stopping runner's accept loop
+    stopped (a barrier there: `api.accepting_stopped`), so the connection waits in the
+    kernel's queue with nothing left to accept it: the runner takes it from the queue and
+    answers it, and the job it accepted is there after the restart. Before: the listener
+    was closed on it (a reset)."""
+    gate = tmp_path / "accepting-stopped"
+    serve = serve_factory()
+    serve.env = {"MOTOR_FAULTS": f"api.accepting_stopped=wait:{gate}"}
+    serve.start()
     body = json.dumps({"command": ["true"], "workspace": "w", "weight_hint": 1}).encode()
-    serve.proc.send_signal(signal.SIGSTOP)
-    try:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        request.addfinalizer(sock.close)
-        sock.settimeout(30)
-        sock.connect(str(serve.socket))  # queued: nobody accepts while it is stopped
-        sock.sendall(_submit_head(body) + body)
-        serve.proc.send_signal(signal.SIGTERM)
-    finally:
-        serve.proc.send_signal(signal.SIGCONT)
+    serve.proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: gate.with_name(gate.name + ".reached").exists(),
+             what="the runner's accept loop to stop")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    request.addfinalizer(sock.close)
+    sock.settimeout(30)
+    sock.connect(str(serve.socket))  # queued: nothing accepts any more
+    sock.sendall(_submit_head(body) + body)
+    gate.touch()
     head, rest = _answer(sock)
     assert head.startswith(b"HTTP/1.1 202"), head + rest
     job_id = json.loads(rest)["job_id"]
     assert serve.proc.wait(timeout=30) == 0
+    serve.env = {}
     serve.start()
     assert _job_kept(serve, job_id)
