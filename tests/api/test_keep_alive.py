@@ -35,6 +35,22 @@ async def read_eof(stream: trio.SocketStream) -> bytes:
     return got
 
 
+async def serve_until_stopped(nursery, config):
+    """The API served until `stop` is set (its shutdown trigger): (app, stop, served), where
+    `served` is set once `serve_api` has returned."""
+    stop, served = trio.Event(), trio.Event()
+    app = make_app(FakeRunner(config))
+
+    async def serve(task_status=trio.TASK_STATUS_IGNORED):
+        try:
+            await serve_api(app, config, shutdown_trigger=stop.wait, task_status=task_status)
+        finally:
+            served.set()
+
+    await nursery.start(serve)
+    return app, stop, served
+
+
 @pytest.fixture
 def short_timeout(monkeypatch):
     monkeypatch.setattr(server_mod, "HEAD_TIMEOUT_S", 0.5)
@@ -117,16 +133,7 @@ async def test_at_shutdown_a_request_on_an_idle_connection_is_still_answered(
     server then returns. Before: every connection was closed at once, a request sent
     meanwhile reset or left unanswered."""
     monkeypatch.setattr(server_mod, "IDLE_CLOSE_GRACE_S", 2.0)
-    stop, served = trio.Event(), trio.Event()
-    app = make_app(FakeRunner(config))
-
-    async def serve(task_status=trio.TASK_STATUS_IGNORED):
-        try:
-            await serve_api(app, config, shutdown_trigger=stop.wait, task_status=task_status)
-        finally:
-            served.set()
-
-    await nursery.start(serve)
+    app, stop, served = await serve_until_stopped(nursery, config)
     busy = await trio.open_unix_socket(str(config.socket_path))
     idle = await trio.open_unix_socket(str(config.socket_path))
     for stream in (busy, idle):
@@ -156,8 +163,6 @@ async def test_a_connection_queued_after_accepting_stopped_is_answered(
     The kernel queues the connection, no accept loop will take it, and the listener closes
     next: the server accepts it from the backlog and answers it (`connection: close`), the
     connection is not reset. Before: the listener closed on it (a reset)."""
-    stop, served = trio.Event(), trio.Event()
-    app = make_app(FakeRunner(config))
     real_unlink, queued = os.unlink, []
 
     def unlink(path, *args, **kwargs):
@@ -175,14 +180,7 @@ async def test_a_connection_queued_after_accepting_stopped_is_answered(
         return real_unlink(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "unlink", unlink)
-
-    async def serve(task_status=trio.TASK_STATUS_IGNORED):
-        try:
-            await serve_api(app, config, shutdown_trigger=stop.wait, task_status=task_status)
-        finally:
-            served.set()
-
-    await nursery.start(serve)
+    app, stop, served = await serve_until_stopped(nursery, config)
     app.stop()
     stop.set()
     with trio.fail_after(10):
