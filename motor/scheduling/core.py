@@ -1307,11 +1307,13 @@ class Scheduler:
             job.clock_acc += max(0.0, now - since)
             job.clock_since = None
             line = "clock paused"
-        if job.due_key is not None or job.job_id in self._enforced:
+        job_id = job.job_id
+        if job.due_key is not None or job_id in self._enforced:
             self._redue(job)
-        self._clock_changed.add(job.job_id)
-        self._moved_jobs.append(job.job_id)
-        job.story.append((now, line, job.queue_wait_s(now)))
+        self._clock_changed.add(job_id)
+        self._moved_jobs.append(job_id)
+        # its value now (`queue_wait_s(now)`): the accumulated time, either way
+        job.story.append((now, line, job.clock_acc))
 
     def _reclassify(self, now: float) -> None:
         """Decide, as of now, which queued clocks advance -- touching only what can differ.
