@@ -162,7 +162,8 @@ async def test_a_connection_queued_after_accepting_stopped_is_answered(
     server's `os.unlink` of it, wrapped), and a client connects then and sends its request.
     The kernel queues the connection, no accept loop will take it, and the listener closes
     next: the server accepts it from the backlog and answers it (`connection: close`), the
-    connection is not reset. Before: the listener closed on it (a reset)."""
+    connection is not reset. Before: trio's accept loop had closed the listener already
+    (the connect refused; had the client connected sooner, a reset)."""
     real_unlink, queued = os.unlink, []
 
     def unlink(path, *args, **kwargs):

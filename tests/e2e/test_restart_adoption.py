@@ -249,9 +249,11 @@ def test_a_connection_queued_at_sigterm_is_served_not_reset(serve_factory, reque
     """A client connects and sends its submit just after the stopping runner's accept loop
     stopped (a barrier there: `api.accepting_stopped`), so the connection waits in the
     kernel's queue with nothing left to accept it: the runner takes it from the queue and
-    answers it, and the job it accepted is there after the restart. Before: the listener
-    was closed on it (a reset)."""
+    answers it, and the job it accepted is there after the restart. Before: trio's accept
+    loop had closed the listener already (the connect refused; had the client connected
+    sooner, a reset)."""
     gate = tmp_path / "accepting-stopped"
+    request.addfinalizer(gate.touch)  # a failure here must not leave the runner at the barrier
     serve = serve_factory()
     serve.env = {"MOTOR_FAULTS": f"api.accepting_stopped=wait:{gate}"}
     serve.start()
