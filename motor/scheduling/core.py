@@ -162,6 +162,7 @@ MOVED_MEMORY = 65536
 #: Budget comparisons tolerate float rounding (a deadline computed as t + remaining must be
 #: expired when the timer fires at exactly that t).
 _EPS_S = 1e-6
+_PAUSE = object()  # `Scheduler._set_clocks`: every clock of the run pauses
 EPS_MS = _EPS_S * 1000.0
 #: Budget due times are filed as computed when a clock starts; entries this close to now are
 #: re-checked with the exact formula (`expired`, `next_wakeup`), so rounding never decides.
@@ -332,6 +333,21 @@ class _Job:
         if self.clock_since is None:
             return self.clock_acc
         return self.clock_acc + max(0.0, now - self.clock_since)
+
+
+def _due_key(job: _Job, seq: int | None) -> tuple | None:
+    """A queued job's entry in ``Scheduler._due`` (`seq`: its place among the jobs whose
+    budget the runner enforces; None: it is not one of them, no entry): an advancing clock
+    runs out at ``clock_since + budget - clock_acc``; a paused one never, unless it already
+    has (then it is filed at -inf)."""
+    if seq is None:
+        return None
+    remaining = job.budget_s - job.clock_acc
+    if job.clock_since is not None:
+        return (job.clock_since + remaining, seq, job.job_id)
+    if remaining <= _EPS_S or job.clock_acc + _EPS_S >= job.budget_s:
+        return (-math.inf, seq, job.job_id)
+    return None
 
 
 def _lines(story) -> list[str]:
@@ -1006,27 +1022,22 @@ class Scheduler:
             self._redue(job)
 
     def _redue(self, job: _Job) -> None:
-        """Keep the job's entry in ``_due`` (a heap by the time its budget runs out) true:
-        an advancing clock runs out at ``clock_since + budget - clock_acc``; a paused one
-        never, unless it already has (then it is filed at -inf)."""
-        order = self._enforced.get(job.job_id)
-        key = None
-        if order is not None:
-            remaining = job.budget_s - job.clock_acc
-            if job.clock_since is not None:
-                key = (job.clock_since + remaining, order, job.job_id)
-            elif remaining <= _EPS_S or job.clock_acc + _EPS_S >= job.budget_s:
-                key = (-math.inf, order, job.job_id)
+        """Keep the job's entry in ``_due`` (a heap by the time its budget runs out) true
+        (`_due_key`)."""
+        key = _due_key(job, self._enforced.get(job.job_id))
         if key == job.due_key:
             return
         job.due_key = key  # the entry it had, if any, is stale now: dropped when met
         if key is not None:
-            due = self._due
-            heapq.heappush(due, key)
-            if len(due) > 2 * len(self._enforced) + 64:
-                jobs = self._jobs
-                self._due = [k for j in self._enforced if (k := jobs[j].due_key) is not None]
-                heapq.heapify(self._due)
+            heapq.heappush(self._due, key)
+            self._trim_due()
+
+    def _trim_due(self) -> None:
+        """Rebuild ``_due`` from the live entries once stale ones are most of it."""
+        if len(self._due) > 2 * len(self._enforced) + 64:
+            jobs = self._jobs
+            self._due = [k for j in self._enforced if (k := jobs[j].due_key) is not None]
+            heapq.heapify(self._due)
 
     def _due_next(self, taken: list) -> tuple | None:
         """Pop ``_due``'s next live entry in order (dropping stale ones and duplicates of a
@@ -1295,25 +1306,57 @@ class Scheduler:
 
     def _set_clock(self, job: _Job, now: float, advancing: bool) -> None:
         """Start or pause a queued job's clock (as `_stop_clock`, with its budget deadline
-        kept in `_due`), told in its story and reported changed; written out, as a
-        workspace freed or taken does this for every job queued there."""
-        since = job.clock_since
-        if advancing == (since is not None):
-            return
-        if advancing:
-            job.clock_since = now
-            line = "clock advancing"
-        else:
-            job.clock_acc += max(0.0, now - since)
-            job.clock_since = None
-            line = "clock paused"
-        job_id = job.job_id
-        if job.due_key is not None or job_id in self._enforced:
-            self._redue(job)
-        self._clock_changed.add(job_id)
-        self._moved_jobs.append(job_id)
-        # its value now (`queue_wait_s(now)`): the accumulated time, either way
-        job.story.append((now, line, job.clock_acc))
+        kept in `_due`), told in its story and reported changed (`_set_clocks`)."""
+        self._set_clocks((job,), None, now, None if advancing else _PAUSE)
+
+    def _set_clocks(self, run, head: _Job | None, now: float, room) -> bool:
+        """Start or pause the clocks of a run of queued jobs in one loop (issue 14: a
+        workspace freed or taken changes course for every clock queued there, thousands
+        in a deep one): each change told in the job's story, its budget deadline kept in
+        `_due` and the job reported changed (written out by the dispatcher). `room` None:
+        every clock advances (a workspace freed); `_PAUSE`: every one pauses. Otherwise
+        the run is the jobs at or ahead of the fence in fence order behind `head`
+        (skipped) of an occupied workspace with `room`: a clock pauses when the job's
+        claim fits and it is not in a retry delay (`pauses` in `_reclassify`, whose
+        comparison with the fence each of them passes). False when a job of the run is
+        in a retry delay (the workspace's record is then not kept)."""
+        enforced, changed, moved = self._enforced, self._clock_changed, self._moved_jobs
+        due = self._due
+        cacheable = True
+        for job in run:
+            if job is head:
+                continue
+            since = job.clock_since
+            if room is None:
+                pause = False
+            elif room is _PAUSE:
+                pause = True
+            elif job.retry_at > now:
+                cacheable = pause = False
+            else:
+                pause = job.claim <= room
+            if pause:
+                if since is None:
+                    continue
+                job.clock_acc += max(0.0, now - since)
+                job.clock_since = None
+                line = "clock paused"
+            else:
+                if since is not None:
+                    continue
+                job.clock_since = now
+                line = "clock advancing"
+            job_id = job.job_id
+            if (key := _due_key(job, enforced.get(job_id))) != job.due_key:  # `_redue`
+                job.due_key = key
+                if key is not None:
+                    heapq.heappush(due, key)
+            changed.add(job_id)
+            moved.append(job_id)
+            # its value now (`queue_wait_s(now)`): the accumulated time, either way
+            job.story.append((now, line, job.clock_acc))
+        self._trim_due()
+        return cacheable
 
     def _reclassify(self, now: float) -> None:
         """Decide, as of now, which queued clocks advance -- touching only what can differ.
@@ -1341,10 +1384,9 @@ class Scheduler:
                 seen = cache.pop(ws, None)
                 dq = self._queues.get(ws)
                 if dq:
-                    for job_id in self._may_be_paused(ws, dq, seen):
-                        job = self._jobs[job_id]
-                        if job.clock_since is None:
-                            self._set_clock(job, now, True)
+                    jobs = self._jobs
+                    self._set_clocks([jobs[job_id] for job_id in self._may_be_paused(ws, dq, seen)],
+                                     None, now, None)
                     self._free_seen.add(ws)
             self._dirty.clear()
         fresh_in: dict[str, list[_Job]] = {}  # occupied workspace -> jobs that joined it
@@ -1437,15 +1479,9 @@ class Scheduler:
                 # fence) whose claim fits: found by bisection, not by a pass over the queue.
                 walk()
                 order = self._in_order[ws]
-                cut = self._up_to(order, fence)
-                cacheable = True
                 jobs = self._jobs
-                for key in order[:cut]:
-                    job = jobs[key[-1]]
-                    if job is not head:
-                        if job.retry_at > now:
-                            cacheable = False  # as below
-                        self._set_clock(job, now, not pauses(job, room))
+                cacheable = self._set_clocks(
+                    [jobs[key[-1]] for key in order[:self._up_to(order, fence)]], head, now, room)
                 for job in fresh_in.get(ws, ()):
                     if job is not head:
                         self._set_clock(job, now, not pauses(job, room))
