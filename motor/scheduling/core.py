@@ -1030,14 +1030,14 @@ class Scheduler:
         job.due_key = key  # the entry it had, if any, is stale now: dropped when met
         if key is not None:
             heapq.heappush(self._due, key)
-            self._trim_due()
+            if len(self._due) > 2 * len(self._enforced) + 64:
+                self._trim_due()
 
     def _trim_due(self) -> None:
-        """Rebuild ``_due`` from the live entries once stale ones are most of it."""
-        if len(self._due) > 2 * len(self._enforced) + 64:
-            jobs = self._jobs
-            self._due = [k for j in self._enforced if (k := jobs[j].due_key) is not None]
-            heapq.heapify(self._due)
+        """Rebuild ``_due`` from the live entries (once stale ones are most of it)."""
+        jobs = self._jobs
+        self._due = [k for j in self._enforced if (k := jobs[j].due_key) is not None]
+        heapq.heapify(self._due)
 
     def _due_next(self, taken: list) -> tuple | None:
         """Pop ``_due``'s next live entry in order (dropping stale ones and duplicates of a
@@ -1306,8 +1306,24 @@ class Scheduler:
 
     def _set_clock(self, job: _Job, now: float, advancing: bool) -> None:
         """Start or pause a queued job's clock (as `_stop_clock`, with its budget deadline
-        kept in `_due`), told in its story and reported changed (`_set_clocks`)."""
-        self._set_clocks((job,), None, now, None if advancing else _PAUSE)
+        kept in `_due`), told in its story and reported changed. One job's `_set_clocks`,
+        without a run's set-up: heads and single jobs, once or more per event."""
+        since = job.clock_since
+        if advancing == (since is not None):
+            return
+        if advancing:
+            job.clock_since = now
+            line = "clock advancing"
+        else:
+            job.clock_acc += max(0.0, now - since)
+            job.clock_since = None
+            line = "clock paused"
+        job_id = job.job_id
+        if job.due_key is not None or job_id in self._enforced:
+            self._redue(job)
+        self._clock_changed.add(job_id)
+        self._moved_jobs.append(job_id)
+        job.story.append((now, line, job.clock_acc))
 
     def _set_clocks(self, run, head: _Job | None, now: float, room) -> bool:
         """Start or pause the clocks of a run of queued jobs in one loop (issue 14: a
@@ -1355,7 +1371,8 @@ class Scheduler:
             moved.append(job_id)
             # its value now (`queue_wait_s(now)`): the accumulated time, either way
             job.story.append((now, line, job.clock_acc))
-        self._trim_due()
+        if len(due) > 2 * len(enforced) + 64:
+            self._trim_due()
         return cacheable
 
     def _reclassify(self, now: float) -> None:
@@ -1391,13 +1408,15 @@ class Scheduler:
             self._dirty.clear()
         fresh_in: dict[str, list[_Job]] = {}  # occupied workspace -> jobs that joined it
         if self._fresh:
+            owner, sib_user = self._owner, self._sib_user
+            starting = []
             for job in self._fresh:
                 if job.state == QUEUED:
-                    fresh_in.setdefault(job.spec.workspace, []).append(job)
-                if job.state == QUEUED and job.clock_since is None \
-                        and job.spec.workspace not in self._owner \
-                        and job.spec.workspace not in self._sib_user:
-                    self._set_clock(job, now, True)
+                    ws = job.workspace
+                    fresh_in.setdefault(ws, []).append(job)
+                    if ws not in owner and ws not in sib_user:
+                        starting.append(job)
+            self._set_clocks(starting, None, now, None)
             self._fresh.clear()
         occupied = [(ws, h) for table in (self._owner, self._sib_user)
                     for ws, h in table.items() if ws in self._queues]
@@ -1545,10 +1564,9 @@ class Scheduler:
         start = bisect.bisect_right(order, lo)
         stop = bisect.bisect_right(order, hi)
         jobs = self._jobs
-        for key in order[start:stop]:
-            job = jobs[key[-1]]
-            if job is not head and job.claim <= room:
-                self._set_clock(job, now, not key <= new_at)
+        # between the two fences every key is at or ahead of the new one, or every key behind it
+        self._set_clocks([job for key in order[start:stop] if (job := jobs[key[-1]]).claim <= room],
+                         head, now, _PAUSE if new_at == hi else None)
 
     def _left_queue(self, job_id: str) -> bool:
         """Whether a workspace's recorded head has left its queue (started, ended): then
