@@ -1306,8 +1306,11 @@ class Scheduler:
 
     def _set_clock(self, job: _Job, now: float, advancing: bool) -> None:
         """Start or pause a queued job's clock (as `_stop_clock`, with its budget deadline
-        kept in `_due`), told in its story and reported changed. One job's `_set_clocks`,
-        without a run's set-up: heads and single jobs, once or more per event."""
+        kept in `_due`), told in its story and reported changed. The flip of `_set_clocks`
+        for one job, kept apart on purpose: heads and single jobs flip once or more per
+        event, and routed through the run's loop they made a starting `decide()` and the
+        pass after the heads age slower at 10,000 queued over 2,000 workspaces
+        (docs/performance.md, "Stop 45"). The deadline's formula is shared (`_due_key`)."""
         since = job.clock_since
         if advancing == (since is not None):
             return
