@@ -193,7 +193,8 @@ def close_quick(backend: Any, job_id: str, status: dict[str, Any] | None,
     quick = getattr(backend, "settle_quick", None)  # a test's stand-in may have none
     if status is None or quick is None:
         return None
-    facts = quick(job_id, status.get("signal"))
+    read = status.get("isolation_facts")  # keeperd's, for a v1 cgroup job (cgroup.py)
+    facts = quick(job_id, status.get("signal"), *(() if read is None else (read,)))
     if facts is not None:
         _log_problems(facts, who)
     return facts

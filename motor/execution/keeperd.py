@@ -57,6 +57,7 @@ from motor import faults  # noqa: E402
 from motor.execution import keeper as K  # noqa: E402
 from motor.execution import spares as S  # noqa: E402
 from motor.execution.slotspares import SlotSpares  # noqa: E402
+from motor.isolation.cgroup import facts_when_empty_v1  # noqa: E402
 from motor.isolation.join import (  # noqa: E402
     SCOPE_TIMEOUT_S, JoinError, fork_into_cgroup, join_confinement,
 )
@@ -174,6 +175,9 @@ class Job(K.HeldOutput):
         self.exec_error = b""
         self.exec_rest: tuple[int, int, Any] | None = None
         self.reply_to: tuple[Conn, Any] | None = None
+        #: a v1 cgroup job's groups (its spec's `cgroup_make` dirs): their facts go into
+        #: status.json when the job ends (`_conclude`)
+        self.cgroup_dirs: dict[str, str] | None = None
 
     def set_status(self, **fields: Any) -> None:
         self.status = K.status_fields(self.started_at_ms, **fields)
@@ -561,6 +565,7 @@ class Keeperd:
         timeout_s = spec.get("timeout_s")
         grace = spec.get("kill_grace_s")
         job.grace = K.DEFAULT_KILL_GRACE_S if grace is None else float(grace)
+        job.cgroup_dirs = _cgroup_dirs(spec)
         cmd0 = command[0]
         try:
             exe = K._resolve_executable(cmd0, env)
@@ -902,11 +907,15 @@ class Keeperd:
             details.insert(0, f"timed out after {job.timeout_s:g}s")
         ws = job.wait_status
         job.kill_at = None
+        sig = os.WTERMSIG(ws) if ws is not None and os.WIFSIGNALED(ws) else None
+        # its groups' facts, read here (one process, beside the runner's event loop) when
+        # nothing is left in them: the runner then reads no group at the job's end
+        facts = _facts_when_empty(job.cgroup_dirs, sig) if job.cgroup_dirs else None
         job.set_status(
             exit_code=os.WEXITSTATUS(ws) if ws is not None and os.WIFEXITED(ws) else None,
-            signal=os.WTERMSIG(ws) if ws is not None and os.WIFSIGNALED(ws) else None,
-            reason=job.reason, detail="; ".join(details) or None,
-            cpu_time_ms=round((job.rusage.ru_utime + job.rusage.ru_stime) * 1000) if job.rusage else 0)
+            signal=sig, reason=job.reason, detail="; ".join(details) or None,
+            cpu_time_ms=round((job.rusage.ru_utime + job.rusage.ru_stime) * 1000) if job.rusage else 0,
+            **({} if facts is None else {"isolation_facts": facts}))
 
     def _done(self, job: Job) -> None:
         if job.gone:
@@ -919,6 +928,24 @@ class Keeperd:
         for conn, req_id in job.watchers:
             self._send(conn, {"id": req_id, "done": True})
         job.watchers = []
+
+
+def _cgroup_dirs(spec: dict) -> dict[str, str] | None:
+    """The v1 groups a spec has keeperd make (`cgroup_make`'s dirs: controller -> group),
+    None for any other job or a spec whose dirs are not that shape."""
+    make = spec.get("cgroup_make")
+    dirs = make.get("dirs") if isinstance(make, dict) else None
+    if (isinstance(dirs, dict) and set(dirs) >= {"cpuacct", "memory"}
+            and all(isinstance(d, str) for d in dirs.values())):
+        return dirs
+    return None
+
+
+def _facts_when_empty(dirs: dict[str, str], sig: int | None) -> dict | None:
+    try:
+        return facts_when_empty_v1(dirs, sig)
+    except Exception:  # noqa: BLE001 - the runner reads the groups itself then
+        return None
 
 
 def _tell_child(go_w: int, why: str | None) -> None:

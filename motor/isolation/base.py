@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 
 class IsolationError(RuntimeError):
@@ -51,10 +52,13 @@ class Backend:
         the confinement stays until `release`."""
         return {"oom_killed": False, "cpu_time_ms": None}
 
-    def settle_quick(self, job_id: str, signal: int | None = None) -> dict | None:
+    def settle_quick(self, job_id: str, signal: int | None = None,
+                     facts: Any = None) -> dict | None:
         """`settle` in a few reads, to run on the event loop: its facts when nothing of the
         job is left to kill, None when `settle` (which may wait) must run in a thread. The
-        base backend has nothing to read: `settle` itself is light (jobdir.close_is_light)."""
+        base backend has nothing to read: `settle` itself is light (jobdir.close_is_light).
+        `facts`: the keeper's own reading of them in status.json (`isolation_facts`; only
+        keeperd's v1 cgroup jobs have one, see cgroup.py), for a backend that trusts it."""
         return None
 
     def release(self, job_id: str) -> str | None:

@@ -189,6 +189,58 @@ def _pids(procs_path: str) -> list[int]:
     return [int(p) for p in text.split()] if text else []
 
 
+def collect_v1(dirs: dict[str, str], signal: int | None) -> dict:
+    """A v1 job's facts from its groups `dirs` (controller -> group): the OOM verdict and
+    kill count, CPU time, the memory limit and peak. Five reads at most, no wait."""
+    usage = _try_read(os.path.join(dirs["cpuacct"], "cpuacct.usage"))
+    cpu_ms = int(usage.strip()) // 1_000_000 if usage and usage.strip().isdigit() else None
+    mem = dirs["memory"]
+    oom = None
+    kills = None
+    control = _try_read(os.path.join(mem, "memory.oom_control"))
+    if control is not None:
+        kills = oom_kills_v1(control)
+    if kills is not None:
+        oom = kills > 0
+    else:
+        # Kernels before 4.13 have no oom_kill counter: the limit was hit and the job
+        # died of SIGKILL.
+        fail = _try_read(os.path.join(mem, "memory.failcnt"))
+        oom = bool(fail and fail.strip().isdigit() and int(fail) > 0 and signal == _signal.SIGKILL)
+    limit_text = _try_read(os.path.join(mem, "memory.limit_in_bytes"))
+    peak = _try_read(os.path.join(mem, "memory.max_usage_in_bytes"))
+    return {"oom_killed": oom, "oom_kills": kills, "cpu_time_ms": cpu_ms,
+            "memory_max": parse_limit(limit_text) if limit_text else None,
+            "memory_peak": int(peak) if peak and peak.strip().isdigit() else None}
+
+
+#: the facts `collect_v1` gives, each with its type (or None)
+_FACT_TYPES = {"oom_killed": bool, "oom_kills": int, "cpu_time_ms": int, "memory_max": int,
+               "memory_peak": int}
+
+
+def facts_when_empty_v1(dirs: dict[str, str], signal: int | None) -> dict | None:
+    """keeperd at the end of a v1 job whose groups it made (`cgroup_make`): the facts
+    `settle_quick` would read, when no process is left in any of the groups; None when one
+    is (the runner's `settle` then kills it and reads them after). keeperd puts them in
+    status.json (`isolation_facts`), so that the runner's end of the job reads no group:
+    8 reads off the runner's event loop (issue 14). A `cgroup.procs` that cannot be read
+    counts as empty, as `settle`'s drain counts it."""
+    if any(_pids(os.path.join(d, "cgroup.procs")) for d in dirs.values()):
+        return None
+    return collect_v1(dirs, signal)
+
+
+def isolation_facts(status_facts: Any) -> dict | None:
+    """status.json's `isolation_facts` when they have the shape `facts_when_empty_v1` gives
+    (a file on disk: anything else is not trusted, and the groups are read instead)."""
+    if not isinstance(status_facts, dict) or status_facts.keys() != _FACT_TYPES.keys():
+        return None
+    if any(v is not None and type(v) is not _FACT_TYPES[k] for k, v in status_facts.items()):
+        return None
+    return dict(status_facts)
+
+
 def _job_groups(parent: str) -> set[str]:
     """Job ids of the `job-<id>` groups directly under `parent` (empty when it is absent)."""
     try:
@@ -316,27 +368,7 @@ class CgroupV1:
         return all(os.path.isdir(self.parent_dir(c)) for c in V1_CONTROLLERS)
 
     def collect(self, job_id: str, signal: int | None) -> dict:
-        dirs = self.job_dirs(job_id)
-        usage = _try_read(os.path.join(dirs["cpuacct"], "cpuacct.usage"))
-        cpu_ms = int(usage.strip()) // 1_000_000 if usage and usage.strip().isdigit() else None
-        mem = dirs["memory"]
-        oom = None
-        kills = None
-        control = _try_read(os.path.join(mem, "memory.oom_control"))
-        if control is not None:
-            kills = oom_kills_v1(control)
-        if kills is not None:
-            oom = kills > 0
-        else:
-            # Kernels before 4.13 have no oom_kill counter: the limit was hit and the job
-            # died of SIGKILL.
-            fail = _try_read(os.path.join(mem, "memory.failcnt"))
-            oom = bool(fail and fail.strip().isdigit() and int(fail) > 0 and signal == _signal.SIGKILL)
-        limit_text = _try_read(os.path.join(mem, "memory.limit_in_bytes"))
-        peak = _try_read(os.path.join(mem, "memory.max_usage_in_bytes"))
-        return {"oom_killed": oom, "oom_kills": kills, "cpu_time_ms": cpu_ms,
-                "memory_max": parse_limit(limit_text) if limit_text else None,
-                "memory_peak": int(peak) if peak and peak.strip().isdigit() else None}
+        return collect_v1(self.job_dirs(job_id), signal)
 
     def drain(self, job_id: str, deadline: float) -> None:
         """SIGKILL whatever is left in the job's groups until they are empty (or the deadline)."""
@@ -581,12 +613,18 @@ class CgroupBackend(Backend):
             return {"oom_killed": False, "cpu_time_ms": None,
                     "collect_error": f"{type(exc).__name__}: {exc}"}
 
-    def settle_quick(self, job_id: str, signal: int | None = None) -> dict | None:
+    def settle_quick(self, job_id: str, signal: int | None = None,
+                     facts: Any = None) -> dict | None:
         """`settle` when the job's groups are already empty (the usual end: the keeper
         killed the job's process group): one read of each group's `cgroup.procs`, then the
         counters; 4 reads on v2, 8 on v1, no wait. None when a process is left (or collecting
         raised): `settle` runs in a thread, kills it, and reports what failed. A
-        `cgroup.procs` that cannot be read counts as empty, as `settle`'s drain counts it."""
+        `cgroup.procs` that cannot be read counts as empty, as `settle`'s drain counts it.
+        `facts`: status.json's `isolation_facts`, read by keeperd once the v1 groups it
+        made were empty (`facts_when_empty_v1`): taken as they are, no group is read."""
+        if facts is not None and self.flavour.version == 1 and (
+                taken := isolation_facts(facts)) is not None:
+            return taken
         try:
             group_name(job_id)
             if self.flavour.pids(job_id):

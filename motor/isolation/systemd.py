@@ -755,7 +755,8 @@ class SystemdBackend(Backend):
                 entry = self.jobs[job_id] = {"slice": name, "base": spec["systemd_base"]}
         return entry
 
-    def settle_quick(self, job_id: str, signal: int | None = None) -> dict | None:
+    def settle_quick(self, job_id: str, signal: int | None = None,
+                     facts: Any = None) -> dict | None:
         """`settle` on the event loop for a job in its slot slice that left no process there:
         a few reads of the slice's group, no D-Bus. None (the full `settle`, in a thread)
         otherwise."""

@@ -635,3 +635,49 @@ async def test_an_actor_restarted_after_its_jobs_end_was_recorded_just_ends(
         assert world.dispatcher.kinds() == [] and world.keepers.spawned == []
         assert calls == end
         nursery.cancel_scope.cancel()
+
+
+def test_keeperds_facts_in_the_status_are_taken_only_when_they_have_their_shape():
+    """A v1 job's facts as keeperd read them (status.json's `isolation_facts`, issue 14)
+    spare the runner its 8 reads of the groups; a status.json is a file on disk, so facts
+    of another shape (a key missing or added, a wrong type, a bool for a count) are not
+    trusted: the groups are read as without them. Only v1 takes them."""
+    from types import SimpleNamespace
+
+    from motor.isolation.cgroup import CgroupBackend
+
+    read = {"oom_killed": False, "oom_kills": 0, "cpu_time_ms": 3, "memory_max": None,
+            "memory_peak": 1 << 20}
+    own = {"oom_killed": True, "cpu_time_ms": 99}
+    seen: list = []
+
+    def backend(version):
+        return CgroupBackend(flavour=SimpleNamespace(
+            version=version, pids=lambda job_id: [],
+            collect=lambda job_id, signal: seen.append(job_id) or dict(own)))
+
+    job, v1 = uuid7(2_000), backend(1)
+    assert v1.settle_quick(job, None, dict(read)) == read and seen == []
+    status = {"exit_code": 0, "signal": None, "isolation_facts": dict(read)}
+    assert jobdir.close_quick(v1, job, status) == read and seen == []
+    for bad in ({**read, "cpu_time_ms": "3"}, {**read, "oom_kills": True},
+                {**read, "oom_killed": 1}, {k: v for k, v in read.items() if k != "memory_peak"},
+                {**read, "extra": 1}, [read], "facts"):
+        seen.clear()
+        assert v1.settle_quick(job, None, bad) == own and seen == [job], bad
+    seen.clear()
+    assert backend(2).settle_quick(job, None, dict(read)) == own and seen == [job]
+
+
+def test_keeperd_reads_the_facts_of_the_groups_it_made_only():
+    """keeperd collects at a job's end only for a spec whose `cgroup_make` names the v1
+    groups (controller -> directory); any other spec, or dirs of another shape, none."""
+    from motor.execution.keeperd import _cgroup_dirs
+
+    dirs = {"cpuset": "/c/cpuset/p/job-x", "memory": "/c/memory/p/job-x",
+            "cpuacct": "/c/cpuacct/p/job-x"}
+    assert _cgroup_dirs({"cgroup_make": {"dirs": dirs, "writes": []}}) == dirs
+    for spec in ({}, {"cgroup_make": None}, {"cgroup_make": {"dirs": ["x"]}},
+                 {"cgroup_make": {"dirs": {"cpuset": "/c"}}},
+                 {"cgroup_make": {"dirs": {**dirs, "memory": 7}}}):
+        assert _cgroup_dirs(spec) is None, spec

@@ -1,7 +1,8 @@
 """The end of a cgroup job through a real runner (issue 14): a job whose groups are empty
 when its keeper reports the exit is settled on the event loop (`settle_quick`: no thread
-hop), with its CPU time measured; a job that leaves a process in its groups goes through
-the full `settle` in a thread, which kills that process."""
+hop), with its CPU time measured, from the facts keeperd read into its status.json (the
+runner reads none of its groups); a job that leaves a process in its groups has no such
+facts and goes through the full `settle` in a thread, which kills that process."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import trio
 
 import motor
 from isolation_helpers import needs_cgroups, remove_parent
-from motor.execution import jobdir
+from motor.execution import jobdir, joblog
+from motor.isolation import cgroup
 from motor.isolation.cgroup import open_cgroup_backend
 from private_cgroup import private_parent_name
 from runner_helpers import terminal_of
@@ -41,6 +43,14 @@ async def test_an_empty_group_settles_inline_and_a_leftover_goes_to_the_thread(
         return full_close(job_dir, spawner, backend, job_id, status, who)
 
     monkeypatch.setattr(jobdir, "close", spy)
+    read_by_runner: list[str] = []  # the groups whose facts the runner read itself
+    own_collect = cgroup.CgroupV1.collect
+
+    def collect_spy(self, job_id, signal):
+        read_by_runner.append(job_id)
+        return own_collect(self, job_id, signal)
+
+    monkeypatch.setattr(cgroup.CgroupV1, "collect", collect_spy)
     config = motor.RunnerConfig(state_dir=str(tmp_path / "state"), isolation="cgroup",
                                 cgroup_parent=parent, free_space_floor_bytes=0, max_weight=1)
     leftover_file = tmp_path / "leftover.pid"
@@ -59,6 +69,12 @@ async def test_an_empty_group_settles_inline_and_a_leftover_goes_to_the_thread(
     assert ended["state"] == "succeeded" and ended["reservation_use"]["cpu_time_ms"] > 0
     assert escaped["state"] == "succeeded"
     assert offloaded == [escaping.job_id]  # the plain job's end never left the event loop
+    jobs = tmp_path / "state" / "jobs"
+    facts = joblog.read_status(jobs / plain.job_id)["isolation_facts"]
+    assert facts["cpu_time_ms"] == ended["reservation_use"]["cpu_time_ms"]
+    assert facts["oom_killed"] is False and facts["memory_peak"] > 0
+    assert "isolation_facts" not in joblog.read_status(jobs / escaping.job_id)
+    assert read_by_runner == [escaping.job_id]  # keeperd read the plain job's groups
     leftover = int(leftover_file.read_text())
     with trio.fail_after(10):  # killed by the full settle (then reaped by keeperd)
         while _running(leftover):
