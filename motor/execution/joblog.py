@@ -40,6 +40,7 @@ __all__ = [
     "read_records",
     "read_spec",
     "read_status",
+    "write_bytes_atomic",
     "write_json_atomic",
 ]
 
@@ -132,10 +133,14 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, fsync: bool = F
     Readers see either the old file, no file, or the complete new file.
     ``fsync=True`` also flushes the data to disk before the rename.
     """
+    write_bytes_atomic(path, json.dumps(obj, separators=(",", ":")).encode(), fsync=fsync)
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, *, fsync: bool = False) -> None:
+    """`write_json_atomic` for JSON already encoded (the runner's msgspec encoder: spec.json)."""
     path = os.fspath(path)
     d, base = os.path.split(path)
     tmp = os.path.join(d, f".{base}.{os.getpid()}.tmp")
-    data = json.dumps(obj, separators=(",", ":")).encode()
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)  # may hold env
     try:
         view = memoryview(data)

@@ -130,4 +130,10 @@ def _job_factory(effect, job):
     """The job's actor: the record the dispatcher saved at its start; an incarnation made
     later (a restart of a crashed job actor) reads the record as stored then."""
     job_id, first = effect.job_id, [effect.record]
-    return lambda: JobExecution((first.pop() if first else None) or job.records.get(job_id), job)
+
+    def incarnation() -> JobExecution:
+        fresh = effect.fresh and bool(first)  # a later incarnation looks: it may have set up
+        return JobExecution((first.pop() if first else None) or job.records.get(job_id), job,
+                            fresh=fresh)
+
+    return incarnation

@@ -221,6 +221,10 @@ class StartJobActor:
     #: the job's record as just saved (its start) or recovered: the job actor's first
     #: incarnation starts from it without reading it back from the store (issue 14)
     record: Any = field(default=None, compare=False, repr=False)
+    #: accepted in the same message (an "admit": its id minted by this dispatcher just
+    #: now), so nothing of it can be on disk yet: the first incarnation need not look in
+    #: its job directory before the set-up (issue 14: three stats off an idle start)
+    fresh: bool = False
 
 
 @dataclass(frozen=True)
@@ -508,7 +512,7 @@ class DispatchMachine:
             del self.starting[job_id]
             self.unsaved.pop(job_id, None)  # superseded (a deferred requeue)
             self.active.add(job_id)
-            started = StartJobActor(job_id, save.record)
+            started = StartJobActor(job_id, save.record, fresh=save.purpose == "admit")
             return [Reply(save.token, save.accepted), started] if save.purpose == "admit" \
                 else [started]
         if save.purpose == "flush":

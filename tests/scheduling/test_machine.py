@@ -65,7 +65,7 @@ def test_a_submit_asks_the_disk_and_is_answered_only_when_the_disk_answers():
     [save] = shell.of(m.SaveRecord)
     assert save.purpose == "admit" and save.record.state == "setup" and save.accepted is reply.value
     assert [type(e).__name__ for e in save.events] == ["Accepted", "Queued"]
-    assert shell.of(m.StartJobActor) == [m.StartJobActor("j1")] and shell.machine.active == {"j1"}
+    assert shell.of(m.StartJobActor) == [m.StartJobActor("j1", fresh=True)] and shell.machine.active == {"j1"}
     assert shell.machine.starting == {} and shell.machine.admitted == {}
 
 
@@ -77,7 +77,7 @@ def test_answers_out_of_order_still_queue_jobs_in_job_id_order():
     assert shell.run(m.DiskAnswered("j2", None)) == []
     shell.run(m.DiskAnswered("j1", None))
     assert [r.token for r in shell.of(m.Reply)] == ["t1", "t2", "t3"]
-    assert shell.of(m.StartJobActor) == [m.StartJobActor("j1")]
+    assert shell.of(m.StartJobActor) == [m.StartJobActor("j1", fresh=True)]
     assert list(shell.machine.queued) == ["j2", "j3"]
 
 
@@ -134,7 +134,7 @@ def test_a_bundle_that_arrives_while_the_disk_decides_is_not_missed():
     submit(shell, "j1", "t1", bundle_sha256=sha)
     shell.run(BundleArrived(sha))  # uploaded after the disk looked for it
     shell.run(m.DiskAnswered("j1", None, bundle_present=False))
-    assert shell.of(m.StartJobActor) == [m.StartJobActor("j1")]
+    assert shell.of(m.StartJobActor) == [m.StartJobActor("j1", fresh=True)]
 
 
 def test_a_start_the_store_refuses_releases_its_cpus_and_requeues():
@@ -177,7 +177,7 @@ def test_an_admission_the_store_refuses_leaves_nothing_of_the_job_it_started():
     submit(shell, "j2", "t2")
     shell.run(m.DiskAnswered("j2", None))
     assert [e.purpose for e in shell.of(m.SaveRecord)] == ["admit"]
-    assert shell.of(m.StartJobActor) == [m.StartJobActor("j2")] and machine.active == {"j2"}
+    assert shell.of(m.StartJobActor) == [m.StartJobActor("j2", fresh=True)] and machine.active == {"j2"}
 
 
 def test_a_job_that_waits_is_saved_after_the_starts_decided_at_its_admission():

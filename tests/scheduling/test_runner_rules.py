@@ -795,3 +795,53 @@ async def test_deep_workspaces_pause_only_the_clocks_at_or_ahead_of_the_fence_th
             barrier.write_text("")
         for job_id in (hA, hB, a1, c1, a2, b1, b2, b3):
             assert (await terminal_of(runner, job_id))["state"] == "succeeded"
+
+
+async def test_only_a_job_accepted_with_its_start_skips_the_look_in_its_job_directory(
+        tmp_path, monkeypatch):
+    """issue 14: a job accepted and started in one dispatcher turn (an idle runner's
+    "admit") has an id minted just now, so its actor does not look in its job directory
+    before the set-up; a job that waited in its queue (it may have been set up before: a
+    failed start, an earlier runner) is looked at, as is any later incarnation."""
+    from motor.execution import jobdir
+
+    looked: list[str] = []
+    real_look = jobdir.look
+
+    def look(job_dir):
+        looked.append(Path(job_dir).name)
+        return real_look(job_dir)
+
+    monkeypatch.setattr(jobdir, "look", look)
+    release = tmp_path / "release"
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=1)) as runner:
+        first = await runner.submit(barrier_job(release, workspace="a", weight_hint=1))
+        second = await runner.submit(JobRequest(command=["true"], workspace="b", weight_hint=1))
+        assert (await runner.get(second.job_id)).state == "queued"
+        release.touch()
+        assert (await terminal_of(runner, first.job_id, 30))["state"] == "succeeded"
+        assert (await terminal_of(runner, second.job_id, 30))["state"] == "succeeded"
+    assert looked == [second.job_id]
+
+
+def test_only_the_first_incarnation_of_a_fresh_start_is_fresh():
+    """The job actor's factory (effects._job_factory): `fresh` holds for the incarnation
+    made from the record just saved; one made after a crash looks in the directory."""
+    from types import SimpleNamespace
+
+    from motor.scheduling import effects, machine
+
+    record = msgspec.json.decode(msgspec.json.encode({"job_id": "j"}))
+    stored = SimpleNamespace(get=lambda job_id: record)
+    made: list = []
+    job = SimpleNamespace(records=stored, jobs_dir=Path("/nonexistent"))
+    real = effects.JobExecution
+    try:
+        effects.JobExecution = lambda rec, deps, fresh=False: made.append((rec, fresh))
+        factory = effects._job_factory(machine.StartJobActor("j", record, fresh=True), job)
+        factory(), factory()
+        plain = effects._job_factory(machine.StartJobActor("j", record), job)
+        plain()
+    finally:
+        effects.JobExecution = real
+    assert [fresh for _, fresh in made] == [True, False, False]
