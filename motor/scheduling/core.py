@@ -1460,6 +1460,11 @@ class Scheduler:
                         break
             self._set_clock(head, now, not (pausable and pauses(head, room)))
             if len(dq) == 1:
+                # Nothing behind the head: a record of the jobs behind an earlier head
+                # would go stale here (this head's clock flips by the head's rule, and a
+                # job requeued at the front after a failed start puts it behind again,
+                # where the record would say it is as it was): dropped.
+                cache.pop(ws, None)
                 continue
             # The jobs behind the head all pause or not by (their claim <= room, the fence):
             # whether a job is behind a given fence does not change with time (a job that

@@ -373,3 +373,35 @@ def test_differential_deep_workspaces_drained_in_rotation():
         live = [j for j in live if ref.job_state(j) is not None]
         compare_clocks(step)
     assert now > 120.0  # the heads aged on the way
+
+
+def test_a_job_alone_behind_a_failed_start_resumes_with_its_workspace_freed():
+    """The example the story invariant brought out (stop 46), as the dispatcher drives the
+    core (a decide after each event): j4 waits alone behind j1 (j2 cancelled), the record
+    of a's last pass still names j2 and the fence of then; j1's start fails and j1 goes
+    back to the front of a's queue, freeing a: j4's clock must advance, as the reference's
+    does (the incremental core resumed only the head and the jobs ahead of the recorded
+    fence)."""
+    def run(cls):
+        s = cls(max_weight=MAX_WEIGHT, max_queue_depth=DEPTH, claim_limit=CLAIM_LIMIT,
+                default_spill_s=90.0)
+
+        def add(job_id, ws, t):
+            s.accept(core.JobSpec(job_id=job_id, workspace=ws, siblings=(), claim=1, gate=False,
+                                  kind="job", queue_wait_limit_s=None, timeout_s=None,
+                                  spill_eligible=False, runner_enforces_budget=False), t)
+            s.ready(job_id, t)
+            return [x.job_id for x in s.decide(t)]
+
+        starts = add("j1", "a", 0.0) + add("j2", "a", 60.0) + add("j3", "b", 60.0)
+        starts += add("j4", "a", 120.0)
+        s.start_failed("j3", 180.0)
+        s.decide(180.0)
+        s.cancel("j2", 180.0)
+        s.decide(180.0)
+        s.start_failed("j1", 181.0)
+        s.decide(181.0)
+        return starts, [s.clock_state(j, 181.5) for j in ("j1", "j3", "j4")]
+
+    new, ref = run(core.Scheduler), run(reference.Scheduler)
+    assert new == ref and ref[1][2][1] is True, (new, ref)

@@ -845,3 +845,44 @@ def test_only_the_first_incarnation_of_a_fresh_start_is_fresh():
     finally:
         effects.JobExecution = real
     assert [fresh for _, fresh in made] == [True, False, False]
+
+
+async def test_a_job_alone_behind_a_failed_start_counts_its_wait_during_the_retry_delay(
+        tmp_path, monkeypatch, mock_clock):
+    """Found by the differential test (stop 46), staged through the runner with virtual
+    time: j1 sets up in workspace a (aged: 60 s in the queue), j2 and later j4 queue
+    behind it, j3 sets up in b. At 180 s j3's start fails (it waits out its retry delay:
+    an aged head, the fence) and j2 is cancelled: j4 waits alone behind j1, paused (j1
+    holds a). At 181 s j1's start fails and j1 goes back to the front of a's queue for its
+    retry delay: nothing holds a, so j4's clock runs. (The core kept its record of the jobs
+    behind j2, with the fence of that pass, and resumed only the jobs at or ahead of that
+    fence: j4 stayed paused until a was taken again.)"""
+    mock_clock.rate = 1.0  # real speed, and the jumps the test makes
+    go_a, go_b = tmp_path / "fail-a", tmp_path / "fail-b"
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=6)) as runner:
+        hook_setup(monkeypatch, runner, ("a",), barrier=go_a, error="injected: a failed", times=1)
+        hook_setup(monkeypatch, runner, ("b",), barrier=go_b, error="injected: b failed", times=1)
+
+        def job(ws):
+            return JobRequest(command=["true"], weight_hint=1, workspace=ws)
+
+        j1 = await runner.submit(job("a"))
+        mock_clock.jump(60)
+        j2 = await runner.submit(job("a"))
+        j3 = await runner.submit(job("b"))
+        mock_clock.jump(60)
+        j4 = await runner.submit(job("a"))
+        mock_clock.jump(60)
+        go_b.write_text("")
+        await wait_until(lambda: _is(runner, j3.job_id, "queued"), "j3 requeued", 60)
+        assert (await runner.cancel(j2.job_id)).state == "cancelled"
+        mock_clock.jump(1)
+        go_a.write_text("")
+        await wait_until(lambda: _is(runner, j1.job_id, "queued"), "j1 requeued", 60)
+        before = await runner.get(j4.job_id)
+        mock_clock.jump(0.5)  # within j1's 1 s retry delay: nothing holds workspace a
+        after = await runner.get(j4.job_id)
+        assert after.state == "queued" and after.queue_wait_ms - before.queue_wait_ms >= 500, (
+            before.queue_wait_ms, after.queue_wait_ms)
+        for each in (j1, j3, j4):
+            assert (await terminal_of(runner, each.job_id, 60))["state"] == "succeeded"
