@@ -230,6 +230,31 @@ class Differential(RuleBasedStateMachine):
         assert got == want, self.explain(f"wait_statuses: {got!r} != {want!r}")
 
     @invariant()
+    def each_story_tells_its_clocks_course(self):
+        """A queued job's story (incremental core) tells each change of its clock's course:
+        its last clock line says what the clock does now, with the value it had then
+        (paused: its value still; advancing: that value plus the time since). A flip left
+        untold, in any of the core's loops, shows here."""
+        for job_id in self.ids:
+            if self.ref.job_state(job_id) != "queued":
+                continue
+            lines = [ln for ln in self.new.story(job_id)
+                     if " clock paused" in ln or " clock advancing" in ln]
+            if not lines:
+                continue
+            waited, advancing, _ = self.new.clock_state(job_id, self.now)
+            last = lines[-1]
+            assert ("clock advancing" in last) == advancing, self.explain(
+                f"{job_id}: story says {last!r}, clock {'advancing' if advancing else 'paused'}")
+            if not last.endswith("s") or " at " not in last:
+                continue  # ready()'s "waiting on ..., clock ...": its course only
+            told_at = float(last.split()[0][2:])
+            value = float(last.rsplit(" at ", 1)[1][:-1])
+            want = value + (max(0.0, self.now - told_at) if advancing else 0.0)
+            assert abs(want - waited) < 2e-3, self.explain(
+                f"{job_id}: story's {last!r} gives {want}, clock {waited}")
+
+    @invariant()
     def clock_changes_cover_every_change(self):
         """take_clock_changes() (incremental core only: what the dispatcher persists) names
         every queued job that is new or whose clock changed course since the last take."""
