@@ -32,10 +32,7 @@ class JobExecution(actors.Actor):
 
     def __init__(self, record: JobRecord, deps: JobDeps, *, fresh: bool = False):
         super().__init__(name=f"job-{record.job_id}")
-        self.deps, self.dir = deps, deps.jobs_dir / record.job_id
-        #: the first incarnation of a job accepted with its start (StartJobActor.fresh):
-        #: its directory cannot exist yet, so nothing is looked for there
-        self.fresh = fresh
+        self.deps, self.dir, self.fresh = deps, deps.jobs_dir / record.job_id, fresh
         self.run_state = core.JobRun(record)  # the record, phase, keeper, pending cancel, output
         self.save = functools.partial(save_when_room, deps.store, self.name, self.run_state)
 
@@ -58,8 +55,7 @@ class JobExecution(actors.Actor):
             deps, job_id = self.deps, self.record.job_id
             if self.record.terminal:  # an incarnation before this one recorded its end, then crashed
                 return await release_isolation(deps, job_id, self.name)
-            # inline: a few stats (jobdir.py); none for a job accepted with its start
-            found = core.Found(adopt=False) if self.fresh else core.found(*jobdir.look(self.dir))
+            found = jobdir.look_at_start(self.dir, self.fresh)  # inline: a few stats, or none
             if found.kill_strays:  # a start cut short: nothing of the job may run before its start
                 await deps.offload(jobdir.kill_strays, deps.spawner, job_id, self.name)
             if not found.adopt and (found := await self._setup()) is None:

@@ -28,11 +28,11 @@ from ..isolation.base import Backend
 from ..records import JobRecord, Output, Refusal
 from ..store.files import job_umask
 from . import joblog
-from .core import OutputDecoder, isolation_problems, job_env, job_spec
+from .core import Found, OutputDecoder, found, isolation_problems, job_env, job_spec
 
 __all__ = ["Progress", "claimed", "close", "close_is_light", "kill_strays", "log_size", "look",
-           "prepare", "read_output", "read_status", "set_up", "set_up_is_light",
-           "write_spec"]
+           "look_at_start", "prepare", "read_output", "read_status", "set_up",
+           "set_up_is_light", "write_spec"]
 
 log = logging.getLogger("motor.execution")
 _encode = msgspec.json.Encoder().encode
@@ -47,6 +47,14 @@ def look(job_dir: Path) -> tuple[dict[str, Any] | None, bool, bool]:
     absent; JobDirError when corrupt), whether status.json and the directory exist."""
     keeper = joblog.read_keeper(job_dir)
     return keeper, (job_dir / joblog.STATUS_FILE).exists(), job_dir.exists()
+
+
+def look_at_start(job_dir: Path, fresh: bool = False) -> Found:
+    """What the job directory says when a job actor starts (`core.found` of `look`).
+    Nothing is looked at for a `fresh` one: the first incarnation of a job accepted with
+    its start (`StartJobActor.fresh`: its id minted in that dispatcher turn, so it has no
+    directory yet; issue 14, three stats off an idle start)."""
+    return Found(adopt=False) if fresh else found(*look(job_dir))
 
 
 def kill_strays(spawner: Any, job_id: str, who: str = "") -> None:
