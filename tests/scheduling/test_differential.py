@@ -47,6 +47,12 @@ def _call(fn, *args, **kwargs):
         return ("raised", type(exc).__name__, str(exc))
 
 
+#: the core's calls that are events (they change it); the quiet core gets only these
+_EVENTS = frozenset({"accept", "ready", "decide", "setup_done", "finished", "start_failed",
+                     "cleanup_done", "cancel", "withdraw", "set_runner_enforced",
+                     "adopt_running"})
+
+
 class Differential(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
@@ -54,6 +60,10 @@ class Differential(RuleBasedStateMachine):
                       default_spill_s=90.0)
         self.new = core.Scheduler(**kwargs)
         self.ref = reference.Scheduler(**kwargs)
+        #: a second incremental core that gets the same events but no query between them
+        #: (as the dispatcher may ask nothing for a while): its answers may not depend on
+        #: when it was asked (`quiet_core_agrees`)
+        self.quiet = core.Scheduler(**kwargs)
         self.now = 0.0
         self.counter = 0
         self.ids: list[str] = []  # every id ever accepted (live, ended or refused)
@@ -67,6 +77,10 @@ class Differential(RuleBasedStateMachine):
         got = _call(getattr(self.new, name), *args, **kwargs)
         want = _call(getattr(self.ref, name), *args, **kwargs)
         assert got == want, self.explain(f"{name}{args}: incremental {got!r} != reference {want!r}")
+        if name in _EVENTS:
+            quiet = _call(getattr(self.quiet, name), *args, **kwargs)
+            assert quiet == want, self.explain(
+                f"{name}{args}: the quiet core's {quiet!r} != reference {want!r}")
         return want[1] if want[0] == "ok" else None
 
     def explain(self, what: str) -> str:
@@ -199,6 +213,21 @@ class Differential(RuleBasedStateMachine):
         at = self.ref._next_breakpoint(self.now)
         if at is not None:
             self.now = at + data.draw(st.sampled_from([0.0, 0.0, 1e-9, -1e-9]))
+
+    @rule()
+    def quiet_core_agrees(self):
+        """The core asked nothing since its last agreement answers as the reference does
+        now (its clocks, its waits, its next wake-up)."""
+        queued = [j for j in self.ids if self.ref.job_state(j) == "queued"]
+        got = self.quiet.clock_states(queued, self.now)
+        want = [self.ref.clock_state(j, self.now) for j in queued]
+        assert got == want, self.explain(f"quiet clock_states: {got!r} != {want!r}")
+        live = [j for j in self.ids if self.ref.job_state(j) is not None]
+        got = [tuple(w) for w in self.quiet.wait_statuses(live, self.now)]
+        want = [tuple(dataclasses.astuple(self.ref.wait_status(j, self.now))) for j in live]
+        assert got == want, self.explain(f"quiet wait_statuses: {got!r} != {want!r}")
+        assert self.quiet.next_wakeup(self.now) == self.ref.next_wakeup(self.now), self.explain(
+            "quiet next_wakeup")
 
     # --- every answer the same -------------------------------------------------------
 
