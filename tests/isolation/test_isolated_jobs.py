@@ -72,6 +72,15 @@ def test_isolated_four_vcpus_enforce_cpu_set_and_memory_max(serve_factory, priva
     assert terminal["signal"] == 9
     assert hog.returncode == 128 + 9
 
+    # keeperd read both jobs' facts from their groups (stop 46): the runner took the OOM
+    # verdict and the CPU time from status.json, reading none of the groups itself
+    jobs = serve.state_dir / "jobs"
+    for done, oom in ((record, False), (terminal, True)):
+        facts = json.loads((jobs / done["job_id"] / "status.json").read_text())["isolation_facts"]
+        assert facts["oom_killed"] is oom and (facts["oom_kills"] > 0) is oom, facts
+        assert facts["memory_max"] == done["memory_max_bytes"], (facts, done)
+        assert facts["cpu_time_ms"] == done["reservation_use"]["cpu_time_ms"], (facts, done)
+
 
 def test_start_up_sweep_removes_a_leftover_group_and_keeps_the_running_jobs(
         serve_factory, private_parent, tmp_path):
