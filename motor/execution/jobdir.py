@@ -206,8 +206,8 @@ def close_quick(backend: Any, job_id: str, status: dict[str, Any] | None,
     quick = getattr(backend, "settle_quick", None)  # a test's stand-in may have none
     if status is None or quick is None:
         return None
-    read = status.get("isolation_facts")  # keeperd's, for a v1 cgroup job (cgroup.py)
-    facts = quick(job_id, status.get("signal"), *(() if read is None else (read,)))
+    # status.json's isolation_facts: keeperd's reading of a v1 cgroup job's groups
+    facts = quick(job_id, status.get("signal"), status.get("isolation_facts"))
     if facts is not None:
         _log_problems(facts, who)
     return facts
