@@ -178,6 +178,11 @@ class Job(K.HeldOutput):
         #: a v1 cgroup job's groups (its spec's `cgroup_make` dirs): their facts go into
         #: status.json when the job ends (`_conclude`)
         self.cgroup_dirs: dict[str, str] | None = None
+        #: when keeperd read the spawn request and saw the job's main process end
+        #: (CLOCK_MONOTONIC, shared by every process of the host): the answers carry them
+        #: (`"at"`: docs/keeper.md, "Timings in the answers"; bench/slot_cycle.py)
+        self.asked = self.start
+        self.exit_seen: float | None = None
 
     def set_status(self, **fields: Any) -> None:
         self.status = K.status_fields(self.started_at_ms, **fields)
@@ -474,6 +479,7 @@ class Keeperd:
         `watch`: a second request id the spawner reserved for the job's end; it is told
         `{"id": watch, "done": true}` as a `wait` would be, and the answer says
         `"watching": true` (one request less per job)."""
+        asked = time.monotonic()
         if job_dir in self.jobs:
             return {"code": "claimed", "error": f"{job_dir} already has a keeper (keeperd keeps it)"}
         # The start steps keep the forkserver's point names (motor/faults.py): the same
@@ -488,6 +494,7 @@ class Keeperd:
                     f"{os.path.join(job_dir, KEEPER_FILE)}: {exc}"}
         faults.hit("forkserver.claimed")  # tests: claimed, the job not yet spawned
         job = Job(job_dir)
+        job.asked = asked
         self.jobs[job_dir] = job
         if watch is not None:
             job.watchers.append((conn, watch))
@@ -505,7 +512,7 @@ class Keeperd:
 
     def _answer(self, job: Job, req_id: Any) -> dict:
         answer = {"id": req_id, "pid": self.pid, "create_time": self.create_time,
-                  "job_pid": job.pid}
+                  "job_pid": job.pid, "at": [job.asked, time.monotonic()]}
         if job.watched_by_spawn:
             answer["watching"] = True
         return answer
@@ -849,6 +856,7 @@ class Keeperd:
 
     def _exited(self, job: Job) -> None:
         """The job's main process is reaped: kill what is left of it, drain its output."""
+        job.exit_seen = time.monotonic()
         # left-overs that escaped the group: re-parented to us, found by the job marker
         # (only looked for when we have a child that is no job's main process); our
         # children are read once for both this and the reaping below
@@ -925,8 +933,10 @@ class Keeperd:
             os.close(job.out_fd)
             job.out_fd = -1
         del self.jobs[job.job_dir]
+        done = {"done": True} if job.exit_seen is None else {
+            "done": True, "at": [job.exit_seen, time.monotonic()]}
         for conn, req_id in job.watchers:
-            self._send(conn, {"id": req_id, "done": True})
+            self._send(conn, {"id": req_id, **done})
         job.watchers = []
 
 

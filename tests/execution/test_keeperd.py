@@ -332,6 +332,38 @@ async def test_a_spawn_carries_the_wait_for_its_jobs_end(tmp_path, make_job, mon
         assert read_status(job_dir)["exit_code"] == 5 and ops == ["spawn", "wait"]
 
 
+async def test_keeperds_answers_say_when_it_read_the_spawn_and_saw_the_jobs_end(
+        tmp_path, make_job, monkeypatch):
+    """The spawn's answer and the word of the job's end carry keeperd's own times on the
+    host's monotonic clock (`"at"`: docs/keeper.md, "Timings in the answers"): when it read
+    the request and answered, when it saw the job's main process end and said so. They are
+    what bench/slot_cycle.py splits a slot's cycle by, so they must be real, in order, and on
+    the clock the runner reads."""
+    import time
+
+    from motor.execution import keeperd_client
+
+    answers = {}
+    real_resolve = keeperd_client._Req.resolve
+    monkeypatch.setattr(keeperd_client._Req, "resolve", lambda self, resp=None, exc=None: (
+        answers.setdefault(self.op, (resp, time.monotonic())), real_resolve(self, resp, exc)))
+    job_dir = make_job(["sleep", "0.3"])
+    async with open_keeperd_spawner(tmp_path / "state") as spawner:
+        await spawner.spawn(job_dir)  # keeperd started (the first spawn launches it)
+        job_dir = make_job(["sleep", "0.3"])
+        answers.clear()
+        before = time.monotonic()
+        handle = await spawner.spawn(job_dir)
+        with trio.fail_after(20):
+            await spawner.wait_exit(handle.pid, handle.create_time, job_dir)
+    (spawned, spawn_taken), (ended, end_taken) = answers["spawn"], answers["wait"]
+    read, answered = spawned["at"]
+    seen, said = ended["at"]
+    assert before <= read <= answered <= spawn_taken
+    assert answered + 0.25 <= seen <= said <= end_taken  # the job slept 0.3 s in between
+    assert ended["done"] is True
+
+
 async def test_a_job_whose_directory_is_removed_is_given_up_and_keeperd_still_exits(
         tmp_path, make_job):
     """The job directory is deleted under a running job (its state dir removed): once the
