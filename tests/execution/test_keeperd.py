@@ -343,20 +343,22 @@ async def test_keeperds_answers_say_when_it_read_the_spawn_and_saw_the_jobs_end(
 
     from motor.execution import keeperd_client
 
-    answers = {}
+    answers = {}  # (op, job dir): (keeperd's answer, when the runner's reader took it)
     real_resolve = keeperd_client._Req.resolve
     monkeypatch.setattr(keeperd_client._Req, "resolve", lambda self, resp=None, exc=None: (
-        answers.setdefault(self.op, (resp, time.monotonic())), real_resolve(self, resp, exc)))
-    job_dir = make_job(["sleep", "0.3"])
+        answers.setdefault((self.op, self.job_dir), (resp, time.monotonic())),
+        real_resolve(self, resp, exc)))
+    first, job_dir = make_job(["true"]), make_job(["sleep", "0.3"])
     async with open_keeperd_spawner(tmp_path / "state") as spawner:
-        await spawner.spawn(job_dir)  # keeperd started (the first spawn launches it)
-        job_dir = make_job(["sleep", "0.3"])
-        answers.clear()
+        handle = await spawner.spawn(first)  # keeperd started (the first spawn launches it)
+        with trio.fail_after(20):
+            await spawner.wait_exit(handle.pid, handle.create_time, first)
         before = time.monotonic()
         handle = await spawner.spawn(job_dir)
         with trio.fail_after(20):
             await spawner.wait_exit(handle.pid, handle.create_time, job_dir)
-    (spawned, spawn_taken), (ended, end_taken) = answers["spawn"], answers["wait"]
+    path = os.path.abspath(job_dir)
+    (spawned, spawn_taken), (ended, end_taken) = answers["spawn", path], answers["wait", path]
     read, answered = spawned["at"]
     seen, said = ended["at"]
     assert before <= read <= answered <= spawn_taken
