@@ -25,8 +25,9 @@ the runner's reader took each answer off the socket, when the job actor began it
 - `end_to_next_start`: `_finish` begins -> the next start's spawn request is sent (the
   terminal record, the dispatcher's decision, the next job's actor and its set-up, and
   whatever else the loop ran between);
-- `slot_idle`: from keeperd seeing a job's end to keeperd reading the next start's request
-  on any slot (no job of the runner runs on that slot meanwhile);
+- `slot_idle`: keeperd sees a job's end -> keeperd reads the next spawn request after it
+  (in a burst, the start that takes the freed CPU, unless the other slot's next start was
+  still on its way): how long the freed CPU runs no job of the runner;
 - and `runner_busy` (the runner's CPU over the wall, per cent) and `jobs_per_s`.
 
 The waits are where the runner's single event loop is the queue: with both slots' work on
