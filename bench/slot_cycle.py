@@ -9,7 +9,9 @@ carry when it read a spawn request and sent its answer, and when it saw a job's 
 process end and sent that word (`"at"`, CLOCK_MONOTONIC, docs/keeper.md "Timings in the
 answers"); the round adds the runner's side: when the job actor sent the spawn request, when
 the runner's reader took each answer off the socket, when the job actor began its end
-(`_finish`), and when the next start's request went out. For every job, in ms, the median
+(`_finish`), and when the next start's request went out (it wraps `KeeperdSpawner.spawn`,
+the requests' `resolve` and `JobExecution._finish` in its own process to read them: the
+runner has no such figures of its own). For every job, in ms, the median
 (and mean) over the round's jobs, in the peers' line format:
 
 - `request_wait`: the spawn request sent -> keeperd reads it;
