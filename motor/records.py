@@ -101,8 +101,32 @@ class RequestError(ValueError):
     """A request that decoded but breaks a rule; carries the `bad_request` detail."""
 
 
+#: (encoder, decoder) of `_check_types`, made at its first use (the CLI imports this module)
+_ROUND_TRIP: tuple | None = None
+
+
+def _check_types(req: JobRequest) -> None:
+    """Every field of `req` of its declared type. msgspec checks types when it decodes, not
+    when a struct is made in Python: a request built by an embedder (`Runner.submit`)
+    could carry a `kind` outside its Literal, a `str` for `command`, an object no encoder
+    takes, and be stored, to break every later read of its record. So encode it as JSON and
+    decode it back as a `JobRequest`: each field is checked as the API's decoder checks the
+    body of `POST /v1/jobs` (a float that JSON cannot hold, NaN or infinity, becomes null
+    there; `validate_request` refuses it on the request itself)."""
+    global _ROUND_TRIP
+    if _ROUND_TRIP is None:
+        _ROUND_TRIP = (msgspec.json.Encoder(), msgspec.json.Decoder(JobRequest))
+    encoder, decoder = _ROUND_TRIP
+    try:
+        decoder.decode(encoder.encode(req))
+    except (msgspec.MsgspecError, TypeError, ValueError) as exc:
+        raise RequestError(f"malformed request: {exc}") from None
+
+
 def validate_request(req: JobRequest) -> None:
-    """Check what msgspec's types cannot; raise RequestError naming the field."""
+    """Check the request's field types (`_check_types`), then what msgspec's types cannot;
+    raise RequestError naming the field."""
+    _check_types(req)
     if not req.command:
         raise RequestError("command must not be empty")
     if len(req.command) > MAX_COMMAND_ARGS:

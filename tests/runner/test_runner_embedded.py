@@ -134,6 +134,39 @@ async def test_refusals_are_typed_and_leave_no_record(tmp_path, autojump_clock):
         assert health["admission_refusals"] == {"runner_full": 2}
 
 
+#: requests built in Python that no decoder has checked: each breaks a field's type
+MISTYPED = [
+    (dict(command=["true"], kind="background"), "`$.kind`"),
+    (dict(command=["true"], workspace_kind="scratch"), "`$.workspace_kind`"),
+    (dict(command="true"), "`$.command`"),
+    (dict(command=["true"], weight_hint="2"), "`$.weight_hint`"),
+    (dict(command=["true"], weight_hint=True), "`$.weight_hint`"),
+    (dict(command=["true"], env={"A": 1}), "`$.env"),
+    (dict(command=["true", __import__("pathlib").Path("/tmp")]), "PosixPath"),
+]
+
+
+async def test_a_mistyped_request_is_refused_not_accepted_and_unreadable(tmp_path, autojump_clock):
+    """The embedding API takes `JobRequest`s built in Python, which msgspec does not check
+    when they are made (only when it decodes one). A field of the wrong type was accepted,
+    stored, and then broke every read of its record (`get`, `events`); in one run with
+    10,000 of them queued the execution supervisor escalated and the runner stopped. Now it is `bad_request`, naming the field, before anything is recorded; the
+    batch submit refuses just that item."""
+    async with motor.open_runner(config(tmp_path)) as runner:
+        for fields, named in MISTYPED:
+            with pytest.raises(RefusedError) as info:
+                await runner.submit(JobRequest(**fields))
+            assert info.value.refusal.code == "bad_request", fields
+            assert named in info.value.refusal.detail, (fields, info.value.refusal.detail)
+        assert await runner.jobs(all=True) == []
+        good, bad = await runner.submit_many([JobRequest(command=["true"], workspace="ok"),
+                                              JobRequest(command=["true"], kind="background")])
+        assert bad.code == "bad_request" and "`$.kind`" in bad.detail
+        assert [r.job_id for r in await runner.jobs(all=True)] == [good.job_id]
+        assert (await terminal_of(runner, good.job_id))["state"] == "succeeded"
+        health = await runner.health()
+        assert "bad_request" not in health["admission_refusals"]
+
 async def test_cancel_of_a_queued_job_is_idempotent(tmp_path, autojump_clock):
     barrier = tmp_path / "go"
     async with motor.open_runner(config(tmp_path, max_weight=1)) as runner:
