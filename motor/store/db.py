@@ -76,6 +76,7 @@ from ..lifecycle import ACTIVE_STATES
 from ..records import JobRecord, Output, encode_event, Event, TERMINAL_STATES
 from .checkpoints import WAL_SIZE_LIMIT
 from .pace import CommitPace
+from .salvage import salvage, unreadable
 
 SCHEMA_VERSION = 1
 PAGE_EVENTS = 64
@@ -138,8 +139,9 @@ _encoder = msgspec.json.Encoder()
 CLOCK_FIELDS = ("queue_wait_ms", "queue_clock_at_ms", "queue_clock_running", "ready_at_ms",
                 "budget_enforced_by")
 #: a record read back with its job's clock row, if any (LEFT JOIN: c.job_id is NULL if none)
+#: (and the row's own job id and state, for a record that does not decode: salvage.py)
 _WITH_CLOCK = ("SELECT j.record, c.job_id, c.queue_wait_ms, c.queue_clock_at_ms,"
-               " c.queue_clock_running, c.ready_at_ms, c.budget_enforced_by"
+               " c.queue_clock_running, c.ready_at_ms, c.budget_enforced_by, j.job_id, j.state"
                " FROM jobs j LEFT JOIN clocks c ON c.job_id = j.job_id")
 
 
@@ -161,8 +163,15 @@ class ClockSave(NamedTuple):
 
 
 def _decode(row) -> JobRecord:
-    """A `_WITH_CLOCK` row: the stored record, with its clock row's fields if it has one."""
-    record = _record_decoder.decode(row[0])
+    """A `_WITH_CLOCK` row: the stored record, with its clock row's fields if it has one; a
+    record this version cannot decode is read as salvage.py says (never an exception: one
+    such row must not stop every read, nor the runner's start)."""
+    try:
+        record = _record_decoder.decode(row[0])
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        record = salvage(row[0], row[7], row[8], exc)
+        if unreadable(record):
+            return record
     if row[1] is None:
         return record
     return msgspec.structs.replace(
@@ -534,16 +543,17 @@ class Database:
         return row[0] if row else 0
 
     def live(self) -> list[JobRecord]:
-        """Jobs not yet terminal, oldest (by UUIDv7 id) first."""
-        return [_decode(r) for r in self.reader.execute(
-            _WITH_CLOCK + " WHERE j.terminal=0 ORDER BY j.job_id")]
+        """Jobs not yet terminal, oldest (by UUIDv7 id) first (but those whose record cannot be
+        read: nothing of this runner's to queue or adopt, salvage.py)."""
+        return [r for r in map(_decode, self.reader.execute(
+            _WITH_CLOCK + " WHERE j.terminal=0 ORDER BY j.job_id")) if not unreadable(r)]
 
     def active(self) -> list[JobRecord]:
         """Jobs setting up or running, oldest first: what start-up needs for adoption and its
         sweep, without decoding every queued record (10,000 of them at scale, issue 14)."""
-        return [_decode(r) for r in self.reader.execute(
+        return [r for r in map(_decode, self.reader.execute(
             _WITH_CLOCK + " WHERE j.terminal=0 AND j.state IN (?, ?) ORDER BY j.job_id",
-            tuple(sorted(ACTIVE_STATES)))]
+            tuple(sorted(ACTIVE_STATES)))) if not unreadable(r)]
 
     def listing(self, *, limit: int = 200, terminal: bool | None = None) -> list[JobRecord]:
         """Newest first."""
