@@ -114,6 +114,8 @@ def _check_types(req: JobRequest) -> None:
     body of `POST /v1/jobs` (a float that JSON cannot hold, NaN or infinity, becomes null
     there; `validate_request` refuses it on the request itself)."""
     global _ROUND_TRIP
+    if not isinstance(req, JobRequest):
+        raise RequestError(f"a job request is a JobRequest, not {type(req).__name__}")
     if _ROUND_TRIP is None:
         _ROUND_TRIP = (msgspec.json.Encoder(), msgspec.json.Decoder(JobRequest))
     encoder, decoder = _ROUND_TRIP

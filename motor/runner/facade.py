@@ -63,13 +63,20 @@ class Runner:
 
     # -- jobs -----------------------------------------------------------------------------
 
-    async def submit(self, req: JobRequest, *, follow: bool = False) -> JobRecord:
+    async def submit(self, req: JobRequest | dict, *, follow: bool = False) -> JobRecord:
+        """Submit one job: a `JobRequest`, or a dict of its fields (as `motor.client` takes
+        one), checked as the API checks a body (`records.validate_request`)."""
+        if isinstance(req, dict):
+            try:
+                req = msgspec.convert(req, JobRequest)
+            except msgspec.ValidationError as exc:
+                raise RefusedError(Refusal(code="bad_request", detail=f"malformed request: {exc}"))
         reply = await self.handles.dispatcher.submit(req, follow)
         if isinstance(reply, Refusal):
             raise RefusedError(reply)
         return reply
 
-    async def submit_many(self, reqs: list[JobRequest]) -> list[JobRecord | Refusal]:
+    async def submit_many(self, reqs: list[JobRequest | dict]) -> list[JobRecord | Refusal]:
         """A batch submit: each request is one `Submit` to the dispatcher, in order, with the
         same admission as `submit`; the answer per item is its accepted record or its
         refusal, so one refused item does not sink the others. More than MAX_BATCH_JOBS

@@ -164,6 +164,17 @@ async def test_a_mistyped_request_is_refused_not_accepted_and_unreadable(tmp_pat
         assert bad.code == "bad_request" and "`$.kind`" in bad.detail
         assert [r.job_id for r in await runner.jobs(all=True)] == [good.job_id]
         assert (await terminal_of(runner, good.job_id))["state"] == "succeeded"
+        # not a JobRequest at all: refused too (it crashed the dispatcher until its
+        # supervisor gave up); a dict of the fields is read as one, as motor.client reads it
+        for wrong in (None, "true", ["true"]):
+            with pytest.raises(RefusedError) as info:
+                await runner.submit(wrong)
+            assert info.value.refusal.code == "bad_request", wrong
+        with pytest.raises(RefusedError, match="`\\$.command`"):
+            await runner.submit({"command": "true"})
+        as_dict = await runner.submit({"command": ["true"], "workspace": "fields"})
+        assert (await terminal_of(runner, as_dict.job_id))["state"] == "succeeded"
+        assert runner.root.ref("dispatcher").restarts_in_window() == 0
         health = await runner.health()
         assert "bad_request" not in health["admission_refusals"]
 
