@@ -22,12 +22,25 @@ from ..scheduling.admission import withdraw_answer
 from ..scheduling.view import join_array, row_of
 from ..store.hub import ChangeHub
 from ..store.pace import STALLED_COMMIT_S
+from ..store.salvage import tell_once
 from .host import Host
 from ..wire import MAX_BATCH_JOBS
 
 if TYPE_CHECKING:
     from .tree import Handles
 
+
+def _stored_event(raw: bytes, job_id: str) -> Event | None:
+    """A stored event, or None when this version cannot read it (an event type of a later
+    motor, a damaged row): skipped, and said once per job in the log, rather than ending
+    the replay of the whole job with msgspec's error (stop 48; operations.md, "A record the
+    runner cannot read")."""
+    try:
+        return decode_event(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        tell_once(("event", job_id), "job %s: a stored event this runner cannot read was "
+                  "skipped (%s)", job_id, exc)
+        return None
 
 
 class Runner:
@@ -147,8 +160,9 @@ class Runner:
                         # The boundary comes first (seq just before what is replayed, so seqs
                         # stay ordered), then the lifecycle events pages never evict, the rest.
                         yield Truncated(seq=max(next_seq - 1, 0), truncated_before_seq=truncated)
-                        kept = [decode_event(raw) for raw in
-                                self.db.events_from(job_id, next_seq, limit=truncated - next_seq)]
+                        kept = [e for raw in self.db.events_from(
+                            job_id, next_seq, limit=truncated - next_seq)
+                            if (e := _stored_event(raw, job_id)) is not None]
                         for event in (e for e in kept if e.seq < truncated):
                             yield event
                             last_seq = event.seq
@@ -157,7 +171,10 @@ class Runner:
                         next_seq = truncated
                     rows = self.db.events_from(job_id, next_seq)
                 for raw in rows:
-                    event = decode_event(raw)
+                    event = _stored_event(raw, job_id) if from_db else decode_event(raw)
+                    if event is None:  # skipped (logged): the rows' seqs follow one another
+                        next_seq += 1
+                        continue
                     yield event
                     next_seq = last_seq = event.seq
                     next_seq += 1

@@ -34,8 +34,8 @@ _ESSENTIAL = frozenset({
     "memory_max_bytes", "timeout_s", "bundle_sha256",
 })
 _FIELD = re.compile(r"- at `\$\.([A-Za-z_][A-Za-z0-9_]*)")
-#: jobs already reported in this process (each read of a broken row would say it again)
-_told: set[str] = set()
+#: what was already reported in this process (each read of a broken row would say it again)
+_told: set[tuple] = set()
 _TOLD_MAX = 4096
 
 
@@ -60,11 +60,11 @@ def salvage(raw: bytes, job_id: str, state: str, error: Exception) -> JobRecord:
                     break
                 dropped.append(f"{name}={data.pop(name)!r}")
                 continue
-            _tell(job_id, "job %s: its stored record has values this runner cannot read (%s): "
-                  "read with their defaults", job_id, ", ".join(dropped))
+            tell_once(("record", job_id), "job %s: its stored record has values this runner "
+                      "cannot read (%s): read with their defaults", job_id, ", ".join(dropped))
             return record
     detail = f"its stored record could not be read ({error}); the runner set it aside"
-    _tell(job_id, "job %s: %s", job_id, detail)
+    tell_once(("record", job_id), "job %s: %s", job_id, detail)
     return JobRecord(job_id=job_id, state="lost", workspace="", reason=UNREADABLE,
                      detail=f"{detail} (its row's state: {state})")
 
@@ -74,10 +74,11 @@ def unreadable(record: JobRecord) -> bool:
     return record.reason == UNREADABLE and record.state == "lost"
 
 
-def _tell(job_id: str, *args) -> None:
-    if job_id in _told:
+def tell_once(key: tuple, *args) -> None:
+    """`log.warning(*args)`, once per `key` in this process (a bounded memory)."""
+    if key in _told:
         return
     if len(_told) >= _TOLD_MAX:
         _told.clear()
-    _told.add(job_id)
+    _told.add(key)
     log.warning(*args)

@@ -1,5 +1,5 @@
-"""Stored records this version cannot decode (motor/store/salvage.py): the runner starts,
-runs what it can read, sets aside what it cannot, and says so.
+"""Stored records and events this version cannot decode (motor/store/salvage.py): the
+runner starts, runs what it can read, sets aside what it cannot, and says so.
 
 Before stop 48 one such row stopped the runner at start-up: the accounting actor read the
 live records at recovery, crashed on msgspec's `ValidationError`, and its supervisor gave up.
@@ -60,6 +60,11 @@ async def test_a_runner_with_records_it_cannot_read_starts_runs_the_rest_and_say
     _tamper(path, no_command, lambda r: {**r, "command": "echo ran"})  # what runs: not guessed
     _tamper(path, old_done, lambda r: {**r, "waiting_on": "a_new_reason"})
     _tamper(path, garbage, lambda r: b"\x00not json")
+    conn = sqlite3.connect(path)  # old_done's first event: a type of a later motor
+    conn.execute("UPDATE events SET data=? WHERE job_id=? AND seq=1",
+                 (b'{"event":"hologram","seq":1}', old_done))
+    conn.commit()
+    conn.close()
 
     caplog.set_level(logging.WARNING, logger="motor.store")
     async with motor.open_runner(config) as runner:
@@ -74,6 +79,9 @@ async def test_a_runner_with_records_it_cannot_read_starts_runs_the_rest_and_say
             tags = [e.__struct_config__.tag async for e in runner.events(no_command)]
         assert tags == ["accepted", "queued"]
         assert (await runner.get(old_done)).state == "succeeded"
+        with trio.fail_after(60):  # the event it cannot read is skipped, the rest replayed
+            tags = [e.__struct_config__.tag async for e in runner.events(old_done)]
+        assert tags == ["terminal"]
         assert (await runner.get(garbage)).state == "lost"
         status = await runner.status()
         assert no_command not in {row["job_id"] for row in status["queued"]}
@@ -87,6 +95,7 @@ async def test_a_runner_with_records_it_cannot_read_starts_runs_the_rest_and_say
     assert any(other_kind in m and "kind='background'" in m for m in said), said
     assert any(no_command in m and "set it aside" in m for m in said), said
     assert sum(no_command in m for m in said) == 1  # once, however often it was read
+    assert any(old_done in m and "event" in m and "hologram" in m for m in said), said
 
 
 @pytest.mark.parametrize("field, value", [("state", "paused_by_a_later_motor"),
