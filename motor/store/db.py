@@ -76,7 +76,7 @@ from ..lifecycle import ACTIVE_STATES
 from ..records import JobRecord, Output, encode_event, Event, TERMINAL_STATES
 from .checkpoints import WAL_SIZE_LIMIT
 from .pace import CommitPace
-from .salvage import salvage, unreadable
+from .salvage import salvage, tell_once, unreadable
 
 SCHEMA_VERSION = 1
 PAGE_EVENTS = 64
@@ -174,9 +174,17 @@ def _decode(row) -> JobRecord:
             return record
     if row[1] is None:
         return record
+    wait, at, running, ready, enforcer = row[2:7]
+    if not (type(wait) is int and (at is None or type(at) is int) and running in (0, 1)
+            and (ready is None or type(ready) is int) and enforcer in (None, "client", "runner")):
+        # a damaged clock row (motor writes integers and these words): the clock the record
+        # itself holds, from its last whole save, rather than arithmetic on text at recovery
+        tell_once(("clock", record.job_id), "job %s: its saved queue-wait clock cannot be read "
+                  "(%r): the clock in its record is used", record.job_id, tuple(row[2:7]))
+        return record
     return msgspec.structs.replace(
-        record, queue_wait_ms=row[2], queue_clock_at_ms=row[3],
-        queue_clock_running=bool(row[4]), ready_at_ms=row[5], budget_enforced_by=row[6])
+        record, queue_wait_ms=wait, queue_clock_at_ms=at, queue_clock_running=bool(running),
+        ready_at_ms=ready, budget_enforced_by=enforcer)
 
 
 class StoreError(RuntimeError):

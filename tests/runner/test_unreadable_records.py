@@ -106,3 +106,32 @@ def test_a_record_whose_essential_field_cannot_be_read_is_lost_not_guessed(tmp_p
     raw = json.dumps({**msgspec.to_builtins(record), field: value}).encode()
     got = salvage(raw, "j1", "queued", ValueError("strict"))
     assert unreadable(got) and f"`$.{field}`" in got.detail
+
+
+async def test_a_damaged_saved_clock_is_ignored_and_its_job_still_runs(tmp_path, autojump_clock,
+                                                                      caplog):
+    """A queued job's clock row (the dispatcher's clock saves) holding text where motor
+    writes integers: the recovery did arithmetic on it, and the dispatcher crashed until the
+    runner stopped. Now the clock in the job's record is used, and the runner says so."""
+    config = embedded_config(tmp_path)
+    state = Path(config.state_dir)
+    state.mkdir(parents=True)
+    now_ms = config.clock.now_ms()
+    job_id = uuid7(now_ms)
+    db = Database(state / "motor.db")
+    db.save(JobRecord(job_id=job_id, state="queued", workspace="w", command=["true"], claim=1,
+                      accepted_at_ms=now_ms, queued_at_ms=now_ms, ready_at_ms=now_ms,
+                      queue_clock_at_ms=now_ms, queue_clock_running=True),
+            [Accepted(job_id=job_id, claim=1), Queued(queue_wait_budget_ms=600_000)])
+    db.close()
+    conn = sqlite3.connect(state / "motor.db")
+    conn.execute("INSERT INTO clocks VALUES (?, 'abc', ?, 1, ?, 'runner')",
+                 (job_id, now_ms, now_ms))
+    conn.commit()
+    conn.close()
+    caplog.set_level(logging.WARNING, logger="motor.store")
+    async with motor.open_runner(config) as runner:
+        assert (await terminal_of(runner, job_id))["state"] == "succeeded"
+        assert runner.root.ref("dispatcher").restarts_in_window() == 0
+    assert any(job_id in r.getMessage() and "clock cannot be read" in r.getMessage()
+               for r in caplog.records)
