@@ -29,10 +29,15 @@ its size.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import msgspec
+
+log = logging.getLogger("motor.disk")
 
 
 @dataclass
@@ -48,6 +53,15 @@ class Entry:
 
 
 COMPACT_MIN = 256
+
+
+def _entry(item) -> Entry | None:
+    """A catalog entry from its JSON form, its fields of their types; None when it is not one."""
+    try:
+        return msgspec.convert(item, Entry)
+    except msgspec.ValidationError:
+        return None
+
 
 #: at most this many names wait in `Catalog.added`; past it the generation moves instead
 MAX_ADDED = 4096
@@ -71,32 +85,48 @@ class Catalog:
         self._load()
 
     def _load(self) -> None:
+        """The snapshot, then the journal. What is not an entry of the right types (a torn
+        last line, a file damaged or written by hand) is left out, and said once: a tree
+        left out is not catalogued, so never evicted (the safe direction), and is catalogued
+        again when a job uses it. (Before stop 48 a snapshot that was JSON but not an
+        object, or an entry with a number for a path, crashed the disk or maintenance actor
+        at every start until the runner stopped.)"""
+        skipped = 0
         try:
             data = json.loads(self.path.read_text())
         except (OSError, ValueError):
             data = {}
-        for item in data.get("workspaces", []):
-            try:
-                entry = Entry(**item)
-            except TypeError:
+        items = data.get("workspaces") if isinstance(data, dict) else None
+        if not isinstance(items, list):
+            skipped += items is not None or not isinstance(data, dict)
+            items = []
+        for item in items:
+            if (entry := _entry(item)) is None:
+                skipped += 1
                 continue
             self.entries[entry.name] = entry
         try:
             with open(self.journal_path) as f:
                 lines = f.read().splitlines()
-        except OSError:
+        except (OSError, ValueError):
             lines = []
-        for line in lines:
+        for i, line in enumerate(lines):
             try:
                 op = json.loads(line)
-                if "put" in op:
-                    entry = Entry(**op["put"])
-                    self.entries[entry.name] = entry
-                elif "del" in op:
-                    self.entries.pop(op["del"], None)
-            except (ValueError, TypeError, AttributeError):
-                continue  # a torn last line
+            except ValueError:
+                op = None
+            if isinstance(op, dict) and "put" in op and (entry := _entry(op["put"])) is not None:
+                self.entries[entry.name] = entry
+            elif isinstance(op, dict) and isinstance(op.get("del"), str):
+                self.entries.pop(op["del"], None)
+            else:
+                skipped += i < len(lines) - 1  # a torn last line is a crash mid-append
+                continue
             self.journal_lines += 1
+        if skipped:
+            log.warning("disk: %d entries of the workspace catalog (%s) could not be read and "
+                        "were left out: those trees are not evicted until a job uses them "
+                        "again", skipped, self.dir)
 
     def _append(self, op: dict) -> None:
         line = (json.dumps(op, sort_keys=True, separators=(",", ":")) + "\n").encode()

@@ -4,15 +4,20 @@ rarely, and nothing the actor was told is lost when the process dies without sto
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import trio
 
 import actors
+import motor
 from motor.disk.actor import DiskActor, JobIdle, PrepareSetup
 from motor.disk.catalog import COMPACT_MIN, Catalog
+from motor.records import JobRequest
+from runner_helpers import embedded_config, terminal_of
 
 
 def _crashed(state) -> dict:
@@ -113,3 +118,36 @@ def test_runner_killed_right_after_job_ends_still_has_their_workspaces(serve_fac
     rows = {row["name"]: row for row in serve.cli_json("workspaces")}
     assert set(rows) == {"w0", "w1", "w2"}
     assert all(row["path"].endswith("/" + name) for name, row in rows.items())
+
+
+@pytest.mark.parametrize("snapshot", [
+    "[1, 2]",  # JSON, not an object
+    '{"workspaces": 5}',
+    '{"workspaces": [{"name": 5, "path": 6, "root": null, "last_used_ms": "x"}, 7]}',
+])
+async def test_a_damaged_catalog_is_read_as_far_as_it_goes_and_the_runner_serves(
+        tmp_path, autojump_clock, snapshot, caplog):
+    """Before stop 48 a snapshot that was JSON but not an object, or an entry with a number
+    for its path, crashed the disk (or maintenance) actor at each start until the runner
+    stopped. Now what is not an entry is left out, said once, and the good entries stay."""
+    config = embedded_config(tmp_path)
+    state = Path(config.state_dir)
+    disk, kept = state / "disk", state / "workspaces" / "kept"
+    disk.mkdir(parents=True)
+    kept.mkdir(parents=True)  # a workspace an earlier run made, in the journal's good entry
+    (disk / "catalog.json").write_text(snapshot)
+    now_ms = config.clock.now_ms()  # used just now: no idle expiry removes it
+    good = {"name": "kept", "path": str(kept), "root": str(kept.parent), "kind": "task",
+            "caller_path": None, "created_ms": now_ms, "last_used_ms": now_ms,
+            "referenced_by": []}
+    (disk / "catalog.journal").write_text(
+        '{"put": 7}\n[1]\n{"del": 3}\n' + json.dumps({"put": good}) + "\n")
+    caplog.set_level(logging.WARNING, logger="motor.disk")
+    async with motor.open_runner(config) as runner:
+        job = await runner.submit(JobRequest(command=["true"], workspace="w"))
+        assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
+        names = {w["name"] for w in await runner.workspaces()}
+        assert {"kept", "w"} <= names
+        assert runner.root.ref("disk").restarts_in_window() == 0
+        assert runner.root.ref("maintenance").restarts_in_window() == 0
+    assert any("could not be read and were left out" in r.getMessage() for r in caplog.records)
