@@ -35,31 +35,31 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run only on workers listing CAP in workers.toml (repeatable)")
     s.add_argument("--json", action="store_true")
     s.add_argument("cmd", nargs="*", help=argparse.SUPPRESS)
-    s.set_defaults(handler=cmd_submit, takes_command=True)
+    s.set_defaults(handler=_readable(cmd_submit), takes_command=True)
 
     s = tsub.add_parser("turn", help="queue the next turn of a task", usage="motor task turn TASK -- CMD...")
     s.add_argument("task")
     s.add_argument("--json", action="store_true")
     s.add_argument("cmd", nargs="*", help=argparse.SUPPRESS)
-    s.set_defaults(handler=cmd_turn, takes_command=True)
+    s.set_defaults(handler=_readable(cmd_turn), takes_command=True)
 
     for name, fn, helptext in (("list", cmd_list, "tasks"), ("queue", cmd_queue, "the queue rows")):
         s = tsub.add_parser(name, help=helptext)
         s.add_argument("--json", action="store_true")
-        s.set_defaults(handler=fn)
+        s.set_defaults(handler=_readable(fn))
     s = tsub.add_parser("show", help="one task")
     s.add_argument("task")
     s.add_argument("--json", action="store_true")
-    s.set_defaults(handler=cmd_show)
+    s.set_defaults(handler=_readable(cmd_show))
     s = tsub.add_parser("wait", help="wait for the task's current turn; exit with its status")
     s.add_argument("task")
-    s.set_defaults(handler=cmd_wait)
+    s.set_defaults(handler=_readable(cmd_wait))
     s = tsub.add_parser("cancel", help="cancel the task's queued and running turns")
     s.add_argument("task")
-    s.set_defaults(handler=cmd_cancel)
+    s.set_defaults(handler=_readable(cmd_cancel))
     s = tsub.add_parser("reconcile", help="replace dead runners; start parked turns when slots are free")
     s.add_argument("--json", action="store_true")
-    s.set_defaults(handler=cmd_reconcile)
+    s.set_defaults(handler=_readable(cmd_reconcile))
 
     w = sub.add_parser("worker", help="hidden")
     sub._choices_actions = [a for a in sub._choices_actions if a.dest != "worker"]  # hidden command
@@ -69,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("turn")
     r.add_argument("--slot-token", required=True, metavar="UUID")
     r.add_argument("--client-dir", metavar="DIR")
-    r.set_defaults(handler=cmd_worker_runner)
+    r.set_defaults(handler=_readable(cmd_worker_runner))
 
 
 # --- helpers ----------------------------------------------------------------------------
@@ -142,6 +142,31 @@ def _run(args, body) -> int:
             _err(str(exc))
             return exc.status
         raise
+
+
+def _readable(handler):
+    """`handler`, with a client-dir file that cannot be read (store.ClientDirError, also from
+    inside the queue actor's nursery) answered by one line on stderr and exit status 2, not
+    a traceback (before stop 48 a damaged queue.json made every task command end in one)."""
+    from motor.tasks.store import ClientDirError
+
+    def guarded(args) -> int:
+        try:
+            return handler(args)
+        except ClientDirError as exc:
+            _err(f"motor: error: {exc}")
+            return EXIT_BAD_INPUT
+        except BaseExceptionGroup as eg:
+            damaged = eg.subgroup(ClientDirError)
+            if damaged is None:
+                raise
+            exc = damaged.exceptions[0]
+            while isinstance(exc, BaseExceptionGroup):
+                exc = exc.exceptions[0]
+            _err(f"motor: error: {exc}")
+            return EXIT_BAD_INPUT
+
+    return guarded
 
 
 def _task_client(cdir, fleet, queue, **kw):

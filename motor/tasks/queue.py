@@ -15,7 +15,7 @@ import trio
 
 import actors
 from motor.tasks import core
-from motor.tasks.store import ClientDir, Locked
+from motor.tasks.store import ClientDir, ClientDirError, Locked
 
 T = TypeVar("T")
 
@@ -39,7 +39,8 @@ class QueueActor(actors.Actor):
     async def handle(self, msg: Callable[[Locked], Any]) -> Any:
         try:
             return _Ok(await trio.to_thread.run_sync(self.cdir.critical, msg))
-        except (core.QueueError, OSError, msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+        except (core.QueueError, ClientDirError, OSError, msgspec.DecodeError, msgspec.ValidationError,
+                ValueError) as exc:
             return exc  # the caller raises it; the actor keeps serving
 
 

@@ -34,6 +34,25 @@ from motor.tasks.records import (
 T = TypeVar("T")
 
 
+class ClientDirError(Exception):
+    """A file of the client dir that exists but cannot be read as what it holds: one line
+    naming it. Nothing was changed (never a guess at the queue: a wrong one could start more
+    runner processes than the slots allow)."""
+
+
+def _read(path: Path, type_, empty=None):
+    """`path` decoded as `type_` (`empty` for a file with nothing in it, when given: a crash
+    before the first publish); FileNotFoundError as it is; ClientDirError if damaged."""
+    data = path.read_bytes()
+    if empty is not None and not data.strip():
+        return empty
+    try:
+        return decode(data, type_)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ClientDirError(f"{path} cannot be read ({exc}); nothing was changed: restore it, "
+                             "or move it aside to start without it (docs/tasks.md)") from None
+
+
 def default_client_dir() -> Path:
     return Path(os.path.expanduser("~/.local/state/motor-client"))
 
@@ -142,7 +161,7 @@ class ClientDir:
 
     def read_task(self, task_id: str) -> TaskRecord | None:
         try:
-            return decode(self.task_path(task_id).read_bytes(), TaskRecord)
+            return _read(self.task_path(task_id), TaskRecord)
         except FileNotFoundError:
             return None
 
@@ -170,7 +189,7 @@ class ClientDir:
     def read_queue(self) -> QueueFile:
         """An unlocked snapshot (for list/show); never for read-modify-write."""
         try:
-            return decode(self.queue_path.read_bytes(), QueueFile)
+            return _read(self.queue_path, QueueFile, QueueFile())
         except FileNotFoundError:
             return QueueFile()
 
@@ -187,10 +206,9 @@ class ClientDir:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
                 try:
-                    data = self.queue_path.read_bytes()
+                    queue = _read(self.queue_path, QueueFile, QueueFile())
                 except FileNotFoundError:
-                    data = b""
-                queue = decode(data, QueueFile) if data.strip() else QueueFile()
+                    queue = QueueFile()
                 locked = Locked(self, queue, self.read_runners(), self.observe)
                 result = fn(locked)
                 locked.publish()

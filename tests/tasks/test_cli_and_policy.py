@@ -190,3 +190,24 @@ def test_capabilities_limit_which_workers_a_task_may_use(tmp_path):
     assert r.returncode == 69
     assert "worker mini-2 unreachable" in r.stderr and "mini-1" not in r.stderr   # only capable workers tried
     assert ClientDir(cdir).read_task(r.stdout.strip()).capabilities == ["gpu"]
+
+
+def test_a_damaged_queue_or_task_file_is_named_in_one_line_and_left_as_it_is(tmp_path):
+    """Before stop 48 a queue.json that was not a queue made every task command end in a
+    traceback. Now each names the file, changes nothing, and exits 2."""
+    cdir = tmp_path / "c"
+    workers_toml(cdir, GOOD)
+    (cdir / "queue.json").write_text("[1, 2]")
+    for args in (("queue",), ("reconcile",), ("submit", "--project", str(tmp_path), "--", "true")):
+        r = task(cdir, *args)
+        assert r.returncode == 2, (args, r.stderr)
+        assert r.stderr.startswith(f"motor: error: {cdir / 'queue.json'} cannot be read ("), r.stderr
+        assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert (cdir / "queue.json").read_text() == "[1, 2]"  # not rewritten
+    (cdir / "queue.json").write_text("")  # empty (a crash before the first publish): no queue
+    assert task(cdir, "queue").returncode == 0
+    (cdir / "tasks").mkdir(exist_ok=True)
+    (cdir / "tasks" / "deadbeef.json").write_text('{"task_id": 5}')
+    r = task(cdir, "show", "deadbeef")
+    assert r.returncode == 2 and "deadbeef.json cannot be read" in r.stderr, r.stderr
+    assert task(cdir, "list").returncode == 0  # the list leaves out what it cannot read
