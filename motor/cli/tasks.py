@@ -134,35 +134,39 @@ def _run(args, body) -> int:
         _err(str(exc))
         return exc.status
     except BaseExceptionGroup as eg:
-        bad = eg.subgroup(BadInput)
-        if bad is not None:
-            exc = bad.exceptions[0]
-            while isinstance(exc, BaseExceptionGroup):
-                exc = exc.exceptions[0]
-            _err(str(exc))
-            return exc.status
-        raise
+        if (exc := _leaf(eg, BadInput)) is None:
+            raise
+        _err(str(exc))
+        return exc.status
+
+
+def _leaf(eg: BaseExceptionGroup, types):
+    """The first exception of `types` in `eg` (nested groups looked into), or None."""
+    group = eg.subgroup(types)
+    if group is None:
+        return None
+    exc = group.exceptions[0]
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _readable(handler):
     """`handler`, with a client-dir file that cannot be read (store.ClientDirError, also from
     inside the queue actor's nursery) answered by one line on stderr and exit status 2, not
     a traceback (before stop 48 a damaged queue.json made every task command end in one)."""
-    from motor.tasks.store import ClientDirError
 
     def guarded(args) -> int:
+        from motor.tasks.store import ClientDirError  # when it runs: `--help` stays lean
+
         try:
             return handler(args)
         except ClientDirError as exc:
             _err(f"motor: error: {exc}")
             return EXIT_BAD_INPUT
         except BaseExceptionGroup as eg:
-            damaged = eg.subgroup(ClientDirError)
-            if damaged is None:
+            if (exc := _leaf(eg, ClientDirError)) is None:
                 raise
-            exc = damaged.exceptions[0]
-            while isinstance(exc, BaseExceptionGroup):
-                exc = exc.exceptions[0]
             _err(f"motor: error: {exc}")
             return EXIT_BAD_INPUT
 
