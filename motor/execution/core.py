@@ -78,22 +78,39 @@ class Found:
     keeper: tuple[int, float] | None = None  # (pid, create time) when a claim names it
     started_at_ms: int | None = None  # when the keeper started the job, if it said
     kill_strays: bool = False  # set up again over a start cut short: kill its leftovers first
+    #: why the keeper's claim (keeper.json) could not be read, when it could not: the job is
+    #: adopted without a keeper to follow, after its processes are stopped (`adopted`)
+    claim_error: str | None = None
 
 
-def found(keeper: Mapping[str, Any] | None, status_exists: bool, dir_exists: bool) -> Found:
+def found(keeper: Mapping[str, Any] | None, status_exists: bool, dir_exists: bool,
+          claim_error: str | None = None) -> Found:
     """`keeper`: keeper.json's contents (None when absent); `status_exists`: status.json
-    is there; `dir_exists`: the job directory is."""
+    is there; `dir_exists`: the job directory is; `claim_error`: keeper.json is there but
+    cannot be read (why)."""
+    if claim_error is not None:
+        return Found(adopt=True, kill_strays=True, claim_error=claim_error)
     if keeper is None and not status_exists:
         return Found(adopt=False, kill_strays=dir_exists)
     return adopted(keeper or {})
 
 
 def adopted(keeper: Mapping[str, Any]) -> Found:
-    """Adopt the keeper a claim names (an empty claim: only its exit status is left)."""
+    """Adopt the keeper a claim names (an empty claim: only its exit status is left). A claim
+    that does not name a keeper as keepers write it (stop 48: a damaged keeper.json made
+    the job's actor crash at every start until the runner stopped) cannot be followed: the
+    job's processes are stopped (they carry its marker) and its end is what status.json
+    says, if anything (`keeper_lost` otherwise)."""
     if not keeper:
         return Found(adopt=True)
-    return Found(adopt=True, keeper=(keeper["keeper_pid"], keeper["keeper_create_time"]),
-                 started_at_ms=keeper.get("started_at_ms"))
+    pid, create_time = keeper.get("keeper_pid"), keeper.get("keeper_create_time")
+    started = keeper.get("started_at_ms")
+    if not (type(pid) is int and type(create_time) in (int, float)
+            and (started is None or type(started) is int)):
+        return Found(adopt=True, kill_strays=True, claim_error=(
+            f"keeper.json names no keeper (keeper_pid {pid!r}, keeper_create_time "
+            f"{create_time!r}, started_at_ms {started!r})"))
+    return Found(adopt=True, keeper=(pid, create_time), started_at_ms=started)
 
 
 # --- setup ----------------------------------------------------------------------------------

@@ -42,11 +42,20 @@ _encode = msgspec.json.Encoder().encode
 _BASE_PREPARE, _BASE_SETTLE = Backend.prepare, Backend.settle
 
 
-def look(job_dir: Path) -> tuple[dict[str, Any] | None, bool, bool]:
+def look(job_dir: Path) -> tuple[dict[str, Any] | None, bool, bool, str | None]:
     """What is in the job directory, for `core.found`: keeper.json's contents (None when
-    absent; JobDirError when corrupt), whether status.json and the directory exist."""
-    keeper = joblog.read_keeper(job_dir)
-    return keeper, (job_dir / joblog.STATUS_FILE).exists(), job_dir.exists()
+    absent), whether status.json and the directory exist, and why keeper.json cannot be
+    read when it is there but corrupt (None otherwise)."""
+    keeper, error = read_claim(job_dir)
+    return keeper, (job_dir / joblog.STATUS_FILE).exists(), job_dir.exists(), error
+
+
+def read_claim(job_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """keeper.json's contents (None when absent), or (None, why) when it is corrupt."""
+    try:
+        return joblog.read_keeper(job_dir), None
+    except joblog.JobDirError as exc:
+        return None, str(exc)
 
 
 def look_at_start(job_dir: Path, fresh: bool = False) -> Found:

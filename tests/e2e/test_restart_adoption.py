@@ -67,6 +67,33 @@ def test_restarted_runner_counts_a_still_running_jobs_cpus(serve_factory, tmp_pa
              what="permits to be released")
 
 
+@pytest.mark.parametrize("claim", [b"{not json", b"[1, 2]", b'{"keeper_pid": "12"}'])
+def test_a_running_jobs_damaged_keeper_claim_stops_its_processes_and_it_ends(
+        serve_factory, tmp_path, claim):
+    """keeper.json of a job that still runs, damaged while the runner was down: the runner
+    cannot follow a keeper it cannot name. Before stop 48 the job's actor crashed at every
+    start until the execution supervisor gave up and `serve` stopped. Now the job's
+    processes (its marker) are stopped, it ends (lost, or failed by the kill when keeperd
+    recorded it first), and the runner serves on."""
+    serve = serve_factory().start()
+    job = serve.cli_json("submit", "--weight", "1", "--",
+                         "sh", "-c", "echo before; while :; do echo tick; sleep 0.05; done")
+    job_id = job["job_id"]
+    claim_file = serve.state_dir / "jobs" / job_id / "keeper.json"
+    # keeperd completes the claim with the job's pid once the job has run 0.1 s (the claim
+    # at the spawn has "job_pid": null): the damage comes after that, or it is overwritten
+    wait_for(lambda: b'"job_pid":null' not in claim_file.read_bytes(), what="keeperd's full claim")
+    serve.kill9()
+    assert marked_processes(job_id)  # it runs on under its keeper
+    claim_file.write_bytes(claim)
+    serve.start()
+    record = json_lines(serve.cli("attach", "--json", job_id, "--from-seq", "0").stdout)[-1]["record"]
+    assert record["state"] == "lost" or (record["state"], record["signal"]) == ("failed", 9), record
+    wait_for(lambda: not marked_processes(job_id), what="its processes to be stopped")
+    assert "claim cannot be read" in serve.log.read_text()
+    assert serve.cli("run", "--", "true").returncode == 0  # it serves on
+
+
 def _has_output(serve, job_id: str, text: str) -> bool:
     record_dir = serve.state_dir / "jobs" / job_id / "output.log"
     return record_dir.exists() and text.encode() in record_dir.read_bytes()
