@@ -57,7 +57,7 @@ class JobExecution(actors.Actor):
                 return await release_isolation(deps, job_id, self.name)
             found = jobdir.look_at_start(self.dir, self.fresh)  # inline: a few stats, or none
             if found.kill_strays:  # a start cut short, or a claim that names no keeper
-                await self._kill_strays(found)
+                await deps.offload(jobdir.kill_strays, deps.spawner, job_id, self.name, found.claim_error)
             if not found.adopt and (found := await self._setup()) is None:
                 return  # it ended, or went back to the queue
             if found.adopt:
@@ -111,11 +111,7 @@ class JobExecution(actors.Actor):
         outcome = core.after_start_error(error, claim, self.run_state.cancel_requested)
         if outcome == core.ADOPT:
             log.warning("%s: a keeper holds the job directory (%s): adopting it", self.name, exc)
-            keeper, error = await deps.offload(jobdir.read_claim, self.dir)
-            found = core.found(keeper or {}, True, True, error)
-            if found.kill_strays:
-                await self._kill_strays(found)
-            return found
+            return await deps.offload(jobdir.adopt_claim, self.dir, deps.spawner, job_id, self.name)
         if outcome == core.SPAWN_FAILED:  # the identity is not durable: the job never ran
             return await self._finish(core.spawn_failed_status(str(exc)))
         log.warning("%s: start failed: %s", self.name, exc)
@@ -125,16 +121,6 @@ class JobExecution(actors.Actor):
             return await self._end_in_setup()
         await deps.cpu.release(job_id)  # requeued with its retry delay
         await deps.dispatcher.start_failed(job_id, f"{type(exc).__name__}: {exc}")
-
-    async def _kill_strays(self, found: core.Found) -> None:
-        """Nothing of the job may run that the runner does not follow: before its start
-        again over one cut short, and when its keeper's claim names no keeper (then its end
-        is what status.json says, if it says)."""
-        if found.claim_error is not None:
-            log.warning("%s: its keeper's claim cannot be read (%s): its processes are stopped",
-                        self.name, found.claim_error)
-        await self.deps.offload(jobdir.kill_strays, self.deps.spawner, self.record.job_id,
-                                self.name)
 
     async def _end_in_setup(self, refusal: Refusal | None = None) -> None:
         """Refused at the setup check, or (no refusal) cancelled: it never starts."""

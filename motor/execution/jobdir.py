@@ -30,9 +30,9 @@ from ..store.files import job_umask
 from . import joblog
 from .core import Found, OutputDecoder, found, isolation_problems, job_env, job_spec
 
-__all__ = ["Progress", "claimed", "close", "close_is_light", "kill_strays", "log_size", "look",
-           "look_at_start", "prepare", "read_output", "read_status", "set_up",
-           "set_up_is_light", "write_spec"]
+__all__ = ["Progress", "adopt_claim", "claimed", "close", "close_is_light", "kill_strays",
+           "log_size", "look", "look_at_start", "prepare", "read_claim", "read_output",
+           "read_status", "set_up", "set_up_is_light", "write_spec"]
 
 log = logging.getLogger("motor.execution")
 _encode = msgspec.json.Encoder().encode
@@ -48,6 +48,16 @@ def look(job_dir: Path) -> tuple[dict[str, Any] | None, bool, bool, str | None]:
     read when it is there but corrupt (None otherwise)."""
     keeper, error = read_claim(job_dir)
     return keeper, (job_dir / joblog.STATUS_FILE).exists(), job_dir.exists(), error
+
+
+def adopt_claim(job_dir: Path, spawner: Any, job_id: str, who: str = "") -> Found:
+    """A spawn found the directory claimed: adopt the keeper its claim names, or, when the
+    claim names none, stop the job's processes and adopt it with no keeper to follow."""
+    keeper, error = read_claim(job_dir)
+    found_ = found(keeper or {}, True, True, error)
+    if found_.kill_strays:
+        kill_strays(spawner, job_id, who, found_.claim_error)
+    return found_
 
 
 def read_claim(job_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
@@ -66,9 +76,14 @@ def look_at_start(job_dir: Path, fresh: bool = False) -> Found:
     return Found(adopt=False) if fresh else found(*look(job_dir))
 
 
-def kill_strays(spawner: Any, job_id: str, who: str = "") -> None:
+def kill_strays(spawner: Any, job_id: str, who: str = "", claim_error: str | None = None) -> None:
     """Before a job is set up again over a start cut short (no keeper was released: the
-    claim comes first), kill whatever still carries its marker (defence in depth)."""
+    claim comes first), kill whatever still carries its marker (defence in depth); also
+    when its keeper's claim names no keeper (`claim_error`, said here): nothing of the job
+    may run that the runner does not follow (its end is then what status.json says)."""
+    if claim_error is not None:
+        log.warning("%s: its keeper's claim cannot be read (%s): its processes are stopped",
+                    who, claim_error)
     if killed := spawner.kill_marked(job_id):
         log.warning("%s: killed %d stray process(es) of the job before its start: %s",
                     who, len(killed), killed)
