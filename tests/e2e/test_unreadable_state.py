@@ -1,0 +1,77 @@
+"""`motor serve` started on a state dir holding what this version cannot read (stop 48):
+a record with a value of another version, a record whose command cannot be read, an
+event of an unknown type, a damaged saved clock, a catalog that is not one. Before, each
+of these stopped `serve` at start-up (or broke the job's replay); now `serve` starts, runs
+what it can read, shows what it set aside, and says so in its log.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+
+import pytest
+
+from motor.clock import uuid7
+from motor.records import Accepted, JobRecord, Queued, Terminal, public_record
+from motor.store.db import Database
+from polling import json_lines, wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def _rewrite(conn, job_id: str, change) -> None:
+    [(raw,)] = conn.execute("SELECT record FROM jobs WHERE job_id=?", (job_id,))
+    conn.execute("UPDATE jobs SET record=? WHERE job_id=?",
+                 (json.dumps(change(json.loads(raw))).encode(), job_id))
+
+
+def test_serve_starts_on_state_it_cannot_fully_read_and_says_what_it_set_aside(serve_factory):
+    serve = serve_factory()
+    state = serve.state_dir
+    state.mkdir(parents=True)
+    now_ms = int(time.time() * 1000)
+    later_kind, no_command, old_done, bad_clock = (uuid7(now_ms + i) for i in range(4))
+    db = Database(state / "motor.db")  # what a stopped runner of another version left
+    for job_id, ws in ((later_kind, "a"), (no_command, "b"), (bad_clock, "c")):
+        db.save(JobRecord(job_id=job_id, state="queued", workspace=ws,
+                          command=["sh", "-c", f"echo ran {ws}"], claim=1,
+                          accepted_at_ms=now_ms, queued_at_ms=now_ms, ready_at_ms=now_ms,
+                          queue_clock_at_ms=now_ms, queue_clock_running=True),
+                [Accepted(job_id=job_id, claim=1), Queued(queue_wait_budget_ms=600_000)])
+    done = JobRecord(job_id=old_done, state="succeeded", workspace="d", command=["true"],
+                     claim=1, accepted_at_ms=now_ms, ended_at_ms=now_ms, exit_code=0)
+    db.save(done, [Accepted(job_id=old_done, claim=1), Terminal(record=public_record(done))],
+            retain_until_ms=now_ms + 86_400_000)
+    db.close()
+    conn = sqlite3.connect(state / "motor.db")
+    _rewrite(conn, later_kind, lambda r: {**r, "kind": "background"})
+    _rewrite(conn, no_command, lambda r: {**r, "command": "echo ran b"})
+    conn.execute("UPDATE events SET data=? WHERE job_id=? AND seq=1",
+                 (b'{"event":"hologram","seq":1}', old_done))
+    conn.execute("INSERT INTO clocks VALUES (?, 'abc', ?, 1, ?, 'runner')",
+                 (bad_clock, now_ms, now_ms))
+    conn.commit()
+    conn.close()
+    (state / "disk").mkdir()
+    (state / "disk" / "catalog.json").write_text("[1, 2]")
+
+    serve.start()
+    for job_id, ws in ((later_kind, "a"), (bad_clock, "c")):  # read as far as they go: run
+        result = serve.cli("attach", job_id, "--from-seq", "0")
+        assert result.returncode == 0 and result.stdout == f"ran {ws}\n".encode(), result
+    records = {r["job_id"]: r for r in serve.cli_json("jobs", "--all")}
+    assert records[later_kind]["kind"] == "job"
+    assert (records[no_command]["state"], records[no_command]["reason"]) == ("lost", "record_unreadable")
+    assert "`$.command`" in records[no_command]["detail"]
+    assert no_command not in {r["job_id"] for r in serve.cli_json("status")["queued"]}
+    replay = json_lines(serve.cli("attach", "--json", old_done, "--from-seq", "0").stdout)
+    assert [e["event"] for e in replay] == ["terminal"]  # the unknown event left out
+    assert serve.cli("run", "--workspace", "e", "--", "true").returncode == 0
+    wait_for(lambda: "disk: 1 entries of the workspace catalog" in serve.log.read_text(),
+             what="the catalog's warning")
+    log = serve.log.read_text()
+    for said in ("kind='background'", "set it aside", "a stored event this runner cannot read",
+                 "saved queue-wait clock cannot be read"):
+        assert said in log, said
