@@ -23,7 +23,7 @@ from ..disk.actor import DiskActor
 from ..disk.fsinfo import journal_warning
 from ..disk.live import LiveIndex
 from ..execution.actor import JobDeps
-from ..execution.spawner import open_spawner
+from ..execution.spawner import kill_marked_processes, open_spawner
 from ..handles import (
     AccountingHandle, CpuHandle, DiskHandle, DispatcherHandle, ExecutionHandle, Records,
     StoreHandle,
@@ -171,6 +171,13 @@ async def _sweep_leftover_groups(backend, db, jobs_dir: Path) -> None:
     owned = {p.name for p in jobs_dir.iterdir() if p.is_dir()}  # this state dir's jobs
     for line in await trio.to_thread.run_sync(backend.sweep, known, owned):
         logging.getLogger("motor.isolation").warning("start-up sweep: %s", line)
+    # a job recorded running whose record cannot be read is not adopted (salvage.py): with
+    # no group to sweep (affinity, none), its processes are found by their marker
+    for job_id in db.active_unreadable():
+        if killed := await trio.to_thread.run_sync(kill_marked_processes, job_id):
+            logging.getLogger("motor.runner").warning(
+                "start-up: job %s, whose record cannot be read, left processes %s: stopped",
+                job_id, killed)
 
 
 class _Tree:

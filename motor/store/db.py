@@ -559,9 +559,17 @@ class Database:
     def active(self) -> list[JobRecord]:
         """Jobs setting up or running, oldest first: what start-up needs for adoption and its
         sweep, without decoding every queued record (10,000 of them at scale, issue 14)."""
-        return [r for r in map(_decode, self.reader.execute(
+        return [r for r in self._active_rows() if not unreadable(r)]
+
+    def active_unreadable(self) -> list[str]:
+        """Ids of the jobs recorded setting up or running whose record cannot be read
+        (salvage.py): none of this runner's to adopt, so start-up stops their processes."""
+        return [r.job_id for r in self._active_rows() if unreadable(r)]
+
+    def _active_rows(self) -> list[JobRecord]:
+        return [_decode(r) for r in self.reader.execute(
             _WITH_CLOCK + " WHERE j.terminal=0 AND j.state IN (?, ?) ORDER BY j.job_id",
-            tuple(sorted(ACTIVE_STATES)))) if not unreadable(r)]
+            tuple(sorted(ACTIVE_STATES)))]
 
     def listing(self, *, limit: int = 200, terminal: bool | None = None) -> list[JobRecord]:
         """Newest first."""

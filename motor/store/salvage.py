@@ -12,7 +12,9 @@ supervisors gave up). Now (docs/operations.md, "A record the runner cannot read"
 - a record whose essential fields (what runs, where, on how much, in which state) cannot
   be read, or that is not JSON at all, is read as a `lost` record (`reason`
   `record_unreadable`, `detail` quoting the decoder) that the runner neither queues nor
-  adopts: it runs nothing it cannot read, and says what it set aside.
+  adopts: it runs nothing it cannot read, and says what it set aside (a job recorded
+  running has its processes stopped at start-up: `Database.active_unreadable`,
+  runner/tree.py).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import sqlite3
 
 import psutil
 import pytest
@@ -92,6 +93,31 @@ def test_a_running_jobs_damaged_keeper_claim_stops_its_processes_and_it_ends(
     wait_for(lambda: not marked_processes(job_id), what="its processes to be stopped")
     assert "claim cannot be read" in serve.log.read_text()
     assert serve.cli("run", "--", "true").returncode == 0  # it serves on
+
+
+def test_a_running_job_whose_record_cannot_be_read_is_stopped_at_a_restart(serve_factory):
+    """A job that runs on under its keeper while the runner is down, its record damaged
+    meanwhile (its command not a list): the runner cannot adopt what it cannot read
+    (motor/store/salvage.py), so at start-up it stops the job's processes by their marker
+    (with affinity no group holds them), shows the job lost, and serves on."""
+    serve = serve_factory("--isolation", "affinity").start()
+    job_id = serve.cli_json("submit", "--weight", "1", "--",
+                            "sh", "-c", "echo before; exec sleep 600")["job_id"]
+    wait_for(lambda: _has_output(serve, job_id, "before"), what="first line")
+    serve.kill9()
+    assert marked_processes(job_id)
+    conn = sqlite3.connect(serve.state_dir / "motor.db")
+    [(raw,)] = conn.execute("SELECT record FROM jobs WHERE job_id=?", (job_id,))
+    conn.execute("UPDATE jobs SET record=? WHERE job_id=?",
+                 (json.dumps({**json.loads(raw), "command": "sleep 600"}).encode(), job_id))
+    conn.commit()
+    conn.close()
+    serve.start()
+    wait_for(lambda: not marked_processes(job_id), what="its processes to be stopped")
+    record = next(r for r in serve.cli_json("jobs", "--all") if r["job_id"] == job_id)
+    assert (record["state"], record["reason"]) == ("lost", "record_unreadable")
+    assert "whose record cannot be read, left processes" in serve.log.read_text()
+    assert serve.cli("run", "--", "true").returncode == 0
 
 
 def _has_output(serve, job_id: str, text: str) -> bool:
