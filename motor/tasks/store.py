@@ -43,12 +43,14 @@ class ClientDirError(Exception):
 def _read(path: Path, type_, empty=None):
     """`path` decoded as `type_` (`empty` for a file with nothing in it, when given: a crash
     before the first publish); FileNotFoundError as it is; ClientDirError if damaged."""
-    data = path.read_bytes()
-    if empty is not None and not data.strip():
-        return empty
     try:
+        data = path.read_bytes()
+        if empty is not None and not data.strip():
+            return empty
         return decode(data, type_)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except FileNotFoundError:
+        raise
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ClientDirError(f"{path} cannot be read ({exc}); nothing was changed: restore it, "
                              "or move it aside to start without it (docs/tasks.md)") from None
 
@@ -178,12 +180,15 @@ class ClientDir:
         return sorted(out, key=lambda t: (t.created_at_ms, t.task_id))
 
     def read_runners(self) -> dict[str, RunnerRecord]:
+        """Every task.runner record; ClientDirError for one that cannot be read. Never
+        skipped: a runner left out would read as no runner, and reconcile would start a
+        second one for its turn while it still runs."""
         runners = {}
         for p in self.runners_dir.glob("*.json"):
             try:
-                runners[p.stem] = decode(p.read_bytes(), RunnerRecord)
-            except (OSError, msgspec.DecodeError, msgspec.ValidationError):
-                continue
+                runners[p.stem] = _read(p, RunnerRecord)
+            except FileNotFoundError:
+                continue  # cleared between the listing and the read (an unlocked reader)
         return runners
 
     def read_queue(self) -> QueueFile:

@@ -12,9 +12,10 @@ import trio
 from motor.tasks import core
 from motor.tasks.client import TaskClient
 from motor.tasks.queue import open_queue
-from motor.tasks.records import QueueFile
-from motor.tasks.store import ClientDir
-from motor.tasks.workers import FleetError, load_fleet
+from motor.tasks.records import QueueFile, RunnerRecord
+from motor.tasks.sections import reconcile_plan
+from motor.tasks.store import ClientDir, ClientDirError
+from motor.tasks.workers import Fleet, FleetError, WorkerSpec, load_fleet
 from tests.conftest import ROOT, motor_env
 from tests.tasks.test_fleet_e2e import fleet, runner_processes  # noqa: F401 (fleet is a fixture)
 from tests.polling import wait_for
@@ -211,3 +212,40 @@ def test_a_damaged_queue_or_task_file_is_named_in_one_line_and_left_as_it_is(tmp
     r = task(cdir, "show", "deadbeef")
     assert r.returncode == 2 and "deadbeef.json cannot be read" in r.stderr, r.stderr
     assert task(cdir, "list").returncode == 0  # the list leaves out what it cannot read
+    (cdir / "runners").mkdir(exist_ok=True)
+    (cdir / "runners" / "deadbeef.json").write_text('{"identity": 5, "turn_id": "1"}')
+    for args in (("reconcile",), ("queue",), ("submit", "--project", str(tmp_path), "--", "true")):
+        r = task(cdir, *args)
+        if args == ("queue",):
+            assert r.returncode == 0, r.stderr  # a snapshot of the queue reads no runner record
+            continue
+        assert r.returncode == 2, (args, r.stderr)
+        assert r.stderr.startswith(f"motor: error: {cdir / 'runners' / 'deadbeef.json'} cannot be read ("), r.stderr
+    assert (cdir / "runners" / "deadbeef.json").read_text() == '{"identity": 5, "turn_id": "1"}'
+
+
+async def test_a_damaged_runner_record_is_never_read_as_no_runner(tmp_path, procs, tokens, nursery):
+    """A detached runner's only trace in the queue, once its CLI has exited, is its
+    task.runner record. Before stop 49 a record that could not be read was skipped, and
+    reconcile reserved a slot for a second runner of the same turn while the first still
+    ran. Now the critical section refuses, and the queue is left as it was."""
+    cdir = ClientDir(tmp_path / "c", observe=procs)
+    fl = Fleet((WorkerSpec("mini-1", "unix:/nonexistent/mini-1.sock"),), {})
+    tc = TaskClient(cdir, await open_queue(nursery, cdir), fl, me=procs.spawn(),
+                    token_source=tokens, spawner=lambda *a: procs.spawn())
+    (tmp_path / "project").mkdir()
+    t, _ = await tc.create_task(str(tmp_path / "project"), ["true"])
+    cli, runner = procs.spawn(), procs.spawn()
+
+    def running(L):
+        row = core.require_row(L.queue, t, "1")
+        row.state, row.owner, row.worker = "waiting", cli, "mini-1"
+        L.set_runner(t, RunnerRecord(identity=runner, turn_id="1"))
+    cdir.critical(running)
+    procs.kill(cli)                                   # the submitting CLI exited; the runner runs
+    assert cdir.critical(lambda L: reconcile_plan(L, procs.spawn(), 2, {}, tokens)) == []
+    cdir.runner_path(t).write_text('{"identity": {"pid": "x"}, "turn_id": "1"}')
+    before = cdir.queue_path.read_bytes()
+    with pytest.raises(ClientDirError, match=r"runners/.*\.json cannot be read"):
+        cdir.critical(lambda L: reconcile_plan(L, procs.spawn(), 2, {}, tokens))
+    assert cdir.queue_path.read_bytes() == before     # no reservation for a second runner
