@@ -55,7 +55,7 @@ class JobExecution(actors.Actor):
             deps, job_id = self.deps, self.record.job_id
             if self.record.terminal:  # an incarnation before this one recorded its end, then crashed
                 return await release_isolation(deps, job_id, self.name)
-            found = jobdir.look_at_start(self.dir, self.fresh)  # inline: a few stats, or none
+            found = jobdir.look_at_start(self.dir, self.fresh, self.record.state == RUNNING)
             if found.kill_strays:  # a start cut short, or a claim that names no keeper
                 await deps.offload(jobdir.kill_strays, deps.spawner, job_id, self.name, found.claim_error)
             if not found.adopt and (found := await self._setup()) is None:

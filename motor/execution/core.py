@@ -84,10 +84,18 @@ class Found:
 
 
 def found(keeper: Mapping[str, Any] | None, status_exists: bool, dir_exists: bool,
-          claim_error: str | None = None) -> Found:
+          claim_error: str | None = None, ran: bool = False) -> Found:
     """`keeper`: keeper.json's contents (None when absent); `status_exists`: status.json
     is there; `dir_exists`: the job directory is; `claim_error`: keeper.json is there but
-    cannot be read (why)."""
+    cannot be read (why); `ran`: the job's record says it was spawned (running).
+
+    No claim and no status is a start cut short (keeperd writes the claim before it
+    spawns), set up again; but not for a job recorded running, whose claim was lost after
+    its spawn (removed by hand, or not yet on disk at a power cut): before stop 49 that job
+    was spawned a second time beside the first's survivors. It is adopted with no keeper
+    to follow, after its processes are stopped, as a claim that names none."""
+    if claim_error is None and keeper is None and not status_exists and ran:
+        claim_error = "keeper.json is missing, and the job was recorded running"
     if claim_error is not None:
         return Found(adopt=True, kill_strays=True, claim_error=claim_error)
     if keeper is None and not status_exists:

@@ -68,12 +68,13 @@ def read_claim(job_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
         return None, str(exc)
 
 
-def look_at_start(job_dir: Path, fresh: bool = False) -> Found:
-    """What the job directory says when a job actor starts (`core.found` of `look`).
-    Nothing is looked at for a `fresh` one: the first incarnation of a job accepted with
-    its start (`StartJobActor.fresh`: its id minted in that dispatcher turn, so it has no
-    directory yet; issue 14, three stats off an idle start)."""
-    return Found(adopt=False) if fresh else found(*look(job_dir))
+def look_at_start(job_dir: Path, fresh: bool = False, ran: bool = False) -> Found:
+    """What the job directory says when a job actor starts (`core.found` of `look`; `ran`:
+    the job's record says it was spawned). Nothing is looked at for a `fresh` one: the
+    first incarnation of a job accepted with its start (`StartJobActor.fresh`: its id
+    minted in that dispatcher turn, so it has no directory yet; issue 14, three stats off
+    an idle start)."""
+    return Found(adopt=False) if fresh else found(*look(job_dir), ran=ran)
 
 
 def kill_strays(spawner: Any, job_id: str, who: str = "", claim_error: str | None = None) -> None:

@@ -68,14 +68,16 @@ def test_restarted_runner_counts_a_still_running_jobs_cpus(serve_factory, tmp_pa
              what="permits to be released")
 
 
-@pytest.mark.parametrize("claim", [b"{not json", b"[1, 2]", b'{"keeper_pid": "12"}'])
+@pytest.mark.parametrize("claim", [b"{not json", b"[1, 2]", b'{"keeper_pid": "12"}', None])
 def test_a_running_jobs_damaged_keeper_claim_stops_its_processes_and_it_ends(
         serve_factory, tmp_path, claim):
     """keeper.json of a job that still runs, damaged while the runner was down: the runner
     cannot follow a keeper it cannot name. Before stop 48 the job's actor crashed at every
     start until the execution supervisor gave up and `serve` stopped. Now the job's
     processes (its marker) are stopped, it ends (lost, or failed by the kill when keeperd
-    recorded it first), and the runner serves on."""
+    recorded it first), and the runner serves on. A claim removed (None) is the same: before
+    stop 49 the job was spawned a second time and its actor then crashed, the second run
+    left running unfollowed and the job shown running for good."""
     serve = serve_factory().start()
     job = serve.cli_json("submit", "--weight", "1", "--",
                          "sh", "-c", "echo before; while :; do echo tick; sleep 0.05; done")
@@ -86,12 +88,16 @@ def test_a_running_jobs_damaged_keeper_claim_stops_its_processes_and_it_ends(
     wait_for(lambda: b'"job_pid":null' not in claim_file.read_bytes(), what="keeperd's full claim")
     serve.kill9()
     assert marked_processes(job_id)  # it runs on under its keeper
-    claim_file.write_bytes(claim)
+    if claim is None:
+        claim_file.unlink()
+    else:
+        claim_file.write_bytes(claim)
     serve.start()
     record = json_lines(serve.cli("attach", "--json", job_id, "--from-seq", "0").stdout)[-1]["record"]
     assert record["state"] == "lost" or (record["state"], record["signal"]) == ("failed", 9), record
     wait_for(lambda: not marked_processes(job_id), what="its processes to be stopped")
     assert "claim cannot be read" in serve.log.read_text()
+    assert "crashed" not in serve.log.read_text()  # (a claim removed: spawned again, then this)
     assert serve.cli("run", "--", "true").returncode == 0  # it serves on
 
 

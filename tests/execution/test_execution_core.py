@@ -87,6 +87,17 @@ def test_what_the_job_directory_says(keeper, status, exists, expected):
     assert core.found(keeper, status, exists) == expected
 
 
+def test_a_job_recorded_running_whose_claim_is_missing_is_never_spawned_again():
+    """No claim, no status: a start cut short is set up again, but a job recorded running
+    was spawned; its claim lost after that (stop 49), it is adopted with no keeper, its
+    processes stopped first, as a claim that names none."""
+    lost = core.found(None, False, True, ran=True)
+    assert (lost.adopt, lost.kill_strays, lost.keeper) == (True, True, None)
+    assert "recorded running" in lost.claim_error
+    assert core.found(None, True, True, ran=True) == core.Found(adopt=True)  # its status is left
+    assert core.found(CLAIM, False, True, ran=True).keeper == (42, 7.5)
+
+
 ERRORS = ["claimed", "not_started", "spawner", "other"]
 
 
