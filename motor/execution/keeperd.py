@@ -243,6 +243,7 @@ class Keeperd:
         self.conns: list[Conn] = []
         self.idle_since: float | None = time.monotonic()
         self.terminate = False
+        self.relisten = False  # SIGUSR1: listen on keeperd.sock again (`_relisten`)
         self.record_pid_after_s = record_pid_after_s()
         # pre-placed threads for v1 cgroup jobs (motor/execution/spares.py)
         self.spares = S.SparePool(state_dir, self.sel, S.pool_size(), self._log)
@@ -342,7 +343,34 @@ class Keeperd:
             self.terminate = False
             for job in self.jobs.values():
                 job.cancel_requested = True
+        if self.relisten:
+            self.relisten = False
+            self._relisten()
         self._reap_orphans()
+
+    def _relisten(self) -> None:
+        """SIGUSR1 (a runner found the lock held and no socket): listen again when
+        ``keeperd.sock`` is not ours any more (removed, say by a clean-up of old files), so
+        the jobs kept here are reached again (docs/keeper.md, "A socket gone")."""
+        path = os.path.join(self.state_dir, SOCKET_NAME)
+        try:
+            if os.stat(path).st_ino == self.sock_ino:
+                return
+        except FileNotFoundError:
+            pass
+        except OSError:
+            self._log_exception()
+            return
+        try:
+            listener, self.sock_ino = _listen(self.state_dir)
+        except OSError:
+            self._log_exception()
+            return
+        self.sel.unregister(self.listener)
+        self.listener.close()
+        self.listener = listener
+        self.sel.register(listener, selectors.EVENT_READ, self._on_accept)
+        self._log(f"{path} was not this keeperd's socket any more: listening on it again")
 
     def _strangers(self) -> list[int]:
         """Our children that are no job's main process: processes re-parented to us (we
@@ -1005,6 +1033,32 @@ def _say(obj: dict) -> None:
         pass
 
 
+def _listen(state_dir: str) -> tuple[socket.socket, int]:
+    """Bind and listen on ``<state_dir>/keeperd.sock`` (the caller holds the lock, so a file
+    there is no live keeperd's: it is replaced); the listener and the socket file's inode."""
+    path = os.path.join(state_dir, SOCKET_NAME)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        addr, dfd = socket_address(state_dir)
+        try:
+            listener.bind(addr)
+        finally:
+            if dfd is not None:
+                os.close(dfd)
+        os.chmod(path, 0o600)  # owner-only (the umask already says so)
+        sock_ino = os.stat(path).st_ino
+        listener.listen(128)
+        listener.setblocking(False)
+    except BaseException:
+        listener.close()
+        raise
+    return listener, sock_ino
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -1020,25 +1074,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         _say({"error": f"cannot lock {os.path.join(state_dir, LOCK_NAME)}: {exc}"})
         return 1
-    path = os.path.join(state_dir, SOCKET_NAME)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        try:  # we hold the lock: a socket file left here is a dead keeperd's
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        addr, dfd = socket_address(state_dir)
-        try:
-            listener.bind(addr)
-        finally:
-            if dfd is not None:
-                os.close(dfd)
-        os.chmod(path, 0o600)  # owner-only (the umask already says so)
-        sock_ino = os.stat(path).st_ino
-        listener.listen(128)
-        listener.setblocking(False)
+        listener, sock_ino = _listen(state_dir)
     except OSError as exc:
-        _say({"error": f"cannot listen on {path}: {exc}"})
+        _say({"error": f"cannot listen on {os.path.join(state_dir, SOCKET_NAME)}: {exc}"})
         return 1
     # Detach: not the runner's child, not in its session (terminal signals never reach us).
     if os.fork() > 0:
@@ -1066,6 +1105,7 @@ def main(argv: list[str] | None = None) -> int:
         daemon.terminate = True
 
     signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGUSR1, lambda signum, frame: setattr(daemon, "relisten", True))
     if not K._set_subreaper():
         _say({"error": "cannot become the jobs' subreaper (PR_SET_CHILD_SUBREAPER)"})
         return 1

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
@@ -30,7 +31,7 @@ import trio
 
 from ..clock import WallClock
 from . import joblog
-from .keeperd import KIND, START_LOCK_NAME, socket_address
+from .keeperd import KIND, LOCK_NAME, START_LOCK_NAME, socket_address
 from .spawner import (
     CREATE_TIME_TOLERANCE_S, KeeperHandle, SpawnerError, cancel_keeper, keeper_of,
     kill_marked_processes, process_alive, wait_process_exit,
@@ -141,6 +142,8 @@ def connect_or_launch(state_dir: str, cmd: list[str], env: dict[str, str] | None
             except ValueError:
                 hello = {}
             if not hello.get("ready"):
+                if proc.returncode == 1 and (got := _wake_lock_holder(state_dir, deadline)):
+                    return got
                 raise SpawnerError(
                     f"keeperd did not start: {hello.get('error') or f'exit code {proc.returncode}'}")
         raise SpawnerError("keeperd started but does not answer on its socket")
@@ -148,6 +151,36 @@ def connect_or_launch(state_dir: str, cmd: list[str], env: dict[str, str] | None
         raise SpawnerError(f"cannot reach keeperd in {state_dir}: {exc}") from exc
     finally:
         os.close(lock_fd)
+
+
+#: How long a lock holder woken by SIGUSR1 is given to listen again.
+RELISTEN_WAIT_S = 5.0
+RELISTEN_POLL_S = 0.02
+_SIGUSR1_BIT = 1 << (10 - 1)  # in /proc/<pid>/status's SigCgt (SIGUSR1 is 10 on Linux)
+
+
+def _wake_lock_holder(state_dir: str, deadline: float) -> tuple[socket.socket, dict, bytes] | None:
+    """A keeperd holds ``keeperd.lock`` but nothing answers on ``keeperd.sock`` (the socket
+    file was removed under it): ask it to listen again (SIGUSR1, only to a keeperd that
+    catches it: an older one would die of it) and connect. None if it cannot be asked or
+    does not answer in time (docs/keeper.md, "A socket gone")."""
+    try:
+        with open(os.path.join(state_dir, LOCK_NAME)) as f:
+            pid = int(f.read().split()[0])
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"keeperd" not in f.read():
+                return None
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+        if not caught & _SIGUSR1_BIT:
+            return None
+        os.kill(pid, signal.SIGUSR1)
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    until = min(deadline, time.monotonic() + RELISTEN_WAIT_S)
+    while (got := _try_connect(state_dir, deadline)) is None and time.monotonic() < until:
+        time.sleep(RELISTEN_POLL_S)
+    return got
 
 
 def cancel_once(job_dir: os.PathLike[str] | str, timeout: float = 2.0) -> bool:

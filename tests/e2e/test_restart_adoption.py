@@ -176,6 +176,33 @@ def test_keeperd_survives_a_runner_kill_9_and_the_restarted_runner_reconnects(
     assert _keeperd(serve).pid == keeperd.pid
 
 
+def test_keeperd_whose_socket_was_removed_is_asked_to_listen_again_at_a_restart(
+        serve_factory, tmp_path):
+    """keeperd.sock removed while the runner is down (a clean-up of old files), keeperd and
+    its job still running: before stop 49 the restarted runner found nothing on the socket,
+    started a second keeperd, which could not take the lock, and `serve` exited 1 at every
+    start. Now the runner asks the lock holder to listen again (SIGUSR1), adopts its job
+    and serves on; the job's output is whole."""
+    barrier = tmp_path / "go"
+    serve = serve_factory().start()
+    job_id = serve.cli_json(
+        "submit", "--weight", "1", "--",
+        "sh", "-c", f"echo before; while [ ! -e {barrier} ]; do sleep 0.01; done; echo after; exit 4",
+    )["job_id"]
+    wait_for(lambda: _has_output(serve, job_id, "before"), what="first line")
+    keeperd = _keeperd(serve)
+    serve.kill9()
+    (serve.state_dir / "keeperd.sock").unlink()
+    serve.start()
+    assert serve.cli_json("status")["running"][0]["job_id"] == job_id
+    barrier.write_text("")
+    result = serve.cli("attach", job_id, "--from-seq", "0")
+    assert (result.returncode, result.stdout) == (4, b"before\nafter\n")
+    assert _keeperd(serve).pid == keeperd.pid  # the same keeperd, listening again
+    assert "listening on it again" in (serve.state_dir / "keeperd.log").read_text()
+    assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0
+
+
 def test_keeperd_killed_its_jobs_end_lost_and_a_new_keeperd_runs_new_jobs(serve_factory):
     serve = serve_factory()
     serve.env = {"MOTOR_SPAWNER": "keeperd"}
