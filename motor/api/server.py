@@ -334,6 +334,7 @@ async def _serve_hypercorn(
     connections: Connections,
     shutdown_trigger: Callable[[], Awaitable[None]],
     unlink: Callable[[], None],
+    watch: Callable[[Callable[[socket.socket], None]], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """hypercorn's trio worker (hypercorn.trio.run.worker_serve) with our accept handler.
@@ -342,7 +343,8 @@ async def _serve_hypercorn(
     hypercorn's TCPServer (HTTP/1.1 via h11). When `shutdown_trigger()` returns: the socket
     file goes (`unlink`: a new client finds no runner), the connections the kernel already
     queued are accepted and served (closing a listener would reset them), the listeners
-    close, and open requests have `graceful_timeout` to finish."""
+    close, and open requests have `graceful_timeout` to finish. `watch(add)` runs beside the
+    accept loop; `add(sock)` serves one more bound socket (`_keep_socket_file`)."""
     wrapped = wrap_app(app, hc.wsgi_max_body_size, "asgi")
     context = WorkerContext(None)
     sockets = hc.create_sockets()
@@ -365,10 +367,20 @@ async def _serve_hypercorn(
         task_status.started(binds)
         try:
             async with trio.open_nursery() as nursery:
+                def add(sock: socket.socket) -> None:
+                    sock.listen(hc.backlog)
+                    sockets.insecure_sockets.append(sock)  # closed, its queue served, as the rest
+                    listener = _KeptOpen(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+                    nursery.start_soon(partial(
+                        trio.serve_listeners, connections.handler(serve_one), [listener],
+                        handler_nursery=server_nursery))
+
                 nursery.start_soon(connections.trim_after_closes)
                 nursery.start_soon(partial(
                     trio.serve_listeners, connections.handler(serve_one), listeners,
                     handler_nursery=server_nursery))
+                if watch is not None:
+                    nursery.start_soon(watch, add)
                 await shutdown_trigger()
                 nursery.cancel_scope.cancel()
             await faults.ahit("api.accepting_stopped")  # tests: a connection queued now
@@ -416,6 +428,44 @@ def _queued(listening: socket.socket) -> list[trio.SocketStream]:
         streams.append(trio.SocketStream(trio.socket.from_stdlib_socket(sock)))
 
 
+#: How often the runner looks for its socket file (`_keep_socket_file`).
+SOCKET_CHECK_S = 10.0
+
+
+async def _keep_socket_file(path: Path, own: Callable[[], int],
+                            add: Callable[[socket.socket], None]) -> None:
+    """Every SOCKET_CHECK_S: if the socket file is gone (a clean-up of old files, a hand),
+    bind it again and serve it too. Before stop 49 the runner then went on, looking alive to
+    its supervisor, while no client could reach it. A file put in its place is not ours and
+    is left alone (logged). The new file is made under the runner's umask (077), then given
+    the socket's mode and group (`own`, which returns its inode)."""
+    inode = os.stat(path).st_ino
+    while True:
+        await trio.sleep(SOCKET_CHECK_S)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            st = None
+        except OSError:
+            continue
+        if st is not None:
+            if st.st_ino != inode:
+                log.warning("%s is not this runner's socket any more; it is left alone, and "
+                            "clients reach the runner there only once it is removed", path)
+                inode = st.st_ino  # said once per replacement
+            continue
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(str(path))
+            inode = own()
+        except OSError as exc:
+            sock.close()
+            log.warning("%s was removed and cannot be bound again: %s", path, exc)
+            continue
+        add(sock)
+        log.warning("%s was removed: listening on it again", path)
+
+
 async def serve_api(
     app: Any,
     config: RunnerConfig,
@@ -446,16 +496,21 @@ async def serve_api(
         except OSError:
             pass
 
+    def own() -> int:  # the socket file just bound: its mode and group; its inode
+        nonlocal inode
+        inode = os.stat(path).st_ino
+        if gid is not None:
+            os.chown(path, -1, gid)
+            os.chmod(path, 0o660)
+        else:
+            os.chmod(path, 0o600)
+        return inode
+
     try:
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(_serve_hypercorn, app, hc, connections, trigger,
-                                        unlink_ours)
-            inode = os.stat(path).st_ino
-            if gid is not None:
-                os.chown(path, -1, gid)
-                os.chmod(path, 0o660)
-            else:
-                os.chmod(path, 0o600)
+                                        unlink_ours, partial(_keep_socket_file, path, own))
+            own()
             if config.listen and not getattr(app, "token", None):
                 log.info("TCP %s without --token-file: serves only %s, read-only",
                          config.listen, ", ".join(f"{m} {p}" for m, p in sorted(PUBLIC_ON_TCP)))

@@ -13,7 +13,7 @@ import pytest
 import trio
 from fake_runner import FakeRunner, queue_then_withdraw, wait_for_cancel
 
-from motor.api import SocketInUse, make_app, serve_api
+from motor.api import SocketInUse, make_app, serve_api, server
 from motor.client import AsyncClient, Client, RunnerUnavailable
 from motor.config import RunnerConfig
 from motor.records import Accepted, JobRecord, JobRequest, Output, RefusedError, Terminal
@@ -131,6 +131,31 @@ async def test_non_socket_file_is_refused(config):
     config.socket_path.write_text("not a socket")
     with pytest.raises(SocketInUse, match="not a socket"):
         await serve_api(make_app(FakeRunner(config)), config)
+
+
+async def test_a_socket_file_removed_under_the_runner_is_bound_again(config, nursery, monkeypatch):
+    """Before stop 49 a runner whose socket file was removed (a clean-up of old files) ran
+    on, alive to its supervisor, and no client reached it again. Now it binds the path
+    again within SOCKET_CHECK_S, with the socket's mode, and serves there; a file put in
+    its place is left alone."""
+    monkeypatch.setattr(server, "SOCKET_CHECK_S", 0.05)
+    await nursery.start(serve_api, make_app(FakeRunner(config)), config)
+    path = config.socket_path
+    os.unlink(path)
+    await wait_until(path.exists)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    async with raw_client(config) as http:
+        assert (await http.get("/v1/health")).status_code == 200
+    os.unlink(path)
+    path.write_text("someone else's")
+    await trio.sleep(0.2)  # four checks
+    assert path.read_text() == "someone else's"
+
+
+async def wait_until(predicate, timeout: float = 10.0) -> None:
+    with trio.fail_after(timeout):
+        while not predicate():
+            await trio.sleep(0.01)
 
 
 async def test_socket_removed_on_shutdown(config):
