@@ -99,8 +99,15 @@ def prepare(cwd: Path, job_dir: Path, bundle: str | None, root: str | None,
             job_id: str) -> Refusal | None:
     """Make the workspace, its source unpacked from `bundle` if any, and the job directory.
     A bundle that cannot be unpacked is a refusal (`workspace_setup_failed`, nothing of it
-    left behind); any other failure raises (a failed start, retried)."""
-    cwd.mkdir(parents=True, exist_ok=True)
+    left behind); so is a workspace path that is not a directory (a file there, or a file
+    on its way: before stop 49 its job was retried every 60 s for as long as it stayed); any
+    other failure raises (a failed start, retried)."""
+    try:
+        cwd.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as exc:
+        return Refusal(code="workspace_setup_failed", detail=(
+            f"the workspace {cwd} cannot be a directory ({exc.strerror}): a file is in its "
+            "place; remove it, then submit again"))
     if bundle is not None:
         try:
             unpack_into(Path(bundle), str(cwd), root, job_id)

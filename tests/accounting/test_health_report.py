@@ -6,6 +6,8 @@ the tests compare the report with the jobs' own records instead.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 
 import msgspec
@@ -183,11 +185,19 @@ async def test_queue_wait_percentiles_and_refusals_expire_with_hourly_buckets(
 
 async def test_started_is_recorded_only_after_setup_with_capacity_wait(tmp_path, autojump_clock):
     cfg = config(tmp_path, max_weight=4)
-    blocker = cfg.workspace_roots[0] / "blocked"
-    go = tmp_path / "go"
+    root = cfg.workspace_roots[0]  # read-only for now: the workspace cannot be made
+    root.mkdir(parents=True, exist_ok=True)  # (a file in its place refuses the job: stop 49)
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(root)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a read-only tmpfs")
+    try:
+        await _started_only_after_setup(cfg, root, tmp_path / "go")
+    finally:
+        subprocess.run(["umount", "-l", str(root)], capture_output=True)
+
+
+async def _started_only_after_setup(cfg, root, go):
     async with motor.open_runner(cfg) as runner:
-        blocker.parent.mkdir(parents=True, exist_ok=True)
-        blocker.write_text("a file where the workspace directory should be")
         failing = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="blocked"))
 
         async def attempted():
@@ -197,7 +207,7 @@ async def test_started_is_recorded_only_after_setup_with_capacity_wait(tmp_path,
         report = await runner.health()
         assert sum(b["started"] for b in report["queue_wait_hourly"]) == 0  # setup never finished
         assert report["active"]["jobs"] == 0
-        blocker.unlink()
+        subprocess.run(["mount", "-o", "remount,rw", str(root)], check=True)
         done = await terminal_of(runner, failing.job_id)
         assert done["state"] == "succeeded"
 

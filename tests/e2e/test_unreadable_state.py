@@ -75,3 +75,20 @@ def test_serve_starts_on_state_it_cannot_fully_read_and_says_what_it_set_aside(s
     for said in ("kind='background'", "set it aside", "a stored event this runner cannot read",
                  "saved queue-wait clock cannot be read"):
         assert said in log, said
+
+
+def test_a_workspace_path_that_is_a_file_refuses_its_job_and_the_rest_run(serve_factory):
+    """A file where a job's workspace should be is not a failure that passes: before stop 49
+    the job was started again every 60 s for as long as the file stayed, its client waiting.
+    Now it ends refused (workspace_setup_failed) with a detail naming the path, and the
+    runner serves on."""
+    serve = serve_factory().start()
+    (serve.state_dir / "workspaces").mkdir(exist_ok=True)
+    (serve.state_dir / "workspaces" / "wf").write_text("not a directory")
+    result = serve.cli("run", "--weight", "1", "--workspace", "wf", "--", "echo", "no")
+    assert result.returncode == 75 and b"no\n" not in result.stdout
+    assert b"motor: refused: workspace_setup_failed: the workspace " in result.stderr
+    [record] = [r for r in serve.cli_json("jobs", "--all") if r["workspace"] == "wf"]
+    assert (record["state"], record["reason"]) == ("refused_before_start", "workspace_setup_failed")
+    assert "workspaces/wf cannot be a directory" in record["detail"], record
+    assert serve.cli("run", "--weight", "1", "--workspace", "w", "--", "true").returncode == 0
