@@ -67,11 +67,25 @@ class BundleStore:
     # -- pins -------------------------------------------------------------------------
 
     def _load_pins(self) -> dict[str, int]:
+        """The saved retention clocks. What is not {sha: milliseconds} is left out, and said:
+        a bundle without a pin has its clock started at the next collection (never removed
+        early). Before stop 49 one pin that was not a number (`null`, a list) stopped the
+        disk actor at every start, and `serve` with it."""
         try:
             data = json.loads(self.pins_path.read_text())
-            return {k: int(v) for k, v in data.items() if valid_sha(k)}
-        except (OSError, ValueError, AttributeError):
+        except FileNotFoundError:
             return {}
+        except (OSError, ValueError) as exc:
+            log.warning("disk: %s cannot be read (%s): every stored bundle's retention "
+                        "starts again", self.pins_path, exc)
+            return {}
+        if not isinstance(data, dict):
+            data = {"(the whole file)": data}
+        pins = {k: v for k, v in data.items() if valid_sha(k) and type(v) is int}
+        if left := len(data) - len(pins):
+            log.warning("disk: %s: %d entr%s not {sha256: milliseconds}, left out: their "
+                        "retention starts again", self.pins_path, left, "y is" if left == 1 else "ies are")
+        return pins
 
     def _save_pins(self) -> None:
         tmp = self.pins_path.with_name(f"pins.json.{uuid.uuid4().hex[:8]}")

@@ -92,3 +92,16 @@ def test_a_workspace_path_that_is_a_file_refuses_its_job_and_the_rest_run(serve_
     assert (record["state"], record["reason"]) == ("refused_before_start", "workspace_setup_failed")
     assert "workspaces/wf cannot be a directory" in record["detail"], record
     assert serve.cli("run", "--weight", "1", "--workspace", "w", "--", "true").returncode == 0
+
+
+@pytest.mark.parametrize("pins", ['{"%s": null}' % ("a" * 64), '[1]', '{"%s": [5], "%s": 7}' % ("b" * 64, "c" * 64)])
+def test_serve_starts_with_bundle_pins_it_cannot_read(serve_factory, pins):
+    """bundles/pins.json, the bundles' retention clocks, with a value that is not a number:
+    before stop 49 the disk actor stopped at every start, and `serve` with it. Now what
+    cannot be read is left out (that bundle's retention starts again) and said."""
+    serve = serve_factory()
+    (serve.state_dir / "bundles").mkdir(parents=True)
+    (serve.state_dir / "bundles" / "pins.json").write_text(pins)
+    serve.start()
+    assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0
+    assert "not {sha256: milliseconds}, left out" in serve.log.read_text()
