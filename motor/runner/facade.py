@@ -29,6 +29,11 @@ from ..wire import MAX_BATCH_JOBS
 if TYPE_CHECKING:
     from .tree import Handles
 
+#: This many failed job starts in a row, none succeeding between, and the health report says
+#: so (`execution`): a runner whose every start fails (its isolation groups refused, keeperd
+#: unable to spawn) otherwise looked healthy while its queue never moved.
+FAILED_STARTS_DEGRADED = 3
+
 
 def _stored_event(raw: bytes, job_id: str) -> Event | None:
     """A stored event, or None when this version cannot read it (an event type of a later
@@ -312,6 +317,11 @@ class Runner:
             if self.host.state_fs is not None:
                 report["disk"]["state_filesystem"] = self.host.state_fs
         report.update(ledger)
+        if capacity is not None and capacity.get("failed_starts", 0) >= FAILED_STARTS_DEGRADED:
+            degraded.append({"subsystem": "execution", "cause": (
+                f"the last {capacity['failed_starts']} job starts failed and none has "
+                f"succeeded since (the latest: {capacity['last_start_failure']['detail']}); "
+                "each is retried, at most 60 s apart")})
         troubles = self._supervision_troubles()
         restarting = {t["subsystem"] for t in troubles}
         degraded = troubles + [d for d in degraded if not (d.pop("dead", False)

@@ -300,6 +300,10 @@ class DispatchMachine:
     queued_rows: QueuedJson = field(default_factory=lambda: QueuedJson(row_parts))
     #: the same for their whole public records (`GET /v1/status?full=1`)
     queued_json: QueuedJson = field(default_factory=QueuedJson)
+    #: job starts that failed since the last one that succeeded, and the latest's (wall ms,
+    #: "job J: detail"): the health report's sign of a runner that starts nothing
+    failed_starts: int = 0
+    last_start_failure: tuple[int, str] | None = None
 
     @classmethod
     def new(cls, settings: AdmissionSettings, *, confined_cpu_list=None,
@@ -543,12 +547,15 @@ class DispatchMachine:
     def _on_SetupDone(self, event: SetupDone, now, wall_ms):
         if self.core.job_state(event.job_id) == SETUP:  # adopted after a restart: running
             self.core.setup_done(event.job_id, now)
+        self.failed_starts = 0
         return self._after(now)
 
     def _on_JobStartFailed(self, event: JobStartFailed, now, wall_ms):
         job_id = event.job_id
         self.active.discard(job_id)
         self.core.start_failed(job_id, now, cleanup_pending=event.cleanup_pending)
+        self.failed_starts += 1
+        self.last_start_failure = (wall_ms, f"job {job_id}: {event.detail}")
         record = advance(event.record, START_FAILED, who="dispatcher", cpus=None,
                          detail=event.detail)
         self.queued[job_id] = record
@@ -796,4 +803,8 @@ class DispatchMachine:
             "setup_permits": stats.setup_permits,
             "max_queue_depth": self.settings.max_queue_depth,
             "pending_jobs": stats.pending,
+            **({"failed_starts": self.failed_starts,
+                "last_start_failure": {"at_ms": self.last_start_failure[0],
+                                       "detail": self.last_start_failure[1]}}
+               if self.failed_starts else {}),
         }

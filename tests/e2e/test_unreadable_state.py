@@ -8,7 +8,9 @@ what it can read, shows what it set aside, and says so in its log.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import subprocess
 import time
 
 import pytest
@@ -105,3 +107,35 @@ def test_serve_starts_with_bundle_pins_it_cannot_read(serve_factory, pins):
     serve.start()
     assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0
     assert "not {sha256: milliseconds}, left out" in serve.log.read_text()
+
+
+def test_starts_that_keep_failing_make_the_health_report_degraded(serve_factory, tmp_path):
+    """A runner whose every start fails (here its workspace root a read-only file system, so
+    no workspace can be made) retries each job, 1 s doubling to 60 s apart. Before stop 49
+    its health said ok all along while nothing started. Now after three failed starts in a
+    row it says `degraded` (execution, naming the latest failure); the first start that
+    succeeds clears it."""
+    root = tmp_path / "ro"
+    root.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(root)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a read-only tmpfs")
+    try:
+        serve = serve_factory("--workspace-root", str(root)).start()
+        job_id = serve.cli_json("submit", "--weight", "1", "--", "echo", "at last")["job_id"]
+
+        def degraded():
+            health = serve.cli_json("health")
+            return [d for d in health.get("degraded", []) if d["subsystem"] == "execution"]
+        [trouble] = wait_for(degraded, what="three failed starts", timeout=30)
+        assert "job starts failed and none has succeeded since" in trouble["cause"]
+        assert job_id in trouble["cause"] and "Read-only file system" in trouble["cause"], trouble
+        assert serve.cli_json("health")["capacity"]["failed_starts"] >= 3
+        subprocess.run(["mount", "-o", "remount,rw", str(root)], check=True)
+        result = serve.cli("attach", job_id)
+        assert (result.returncode, result.stdout) == (0, b"at last\n")
+        health = serve.cli_json("health")
+        assert health["status"] == "ok" and "failed_starts" not in health["capacity"], health
+        serve.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(root)], capture_output=True)
