@@ -160,8 +160,10 @@ def validate_request(req: JobRequest) -> None:
     if req.bundle_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", req.bundle_sha256):
         raise RequestError("bundle_sha256 must be 64 lowercase hex digits")
     for key, value in req.env.items():
-        if not key or "=" in key or "\x00" in key or "\x00" in value:
+        if not key or "=" in key or "\x00" in key:
             raise RequestError(f"env key {key!r} is not a valid variable name")
+        if "\x00" in value:
+            raise RequestError(f"env value of {key!r} must not contain NUL bytes")
 
 
 # --- records -----------------------------------------------------------------------------

@@ -137,6 +137,9 @@ async def test_read_only_routes(http):
         (b'{"command": ["make"], "workspace": "/abs/../x"}', "not a plain name"),
         (b'{"command": ["make"], "weight_hint": "four"}', "Expected `int | null`"),
         (b'{"command": ["make"], "timeout_s": -1}', "timeout_s"),
+        (b'{"command": ["ma\\u0000ke"]}', "command arguments must not contain NUL bytes"),
+        (b'{"command": ["make"], "env": {"A=B": "1"}}', "env key 'A=B' is not a valid variable name"),
+        (b'{"command": ["make"], "env": {"A": "1\\u00002"}}', "env value of 'A' must not contain NUL"),
     ],
 )
 async def test_bad_requests_are_400(http, fake, body, detail_part):
