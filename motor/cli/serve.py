@@ -82,6 +82,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from actors import SupervisorEscalation
     from motor import runner as runner_module
     from motor.api.server import SocketInUse
+    from motor.execution.spawner import SpawnerError
     from motor.store.db import StoreError
 
     try:
@@ -93,6 +94,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return _error_line(found, 2)
         if (found := _find(exc, (StoreError, sqlite3.DatabaseError))) is not None:
             return _error_line(f"job database {config.state_path / 'motor.db'}: {found}", 2)
+        if (found := _find(exc, (SpawnerError,))) is not None:  # keeperd: the jobs' keeper
+            return _error_line(f"the jobs' keeper: {found}", EXIT_NO_KEEPER)
         if (found := _find(exc, (SupervisorEscalation,))) is not None:
             return _error_line(_gave_up(found), EXIT_GAVE_UP)
         if _find(exc, (KeyboardInterrupt,)) is not None:
@@ -104,6 +107,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 #: `motor serve` exit status when a subsystem's supervisor gave up (a crash loop): the
 #: service manager (systemd `Restart=on-failure`) starts a fresh runner
 EXIT_GAVE_UP = 3
+#: ... when keeperd, which keeps the jobs, could not be started or reached at start-up (before
+#: stop 49 a traceback, status 1): a lock or socket of it that cannot be used, or no answer
+EXIT_NO_KEEPER = 4
 
 
 def _gave_up(escalation) -> str:

@@ -118,6 +118,20 @@ def test_bad_serve_options_print_one_line_and_exit_2(serve_factory, tmp_path):
         s.log.unlink()
 
 
+@pytest.mark.parametrize("lock", ["keeperd.lock", "keeperd.start.lock"])
+def test_a_keeperd_lock_that_cannot_be_used_stops_serve_with_one_line_and_exit_4(
+        serve_factory, tmp_path, lock):
+    """Before stop 49: a traceback and status 1."""
+    s = serve_factory(state_dir=tmp_path / "state")
+    (s.state_dir / lock).mkdir(parents=True)
+    with pytest.raises(RuntimeError):
+        s.start()
+    assert s.proc.returncode == 4
+    lines = [l for l in s.log.read_text().splitlines() if l.strip() and "without a journal" not in l]
+    assert lines == [lines[0]] and lines[0].startswith("motor: error: the jobs' keeper: "), lines
+    assert "[Errno 21] Is a directory" in lines[0] and lines[0].endswith(f"{lock}'")
+
+
 def test_cancel_and_withdraw(serve):
     running = serve.cli_json("submit", "--workspace", "c1", "--", "sleep", "60")
     queued = serve.cli_json("submit", "--workspace", "c1", "--", "true")  # behind its owner
