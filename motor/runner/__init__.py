@@ -34,6 +34,7 @@ from ..config import RunnerConfig
 from ..lifecycle import RETENTION_MS
 from .facade import Runner
 from .host import Host, StartupError, StateDirLock, check_database_present, probe_host
+from .notify import keep_watchdog, notifier, watchdog_s
 from .tree import SUBSYSTEM_INTENSITY, SUBSYSTEM_PERIOD_S, open_runner
 
 __all__ = [
@@ -65,16 +66,26 @@ def tune_collector() -> None:
 
 
 async def serve_forever(config: RunnerConfig) -> None:
-    """`motor serve`: run the tree with the API until SIGINT/SIGTERM."""
+    """`motor serve`: run the tree with the API until SIGINT/SIGTERM; under systemd's
+    `Type=notify`, say ready and stopping, and keep its watchdog (notify.py)."""
+    notify = notifier()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with open_runner(config, api=True) as runner:
+        async with open_runner(config, api=True) as runner, trio.open_nursery() as nursery:
             tune_collector()
             print(f"motor: listening on {config.socket_path}"
                   + (f" and http://{config.listen}" if config.listen else ""),
                   f"(state {config.state_path}, isolation {runner.host.backend.name},"
                   f" max_weight {config.max_weight}, claim limit {runner.host.claim_limit})",
                   flush=True)
+            if notify is not None:
+                notify.send("READY=1", f"STATUS=serving on {config.socket_path}")
+                if (period := watchdog_s()) is not None:
+                    nursery.start_soon(keep_watchdog, notify, period,
+                                       runner.handles.dispatcher.capacity)
             async for signum in signals:
                 log.info("runner: %s, stopping (running jobs keep running)",
                          signal.Signals(signum).name)
                 break
+            if notify is not None:
+                notify.send("STOPPING=1")
+            nursery.cancel_scope.cancel()

@@ -267,7 +267,10 @@ def test_the_example_units_run_motor_under_systemd_and_jobs_outlive_a_restart(
         return subprocess.run([sys.executable, "-m", "motor", args[0], "--socket", socket,
                                *args[1:]], capture_output=True, timeout=60, cwd=ROOT)
 
-    wait_for(lambda: cli("health").returncode == 0, what="motor.service to answer")
+    # Type=notify: `systemctl start` returned on READY=1, sent once the API answers
+    assert cli("health").returncode == 0
+    shown = systemd_ns.run("systemctl", "show", "-p", "Type", "-p", "WatchdogUSec", "motor.service")
+    assert b"Type=notify" in shown.stdout and b"WatchdogUSec=30s" in shown.stdout, shown.stdout
     health = json.loads(cli("health", "--json").stdout)
     assert health["isolation"]["backend"] == "systemd"
     meminfo = Path("/proc/meminfo").read_text().splitlines()
@@ -282,7 +285,7 @@ def test_the_example_units_run_motor_under_systemd_and_jobs_outlive_a_restart(
     wait_for(lambda: log.exists() and b"before" in log.read_bytes(), what="the job to start")
     restarted = systemd_ns.run("systemctl", "restart", "motor.service")
     assert restarted.returncode == 0, restarted.stderr
-    wait_for(lambda: cli("health").returncode == 0, what="motor.service to answer again")
+    assert cli("health").returncode == 0  # answers again (READY=1 again)
     barrier.write_text("")
     result = cli("attach", "--json", job["job_id"], "--from-seq", "0")
     events = json_lines(result.stdout)

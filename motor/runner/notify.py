@@ -1,0 +1,82 @@
+"""systemd's service notifications (sd_notify(3)) for `motor serve` under `Type=notify`.
+
+- `READY=1` once the API accepts requests (systemctl start returns then, and units ordered
+  after motor start only then);
+- `STOPPING=1` when a stop begins;
+- when the unit sets `WatchdogSec=` (systemd passes `WATCHDOG_USEC`, and `WATCHDOG_PID` for
+  the process it means), `WATCHDOG=1` every half of that, but only while the dispatcher
+  answers a capacity question within that half. A runner whose event loop is blocked (a
+  call that never returns) or whose dispatcher no longer answers stops pinging, and systemd
+  kills it (`WatchdogSignal`, SIGABRT by default) and starts a fresh one; its jobs keep
+  running under keeperd and are adopted (`KillMode=process`). Without it such a runner looked
+  alive to its service manager for good.
+
+No library: the protocol is one datagram per message on the Unix socket named by
+`NOTIFY_SOCKET` (a leading `@` is the abstract namespace). Without `NOTIFY_SOCKET` nothing is
+sent. A send that fails is logged once and never stops the runner.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import Awaitable, Callable, Mapping
+
+import trio
+
+log = logging.getLogger("motor.runner")
+
+
+class Notifier:
+    """Datagrams to systemd's notification socket."""
+
+    def __init__(self, address: str):
+        self.address = "\0" + address[1:] if address.startswith("@") else address
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self._failed = False
+
+    def send(self, *lines: str) -> None:
+        try:
+            self.sock.sendto("\n".join(lines).encode(), self.address)
+        except OSError as exc:
+            if not self._failed:
+                self._failed = True
+                log.warning("runner: cannot notify the service manager at %s: %s",
+                            self.address.replace("\0", "@"), exc)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def notifier(environ: Mapping[str, str] = os.environ) -> Notifier | None:
+    address = environ.get("NOTIFY_SOCKET")
+    return Notifier(address) if address else None
+
+
+def watchdog_s(environ: Mapping[str, str] = os.environ) -> float | None:
+    """The unit's WatchdogSec in seconds when it applies to this process, else None."""
+    try:
+        usec = int(environ.get("WATCHDOG_USEC", ""))
+        pid = environ.get("WATCHDOG_PID")
+        if usec <= 0 or (pid and int(pid) != os.getpid()):
+            return None
+    except ValueError:
+        return None
+    return usec / 1_000_000
+
+
+async def keep_watchdog(notify: Notifier, period_s: float,
+                        probe: Callable[[], Awaitable[object]]) -> None:
+    """Ping every `period_s / 2` while `probe()` answers within that time."""
+    half = period_s / 2
+    while True:
+        started = trio.current_time()
+        with trio.move_on_after(half) as waited:
+            await probe()
+        if waited.cancelled_caught:
+            log.warning("runner: the dispatcher did not answer within %.3g s: no watchdog ping "
+                        "(systemd restarts the runner after WatchdogSec %.3g s)", half, period_s)
+        else:
+            notify.send("WATCHDOG=1")
+        await trio.sleep_until(started + half)
