@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +17,21 @@ from motor.execution.spawner import cancel_keepers_under
 from private_cgroup import remove_job_groups
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextlib.contextmanager
+def read_only_tmpfs(path: Path):
+    """`path` a small read-only tmpfs for the block (nothing can be made in it: a start that
+    fails until it is fixed); the function it yields remounts it writable. Skips the test
+    where it cannot be mounted (not root)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("needs root to mount a read-only tmpfs")
+    try:
+        yield lambda: subprocess.run(["mount", "-o", "remount,rw", str(path)], check=True)
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 def motor_env(extra: dict | None = None) -> dict:

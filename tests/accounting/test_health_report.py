@@ -6,8 +6,6 @@ the tests compare the report with the jobs' own records instead.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import time
 
 import msgspec
@@ -15,6 +13,7 @@ import pytest
 import trio
 
 import actors
+from tests.conftest import read_only_tmpfs
 from runner_helpers import barrier_job, terminal_of
 
 import motor
@@ -185,18 +184,13 @@ async def test_queue_wait_percentiles_and_refusals_expire_with_hourly_buckets(
 
 async def test_started_is_recorded_only_after_setup_with_capacity_wait(tmp_path, autojump_clock):
     cfg = config(tmp_path, max_weight=4)
-    root = cfg.workspace_roots[0]  # read-only for now: the workspace cannot be made
-    root.mkdir(parents=True, exist_ok=True)  # (a file in its place refuses the job: stop 49)
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(root)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("needs root to mount a read-only tmpfs")
-    try:
-        await _started_only_after_setup(cfg, root, tmp_path / "go")
-    finally:
-        subprocess.run(["umount", "-l", str(root)], capture_output=True)
+    # the workspace root read-only for now: the workspace cannot be made (a file in its
+    # place refuses the job since stop 49)
+    with read_only_tmpfs(cfg.workspace_roots[0]) as writable:
+        await _started_only_after_setup(cfg, writable, tmp_path / "go")
 
 
-async def _started_only_after_setup(cfg, root, go):
+async def _started_only_after_setup(cfg, writable, go):
     async with motor.open_runner(cfg) as runner:
         failing = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="blocked"))
 
@@ -207,7 +201,7 @@ async def _started_only_after_setup(cfg, root, go):
         report = await runner.health()
         assert sum(b["started"] for b in report["queue_wait_hourly"]) == 0  # setup never finished
         assert report["active"]["jobs"] == 0
-        subprocess.run(["mount", "-o", "remount,rw", str(root)], check=True)
+        writable()
         done = await terminal_of(runner, failing.job_id)
         assert done["state"] == "succeeded"
 

@@ -8,13 +8,12 @@ what it can read, shows what it set aside, and says so in its log.
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import subprocess
 import time
 
 import pytest
 
+from tests.conftest import read_only_tmpfs
 from motor.clock import uuid7
 from motor.records import Accepted, JobRecord, Queued, Terminal, public_record
 from motor.store.db import Database
@@ -116,11 +115,7 @@ def test_starts_that_keep_failing_make_the_health_report_degraded(serve_factory,
     row it says `degraded` (execution, naming the latest failure); the first start that
     succeeds clears it."""
     root = tmp_path / "ro"
-    root.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(root)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("needs root to mount a read-only tmpfs")
-    try:
+    with read_only_tmpfs(root) as writable:
         serve = serve_factory("--workspace-root", str(root)).start()
         job_id = serve.cli_json("submit", "--weight", "1", "--", "echo", "at last")["job_id"]
 
@@ -131,11 +126,9 @@ def test_starts_that_keep_failing_make_the_health_report_degraded(serve_factory,
         assert "job starts failed and none has succeeded since" in trouble["cause"]
         assert job_id in trouble["cause"] and "Read-only file system" in trouble["cause"], trouble
         assert serve.cli_json("health")["capacity"]["failed_starts"] >= 3
-        subprocess.run(["mount", "-o", "remount,rw", str(root)], check=True)
+        writable()
         result = serve.cli("attach", job_id)
         assert (result.returncode, result.stdout) == (0, b"at last\n")
         health = serve.cli_json("health")
         assert health["status"] == "ok" and "failed_starts" not in health["capacity"], health
         serve.stop()
-    finally:
-        subprocess.run(["umount", "-l", str(root)], capture_output=True)

@@ -6,17 +6,15 @@ restarted, adopted it again and crashed again until its supervisor gave up.
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 
-import pytest
 import trio
 
 import motor
 from motor.clock import uuid7
 from motor.records import Accepted, JobRecord, Queued
 from motor.store.db import Database
+from tests.conftest import read_only_tmpfs
 from runner_helpers import embedded_config, terminal_of
 
 
@@ -34,19 +32,12 @@ async def test_a_job_left_in_setup_whose_setup_fails_after_a_restart_is_requeued
     db.close()
     # the workspace cannot be made, for now: its root is read-only (a file in its place
     # would refuse the job since stop 49: that does not pass)
-    root = state / "workspaces"
-    root.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(root)],
-                                           capture_output=True).returncode != 0:
-        pytest.skip("needs root to mount a read-only tmpfs")
-    try:
+    with read_only_tmpfs(state / "workspaces") as writable:
         async with motor.open_runner(config) as runner:
             with trio.fail_after(60):
                 while (await runner.get(job_id)).state != "queued":
                     await trio.sleep(0.05)
-            subprocess.run(["mount", "-o", "remount,rw", str(root)], check=True)
+            writable()
             record = await terminal_of(runner, job_id)
             assert record["state"] == "succeeded" and record["attempts"] == 2
             assert runner.root.ref("dispatcher").restarts_in_window() == 0
-    finally:
-        subprocess.run(["umount", "-l", str(root)], capture_output=True)
