@@ -34,7 +34,7 @@ from ..config import RunnerConfig
 from ..lifecycle import RETENTION_MS
 from .facade import Runner
 from .host import Host, StartupError, StateDirLock, check_database_present, probe_host
-from .notify import keep_watchdog, notifier, watchdog_s
+from .notify import keep_watchdog, take_from_environ
 from .tree import SUBSYSTEM_INTENSITY, SUBSYSTEM_PERIOD_S, open_runner
 
 __all__ = [
@@ -68,7 +68,7 @@ def tune_collector() -> None:
 async def serve_forever(config: RunnerConfig) -> None:
     """`motor serve`: run the tree with the API until SIGINT/SIGTERM; under systemd's
     `Type=notify`, say ready and stopping, and keep its watchdog (notify.py)."""
-    notify = notifier()
+    notify, period = take_from_environ()
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with open_runner(config, api=True) as runner, trio.open_nursery() as nursery:
             tune_collector()
@@ -79,7 +79,7 @@ async def serve_forever(config: RunnerConfig) -> None:
                   flush=True)
             if notify is not None:
                 notify.send("READY=1", f"STATUS=serving on {config.socket_path}")
-                if (period := watchdog_s()) is not None:
+                if period is not None:
                     nursery.start_soon(keep_watchdog, notify, period,
                                        runner.handles.dispatcher.capacity)
             async for signum in signals:

@@ -49,6 +49,19 @@ class Notifier:
         self.sock.close()
 
 
+#: systemd's variables for the service's main process: read once, then taken out of the
+#: runner's environment, which is the base of every job's (a job that runs a daemon of its
+#: own must not find them; sd_notify(3)'s `unset_environment`)
+SYSTEMD_VARIABLES = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+
+
+def take_from_environ(environ=os.environ) -> tuple[Notifier | None, float | None]:
+    """The notifier and the watchdog period of this process (`notifier`, `watchdog_s`), its
+    systemd variables removed from `environ`."""
+    mine = {name: environ.pop(name) for name in SYSTEMD_VARIABLES if name in environ}
+    return notifier(mine), watchdog_s(mine)
+
+
 def notifier(environ: Mapping[str, str] = os.environ) -> Notifier | None:
     address = environ.get("NOTIFY_SOCKET")
     return Notifier(address) if address else None
@@ -68,15 +81,21 @@ def watchdog_s(environ: Mapping[str, str] = os.environ) -> float | None:
 
 async def keep_watchdog(notify: Notifier, period_s: float,
                         probe: Callable[[], Awaitable[object]]) -> None:
-    """Ping every `period_s / 2` while `probe()` answers within that time."""
+    """Ping every `period_s / 2` while `probe()` answers within that time (an error, such as
+    a dispatcher between two incarnations, is no answer)."""
     half = period_s / 2
     while True:
-        started = trio.current_time()
+        started, why = trio.current_time(), None
         with trio.move_on_after(half) as waited:
-            await probe()
+            try:
+                await probe()
+            except Exception as exc:  # noqa: BLE001 - said, and no ping this time
+                why = repr(exc)
         if waited.cancelled_caught:
-            log.warning("runner: the dispatcher did not answer within %.3g s: no watchdog ping "
-                        "(systemd restarts the runner after WatchdogSec %.3g s)", half, period_s)
-        else:
+            why = f"no answer within {half:.3g} s"
+        if why is None:
             notify.send("WATCHDOG=1")
+        else:
+            log.warning("runner: the dispatcher did not answer (%s): no watchdog ping (systemd "
+                        "restarts the runner after WatchdogSec %.3g s without one)", why, period_s)
         await trio.sleep_until(started + half)

@@ -87,7 +87,7 @@ def test_serve_says_ready_keeps_the_watchdog_only_while_its_loop_runs_and_says_s
     assert manager.read()[-1] == "STOPPING=1"
 
 
-def test_serve_without_notify_socket_sends_nothing_and_a_foreign_watchdog_pid_is_not_ours(
+def test_no_notify_socket_sends_nothing_a_foreign_watchdog_pid_is_not_ours_and_jobs_see_neither(
         serve_factory, tmp_path, manager):
     from motor.runner.notify import notifier, watchdog_s
 
@@ -100,6 +100,8 @@ def test_serve_without_notify_socket_sends_nothing_and_a_foreign_watchdog_pid_is
                  "WATCHDOG_PID": "1"}  # meant for another process: no pings
     serve.start()
     wait_for(lambda: "READY=1" in manager.read(), what="READY=1")
-    assert serve.cli("run", "--", "true").returncode == 0
+    # a job's environment has none of systemd's variables for the runner
+    ran = serve.cli("run", "--", "sh", "-c", "echo ${NOTIFY_SOCKET:-no} ${WATCHDOG_USEC:-no} ${WATCHDOG_PID:-no}")
+    assert (ran.returncode, ran.stdout) == (0, b"no no no\n")
     assert "WATCHDOG=1" not in manager.read()
     assert serve.stop() == 0
