@@ -439,7 +439,10 @@ async def _keep_socket_file(path: Path, own: Callable[[], int],
     its supervisor, while no client could reach it. A file put in its place is not ours and
     is left alone (logged). The new file is made under the runner's umask (077), then given
     the socket's mode and group (`own`, which returns its inode)."""
-    inode = os.stat(path).st_ino
+    try:
+        inode: int | None = os.stat(path).st_ino
+    except OSError:
+        inode = None  # gone already: bound again at the first check
     while True:
         await trio.sleep(SOCKET_CHECK_S)
         try:

@@ -107,7 +107,7 @@ def prepare(cwd: Path, job_dir: Path, bundle: str | None, root: str | None,
     except (FileExistsError, NotADirectoryError) as exc:
         return Refusal(code="workspace_setup_failed", detail=(
             f"the workspace {cwd} cannot be a directory ({exc.strerror}): a file is in its "
-            "place; remove it, then submit again"))
+            "place or on its way; remove it, then submit again"))
     if bundle is not None:
         try:
             unpack_into(Path(bundle), str(cwd), root, job_id)

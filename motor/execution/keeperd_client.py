@@ -142,7 +142,8 @@ def connect_or_launch(state_dir: str, cmd: list[str], env: dict[str, str] | None
             except ValueError:
                 hello = {}
             if not hello.get("ready"):
-                if proc.returncode == 1 and (got := _wake_lock_holder(state_dir, deadline)):
+                if str(hello.get("error", "")).startswith("another keeperd holds") \
+                        and (got := _wake_lock_holder(state_dir, deadline)):
                     return got
                 raise SpawnerError(
                     f"keeperd did not start: {hello.get('error') or f'exit code {proc.returncode}'}")

@@ -86,6 +86,7 @@ async def serve_forever(config: RunnerConfig) -> None:
                 log.info("runner: %s, stopping (running jobs keep running)",
                          signal.Signals(signum).name)
                 break
+            nursery.cancel_scope.cancel()  # the watchdog pings no more
             if notify is not None:
                 notify.send("STOPPING=1")
-            nursery.cancel_scope.cancel()
+                notify.close()
