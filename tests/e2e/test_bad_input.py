@@ -32,11 +32,25 @@ def bad_bodies() -> list[tuple[bytes, str]]:
         (b'{"command": ["true"], "siblings": ["../x"]}', "bad_request"),
         (b'{"command": ["true"], "bundle_sha256": "zz"}', "bad_request"),
         (b'{"command": ["a\\u0000b"]}', "bad_request"),
+        (b'{"command": ["true"], "env": {"A": "b\\u0000c"}}', "bad_request"),
         (b"\xff\xfe\x00garbage", "bad_request"),
     ]
     for name in ("..", ".", "a/b", "/abs", "../../etc", "", " ", "-x", "a" * 200, "x\ny", ".hidden"):
         cases.append((json.dumps({"command": ["true"], "workspace": name}).encode(), "bad_request"))
     return cases
+
+
+def test_each_bad_request_says_what_is_wrong_with_it(serve):
+    """The detail names the fault (before stop 49 an env value with a NUL byte was called a
+    bad variable name)."""
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(serve.socket)), base_url="http://motor",
+                      timeout=10) as client:
+        for body, detail in (
+                (b'{"command": ["true"], "env": {"A": "b\\u0000c"}}', "env value of 'A' must not contain NUL bytes"),
+                (b'{"command": ["true"], "env": {"A=B": "c"}}', "env key 'A=B' is not a valid variable name"),
+                (b'{"command": ["a\\u0000b"]}', "command arguments must not contain NUL bytes")):
+            r = client.post("/v1/jobs", content=body, headers={"content-type": "application/json"})
+            assert (r.status_code, r.json()["detail"]) == (400, detail), body
 
 
 def test_hundreds_of_bad_requests_then_a_job_runs(serve):

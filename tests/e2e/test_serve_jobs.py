@@ -132,6 +132,17 @@ def test_a_keeperd_lock_that_cannot_be_used_stops_serve_with_one_line_and_exit_4
     assert "[Errno 21] Is a directory" in lines[0] and lines[0].endswith(f"{lock}'")
 
 
+def test_a_socket_file_removed_under_serve_is_bound_again_and_serves(serve):
+    """Through `motor serve` (its check every SOCKET_CHECK_S, 10 s): the CLI reaches the
+    runner again without a restart, with the socket's mode; the log says so."""
+    os.unlink(serve.socket)
+    assert serve.cli("health").returncode == 69  # no runner answers there now
+    wait_for(serve.socket.exists, timeout=30, what="the socket file bound again")
+    assert stat.S_IMODE(os.stat(serve.socket).st_mode) == 0o600
+    assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0
+    assert "motor.sock was removed: listening on it again" in serve.log.read_text()
+
+
 def test_cancel_and_withdraw(serve):
     running = serve.cli_json("submit", "--workspace", "c1", "--", "sleep", "60")
     queued = serve.cli_json("submit", "--workspace", "c1", "--", "true")  # behind its owner
