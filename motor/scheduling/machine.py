@@ -300,10 +300,10 @@ class DispatchMachine:
     queued_rows: QueuedJson = field(default_factory=lambda: QueuedJson(row_parts))
     #: the same for their whole public records (`GET /v1/status?full=1`)
     queued_json: QueuedJson = field(default_factory=QueuedJson)
-    #: job starts that failed since the last one that succeeded, and the latest's (wall ms,
-    #: "job J: detail"): the health report's sign of a runner that starts nothing
+    #: job starts that failed since the last one that succeeded, and the latest's
+    #: {at_ms, detail}: the health report's sign of a runner that starts nothing
     failed_starts: int = 0
-    last_start_failure: tuple[int, str] | None = None
+    last_start_failure: dict | None = None
 
     @classmethod
     def new(cls, settings: AdmissionSettings, *, confined_cpu_list=None,
@@ -555,7 +555,7 @@ class DispatchMachine:
         self.active.discard(job_id)
         self.core.start_failed(job_id, now, cleanup_pending=event.cleanup_pending)
         self.failed_starts += 1
-        self.last_start_failure = (wall_ms, f"job {job_id}: {event.detail}")
+        self.last_start_failure = {"at_ms": wall_ms, "detail": f"job {job_id}: {event.detail}"}
         record = advance(event.record, START_FAILED, who="dispatcher", cpus=None,
                          detail=event.detail)
         self.queued[job_id] = record
@@ -803,8 +803,6 @@ class DispatchMachine:
             "setup_permits": stats.setup_permits,
             "max_queue_depth": self.settings.max_queue_depth,
             "pending_jobs": stats.pending,
-            **({"failed_starts": self.failed_starts,
-                "last_start_failure": {"at_ms": self.last_start_failure[0],
-                                       "detail": self.last_start_failure[1]}}
+            **({"failed_starts": self.failed_starts, "last_start_failure": self.last_start_failure}
                if self.failed_starts else {}),
         }
