@@ -68,10 +68,10 @@ loop_commits = []  # those on the event loop's thread
 loop_thread = threading.get_ident()
 real = dbm.Database.save_many
 
-def save_many(self, writes):
+def save_many(self, writes, *lock_wait):
     t0 = time.perf_counter()
     try:
-        return real(self, writes)
+        return real(self, writes, *lock_wait)
     finally:
         if on[0]:
             commits.append(time.perf_counter() - t0)

@@ -82,6 +82,9 @@ class HealthCollector(Collector):
             ("motor_store_commits_off_loop", "1 while the store's commits run in a worker "
              "thread (the disk slow), 0 on the event loop",
              None if "commits_run_in" not in store else float(store["commits_run_in"] == "thread")),
+            ("motor_store_locked_seconds", "how long another connection has held the job "
+             "database's write lock, as the store's writes find it (0: not held)",
+             _ms_to_s(store.get("locked_ms"))),
         ]
         for name, doc, value in singles:
             family = _gauge(name, doc, value)

@@ -332,9 +332,16 @@ class Runner:
                                 + "; the WAL grows until a checkpoint succeeds"})
         if db.full_error is not None:
             degraded.insert(0, {"subsystem": "store", "cause": db.full_error})
-        pace = db.pace
-        waiting_s = pace.waiting_s(trio.current_time())
-        if waiting_s >= STALLED_COMMIT_S:
+        pace, now = db.pace, trio.current_time()
+        waiting_s = pace.waiting_s(now)
+        locked_s = 0.0 if pace.locked_since is None else now - pace.locked_since
+        if pace.locked_since is not None:
+            degraded.insert(0, {"subsystem": "store", "cause": (
+                f"another connection has held the database's write lock for {locked_s:.1f} s "
+                f"(another process: e.g. an sqlite3 shell in a write transaction on "
+                f"{db.path}); the runner answers, but accepting, starting and ending jobs "
+                "wait for it")})
+        elif waiting_s >= STALLED_COMMIT_S:
             degraded.insert(0, {"subsystem": "store", "cause": (
                 f"a commit has waited {waiting_s:.1f} s on the state file system; the runner "
                 "answers, but accepting, starting and ending jobs wait for it")})
@@ -345,7 +352,9 @@ class Runner:
                            "slow_commits": pace.slow_commits,
                            "commits_in_thread": pace.commits_off_loop,
                            "longest_commit_ms": round(pace.longest_s * 1000.0, 3),
-                           "commit_waiting_ms": round(waiting_s * 1000.0, 3)}
+                           "commit_waiting_ms": round(waiting_s * 1000.0, 3),
+                           "locked_writes": pace.locked_writes,
+                           "locked_ms": round(locked_s * 1000.0, 3)}
         report["status"] = "degraded" if degraded else "ok"
         report["degraded"] = degraded
         return report

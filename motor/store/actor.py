@@ -9,6 +9,9 @@ Commits run on the event loop while the disk keeps up, in a worker thread while 
 (`CommitPace`, motor/store/pace.py): once slow commits held the loop for 0.1 s within a
 second, until none has been slow for 10 s. The loop then runs on while a commit waits on
 the disk; saves arriving meanwhile wait in the inbox and are committed together after it.
+A write that finds the database's write lock held by another connection (another process)
+goes there too, at once, and waits for the lock (`StoreLocked`, db.py; docs/operations.md,
+"When another process locks the database").
 
 Readers (event replay, listings) read the database directly, each thread on a read
 connection of its own (`Database.reader`): they never write, and SQLite in WAL mode gives
@@ -33,11 +36,12 @@ import actors
 from .. import faults
 from ..offload import Offload, thread_offload
 from .checkpoints import CheckpointPlan
-from .db import Database, StoreFull
+from .db import LOCK_WAIT_MS, Database, StoreFull, StoreLocked
 from .grouping import commit_group, run_inline
 from .holds import WriteHold
 from .hub import ChangeHub
-from .messages import Expire, Save, SaveMany, is_save, writes_of
+from .lockwait import LockWait
+from .messages import Expire, Save, SaveMany, answers_of, is_save, writes_of
 
 __all__ = ["GROUP_MAX", "Expire", "Save", "SaveMany", "StoreActor", "open_database"]
 
@@ -52,7 +56,7 @@ class StoreActor(actors.Actor):
     inbox_size = 256
     #: a write refused for lack of space was rolled back whole: the caller is told
     #: (and answers `runner_disk_full`), the store goes on serving
-    replied_errors = (StoreFull,)
+    replied_errors = (StoreFull, StoreLocked)
 
     def __init__(self, db: Database, hub: ChangeHub, offload: Offload = thread_offload):
         super().__init__(name="store")
@@ -66,6 +70,10 @@ class StoreActor(actors.Actor):
         self._checkpoint_due = trio.Event()
         self._plan = CheckpointPlan(db.commits, db.bytes_written)
         self._hold = WriteHold()  # while held, writes wait in the inbox (holds.py)
+        #: saves taken from the inbox with a write that found the database locked on the
+        #: loop (`handle_now` said LATER): `handle`, which runs next, writes them too
+        self._retaken: list = []
+        self._lock = LockWait(self.pace, log)  # another connection's write lock (lockwait.py)
 
     async def on_start(self):
         self.db.background_checkpoints()
@@ -107,17 +115,30 @@ class StoreActor(actors.Actor):
             return actors.LATER
         if self.pace.place(trio.current_time()):  # the disk is slow: commit in a thread
             return actors.LATER
-        return run_inline(self._group(msg, self.take_waiting(is_save, GROUP_MAX), False))
+        waiting = self.take_waiting(is_save, GROUP_MAX)
+        try:
+            return run_inline(self._group(msg, waiting, False))
+        except StoreLocked as exc:  # nothing written, nobody answered: in a thread, waiting
+            self._lock.found(exc)
+            self._retaken = waiting
+            return actors.LATER
 
     async def handle(self, msg):
         if (held := self._hold.event) is not None:  # every message here writes
             await held.wait()
         off_loop = self.pace.place(trio.current_time())
         if is_save(msg):
-            return await self._group(msg, self.take_waiting(is_save, GROUP_MAX), off_loop)
+            waiting, self._retaken = self._retaken, []
+            waiting += self.take_waiting(is_save, GROUP_MAX - len(waiting))
+            return await self._group(msg, waiting, off_loop)
         if isinstance(msg, Expire):
-            ids = await self.offload(self.db.expire, msg.now_ms) if off_loop \
-                else self.db.expire(msg.now_ms)
+            try:
+                ids = await self.offload(self.db.expire, msg.now_ms, 1000, LOCK_WAIT_MS) \
+                    if off_loop else self.db.expire(msg.now_ms)
+            except StoreLocked as exc:  # the next round deletes them
+                self._lock.found(exc)
+                return []
+            self._lock.freed()
             for job_id in ids:
                 self.hub.fire(job_id)
             if ids:  # deletions (and pages handed back) the byte count does not see
@@ -139,12 +160,14 @@ class StoreActor(actors.Actor):
         # in a thread timed there (not the hop back to a busy loop)
         self.pace.waiting_since = t0 = trio.current_time()
         try:
-            if off_loop:
-                stamped, took = await self.offload(self._save_timed, writes)
+            if off_loop:  # waiting there for another connection's write lock, if held
+                stamped, took = await self._lock.until_free(
+                    lambda: self.offload(self._save_timed, writes))
             else:
                 stamped, took = self._save(writes), None
         finally:
             self.pace.waiting_since = None
+        self._lock.freed()
         now = trio.current_time()
         self.pace.took(now - t0 if took is None else took, now, off_loop)
         self.saves += len(writes)
@@ -158,24 +181,16 @@ class StoreActor(actors.Actor):
                 self.hub.saved(write[0])
             self.hub.committed(write[0].job_id, events)
             self.hub.fire(write[0].job_id)
-        answers, at = [], 0
-        for msg in msgs:
-            if isinstance(msg, SaveMany):
-                answers.append(stamped[at:at + len(msg.saves)])
-                at += len(msg.saves)
-            else:
-                answers.append(stamped[at])
-                at += 1
-        return answers
+        return answers_of(msgs, stamped)
 
-    def _save(self, writes: list) -> list:
+    def _save(self, writes: list, lock_wait_ms: int = 0) -> list:
         """`Database.save_many`, on the loop or in a worker thread."""
         faults.hit("store.commit")  # tests: a commit held (a disk that stalls)
-        return self.db.save_many(writes)
+        return self.db.save_many(writes, lock_wait_ms)
 
     def _save_timed(self, writes: list) -> tuple[list, float]:
         t0 = time.perf_counter()
-        return self._save(writes), time.perf_counter() - t0
+        return self._save(writes, LOCK_WAIT_MS), time.perf_counter() - t0
 
 
 def open_database(state_dir: Path, *, max_output_bytes: int | None = None,

@@ -199,6 +199,25 @@ class StoreFull(StoreError):
     """
 
 
+class StoreLocked(StoreError):
+    """A write found the database's write lock held by another connection (another process:
+    e.g. an sqlite3 shell left in a write transaction) and did not wait for it (SQLITE_BUSY):
+    nothing of it was written. The store actor writes it again in a worker thread, waiting
+    for the lock (store/actor.py); the runner's own connections never take that lock."""
+
+
+#: how long one write attempt in a worker thread waits for another connection's write lock
+#: (the store actor then tries again; on the event loop a write never waits for it)
+LOCK_WAIT_MS = 1000
+
+
+def _is_locked(exc: BaseException) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return isinstance(exc, sqlite3.OperationalError) and "database is locked" in str(exc)
+
+
 def _is_full(exc: BaseException) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None:
@@ -238,8 +257,11 @@ class Database:
         self._txn_bytes = 0
         try:
             self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-            # only takes effect while the file is still empty (a new database): set it first
-            self.conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+            # only takes effect while the file is still empty (a new database): set it first,
+            # and only then (setting it takes the write lock, which another connection may
+            # hold: an existing database opens without it, and its writes wait, store/actor.py)
+            if self.conn.execute("PRAGMA page_count").fetchone()[0] == 0:
+                self.conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
             self.conn.execute("PRAGMA synchronous=NORMAL")
@@ -264,6 +286,10 @@ class Database:
             self.conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
         elif int(row[0]) > SCHEMA_VERSION:
             raise StoreError(f"{path} has schema {row[0]}, newer than this motor ({SCHEMA_VERSION})")
+        # from here on a write never waits for another connection's write lock unless told
+        # (`save_many`'s lock_wait_ms): on the event loop it must not (StoreLocked)
+        self.conn.execute("PRAGMA busy_timeout=0")
+        self._lock_wait_ms = 0
         #: the connection reads use, never the writer's: the store's commits may run in a
         #: worker thread (store/pace.py), and a read on the writer's connection during one
         #: would see its uncommitted rows. One per reading thread (`reader`): this one is
@@ -360,19 +386,20 @@ class Database:
         """Upsert a record and append events (seqs assigned here) in one transaction."""
         return self.save_many([(record, events, log_offset, retain_until_ms)])[0]
 
-    def save_many(self, writes: Sequence[tuple]) -> list[list[Event]]:
+    def save_many(self, writes: Sequence[tuple], lock_wait_ms: int = 0) -> list[list[Event]]:
         """Several saves, each `(record, events, log_offset, retain_until_ms)` as `save`
         takes them, in order and in ONE transaction (one commit, one WAL sync point): all
         of them are written or, on an error, none. A write with a fifth item that is true,
         `(record, (), None, None, True)`, saves only the record's clock (`ClockSave`); runs
         of consecutive clocks are written with one `executemany`. Returns each save's
-        stamped events (none for a clock)."""
+        stamped events (none for a clock). Another connection's write lock is waited for up
+        to `lock_wait_ms` (0: not at all), then StoreLocked (nothing written)."""
         if not writes:
             return []
-        conn = self.conn
-        conn.execute("BEGIN IMMEDIATE")
+        conn = self._lock_wait(lock_wait_ms)
         self._unclocked, self._txn_bytes = [], 0
         try:
+            conn.execute("BEGIN IMMEDIATE")  # where another connection's write lock stops it
             stamped: list[list[Event]] = []
             clocks: list[ClockSave] = []
             for write in writes:
@@ -399,6 +426,13 @@ class Database:
         self.commits += 1
         self.full_error = None
         return stamped
+
+    def _lock_wait(self, ms: int) -> sqlite3.Connection:
+        """The write connection, set to wait up to `ms` for another connection's write lock."""
+        if ms != self._lock_wait_ms:
+            self.conn.execute(f"PRAGMA busy_timeout={int(ms)}")
+            self._lock_wait_ms = ms
+        return self.conn
 
     def _write_clocks(self, clocks: list[ClockSave]) -> None:
         self._clocked.update(clock.job_id for clock in clocks)  # before: a superset
@@ -466,6 +500,9 @@ class Database:
         if _is_full(exc):
             self.full_error = f"{what}: the state filesystem is full ({exc})"
             raise StoreFull(self.full_error) from None
+        if _is_locked(exc):
+            raise StoreLocked(f"{what}: another connection holds the database's write lock "
+                              f"({exc})") from None
 
     def _evict_pages(self, job_id: str, next_seq: int) -> None:
         """Drop the oldest complete output pages of a job above the cap (inside save's
@@ -501,14 +538,15 @@ class Database:
             "SELECT truncated_before_seq FROM jobs WHERE job_id=?", (job_id,)).fetchone()
         return row[0] if row else 0
 
-    def expire(self, now_ms: int, limit: int = 1000) -> list[str]:
-        """Delete terminal jobs whose retention has passed; returns their ids."""
-        ids = [r[0] for r in self.conn.execute(
+    def expire(self, now_ms: int, limit: int = 1000, lock_wait_ms: int = 0) -> list[str]:
+        """Delete terminal jobs whose retention has passed; returns their ids. Another
+        connection's write lock: as `save_many`."""
+        ids = [r[0] for r in self._lock_wait(lock_wait_ms).execute(
             "SELECT job_id FROM jobs WHERE terminal=1 AND retain_until_ms <= ? LIMIT ?",
             (now_ms, limit))]
         if ids:
-            self.conn.execute("BEGIN IMMEDIATE")
             try:
+                self.conn.execute("BEGIN IMMEDIATE")
                 for job_id in ids:
                     self.conn.execute("DELETE FROM events WHERE job_id=?", (job_id,))
                     self.conn.execute("DELETE FROM clocks WHERE job_id=?", (job_id,))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Awaitable, Callable
 
-from .db import StoreFull
+from .db import StoreFull, StoreLocked
 
 __all__ = ["commit_group", "run_inline"]
 
@@ -24,11 +24,15 @@ async def commit_group(commit: Commit, msg: Any, waiting: list, log: logging.Log
     """Commit `msg` and the `waiting` saves ((message, reply token or None) each) in one
     transaction, then answer the waiting ones; return the answer to `msg`. If that fails
     (nothing of it was written), each message in its own transaction, in order, so each
-    caller gets its own answer (a `StoreFull` goes to those whose write did not fit)."""
+    caller gets its own answer (a `StoreFull` goes to those whose write did not fit).
+    `StoreLocked` (nothing written, no one answered: another connection's write lock) is
+    raised to the caller, who writes them all again."""
     if not waiting:
         return (await commit([msg]))[0]
     try:
         answers = await commit([msg, *(m for m, _ in waiting)])
+    except StoreLocked:
+        raise
     except Exception:
         return await _one_by_one(commit, msg, waiting, log)
     for (_, token), answer in zip(waiting, answers[1:]):
@@ -45,7 +49,7 @@ async def _one_by_one(commit: Commit, msg: Any, waiting: list, log: logging.Logg
     for other, token in waiting:
         try:
             answer = (await commit([other]))[0]
-        except StoreFull as exc:
+        except (StoreFull, StoreLocked) as exc:
             if token is not None:
                 token.fail(exc)
             else:

@@ -34,6 +34,19 @@ def writes_of(msg: Save | SaveMany) -> list[tuple]:
             (s.record, s.events, s.log_offset, s.retain_until_ms) for s in saves]
 
 
+def answers_of(msgs: list, stamped: list) -> list:
+    """Each message's answer, from the stamped events of all their writes in order."""
+    answers, at = [], 0
+    for msg in msgs:
+        if isinstance(msg, SaveMany):
+            answers.append(stamped[at:at + len(msg.saves)])
+            at += len(msg.saves)
+        else:
+            answers.append(stamped[at])
+            at += 1
+    return answers
+
+
 def is_save(msg) -> bool:
     return isinstance(msg, (Save, SaveMany))
 

@@ -20,6 +20,9 @@ more, SLOW_COMMIT_S) have held the loop for STALL_BUDGET_S (0.1 s) within WINDOW
 one such commit enough: the loop runs on while they wait on the disk, saves arriving
 meanwhile wait in the store's inbox and are committed together after. They come back to
 the loop once no commit has been slow for CALM_S (10 s).
+A write that found the database's write lock held by another connection (`locked`) moves
+them off the loop at once; they stay off while the lock is held and come back CALM_S after
+the last write that found it.
 """
 
 from __future__ import annotations
@@ -60,12 +63,17 @@ class CommitPace:
     longest_s: float = 0.0
     #: when the commit in progress began (the runner's clock), None between commits
     waiting_since: float | None = None
+    #: since when (the runner's clock) another connection has held the database's write
+    #: lock, as the last write found it (None: it did not)
+    locked_since: float | None = None
+    #: writes that found that lock held, since start
+    locked_writes: int = 0
     #: (end, seconds) of the slow commits on the loop within the last WINDOW_S
     _recent: deque = field(default_factory=deque)
 
     def place(self, now: float) -> bool:
         """Before a commit at `now` (the runner's clock): whether it runs off the loop."""
-        if self.off_loop and now - self.last_slow_at >= CALM_S:
+        if self.off_loop and self.locked_since is None and now - self.last_slow_at >= CALM_S:
             self.off_loop = False
         return self.off_loop
 
@@ -90,6 +98,24 @@ class CommitPace:
             self.off_loop = True
             self.moves_off_loop += 1
             recent.clear()
+
+    def locked(self, now: float) -> None:
+        """A write at `now` found the database's write lock held by another connection
+        (nothing written): the writes move off the loop, where they wait for it, and come
+        back CALM_S after it is free."""
+        self.locked_writes += 1
+        if self.locked_since is None:
+            self.locked_since = now
+        self.last_slow_at = now
+        if not self.off_loop:
+            self.off_loop = True
+            self.moves_off_loop += 1
+
+    def unlocked(self) -> float | None:
+        """A write got the lock; how long since a write first found it held (None: none
+        did)."""
+        since, self.locked_since = self.locked_since, None
+        return since
 
     def waiting_s(self, now: float) -> float:
         """How long the commit in progress has waited by `now` (the runner's clock), 0 if

@@ -445,11 +445,11 @@ class FullDatabase(Database):
     full = False
     refused = 0
 
-    def save_many(self, writes):  # every save goes through it (store group commit)
+    def save_many(self, writes, *lock_wait):  # every save goes through it (store group commit)
         if self.full and any(isinstance(e, Terminal) for w in writes for e in w[1]):
             self.refused += 1
             raise StoreFull("database or disk is full")
-        return super().save_many(writes)
+        return super().save_many(writes, *lock_wait)
 
 
 async def test_a_full_store_holds_the_terminal_record_until_there_is_room(

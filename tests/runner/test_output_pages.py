@@ -200,10 +200,10 @@ async def test_output_written_while_the_runner_was_down_is_stored_in_bounded_bat
     offsets = []
     real_save_many = Database.save_many  # every save of the store actor (group commit)
 
-    def spy(self, writes):
+    def spy(self, writes, *lock_wait):
         offsets.extend(log_offset for record, _, log_offset, _ in writes
                        if log_offset is not None and record.job_id == job.job_id)
-        return real_save_many(self, writes)
+        return real_save_many(self, writes, *lock_wait)
 
     monkeypatch.setattr(Database, "save_many", spy)
     async with motor.open_runner(config) as runner:

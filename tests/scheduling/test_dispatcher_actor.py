@@ -76,10 +76,10 @@ class FullDatabase(Database):
 
     full_for: str | None = None
 
-    def save_many(self, writes):
+    def save_many(self, writes, *lock_wait):
         if any(w[0].state == self.full_for for w in writes):
             raise StoreFull("database or disk is full")
-        return super().save_many(writes)
+        return super().save_many(writes, *lock_wait)
 
 
 class FakeExecution:

@@ -69,8 +69,8 @@ class ThreadedDatabase(Database):
             assert self.release.wait(30)
         return super().checkpoint()
 
-    def save_many(self, writes):
-        result = super().save_many(writes)
+    def save_many(self, writes, *lock_wait):
+        result = super().save_many(writes, *lock_wait)
         self.saved.extend(w[0].job_id for w in writes)
         return result
 

@@ -117,9 +117,9 @@ class StallingDatabase(Database):
         self.hold = False
         self.held, self.release = threading.Event(), threading.Event()
 
-    def save_many(self, writes):
+    def save_many(self, writes, *lock_wait):
         self.threads.append(threading.get_ident())
-        return super().save_many(writes)
+        return super().save_many(writes, *lock_wait)
 
     def _write(self, *args):
         stamped = super()._write(*args)
@@ -196,11 +196,11 @@ async def test_a_refused_group_off_the_loop_still_answers_each_save(tmp_path, mo
         failed = []
         real = Database.save_many
 
-        def save_many(self, writes):  # the first group fails whole
+        def save_many(self, writes, *lock_wait):  # the first group fails whole
             if len(writes) > 1 and not failed:
                 failed.append(len(writes))
                 raise RuntimeError("a group that cannot be written")
-            return real(self, writes)
+            return real(self, writes, *lock_wait)
 
         monkeypatch.setattr(StallingDatabase, "save_many", save_many)
         db.hold = True
@@ -233,6 +233,7 @@ async def test_expiry_runs_where_the_commits_run(tmp_path, slow):
         await store.save(done, retain_until_ms=5)
         threads = []
         real = db.expire
-        db.expire = lambda now_ms: (threads.append(threading.get_ident()), real(now_ms))[1]
+        db.expire = lambda now_ms, *rest: (threads.append(threading.get_ident()),
+                                           real(now_ms, *rest))[1]
         assert await store.expire(10) == ["c0"]
         assert (threads[0] != loop_thread) is slow

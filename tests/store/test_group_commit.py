@@ -12,9 +12,9 @@ import trio.testing
 
 from motor.handles import StoreHandle
 from motor.records import Accepted, JobRecord
-from motor.store.actor import StoreActor
 from motor.store.hub import ChangeHub
 from motor.store.db import Database, StoreFull
+from tests.store_helpers import GatedStore
 
 
 class RefusingDatabase(Database):
@@ -23,25 +23,10 @@ class RefusingDatabase(Database):
 
     refuse: str | None = None
 
-    def save_many(self, writes):
+    def save_many(self, writes, *lock_wait):
         if any(w[0].job_id == self.refuse for w in writes):
             raise StoreFull("database or disk is full")
-        return super().save_many(writes)
-
-
-class GatedStore(StoreActor):
-    """The store actor, holding the first message it gets until `go` is set (every save
-    through its inbox: none handled at once in the sender's task)."""
-
-    immediate = ()
-
-    def __init__(self, db, hub):
-        super().__init__(db, hub)
-        self.go = trio.Event()
-
-    async def handle(self, msg):
-        await self.go.wait()
-        return self.handle_now(msg)
+        return super().save_many(writes, *lock_wait)
 
 
 def record(job_id: str) -> JobRecord:

@@ -1,0 +1,97 @@
+"""Another process holding the job database's write lock, through a real `motor serve`
+(docs/operations.md, "When another process locks the database").
+
+An operator's `sqlite3 motor.db` left inside a write transaction (here: a second process
+that runs `BEGIN EXCLUSIVE` and waits for a line on its stdin) holds the lock every write
+needs. The runner's writes then wait for it in a worker thread, health answers at once and
+says so, nothing accepted is lost, and once the lock is free every job ends as it would
+have. The runner also starts while the lock is held (it opens an existing database without
+taking it).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.polling import wait_for
+
+pytestmark = pytest.mark.e2e
+
+HOLD = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+sys.stdin.readline()
+conn.execute("COMMIT")
+"""
+
+
+def hold_write_lock(db) -> subprocess.Popen:
+    """Another process holding the database's write lock until a line on its stdin."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(db)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "locked"
+    return proc
+
+
+def release(holder: subprocess.Popen) -> None:
+    holder.communicate("\n", timeout=10)
+    assert holder.returncode == 0
+
+
+def lock_causes(serve) -> list[str]:
+    health = serve.cli_json("health", timeout=5)  # it answers while the writes wait
+    return [d["cause"] for d in health["degraded"]
+            if d["subsystem"] == "store" and "write lock" in d["cause"]]
+
+
+def test_a_database_locked_by_another_process_makes_writes_wait_and_health_say_so(
+        serve_factory, tmp_path):
+    gate = tmp_path / "gate"
+    serve = serve_factory("--isolation", "none").start()
+    first = serve.cli_popen("run", "--", "sh", "-c",
+                            f"while [ ! -e {gate} ]; do sleep 0.02; done; echo first")
+    wait_for(lambda: serve.cli_json("status")["running"],
+             what="the first job to run")
+    holder = hold_write_lock(serve.state_dir / "motor.db")
+    try:
+        gate.touch()  # the first job ends while the lock is held: its end waits
+        second = serve.cli_popen("run", "--", "echo", "second")  # its acceptance waits
+        wait_for(lambda: lock_causes(serve), what="health to name the held write lock")
+        assert first.poll() is None and second.poll() is None
+        assert serve.proc.poll() is None
+    finally:
+        release(holder)
+    out1, err1 = first.communicate(timeout=60)
+    out2, err2 = second.communicate(timeout=60)
+    assert (first.returncode, out1) == (0, b"first\n"), err1
+    assert (second.returncode, out2) == (0, b"second\n"), err2
+    wait_for(lambda: serve.cli_json("health")["status"] == "ok", what="health ok again")
+    store = serve.cli_json("health")["store"]
+    assert store["locked_writes"] >= 1 and store["locked_ms"] == 0
+    jobs = serve.cli_json("jobs")
+    states = {j["state"] for j in (jobs["jobs"] if isinstance(jobs, dict) else jobs)}
+    assert states == {"succeeded"}
+    assert serve.stop() == 0
+    log = serve.log.read_text()
+    assert "write lock is free again" in log and "Traceback" not in log
+
+
+def test_serve_starts_while_another_process_holds_the_database_write_lock(serve_factory):
+    serve = serve_factory("--isolation", "none").start()
+    assert serve.stop() == 0  # the database exists
+    holder = hold_write_lock(serve.state_dir / "motor.db")
+    try:
+        serve.start()
+        run = serve.cli_popen("run", "--", "echo", "accepted")
+        wait_for(lambda: lock_causes(serve), what="health to name the held write lock")
+        assert run.poll() is None
+    finally:
+        release(holder)
+    out, err = run.communicate(timeout=60)
+    assert (run.returncode, out) == (0, b"accepted\n"), err
+    assert serve.stop() == 0

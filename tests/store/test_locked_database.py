@@ -1,0 +1,181 @@
+"""Another connection holding the database's write lock (docs/operations.md, "When another
+process locks the database"; through `motor serve`: tests/e2e/test_locked_database_serve.py).
+
+The rule, pure (`CommitPace`), then a real store actor on a real SQLite database on trio's
+real clock: a second connection runs `BEGIN EXCLUSIVE`, as an sqlite3 shell left in a write
+transaction does. A write on the event loop never waits for that lock: it goes to a worker
+thread and waits there, saves arriving meanwhile wait with it, and each is answered once
+the lock is free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+
+import trio
+import trio.testing
+
+from motor.handles import StoreHandle
+from motor.records import Accepted, JobRecord
+from motor.store import actor as store_actor
+from motor.store.actor import StoreActor
+from motor.store.db import Database, StoreLocked
+from motor.store.grouping import commit_group
+from motor.store.hub import ChangeHub
+from motor.store.pace import CALM_S, CommitPace
+from tests.store_helpers import GatedStore
+
+
+def record(job_id: str) -> JobRecord:
+    return JobRecord(job_id=job_id, state="queued", workspace="w", claim=1, command=["true"],
+                     accepted_at_ms=0)
+
+
+# -- the rule ------------------------------------------------------------------------------
+
+
+def test_a_held_write_lock_keeps_the_commits_off_the_loop_until_calm_after_it_is_free():
+    pace = CommitPace()
+    pace.locked(5.0)
+    assert pace.off_loop and pace.locked_since == 5.0 and pace.moves_off_loop == 1
+    assert pace.place(5.0 + 3 * CALM_S) is True  # held for longer than the calm: still off
+    pace.locked(5.0 + 3 * CALM_S)
+    assert pace.locked_since == 5.0 and pace.locked_writes == 2 and pace.moves_off_loop == 1
+    assert pace.unlocked() == 5.0 and pace.locked_since is None
+    assert pace.unlocked() is None
+    assert pace.place(5.0 + 4 * CALM_S - 0.001) is True  # the calm counts from the last one
+    assert pace.place(5.0 + 4 * CALM_S) is False
+
+
+async def test_a_locked_group_is_raised_whole_and_no_waiting_save_is_answered():
+    answered = []
+
+    class Token:
+        def reply(self, answer):
+            answered.append(answer)
+
+        def fail(self, exc):
+            answered.append(exc)
+
+    async def commit(msgs):
+        raise StoreLocked("another connection holds the database's write lock")
+
+    for waiting in ([], [("b", Token()), ("c", None)]):
+        try:
+            await commit_group(commit, "a", waiting, store_actor.log)
+        except StoreLocked:
+            pass
+        else:
+            raise AssertionError("StoreLocked was not raised")
+    assert answered == []
+
+
+# -- a real store actor --------------------------------------------------------------------
+
+
+class ThreadNotingDatabase(Database):
+    """The real database; notes the thread of each write attempt."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.threads: list[int] = []
+
+    def save_many(self, writes, *lock_wait):
+        self.threads.append(threading.get_ident())
+        return super().save_many(writes, *lock_wait)
+
+
+@contextlib.contextmanager
+def write_lock_held(db: Database):
+    """Another connection holding the database's write lock for the block."""
+    other = sqlite3.connect(db.path, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    try:
+        yield
+    finally:
+        other.execute("COMMIT")
+        other.close()
+
+
+async def until(predicate, what: str) -> None:
+    with trio.fail_after(10):
+        while not predicate():
+            await trio.sleep(0.005)
+
+
+async def test_a_write_that_finds_the_lock_held_waits_for_it_in_a_thread(tmp_path, monkeypatch):
+    monkeypatch.setattr(store_actor, "LOCK_WAIT_MS", 50)  # each attempt in the thread
+    loop_thread = threading.get_ident()
+    db = ThreadNotingDatabase(tmp_path / "motor.db")
+    async with trio.open_nursery() as nursery:
+        store = StoreHandle(await nursery.start(StoreActor(db, ChangeHub()).run))
+        await store.save(record("a0"))
+        done = []
+
+        async def save(job_id):
+            events = await store.save(record(job_id), [Accepted(job_id=job_id, claim=1)])
+            done.append((job_id, [e.seq for e in events]))
+
+        with write_lock_held(db):
+            nursery.start_soon(save, "a1")
+            await until(lambda: db.pace.locked_since is not None, "a1 to find the lock")
+            nursery.start_soon(save, "a2")
+            await until(lambda: len(db.threads) >= 4, "attempts in the thread")
+            # the loop runs (this task does), nothing is answered, reads see what was there
+            assert done == [] and db.get("a0") is not None and db.get("a1") is None
+            assert db.pace.off_loop and db.pace.waiting_s(trio.current_time()) > 0
+        await until(lambda: len(done) == 2, "both saves to be answered")
+        assert done == [("a1", [1]), ("a2", [1])]
+        assert db.get("a1") is not None and db.get("a2") is not None
+        assert db.threads[1] == loop_thread  # a1's first attempt, on the loop, did not wait
+        assert all(t != loop_thread for t in db.threads[2:])
+        assert db.pace.locked_since is None and db.pace.locked_writes >= 2
+        nursery.cancel_scope.cancel()
+    db.close()
+
+
+async def test_saves_taken_with_a_write_that_found_the_lock_are_written_with_it(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(store_actor, "LOCK_WAIT_MS", 50)
+    db = ThreadNotingDatabase(tmp_path / "motor.db")
+    async with trio.open_nursery() as nursery:
+        actor = GatedStore(db, ChangeHub())
+        store = StoreHandle(await nursery.start(actor.run))
+        answers = {}
+
+        async def save(job_id):
+            events = await store.save(record(job_id), [Accepted(job_id=job_id, claim=1)])
+            answers[job_id] = [e.seq for e in events]
+
+        with write_lock_held(db):
+            for job_id in ("b0", "b1", "b2"):  # b0 held at `go`, b1 and b2 in the inbox
+                nursery.start_soon(save, job_id)
+                await trio.testing.wait_all_tasks_blocked()
+            actor.go.set()
+            await until(lambda: len(db.threads) >= 2, "the group to wait in the thread")
+            assert answers == {}
+        await until(lambda: len(answers) == 3, "every save to be answered")
+        assert answers == {"b0": [1], "b1": [1], "b2": [1]}
+        assert db.commits == 1  # the three together, in one transaction
+        assert [r.job_id for r in db.live()] == ["b0", "b1", "b2"]
+        nursery.cancel_scope.cancel()
+    db.close()
+
+
+async def test_an_expiry_that_finds_the_lock_held_deletes_nothing_and_the_store_serves_on(
+        tmp_path):
+    db = Database(tmp_path / "motor.db")
+    async with trio.open_nursery() as nursery:
+        store = StoreHandle(await nursery.start(StoreActor(db, ChangeHub()).run))
+        ended = JobRecord(job_id="c0", state="succeeded", workspace="w", claim=1,
+                          command=["true"], accepted_at_ms=0)
+        await store.save(ended, retain_until_ms=5)
+        with write_lock_held(db):
+            assert await store.expire(10) == []  # the next round deletes it
+            assert db.pace.locked_since is not None and db.get("c0") is not None
+        assert await store.expire(10) == ["c0"]
+        assert db.get("c0") is None and db.pace.locked_since is None
+        nursery.cancel_scope.cancel()
+    db.close()
