@@ -103,6 +103,18 @@ def test_only_one_runner_per_state_dir(serve, serve_factory):
     assert second.proc.returncode == 2
 
 
+def test_a_second_runner_is_refused_even_after_runner_lock_was_removed(serve, serve_factory):
+    """`rm runner.lock` (a "stale lock" cleaned by hand) used to let a second runner start
+    beside the live one: the state dir itself is locked too."""
+    (serve.state_dir / "runner.lock").unlink()
+    second = serve_factory(state_dir=serve.state_dir)
+    second.args += ["--socket", str(serve.state_dir / "other.sock")]
+    with pytest.raises(RuntimeError, match=f"in use by another runner \\(pid {serve.proc.pid}\\)"):
+        second.start()
+    assert second.proc.returncode == 2
+    assert serve.cli("run", "--", "echo", "still").stdout == b"still\n"
+
+
 def test_bad_serve_options_print_one_line_and_exit_2(serve_factory, tmp_path):
     for args in (["--max-weight", "x"], ["--isolation", "bogus"], ["--no-such-option"],
                  ["--linux-cpus", ""], ["--linux-cpus", "0", "--max-weight", "0"],

@@ -7,6 +7,8 @@ barriers and events, never with sleeps.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import trio
 
@@ -103,6 +105,10 @@ async def test_a_second_runner_on_the_same_state_dir_is_refused(tmp_path, autoju
     cfg = config(tmp_path)
     async with motor.open_runner(cfg):
         with pytest.raises(motor.StartupError, match="in use by another runner"):
+            async with motor.open_runner(cfg):
+                pass  # pragma: no cover
+        (tmp_path / "state" / "runner.lock").unlink()  # a "stale lock" removed by hand
+        with pytest.raises(motor.StartupError, match=f"another runner \\(pid {os.getpid()}\\)"):
             async with motor.open_runner(cfg):
                 pass  # pragma: no cover
 
