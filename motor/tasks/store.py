@@ -206,22 +206,44 @@ class ClientDir:
         publish twice (complete_runner_spawn), so a lock on the queue file's inode would let
         a second holder in between those publishes."""
         self.ensure()
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        fds = _queue_lock(self.root, self.lock_path)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             try:
-                try:
-                    queue = _read(self.queue_path, QueueFile, QueueFile())
-                except FileNotFoundError:
-                    queue = QueueFile()
-                locked = Locked(self, queue, self.read_runners(), self.observe)
-                result = fn(locked)
-                locked.publish()
-                return result
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
+                queue = _read(self.queue_path, QueueFile, QueueFile())
+            except FileNotFoundError:
+                queue = QueueFile()
+            locked = Locked(self, queue, self.read_runners(), self.observe)
+            result = fn(locked)
+            locked.publish()
+            return result
         finally:
+            for fd in reversed(fds):  # unlocked first: a forked child may share the fd
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+
+
+def _queue_lock(root: Path, lock_path: Path) -> list[int]:
+    """Take the QueueLock (blocking): flock the client dir itself, then `queue.json.lock`;
+    the fds to close. The lock file keeps out a client of an older motor, which locks only
+    it; the directory's lock is the one a removed file cannot lose (`rm queue.json.lock`
+    while a critical section ran let a second one in beside it). Where a directory cannot
+    be locked (NFS), the file's lock alone."""
+    fds: list[int] = []
+    try:
+        dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fds.append(dir_fd)
+        try:
+            fcntl.flock(dir_fd, fcntl.LOCK_EX)
+        except OSError:
+            fds.remove(dir_fd)
+            os.close(dir_fd)
+        fds.append(os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        fcntl.flock(fds[-1], fcntl.LOCK_EX)
+    except BaseException:
+        for fd in fds:
             os.close(fd)
+        raise
+    return fds
 
 
 def new_token() -> uuid.UUID:

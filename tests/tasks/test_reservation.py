@@ -6,15 +6,19 @@ on one real queue file and explicit barriers.  No sleeps."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import stat
 import threading
+import time
 import uuid
 
 import msgspec
 import pytest
 import trio
 
-from motor.tasks import core
+from motor.tasks import core, store
 from motor.tasks.client import TaskClient
 from motor.tasks.detached import take_over_reserved_slot
 from motor.tasks.queue import open_queue
@@ -502,3 +506,64 @@ def test_a_critical_section_that_publishes_twice_excludes_other_processes_in_bet
     t2.join(30)
     assert blocked
     assert sorted(e.task_id for e in ClientDir(root).read_queue().entries) == ["a", "b", "c"]
+
+
+def _flock_waiters(path) -> int:
+    """Processes blocked in flock on the file or directory at `path` (/proc/locks)."""
+    st = os.stat(path)
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    with open("/proc/locks") as locks:
+        return sum(1 for line in locks if "->" in line and line.split()[6] == inode)
+
+
+def test_a_removed_lock_file_lets_no_second_critical_section_in(tmp_path, procs):
+    """`rm queue.json.lock` while a critical section runs (a "stale lock" cleaned by hand):
+    a second section, which opens a new lock file, must still wait for the first; the
+    client dir's own lock keeps it out (docs/tasks.md, "Client state")."""
+    root = tmp_path / "c"
+    ClientDir(root).ensure()
+    inside, go_on, order = threading.Event(), threading.Event(), []
+
+    def first(L):
+        order.append("first in")
+        inside.set()
+        assert go_on.wait(30)
+        core.enqueue(L.queue, task_id="a", turn_id="1", owner=procs.spawn(), now_ms=1)
+        order.append("first out")
+
+    def second(L):
+        order.append("second in")
+        core.enqueue(L.queue, task_id="b", turn_id="1", owner=procs.spawn(), now_ms=2)
+
+    t1 = threading.Thread(target=ClientDir(root, observe=procs).critical, args=(first,))
+    t1.start()
+    assert inside.wait(30)
+    (root / "queue.json.lock").unlink()
+    t2 = threading.Thread(target=ClientDir(root, observe=procs).critical, args=(second,))
+    t2.start()
+    deadline = time.monotonic() + 30
+    while not _flock_waiters(root) and "second in" not in order and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert order == ["first in"]  # the second waits on the client dir's lock
+    go_on.set()
+    t1.join(30)
+    t2.join(30)
+    assert order == ["first in", "first out", "second in"]
+    assert sorted(e.task_id for e in ClientDir(root).read_queue().entries) == ["a", "b"]
+
+
+def test_where_the_client_dir_cannot_be_locked_the_lock_file_alone_holds(tmp_path, procs,
+                                                                        monkeypatch):
+    real, dirs = fcntl.flock, []
+
+    def flock(fd, op):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            dirs.append(fd)
+            raise OSError(95, "Operation not supported")  # as NFS answers for a directory
+        return real(fd, op)
+
+    monkeypatch.setattr(store.fcntl, "flock", flock)
+    cdir = ClientDir(tmp_path / "c", observe=procs)
+    cdir.critical(lambda L: core.enqueue(L.queue, task_id="a", turn_id="1", owner=procs.spawn(),
+                                         now_ms=1))
+    assert dirs and [e.task_id for e in cdir.read_queue().entries] == ["a"]
