@@ -122,6 +122,9 @@ def _flag(query: dict[str, list[str]], name: str) -> bool:
     raise _refuse("bad_request", f"query parameter {name} wants 1 or 0, got {values[-1]!r}")
 
 
+_INT64_MAX = 2**63 - 1
+
+
 def _int_param(query: dict[str, list[str]], name: str, default: int) -> int:
     values = query.get(name)
     if not values:
@@ -132,6 +135,8 @@ def _int_param(query: dict[str, list[str]], name: str, default: int) -> int:
         raise _refuse("bad_request", f"query parameter {name} wants an integer, got {values[-1]!r}") from None
     if value < 0:
         raise _refuse("bad_request", f"query parameter {name} must be >= 0")
+    if value > _INT64_MAX:  # the job database's integers are 64-bit
+        raise _refuse("bad_request", f"query parameter {name} must be at most {_INT64_MAX}")
     return value
 
 

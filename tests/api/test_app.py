@@ -229,6 +229,9 @@ async def test_bad_query_parameters(http):
     job_id = (await http.post("/v1/jobs", json={"command": ["true"]})).json()["job_id"]
     assert_refusal(await http.get(f"/v1/jobs/{job_id}/events?from_seq=x"), 400, "bad_request")
     assert_refusal(await http.get(f"/v1/jobs/{job_id}/events?from_seq=-1"), 400, "bad_request")
+    too_big = await http.get(f"/v1/jobs/{job_id}/events?from_seq={2**63}")
+    assert_refusal(too_big, 400, "bad_request")
+    assert too_big.json()["detail"] == f"query parameter from_seq must be at most {2**63 - 1}"
 
 
 async def test_events_refusals_get_their_status(http, fake):

@@ -51,6 +51,11 @@ def test_each_bad_request_says_what_is_wrong_with_it(serve):
                 (b'{"command": ["a\\u0000b"]}', "command arguments must not contain NUL bytes")):
             r = client.post("/v1/jobs", content=body, headers={"content-type": "application/json"})
             assert (r.status_code, r.json()["detail"]) == (400, detail), body
+        # before stop 50 a from_seq past SQLite's integers was an internal_error
+        job_id = client.post("/v1/jobs", json={"command": ["true"]}).json()["job_id"]
+        r = client.get(f"/v1/jobs/{job_id}/events", params={"from_seq": str(10**23)})
+        assert (r.status_code, r.json()["code"]) == (400, "bad_request"), r.text
+        assert r.json()["detail"] == f"query parameter from_seq must be at most {2**63 - 1}"
 
 
 def test_hundreds_of_bad_requests_then_a_job_runs(serve):
