@@ -70,13 +70,22 @@ def _client_options() -> argparse.ArgumentParser:
     return p
 
 
+def seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds, 0 or more (inf or nan would reach the
+    request's JSON, which has no such numbers)."""
+    value = float(text)  # ValueError: argparse says "invalid seconds value"
+    if not (0.0 <= value < float("inf")):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number of seconds >= 0")
+    return value
+
+
 def _job_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("job")
     g.add_argument("--workspace", metavar="NAME", default="default", help="workspace name (default: default)")
     g.add_argument("--weight", metavar="N", type=int, help="vCPU weight hint (the claim)")
-    g.add_argument("--queue-wait-limit", metavar="SECONDS", type=float,
+    g.add_argument("--queue-wait-limit", metavar="SECONDS", type=seconds,
                    help="give up (refused_before_start/queue_wait_exceeded) when not started by then")
-    g.add_argument("--timeout", metavar="SECONDS", type=float, help="execution timeout")
+    g.add_argument("--timeout", metavar="SECONDS", type=seconds, help="execution timeout")
     g.add_argument("--gate", action="store_true", help="a gate job (honoured when both sides speak gate_jobs)")
     g.add_argument("--kind", choices=["job", "warm_build", "cache_fill"], default="job", help="job kind (default job)")
     g.add_argument("--head", action="store_true", help="workspace_kind head")
@@ -542,7 +551,7 @@ def read_requests(path: str) -> list:
         raise UsageError(f"--from {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if text.lstrip()[:1] == "[":
         try:
-            items = json.loads(text)
+            items = json.loads(text, parse_constant=_not_json)
         except ValueError as exc:
             raise UsageError(f"--from {path}: not a JSON list: {exc}") from None
         if not isinstance(items, list):
@@ -553,10 +562,15 @@ def read_requests(path: str) -> list:
         if not line.strip():
             continue
         try:
-            items.append(json.loads(line))
+            items.append(json.loads(line, parse_constant=_not_json))
         except ValueError as exc:
             raise UsageError(f"--from {path}: line {number} is not JSON: {exc}") from None
     return items
+
+
+def _not_json(name: str):
+    """Python's json reads NaN and Infinity, which JSON has not (nor can a request carry)."""
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def _submit_from(args: argparse.Namespace) -> int:

@@ -138,6 +138,8 @@ def test_submit_from_stdin_with_a_json_list_and_json_output(serve):
 @pytest.mark.parametrize("args, text, needle", [
     ((), '{"command": ["true"]}\n{"command": ["true"\n', "line 2 is not JSON"),
     ((), '[{"command": ["true"]},', "not a JSON list"),
+    ((), '{"command": ["true"], "timeout_s": Infinity}\n', "line 1 is not JSON: Infinity is not"),
+    ((), '[{"command": ["true"], "timeout_s": NaN}]', "not a JSON list: NaN is not a JSON value"),
     (("--workspace", "w"), '{"command": ["true"]}\n', "takes the job options from FILE, not from --workspace"),
     (("--", "true"), '{"command": ["true"]}\n', "takes no command after --"),
 ])
