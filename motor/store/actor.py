@@ -24,6 +24,7 @@ follower that has read the database to its end takes the next ones from the hub
 
 from __future__ import annotations
 
+import functools
 import logging
 import sqlite3
 import time
@@ -132,9 +133,9 @@ class StoreActor(actors.Actor):
             waiting += self.take_waiting(is_save, GROUP_MAX - len(waiting))
             return await self._group(msg, waiting, off_loop)
         if isinstance(msg, Expire):
+            expire = functools.partial(self.db.expire, lock_wait_ms=LOCK_WAIT_MS if off_loop else 0)
             try:
-                ids = await self.offload(self.db.expire, msg.now_ms, 1000, LOCK_WAIT_MS) \
-                    if off_loop else self.db.expire(msg.now_ms)
+                ids = await self.offload(expire, msg.now_ms) if off_loop else expire(msg.now_ms)
             except StoreLocked as exc:  # the next round deletes them
                 self._lock.found(exc)
                 return []

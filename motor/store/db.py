@@ -556,7 +556,10 @@ class Database:
                 self._failed_write(exc, "cannot delete expired jobs")
                 raise
             self._clocked.difference_update(ids)
-        self.reclaim()
+        try:
+            self.reclaim()
+        except StoreLocked:  # the deletions stand; a later round hands the pages back
+            pass
         return ids
 
     def reclaim(self) -> int:

@@ -233,7 +233,7 @@ async def test_expiry_runs_where_the_commits_run(tmp_path, slow):
         await store.save(done, retain_until_ms=5)
         threads = []
         real = db.expire
-        db.expire = lambda now_ms, *rest: (threads.append(threading.get_ident()),
-                                           real(now_ms, *rest))[1]
+        db.expire = lambda now_ms, **kw: (threads.append(threading.get_ident()),
+                                          real(now_ms, **kw))[1]
         assert await store.expire(10) == ["c0"]
         assert (threads[0] != loop_thread) is slow

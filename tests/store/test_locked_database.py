@@ -179,3 +179,18 @@ async def test_an_expiry_that_finds_the_lock_held_deletes_nothing_and_the_store_
         assert db.get("c0") is None and db.pace.locked_since is None
         nursery.cancel_scope.cancel()
     db.close()
+
+
+def test_an_expiry_whose_page_reclaim_finds_the_lock_keeps_its_deletions(tmp_path, monkeypatch):
+    db = Database(tmp_path / "motor.db")
+    ended = JobRecord(job_id="d0", state="succeeded", workspace="w", claim=1,
+                      command=["true"], accepted_at_ms=0)
+    db.save(ended, retain_until_ms=5)
+
+    def reclaim():
+        raise StoreLocked("cannot hand free pages back: another connection holds the lock")
+
+    monkeypatch.setattr(db, "reclaim", reclaim)
+    assert db.expire(10) == ["d0"]  # committed before the reclaim: reported, not lost
+    assert db.get("d0") is None
+    db.close()
