@@ -14,6 +14,7 @@ from motor.cli.outcome import (
     exit_status,
     outcome_line,
 )
+from motor.cli.text import printable
 from motor.client import Client, RunnerUnavailable, default_socket_str, json_bytes, refusal_of
 
 TYPE_CHECKING = False
@@ -173,7 +174,9 @@ def register(sub: argparse._SubParsersAction, only: str | None = None) -> None:
 
 
 def _err(line: str) -> None:
-    sys.stderr.write(line.rstrip("\n") + "\n")
+    """One line on stderr; the runner's text in it (a detail may quote a job's command)
+    with its control characters escaped (motor/cli/text.py)."""
+    sys.stderr.write(printable(line.rstrip("\n")) + "\n")
     sys.stderr.flush()
 
 

@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from motor.cli.text import printable
+
 
 def console() -> Console:
     file = sys.stdout
@@ -72,6 +74,7 @@ def command(value: Any, limit: int = 60) -> str:
         text = " ".join(str(a) for a in value)
     else:
         text = "" if value is None else str(value)
+    text = printable(text)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -91,12 +94,12 @@ def cell(key: str, value: Any) -> Text:
     if isinstance(value, bool):
         return Text("yes" if value else "no")
     if isinstance(value, list) and all(not isinstance(v, (dict, list)) for v in value):
-        return Text(",".join(str(v) for v in value) or "-")
+        return Text(printable(",".join(str(v) for v in value)) or "-")
     if isinstance(value, (dict, list)):
         import msgspec
 
-        return Text(msgspec.json.encode(value).decode())
-    return Text(str(value))
+        return Text(msgspec.json.encode(value).decode())  # JSON escapes control characters
+    return Text(printable(str(value)))
 
 
 def _outcome(rec: dict) -> str:
@@ -104,7 +107,7 @@ def _outcome(rec: dict) -> str:
         return f"signal {rec['signal']}"
     if rec.get("exit_code") is not None:
         return str(rec["exit_code"])
-    return rec.get("reason") or "-"
+    return printable(str(rec.get("reason") or "-"))
 
 
 def _capacity_line(capacity: Any) -> Text | None:
@@ -135,6 +138,7 @@ def status(data: dict, con: Console | None = None) -> None:
             waiting += f" ({rec['waiting_on_job']})"
         if rec.get("waiting_detail"):
             waiting += f": {rec['waiting_detail']}"
+        waiting = printable(waiting)
         table.add_row(
             Text(str(rec.get("job_id", "?"))), Text(str(rec.get("state", "?"))),
             Text(str(rec.get("workspace", "-"))), Text(str(rec.get("claim", "-"))),
@@ -208,7 +212,7 @@ def _generic(con: Console, data: dict) -> None:
             if value and all(isinstance(v, dict) for v in value):
                 con.print(_table_of_rows(key, value))
             else:
-                con.print(Text(f"{key}: " + (", ".join(map(str, value)) or "none")))
+                con.print(Text(printable(f"{key}: " + (", ".join(map(str, value)) or "none"))))
 
 
 def _isolation(value: Any) -> str:
@@ -228,7 +232,8 @@ def health(data: dict) -> None:
     if data.get("status") == "degraded":  # first: what needs the operator
         con.print(Text("status: DEGRADED", style="bold red"))
         for trouble in data.get("degraded") or []:
-            con.print(Text(f"  {trouble.get('subsystem')}: {trouble.get('cause')}", style="red"))
+            con.print(Text(printable(f"  {trouble.get('subsystem')}: {trouble.get('cause')}"),
+                           style="red"))
     con.print(Text(f"isolation: {_isolation(data.get('isolation'))}"))
     line = _capacity_line(data.get("capacity"))
     if line is not None:
@@ -271,7 +276,7 @@ def health(data: dict) -> None:
             table.add_column(col)
         for name, t in repos.items():
             by = t.get("jobs_by_vcpus") or {}
-            table.add_row(Text(str(name)), Text(f"{t.get('reserved_vcpu_seconds', 0):g}"),
+            table.add_row(Text(printable(str(name))), Text(f"{t.get('reserved_vcpu_seconds', 0):g}"),
                           Text(str(t.get("finished_jobs", 0))),
                           Text("  ".join(f"{k}:{v}" for k, v in by.items()) or "-"),
                           Text(str(t.get("queue_wait_refusals", 0))))
@@ -299,7 +304,7 @@ def health(data: dict) -> None:
         for col in ("job", "repository", "claim", "wall", "cpu", "use"):
             table.add_column(col)
         for u in underused:
-            table.add_row(Text(str(u.get("job_id"))), Text(str(u.get("repository", "-"))),
+            table.add_row(Text(str(u.get("job_id"))), Text(printable(str(u.get("repository", "-")))),
                           Text(str(u.get("claim"))), Text(duration_ms(u.get("wall_time_ms"))),
                           Text(duration_ms(u.get("cpu_time_ms"))),
                           Text(f"{(u.get('average_use_ppm') or 0) / 10_000:.1f}%"))

@@ -11,6 +11,7 @@ from pathlib import Path
 import msgspec
 
 from motor.cli.outcome import EXIT_CANCELLED, EXIT_UNAVAILABLE
+from motor.cli.text import printable
 
 EXIT_BAD_INPUT = 2
 EXIT_REFUSED = 75
@@ -82,7 +83,9 @@ class BadInput(Exception):
 
 
 def _err(line: str) -> None:
-    sys.stderr.write(line.rstrip("\n") + "\n")
+    """One line on stderr, control characters escaped (a worker's detail may quote a
+    command; motor/cli/text.py)."""
+    sys.stderr.write(printable(line.rstrip("\n")) + "\n")
     sys.stderr.flush()
 
 

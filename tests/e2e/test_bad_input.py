@@ -10,6 +10,8 @@ import socket
 import httpx
 import pytest
 
+from tests.polling import wait_for
+
 pytestmark = pytest.mark.e2e
 
 
@@ -116,3 +118,20 @@ def test_hundreds_of_bad_requests_then_a_job_runs(serve):
     result = serve.cli("run", "--", "sh", "-c", "echo still serving")
     assert result.returncode == 0, result.stderr
     assert result.stdout == b"still serving\n"
+
+
+def test_control_characters_from_a_job_never_reach_the_operators_terminal_raw(serve):
+    """A job's command (anyone who may submit writes it) is shown with its control
+    characters escaped by `motor status` and `motor jobs`, and so is a detail that quotes it
+    on stderr (motor/cli/text.py); before stop 50 an ESC went to the terminal as it was."""
+    hostile = "sleep 30 #\x1b]0;pwned\x07\x1b[31mred\n"
+    job_id = serve.cli("submit", "--", "sh", "-c", hostile).stdout.decode().strip()
+    wait_for(lambda: serve.cli_json("status")["running"], what="the job to run")
+    for command in ("status", "jobs"):
+        out = serve.cli(command).stdout
+        assert b"\x1b" not in out and b"\x07" not in out, out
+        assert b"\\x1b]0;pwned\\x07\\x1b[31mred\\n" in out, out
+    assert serve.cli("cancel", job_id).returncode == 0
+    failed = serve.cli("run", "--", "no-such-\x1b[2J-program")
+    assert failed.returncode == 127
+    assert b"\x1b" not in failed.stderr and b"no-such-\\x1b[2J-program" in failed.stderr
