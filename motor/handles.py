@@ -64,19 +64,24 @@ class StoreHandle(_Handle):
 
     async def save(self, record: JobRecord, events: Sequence[Event] = (), *,
                    log_offset: int | None = None, retain_until_ms: int | None = None,
-                   timeout: float | None = 30.0) -> list:
+                   timeout: float | None = None) -> list:
         """Upsert `record` and append `events` in one commit; the events with their seqs.
-        Raises `StoreFull` when the state filesystem is full (nothing written)."""
+        Raises `StoreFull` when the state filesystem is full (nothing written).
+
+        No timeout by default: a save the store has taken is written, however long it waits
+        (a stalled disk, another process's write lock: health says so), and a caller that
+        gave up would go on as if it were not (stop 50: a dispatcher that gave up after 30 s
+        restarted without a job whose acceptance was written after, and never started it)."""
         return await self.ref.call(Save(record=record, events=tuple(events), log_offset=log_offset,
                                         retain_until_ms=retain_until_ms), timeout=timeout)
 
     async def save_many(self, writes: Iterable[tuple], also: tuple[Save, ...] = (), *,
-                        timeout: float | None = 30.0) -> list[list]:
+                        timeout: float | None = None) -> list[list]:
         """Several `(record, events, retain_until_ms)` saves in ONE commit, all or none;
         each one's events with their seqs. Raises `StoreFull` (nothing written). A write
         `(record, (), None, True)` saves only the record's queue-wait clock (store/db.py,
         `ClockSave`). `also`: `Save`s written first in the same commit (another actor's,
-        taken along: `Finished.ride`)."""
+        taken along: `Finished.ride`). No timeout by default, as `save`."""
         return await self.ref.call(_save_many(writes, also), timeout=timeout)
 
     def save_many_now(self, writes: Iterable[tuple], also: tuple[Save, ...] = ()):
@@ -242,8 +247,10 @@ class DispatcherHandle(_Handle):
     async def finished(self, job_id: str, ride: Save | None = None) -> bool:
         """Waits until the dispatcher has returned the job's permits. `ride`: the job's
         terminal save, made with the dispatcher's next save while it handles this (the
-        next job's start); whether it was (if not, the caller saves it)."""
-        return await self.ref.call(Finished(job_id, ride)) is True
+        next job's start); whether it was (if not, the caller saves it). No timeout: the
+        dispatcher may be waiting on the store (as `StoreHandle.save`), and a caller that
+        gave up and asked again would end the job twice."""
+        return await self.ref.call(Finished(job_id, ride), timeout=None) is True
 
 
 class ExecutionHandle:

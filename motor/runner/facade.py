@@ -89,7 +89,14 @@ class Runner:
                 req = msgspec.convert(req, JobRequest)
             except msgspec.ValidationError as exc:
                 raise RefusedError(Refusal(code="bad_request", detail=f"malformed request: {exc}"))
-        reply = await self.handles.dispatcher.submit(req, follow)
+        try:
+            reply = await self.handles.dispatcher.submit(req, follow)
+        except actors.CallTimeout as exc:  # its acceptance may still be written after this
+            raise RefusedError(Refusal(code="submit_unconfirmed", detail=(
+                f"the runner did not confirm this submit within {exc.timeout:g} s (`motor "
+                "health` says what it waits for: e.g. the job database, on a slow disk or on "
+                "another process's lock); it may still be accepted: look for it in `motor "
+                "jobs` before submitting it again"))) from None
         if isinstance(reply, Refusal):
             raise RefusedError(reply)
         return reply

@@ -62,6 +62,10 @@ def test_a_database_locked_by_another_process_makes_writes_wait_and_health_say_s
         gate.touch()  # the first job ends while the lock is held: its end waits
         second = serve.cli_popen("run", "--", "echo", "second")  # its acceptance waits
         wait_for(lambda: lock_causes(serve), what="health to name the held write lock")
+        # held past the 30 s its callers once waited for a save or a job's end: a
+        # dispatcher that gave up restarted without the second job, written after it
+        wait_for(lambda: serve.cli_json("health", timeout=5)["store"]["locked_ms"] > 31_000,
+                 timeout=60, interval=0.5, what="the lock to be held for over 31 s")
         assert first.poll() is None and second.poll() is None
         assert serve.proc.poll() is None
     finally:
@@ -79,6 +83,7 @@ def test_a_database_locked_by_another_process_makes_writes_wait_and_health_say_s
     assert serve.stop() == 0
     log = serve.log.read_text()
     assert "write lock is free again" in log and "Traceback" not in log
+    assert "crashed" not in log, log
 
 
 def test_serve_starts_while_another_process_holds_the_database_write_lock(serve_factory):

@@ -14,11 +14,15 @@ import contextlib
 import sqlite3
 import threading
 
+import pytest
 import trio
 import trio.testing
 
-from motor.handles import StoreHandle
-from motor.records import Accepted, JobRecord
+import actors
+import motor
+from motor import handles
+from motor.handles import DispatcherHandle, StoreHandle
+from motor.records import Accepted, JobRecord, JobRequest, RefusedError
 from motor.store import actor as store_actor
 from motor.store.actor import StoreActor
 from motor.store.db import Database, StoreLocked
@@ -194,3 +198,61 @@ def test_an_expiry_whose_page_reclaim_finds_the_lock_keeps_its_deletions(tmp_pat
     assert db.expire(10) == ["d0"]  # committed before the reclaim: reported, not lost
     assert db.get("d0") is None
     db.close()
+
+
+class Waiting(actors.Actor):
+    """Answers each call (True) once `go` is set: a store or dispatcher at work on it."""
+
+    def __init__(self):
+        super().__init__(name="waiting")
+        self.go = trio.Event()
+
+    async def handle(self, msg):
+        await self.go.wait()
+        return True
+
+
+@pytest.mark.parametrize("call", [
+    lambda ref: StoreHandle(ref).save(record("e0")),
+    lambda ref: StoreHandle(ref).save_many([(record("e0"), (), None, None)]),
+    lambda ref: DispatcherHandle(ref).finished("e0"),
+], ids=["save", "save_many", "finished"])
+async def test_a_save_or_a_jobs_end_waits_as_long_as_its_actor_works_on_it(autojump_clock, call):
+    """No timeout: the call is being carried out (a write waiting for the lock, a dispatcher
+    waiting on that write), and a caller that gave up would act as if it were not (before
+    stop 50 these gave up after 30 s: a dispatcher restarted without a job accepted after,
+    a job actor ended its job twice)."""
+    async with trio.open_nursery() as nursery:
+        actor = Waiting()
+        ref = await nursery.start(actor.run)
+        answered = []
+
+        async def caller():
+            answered.append(await call(ref))
+
+        nursery.start_soon(caller)
+        await trio.sleep(3600)  # virtual: an hour of a held lock
+        assert answered == []
+        actor.go.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert answered == [True]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_submit_not_confirmed_in_time_says_it_may_still_be_accepted_and_it_runs(
+        tmp_path, monkeypatch):
+    """A submit whose acceptance waits past its caller's wait (SUBMIT_TIMEOUT_S, 330 s in
+    production; here 0.5 s) is answered `submit_unconfirmed`, not `internal_error`, and the
+    job is accepted once the lock is free and runs (an embedded runner, real time)."""
+    monkeypatch.setattr(handles, "SUBMIT_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(store_actor, "LOCK_WAIT_MS", 50)
+    config = motor.RunnerConfig(state_dir=str(tmp_path / "state"), isolation="none",
+                                free_space_floor_bytes=0)
+    async with motor.open_runner(config) as runner:
+        with write_lock_held(runner.db):
+            with pytest.raises(RefusedError) as refused:
+                await runner.submit(JobRequest(command=["echo", "late"], workspace="w"))
+            assert refused.value.refusal.code == "submit_unconfirmed"
+            assert "may still be accepted" in refused.value.refusal.detail
+        await until(lambda: [r.state for r in runner.db.listing()] == ["succeeded"],
+                    "the job accepted after the lock to run")
