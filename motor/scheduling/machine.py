@@ -566,6 +566,8 @@ class DispatchMachine:
             *self._after(now)]
 
     def _on_Finished(self, event: Finished, now, wall_ms):
+        if event.job_id not in self.active:  # asked again (its actor restarted after the
+            return [Reply(None, None)]  # first): its permits are back, its ride not taken
         self.active.discard(event.job_id)
         self.core.finished(event.job_id, now)
         return [*self._after(now), Reply(None, None)]

@@ -155,6 +155,20 @@ def test_a_start_the_store_refuses_releases_its_cpus_and_requeues():
     assert machine.core.statistics().held_permits == 0 and "j2" not in machine.active
 
 
+def test_a_jobs_end_told_twice_changes_nothing_the_second_time():
+    """A job's actor restarted after the dispatcher took its end asks again: the answer
+    says its terminal save was not taken along (the actor saves it), and nothing else
+    changes. (Before stop 50 the core raised and the dispatcher crashed.)"""
+    shell = Shell(m.DispatchMachine.new(SETTINGS))
+    submit(shell, "j1", "t1")
+    shell.run(m.DiskAnswered("j1", None))
+    shell.run(m.Finished("j1"))
+    machine = shell.machine
+    before = (machine.core.statistics(), set(machine.active), list(machine.queued))
+    assert machine.handle(m.Finished("j1"), 0.0, 1) == [m.Reply(None, None)]
+    assert (machine.core.statistics(), set(machine.active), list(machine.queued)) == before
+
+
 def test_an_admission_the_store_refuses_leaves_nothing_of_the_job_it_started():
     """The accept and the start are one save ("admit"); refused, the submit is refused
     runner_disk_full and nothing is left of the job: CPUs released, no permits, nothing
