@@ -104,9 +104,12 @@ def write_lock_held(db: Database):
 
 
 async def until(predicate, what: str) -> None:
-    with trio.fail_after(10):
+    """Bounded polling of what threads and a real clock move (fails naming `what`)."""
+    with trio.move_on_after(10):
         while not predicate():
             await trio.sleep(0.005)
+        return
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_a_write_that_finds_the_lock_held_waits_for_it_in_a_thread(tmp_path, monkeypatch):
