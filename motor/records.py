@@ -46,6 +46,7 @@ REFUSAL_HTTP_STATUS: dict[str, int] = {
     "already_ended": 409,
     "internal_error": 500,
     "submit_unconfirmed": 503,
+    "runner_busy": 503,
 }
 #: Codes that mean "refused before start": `motor run` exits 75 on them.
 WORKSPACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

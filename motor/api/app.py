@@ -204,6 +204,13 @@ class MotorApp:
                 await self._send_refusal(tracking_send, exc.refusal)
         except _Disconnected:
             pass
+        except trio.TooSlowError as exc:  # a part busy past its answer's bound (an actor call)
+            log.warning("%s %s: no answer in time: %s", scope.get("method"), scope.get("path"), exc)
+            if not started:
+                await self._send_refusal(tracking_send, Refusal(code="runner_busy", detail=(
+                    f"the runner did not answer in time ({exc}); `motor health` says what it "
+                    "waits for (e.g. the job database, on a slow disk or another process's "
+                    "lock); retry later")))
         except Exception as exc:  # the server keeps serving
             log.exception("internal error answering %s %s", scope.get("method"), scope.get("path"))
             if not started:

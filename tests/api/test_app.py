@@ -234,6 +234,23 @@ async def test_bad_query_parameters(http):
     assert too_big.json()["detail"] == f"query parameter from_seq must be at most {2**63 - 1}"
 
 
+async def test_a_runner_part_that_does_not_answer_in_time_is_503_runner_busy(http, fake,
+                                                                             monkeypatch):
+    """An actor call past its timeout (the dispatcher waiting on a locked job database, say)
+    is 503 `runner_busy`, not a 500 with a traceback; the server answers the next request."""
+    import actors
+
+    async def status(full: bool = False):
+        raise actors.CallTimeout("dispatcher", 30.0)
+
+    monkeypatch.setattr(fake, "status", status)
+    resp = await http.get("/v1/status")
+    assert_refusal(resp, 503, "runner_busy")
+    assert "call to actor 'dispatcher' timed out after 30.0s" in resp.json()["detail"]
+    monkeypatch.undo()
+    assert (await http.get("/v1/status")).status_code == 200
+
+
 async def test_events_refusals_get_their_status(http, fake):
     assert_refusal(await http.get("/v1/jobs/nope/events"), 404, "not_found")
     fake.expired.add("old")
