@@ -55,6 +55,11 @@ def _read(path: Path, type_, empty=None):
                              "or move it aside to start without it (docs/tasks.md)") from None
 
 
+def _unusable(root: Path, exc: OSError) -> ClientDirError:
+    return ClientDirError(f"client dir {root} cannot be used ({exc}): it must be a writable "
+                          "directory (docs/tasks.md, \"Client state\")")
+
+
 def default_client_dir() -> Path:
     return Path(os.path.expanduser("~/.local/state/motor-client"))
 
@@ -139,18 +144,23 @@ class ClientDir:
         self.logs_dir = self.root / "logs"
 
     def ensure(self) -> None:
-        for d in (self.root, self.tasks_dir, self.runners_dir, self.turns_dir, self.logs_dir):
-            d.mkdir(parents=True, exist_ok=True)
-        if not self.queue_path.exists():
-            try:
-                fd = os.open(self.queue_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                return
-            try:
-                os.write(fd, encode(QueueFile()))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        """The client dir's directories and an empty queue, made when missing;
+        ClientDirError when the dir cannot be used (read-only, not permitted, full)."""
+        try:
+            for d in (self.root, self.tasks_dir, self.runners_dir, self.turns_dir, self.logs_dir):
+                d.mkdir(parents=True, exist_ok=True)
+            if not self.queue_path.exists():
+                try:
+                    fd = os.open(self.queue_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                except FileExistsError:
+                    return
+                try:
+                    os.write(fd, encode(QueueFile()))
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        except OSError as exc:
+            raise _unusable(self.root, exc) from None
 
     def task_path(self, task_id: str) -> Path:
         return self.tasks_dir / f"{task_id}.json"
@@ -206,7 +216,10 @@ class ClientDir:
         publish twice (complete_runner_spawn), so a lock on the queue file's inode would let
         a second holder in between those publishes."""
         self.ensure()
-        fds = _queue_lock(self.root, self.lock_path)
+        try:  # a dir that cannot be written stops here (O_RDWR), before any section runs
+            fds = _queue_lock(self.root, self.lock_path)
+        except OSError as exc:
+            raise _unusable(self.root, exc) from None
         try:
             try:
                 queue = _read(self.queue_path, QueueFile, QueueFile())

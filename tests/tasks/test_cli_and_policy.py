@@ -16,7 +16,7 @@ from motor.tasks.records import QueueFile, RunnerRecord
 from motor.tasks.sections import reconcile_plan
 from motor.tasks.store import ClientDir, ClientDirError
 from motor.tasks.workers import Fleet, FleetError, WorkerSpec, load_fleet
-from tests.conftest import ROOT, motor_env
+from tests.conftest import ROOT, motor_env, read_only_tmpfs
 from tests.tasks.test_fleet_e2e import fleet, runner_processes  # noqa: F401 (fleet is a fixture)
 from tests.polling import wait_for
 
@@ -191,6 +191,21 @@ def test_capabilities_limit_which_workers_a_task_may_use(tmp_path):
     assert r.returncode == 69
     assert "worker mini-2 unreachable" in r.stderr and "mini-1" not in r.stderr   # only capable workers tried
     assert ClientDir(cdir).read_task(r.stdout.strip()).capabilities == ["gpu"]
+
+
+def test_a_client_dir_that_cannot_be_written_is_named_in_one_line(tmp_path):
+    """A client dir on a read-only file system (or one the user may not write): every task
+    command that writes says so in one line and exits 2 (before stop 50: a traceback)."""
+    cdir = tmp_path / "ro"
+    with read_only_tmpfs(cdir) as writable:
+        writable()
+        workers_toml(cdir, GOOD)
+        subprocess.run(["mount", "-o", "remount,ro", str(cdir)], check=True)
+        for args in (("reconcile",), ("submit", "--project", str(tmp_path), "--", "true")):
+            r = task(cdir, *args)
+            assert r.returncode == 2, (args, r.stderr)
+            assert r.stderr.startswith(f"motor: error: client dir {cdir} cannot be used ("), r.stderr
+            assert "Read-only file system" in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
 def test_a_damaged_queue_or_task_file_is_named_in_one_line_and_left_as_it_is(tmp_path):
