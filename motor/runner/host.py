@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import fcntl
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from ..cpu.topology import (
 )
 from ..disk.fsinfo import state_filesystem
 from ..isolation import HostProbe, IsolationError, choose_backend
+from ..locks import flock_holder, lock_dir_and_file, release
 from ..memory.host import read_ceiling
 
 
@@ -29,76 +29,38 @@ class StartupError(ConfigError):
 
 
 class StateDirLock:
-    """One runner per state dir: an exclusive flock on the state dir itself, and on
-    `<state-dir>/runner.lock` (which holds the runner's pid, for operators, and keeps a
-    runner of an older motor out too). The directory's lock is the one a removed file
-    cannot lose: `rm runner.lock` (a "stale lock" cleaned by hand) used to let a second
-    runner start beside a live one."""
+    """One runner per state dir: an exclusive flock on the state dir itself and on
+    `<state-dir>/runner.lock`, which holds the runner's pid for operators (motor/locks.py:
+    `rm runner.lock`, a "stale lock" cleaned by hand, used to let a second runner start
+    beside a live one)."""
 
     def __init__(self, state_dir: Path):
         self.path = state_dir / "runner.lock"
-        self.fd: int | None = None
-        self.dir_fd: int | None = None
+        self.fds: list[int] = []
 
     def acquire(self) -> None:
-        state, fds = self.path.parent, []
+        state = self.path.parent
         try:
-            dir_fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            fds.append(dir_fd)
-            try:
-                fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise
-            except OSError:  # a file system that cannot lock a directory (NFS): the file alone
-                fds.remove(dir_fd)
-                os.close(dir_fd)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            fds.append(fd)
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BaseException as exc:
-            holder = _holder(fds, self.path) if isinstance(exc, BlockingIOError) else None
-            for open_fd in fds:
-                os.close(open_fd)
-            if holder is None:
-                raise
-            raise StartupError(
-                f"state dir {state} is in use by another runner (pid {holder})") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self.fd, self.dir_fd = fd, (fds[0] if len(fds) == 2 else None)
+            self.fds = lock_dir_and_file(state, self.path, blocking=False, mode=0o600)
+        except BlockingIOError:
+            raise StartupError(f"state dir {state} is in use by another runner "
+                               f"(pid {_holder(state, self.path)})") from None
+        os.ftruncate(self.fds[-1], 0)
+        os.pwrite(self.fds[-1], f"{os.getpid()}\n".encode(), 0)
 
     def release(self) -> None:
-        for name in ("fd", "dir_fd"):
-            if (fd := getattr(self, name)) is not None:
-                os.close(fd)
-                setattr(self, name, None)
+        release(self.fds)
 
 
-def _holder(fds: list[int], path: Path) -> str:
-    """Who holds the lock that refused us: the pid of the state dir's flock in /proc/locks,
-    else the pid written in runner.lock."""
-    for fd in fds:
-        if (pid := _flock_holder(fd)) is not None:
-            return pid
+def _holder(state: Path, path: Path) -> str:
+    """Who holds the lock that refused us: the pid /proc/locks names for the state dir's or
+    runner.lock's flock, else the pid written in runner.lock."""
+    if (pid := flock_holder(state) or flock_holder(path)) is not None:
+        return pid
     try:
         return path.read_text(errors="replace").strip() or "unknown"
     except OSError:
         return "unknown: its runner.lock was removed"
-
-
-def _flock_holder(fd: int) -> str | None:
-    """The pid /proc/locks names for an flock on the file open at `fd` (None: not found)."""
-    st = os.fstat(fd)
-    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    try:
-        with open("/proc/locks") as locks:
-            for line in locks:
-                parts = line.split()
-                if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == inode:
-                    return parts[4]
-    except OSError:
-        pass
-    return None
 
 
 def _state_dir_problem(state: Path, path: Path, exc: OSError) -> str:

@@ -4,13 +4,13 @@ actor runs it in a worker thread, one message = one critical section).
 The lock is an fcntl lock (flock) on `C/queue.json.lock`, the queue file's lock file, held
 for the whole message.  (Not on `queue.json` itself: every publish replaces that file by
 rename, and one critical section may publish twice, so a lock on its inode would not
-exclude a second process between the two publishes.)  Task and runner records are also
-written under this lock.
+exclude a second process between the two publishes.)  The client dir itself is flocked
+first (motor/locks.py: a removed lock file cannot let a second section in).  Task and
+runner records are also written under this lock.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import time
 import uuid
@@ -20,6 +20,7 @@ from typing import Callable, TypeVar
 import msgspec
 import psutil
 
+from motor.locks import lock_dir_and_file, release
 from motor.tasks.core import Observation
 from motor.tasks.records import (
     ProcessIdentity,
@@ -216,8 +217,9 @@ class ClientDir:
         publish twice (complete_runner_spawn), so a lock on the queue file's inode would let
         a second holder in between those publishes."""
         self.ensure()
-        try:  # a dir that cannot be written stops here (O_RDWR), before any section runs
-            fds = _queue_lock(self.root, self.lock_path)
+        try:  # the client dir, then the file (motor/locks.py); a dir that cannot be
+            # written stops here (the file opened O_RDWR), before any section runs
+            fds = lock_dir_and_file(self.root, self.lock_path, blocking=True, mode=0o644)
         except OSError as exc:
             raise _unusable(self.root, exc) from None
         try:
@@ -230,33 +232,7 @@ class ClientDir:
             locked.publish()
             return result
         finally:
-            for fd in reversed(fds):  # unlocked first: a forked child may share the fd
-                fcntl.flock(fd, fcntl.LOCK_UN)
-                os.close(fd)
-
-
-def _queue_lock(root: Path, lock_path: Path) -> list[int]:
-    """Take the QueueLock (blocking): flock the client dir itself, then `queue.json.lock`;
-    the fds to close. The lock file keeps out a client of an older motor, which locks only
-    it; the directory's lock is the one a removed file cannot lose (`rm queue.json.lock`
-    while a critical section ran let a second one in beside it). Where a directory cannot
-    be locked (NFS), the file's lock alone."""
-    fds: list[int] = []
-    try:
-        dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        fds.append(dir_fd)
-        try:
-            fcntl.flock(dir_fd, fcntl.LOCK_EX)
-        except OSError:
-            fds.remove(dir_fd)
-            os.close(dir_fd)
-        fds.append(os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644))
-        fcntl.flock(fds[-1], fcntl.LOCK_EX)
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
-    return fds
+            release(fds)
 
 
 def new_token() -> uuid.UUID:

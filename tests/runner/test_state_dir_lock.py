@@ -12,7 +12,7 @@ import stat
 
 import pytest
 
-from motor.runner import host
+from motor import locks
 from motor.runner.host import StartupError, StateDirLock
 
 
@@ -37,11 +37,11 @@ def test_where_a_directory_cannot_be_locked_the_files_lock_alone_holds(tmp_path,
             raise OSError(errno.ENOLCK, "No locks available")
         return real(fd, op)
 
-    monkeypatch.setattr(host.fcntl, "flock", flock)
+    monkeypatch.setattr(locks.fcntl, "flock", flock)
     first = StateDirLock(tmp_path)
     first.acquire()
-    assert first.dir_fd is None and first.fd is not None
+    assert len(first.fds) == 1  # runner.lock's alone
     with pytest.raises(StartupError, match=rf"\(pid {os.getpid()}\)"):
         StateDirLock(tmp_path).acquire()
     first.release()
-    assert first.fd is None
+    assert first.fds == []

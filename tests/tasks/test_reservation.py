@@ -18,7 +18,8 @@ import msgspec
 import pytest
 import trio
 
-from motor.tasks import core, store
+from motor import locks
+from motor.tasks import core
 from motor.tasks.client import TaskClient
 from motor.tasks.detached import take_over_reserved_slot
 from motor.tasks.queue import open_queue
@@ -510,10 +511,9 @@ def test_a_critical_section_that_publishes_twice_excludes_other_processes_in_bet
 
 def _flock_waiters(path) -> int:
     """Processes blocked in flock on the file or directory at `path` (/proc/locks)."""
-    st = os.stat(path)
-    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    with open("/proc/locks") as locks:
-        return sum(1 for line in locks if "->" in line and line.split()[6] == inode)
+    wanted = locks.proc_locks_id(path)
+    with open("/proc/locks") as proc_locks:
+        return sum(1 for line in proc_locks if "->" in line and line.split()[6] == wanted)
 
 
 def test_a_removed_lock_file_lets_no_second_critical_section_in(tmp_path, procs):
@@ -562,7 +562,7 @@ def test_where_the_client_dir_cannot_be_locked_the_lock_file_alone_holds(tmp_pat
             raise OSError(95, "Operation not supported")  # as NFS answers for a directory
         return real(fd, op)
 
-    monkeypatch.setattr(store.fcntl, "flock", flock)
+    monkeypatch.setattr(locks.fcntl, "flock", flock)
     cdir = ClientDir(tmp_path / "c", observe=procs)
     cdir.critical(lambda L: core.enqueue(L.queue, task_id="a", turn_id="1", owner=procs.spawn(),
                                          now_ms=1))

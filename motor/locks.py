@@ -1,0 +1,72 @@
+"""Locks that a removed file cannot lose: an flock on a directory and on a lock file in it.
+
+The runner's state dir (`runner.lock`, motor/runner/host.py) and the task client's dir (the
+QueueLock, `queue.json.lock`, motor/tasks/store.py) are each locked twice: the directory
+itself, which `rm <lock file>` (a "stale lock" cleaned by hand) cannot unlock, and the lock
+file, which keeps out a holder of an older motor that locks only the file. Where a
+directory cannot be locked (NFS answers an flock on one with an error), the file's lock
+alone holds, as before stop 50.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+__all__ = ["flock_holder", "lock_dir_and_file", "proc_locks_id", "release"]
+
+
+def lock_dir_and_file(directory: Path, file: Path, *, blocking: bool, mode: int) -> list[int]:
+    """An exclusive flock on `directory`, then on `file` (made with `mode` when missing), in
+    that order; the fds that hold them (`release`). BlockingIOError when not `blocking` and
+    either is held elsewhere; on any error nothing stays open or locked."""
+    op = fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB)
+    fds: list[int] = []
+    try:
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fds.append(dir_fd)
+        try:
+            fcntl.flock(dir_fd, op)
+        except BlockingIOError:
+            raise
+        except OSError:  # a file system that cannot lock a directory (NFS): the file alone
+            fds.remove(dir_fd)
+            os.close(dir_fd)
+        fds.append(os.open(file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode))
+        fcntl.flock(fds[-1], op)
+    except BaseException:
+        release(fds)
+        raise
+    return fds
+
+
+def release(fds: list[int]) -> None:
+    """Unlock and close `fds` (unlocked first: a forked child may share one), last first."""
+    for fd in reversed(fds):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError:
+            pass
+        os.close(fd)
+    fds.clear()
+
+
+def proc_locks_id(path: Path) -> str:
+    """How /proc/locks names the file at `path`: `MAJOR:MINOR:INODE` (hex device numbers)."""
+    st = os.stat(path)
+    return f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+
+
+def flock_holder(path: Path) -> str | None:
+    """The pid /proc/locks names for an flock held on the file at `path` (None: none seen)."""
+    try:
+        wanted = proc_locks_id(path)
+        with open("/proc/locks") as locks:
+            for line in locks:
+                parts = line.split()
+                if len(parts) >= 6 and parts[1] == "FLOCK" and parts[5] == wanted:
+                    return parts[4]
+    except OSError:
+        pass
+    return None
