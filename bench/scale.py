@@ -34,7 +34,17 @@ blocker job (`sleep`, claim = max_weight) takes all capacity; then N jobs of `tr
   `complete=0` says so). Every ended job is checked to have succeeded. `--drain-after S`
   starts it no sooner than S seconds after the last submit (`after_fill_s=` says when):
   with 61 every job queued has passed its 60 s aging point, so a head waiting for
-  permits fences (with a few deep workspaces: each start moves the fence).
+  permits fences (with a few deep workspaces: each start moves the fence);
+- `burst_rate` (before the fill, `--reference-rounds` times, default 3): the row's "200-job
+  rate" measured in the same invocation, on the same file system and with the same
+  isolation: `throughput.py`'s motor round (a fresh runner, 200 `true` jobs over 4
+  workspaces, one request each); at the end `drain_vs_burst`, the drain rate over the
+  median burst rate.
+
+The state directories are made under `$TMPDIR` (stop 51; before, always under /tmp, which
+on the development host is the unjournaled root file system while `throughput.py`'s rounds
+ran on the journaled image `bench/journaled_fs.sh` makes: docs/performance.md, "The host's
+file system").
 
 `--profile DIR` runs each runner start under cProfile (main thread only: work in
 `trio.to_thread` threads is not in it) and writes DIR/serve-K.prof when it stops; the
@@ -176,6 +186,8 @@ def main() -> int:
                     help="start the drain no sooner than S seconds after the last submit "
                          "(61: every queued job has passed its 60 s aging point)")
     ap.add_argument("--no-restart", action="store_true")
+    ap.add_argument("--reference-rounds", type=int, default=3,
+                    help="200-job bursts before the fill, for drain_vs_burst (0: none)")
     ap.add_argument("--block", type=int, default=1000, help="submits per submit_rate line")
     ap.add_argument("--profile", metavar="DIR",
                     help="run the runner under cProfile; DIR/serve-K.prof per start (K from 1), "
@@ -185,7 +197,17 @@ def main() -> int:
     print(f"# scale: n={args.n} workspaces={args.workspaces} isolation={args.isolation} "
           f"max_weight={args.max_weight} load1={load1()}", flush=True)
 
-    with tempfile.TemporaryDirectory(prefix="motor-scale-", dir="/tmp") as tmp:
+    bursts = []
+    for _ in range(args.reference_rounds):
+        from throughput import motor_round  # the throughput row's own round (bench/ is on sys.path)
+
+        wall, _submitted = motor_round(200, args.isolation)
+        bursts.append(200 / wall)
+        emit("burst_rate", bursts[-1], "jobs/s", "n=200 workspaces=4")
+    if bursts:
+        emit("burst_rate_median", statistics.median(bursts), "jobs/s", f"rounds={len(bursts)}")
+
+    with tempfile.TemporaryDirectory(prefix="motor-scale-") as tmp:
         runner = Runner(Path(tmp), args)
         blocker = None
         try:
@@ -293,6 +315,8 @@ def main() -> int:
             emit("drain_rate", len(ended) / wall, "jobs/s",
                  f"ended={len(ended)} wall_s={wall:.1f} complete={int(remaining == 0)} not_succeeded={len(bad)}"
                  f" after_fill_s={after_fill:.1f}")
+            if bursts:
+                emit("drain_vs_burst", len(ended) / wall / statistics.median(bursts), "x")
             if bad:
                 print(f"# not succeeded (first 3): {bad[:3]}", flush=True)
             return 1 if bad else 0
