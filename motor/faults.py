@@ -33,6 +33,9 @@ Named points (each documented where it is hit):
 - `api.accepting_stopped` the runner is stopping: the API's accept loop has stopped, the
                        socket file is still there, the connections queued in the kernel
                        not yet taken (motor/api/server.py);
+- `api.submitted`      a single submit is accepted and recorded, its answer not yet sent
+                       (motor/api/app.py): `kill` there is a runner that crashes between
+                       accepting a job and saying so (docs/protocol.md, "Idempotent submits");
 - `store.commit`       the store is about to write a transaction (motor/store/actor.py, on
                        the event loop or in a worker thread: where commits run then): a
                        `wait:` barrier there is a disk that stalls a commit.

@@ -326,5 +326,11 @@ class Records:
     def log_offset(self, job_id: str) -> int:
         return self._db.log_offset(job_id)
 
+    def keyed(self, request: Any) -> JobRecord | None:
+        """The retained job accepted with the idempotency key of `request` (a JobRequest, or
+        anything an embedder passed: admission refuses that), if it has one."""
+        key = getattr(request, "idempotency_key", None)
+        return self._db.keyed(key) if isinstance(key, str) else None
+
     def iter_terminal(self, *args, **kwargs):
         return self._db.iter_terminal(*args, **kwargs)

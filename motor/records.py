@@ -47,10 +47,17 @@ REFUSAL_HTTP_STATUS: dict[str, int] = {
     "internal_error": 500,
     "submit_unconfirmed": 503,
     "runner_busy": 503,
+    "idempotency_key_reused": 409,
 }
 #: Codes that mean "refused before start": `motor run` exits 75 on them.
 WORKSPACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_COMMAND_ARGS = 4096
+#: a submit's idempotency key: 1-128 printable ASCII characters, no space (docs/protocol.md)
+IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,128}")
+#: the fields of a request (and of its job's record) that must match for a submit with an
+#: idempotency key already used to be answered with that job (else idempotency_key_reused)
+IDEMPOTENT_FIELDS = ("command", "workspace", "workspace_kind", "siblings", "repository", "env",
+                     "kind", "bundle_sha256", "timeout_s", "queue_wait_limit_s", "spill_eligible")
 
 
 def valid_workspace_name(name: str) -> bool:
@@ -97,6 +104,9 @@ class JobRequest(msgspec.Struct, kw_only=True, omit_defaults=True):
     bundle_sha256: str | None = None
     spill_eligible: bool = False
     capabilities: list[str] = []
+    #: the client's name for this submit: a submit with a key a retained job was accepted
+    #: with is answered with that job, not a second one (docs/protocol.md, "Idempotent submits")
+    idempotency_key: str | None = None
 
 
 class RequestError(ValueError):
@@ -161,6 +171,8 @@ def validate_request(req: JobRequest) -> None:
         raise RequestError("memory_max_bytes must be positive")
     if req.bundle_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", req.bundle_sha256):
         raise RequestError("bundle_sha256 must be 64 lowercase hex digits")
+    if req.idempotency_key is not None and not IDEMPOTENCY_KEY.fullmatch(req.idempotency_key):
+        raise RequestError("idempotency_key must be 1-128 printable ASCII characters, no space")
     for key, value in req.env.items():
         if not key or "=" in key or "\x00" in key:
             raise RequestError(f"env key {key!r} is not a valid variable name")
@@ -214,6 +226,7 @@ class JobRecord(msgspec.Struct, kw_only=True, omit_defaults=False):
     env: dict[str, str] = {}
     bundle_sha256: str | None = None
     reservation_use: ReservationUse | None = None
+    idempotency_key: str | None = None
     # The dispatcher's persisted queue-wait clock (internal; not in the API): a restart
     # resumes the clock and the 60 s aging from these instead of from zero.  `queue_wait_ms`
     # holds the clock's value at `queue_clock_at_ms` (wall ms); `queue_clock_running` says

@@ -33,6 +33,7 @@ from urllib.parse import parse_qs
 import msgspec
 import trio
 
+from motor import faults
 from motor.records import (
     CAPABILITIES,
     JobRequest,
@@ -93,6 +94,19 @@ def read_token_file(path: str | Path) -> str:
     if not token:
         raise ConfigError(f"token file {path} is empty")
     return token
+
+
+def _with_key_header(scope: Scope, req: JobRequest) -> JobRequest:
+    """A single submit's `Idempotency-Key` header as its request's idempotency_key (the
+    body's field, if it has one, must say the same)."""
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"idempotency-key":
+            key = value.decode("latin-1")
+            if req.idempotency_key not in (None, key):
+                raise _refuse("bad_request", "the Idempotency-Key header and the body's "
+                                             "idempotency_key differ")
+            return msgspec.structs.replace(req, idempotency_key=key)
+    return req
 
 
 def _declared_length(scope: Scope) -> int | None:
@@ -419,9 +433,11 @@ class MotorApp:
             raise _refuse("bad_request", str(exc)) from None
         except RecursionError:
             raise _refuse("bad_request", "malformed job request: JSON nested too deeply") from None
+        req = _with_key_header(scope, req)
         # the runner validates the request (records.validate_request, once, in the dispatcher)
         # and refuses it bad_request: the same answer for the API and embedded callers
         record = await self.runner.submit(req, follow=follow)
+        await faults.ahit("api.submitted")  # tests: accepted and recorded, not yet answered
         # A job that starts at once had its actor started in the dispatcher's turn that
         # answered: let it take its turn (the job directory, spec.json, keeperd's request)
         # before this answer is written, not after it at random (trio runs the tasks made

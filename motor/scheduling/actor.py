@@ -105,8 +105,8 @@ class Dispatcher(actors.Actor):
         if isinstance(msg, _AS_IS):
             return msg
         if isinstance(msg, Submit):  # answered once the disk has answered (DiskAnswered)
-            return m.SubmitReceived(self.defer_reply(), msg.request, msg.follow,
-                                    uuid7(self.job.clock.now_ms()))
+            return m.SubmitReceived(self.defer_reply(), msg.request, msg.follow, uuid7(  # (and
+                self.job.clock.now_ms()), self.job.records.keyed(msg.request))  # its key's job)
         if isinstance(msg, StartFailed):
             return m.JobStartFailed(msg.job_id, msg.detail, msg.cleanup_pending,
                                     self.job.records.get(msg.job_id))

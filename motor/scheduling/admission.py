@@ -24,8 +24,8 @@ from ..config import parse_size
 from ..lifecycle import QUEUED
 from ..memory.core import MemoryCeiling, admission as memory_admission, unit_limit
 from ..records import (
-    Accepted, JobRecord, JobRequest, Queued, Refusal, RequestError, caller_root_for,
-    validate_request,
+    IDEMPOTENT_FIELDS, Accepted, JobRecord, JobRequest, Queued, Refusal, RequestError,
+    caller_root_for, validate_request,
 )
 from .core import JobSpec, Scheduler, claim_for, gate_honoured, queue_wait_budget_s
 
@@ -98,8 +98,20 @@ def build_record(req: JobRequest, *, job_id: str, follow: bool, claim: int,
         accepted_at_ms=now_ms, queued_at_ms=now_ms, timeout_s=req.timeout_s,
         queue_wait_limit_s=req.queue_wait_limit_s, spill_eligible=req.spill_eligible,
         follow=follow, env=dict(req.env), bundle_sha256=req.bundle_sha256,
-        budget_enforced_by="client" if follow else "runner",
+        budget_enforced_by="client" if follow else "runner", idempotency_key=req.idempotency_key,
     )
+
+
+def same_submit(req: JobRequest, first: JobRequest | JobRecord) -> bool:
+    """Whether `req` asks for what `first` (the request, or the record of the job, accepted
+    with the same idempotency key) asked for: the fields IDEMPOTENT_FIELDS names."""
+    return all(getattr(req, name) == getattr(first, name) for name in IDEMPOTENT_FIELDS)
+
+
+def key_reused(key: str, job_id: str) -> Refusal:
+    return Refusal(code="idempotency_key_reused", detail=(
+        f"idempotency key {key!r} was used for job {job_id}, which asked for something else "
+        f"(one of: {', '.join(IDEMPOTENT_FIELDS)}); use a new key for a new job"))
 
 
 def spec_of(record: JobRecord) -> JobSpec:

@@ -32,7 +32,7 @@ from ..memory.core import MemoryCeiling
 from ..records import JobRecord, JobRequest, Queued, Terminal, public_record
 from .admission import (
     AdmissionSettings, accepted_events, as_refusal, build_record, disk_full_refusal, resume_clock,
-    check_capacity, check_form, spec_of, withdraw_answer,
+    check_capacity, check_form, key_reused, same_submit, spec_of, withdraw_answer,
 )
 from .core import AWAITING_BUNDLES, Scheduler, queue_wait_budget_s
 from .messages import (
@@ -79,6 +79,9 @@ class SubmitReceived:
     request: JobRequest
     follow: bool
     job_id: str  # minted on arrival: ids follow arrival order
+    #: the retained job accepted with the request's idempotency key (the shell reads it
+    #: from the store), or None
+    existing: JobRecord | None = None
 
 
 @dataclass(frozen=True)
@@ -277,6 +280,11 @@ class DispatchMachine:
     active: set[str] = field(default_factory=set)  # setting up or running
     #: admissions waiting for the disk, in job-id order
     admitting: dict[str, _Admission] = field(default_factory=dict)
+    #: {idempotency key: (job id, request)} of admissions not yet answered: a submit with
+    #: the same key waits for that answer (`key_waiters`) rather than being admitted again
+    keyed: dict[str, tuple[str, JobRequest]] = field(default_factory=dict)
+    #: {job id: the tokens of the submits that wait for its admission's answer}
+    key_waiters: dict[str, list] = field(default_factory=dict)
     #: {job_id: the queued record} of jobs being placed and saved as `setup`
     starting: dict[str, JobRecord] = field(default_factory=dict)
     #: {job_id: its accept's SaveRecord} of jobs in `starting` accepted in this message: their
@@ -390,11 +398,39 @@ class DispatchMachine:
         refusal = check_form(req, self.settings)
         if refusal is not None:
             return [Reply(event.token, refusal)]
+        key = req.idempotency_key
+        if key is not None and (event.existing is not None or key in self.keyed):
+            return self._keyed_again(event)
         claim, refusal = check_capacity(req, self.settings, self.core, self.ceiling)
         if refusal is not None:
             return [NoteRefused(refusal.code), Reply(event.token, refusal)]
+        if key is not None:
+            self.keyed[key] = (event.job_id, req)
         self.admitting[event.job_id] = _Admission(event.token, req, event.follow, claim)
         return [AskDisk(event.job_id, req.workspace, tuple(req.siblings), req.bundle_sha256)]
+
+    def _keyed_again(self, event: SubmitReceived) -> list:
+        """A submit whose idempotency key a job was accepted with (`existing`, from the
+        store) or is being admitted with: answered with that job, or with the same answer
+        once it has one; idempotency_key_reused if the request differs from that job's."""
+        req = event.request
+        if event.existing is not None:
+            job_id, first = event.existing.job_id, event.existing
+        else:
+            job_id, first = self.keyed[req.idempotency_key]
+        if not same_submit(req, first):
+            return [Reply(event.token, key_reused(req.idempotency_key, job_id))]
+        if event.existing is not None:
+            return [Reply(event.token, event.existing)]
+        self.key_waiters.setdefault(job_id, []).append(event.token)
+        return []
+
+    def _answer(self, job_id: str, key: str | None, token, value) -> list:
+        """An admission's answer (its accepted record or its refusal) to its submit and to
+        the submits with the same idempotency key that wait for it."""
+        if key is not None:
+            self.keyed.pop(key, None)
+        return [Reply(t, value) for t in (token, *self.key_waiters.pop(job_id, ()))]
 
     def _on_DiskAnswered(self, event: DiskAnswered, now, wall_ms):
         pending = self.admitting.get(event.job_id)
@@ -429,7 +465,8 @@ class DispatchMachine:
             refusal = self.core.accept(spec_of(record), now)
         if refusal is not None:
             refusal = as_refusal(refusal)
-            return [NoteRefused(refusal.code), Reply(pending.token, refusal)]
+            return [NoteRefused(refusal.code),
+                    *self._answer(job_id, pending.request.idempotency_key, pending.token, refusal)]
         # Bundle present (verified, pinned): it joins its queue now and its clock starts,
         # saved with its record (issue 14: not a second save of the same record right after
         # it). Missing: it waits, accepted and counted in max_queue_depth, until the upload
@@ -463,14 +500,16 @@ class DispatchMachine:
         if save.running is not None:  # its clock, as saved with it
             self.clock_saved[record.job_id] = (save.running, *save.clock_at)
         after = [Continue(Settle())] if save.decided else self._after(now)
-        return [Reply(save.token, record), *after, Continue(AdmitNext())]
+        return [*self._answer(record.job_id, record.idempotency_key, save.token, record), *after,
+                Continue(AdmitNext())]
 
     def _accept_failed(self, failed: SaveFailed, now) -> list:
         # not recorded, so not accepted: undo the core's accept (and its joining a queue)
         save = failed.save
         job_id = save.record.job_id
-        effects: list = [NoteRefused("runner_disk_full"), Reply(save.token, disk_full_refusal(
-            failed.detail, self.settings, failed.free_bytes))]
+        effects: list = [NoteRefused("runner_disk_full"), *self._answer(
+            job_id, save.record.idempotency_key, save.token,
+            disk_full_refusal(failed.detail, self.settings, failed.free_bytes))]
         if save.purpose == "admit":  # its start too: Settle and AdmitNext follow already
             del self.starting[job_id]
             self.core.start_failed(job_id, now)
@@ -517,7 +556,8 @@ class DispatchMachine:
             self.unsaved.pop(job_id, None)  # superseded (a deferred requeue)
             self.active.add(job_id)
             started = StartJobActor(job_id, save.record, fresh=save.purpose == "admit")
-            return [Reply(save.token, save.accepted), started] if save.purpose == "admit" \
+            return [*self._answer(job_id, save.accepted.idempotency_key, save.token, save.accepted),
+                    started] if save.purpose == "admit" \
                 else [started]
         if save.purpose == "flush":
             current = self.unsaved.get(job_id)

@@ -87,6 +87,7 @@ _OUTPUT_PREFIX = b'{"event":"output"'
 _COLUMNS = {  # added after the first schema: created on open when missing
     "output_bytes": "INTEGER NOT NULL DEFAULT 0",
     "truncated_before_seq": "INTEGER NOT NULL DEFAULT 0",
+    "idem_key": "TEXT",  # the record's idempotency_key, written when the job's row is made
 }
 
 
@@ -272,6 +273,8 @@ class Database:
             for column, decl in _COLUMNS.items():
                 if column not in have:
                     self.conn.execute(f"ALTER TABLE jobs ADD COLUMN {column} {decl}")
+            self.conn.execute("CREATE INDEX IF NOT EXISTS jobs_idem_key ON jobs(idem_key)"
+                              " WHERE idem_key IS NOT NULL")
             row = self.conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
             #: jobs that may have a row in `clocks` (a superset: a job leaves it only once
             #: the transaction that deleted its row committed): a record save deletes the
@@ -472,13 +475,14 @@ class Database:
         terminal = record.state in TERMINAL_STATES
         self._txn_bytes += sum(len(row[2]) for row in rows)
         conn.execute(
-            "INSERT INTO jobs (job_id, state, terminal, record, log_offset, next_seq, retain_until_ms)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)"
+            "INSERT INTO jobs (job_id, state, terminal, record, log_offset, next_seq, retain_until_ms,"
+            " idem_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
             " ON CONFLICT(job_id) DO UPDATE SET state=excluded.state, terminal=excluded.terminal,"
             " record=excluded.record, log_offset=excluded.log_offset, next_seq=excluded.next_seq,"
             " retain_until_ms=excluded.retain_until_ms",
             (record.job_id, record.state, int(terminal), data,
-             old_offset if log_offset is None else log_offset, next_seq, retain_until_ms),
+             old_offset if log_offset is None else log_offset, next_seq, retain_until_ms,
+             record.idempotency_key),
         )
         # the cap is on what is stored: the encoded event (JSON escapes included)
         added = sum(len(row[2]) for row, e in zip(rows, stamped) if isinstance(e, Output))
@@ -586,6 +590,13 @@ class Database:
     def get(self, job_id: str) -> JobRecord | None:
         row = self.reader.execute(_WITH_CLOCK + " WHERE j.job_id=?", (job_id,)).fetchone()
         return _decode(row) if row else None
+
+    def keyed(self, key: str) -> JobRecord | None:
+        """The retained job accepted with idempotency key `key`, if any (the oldest, should
+        two share it: a database written by hand)."""
+        row = self.reader.execute(_WITH_CLOCK + " WHERE j.idem_key=? ORDER BY j.job_id LIMIT 1",
+                                  (key,)).fetchone()
+        return None if row is None else _decode(row)
 
     def log_offset(self, job_id: str) -> int:
         row = self.reader.execute("SELECT log_offset FROM jobs WHERE job_id=?", (job_id,)).fetchone()

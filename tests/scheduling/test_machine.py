@@ -50,7 +50,7 @@ class Shell:
 
 
 def submit(shell: Shell, job_id: str, token: str, **kw) -> list:
-    req = JobRequest(command=["make"], **{"workspace": "w", "weight_hint": 4, **kw})
+    req = JobRequest(**{"command": ["make"], "workspace": "w", "weight_hint": 4, **kw})
     return shell.run(m.SubmitReceived(token, req, False, job_id))
 
 
@@ -623,3 +623,45 @@ def test_a_clock_is_saved_again_unless_the_stored_one_still_tells_its_value():
     shell.now = 6.0
     shell.run(m.FlushClocks())
     assert _clock_saves(shell) == {"j2": (True, 6000)}
+
+
+def test_a_submit_with_the_key_of_one_being_admitted_gets_that_ones_answer_and_no_job():
+    shell = Shell(m.DispatchMachine.new(SETTINGS))
+    submit(shell, "j1", "t1", idempotency_key="k")
+    assert submit(shell, "j2", "t2", idempotency_key="k") == []  # waits: no disk ask, no job
+    other = submit(shell, "j3", "t3", idempotency_key="k", command=["rm", "-rf", "x"])
+    [refused] = other
+    assert refused.token == "t3" and refused.value.code == "idempotency_key_reused"
+    assert "j1" in refused.value.detail
+    shell.run(m.DiskAnswered("j1", None))
+    replies = shell.of(m.Reply)
+    assert [r.token for r in replies] == ["t1", "t2"]
+    assert replies[0].value is replies[1].value and replies[0].value.job_id == "j1"
+    assert replies[0].value.idempotency_key == "k"
+    assert [s.record.job_id for s in shell.of(m.SaveRecord)] == ["j1"]
+    assert shell.machine.keyed == {} and shell.machine.key_waiters == {}
+    # once answered, the shell finds the job in the store: `existing`
+    req = JobRequest(command=["make"], workspace="w", weight_hint=4, idempotency_key="k")
+    shell.run(m.SubmitReceived("t4", req, False, "j4", existing=replies[0].value))
+    assert shell.done == [m.Reply("t4", replies[0].value)]
+    stats = shell.machine.core.statistics()
+    assert (stats.queued, stats.setup, shell.machine.active, shell.machine.admitting) == (0, 1, {"j1"}, {})
+
+
+def test_the_submits_waiting_on_a_keyed_admission_share_its_refusal_and_the_key_is_free_again():
+    shell = Shell(m.DispatchMachine.new(SETTINGS))
+    submit(shell, "j1", "t1", idempotency_key="k")
+    submit(shell, "j2", "t2", idempotency_key="k")
+    shell.run(m.DiskAnswered("j1", Refusal(code="runner_disk_full", detail="no space")))
+    assert [(r.token, r.value.code) for r in shell.of(m.Reply)] == [
+        ("t1", "runner_disk_full"), ("t2", "runner_disk_full")]
+    assert submit(shell, "j3", "t3", idempotency_key="k") == [m.AskDisk("j3", "w", (), None)]
+    # and a store that refuses the save: both answered with its refusal too
+    shell2 = Shell(m.DispatchMachine.new(SETTINGS))
+    shell2.full = True
+    submit(shell2, "j1", "t1", idempotency_key="k")
+    submit(shell2, "j2", "t2", idempotency_key="k")
+    shell2.run(m.DiskAnswered("j1", None))
+    assert [(r.token, r.value.code) for r in shell2.of(m.Reply)] == [
+        ("t1", "runner_disk_full"), ("t2", "runner_disk_full")]
+    assert shell2.machine.keyed == {} and shell2.machine.key_waiters == {}
