@@ -90,6 +90,10 @@ MAX_BATCH_BYTES = 512 * 1024
 class RunnerUnavailable(ConnectionError):
     """No runner answered (socket missing, connection refused, or the connection broke)."""
 
+    #: the request was sent whole and its answer did not come: the runner may have acted
+    #: on it (a submit may have been accepted)
+    sent = False
+
 
 def default_socket_path() -> Path:
     """`motor.config.default_socket()` without importing motor.config (msgspec)."""
@@ -229,6 +233,8 @@ def _is_terminal(event: Any) -> bool:
 
 class TransportError(OSError):
     """The connection failed, broke, timed out, or the peer did not speak HTTP/1.1."""
+
+    sent = False  # as RunnerUnavailable.sent
 
 
 class _Headers(dict):
@@ -493,6 +499,7 @@ class _Wire:
         request_head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         kept = self._take() if chunks is None else None
         sock, reader = kept or (self._connect(), None)
+        sent = False
         sock.settimeout(self.timeout if read_timeout == "default" else read_timeout)  # type: ignore[arg-type]
         try:
             try:
@@ -525,6 +532,7 @@ class _Wire:
                 pass  # the runner answered early (a refusal) and closed: read its answer
             if reader is None:
                 reader = sock.makefile("rb") if hasattr(sock, "makefile") else io.BufferedReader(_SocketReader(sock))
+            sent = True  # from here a failure leaves the runner's answer unknown
             try:
                 status_code, response_headers = self._read_head(reader)
             except BaseException:
@@ -533,9 +541,12 @@ class _Wire:
         except BaseException as exc:
             sock.close()
             if isinstance(exc, TransportError):
+                exc.sent = sent
                 raise
             if isinstance(exc, (OSError, ValueError)):
-                raise TransportError(str(exc) or type(exc).__name__) from exc
+                error = TransportError(str(exc) or type(exc).__name__)
+                error.sent = sent
+                raise error from exc
             raise
         return _Response(sock, reader, status_code, response_headers, method, self)
 
@@ -667,7 +678,9 @@ class _Base:
             raise RunnerUnavailable(f"no runner answered at {self._socket}: no such socket")
 
     def _unavailable(self, exc: Exception) -> RunnerUnavailable:
-        return RunnerUnavailable(f"no runner answered at {self.where}: {exc}")
+        error = RunnerUnavailable(f"no runner answered at {self.where}: {exc}")
+        error.sent = getattr(exc, "sent", False)
+        return error
 
     def _note(self, response: "httpx.Response | _Response") -> None:
         caps = response.headers.get("motor-capabilities")
@@ -745,6 +758,8 @@ class EventStream:
 class Client(_Base):
     """Synchronous client.  `Client(socket_path=None, *, url=None, token=None, timeout=30)`."""
 
+    RETRY_GAP_S = 0.25  # between a keyed submit's tries (`submit`'s retry_s)
+
     def __init__(self, socket_path=None, *, url=None, token=None, timeout=DEFAULT_TIMEOUT,
                  capabilities=CAPABILITIES):
         super().__init__(socket_path, url=url, token=token, timeout=timeout, capabilities=capabilities)
@@ -813,16 +828,35 @@ class Client(_Base):
 
     # -- API -------------------------------------------------------------------------------
 
-    def submit(self, req: JobRequest | dict, follow: bool = False, *, raw: bool = False
-               ) -> JobRecord | dict | EventStream:
+    def submit(self, req: JobRequest | dict, follow: bool = False, *, raw: bool = False,
+               retry_s: float = 0.0) -> JobRecord | dict | EventStream:
         """Submit; the accepted JobRecord, or with follow=True an open EventStream
         (first event `accepted`, last `terminal`). `raw=True`: the record, or each event,
-        as the wire's dict (no msgspec on the way)."""
+        as the wire's dict (no msgspec on the way).
+
+        `retry_s`: a request with an `idempotency_key` whose answer did not come (the
+        connection broke after it was sent: the runner may have accepted it, then crashed
+        or restarted) is sent again, every RETRY_GAP_S, until the runner answers or
+        `retry_s` seconds have passed (then RunnerUnavailable): the runner answers a key
+        it accepted with that job, so the retries make at most one job
+        (docs/protocol.md, "Idempotent submits")."""
         body = self.request_body(req)
-        if follow:
-            return self._stream("POST", "/v1/jobs", json=body, params={"follow": "1"}, raw=raw)
-        data = self.call("POST", "/v1/jobs", json=body)
-        return data if raw else _record(data)
+        key = body.get("idempotency_key") if isinstance(body, dict) else None
+        deadline = None
+        while True:
+            try:
+                if follow:
+                    return self._stream("POST", "/v1/jobs", json=body, params={"follow": "1"}, raw=raw)
+                data = self.call("POST", "/v1/jobs", json=body)
+                return data if raw else _record(data)
+            except RunnerUnavailable as exc:
+                if key is None or retry_s <= 0 or (deadline is None and not exc.sent):
+                    raise  # nothing sent (no runner there), or no key to make a retry safe
+                deadline = deadline or time.monotonic() + retry_s
+                if time.monotonic() >= deadline:
+                    exc.sent = True  # (a later try's failure: the first may be accepted)
+                    raise
+                time.sleep(self.RETRY_GAP_S)
 
     def submit_batch(self, reqs: Iterable[JobRequest | dict], *, raw: bool = False) -> list:
         """One batch submit (`POST /v1/jobs` with a list, at most MAX_BATCH_JOBS requests):

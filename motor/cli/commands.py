@@ -96,12 +96,23 @@ def _job_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--memory-max", metavar="BYTES", help="memory cap (bytes or 8G, 512MiB, ...)")
     g.add_argument("--bundle", metavar="FILE", help="tar or git bundle to upload as the workspace's source")
     g.add_argument("--spill-eligible", action="store_true", help="may run on another worker")
+    g.add_argument("--idempotency-key", metavar="KEY",
+                   help="this submit's key (default: a new one each time): a submit the runner may "
+                        "have taken before the connection broke is sent again with it (--retry-for), "
+                        "and makes at most one job")
+    g.add_argument("--retry-for", metavar="SECONDS", type=seconds, default=SUBMIT_RETRY_S,
+                   help="how long to send such a submit again until a runner answers "
+                        f"(default {SUBMIT_RETRY_S:g}; 0: not at all)")
     p.add_argument("cmd", nargs="*", metavar="CMD", help="the command, after --")
 
 
 #: the destinations of the job options (`motor submit --from FILE` takes none of them)
 _JOB_DESTS = ("workspace", "weight", "queue_wait_limit", "timeout", "gate", "kind", "head", "sibling",
-              "repository", "env", "memory_max", "bundle", "spill_eligible")
+              "repository", "env", "memory_max", "bundle", "spill_eligible", "idempotency_key",
+              "retry_for")
+#: how long run/submit send a keyed submit again whose answer did not come (a runner that
+#: crashed or restarted after it was sent: restart to healthy takes about a second)
+SUBMIT_RETRY_S = 30.0
 
 
 def register(sub: argparse._SubParsersAction, only: str | None = None) -> None:
@@ -251,6 +262,8 @@ def request_fields(args: argparse.Namespace) -> dict:
         memory_max_bytes=memory_max,
         spill_eligible=args.spill_eligible,
         bundle_sha256=bundle_sha256,
+        # 16 random bytes: `uuid` costs the CLI's start-up more than this (docs/cli.md)
+        idempotency_key=args.idempotency_key or os.urandom(16).hex(),
     )
 
 
@@ -304,8 +317,12 @@ def _refusal_terminal(refusal) -> None:
     sys.stdout.flush()
 
 
-def _unavailable(exc: RunnerUnavailable) -> int:
+def _unavailable(exc: RunnerUnavailable, req: dict | None = None) -> int:
     _err(f"motor: {exc}")
+    if exc.sent and req is not None:
+        _err(f"motor: the runner may have accepted the job before the connection broke; "
+             f"submitting it again with --idempotency-key {req['idempotency_key']} answers "
+             "with that job instead of starting a second one")
     return EXIT_UNAVAILABLE
 
 
@@ -463,9 +480,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         try:
             _upload_bundle(client, args, req)
-            stream = client.submit(req, follow=True, raw=True)
+            stream = client.submit(req, follow=True, raw=True, retry_s=args.retry_for)
         except RunnerUnavailable as exc:
-            return _unavailable(exc)
+            return _unavailable(exc, req)
         except Exception as exc:  # a RefusedError (anything else is re-raised by _refused)
             refusal = refusal_of(exc)
             if args.json and refusal is not None:
@@ -521,7 +538,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     def go() -> int:
         with make_client(args) as client:
             _upload_bundle(client, args, req)
-            record = client.submit(req, raw=True)
+            try:
+                record = client.submit(req, raw=True, retry_s=args.retry_for)
+            except RunnerUnavailable as exc:
+                return _unavailable(exc, req)
             if args.json:
                 _print_json(record)
             else:
