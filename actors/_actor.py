@@ -262,7 +262,9 @@ class ActorRef:
         actor = self._live()
         if isinstance(msg, actor.readers):
             await trio.lowlevel.checkpoint_if_cancelled()  # yields only when cancelled
-            return actor.read(msg)
+            result = actor.read(msg)
+            if result is not LATER:
+                return result  # (LATER: not now; the message goes the ordinary way)
         reply = _Reply()
         actor._pending.add(reply)
         try:
@@ -386,6 +388,9 @@ class Actor:
     #: (e.g. a pure core's, changed only between those points). It sees that state as it
     #: is, before any message still queued; ``read`` must change nothing, and what it
     #: raises goes to the caller (the actor is not affected). Only ``call`` takes them.
+    #: ``read`` may answer ``LATER`` (its state is not whole yet, e.g. before ``on_start``
+    #: has filled it): the message then goes the ordinary way (``immediate``, or the
+    #: inbox and ``handle``).
     readers: tuple[type, ...] = ()
 
     def __init__(self, *, name: str | None = None, inbox_size: float | None = None):

@@ -1,10 +1,9 @@
 """The dispatcher actor (the seed's "state lock", one serializing actor): a thin shell.
 
-Every admission, start, end, cancel and withdraw passes through its inbox one at a time;
-machine.py decides (a pure `handle(event, now, wall_ms) -> [effects]`), this shell carries
-the effects out through the typed handles. The disk's admission is not awaited in a decision:
-an idle disk with no cleanup due answers at once (`admit_now`), else a task of its own asks,
-in arrival order, and the answer comes back as a message (docs/scheduling.md)."""
+Every admission, start, end, cancel and withdraw passes through it one at a time; machine.py
+decides (a pure `handle(event, now, wall_ms) -> [effects]`), this shell carries the effects
+out through the typed handles; the views are read between (`readers`). The disk's admission
+is asked by a task of its own unless an idle disk answers at once (docs/scheduling.md)."""
 
 from __future__ import annotations
 
@@ -41,8 +40,8 @@ class Dispatcher(actors.Actor):
     #: not a Submit (a client submitting in a loop yields to the jobs it starts: see
     #: docs/scheduling.md), nor its own follow-ups (DiskAnswered, TimerFired, FlushUnsaved)
     immediate = (SetupDone, Finished, StartFailed, CancelJob, Withdraw, Unfollowed,
-                 BundleArrived, QueuedViews, Heartbeat, StatusView, CeilingChanged)
-    readers = (CapacityView,)  # health's: answered also while a save waits on the disk
+                 BundleArrived, CeilingChanged)
+    readers = (CapacityView, StatusView, QueuedViews, Heartbeat)  # views: also while a save waits
 
     def __init__(self, deps: DispatchDeps):
         super().__init__(name="dispatcher")
@@ -57,6 +56,7 @@ class Dispatcher(actors.Actor):
         self._wakeup, self._answer = math.inf, None  # _answer: the reply to the current message
         self._asking = 0  # disk admissions handed to `_disk_asker`, not answered yet
         self._ride: list | None = None  # a Finished's ride (messages.py), until a save takes it
+        self._recovered = False  # the machine holds the recovered jobs: views read from then
 
     async def on_start(self):
         deps = self.deps
@@ -67,16 +67,18 @@ class Dispatcher(actors.Actor):
         self.nursery.start_soon(self._timer_loop)
         self.nursery.start_soon(self._disk_asker)
         await self._run(m.Recover(records, deps.execution.jobs(), present, set(deps.followers)))
-        if self.machine.queued or self.machine.active:
-            log.info("dispatcher: recovered %d queued and %d running jobs",
-                     len(self.machine.queued), len(self.machine.active))
+        self._recovered = True
+        if (queued := len(self.machine.queued)) + (active := len(self.machine.active)):
+            log.info("dispatcher: recovered %d queued and %d running jobs", queued, active)
 
     async def on_stop(self):  # the queue-wait clocks changed since the last clock save
         with contextlib.suppress(actors.ActorDead, actors.CallTimeout):
             await self._run(m.FlushClocks())
 
-    def read(self, msg):  # CapacityView: the machine is whole wherever `_run` waits
-        return self.machine.capacity()
+    def read(self, msg):  # the machine is whole wherever `_run` waits, once recovered
+        if not self._recovered and not isinstance(msg, CapacityView):
+            return actors.LATER  # a view before recovery would miss the recovered jobs
+        return self.machine.view(msg, trio.current_time(), self.job.clock.now_ms())
 
     def handle_now(self, msg):
         """A message, in its sender's task when this actor is idle: the effects are carried

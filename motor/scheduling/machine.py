@@ -36,8 +36,8 @@ from .admission import (
 )
 from .core import AWAITING_BUNDLES, Scheduler, queue_wait_budget_s
 from .messages import (
-    BundleArrived, CancelJob, CeilingChanged, Finished, Heartbeat, QueuedViews, SetupDone,
-    StatusView, Unfollowed,
+    BundleArrived, CancelJob, CapacityView, CeilingChanged, Finished, Heartbeat, QueuedViews,
+    SetupDone, StatusView, Unfollowed,
 )
 from .view import Journaled, QueuedJson, public_form, row_form, row_parts
 
@@ -778,6 +778,15 @@ class DispatchMachine:
 
     # -- views ------------------------------------------------------------------------------
 
+    def view(self, event: Any, now: float, wall_ms: int) -> Any:
+        """The answer to a view (a CapacityView, StatusView, QueuedViews or Heartbeat),
+        read at any point the machine is whole: between two events, or while the shell
+        waits on an effect (scheduling/actor.py, `readers`)."""
+        if isinstance(event, CapacityView):
+            return self.capacity()
+        [reply] = self.handle(event, now, wall_ms)
+        return reply.value
+
     def _on_QueuedViews(self, event: QueuedViews, now, wall_ms):
         ids = [job_id for job_id in event.job_ids if job_id in self.queued]
         return [Reply(None, dict(zip(ids, self.core.wait_statuses(ids, now))))]
@@ -820,7 +829,9 @@ class DispatchMachine:
                       for record, status in zip(self.queued.values(), statuses)]
         return [Reply(None, {
             "queued": queued,
-            "active": sorted(self.active),
+            # (with those being placed and saved as starting: a view read while the save
+            # of a start waits on the store has each job in one of the two lists)
+            "active": sorted(self.active.union(self.starting)),
             "capacity": self.capacity(),
         })]
 

@@ -95,3 +95,57 @@ async def test_a_reader_of_a_stopped_actor_is_actor_dead():
         await trio.testing.wait_all_tasks_blocked()
         with pytest.raises(actors.ActorDead):
             await ref.call(Peek())
+
+
+@dataclass(frozen=True)
+class PeekWhenReady:
+    pass
+
+
+class Warming(Counter):
+    """A reader that answers LATER until `on_start` has filled the state."""
+
+    readers = (Peek, PeekWhenReady)
+
+    def __init__(self, ready: trio.Event):
+        super().__init__()
+        self.ready = ready
+        self.filled = False
+
+    async def on_start(self):
+        await self.ready.wait()
+        self.total, self.filled = 100, True
+
+    async def handle(self, msg):
+        if isinstance(msg, PeekWhenReady):
+            return ("handled", self.total)
+        return await super().handle(msg)
+
+    def read(self, msg):
+        if isinstance(msg, PeekWhenReady) and not self.filled:
+            return actors.LATER
+        return ("read", self.total)
+
+
+async def test_a_reader_that_answers_later_goes_the_ordinary_way():
+    ready = trio.Event()
+    warming = Warming(ready)
+    warming._open(attach=True)  # as Supervisor.start_child_soon: reached before on_start ends
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(warming.run)
+        await trio.testing.wait_all_tasks_blocked()  # in on_start, waiting for ready
+        ref = warming.ref
+        got = []
+
+        async def peek():
+            got.append(await ref.call(PeekWhenReady()))
+
+        nursery.start_soon(peek)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == []  # LATER: queued for `handle`, which runs after on_start
+        assert await ref.call(Peek()) == ("read", 0)  # another reader: at once, as it is
+        ready.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == [("handled", 100)]
+        assert await ref.call(PeekWhenReady()) == ("read", 100)  # whole now: read at once
+        nursery.cancel_scope.cancel()

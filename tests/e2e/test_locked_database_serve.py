@@ -68,6 +68,15 @@ def test_a_database_locked_by_another_process_makes_writes_wait_and_health_say_s
                  timeout=60, interval=0.5, what="the lock to be held for over 31 s")
         assert first.poll() is None and second.poll() is None
         assert serve.proc.poll() is None
+        # the views are read while the dispatcher waits on the lock (stop 51; before, each
+        # waited 30 s and was answered 503 runner_busy): the first job's end not yet
+        # written (its record still says running), the second not yet accepted; the status
+        # lists the first among the running until the dispatcher has taken its end
+        [job] = serve.cli_json("jobs", timeout=5)
+        assert job["state"] == "running"
+        status = serve.cli_json("status", timeout=5)
+        assert [r["job_id"] for r in status["running"]] in ([], [job["job_id"]])
+        assert status["queued"] == []
     finally:
         release(holder)
     out1, err1 = first.communicate(timeout=60)

@@ -89,6 +89,11 @@ def held_commits(serve, gate, reached) -> None:
         assert "a commit has waited" in stalled[0]["cause"], stalled
         assert not second_answer  # its acceptance is still being committed
         assert client.health()["store"]["commit_waiting_ms"] >= 1000
+        # the status and the job list are read too, not queued behind the held save (stop
+        # 51; before, each waited for the commit: here past the client's 5 s)
+        status = client.status()
+        assert status["queued"] == [] and status["running"] == [] and "capacity" in status
+        assert [j.job_id for j in client.jobs(all=True)] == [first_answer[0].job_id]
     gate.touch()
     second.join(30)
     assert second_answer and second_answer[0].job_id != first_answer[0].job_id

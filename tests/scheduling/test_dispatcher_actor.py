@@ -203,6 +203,41 @@ async def test_a_long_disk_admission_does_not_block_the_dispatcher(tmp_path, aut
         nursery.cancel_scope.cancel()
 
 
+async def test_the_views_are_read_while_a_start_waits_on_the_store(tmp_path, autojump_clock):
+    """A job's start is being saved and the store does not answer (a slow disk, another
+    process's lock): the status view, a queued job's wait fields and the capacity are read
+    at once, the job being started among the active ones (stop 51; before, a status view
+    waited in the inbox behind the save)."""
+    from tests.store_helpers import GatedStore
+
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery)
+        world.store = GatedStore(world.db, ChangeHub())
+        world.store.go.set()
+        running = hold_capacity(world)
+        dispatcher = await world.start()
+        first = await dispatcher.submit(request(workspace="a"))  # waits for capacity
+        second = await dispatcher.submit(request(workspace="b"))
+        world.store.go = trio.Event()  # from here the store holds what it gets
+        nursery.start_soon(dispatcher.finished, running.job_id)
+        await trio.testing.wait_all_tasks_blocked()  # the first's start: its save is held
+        with trio.fail_after(5):
+            status = await dispatcher.status_view()
+            views = await dispatcher.queued_views((first.job_id, second.job_id))
+            capacity = await dispatcher.capacity()
+        assert status["active"] == [first.job_id]  # being started: neither list lost it
+        assert [r["job_id"] for r in status["queued"]] == [second.job_id]
+        assert list(views) == [second.job_id] and capacity["held_permits"] == 2
+        assert world.state(first.job_id) == "queued"  # its start not yet recorded
+        world.store.go.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert world.state(first.job_id) == "setup" and world.execution.started == [first.job_id]
+        status = await dispatcher.status_view()
+        assert status["active"] == [first.job_id]
+        assert [r["job_id"] for r in status["queued"]] == [second.job_id]
+        nursery.cancel_scope.cancel()
+
+
 async def test_concurrent_submits_join_the_queue_in_arrival_order(tmp_path, autojump_clock):
     """Three submits arrive while the disk works; each is answered once the disk admitted
     it, and the queue holds them in job-id (arrival) order."""
