@@ -18,6 +18,9 @@ Tables
       `record` is the msgspec-encoded JobRecord; `log_offset` is how far the keeper's
       output.log has been turned into events (advanced in the same transaction as the
       events, so a restart never duplicates or drops output); `next_seq` the next event seq.
+      `idem_key` the record's idempotency_key, written with the job's first row and
+      indexed: `keyed` finds the job a key was accepted with (docs/protocol.md,
+      "Idempotent submits"; added in stop 51, created on open when missing).
   events(job_id, seq, data JSON) WITHOUT ROWID, primary key (job_id, seq).
   meta(key PK, value)   schema version.
   clocks(job_id PK, queue_wait_ms, queue_clock_at_ms, queue_clock_running, ready_at_ms,
