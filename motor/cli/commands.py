@@ -295,13 +295,21 @@ def _print_json(data: Any) -> None:
     sys.stdout.flush()
 
 
-def _refused(exc: BaseException) -> int:
-    """Print a RefusedError's line; its exit status. Anything else is re-raised."""
+def _refused(exc: BaseException, req: dict | None = None) -> int:
+    """Print a RefusedError's line; its exit status. Anything else is re-raised. `req`: the
+    submit's request, named by its key when the job may still be accepted."""
     refusal = refusal_of(exc)
     if refusal is None:
         raise exc
     _err(refusal.line())
+    if refusal.code == "submit_unconfirmed" and req is not None:
+        _may_be_accepted(req, "the runner may still accept the job")
     return exit_status(refusal)
+
+
+def _may_be_accepted(req: dict, why: str) -> None:
+    _err(f"motor: {why}; submitting it again with --idempotency-key {req['idempotency_key']} "
+         "answers with that job instead of starting a second one")
 
 
 def _refusal_terminal(refusal) -> None:
@@ -320,9 +328,7 @@ def _refusal_terminal(refusal) -> None:
 def _unavailable(exc: RunnerUnavailable, req: dict | None = None) -> int:
     _err(f"motor: {exc}")
     if exc.sent and req is not None:
-        _err(f"motor: the runner may have accepted the job before the connection broke; "
-             f"submitting it again with --idempotency-key {req['idempotency_key']} answers "
-             "with that job instead of starting a second one")
+        _may_be_accepted(req, "the runner may have accepted the job before the connection broke")
     return EXIT_UNAVAILABLE
 
 
@@ -487,7 +493,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             refusal = refusal_of(exc)
             if args.json and refusal is not None:
                 _refusal_terminal(refusal)
-            return _refused(exc)
+            return _refused(exc, req)
 
         def withdraw() -> str | None:
             if not job_id:
@@ -542,6 +548,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
                 record = client.submit(req, raw=True, retry_s=args.retry_for)
             except RunnerUnavailable as exc:
                 return _unavailable(exc, req)
+            except Exception as exc:  # a RefusedError (anything else is re-raised by _refused)
+                return _refused(exc, req)
             if args.json:
                 _print_json(record)
             else:

@@ -234,6 +234,23 @@ async def test_run_refused_at_submit(live, config, capsys):
     assert capsys.readouterr().err == "motor: refused: runner_full: 64 jobs queued\n"
 
 
+@pytest.mark.parametrize("command", ["run", "submit"])
+async def test_a_submit_unconfirmed_names_the_key_that_makes_sending_it_again_safe(
+        live, config, capsys, command):
+    live.refusal = Refusal(code="submit_unconfirmed", detail="not confirmed within 330 s")
+    assert await cli(command, "--socket", str(config.socket_path), "--", "x") == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "motor: refused: submit_unconfirmed: not confirmed within 330 s"
+    assert err[1].startswith("motor: the runner may still accept the job; submitting it again "
+                             "with --idempotency-key ")
+    key = err[1].split("--idempotency-key ")[1].split()[0]
+    assert len(key) == 32 and int(key, 16) >= 0  # the key the CLI sent (16 random bytes)
+    # sent again with it (the fake keeps no keys: here the runner says the same again)
+    assert await cli(command, "--socket", str(config.socket_path), "--idempotency-key", key,
+                     "--", "x") == 1
+    assert f"--idempotency-key {key} " in capsys.readouterr().err
+
+
 async def test_run_bad_request_exits_65(live, config, capsys):
     assert await cli("run", "--socket", str(config.socket_path), "--workspace", "a/b", "--", "x") == 65
     assert capsys.readouterr().err.startswith("motor: refused: bad_request: workspace 'a/b'")
