@@ -792,6 +792,7 @@ class Client(_Base):
         elif method == "POST" and path == "/v1/jobs" and self.timeout is not None:
             # an admission may first clean the disk: wait for the runner's answer
             extra.setdefault("read_timeout", max(self.timeout, SUBMIT_ANSWER_S))
+        response = None
         try:
             response = self._wire.send(method, path, json=json, params=params, **extra)
             if stream:
@@ -800,6 +801,9 @@ class Client(_Base):
             else:
                 response.read()
         except TransportError as exc:
+            if response is not None:
+                exc.sent = True  # its answer's head came, its body broke off
+                response.close()
             raise self._unavailable(exc) from exc
         self._note(response)
         if response.status_code >= 400:

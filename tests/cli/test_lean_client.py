@@ -788,3 +788,74 @@ def test_a_client_without_msgspec_imports_it_only_for_an_answer_that_pays_for_it
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+class ScriptedRunner:
+    """A Unix socket that answers the n-th request as `answers[n]` says: "close" (read the
+    request, close before any answer), "cut" (the head of a 202, half its body, close), or
+    a body to answer 202 with."""
+
+    def __init__(self, path: Path, answers: list):
+        self.answers = list(answers)
+        self.bodies: list[dict] = []
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.bind(str(path))
+        self.sock.listen(4)
+        serve_each(self.sock, self._serve)
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            buf, _ = read_until(conn, b"\r\n\r\n")
+            head, _, body = buf.partition(b"\r\n\r\n")
+            want = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:"))
+            while len(body) < want:
+                body += conn.recv(65536)
+            self.bodies.append(json.loads(body))
+            answer = self.answers.pop(0)
+            if answer == "close":
+                return
+            data = json.dumps({"job_id": "01j", "state": "queued"}).encode()
+            if answer == "cut":
+                conn.sendall(b"HTTP/1.1 202 Accepted\r\nContent-Length: %d\r\n\r\n%s"
+                             % (len(data), data[: len(data) // 2]))
+                return
+            data = json.dumps(answer).encode()
+            conn.sendall(b"HTTP/1.1 202 Accepted\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data))
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.parametrize("lost", ["close", "cut"])
+def test_a_keyed_submit_whose_answer_was_lost_is_sent_again_with_its_key(short_dir, lost):
+    """The request was sent whole and its answer did not come (no answer at all, or an
+    answer cut short): with an idempotency key the client sends it again, the same body,
+    until one is answered (docs/protocol.md, "Idempotent submits")."""
+    runner = ScriptedRunner(short_dir / "r.sock", [lost, lost, {"job_id": "01j", "state": "queued"}])
+    try:
+        with Client(short_dir / "r.sock") as client:
+            client.RETRY_GAP_S = 0.01
+            record = client.submit({"command": ["true"], "idempotency_key": "k-1"}, raw=True, retry_s=30)
+        assert record == {"job_id": "01j", "state": "queued"}
+        assert len(runner.bodies) == 3 and all(b == runner.bodies[0] for b in runner.bodies)
+        assert runner.bodies[0]["idempotency_key"] == "k-1"
+    finally:
+        runner.close()
+
+
+def test_an_unkeyed_submit_whose_answer_was_lost_is_not_sent_again(short_dir):
+    runner = ScriptedRunner(short_dir / "r.sock", ["cut", {"job_id": "02j"}])
+    try:
+        with Client(short_dir / "r.sock") as client:
+            with pytest.raises(RunnerUnavailable) as lost:
+                client.submit({"command": ["true"]}, raw=True, retry_s=30)
+        assert lost.value.sent and len(runner.bodies) == 1  # it may have been accepted: said
+    finally:
+        runner.close()
+    # no runner at all: nothing was sent, nothing is retried, whatever the key
+    with Client(short_dir / "none.sock") as client:
+        started = time.monotonic()
+        with pytest.raises(RunnerUnavailable) as none:
+            client.submit({"command": ["true"], "idempotency_key": "k-2"}, raw=True, retry_s=30)
+    assert not none.value.sent and time.monotonic() - started < 5
