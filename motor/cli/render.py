@@ -141,7 +141,7 @@ def status(data: dict, con: Console | None = None) -> None:
         waiting = printable(waiting)
         table.add_row(
             Text(str(rec.get("job_id", "?"))), Text(str(rec.get("state", "?"))),
-            Text(str(rec.get("workspace", "-"))), Text(str(rec.get("claim", "-"))),
+            Text(printable(str(rec.get("workspace", "-")))), Text(str(rec.get("claim", "-"))),
             Text(cpus(rec.get("cpus"))), Text(waiting),
             Text(duration_ms(rec.get("queue_wait_ms"))), Text(command(rec.get("command"))),
         )
@@ -165,7 +165,7 @@ def jobs(records: list[dict]) -> None:
     for rec in records:
         table.add_row(
             Text(str(rec.get("job_id", "?"))), Text(str(rec.get("state", "?"))),
-            Text(str(rec.get("workspace", "-"))), Text(str(rec.get("kind", "-"))),
+            Text(printable(str(rec.get("workspace", "-")))), Text(str(rec.get("kind", "-"))),
             Text(str(rec.get("claim", "-"))), Text(_outcome(rec)),
             Text(when_ms(rec.get("accepted_at_ms"))), Text(command(rec.get("command"))),
         )
@@ -191,7 +191,7 @@ def _mapping_table(title: str | None, data: dict) -> Table:
     table.add_column("key")
     table.add_column("value")
     for key, value in data.items():
-        table.add_row(Text(str(key)), cell(str(key), value))
+        table.add_row(Text(printable(str(key))), cell(str(key), value))
     return table
 
 
