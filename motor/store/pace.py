@@ -112,8 +112,8 @@ class CommitPace:
             self.moves_off_loop += 1
 
     def unlocked(self) -> float | None:
-        """A write got the lock; how long since a write first found it held (None: none
-        did)."""
+        """A write got the lock; when (the runner's clock) a write first found it held, or
+        None when none did."""
         since, self.locked_since = self.locked_since, None
         return since
 
