@@ -57,6 +57,8 @@ class Serve:
         self.args = ["--state-dir", str(state_dir), "--free-space-floor-bytes", "0", *args]
         self.proc: subprocess.Popen | None = None
         self.log = state_dir.parent / f"{state_dir.name}-serve.log"
+        #: The background CLI clients `cli_popen` started; the fixture reaps what is left.
+        self.clients: list[subprocess.Popen] = []
 
     def start(self, timeout: float = 30.0) -> "Serve":
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -107,9 +109,21 @@ class Serve:
     def cli_popen(self, *args: str, json_output: bool = False) -> subprocess.Popen:
         """Like `cli`, but started in the background (stdout and stderr piped)."""
         flags = ["--socket", str(self.socket)] + (["--json"] if json_output else [])
-        return subprocess.Popen(
+        client = subprocess.Popen(
             [sys.executable, "-m", "motor", *args[:1], *flags, *args[1:]],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=motor_env(), cwd=ROOT)
+        self.clients.append(client)
+        return client
+
+    def reap_clients(self) -> None:
+        """End the background clients a test left (a failed assert skipped its wait), so
+        none outlives it and their pipes are closed here, not by a later test's collector."""
+        for client in self.clients:
+            if client.poll() is None:
+                client.kill()
+                client.wait(10)
+            for pipe in (client.stdout, client.stderr):
+                pipe.close()
 
     def cli_json(self, *args: str, **kw):
         result = self.cli(*args, json_output=True, **kw)
@@ -135,6 +149,7 @@ def serve_factory(tmp_path):
 
     yield make
     for s in started:
+        s.reap_clients()
         if s.proc is not None and s.proc.poll() is None:
             s.stop()
     for s in started:  # keepers of jobs still running in a test's state dir: end them
