@@ -22,32 +22,12 @@ import actors
 import motor
 from motor.isolation.base import Backend, IsolationError
 from motor.records import JobRequest, RefusedError
-from runner_helpers import barrier_job, embedded_config, terminal_of as _terminal_of
-
-
-#: The real seconds a bound below also waits for. Under MockClock(autojump_threshold=0)
-#: virtual time jumps from deadline to deadline while every task waits, and a job actor's
-#: set-up runs in a worker thread (JobDeps.offload): on a slow host a bound of virtual
-#: seconds alone ran out during one thread hop (CI: TooSlowError in the budget test, the
-#: job ended a moment later).
-REAL_BOUND_S = 60.0
-
-
-async def _bounded(fn, timeout: float):
-    """`await fn()`, given up (TooSlowError) once `timeout` seconds of trio's clock and
-    REAL_BOUND_S real ones have both passed; `fn` is called again after each virtual
-    bound, so it must be safe to repeat (a follow from the first event, a poll)."""
-    start = time.monotonic()
-    while True:
-        with trio.move_on_after(timeout):
-            return await fn()
-        if time.monotonic() - start > REAL_BOUND_S:
-            raise trio.TooSlowError
+from runner_helpers import barrier_job, bounded, embedded_config, terminal_of as _terminal_of
 
 
 async def terminal_of(runner, job_id: str, timeout: float = 1000) -> dict:
     """The job's terminal record, within `timeout` seconds (virtual under MockClock)."""
-    return await _bounded(lambda: _terminal_of(runner, job_id), timeout)
+    return await bounded(lambda: _terminal_of(runner, job_id), timeout)
 
 
 async def wait_until(predicate, what: str, timeout: float = 600):
@@ -57,7 +37,7 @@ async def wait_until(predicate, what: str, timeout: float = 600):
             await trio.sleep(0.02)
         return value
 
-    return await _bounded(poll, timeout)
+    return await bounded(poll, timeout)
 
 
 async def state_of(runner, job_id: str) -> str:
