@@ -2,8 +2,8 @@
 
 Every admission, start, end, cancel and withdraw passes through it one at a time; machine.py
 decides (a pure `handle(event, now, wall_ms) -> [effects]`), this shell carries the effects
-out through the typed handles; the views are read between (`readers`). The disk's admission
-is asked by a task of its own unless an idle disk answers at once (docs/scheduling.md)."""
+out through the typed handles; the views and a running job's cancel are answered between
+(`readers`). The disk is asked by a task of its own unless idle (docs/scheduling.md)."""
 
 from __future__ import annotations
 
@@ -36,12 +36,12 @@ _AS_IS = (SetupDone, Finished, CancelJob, Unfollowed, BundleArrived, QueuedViews
 
 class Dispatcher(actors.Actor):
     inbox_size = 512
-    #: handled in the sender's task while the dispatcher is idle (`handle_now`, issue 14);
-    #: not a Submit (a client submitting in a loop yields to the jobs it starts: see
-    #: docs/scheduling.md), nor its own follow-ups (DiskAnswered, TimerFired, FlushUnsaved)
+    #: handled in the sender's task while the dispatcher is idle (`handle_now`, issue 14); not
+    #: a Submit (a client submitting in a loop yields to the jobs it starts: docs/scheduling.md)
+    #: nor its own follow-ups (DiskAnswered, TimerFired, FlushUnsaved)
     immediate = (SetupDone, Finished, StartFailed, CancelJob, Withdraw, Unfollowed,
                  BundleArrived, CeilingChanged)
-    readers = (CapacityView, StatusView, QueuedViews, Heartbeat)  # views: also while a save waits
+    readers = (CapacityView, StatusView, QueuedViews, Heartbeat, CancelJob)  # also while saving
 
     def __init__(self, deps: DispatchDeps):
         super().__init__(name="dispatcher")
@@ -55,12 +55,11 @@ class Dispatcher(actors.Actor):
         self._timer: trio.CancelScope | None = None
         self._wakeup, self._answer = math.inf, None  # _answer: the reply to the current message
         self._asking = 0  # disk admissions handed to `_disk_asker`, not answered yet
-        self._ride: list | None = None  # a Finished's ride (messages.py), until a save takes it
+        self._ride: list | None = None  # a Finished's ride (messages.py) until saved
         self._recovered = False  # the machine holds the recovered jobs: views read from then
 
     async def on_start(self):
-        deps = self.deps
-        records = tuple(deps.job.records.live())
+        deps, records = self.deps, tuple(self.deps.job.records.live())
         await deps.job.cpu.keep_only_recorded(records)  # a predecessor's unsaved starts
         shas = {r.bundle_sha256 for r in records if r.state == QUEUED and r.bundle_sha256}
         present = {sha for sha in shas if await deps.disk.has_bundle(sha)}
@@ -78,13 +77,14 @@ class Dispatcher(actors.Actor):
     def read(self, msg):  # the machine is whole wherever `_run` waits, once recovered
         if not self._recovered and not isinstance(msg, CapacityView):
             return actors.LATER  # a view before recovery would miss the recovered jobs
+        if isinstance(msg, CancelJob):  # a running job's: at once (effects.py)
+            return fx.cancel_running(self.machine, msg.job_id, self.deps.execution)
         return self.machine.view(msg, trio.current_time(), self.job.clock.now_ms())
 
     def handle_now(self, msg):
-        """A message, in its sender's task when this actor is idle: the effects are carried
-        out at once while each can be (the store commits on the loop, the allocator and the
-        execution supervisor are idle); the rest, if one cannot, in this actor's own task,
-        next (`effects.Resume`), the answer deferred until then."""
+        """A message, in its sender's task when this actor is idle: the effects carried out
+        at once while each can be (the store commits on the loop, the allocator and the
+        execution supervisor idle); the rest in this actor's own task, next (`effects.Resume`)."""
         self._answer, pending = None, []
         if (waits := self._advance(self._event(msg), pending)) is not None:
             token = self.defer_reply() if self.answering else None

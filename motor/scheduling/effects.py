@@ -80,6 +80,18 @@ def now(effect, job, execution, ride: list | None = None):
     return None
 
 
+def cancel_running(machine: "m.DispatchMachine", job_id: str, execution):
+    """A running job's cancel, which changes nothing of the machine's (only the job's actor
+    is told), answered in the caller's task, also while the dispatcher waits on a save
+    (another process's lock, a slow disk): "signalled". actors.LATER, the ordinary way
+    through the machine, for any other job, or when the job's actor cannot be told now
+    (none yet: its start effect waits)."""
+    if not machine.cancel_only_signals(job_id):
+        return actors.LATER
+    told = execution.call_job_now(job_id, Cancel())  # None: no live actor
+    return actors.LATER if told is None or told is actors.LATER else "signalled"
+
+
 async def wait(effect, job, execution, ride: list | None = None):
     """An effect `now` found would wait, waited for: its answer for the machine."""
     if isinstance(effect, (m.SaveRecord, m.SaveClocks)):

@@ -622,9 +622,14 @@ class DispatchMachine:
             effects = self._end_queued(job_id, wall_ms, CANCEL, reason="cancelled",
                                        detail="cancelled before start", queue_wait_ms=waited_ms)
             return [*effects, *self._after(now), Reply(None, "cancelled")]
-        if job_id in self.active:
+        if self.cancel_only_signals(job_id):
             return [CancelJobActor(job_id), *self._after(now), Reply(None, "signalled")]
         return [*self._after(now), Reply(None, "unknown")]
+
+    def cancel_only_signals(self, job_id: str) -> bool:
+        """Whether a CancelJob of `job_id` changes nothing here, only tells its actor (it
+        runs): the shell may then answer it while a save waits (scheduling/actor.py)."""
+        return job_id in self.active
 
     def _on_WithdrawJob(self, event: WithdrawJob, now, wall_ms):
         answer, effects = self._withdraw(event.job_id, event.stored, now, wall_ms)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
 from tests.polling import wait_for
@@ -110,3 +112,41 @@ def test_serve_starts_while_another_process_holds_the_database_write_lock(serve_
     out, err = run.communicate(timeout=60)
     assert (run.returncode, out) == (0, b"accepted\n"), err
     assert serve.stop() == 0
+
+
+def test_a_running_job_is_cancelled_at_once_while_the_dispatcher_waits_on_the_lock(
+        serve_factory, tmp_path):
+    """A cancel of a running job changes nothing of the queue: only the job's actor is told.
+    So it is answered, and the job signalled, also while the dispatcher waits on a save
+    under another process's lock (before: the cancel waited 30 s behind that save, was
+    answered 503 runner_busy, and the job ran on). Its end is written once the lock is free."""
+    marker = f"motor-cancel-under-lock-{tmp_path.name}"
+    serve = serve_factory("--isolation", "none").start()
+    first = serve.cli_popen("run", "--", "sh", "-c", f"echo {marker}; exec sleep 600")
+    wait_for(lambda: [j["state"] for j in serve.cli_json("jobs")] == ["running"],
+             what="the first job's record to say running")
+    [job] = serve.cli_json("jobs")
+    holder = hold_write_lock(serve.state_dir / "motor.db")
+    try:
+        second = serve.cli_popen("run", "--", "echo", "second")  # its acceptance waits
+        wait_for(lambda: lock_causes(serve), what="health to name the held write lock")
+        assert second.poll() is None
+        started = time.monotonic()
+        cancel = serve.cli("cancel", job["job_id"], timeout=20)
+        assert cancel.returncode == 0, cancel.stderr.decode()
+        assert time.monotonic() - started < 10
+        wait_for(lambda: not [p for p in psutil.process_iter(["cmdline"])
+                              if p.info["cmdline"] and marker in " ".join(p.info["cmdline"])
+                              and "sleep" in p.info["cmdline"]],
+                 timeout=10, what="the job's process to be gone")
+        assert first.poll() is None  # its end is not written yet
+    finally:
+        release(holder)
+    out1, err1 = first.communicate(timeout=60)
+    out2, err2 = second.communicate(timeout=60)
+    assert first.returncode == 130, err1
+    assert (second.returncode, out2) == (0, b"second\n"), err2
+    states = {j["job_id"]: j["state"] for j in serve.cli_json("jobs")}
+    assert states[job["job_id"]] == "cancelled"
+    assert serve.stop() == 0
+    assert "Traceback" not in serve.log.read_text()

@@ -238,6 +238,58 @@ async def test_the_views_are_read_while_a_start_waits_on_the_store(tmp_path, aut
         nursery.cancel_scope.cancel()
 
 
+class TellingExecution(FakeExecution):
+    """FakeExecution whose job actors take what they are told at once (`call_job_now`)."""
+
+    def __init__(self, running=()):
+        super().__init__(running)
+        self.told: list[tuple[str, object]] = []
+
+    def call_job_now(self, job_id, msg):
+        if job_id not in self.running:
+            return None
+        self.told.append((job_id, msg))
+        return True
+
+
+async def test_a_running_jobs_cancel_is_answered_while_a_save_waits_on_the_store(
+        tmp_path, autojump_clock):
+    """A cancel of a running job only tells its actor: it is answered, and the actor told,
+    at once, also while the dispatcher waits on a save the store holds. A queued job's
+    cancel changes the queue: it waits for the save, then ends the job."""
+    from motor.execution.actor import Cancel
+    from tests.store_helpers import GatedStore
+
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery)
+        world.store = GatedStore(world.db, ChangeHub())
+        world.store.go.set()
+        world.execution = TellingExecution()
+        running = hold_capacity(world)
+        dispatcher = await world.start()
+        queued = await dispatcher.submit(request(workspace="b"))  # waits for capacity
+        world.store.go = trio.Event()  # from here the store holds what it gets
+        nursery.start_soon(dispatcher.submit, request(workspace="c"))  # its save is held
+        await trio.testing.wait_all_tasks_blocked()
+        with trio.fail_after(5):
+            assert await dispatcher.cancel(running.job_id) == "signalled"
+        assert [(job_id, type(msg)) for job_id, msg in world.execution.told] == [
+            (running.job_id, Cancel)]
+        answers = []
+
+        async def cancel_queued():
+            answers.append(await dispatcher.cancel(queued.job_id))
+
+        nursery.start_soon(cancel_queued)
+        await trio.testing.wait_all_tasks_blocked()
+        assert answers == [] and world.state(queued.job_id) == "queued"  # behind the save
+        world.store.go.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert answers == ["cancelled"] and world.state(queued.job_id) == "cancelled"
+        assert len(world.execution.told) == 1  # told once
+        nursery.cancel_scope.cancel()
+
+
 async def test_concurrent_submits_join_the_queue_in_arrival_order(tmp_path, autojump_clock):
     """Three submits arrive while the disk works; each is answered once the disk admitted
     it, and the queue holds them in job-id (arrival) order."""
