@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -150,3 +151,58 @@ def test_a_running_job_is_cancelled_at_once_while_the_dispatcher_waits_on_the_lo
     assert states[job["job_id"]] == "cancelled"
     assert serve.stop() == 0
     assert "Traceback" not in serve.log.read_text()
+
+
+def test_a_queued_jobs_live_wait_and_heartbeats_go_on_while_the_dispatcher_waits_on_the_lock(
+        serve_factory, tmp_path):
+    """The queued job's wait fields in `motor jobs` and its follower's heartbeats are read
+    from the dispatcher's machine (readers, stop 51) while it waits on a save under another
+    process's lock: the wait goes on counting in both, every heartbeat_s (1 s)."""
+    from motor.client import Client
+
+    gate = tmp_path / "gate"
+    serve = serve_factory("--isolation", "none", "--max-weight", "1").start()
+    first = serve.cli_popen("run", "--weight", "1", "--", "sh", "-c",
+                            f"while [ ! -e {gate} ]; do sleep 0.02; done; echo first")
+    wait_for(lambda: [j["state"] for j in serve.cli_json("jobs")] == ["running"],
+             what="the first job's record to say running")
+    # in a workspace of its own: it waits for capacity, so its clock runs (docs/scheduling.md)
+    queued_id = serve.cli("submit", "--weight", "1", "--workspace", "b", "--",
+                          "echo", "queued").stdout.decode().split()[0]
+    holder = hold_write_lock(serve.state_dir / "motor.db")
+    beats: list[dict] = []
+    try:
+        third = serve.cli_popen("run", "--weight", "1", "--", "echo", "third")  # its acceptance waits
+        wait_for(lambda: lock_causes(serve), what="health to name the held write lock")
+
+        def follow():
+            with Client(socket_path=serve.socket) as client:
+                for event in client.events(queued_id, raw=True):
+                    beats.append(event)
+                    if event["event"] == "terminal":
+                        return
+
+        threading.Thread(target=follow, daemon=True).start()
+        waits = []
+        for _ in range(2):
+            jobs = {j["job_id"]: j for j in serve.cli_json("jobs", timeout=5)}
+            assert jobs[queued_id]["state"] == "queued"
+            waits.append(jobs[queued_id]["queue_wait_ms"])
+            time.sleep(1.2)
+        assert waits[1] - waits[0] >= 1000, waits  # counted live, not the stored value
+        # the stored `queued` event, then a heartbeat each second, its wait counted on
+        wait_for(lambda: sum(e["event"] == "queued" for e in beats) >= 3, timeout=10,
+                 what="the follower's heartbeats while the lock is held")
+        [_, *heartbeats] = [e["queue_wait_ms"] for e in beats if e["event"] == "queued"]
+        assert heartbeats == sorted(heartbeats) and heartbeats[-1] - heartbeats[0] >= 900
+        assert third.poll() is None and lock_causes(serve)  # all of it under the held lock
+    finally:
+        release(holder)
+        gate.touch()
+    for proc, out in ((first, b"first\n"), (third, b"third\n")):
+        stdout, stderr = proc.communicate(timeout=60)
+        assert (proc.returncode, stdout) == (0, out), stderr
+    wait_for(lambda: beats and beats[-1]["event"] == "terminal", timeout=30,
+             what="the queued job's end")
+    assert beats[-1]["record"]["state"] == "succeeded"
+    assert serve.stop() == 0
