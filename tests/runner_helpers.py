@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 from contextlib import aclosing
 
@@ -59,3 +60,22 @@ async def bounded(fn, timeout: float):
             return await fn()
         if time.monotonic() - start > REAL_BOUND_S:
             raise trio.TooSlowError
+
+
+async def in_state(runner, job_id: str, state: str) -> bool:
+    return (await runner.get(job_id)).state == state
+
+
+async def poll_until(predicate, timeout: float, interval: float = 0.02):
+    """Poll `predicate` (async, or plain) every `interval` seconds until it holds, within
+    `bounded(timeout)`: its value."""
+    async def poll():
+        while not (value := await _value(predicate())):
+            await trio.sleep(interval)
+        return value
+
+    return await bounded(poll, timeout)
+
+
+async def _value(result):
+    return await result if inspect.isawaitable(result) else result

@@ -14,7 +14,7 @@ import trio
 
 import actors
 from tests.conftest import read_only_tmpfs
-from runner_helpers import barrier_job, terminal_of
+from runner_helpers import barrier_job, in_state, poll_until, terminal_of
 
 import motor
 from motor.accounting import actor as accounting_actor
@@ -51,9 +51,7 @@ def config(tmp_path, **kw) -> motor.RunnerConfig:
 
 
 async def wait_until(predicate, what: str, limit: float = 3600):
-    with trio.fail_after(limit):  # virtual seconds
-        while not await predicate():
-            await trio.sleep(0.05)
+    await poll_until(predicate, limit, interval=0.05)  # virtual seconds
 
 
 def current_hour(report: dict) -> dict:
@@ -114,9 +112,8 @@ async def test_health_counts_admission_refusals_without_acceptance(tmp_path, aut
     async with motor.open_runner(config(tmp_path, max_weight=2, max_queue_depth=1)) as runner:
         go = tmp_path / "go"
         holder = await runner.submit(barrier_job(go, weight_hint=2, workspace="a"))
-        with trio.fail_after(60):  # a job in setup still counts in max_queue_depth: wait until it runs
-            while (await runner.get(holder.job_id)).state != "running":
-                await trio.sleep(0.02)
+        # a job in setup still counts in max_queue_depth: wait until it runs
+        await poll_until(lambda: in_state(runner, holder.job_id, "running"), 60)
         await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="b"))  # queued
         for req in (JobRequest(command=["true"], weight_hint=0),
                     JobRequest(command=["true"], weight_hint=999),

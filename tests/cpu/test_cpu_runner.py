@@ -11,7 +11,7 @@ import motor
 from motor.records import JobRequest, RefusedError
 
 from fakesysfs import write_fake_sysfs
-from runner_helpers import barrier_job, event_of, terminal_of as terminal
+from runner_helpers import barrier_job, event_of, poll_until, terminal_of as terminal
 
 
 def config(tmp_path, **kw):
@@ -111,9 +111,7 @@ async def test_a_restarted_dispatcher_keeps_the_cpus_of_the_jobs_that_run(tmp_pa
         held = await started(runner, holder.job_id)
         with pytest.raises(TypeError):
             await runner.dispatcher.call("not a message")  # the dispatcher restarts
-        with trio.fail_after(60):
-            while not (runner.dispatcher.alive and runner.dispatcher.restarts == 1):
-                await trio.sleep(0.02)
+        await poll_until(lambda: runner.dispatcher.alive and runner.dispatcher.restarts == 1, 60)
         assert (await runner.health())["cpus"]["jobs"] == {holder.job_id: held}
         other = await runner.submit(JobRequest(command=["true"], weight_hint=4, workspace="b"))
         assert not set(await started(runner, other.job_id)) & set(held)

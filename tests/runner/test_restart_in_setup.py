@@ -8,14 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import trio
-
 import motor
 from motor.clock import uuid7
 from motor.records import Accepted, JobRecord, Queued
 from motor.store.db import Database
 from tests.conftest import read_only_tmpfs
-from runner_helpers import embedded_config, terminal_of
+from runner_helpers import embedded_config, in_state, poll_until, terminal_of
 
 
 async def test_a_job_left_in_setup_whose_setup_fails_after_a_restart_is_requeued_then_runs(
@@ -34,9 +32,7 @@ async def test_a_job_left_in_setup_whose_setup_fails_after_a_restart_is_requeued
     # would refuse the job since stop 49: that does not pass)
     with read_only_tmpfs(state / "workspaces") as writable:
         async with motor.open_runner(config) as runner:
-            with trio.fail_after(60):
-                while (await runner.get(job_id)).state != "queued":
-                    await trio.sleep(0.05)
+            await poll_until(lambda: in_state(runner, job_id, "queued"), 60, interval=0.05)
             writable()
             record = await terminal_of(runner, job_id)
             assert record["state"] == "succeeded" and record["attempts"] == 2

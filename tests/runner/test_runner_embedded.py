@@ -14,7 +14,7 @@ import trio
 
 import motor
 from motor.records import JobRequest, RefusedError
-from runner_helpers import barrier_job as _barrier_job, bounded, embedded_config, terminal_of
+from runner_helpers import barrier_job as _barrier_job, embedded_config, poll_until, terminal_of
 
 
 def config(tmp_path, **kw) -> motor.RunnerConfig:
@@ -26,11 +26,7 @@ def barrier_job(path, **kw) -> JobRequest:
 
 
 async def wait_until(predicate, what: str):
-    async def poll():  # 600 virtual seconds under MockClock (and 60 real ones: `bounded`)
-        while not await predicate():
-            await trio.sleep(0.05)
-
-    await bounded(poll, 600)
+    await poll_until(predicate, 600, interval=0.05)  # virtual seconds under MockClock
 
 
 async def test_embedded_runner_streams_output_and_ends_with_the_exit_status(tmp_path, autojump_clock):

@@ -22,7 +22,8 @@ import actors
 import motor
 from motor.isolation.base import Backend, IsolationError
 from motor.records import JobRequest, RefusedError
-from runner_helpers import barrier_job, bounded, embedded_config, terminal_of as _terminal_of
+from runner_helpers import (barrier_job, bounded, embedded_config, poll_until,
+                            terminal_of as _terminal_of)
 
 
 async def terminal_of(runner, job_id: str, timeout: float = 1000) -> dict:
@@ -32,12 +33,7 @@ async def terminal_of(runner, job_id: str, timeout: float = 1000) -> dict:
 
 async def wait_until(predicate, what: str, timeout: float = 600):
     """Poll an async predicate (virtual seconds under MockClock, real ones otherwise)."""
-    async def poll():
-        while not (value := await predicate()):
-            await trio.sleep(0.02)
-        return value
-
-    return await bounded(poll, timeout)
+    return await poll_until(predicate, timeout)
 
 
 async def state_of(runner, job_id: str) -> str:

@@ -21,17 +21,13 @@ import trio
 import motor
 from motor.records import JobRecord, JobRequest
 from motor.store.db import Database
-from runner_helpers import barrier_job, bounded, embedded_config, terminal_of
+from runner_helpers import barrier_job, embedded_config, poll_until, terminal_of
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "state_v1"
 
 
 async def _wait_until(predicate, what: str, timeout: float = 600):
-    async def poll():  # virtual seconds under MockClock (and 60 real ones: `bounded`)
-        while not predicate():
-            await trio.sleep(0.02)
-
-    await bounded(poll, timeout)
+    await poll_until(predicate, timeout)  # virtual seconds under MockClock
 
 
 def _blob(db: Database, job_id: str) -> JobRecord:
