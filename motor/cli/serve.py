@@ -86,7 +86,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from motor.store.db import StoreError
 
     try:
-        trio.run(runner_module.serve_forever, config)
+        status = trio.run(runner_module.serve_forever, config)
     except BaseException as exc:  # noqa: BLE001 - sort start-up failures into one line
         if (found := _find(exc, (SocketInUse,))) is not None:
             return _error_line(found, 1)
@@ -101,7 +101,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if _find(exc, (KeyboardInterrupt,)) is not None:
             return 130
         raise
-    return 0
+    return status
 
 
 #: `motor serve` exit status when a subsystem's supervisor gave up (a crash loop): the

@@ -65,11 +65,19 @@ def tune_collector() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-async def serve_forever(config: RunnerConfig) -> None:
-    """`motor serve`: run the tree with the API until SIGINT/SIGTERM; under systemd's
-    `Type=notify`, say ready and stopping, and keep its watchdog (notify.py)."""
+#: The signals that stop `motor serve` in order, and the exit status each leaves: SIGHUP
+#: (its terminal hung up, or a `kill -HUP` meant as a reload) stops it as SIGTERM does,
+#: then exits 129 (128 + SIGHUP, what its default action left, without the orderly stop),
+#: so a service manager that restarts on failure starts it again.
+STOP_SIGNALS = {signal.SIGINT: 0, signal.SIGTERM: 0, signal.SIGHUP: 128 + signal.SIGHUP}
+
+
+async def serve_forever(config: RunnerConfig) -> int:
+    """`motor serve`: run the tree with the API until a stop signal (STOP_SIGNALS), and
+    the exit status it leaves; under systemd's `Type=notify`, say ready and stopping, and
+    keep its watchdog (notify.py)."""
     notify, period = take_from_environ()
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         async with open_runner(config, api=True) as runner, trio.open_nursery() as nursery:
             tune_collector()
             print(f"motor: listening on {config.socket_path}"
@@ -90,3 +98,4 @@ async def serve_forever(config: RunnerConfig) -> None:
             if notify is not None:
                 notify.send("STOPPING=1")
                 notify.close()
+    return STOP_SIGNALS[signum]

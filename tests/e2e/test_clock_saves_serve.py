@@ -5,6 +5,7 @@ resumes each clock from its course at the stop (an advancing clock with the down
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -36,12 +37,17 @@ def test_the_default_window_is_the_machines_and_a_negative_one_is_refused():
         build_config({"clock_save_s": -1}, {})
 
 
-def test_a_clock_change_waiting_for_its_save_is_saved_by_an_orderly_stop(serve_factory, tmp_path):
+@pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 0), (signal.SIGHUP, 129)],
+                         ids=["SIGTERM", "SIGHUP"])
+def test_a_clock_change_waiting_for_its_save_is_saved_by_an_orderly_stop(
+        serve_factory, tmp_path, sig, status):
     """With a window of an hour, only the first clock change is saved at once. q pauses
     behind its workspace's owner w (saved at once); w is cancelled and y of another
     workspace takes the slot, so q advances again: that change waits for the window. The
-    runner is stopped (SIGTERM), down for 2 s, started again: q's clock resumes advancing
-    from the stop, the downtime included (saved as paused, it would resume near 0)."""
+    runner is stopped (SIGTERM; or SIGHUP, a hang-up, which stops it as orderly since stop
+    52 and exits 129, where it killed it on the spot), down for 2 s, started again: q's
+    clock resumes advancing from the stop, the downtime included (saved as paused, it would
+    resume near 0)."""
     config = tmp_path / "motor.toml"
     config.write_text("clock_save_s = 3600\n")
     serve = serve_factory("--max-weight", "1", "--config", str(config)).start()
@@ -58,7 +64,8 @@ def test_a_clock_change_waiting_for_its_save_is_saved_by_an_orderly_stop(serve_f
     wait_for(lambda: _running(serve) == {y["job_id"]}, what="y to take the slot")
     entry = _queued(serve, q["job_id"])
     assert entry is not None and entry["waiting_on"] == "permits"  # advancing again
-    assert serve.stop() == 0
+    assert serve.stop(sig) == status
+    assert "Traceback" not in serve.log.read_text()
     time.sleep(2.0)
     serve.start()
     resumed = _queued(serve, q["job_id"])
