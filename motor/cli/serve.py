@@ -84,6 +84,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from motor.api.server import SocketInUse
     from motor.execution.spawner import SpawnerError
     from motor.store.db import StoreError
+    from motor.store.fileguard import DatabaseLost
 
     try:
         status = trio.run(runner_module.serve_forever, config)
@@ -92,6 +93,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return _error_line(found, 1)
         if (found := _find(exc, (ConfigError,))) is not None:
             return _error_line(found, 2)
+        if (found := _find(exc, (DatabaseLost,))) is not None:  # its records saved
+            return _error_line(found, EXIT_DATABASE_LOST)
         if (found := _find(exc, (StoreError, sqlite3.DatabaseError))) is not None:
             return _error_line(f"job database {config.state_path / 'motor.db'}: {found}", 2)
         if (found := _find(exc, (SpawnerError,))) is not None:  # keeperd: the jobs' keeper
@@ -110,6 +113,10 @@ EXIT_GAVE_UP = 3
 #: ... when keeperd, which keeps the jobs, could not be started or reached at start-up (before
 #: stop 49 a traceback, status 1): a lock or socket of it that cannot be used, or no answer
 EXIT_NO_KEEPER = 4
+#: ... when the job database's path no longer named the file it had open (removed, or
+#: another file put there) and the runner stopped, its records saved (store/fileguard.py):
+#: the service manager starts it again, on them
+EXIT_DATABASE_LOST = 5
 
 
 def _gave_up(escalation) -> str:

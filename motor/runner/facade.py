@@ -339,6 +339,8 @@ class Runner:
                                 + "; the WAL grows until a checkpoint succeeds"})
         if db.full_error is not None:
             degraded.insert(0, {"subsystem": "store", "cause": db.full_error})
+        if (lost := db.guard.check()) is not None:  # found here too (the runner stops)
+            degraded.insert(0, {"subsystem": "store", "cause": lost + "; the runner stops"})
         pace, now = db.pace, trio.current_time()
         waiting_s = pace.waiting_s(now)
         locked_s = 0.0 if pace.locked_since is None else now - pace.locked_since

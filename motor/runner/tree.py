@@ -5,6 +5,7 @@ orderly stop. The tree's shape is drawn in motor/runner/__init__.py.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -35,6 +36,7 @@ from ..scheduling.actor import DispatchDeps, Dispatcher
 from ..store.actor import StoreActor, open_database
 from ..store.hub import ChangeHub
 from ..store.db import StoreError
+from ..store.fileguard import DatabaseLost
 from ..store.files import private_umask
 from .facade import Runner
 from .host import (
@@ -151,16 +153,42 @@ async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runn
                                               handles=handles, followers=followers)
                 async with trio.open_nursery() as nursery:
                     await nursery.start(root.run)
+                    watch = trio.CancelScope()  # until the runner stops
+                    nursery.start_soon(_stop_if_the_database_is_lost, db, root, watch)
                     if warning := journal_warning(str(state), host.state_fs):
                         logging.getLogger("motor.runner").warning("runner: %s", warning)
                     try:
                         yield runner
                     finally:
+                        watch.cancel()
                         root.shutdown()
         finally:
             db.close()
     finally:
         lock.release()
+
+
+async def _stop_if_the_database_is_lost(db, root: actors.Supervisor,
+                                        watch: trio.CancelScope) -> None:
+    """When motor.db's path no longer names the file the store has open (removed, or
+    another file put there: store/fileguard.py), stop the runner in order, its last writes
+    going to the open file, which the database saves as it closes, and raise
+    DatabaseLost: `motor serve` exits 5 and, restarted, goes on from the saved records."""
+    lost, token = trio.Event(), trio.lowlevel.current_trio_token()
+
+    def tell() -> None:  # from the thread of the commit that found it
+        with contextlib.suppress(trio.RunFinishedError):
+            token.run_sync_soon(lost.set)
+
+    db.guard.on_lost = tell
+    with watch:
+        await lost.wait()
+    if not lost.is_set():
+        return  # the runner stops
+    await root.aclose()
+    db.close()  # the records saved now, so that the message can say where
+    raise DatabaseLost(f"{db.guard.lost}; runner stopped, its records saved to "
+                       f"{db.guard.saved_to or 'nowhere (see the log)'}")
 
 
 async def _sweep_leftover_groups(backend, db, jobs_dir: Path) -> None:

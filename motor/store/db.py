@@ -78,6 +78,7 @@ import msgspec
 from ..lifecycle import ACTIVE_STATES
 from ..records import JobRecord, Output, encode_event, Event, TERMINAL_STATES
 from .checkpoints import WAL_SIZE_LIMIT
+from .fileguard import FileGuard, uri
 from .pace import CommitPace
 from .salvage import salvage, tell_once, unreadable
 
@@ -296,6 +297,8 @@ class Database:
         # (`save_many`'s lock_wait_ms): on the event loop it must not (StoreLocked)
         self.conn.execute("PRAGMA busy_timeout=0")
         self._lock_wait_ms = 0
+        #: whether `path` still names the file opened here (fileguard.py)
+        self.guard = FileGuard(path, self.conn)
         #: the connection reads use, never the writer's: the store's commits may run in a
         #: worker thread (store/pace.py), and a read on the writer's connection during one
         #: would see its uncommitted rows. One per reading thread (`reader`): this one is
@@ -309,8 +312,8 @@ class Database:
         self._readers_lock = threading.Lock()
 
     def _open_reader(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
-                               factory=_ReadConnection)
+        conn = sqlite3.connect(uri(self.path), isolation_level=None, check_same_thread=False,
+                               factory=_ReadConnection, uri=True)
         conn.execute("PRAGMA busy_timeout=5000")
         return conn
 
@@ -348,6 +351,7 @@ class Database:
             others = list(self._other_readers)
         for conn in (self._reader, *others):
             conn.close()
+        self.guard.save_copy()  # when its path lost the file: what it holds, kept
         self.conn.close()
 
     # -- checkpoints (store actor: in a worker thread) ----------------------------------
@@ -373,7 +377,8 @@ class Database:
         t0 = time.perf_counter()
         try:
             if self._checkpoint_conn is None:
-                conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                conn = sqlite3.connect(uri(self.path), isolation_level=None,
+                                       check_same_thread=False, uri=True)
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
                 self._checkpoint_conn = conn
@@ -403,6 +408,7 @@ class Database:
         if not writes:
             return []
         conn = self._lock_wait(lock_wait_ms)
+        self.guard.check()  # written all the same: the open file is saved as it closes
         self._unclocked, self._txn_bytes = [], 0
         try:
             conn.execute("BEGIN IMMEDIATE")  # where another connection's write lock stops it
