@@ -1,7 +1,6 @@
 """One actor per job setting up or running, the shell that carries its messages: setup and
 spawn, `running`, output.log into the store batch by batch until the keeper exits, status.json
-to the terminal record (theory of operation: execution/core.py, which holds the rules;
-blocking file work: execution/jobdir.py, through `JobDeps.offload`)."""
+to the terminal record (rules: execution/core.py; file work: jobdir.py, `JobDeps.offload`)."""
 
 from __future__ import annotations
 
@@ -33,7 +32,7 @@ class JobExecution(actors.Actor):
     def __init__(self, record: JobRecord, deps: JobDeps, *, fresh: bool = False):
         super().__init__(name=f"job-{record.job_id}")
         self.deps, self.dir, self.fresh = deps, deps.jobs_dir / record.job_id, fresh
-        self.run_state = core.JobRun(record)  # the record, phase, keeper, pending cancel, output
+        self.run_state = core.JobRun(record, cancel_requested=record.job_id in deps.cancels)
         self.save = functools.partial(save_when_room, deps.store, self.name, self.run_state)
 
     record = property(lambda self: self.run_state.record)
@@ -130,6 +129,7 @@ class JobExecution(actors.Actor):
     async def _end(self, record: JobRecord) -> None:
         """The job's end: capacity first (whoever sees it sees the permits free), then the store."""
         self.run_state.record = record
+        self.deps.cancels.discard(record.job_id)
         log.info("%s: %s (%s; exit %s, signal %s)", self.name, record.state,
                  record.detail or record.reason, record.exit_code, record.signal)
         await self.deps.cpu.release(record.job_id)

@@ -202,11 +202,12 @@ class JobRun:
     """One job's execution as its actor's decisions see it: the record, the phase, the
     keeper once known, a cancel not yet carried out, and the output decoder."""
 
-    def __init__(self, record: JobRecord):
+    def __init__(self, record: JobRecord, cancel_requested: bool = False):
+        """`cancel_requested`: a cancel told before this run's actor existed (a restart)."""
         self.record = record
         self.phase = SETUP
         self.keeper: tuple[int, float] | None = None
-        self.cancel_requested = False
+        self.cancel_requested = cancel_requested
         self.output = OutputDecoder()
         #: events not saved yet, and the log offset after them: they go with the job's next
         #: write (`defer`), a commit less each (docs/keeper.md, "The start's record goes

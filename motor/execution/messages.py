@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -64,6 +64,10 @@ class JobDeps:
     #: whether the runner is stopping (its root supervisor shut down or gave up): a
     #: subsystem found stopped then is not one that restarts (execution/actor.py `main`)
     stopping: Callable[[], bool] = lambda: False
+    #: the jobs a cancel was told to (scheduling/effects.py `tell_cancel`) whose actor has
+    #: not ended them yet: an incarnation made after (a restart after a crash, an actor not
+    #: yet started when the cancel came) starts with the cancel pending (stop 52)
+    cancels: set[str] = field(default_factory=set)
 
 
 async def save_when_room(store: "StoreHandle", who: str, run: "JobRun | None", record,

@@ -78,7 +78,7 @@ class Dispatcher(actors.Actor):
         if not self._recovered and not isinstance(msg, CapacityView):
             return actors.LATER  # a view before recovery would miss the recovered jobs
         if isinstance(msg, CancelJob):  # a running job's: at once (effects.py)
-            return fx.cancel_running(self.machine, msg.job_id, self.deps.execution)
+            return fx.cancel_running(self.machine, msg.job_id, self.job, self.deps.execution)
         return self.machine.view(msg, trio.current_time(), self.job.clock.now_ms())
 
     def handle_now(self, msg):

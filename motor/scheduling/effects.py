@@ -69,8 +69,7 @@ def now(effect, job, execution, ride: list | None = None):
         return None if execution.start_job_now(effect.job_id, _job_factory(effect, job)) \
             else NOT_NOW
     if isinstance(effect, m.CancelJobActor):
-        return NOT_NOW if execution.call_job_now(effect.job_id, Cancel()) is actors.LATER \
-            else None
+        return NOT_NOW if tell_cancel(effect.job_id, job, execution) is actors.LATER else None
     if isinstance(effect, m.NoteRefused):
         job.accounting.refused(effect.code)
     elif isinstance(effect, m.NoteEnded):
@@ -80,16 +79,26 @@ def now(effect, job, execution, ride: list | None = None):
     return None
 
 
-def cancel_running(machine: "m.DispatchMachine", job_id: str, execution):
+def tell_cancel(job_id: str, job, execution):
+    """Tell the job's actor to cancel it, at once (`call_job_now`: its answer, None when it
+    has no live actor, actors.LATER when it cannot take it now), the cancel kept in
+    `JobDeps.cancels` for an incarnation of the actor made after (a restart after a crash:
+    before stop 52 a cancel that found none was dropped)."""
+    job.cancels.add(job_id)
+    return execution.call_job_now(job_id, Cancel())
+
+
+def cancel_running(machine: "m.DispatchMachine", job_id: str, job, execution):
     """A running job's cancel, which changes nothing of the machine's (only the job's actor
     is told), answered in the caller's task, also while the dispatcher waits on a save
-    (another process's lock, a slow disk): "signalled". actors.LATER, the ordinary way
-    through the machine, for any other job, or when the job's actor cannot be told now
-    (none yet: its start effect waits)."""
+    (another process's lock, a slow disk): "signalled" (an actor that is not there now,
+    restarting or not yet started, finds it pending: `tell_cancel`). actors.LATER, the
+    ordinary way through the machine, for any other job, or when its actor cannot take
+    it now."""
     if not machine.cancel_only_signals(job_id):
         return actors.LATER
-    told = execution.call_job_now(job_id, Cancel())  # None: no live actor
-    return actors.LATER if told is None or told is actors.LATER else "signalled"
+    told = tell_cancel(job_id, job, execution)  # None: no live actor (kept for the next)
+    return actors.LATER if told is actors.LATER else "signalled"
 
 
 async def wait(effect, job, execution, ride: list | None = None):
@@ -108,6 +117,7 @@ async def wait(effect, job, execution, ride: list | None = None):
     elif isinstance(effect, m.StartJobActor):
         await execution.start_job(effect.job_id, _job_factory(effect, job))
     elif isinstance(effect, m.CancelJobActor):
+        job.cancels.add(effect.job_id)
         await execution.call_job(effect.job_id, Cancel())
     else:
         raise TypeError(f"dispatcher: {effect!r} does not wait")
