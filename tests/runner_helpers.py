@@ -44,9 +44,9 @@ async def terminal_of(runner, job_id: str) -> dict:
 
 #: The real seconds `bounded` also waits for. Under MockClock(autojump_threshold=0)
 #: virtual time jumps from deadline to deadline while every task waits, and a job actor's
-#: set-up runs in a worker thread (JobDeps.offload): on a slow host a bound of virtual
-#: seconds alone ran out during one thread hop (CI: TooSlowError in the budget test, the
-#: job ended a moment later).
+#: set-up runs in a worker thread (JobDeps.offload): a bound of virtual seconds alone ran
+#: out during one thread hop (the budget test of tests/scheduling/test_runner_rules.py:
+#: TooSlowError in 1 run of 20-70, its job actor found in `to_thread_run_sync`).
 REAL_BOUND_S = 60.0
 
 

@@ -11,6 +11,7 @@ taking it).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -121,12 +122,18 @@ def test_a_running_job_is_cancelled_at_once_while_the_dispatcher_waits_on_the_lo
     So it is answered, and the job signalled, also while the dispatcher waits on a save
     under another process's lock (before: the cancel waited 30 s behind that save, was
     answered 503 runner_busy, and the job ran on). Its end is written once the lock is free."""
-    marker = f"motor-cancel-under-lock-{tmp_path.name}"
+    seconds = f"600.{os.getpid()}1"  # its process is `sleep <seconds>`: none other here
+
+    def job_processes() -> list:
+        return [p for p in psutil.process_iter(["cmdline"])
+                if p.info["cmdline"] == ["sleep", seconds]]
+
     serve = serve_factory("--isolation", "none").start()
-    first = serve.cli_popen("run", "--", "sh", "-c", f"echo {marker}; exec sleep 600")
+    first = serve.cli_popen("run", "--", "sh", "-c", f"exec sleep {seconds}")
     wait_for(lambda: [j["state"] for j in serve.cli_json("jobs")] == ["running"],
              what="the first job's record to say running")
     [job] = serve.cli_json("jobs")
+    wait_for(job_processes, what="the job's process")
     holder = hold_write_lock(serve.state_dir / "motor.db")
     try:
         second = serve.cli_popen("run", "--", "echo", "second")  # its acceptance waits
@@ -136,10 +143,7 @@ def test_a_running_job_is_cancelled_at_once_while_the_dispatcher_waits_on_the_lo
         cancel = serve.cli("cancel", job["job_id"], timeout=20)
         assert cancel.returncode == 0, cancel.stderr.decode()
         assert time.monotonic() - started < 10
-        wait_for(lambda: not [p for p in psutil.process_iter(["cmdline"])
-                              if p.info["cmdline"] and marker in " ".join(p.info["cmdline"])
-                              and "sleep" in p.info["cmdline"]],
-                 timeout=10, what="the job's process to be gone")
+        wait_for(lambda: not job_processes(), timeout=10, what="the job's process to be gone")
         assert first.poll() is None  # its end is not written yet
     finally:
         release(holder)
