@@ -168,6 +168,12 @@ async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runn
         lock.release()
 
 
+#: how often an idle runner checks that motor.db is still the file its store has open
+#: (a commit, and health, check it each time): found within this, its records are saved
+#: before a crash or a reboot could lose them with the open file
+DATABASE_CHECK_S = 10.0
+
+
 async def _stop_if_the_database_is_lost(db, root: actors.Supervisor,
                                         watch: trio.CancelScope) -> None:
     """When motor.db's path no longer names the file the store has open (removed, or
@@ -182,7 +188,11 @@ async def _stop_if_the_database_is_lost(db, root: actors.Supervisor,
 
     db.guard.on_lost = tell
     with watch:
-        await lost.wait()
+        while not lost.is_set():
+            with trio.move_on_after(DATABASE_CHECK_S):
+                await lost.wait()
+            if db.guard.check() is not None:  # an idle runner too: no commit finds it
+                lost.set()
     if not lost.is_set():
         return  # the runner stops
     await root.aclose()

@@ -89,3 +89,37 @@ def test_an_intact_database_is_never_saved_again(tmp_path, name):
     db.close()
     assert db.guard.saved_to is None
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(name + "-")) == [name]
+
+
+async def test_an_idle_runner_finds_its_database_removed_and_stops_with_it_saved(
+        tmp_path, autojump_clock):
+    """No commit, no health probe: the runner's own check (every DATABASE_CHECK_S) finds
+    the removal, stops the runner, and the records are back at the path."""
+    import motor
+    from motor.runner.tree import DATABASE_CHECK_S
+    from motor.store.fileguard import DatabaseLost
+    from motor.records import JobRequest
+    import trio
+    from runner_helpers import embedded_config, terminal_of
+
+    config = embedded_config(tmp_path)
+    with pytest.raises(BaseExceptionGroup) as raised:
+        async with motor.open_runner(config) as runner:
+            job = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="w"))
+            assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
+            _remove(runner.db.path)
+            await trio.sleep(DATABASE_CHECK_S + 1)
+            pytest.fail("the runner went on with its database removed")
+    [lost] = _leaves(raised.value.subgroup(DatabaseLost))
+    assert "was removed while the runner had it open" in str(lost)
+    assert job.job_id in _job_ids_at(runner.db.path)
+
+
+def _job_ids_at(path) -> set[str]:
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+        return {row[0] for row in conn.execute("SELECT job_id FROM jobs")}
+
+
+def _leaves(group: BaseExceptionGroup) -> list[BaseException]:
+    return [leaf for exc in group.exceptions
+            for leaf in (_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])]
