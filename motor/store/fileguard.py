@@ -5,13 +5,14 @@ copied over it left the runner writing into a file no path names any more: every
 accepted from then on ran and was recorded, health said ok, and at the next start all of
 it was gone (the start refused: "motor.db is missing but jobs/ holds job directories").
 
-The database checks its path (`FileGuard.check`: one `stat`) before each commit, when
-health asks, and every `DATABASE_CHECK_S` (motor/runner/tree.py); the first time the path
-no longer names the file it has open, it says so once (`on_lost`: the runner stops,
-motor/runner/tree.py) and, when it closes, saves what the open file holds (every commit up to the last one, WAL included) with SQLite's backup API:
-back at its path when nothing is there, beside it as `motor.db.displaced-<ms>` when
-another file took its place (it is not overwritten). The other connections of the
-database open the path with `mode=rw` (`uri`), never creating a file there.
+The database checks its path (`FileGuard.check`: one `stat`) before each commit, when health
+asks, and every `DATABASE_CHECK_S` (motor/runner/tree.py); the first time the path no longer
+names the file it has open, it says so once (`on_lost`: the runner stops,
+motor/runner/tree.py) and, when it closes, saves what the open file holds (every commit up
+to the last one, WAL included) with SQLite's backup API: back at its path when nothing is
+there, beside it as `motor.db.displaced-<ms>` when another file took its place (it is not
+overwritten). The other connections of the database open the path with `mode=rw` (`uri`),
+never creating a file there.
 """
 
 from __future__ import annotations
