@@ -35,7 +35,7 @@ import time
 import _socket
 import io
 
-from motor.wire import CAPABILITIES, MAX_BATCH_JOBS, SUBMIT_ANSWER_S, default_socket_str
+from motor.wire import CAPABILITIES, MAX_BATCH_JOBS, answer_wait_s, default_socket_str
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover - annotations only (typing costs milliseconds to import)
@@ -789,9 +789,10 @@ class Client(_Base):
         self._check_socket()
         if stream:
             extra["read_timeout"] = None  # an event stream may idle for as long as the job runs
-        elif method == "POST" and path == "/v1/jobs" and self.timeout is not None:
-            # an admission may first clean the disk: wait for the runner's answer
-            extra.setdefault("read_timeout", max(self.timeout, SUBMIT_ANSWER_S))
+        elif self.timeout is not None and (wait := answer_wait_s(method, path)) is not None:
+            # an admission may first clean the disk, a cancel wait for a busy dispatcher:
+            # wait for the runner's answer
+            extra.setdefault("read_timeout", max(self.timeout, wait))
         response = None
         try:
             response = self._wire.send(method, path, json=json, params=params, **extra)
@@ -1022,9 +1023,9 @@ class AsyncClient(_Base):
                     stream: bool = False) -> "httpx.Response":
         httpx = _httpx()
         timeout = self._stream_timeout() if stream else httpx.USE_CLIENT_DEFAULT
-        if not stream and method == "POST" and path == "/v1/jobs" and self.timeout is not None:
-            # an admission may first clean the disk: wait for the runner's answer
-            timeout = httpx.Timeout(self.timeout, read=max(self.timeout, SUBMIT_ANSWER_S))
+        wait = None if stream or self.timeout is None else answer_wait_s(method, path)
+        if wait is not None:  # (as `Client._send`)
+            timeout = httpx.Timeout(self.timeout, read=max(self.timeout, wait))
         request = self._http.build_request(method, path, json=json, params=params, timeout=timeout)
         self._check_socket()
         try:

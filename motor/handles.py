@@ -35,6 +35,7 @@ from .scheduling.messages import (
     SUBMIT_TIMEOUT_S, SetupDone, StartFailed, StatusView, Submit, Unfollowed, Withdraw,
 )
 from .store.messages import Expire, Save, SaveMany
+from .wire import CHANGE_TIMEOUT_S
 
 log = logging.getLogger("motor.cpu")
 
@@ -211,10 +212,10 @@ class DispatcherHandle(_Handle):
         return await self.ref.call(Submit(request, follow), timeout=SUBMIT_TIMEOUT_S)
 
     async def cancel(self, job_id: str) -> str:
-        return await self.ref.call(CancelJob(job_id))
+        return await self.ref.call(CancelJob(job_id), timeout=CHANGE_TIMEOUT_S)
 
     async def withdraw(self, job_id: str):
-        return await self.ref.call(Withdraw(job_id))
+        return await self.ref.call(Withdraw(job_id), timeout=CHANGE_TIMEOUT_S)
 
     async def queued_views(self, job_ids: tuple[str, ...]) -> dict[str, tuple]:
         return await self.ref.call(QueuedViews(job_ids))

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["BEFORE_START_CODES", "CAPABILITIES", "DISK_ADMIT_TIMEOUT_S", "MAX_BATCH_JOBS",
-           "SUBMIT_ANSWER_S", "SUBMIT_TIMEOUT_S", "default_socket_str", "default_state_dir_str"]
+__all__ = ["BEFORE_START_CODES", "CAPABILITIES", "CHANGE_ANSWER_S", "CHANGE_TIMEOUT_S",
+           "DISK_ADMIT_TIMEOUT_S", "MAX_BATCH_JOBS", "SUBMIT_ANSWER_S", "SUBMIT_TIMEOUT_S",
+           "answer_wait_s", "default_socket_str", "default_state_dir_str"]
 
 #: refusal codes that end a job before it started (interface.md: exit status 75)
 BEFORE_START_CODES: frozenset[str] = frozenset(
@@ -35,6 +36,25 @@ MAX_BATCH_JOBS = 1000
 DISK_ADMIT_TIMEOUT_S = 300.0
 SUBMIT_TIMEOUT_S = DISK_ADMIT_TIMEOUT_S + 30.0
 SUBMIT_ANSWER_S = SUBMIT_TIMEOUT_S + 30.0
+
+#: How long the runner waits for its dispatcher to take a cancel or a withdraw (busy with a
+#: save on a slow disk or under another process's lock) before it answers 503 `runner_busy`,
+#: the request still queued and carried out later (docs/protocol.md); HTTP clients wait
+#: CHANGE_ANSWER_S for the answer, so they get that one rather than time out first.
+CHANGE_TIMEOUT_S = 30.0
+CHANGE_ANSWER_S = CHANGE_TIMEOUT_S + 15.0
+
+
+def answer_wait_s(method: str, path: str) -> float | None:
+    """How long a client waits for the answer to `method path`, when longer than its own
+    timeout may be (a submit, a cancel, a withdraw); None: its own timeout."""
+    if method != "POST":
+        return None
+    if path == "/v1/jobs":
+        return SUBMIT_ANSWER_S
+    if path.startswith("/v1/jobs/") and path.endswith(("/cancel", "/withdraw")):
+        return CHANGE_ANSWER_S
+    return None
 
 
 def default_state_dir_str() -> str:

@@ -3,6 +3,7 @@ builds the tree and hands the facade its root)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
@@ -46,6 +47,23 @@ def _stored_event(raw: bytes, job_id: str) -> Event | None:
         tell_once(("event", job_id), "job %s: a stored event this runner cannot read was "
                   "skipped (%s)", job_id, exc)
         return None
+
+
+@contextlib.contextmanager
+def _queued_when_busy(what: str, then: str):
+    """A cancel or withdraw the dispatcher did not answer within its bound (busy: a save
+    waiting on a slow disk or another process's lock) stays in its inbox and is carried
+    out once it is free: answered 503 `runner_busy` saying so (stop 52; before, the answer
+    did not say so, and the client's bound was the same 30 s: `motor cancel` got that 503
+    or exited 69, "no runner answered: timed out", whichever came first, and the job was
+    cancelled later all the same)."""
+    try:
+        yield
+    except actors.CallTimeout as exc:
+        raise RefusedError(Refusal(code="runner_busy", detail=(
+            f"the dispatcher did not answer in time ({exc}): this {what} waits in its queue "
+            f"and is carried out once it is free ({then}); `motor health` says what it "
+            "waits for (e.g. the job database, on a slow disk or another process's lock)")))
 
 
 class Runner:
@@ -247,12 +265,14 @@ class Runner:
 
     async def cancel(self, job_id: str) -> JobRecord:
         await self.get(job_id)
-        await self.handles.dispatcher.cancel(job_id)
+        with _queued_when_busy("cancel", "the job ends cancelled"):
+            await self.handles.dispatcher.cancel(job_id)
         return await self.get(job_id)
 
     async def withdraw(self, job_id: str) -> str:
         await self.get(job_id)
-        answer = await self.handles.dispatcher.withdraw(job_id)
+        with _queued_when_busy("withdraw", "the job is withdrawn if it has not started"):
+            answer = await self.handles.dispatcher.withdraw(job_id)
         if answer == "unknown":  # it ended meanwhile: answer what happened
             answer = withdraw_answer(self.db.get(job_id))
         if isinstance(answer, Refusal):

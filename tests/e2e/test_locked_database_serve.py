@@ -210,3 +210,37 @@ def test_a_queued_jobs_live_wait_and_heartbeats_go_on_while_the_dispatcher_waits
              what="the queued job's end")
     assert beats[-1]["record"]["state"] == "succeeded"
     assert serve.stop() == 0
+
+
+def test_a_queued_jobs_cancel_under_the_lock_is_answered_busy_and_carried_out_after(
+        serve_factory, tmp_path):
+    """A queued job's cancel changes the queue: under another process's lock it waits for
+    the dispatcher, which waits on a save. After its bound (CHANGE_TIMEOUT_S) the runner
+    answers 503 `runner_busy` saying it is queued, the client waiting longer for that
+    answer (before stop 52 the answer did not say so, and `motor cancel`, bound by the
+    same 30 s, got it or exited 69, "no runner answered"), and once the lock is free the
+    job ends cancelled."""
+    gate = tmp_path / "gate"
+    serve = serve_factory("--isolation", "none", "--max-weight", "1").start()
+    first = serve.cli_popen("run", "--weight", "1", "--", "sh", "-c",
+                            f"while [ ! -e {gate} ]; do sleep 0.02; done")
+    wait_for(lambda: [j["state"] for j in serve.cli_json("jobs")] == ["running"],
+             what="the first job's record to say running")
+    queued_id = serve.cli("submit", "--weight", "1", "--workspace", "b", "--",
+                          "echo", "queued").stdout.decode().split()[0]
+    holder = hold_write_lock(serve.state_dir / "motor.db")
+    try:
+        third = serve.cli_popen("run", "--weight", "1", "--workspace", "c", "--", "true")
+        wait_for(lambda: lock_causes(serve), what="health to name the held write lock")
+        cancel = serve.cli("cancel", queued_id, timeout=90)
+        err = cancel.stderr.decode()
+        assert cancel.returncode == 1, err
+        assert "runner_busy" in err and "this cancel waits in its queue" in err, err
+    finally:
+        release(holder)
+        gate.touch()
+    wait_for(lambda: {j["job_id"]: j["state"] for j in serve.cli_json("jobs")}[queued_id]
+             == "cancelled", what="the queued job to end cancelled")
+    for proc in (first, third):
+        assert proc.wait(60) == 0
+    assert serve.stop() == 0
