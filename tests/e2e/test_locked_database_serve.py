@@ -53,6 +53,20 @@ def lock_causes(serve) -> list[str]:
             if d["subsystem"] == "store" and "write lock" in d["cause"]]
 
 
+def running_and_queued(serve_factory, gate):
+    """A runner of one slot, a job running in it until `gate` exists (it prints "first"),
+    and a job queued behind it in a workspace of its own (so its queue-wait clock runs,
+    docs/scheduling.md): (serve, the first job's `motor run`, the queued job's id)."""
+    serve = serve_factory("--isolation", "none", "--max-weight", "1").start()
+    first = serve.cli_popen("run", "--weight", "1", "--", "sh", "-c",
+                            f"while [ ! -e {gate} ]; do sleep 0.02; done; echo first")
+    wait_for(lambda: [j["state"] for j in serve.cli_json("jobs")] == ["running"],
+             what="the first job's record to say running")
+    queued_id = serve.cli("submit", "--weight", "1", "--workspace", "b", "--",
+                          "echo", "queued").stdout.decode().split()[0]
+    return serve, first, queued_id
+
+
 def test_a_database_locked_by_another_process_makes_writes_wait_and_health_say_so(
         serve_factory, tmp_path):
     gate = tmp_path / "gate"
@@ -165,14 +179,7 @@ def test_a_queued_jobs_live_wait_and_heartbeats_go_on_while_the_dispatcher_waits
     from motor.client import Client
 
     gate = tmp_path / "gate"
-    serve = serve_factory("--isolation", "none", "--max-weight", "1").start()
-    first = serve.cli_popen("run", "--weight", "1", "--", "sh", "-c",
-                            f"while [ ! -e {gate} ]; do sleep 0.02; done; echo first")
-    wait_for(lambda: [j["state"] for j in serve.cli_json("jobs")] == ["running"],
-             what="the first job's record to say running")
-    # in a workspace of its own: it waits for capacity, so its clock runs (docs/scheduling.md)
-    queued_id = serve.cli("submit", "--weight", "1", "--workspace", "b", "--",
-                          "echo", "queued").stdout.decode().split()[0]
+    serve, first, queued_id = running_and_queued(serve_factory, gate)
     holder = hold_write_lock(serve.state_dir / "motor.db")
     beats: list[dict] = []
     try:
@@ -221,13 +228,7 @@ def test_a_queued_jobs_cancel_under_the_lock_is_answered_busy_and_carried_out_af
     same 30 s, got it or exited 69, "no runner answered"), and once the lock is free the
     job ends cancelled."""
     gate = tmp_path / "gate"
-    serve = serve_factory("--isolation", "none", "--max-weight", "1").start()
-    first = serve.cli_popen("run", "--weight", "1", "--", "sh", "-c",
-                            f"while [ ! -e {gate} ]; do sleep 0.02; done")
-    wait_for(lambda: [j["state"] for j in serve.cli_json("jobs")] == ["running"],
-             what="the first job's record to say running")
-    queued_id = serve.cli("submit", "--weight", "1", "--workspace", "b", "--",
-                          "echo", "queued").stdout.decode().split()[0]
+    serve, first, queued_id = running_and_queued(serve_factory, gate)
     holder = hold_write_lock(serve.state_dir / "motor.db")
     try:
         third = serve.cli_popen("run", "--weight", "1", "--workspace", "c", "--", "true")
