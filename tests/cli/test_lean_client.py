@@ -723,6 +723,29 @@ def test_a_submit_waits_for_the_runners_answer_past_the_client_timeout(one_shot)
             client.call("GET", "/v1/jobs")
 
 
+def test_a_cancel_and_a_withdraw_wait_for_a_busy_runners_answer_past_the_client_timeout(
+        one_shot):
+    """A cancel or withdraw the runner's dispatcher is too busy to take is answered after
+    wire.CHANGE_TIMEOUT_S (503 `runner_busy`, the request queued): the client waits
+    wire.CHANGE_ANSWER_S for that answer, past its own timeout (stop 52: `motor cancel`
+    could give up first, exit 69, the cancel carried out later all the same)."""
+    from motor.client import Client
+    from motor.wire import CHANGE_ANSWER_S, CHANGE_TIMEOUT_S, answer_wait_s
+
+    assert CHANGE_ANSWER_S > CHANGE_TIMEOUT_S
+    assert answer_wait_s("POST", "/v1/jobs/j1/cancel") == CHANGE_ANSWER_S
+    assert answer_wait_s("GET", "/v1/jobs/j1") is None
+    busy = b'{"refused": true, "code": "runner_busy", "detail": "this cancel waits in its queue"}'
+    answer = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(busy), busy)
+    server = one_shot(answer, answer, delay=1.0)
+    with Client(server.path, timeout=0.2) as client:
+        for call in (lambda: client.cancel("j1"), lambda: client.withdraw("j1")):
+            with pytest.raises(RefusedError) as info:
+                call()
+            assert info.value.refusal.code == "runner_busy"
+
+
 def test_a_large_answer_is_decoded_with_the_collector_paused_and_a_small_one_is_not(
         one_shot, monkeypatch):
     """`GET /v1/status` of a deep queue is megabytes of JSON: the client decodes an answer of
