@@ -7,9 +7,14 @@ import sqlite3
 import threading
 
 import pytest
+import trio
 
-from motor.records import JobRecord
+import motor
+from motor.records import JobRecord, JobRequest
+from motor.runner.tree import DATABASE_CHECK_S
 from motor.store.db import Database
+from motor.store.fileguard import DatabaseLost
+from runner_helpers import embedded_config, terminal_of
 
 
 def _record(job_id: str) -> JobRecord:
@@ -95,13 +100,6 @@ async def test_an_idle_runner_finds_its_database_removed_and_stops_with_it_saved
         tmp_path, autojump_clock):
     """No commit, no health probe: the runner's own check (every DATABASE_CHECK_S) finds
     the removal, stops the runner, and the records are back at the path."""
-    import motor
-    from motor.runner.tree import DATABASE_CHECK_S
-    from motor.store.fileguard import DatabaseLost
-    from motor.records import JobRequest
-    import trio
-    from runner_helpers import embedded_config, terminal_of
-
     config = embedded_config(tmp_path)
     with pytest.raises(BaseExceptionGroup) as raised:
         async with motor.open_runner(config) as runner:
