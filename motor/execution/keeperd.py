@@ -56,6 +56,7 @@ from typing import Any  # noqa: E402
 from motor import faults  # noqa: E402
 from motor.execution import keeper as K  # noqa: E402
 from motor.execution import spares as S  # noqa: E402
+from motor.execution.removals import GroupRemover  # noqa: E402
 from motor.execution.slotspares import SlotSpares  # noqa: E402
 from motor.isolation.cgroup import facts_when_empty_v1  # noqa: E402
 from motor.isolation.join import (  # noqa: E402
@@ -247,6 +248,8 @@ class Keeperd:
         self.record_pid_after_s = record_pid_after_s()
         # pre-placed threads for v1 cgroup jobs (motor/execution/spares.py)
         self.spares = S.SparePool(state_dir, self.sel, S.pool_size(), self._log)
+        # ended v1 jobs' empty groups, removed in a thread (removals.py)
+        self.removals = GroupRemover(self._log)
         # systemd jobs' scopes, over one long-lived connection to the manager (sdscopes.py),
         # made for the first systemd job: its D-Bus client is then imported (issue 14:
         # keeperd forks every job that joins its groups itself, and a smaller process forks
@@ -325,6 +328,7 @@ class Keeperd:
         """Stop answering: remove our socket (only if it is still ours), then exit (the
         lock goes with the process). The spares go first."""
         self.spares.close()
+        self.removals.close()
         path = os.path.join(self.state_dir, SOCKET_NAME)
         try:
             if os.stat(path).st_ino == self.sock_ino:
@@ -947,11 +951,13 @@ class Keeperd:
         # its groups' facts, read here (one process, beside the runner's event loop) when
         # nothing is left in them: the runner then reads no group at the job's end
         facts = _facts_when_empty(job.cgroup_dirs, sig) if job.cgroup_dirs else None
+        # and, read and empty, removed by keeperd after the status (`_done`, removals.py):
+        # the runner's end of the job then has no group to remove (issue 14)
         job.set_status(
             exit_code=os.WEXITSTATUS(ws) if ws is not None and os.WIFEXITED(ws) else None,
             signal=sig, reason=job.reason, detail="; ".join(details) or None,
             cpu_time_ms=round((job.rusage.ru_utime + job.rusage.ru_stime) * 1000) if job.rusage else 0,
-            **({} if facts is None else {"isolation_facts": facts}))
+            **({} if facts is None else {"isolation_facts": facts, "isolation_released": True}))
 
     def _done(self, job: Job) -> None:
         if job.gone:
@@ -961,6 +967,8 @@ class Keeperd:
             os.close(job.out_fd)
             job.out_fd = -1
         del self.jobs[job.job_dir]
+        if job.status is not None and job.status.get("isolation_released") and job.cgroup_dirs:
+            self.removals.remove(job.cgroup_dirs)
         done = {"done": True} if job.exit_seen is None else {
             "done": True, "at": [job.exit_seen, time.monotonic()]}
         for conn, req_id in job.watchers:

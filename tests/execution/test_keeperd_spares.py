@@ -138,18 +138,20 @@ async def test_a_job_from_a_spare_is_in_its_groups_from_its_first_instruction(
 
         for taken, (job_id, cpu, memory) in enumerate(
                 (("second", cpus[-1], 64 << 20), ("third", cpus[0], 96 << 20)), 1):
-            job_dir = _job(state, v1, workspace, job_id, ["cat", "/proc/self/cgroup"],
-                           [cpu], memory)
+            dirs = v1.flavour.job_dirs(job_id)  # the job reads its limits (stderr): keeperd
+            # removes its groups, empty, at its end
+            job_dir = _job(state, v1, workspace, job_id, [
+                "sh", "-c", 'cat /proc/self/cgroup; cat "$0/cpuset.cpus" "$1/memory.limit_in_bytes" >&2',
+                dirs["cpuset"], dirs["memory"]], [cpu], memory)
             assert (await _run(spawner, job_dir))["exit_code"] == 0
             pool = ask_keeperd(state, "spares")
             assert pool["taken"] == taken and pool["missed"] == 1, pool  # 1: the first job
             assert {c: _group_lines(job_dir)[c] for c in V1_CONTROLLERS} == \
                 {c: f"/{parent}/job-{job_id}" for c in V1_CONTROLLERS}
-            dirs = v1.flavour.job_dirs(job_id)
-            with open(os.path.join(dirs["cpuset"], "cpuset.cpus")) as f:
-                assert f.read().strip() == str(cpu)
-            with open(os.path.join(dirs["memory"], "memory.limit_in_bytes")) as f:
-                assert int(f.read()) == memory
+            limits = b"".join(data for stream, data in records(job_dir) if stream == "stderr")
+            assert limits.decode().split() == [str(cpu), str(memory)]
+            assert read_status(job_dir)["isolation_released"] is True  # keeperd removes them:
+            await wait_until(lambda: not any(os.path.isdir(d) for d in dirs.values()))
             refilled = await _ready_spares(state, 2)
             assert len(set(refilled) - set(waiting)) == 1  # one taken, one new in its place
             waiting = refilled

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -197,13 +198,54 @@ def test_a_job_from_a_spare_outlives_a_killed_runner_and_is_adopted(
     assert int(result.stdout.decode().split()[0]) == job_pid
 
 
+#: a job that leaves a process behind in its groups: out of its process group (a session of
+#: its own), no marker in its environment (keeperd does not know it for the job's), its
+#: output elsewhere; `Popen` returns once that process has exec'd, so keeperd finds the
+#: groups busy at the job's end
+LEAVES_A_PROCESS = ["python3", "-c", "import subprocess as s; s.Popen(['" + shutil.which("sleep")
+                    + "', '60'], start_new_session=True, env={}, stdin=s.DEVNULL,"
+                    " stdout=s.DEVNULL, stderr=s.DEVNULL)"]
+
+
+#: a job that uses some CPU (its groups' counters are read before they go)
+BUSY = "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done"
+
+
+def test_keeperd_removes_an_ended_jobs_empty_groups_before_its_terminal_record(
+        serve_factory, private_parent, tmp_path):
+    """Issue 14: a job that left nothing in its v1 groups has them read and removed by
+    keeperd (their figures in its status, `isolation_released`, then the groups removed by
+    its thread): its terminal record carries those figures, the groups go, and the runner
+    has nothing to remove (it never reaches `release.begin`)."""
+    from polling import wait_for
+
+    reached = tmp_path / "release.reached"
+    backend = open_cgroup_backend(parent=private_parent)
+    if backend.version != 1:
+        pytest.skip("keeperd makes (and removes) the groups on cgroup v1 hierarchies")
+    serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent)
+    serve.env = {"MOTOR_FAULTS": f"release.begin=wait:{tmp_path / 'release'}"}
+    serve.start()
+    for _ in range(3):  # the first from a fresh keeperd, the next from its spares
+        result = serve.cli("run", "--json", "--", "sh", "-c", BUSY)
+        assert result.returncode == 0, result.stderr
+        record = json.loads(result.stdout.decode().splitlines()[-1])["record"]
+        status = json.loads((serve.state_dir / "jobs" / record["job_id"] / "status.json").read_text())
+        assert record["state"] == "succeeded" and status["isolation_released"] is True
+        assert record["reservation_use"]["cpu_time_ms"] == status["isolation_facts"]["cpu_time_ms"] > 0
+        wait_for(lambda: not backend.adopt(record["job_id"]), what="its groups removed")
+    assert backend.flavour.listed() == set()
+    assert not reached.exists()
+
+
 def test_a_jobs_groups_go_after_its_terminal_record_while_its_cpus_serve_the_next_job(
         serve_factory, private_parent, tmp_path):
-    """Issue 14: removing a job's groups is off its end path. Held at `release.begin`, a
-    job's terminal record is out with its groups still there (nothing left in them), and
-    its CPUs already serve the next job claiming every CPU; once the barrier opens both
-    jobs' groups go. A runner killed at that point leaves the groups of a job it recorded
-    as ended to the next start-up sweep."""
+    """Issue 14: removing a job's groups is off its end path. A job that left a process in
+    its groups (keeperd leaves those to the runner) is settled (the process killed) and
+    recorded; held at `release.begin`, its terminal record is out with its groups still
+    there (nothing left in them), and its CPUs already serve the next job claiming every
+    CPU; once the barrier opens both jobs' groups go. A runner killed at that point leaves
+    the groups of a job it recorded as ended to the next start-up sweep."""
     from polling import wait_for
 
     barrier = tmp_path / "release"
@@ -215,7 +257,7 @@ def test_a_jobs_groups_go_after_its_terminal_record_while_its_cpus_serve_the_nex
     claim = serve.cli_json("health")["capacity"]["claim_limit"]
 
     def run_all_cpus() -> dict:
-        result = serve.cli("run", "--json", "--weight", str(claim), "--", "true")
+        result = serve.cli("run", "--json", "--weight", str(claim), "--", *LEAVES_A_PROCESS)
         assert result.returncode == 0, result.stderr
         return json.loads(result.stdout.decode().splitlines()[-1])["record"]
 
@@ -233,7 +275,7 @@ def test_a_jobs_groups_go_after_its_terminal_record_while_its_cpus_serve_the_nex
     serve.stop()
     serve.env = {"MOTOR_FAULTS": "release.begin=kill"}
     serve.start()
-    third = serve.cli_json("submit", "--weight", "1", "--", "true")["job_id"]
+    third = serve.cli_json("submit", "--weight", "1", "--", *LEAVES_A_PROCESS)["job_id"]
     assert serve.proc.wait(30) == -9  # killed after the record, before the removal
     assert backend.adopt(third)
     serve.env = {}
