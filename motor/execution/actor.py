@@ -68,7 +68,7 @@ class JobExecution(actors.Actor):
                     await self._mark_running(found.started_at_ms)
             if self.run_state.cancel_due():
                 deps.spawner.cancel(*self.keeper, self.dir)
-            await self._follow()
+            await self._follow(not found.adopt and self.record.attempts == 1)  # keeper.md
             await self._finish()
 
     async def _setup(self) -> core.Found | None:
@@ -147,9 +147,9 @@ class JobExecution(actors.Actor):
         self.deps.accounting.started(JobStarted(
             r.job_id, r.repository, r.workspace, r.claim, r.started_at_ms, r.queue_wait_ms))
 
-    async def _follow(self):
-        """Output batches every POLL_S until the keeper is done, then the rest of the log."""
-        offset, quiet = self.deps.records.log_offset(self.record.job_id), False
+    async def _follow(self, first: bool):
+        """Output batches every POLL_S till the keeper is done, then the rest (`first`: from 0)."""
+        offset, quiet = 0 if first else self.deps.records.log_offset(self.record.job_id), False
         async with awaiting_exit(self.deps.spawner, self.keeper, self.dir) as done:
             while not done.is_set():
                 offset = await self._drain(offset)

@@ -681,3 +681,45 @@ def test_keeperd_reads_the_facts_of_the_groups_it_made_only():
                  {"cgroup_make": {"dirs": {"cpuset": "/c"}}},
                  {"cgroup_make": {"dirs": {**dirs, "memory": 7}}}):
         assert _cgroup_dirs(spec) is None, spec
+
+
+class CountingDatabase(Database):
+    """A Database that counts the job actor's questions for a saved log offset."""
+
+    offsets_asked = 0
+
+    def log_offset(self, job_id: str) -> int:
+        CountingDatabase.offsets_asked += 1
+        return super().log_offset(job_id)
+
+
+@pytest.mark.parametrize("attempts", [1, 2])
+async def test_a_first_start_reads_its_log_from_0_and_a_later_one_from_the_saved_offset(
+        tmp_path, autojump_clock, attempts, monkeypatch):
+    """Issue 14: on the job's first start (spawned by this actor) nothing read its log
+    before, so the actor reads it from 0 without asking the store; a later start resumes
+    after what the store says was read (an earlier start's output, left in the log)."""
+    from motor.execution import joblog
+    from motor.records import decode_event
+
+    monkeypatch.setattr(CountingDatabase, "offsets_asked", 0)
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery, db=CountingDatabase)
+        world.record = msgspec.structs.replace(world.record, attempts=attempts)
+        log = world.job_dir / joblog.OUTPUT_FILE
+        earlier = joblog.encode_record(joblog.STDOUT, b"an earlier start's\n")
+        if attempts > 1:  # that start's output, read and saved with its offset
+            log.parent.mkdir(parents=True)
+            log.write_bytes(earlier)
+        world.db.save(world.record, log_offset=len(earlier) if attempts > 1 else None)
+        job, ref = await world.start()
+        with open(log, "ab") as f:
+            f.write(joblog.encode_record(joblog.STDOUT, b"this start's\n"))
+        world.keepers.exit(job.keeper[0], exit_code=0)
+        await trio.testing.wait_all_tasks_blocked()
+        output = [e.data for e in map(decode_event, world.db.events_from(world.record.job_id, 0))
+                  if e.__struct_config__.tag == "output"]
+        assert output == ["this start's\n"]
+        assert CountingDatabase.offsets_asked == (attempts > 1)
+        assert world.db.log_offset(world.record.job_id) == log.stat().st_size
+        nursery.cancel_scope.cancel()

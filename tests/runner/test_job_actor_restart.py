@@ -56,11 +56,11 @@ async def test_a_cancel_told_while_the_jobs_actor_restarts_after_a_crash_is_not_
     gate, crashed = trio.Event(), []
     follow, handle_exit = JobExecution._follow, Supervisor._handle_exit
 
-    async def follow_or_crash(self):
+    async def follow_or_crash(self, first):
         if not crashed:
             crashed.append(self.record.job_id)
             raise RuntimeError("injected: a job actor's crash while its job runs")
-        return await follow(self)
+        return await follow(self, first)
 
     async def restart_at_the_gate(self, child, instance, exc):
         if exc is not None and child.spec.name.startswith("job-"):
