@@ -179,6 +179,9 @@ class Job(K.HeldOutput):
         #: a v1 cgroup job's groups (its spec's `cgroup_make` dirs): their facts go into
         #: status.json when the job ends (`_conclude`)
         self.cgroup_dirs: dict[str, str] | None = None
+        #: a systemd job's scope in a slot slice (its spec's `systemd_scope`): the slice's
+        #: counters go into status.json when the job ends (`_conclude`)
+        self.slot_scope: dict | None = None
         #: when keeperd read the spawn request and saw the job's main process end
         #: (CLOCK_MONOTONIC, shared by every process of the host): the answers carry them
         #: (`"at"`: docs/keeper.md, "Timings in the answers"; bench/slot_cycle.py)
@@ -605,6 +608,8 @@ class Keeperd:
         grace = spec.get("kill_grace_s")
         job.grace = K.DEFAULT_KILL_GRACE_S if grace is None else float(grace)
         job.cgroup_dirs = _cgroup_dirs(spec)
+        if isinstance(scope := spec.get("systemd_scope"), dict) and scope.get("slot") is True:
+            job.slot_scope = scope
         cmd0 = command[0]
         try:
             exe = K._resolve_executable(cmd0, env)
@@ -948,16 +953,19 @@ class Keeperd:
         ws = job.wait_status
         job.kill_at = None
         sig = os.WTERMSIG(ws) if ws is not None and os.WIFSIGNALED(ws) else None
-        # its groups' facts, read here (one process, beside the runner's event loop) when
-        # nothing is left in them: the runner then reads no group at the job's end
-        facts = _facts_when_empty(job.cgroup_dirs, sig) if job.cgroup_dirs else None
-        # and, read and empty, removed by keeperd after the status (`_done`, removals.py):
-        # the runner's end of the job then has no group to remove (issue 14)
+        # the facts of its v1 groups, or its systemd slot slice's counters, read here (one
+        # process, beside the runner's event loop) when nothing is left there: the runner
+        # then reads no group at the job's end; a v1 job's groups, read and empty, are
+        # removed by keeperd after the status (`_done`, removals.py), so the runner has
+        # none to remove either (issue 14)
+        facts = (_facts_when_empty(job.cgroup_dirs, sig) if job.cgroup_dirs
+                 else _slot_counters(job.slot_scope) if job.slot_scope else None)
         job.set_status(
             exit_code=os.WEXITSTATUS(ws) if ws is not None and os.WIFEXITED(ws) else None,
             signal=sig, reason=job.reason, detail="; ".join(details) or None,
             cpu_time_ms=round((job.rusage.ru_utime + job.rusage.ru_stime) * 1000) if job.rusage else 0,
-            **({} if facts is None else {"isolation_facts": facts, "isolation_released": True}))
+            **({} if facts is None else {"isolation_facts": facts}),
+            **({"isolation_released": True} if facts is not None and job.cgroup_dirs else {}))
 
     def _done(self, job: Job) -> None:
         if job.gone:
@@ -991,6 +999,15 @@ def _facts_when_empty(dirs: dict[str, str], sig: int | None) -> dict | None:
     try:
         return facts_when_empty_v1(dirs, sig)
     except Exception:  # noqa: BLE001 - the runner reads the groups itself then
+        return None
+
+
+def _slot_counters(scope: dict) -> dict | None:
+    try:  # loaded for a systemd host's first slot job only (its D-Bus client is keeperd's)
+        from motor.isolation.systemd import slot_counters_when_empty
+
+        return slot_counters_when_empty(scope)
+    except Exception:  # noqa: BLE001 - the runner reads the slice itself then
         return None
 
 

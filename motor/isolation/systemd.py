@@ -75,6 +75,8 @@ __all__ = [
     "slice_counters",
     "slice_group",
     "slice_ran",
+    "slot_counters",
+    "slot_counters_when_empty",
     "slot_slice",
     "unified_usage_usec",
     "open_systemd_backend",
@@ -518,6 +520,35 @@ def _grew(before: dict, after: dict, key: str) -> int | None:
     return None if a is None or b is None else max(0, a - b)
 
 
+#: the counters `slice_counters` gives, each with its type (or None)
+_COUNTER_TYPES = {"usage_usec": int, "oom_kills": int, "oom_v2": bool, "failcnt": int}
+
+
+def slot_counters_when_empty(scope: Any) -> dict | None:
+    """keeperd at the end of a job in a slot slice (its spec's `systemd_scope` with `slot`):
+    the slice's counters `settle_quick` would read, when no process is left in the slice
+    (but the slot's spare); None when one is, when the slice cannot be read, or for a job
+    in a slice of its own. keeperd puts them in status.json (`isolation_facts`), so that
+    the runner's end of the job reads no group (issue 14)."""
+    if not (isinstance(scope, dict) and scope.get("slot") is True
+            and isinstance(name := scope.get("slice"), str) and name.endswith(".slice")):
+        return None
+    root = scope.get("cgroup_root")
+    root = root if isinstance(root, str) else CGROUP_ROOT
+    group = slice_group(name)
+    return slice_counters(group, root) if group_pids(group, root) == [] else None
+
+
+def slot_counters(facts: Any) -> dict | None:
+    """status.json's `isolation_facts` when they have the shape `slot_counters_when_empty`
+    gives (a file on disk: anything else is not trusted, and the slice is read instead)."""
+    if not isinstance(facts, dict) or facts.keys() != _COUNTER_TYPES.keys():
+        return None
+    if any(v is not None and type(v) is not _COUNTER_TYPES[k] for k, v in facts.items()):
+        return None
+    return dict(facts)
+
+
 def job_figures(before: dict, after: dict, signal: int | None) -> dict:
     """A job's CPU time and OOM verdict from its slot slice's counters before and after it
     (`slice_counters`): the growth over the job. OOM as `oom_verdict` rules, on growth: v2
@@ -645,8 +676,9 @@ class SystemdBackend(Backend):
         scope = {"address": self.address, "scope": job_scope(self.parent, job_id),
                  "slice": slice_name or job_slice(self.parent, job_id),
                  "description": f"motor job {job_id}"}
-        if slice_name:  # a slot slice: keeperd's spare there may spawn the job in its scope
-            scope["slot"] = True
+        if slice_name:  # a slot slice: keeperd's spare there may spawn the job in its scope,
+            scope["slot"] = True  # and keeperd reads its counters at the job's end
+            scope["cgroup_root"] = self.cgroup_root
         return {"pin": bool(cpus), "cgroup_procs": [], "systemd_scope": scope}
 
     def prepare(self, job_id: str, cpus: list[int] | None, memory_max: int | None) -> dict:
@@ -758,15 +790,16 @@ class SystemdBackend(Backend):
     def settle_quick(self, job_id: str, signal: int | None = None,
                      facts: Any = None) -> dict | None:
         """`settle` on the event loop for a job in its slot slice that left no process there:
-        a few reads of the slice's group, no D-Bus. None (the full `settle`, in a thread)
-        otherwise."""
+        a few reads of the slice's group, no D-Bus; none when keeperd read them (`facts`:
+        status.json's `isolation_facts`, `slot_counters_when_empty`). None (the full
+        `settle`, in a thread) otherwise."""
         entry = self.jobs.get(job_id)
         if entry is None:
             return None
-        group = slice_group(entry["slice"])
-        if group_pids(group, self.cgroup_root) != []:
+        after = slot_counters(facts)
+        if after is None and group_pids(slice_group(entry["slice"]), self.cgroup_root) != []:
             return None
-        facts = self._figures(job_id, entry, signal)
+        facts = self._figures(job_id, entry, signal, after)
         self._vacate(entry["slice"], job_id)
         return facts
 
@@ -775,8 +808,10 @@ class SystemdBackend(Backend):
         if self.holders.get(name) == job_id:
             self.holders.pop(name, None)
 
-    def _figures(self, job_id: str, entry: dict, signal: int | None) -> dict:
-        after = slice_counters(slice_group(entry["slice"]), self.cgroup_root)
+    def _figures(self, job_id: str, entry: dict, signal: int | None,
+                 after: dict | None = None) -> dict:
+        if after is None:
+            after = slice_counters(slice_group(entry["slice"]), self.cgroup_root)
         facts: dict[str, Any] = {"oom_killed": False, "cpu_time_ms": None, "cleanup_error": None}
         facts.update(job_figures(entry["base"], after, signal))
         if facts["cpu_time_ms"] is not None and after["usage_usec"] == entry["base"]["usage_usec"]:

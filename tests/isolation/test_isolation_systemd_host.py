@@ -161,6 +161,9 @@ def test_systemd_backend_reports_cpu_time_and_oom_kills(ns_serve, systemd_ns):
     busy_record = json_lines(busy.stdout)[-1]["record"]
     use = busy_record["reservation_use"]
     assert 400 <= use["cpu_time_ms"] <= 5000, use
+    # keeperd read the slot slice's counters at the job's end (issue 14): the runner did not
+    status = json.loads((serve.state_dir / "jobs" / busy_record["job_id"] / "status.json").read_text())
+    assert set(status["isolation_facts"]) == {"usage_usec", "oom_kills", "oom_v2", "failcnt"}, status
     # the next job, in the same slot slice, is charged its own CPU time only
     light = serve.cli("run", "--json", "--weight", every, "--", "sh", "-c", "sleep 0.05")
     light_record = json_lines(light.stdout)[-1]["record"]

@@ -26,6 +26,7 @@ from motor.isolation.systemd import (
     slice_counters,
     slice_group,
     slice_properties,
+    slot_counters_when_empty,
     slot_slice,
     slice_ran,
     systemd_accounts_cpu,
@@ -126,6 +127,37 @@ def test_v1_kill_in_the_removed_scope_is_sigkill_after_the_slice_hit_its_limit(t
     assert oom_verdict(GROUP, None, str(tmp_path))["oom_killed"] is False
     write(tmp_path, "memory" + GROUP, "memory.failcnt", "0\n")  # never at its limit
     assert oom_verdict(GROUP, signal.SIGKILL, str(tmp_path))["oom_killed"] is False
+
+
+def test_keeperds_reading_of_a_slot_slice_at_a_jobs_end_spares_the_runner_its_reads(
+        fake_manager, tmp_path):
+    """Issue 14: keeperd reads a slot job's slice when the job has ended (status.json's
+    `isolation_facts`): the counters when nothing but the slot's spare is left there, None
+    when a process is (or for a slice of the job's own). `settle_quick` takes them as they
+    are and reads no group; facts of another shape are not trusted (the slice is read)."""
+    fake_manager.accept_slices = True
+    root = tmp_path / "cg"
+    backend = SystemdBackend(address=fake_manager.path, cgroup_root=str(root))
+    s0 = "/motor.slice/motor-jobs.slice/motor-jobs-s0.slice"
+    write(root, "unified" + s0, "cpu.stat", "usage_usec 1000\n")
+    write(root, "unified" + s0, "cgroup.procs", "")
+    write(root, "unified" + s0 + "/motor-jobs-s0-p77.scope", "cgroup.procs", "77\n")  # the spare
+    fields = backend.prepare(JOB, [0], 64 * MiB)
+    scope = fields["systemd_scope"]
+    assert scope["slot"] is True and scope["cgroup_root"] == str(root)
+    write(root, "unified" + s0, "cpu.stat", "usage_usec 8000\n")  # the job ran 7 ms
+    counters = slot_counters_when_empty(scope)
+    assert counters == {"usage_usec": 8000, "oom_kills": None, "oom_v2": False, "failcnt": None}
+    assert slot_counters_when_empty({**scope, "slot": False}) is None
+    assert slot_counters_when_empty(backend.spec_fields(JOB, None, None)["systemd_scope"]) is None
+    write(root, "unified" + s0, "cgroup.procs", "4242\n")  # a process left: not empty
+    assert slot_counters_when_empty(scope) is None
+    # with that process there a read of the slice says "not settled": keeperd's facts are
+    # taken without one, facts of another shape are not
+    assert backend.settle_quick(JOB, None, {**counters, "usage_usec": "8000"}) is None
+    assert backend.settle_quick(JOB, None, {"cpu_time_ms": 7}) is None
+    settled = backend.settle_quick(JOB, None, counters)
+    assert settled["cpu_time_ms"] == 7 and settled["oom_killed"] is False, settled
 
 
 def test_a_jobs_figures_are_the_growth_of_its_slot_slices_counters(tmp_path):
