@@ -104,12 +104,13 @@ def terminal_save(run: "JobRun", record) -> Save:
                 retain_until_ms=retain_until(record))
 
 
-async def release_isolation(deps: JobDeps, job_id: str, who: str, status: dict | None = None) -> None:
+async def release_isolation(deps: JobDeps, job_id: str, who: str,
+                            status: dict | None = None) -> None:
     """After the job's terminal record (its CPUs and slot already free): remove its groups
     or units (`backend.release`, offloaded), unless the backend has none or keeperd
-    removed them already (`status`: the job's status.json, its `isolation_released`). A runner that
-    dies before this leaves them to the next start-up sweep (the job is terminal, not
-    `known`). What could not be removed is logged."""
+    removes them (`status`: the job's status.json, its `isolation_released`). A runner
+    that dies before this leaves them to the next start-up sweep (the job is terminal,
+    not `known`). What could not be removed is logged."""
     if (status and status.get("isolation_released") is True
             or type(deps.backend).release is _BASE_RELEASE):
         return
