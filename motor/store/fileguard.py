@@ -47,6 +47,15 @@ def _identity(path: Path | str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def _fsync(path: str) -> None:
+    """fsync a file, or a directory (its entries: a rename in it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class FileGuard:
     """The identity of the database file as opened, and what became of its path."""
 
@@ -91,17 +100,9 @@ class FileGuard:
         try:
             with contextlib.closing(sqlite3.connect(tmp)) as copy:
                 self._conn.backup(copy)
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync(tmp)
             os.rename(tmp, target)
-            dir_fd = os.open(os.path.dirname(target) or ".", os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            _fsync(os.path.dirname(target) or ".")
         except (OSError, sqlite3.Error) as exc:
             log.error("store: cannot save the open job database to %s: %s", target, exc)
             return None
