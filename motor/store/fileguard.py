@@ -105,6 +105,8 @@ class FileGuard:
             _fsync(os.path.dirname(target) or ".")
         except (OSError, sqlite3.Error) as exc:
             log.error("store: cannot save the open job database to %s: %s", target, exc)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # a part of a copy is no copy
             return None
         self.saved_to = target
         log.error("store: the open job database's records are saved to %s", target)

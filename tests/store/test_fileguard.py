@@ -47,6 +47,26 @@ def test_a_removed_database_is_found_at_the_next_commit_and_saved_back_whole(tmp
     again.close()
 
 
+def test_a_save_that_fails_leaves_no_part_of_a_copy(tmp_path, monkeypatch, caplog):
+    """A save of the open file that fails after its copy was begun (here its fsync) is
+    logged and leaves nothing at the path or beside it: no `.saving` file that could be
+    taken for the records."""
+    from motor.store import fileguard
+
+    def fail(path):
+        raise OSError(5, "Input/output error")
+
+    path = tmp_path / "motor.db"
+    db = Database(path)
+    db.save(_record("a"))
+    _remove(path)
+    monkeypatch.setattr(fileguard, "_fsync", fail)
+    db.close()
+    assert db.guard.saved_to is None
+    assert os.listdir(tmp_path) == []
+    assert "cannot save the open job database" in caplog.text
+
+
 def test_a_database_replaced_by_another_file_is_left_and_saved_beside_it(tmp_path):
     path = tmp_path / "motor.db"
     db = Database(path)
