@@ -249,6 +249,9 @@ class Keeperd:
         self.terminate = False
         self.relisten = False  # SIGUSR1: listen on keeperd.sock again (`_relisten`)
         self.record_pid_after_s = record_pid_after_s()
+        # its own CPUs: after a pinned job's spawn it goes to those the job has not
+        # (spares.py `_after_pin`)
+        self.home_cpus = frozenset(os.sched_getaffinity(0))
         # pre-placed threads for v1 cgroup jobs (motor/execution/spares.py)
         self.spares = S.SparePool(state_dir, self.sel, S.pool_size(), self._log)
         # ended v1 jobs' empty groups, removed in a thread (removals.py)
@@ -723,9 +726,11 @@ class Keeperd:
 
     def _posix_spawn(self, spec, exe, argv, env, out_w, err_w) -> int:
         """No cgroup to join: keeperd takes the job's cwd, affinity and umask for the
-        moment of the spawn (the child inherits them), then goes back."""
+        moment of the spawn (the child inherits them), then goes back: to `/` and its umask,
+        and to its own CPUs less the job's (`home_cpus`)."""
         try:
-            return S.spawn_job(S.orders_of(spec, exe, argv, env), out_w, err_w, oom_bump=False)
+            return S.spawn_job(S.orders_of(spec, exe, argv, env), out_w, err_w, oom_bump=False,
+                               home=self.home_cpus)
         except S.ExecError as exc:
             raise _SpawnFailed(str(exc)) from None
 

@@ -258,6 +258,47 @@ async def test_the_spawn_is_answered_before_keeper_json_gets_the_jobs_pid(
     assert read_status(job_dir)["exit_code"] == 5
 
 
+def _allowed_cpus(pid: int) -> set[int]:
+    """The CPUs a process's main thread may run on, as /proc says (keeperd's own spawns
+    run there)."""
+    return set(psutil.Process(pid).cpu_affinity())
+
+
+async def test_keeperd_leaves_a_pinned_jobs_cpus_once_it_has_spawned_it(
+        tmp_path, make_job, workspace):
+    """Issue 14: keeperd takes a pinned job's CPUs for the moment of its spawn (the child
+    inherits them) and then goes to its own CPUs less the job's, not back to all of them:
+    its answer, and the runner that answer wakes, then run beside the starting job, not
+    on its CPU. A job given all of keeperd's CPUs leaves keeperd on all of them. (Before,
+    keeperd went back to every CPU and so stayed on the job's: the first assertion
+    failed.)"""
+    home = sorted(os.sched_getaffinity(0))
+    if len(home) < 2:
+        pytest.skip("one CPU: keeperd and the job share it whatever keeperd does")
+    state = tmp_path / "state"
+    hold = ["sh", "-c", "while [ ! -e go ]; do sleep 0.01; done"]
+    one = make_job(hold, cpus=[home[-1]], pin=True)
+    every = make_job(hold, cpus=home, pin=True)
+    async with open_keeperd_spawner(state) as spawner:
+        handles = []
+        try:
+            with trio.fail_after(20):
+                handles.append((await spawner.spawn(one), one))
+            keeperd = handles[0][0].pid  # answered: its spawn and what follows are done
+            assert _allowed_cpus(keeperd) == set(home[:-1])
+            (job,) = [c for c in psutil.Process(keeperd).children() if c.name() == "sh"]
+            assert job.cpu_affinity() == [home[-1]]  # the job itself stays pinned
+            with trio.fail_after(20):
+                handles.append((await spawner.spawn(every), every))
+            assert _allowed_cpus(keeperd) == set(home)
+        finally:
+            (workspace / "go").touch()
+        for handle, job_dir in handles:
+            with trio.fail_after(20):
+                await spawner.wait_exit(handle.pid, handle.create_time, job_dir)
+            assert read_status(job_dir)["exit_code"] == 0
+
+
 async def test_keeper_json_gets_the_pid_of_a_job_that_runs_on_but_not_of_a_short_one(
         tmp_path, make_job, workspace, monkeypatch):
     """Issue 14: keeper.json's rewrite with the job's pid and create time waits
