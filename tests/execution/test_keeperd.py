@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import psutil
+import pytest
 import trio
 from keeper_helpers import finish, records, wait_until
 from keeper_tracking import tracked_keepers, write_job_dir
@@ -168,7 +169,6 @@ async def test_a_job_with_one_v2_group_is_born_in_it(tmp_path, workspace):
     """A job whose spec names one cgroup v2 group is forked straight into it (clone3 with
     CLONE_INTO_CGROUP, motor/isolation/join.py): the job runs inside from its first
     instruction, and keeperd itself stays where it was."""
-    import pytest
     from private_cgroup import kill_and_remove, writable_v2_mount
 
     v2 = writable_v2_mount()
