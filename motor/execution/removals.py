@@ -12,15 +12,18 @@ spare thread joining its groups, spares.py) holds for a whole RCU grace period a
 spell (10-20 ms here); keeperd's loop, which answers every start, must not wait for that.
 
 A group still busy (a task on its way out) is retried until `DEADLINE_S`; one that cannot
-be removed is logged, and the runner's next start-up sweep removes it (the job is
-terminal). Removals still queued when keeperd stops get `CLOSE_S` to finish; what a killed
-keeperd leaves is the sweep's too.
+be removed by then is logged and tried again every `RETRY_EVERY_S` while keeperd runs, for
+`RETRY_FOR_S` (a runner that stays up for weeks does not collect such groups until its
+next start); one still there after that is logged again and left to the runner's next
+start-up sweep (the job is terminal). Removals still queued when keeperd stops get
+`CLOSE_S` to finish; what a stopped or killed keeperd leaves is the sweep's too.
 
 Stdlib only (keeperd is run by path: motor/execution/scriptboot.py).
 """
 
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -28,10 +31,14 @@ from typing import Callable
 
 from motor.isolation.join import rmdir_retry
 
-__all__ = ["CLOSE_S", "DEADLINE_S", "GroupRemover"]
+__all__ = ["CLOSE_S", "DEADLINE_S", "RETRY_EVERY_S", "RETRY_FOR_S", "GroupRemover"]
 
 #: how long a busy group is retried
 DEADLINE_S = 3.0
+#: a group still busy after that is tried once every so many seconds ...
+RETRY_EVERY_S = 60.0
+#: ... for so long, then left to the runner's next start-up sweep
+RETRY_FOR_S = 3600.0
 #: how long keeperd's exit waits for the removals still queued
 CLOSE_S = 2.0
 
@@ -57,8 +64,33 @@ class GroupRemover:
             self.thread.join(CLOSE_S)
 
     def _run(self) -> None:
-        while (dirs := self.queue.get()) is not None:
+        later: dict[str, float] = {}  # a group given up on for now -> until when it is tried
+        due = math.inf  # when those are tried next
+        while True:
+            try:
+                dirs = self.queue.get(timeout=max(0.0, due - time.monotonic()) if later else None)
+            except queue.Empty:
+                dirs = {}
+            if dirs is None:
+                return
             for path in dirs.values():
-                error = rmdir_retry(path, time.monotonic() + DEADLINE_S)
-                if error:
-                    self.log(f"{error}: the runner's next start-up sweep removes it")
+                if error := rmdir_retry(path, time.monotonic() + DEADLINE_S):
+                    self.log(f"{error}: tried again every {RETRY_EVERY_S:g} s for "
+                             f"{RETRY_FOR_S:g} s, then the runner's next start-up sweep removes it")
+                    if not later:
+                        due = time.monotonic() + RETRY_EVERY_S
+                    later[path] = time.monotonic() + RETRY_FOR_S
+            if later and time.monotonic() >= due:
+                self._try_again(later)
+                due = time.monotonic() + RETRY_EVERY_S
+
+    def _try_again(self, later: dict[str, float]) -> None:
+        """One `rmdir` for each group given up on for now: gone, or given up on for good."""
+        for path, until in list(later.items()):
+            if rmdir_retry(path, 0.0) is None:
+                del later[path]
+                self.log(f"removed {path} on a later try")
+            elif time.monotonic() >= until:
+                del later[path]
+                self.log(f"cannot remove {path} after {RETRY_FOR_S:g} s of tries: the "
+                         "runner's next start-up sweep removes it")

@@ -56,19 +56,62 @@ def test_the_remover_removes_empty_groups_and_waits_out_a_busy_one(groups):
     assert not remover.thread.is_alive()
 
 
-def test_a_group_that_stays_busy_is_logged_for_the_sweep(groups, monkeypatch):
-    monkeypatch.setattr(removals, "DEADLINE_S", 0.2)
+def _logged(*needles: str):
+    """A log callback, its lines, and per needle an Event set once a line containing it is
+    logged (by the remover's own thread)."""
     lines: list[str] = []
-    done = threading.Event()
-    remover = GroupRemover(lambda line: (lines.append(line), done.set()))
+    seen = {needle: threading.Event() for needle in needles}
+
+    def log(line: str) -> None:
+        lines.append(line)
+        for needle, event in seen.items():
+            if needle in line:
+                event.set()
+    return lines, log, seen
+
+
+def test_a_group_busy_past_its_deadline_is_removed_on_a_later_try(groups, monkeypatch):
+    """A group still busy after `DEADLINE_S` is logged and tried again while keeperd runs:
+    once its task has left, a later try removes it, with no runner start in between.
+    (Before, it stayed until the runner's next start-up sweep.)"""
+    monkeypatch.setattr(removals, "DEADLINE_S", 0.2)
+    monkeypatch.setattr(removals, "RETRY_EVERY_S", 0.1)
+    lines, log, seen = _logged("tried again every 0.1 s", "on a later try")
+    remover = GroupRemover(log)
     busy = _sleeper_in(groups["a"])
     try:
         remover.remove({"memory": groups["a"]})
-        assert done.wait(30)
+        assert seen["tried again every 0.1 s"].wait(30)
+        assert os.path.isdir(groups["a"]) and not seen["on a later try"].is_set()
     finally:
         busy.kill()
         busy.wait()
+    assert seen["on a later try"].wait(30)
     remover.close()
-    assert os.path.isdir(groups["a"])
-    assert len(lines) == 1 and lines[0].startswith(f"cannot remove {groups['a']}")
-    assert lines[0].endswith("the runner's next start-up sweep removes it")
+    assert not os.path.exists(groups["a"])
+    assert lines[-1] == f"removed {groups['a']} on a later try"
+
+
+def test_a_group_busy_through_all_its_tries_is_logged_for_the_sweep(groups, monkeypatch):
+    """A group that stays busy for `RETRY_FOR_S` of tries is given up on, logged for the
+    runner's next start-up sweep, and the remover goes on with the next removal."""
+    monkeypatch.setattr(removals, "DEADLINE_S", 0.2)
+    monkeypatch.setattr(removals, "RETRY_EVERY_S", 0.1)
+    monkeypatch.setattr(removals, "RETRY_FOR_S", 0.3)
+    lines, log, seen = _logged("of tries")
+    remover = GroupRemover(log)
+    busy = _sleeper_in(groups["a"])
+    try:
+        remover.remove({"memory": groups["a"]})
+        assert seen["of tries"].wait(30)
+        remover.remove({"memory": groups["b"]})
+        remover.close()
+        assert os.path.isdir(groups["a"]) and not os.path.exists(groups["b"])
+    finally:
+        busy.kill()
+        busy.wait()
+    first, last = lines[0], lines[-1]
+    assert first.startswith(f"cannot remove {groups['a']}") and "tried again" in first
+    assert last == (f"cannot remove {groups['a']} after 0.3 s of tries: the runner's next "
+                    "start-up sweep removes it")
+    assert len(lines) == 2  # no line per try
