@@ -43,6 +43,32 @@ def test_job_affinity_equals_the_cpus_in_its_record(serve):
     assert allowed == str(started["cpus"][0])
 
 
+def test_keeperd_runs_beside_a_started_affinity_job_not_on_its_cpu(serve_factory, tmp_path):
+    """Issue 14, through `motor serve` with affinity: once a job is recorded running
+    (keeperd has answered its spawn), keeperd may run only on the CPUs the job was not
+    given, and the job only on its own (docs/keeper.md, "Leaving the job's CPUs")."""
+    import psutil
+
+    cpus = set(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one CPU: keeperd and the job share it whatever keeperd does")
+    barrier = tmp_path / "go"
+    serve = serve_factory("--isolation", "affinity").start()
+    job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
+                            f"while [ ! -e {barrier} ]; do sleep 0.01; done")["job_id"]
+    try:
+        record = wait_for(lambda: next((r for r in serve.cli_json("jobs", "--all")
+                                        if r["job_id"] == job_id and r["state"] == "running"),
+                                       None), what="the job recorded running")
+        keeperd = psutil.Process(int((serve.state_dir / "keeperd.lock").read_text()))
+        assert set(keeperd.cpu_affinity()) == cpus - set(record["cpus"])
+        (job,) = [c for c in keeperd.children() if c.name() == "sh"]
+        assert job.cpu_affinity() == record["cpus"]
+    finally:
+        barrier.touch()
+    assert serve.cli("attach", job_id).returncode == 0  # it ends as it should
+
+
 def test_claims_are_exact_and_unsized_jobs_always_claim_two(serve):
     """The claim is exactly weight_hint, else 2; the command's -j and env never change it."""
     unsized = serve.cli_json("submit", "--env", "CARGO_BUILD_JOBS=16", "--", "make", "-j16")
