@@ -249,8 +249,8 @@ class Keeperd:
         self.terminate = False
         self.relisten = False  # SIGUSR1: listen on keeperd.sock again (`_relisten`)
         self.record_pid_after_s = record_pid_after_s()
-        # its own CPUs: once a job with CPUs has started it goes to those the job has not
-        # (`_leave_cpus`)
+        # its own CPUs: after a pinned job's spawn it goes to those the job has not
+        # (spares.py `_after_pin`)
         self.home_cpus = frozenset(os.sched_getaffinity(0))
         # pre-placed threads for v1 cgroup jobs (motor/execution/spares.py)
         self.spares = S.SparePool(state_dir, self.sel, S.pool_size(), self._log)
@@ -646,27 +646,12 @@ class Keeperd:
             os.close(err_w)
         job.pid = pid
         self.mains[pid] = job  # ours to reap, never the orphan reaper's
-        self._leave_cpus(spec.get("cpus"))
         if exec_fd >= 0:  # forked: joining its groups may take a while, others go on
             job.exec_fd = exec_fd
             job.exec_rest = (out_r, err_r, timeout_s)
             self.sel.register(exec_fd, selectors.EVENT_READ, lambda ev, j=job: self._on_exec(j))
             return
         self._started(job, pid, out_r, err_r, timeout_s)
-
-    def _leave_cpus(self, cpus: Any) -> None:
-        """Once a job with CPUs has started (spawned here, by a spare, or forked), keeperd's
-        own thread goes to its CPUs less the job's, when that leaves any: the kernel moves
-        it off them at once, so that the rest of the start (its answer, the job's pipes)
-        and the runner its answer wakes run beside the starting job, not on its CPU
-        (docs/keeper.md, "Leaving the job's CPUs"). Its CPUs stay so until the next such
-        start; a job given all of them leaves it on all of them."""
-        if not cpus:
-            return
-        try:
-            os.sched_setaffinity(0, self.home_cpus - set(cpus) or self.home_cpus)
-        except (OSError, ValueError, TypeError):
-            pass  # CPUs the host no longer has: keeperd stays where it is
 
     def _started(self, job: Job, pid: int, out_r: int, err_r: int, timeout_s: Any) -> None:
         job.start = time.monotonic()
@@ -741,10 +726,11 @@ class Keeperd:
 
     def _posix_spawn(self, spec, exe, argv, env, out_w, err_w) -> int:
         """No cgroup to join: keeperd takes the job's cwd, affinity and umask for the
-        moment of the spawn (the child inherits them), then goes back (and `_start` then
-        leaves the job's CPUs)."""
+        moment of the spawn (the child inherits them), then goes back: to `/` and its umask,
+        and to its own CPUs less the job's (`home_cpus`)."""
         try:
-            return S.spawn_job(S.orders_of(spec, exe, argv, env), out_w, err_w, oom_bump=False)
+            return S.spawn_job(S.orders_of(spec, exe, argv, env), out_w, err_w, oom_bump=False,
+                               home=self.home_cpus)
         except S.ExecError as exc:
             raise _SpawnFailed(str(exc)) from None
 

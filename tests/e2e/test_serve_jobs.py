@@ -43,21 +43,17 @@ def test_job_affinity_equals_the_cpus_in_its_record(serve):
     assert allowed == str(started["cpus"][0])
 
 
-@pytest.mark.parametrize("isolation", ["affinity", "cgroup"])
-def test_keeperd_runs_beside_a_started_job_not_on_its_cpu(serve_factory, tmp_path, isolation):
-    """Issue 14, through `motor serve`: once a job is recorded running (keeperd has answered
-    its start: its own spawn with affinity, a spare's with cgroup v1), keeperd may run only
-    on the CPUs the job was not given, and the job only on its own (docs/keeper.md,
-    "Leaving the job's CPUs")."""
+def test_keeperd_runs_beside_a_started_affinity_job_not_on_its_cpu(serve_factory, tmp_path):
+    """Issue 14, through `motor serve` with affinity: once a job is recorded running
+    (keeperd has answered its spawn), keeperd may run only on the CPUs the job was not
+    given, and the job only on its own (docs/keeper.md, "Leaving the job's CPUs")."""
     import psutil
 
     cpus = set(os.sched_getaffinity(0))
     if len(cpus) < 2:
         pytest.skip("one CPU: keeperd and the job share it whatever keeperd does")
-    if isolation == "cgroup" and not os.access("/sys/fs/cgroup/cpuset", os.W_OK):
-        pytest.skip("needs a writable cgroup v1 cpuset hierarchy at /sys/fs/cgroup/cpuset")
     barrier = tmp_path / "go"
-    serve = serve_factory("--isolation", isolation).start()
+    serve = serve_factory("--isolation", "affinity").start()
     job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
                             f"while [ ! -e {barrier} ]; do sleep 0.01; done")["job_id"]
     try:
