@@ -636,7 +636,8 @@ class Keeperd:
             elif pid is None and spec.get("cgroup_procs"):
                 pid, exec_fd = self._fork_exec(spec, exe, argv, env, out_w, err_w, cmd0)
             elif pid is None:
-                pid = self._posix_spawn(spec, exe, argv, env, out_w, err_w)
+                pid = self._posix_spawn(spec, exe, argv, env, out_w, err_w,
+                                        alone=not self._others_running(job))
         except BaseException:
             for fd in (out_r, err_r):
                 os.close(fd)
@@ -652,6 +653,10 @@ class Keeperd:
             self.sel.register(exec_fd, selectors.EVENT_READ, lambda ev, j=job: self._on_exec(j))
             return
         self._started(job, pid, out_r, err_r, timeout_s)
+
+    def _others_running(self, job: Job) -> bool:
+        """Whether another job of keeperd's has not exited yet."""
+        return any(other is not job and not other.exited for other in self.jobs.values())
 
     def _started(self, job: Job, pid: int, out_r: int, err_r: int, timeout_s: Any) -> None:
         job.start = time.monotonic()
@@ -724,13 +729,13 @@ class Keeperd:
             self.scopes = ScopeStarter(self.sel, self._log)
         return self.scopes
 
-    def _posix_spawn(self, spec, exe, argv, env, out_w, err_w) -> int:
+    def _posix_spawn(self, spec, exe, argv, env, out_w, err_w, *, alone: bool) -> int:
         """No cgroup to join: keeperd takes the job's cwd, affinity and umask for the
         moment of the spawn (the child inherits them), then goes back: to `/` and its umask,
-        and to its own CPUs less the job's (`home_cpus`)."""
+        and to its own CPUs (`home_cpus`), less the job's when it starts `alone`."""
         try:
             return S.spawn_job(S.orders_of(spec, exe, argv, env), out_w, err_w, oom_bump=False,
-                               home=self.home_cpus)
+                               home=self.home_cpus, alone=alone)
         except S.ExecError as exc:
             raise _SpawnFailed(str(exc)) from None
 

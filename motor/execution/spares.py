@@ -176,7 +176,8 @@ def tell_failure(fd: int, msg: str) -> None:
 
 
 def spawn_job(orders: dict, out_w: int, err_w: int, *, oom_bump: bool,
-              kept: dict | None = None, home: frozenset[int] | None = None) -> int:
+              kept: dict | None = None, home: frozenset[int] | None = None,
+              alone: bool = True) -> int:
     """posix_spawn the job from this thread: its cwd, CPUs (this thread's affinity, which
     the child inherits), umask and, with `oom_bump`, a raised oom_score_adj are this
     process's for the moment of the spawn and restored after (the caller makes sure no
@@ -185,8 +186,8 @@ def spawn_job(orders: dict, out_w: int, err_w: int, *, oom_bump: bool,
     spares. A process that does nothing else between spawns (a slot spare) passes `kept`
     (a dict, empty at first): its cwd, CPUs and umask stay as the last job's and change
     only when a job's differ. `home` (keeperd's own CPUs): after a pinned spawn the thread
-    goes to `home` less the job's CPUs, when that leaves any, instead of back to what it
-    had (`_after_pin`)."""
+    goes to `home`, less the job's CPUs when the job is `alone` (no other job of keeperd's
+    runs) and that leaves any, instead of back to what it had (`_after_pin`)."""
     cwd, cpus, cmd0 = orders.get("cwd"), orders.get("cpus"), orders["argv"][0]
     pin = bool(orders.get("pin") and cpus)
     umask = orders.get("umask")
@@ -213,19 +214,25 @@ def spawn_job(orders: dict, out_w: int, err_w: int, *, oom_bump: bool,
         if old_umask is not None:
             os.umask(old_umask)
         if old_affinity is not None:
-            os.sched_setaffinity(0, _after_pin(home, cpus, old_affinity))
+            os.sched_setaffinity(0, _after_pin(home, cpus, old_affinity, alone))
         if back_to_root:
             os.chdir("/")
 
 
-def _after_pin(home: frozenset[int] | None, cpus: Any, before: set[int]) -> set[int]:
-    """The spawning thread's CPUs after a pinned spawn. With `home`: `home` less the job's
-    CPUs, so that the thread leaves them at once (the kernel moves it) instead of running
-    its answer and the runner it wakes there while the job starts: an idle start on 2 CPUs
-    read 3.955 against 4.222 ms submit -> running (docs/keeper.md, "Leaving the job's
-    CPUs"). `home` itself when the job has all of it; `before` without `home`."""
+def _after_pin(home: frozenset[int] | None, cpus: Any, before: set[int],
+               alone: bool) -> set[int]:
+    """The spawning thread's CPUs after a pinned spawn; `before` without `home`. With
+    `home`, for a job that starts `alone`: `home` less the job's CPUs, so that the thread
+    leaves them at once (the kernel moves it) instead of running its answer and the runner
+    it wakes there while the job starts (an idle start on 2 CPUs: 3.955 against 4.222 ms
+    submit -> running); `home` itself when the job has all of it. For a job that starts
+    beside others: `home`, which holds the job's CPUs, so the thread stays where it is (a
+    move at every start of a burst cost the 200-job rate about a tenth: docs/keeper.md,
+    "Leaving the job's CPUs")."""
     if home is None:
         return before
+    if not alone:
+        return set(home)
     return set(home) - set(cpus) or set(home)
 
 
