@@ -47,6 +47,7 @@ if __name__ == "__main__" and not __package__:  # run by path: see scriptboot.py
 import collections  # noqa: E402
 import fcntl  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import selectors  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
@@ -108,6 +109,10 @@ def socket_address(state_dir: str) -> tuple[str, int | None]:
         return path, None
     dfd = os.open(state_dir, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     return f"/proc/self/fd/{dfd}/{SOCKET_NAME}", dfd
+
+
+#: a start this long after the previous one, with no other job running, is `_alone`
+ALONE_AFTER_S = 0.05
 
 
 def _now_ms() -> int:
@@ -252,6 +257,7 @@ class Keeperd:
         # its own CPUs: after a pinned job's spawn it goes to those the job has not
         # (spares.py `_after_pin`)
         self.home_cpus = frozenset(os.sched_getaffinity(0))
+        self.last_start = -math.inf  # `_alone`
         # pre-placed threads for v1 cgroup jobs (motor/execution/spares.py)
         self.spares = S.SparePool(state_dir, self.sel, S.pool_size(), self._log)
         # ended v1 jobs' empty groups, removed in a thread (removals.py)
@@ -637,7 +643,7 @@ class Keeperd:
                 pid, exec_fd = self._fork_exec(spec, exe, argv, env, out_w, err_w, cmd0)
             elif pid is None:
                 pid = self._posix_spawn(spec, exe, argv, env, out_w, err_w,
-                                        alone=not self._others_running(job))
+                                        alone=self._alone(job))
         except BaseException:
             for fd in (out_r, err_r):
                 os.close(fd)
@@ -654,9 +660,14 @@ class Keeperd:
             return
         self._started(job, pid, out_r, err_r, timeout_s)
 
-    def _others_running(self, job: Job) -> bool:
-        """Whether another job of keeperd's has not exited yet."""
-        return any(other is not job and not other.exited for other in self.jobs.values())
+    def _alone(self, job: Job) -> bool:
+        """Whether `job` starts alone: after `ALONE_AFTER_S` without a start, and with no
+        other job of keeperd's still running (a start in a stream of starts is not: its
+        CPUs are busy whatever keeperd does)."""
+        now, before = time.monotonic(), self.last_start
+        self.last_start = now
+        return (now - before >= ALONE_AFTER_S
+                and not any(other is not job and not other.exited for other in self.jobs.values()))
 
     def _started(self, job: Job, pid: int, out_r: int, err_r: int, timeout_s: Any) -> None:
         job.start = time.monotonic()
