@@ -254,8 +254,8 @@ class Keeperd:
         self.terminate = False
         self.relisten = False  # SIGUSR1: listen on keeperd.sock again (`_relisten`)
         self.record_pid_after_s = record_pid_after_s()
-        # its own CPUs: after a pinned job's spawn it goes to those the job has not
-        # (spares.py `_after_pin`)
+        # its own CPUs: after spawning a pinned job that starts alone it goes to those the
+        # job has not (`_alone`, spares.py `_after_pin`)
         self.home_cpus = frozenset(os.sched_getaffinity(0))
         self.last_start = -math.inf  # `_alone`
         # pre-placed threads for v1 cgroup jobs (motor/execution/spares.py)
