@@ -186,8 +186,8 @@ def spawn_job(orders: dict, out_w: int, err_w: int, *, oom_bump: bool,
     spares. A process that does nothing else between spawns (a slot spare) passes `kept`
     (a dict, empty at first): its cwd, CPUs and umask stay as the last job's and change
     only when a job's differ. `home` (keeperd's own CPUs): after a pinned spawn the thread
-    goes to `home`, less the job's CPUs when the job is `alone` (no other job of keeperd's
-    runs) and that leaves any, instead of back to what it had (`_after_pin`)."""
+    goes to `home`, less the job's CPUs when the job starts `alone` (keeperd's `_alone`)
+    and that leaves any, instead of back to what it had (`_after_pin`)."""
     cwd, cpus, cmd0 = orders.get("cwd"), orders.get("cpus"), orders["argv"][0]
     pin = bool(orders.get("pin") and cpus)
     umask = orders.get("umask")
@@ -224,8 +224,8 @@ def _after_pin(home: frozenset[int] | None, cpus: Any, before: set[int],
     """The spawning thread's CPUs after a pinned spawn; `before` without `home`. With
     `home`, for a job that starts `alone`: `home` less the job's CPUs, so that the thread
     leaves them at once (the kernel moves it) instead of running its answer and the runner
-    it wakes there while the job starts (an idle start on 2 CPUs: 3.955 against 4.222 ms
-    submit -> running); `home` itself when the job has all of it. For a job that starts
+    it wakes there while the job starts (idle starts on 2 CPUs, submit -> running: 0.95x
+    over six alternated pairs); `home` itself when the job has all of it. For a job that starts
     beside others: `home`, which holds the job's CPUs, so the thread stays where it is (a
     move at every start of a burst cost the 200-job rate about a tenth: docs/keeper.md,
     "Leaving the job's CPUs")."""
