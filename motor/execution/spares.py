@@ -192,7 +192,7 @@ def spawn_job(orders: dict, out_w: int, err_w: int, *, oom_bump: bool,
     pin = bool(orders.get("pin") and cpus)
     umask = orders.get("umask")
     old_affinity = old_umask = None
-    back_to_root = False
+    back_to_root = pinned = False
     try:
         if kept is not None:
             _keep_as_the_jobs(kept, cwd, cpus if pin else None, umask)
@@ -203,6 +203,7 @@ def spawn_job(orders: dict, out_w: int, err_w: int, *, oom_bump: bool,
             if pin:
                 old_affinity = os.sched_getaffinity(0)
                 _pin_for(cpus)
+                pinned = True
             old_umask = os.umask(umask) if isinstance(umask, int) else None
         restore_oom = K._raise_oom_score_for_spawn() if oom_bump else None
         try:
@@ -213,8 +214,9 @@ def spawn_job(orders: dict, out_w: int, err_w: int, *, oom_bump: bool,
     finally:
         if old_umask is not None:
             os.umask(old_umask)
-        if old_affinity is not None:
-            os.sched_setaffinity(0, _after_pin(home, cpus, old_affinity, alone))
+        if old_affinity is not None:  # a pin that failed leaves nothing to move away from
+            os.sched_setaffinity(0, _after_pin(home, cpus, old_affinity, alone) if pinned
+                                 else old_affinity)
         if back_to_root:
             os.chdir("/")
 

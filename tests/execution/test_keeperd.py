@@ -304,6 +304,27 @@ async def test_keeperd_leaves_a_pinned_jobs_cpus_once_it_has_spawned_it_alone(
             assert read_status(job_dir)["exit_code"] == 0
 
 
+async def test_a_pin_that_fails_is_the_jobs_spawn_failure_and_keeperd_stays_where_it_was(
+        tmp_path, make_job, workspace):
+    """A spec whose CPUs cannot be pinned (not a list of CPUs) ends that job `spawn_failed`
+    with the reason, and keeperd, which never left its CPUs, stays on all of them and
+    serves the next job. (With keeperd's move after an alone start, the failed pin's CPUs
+    were read once more on the way back, and the error escaped as a TypeError instead.)"""
+    home = set(os.sched_getaffinity(0))
+    state = tmp_path / "state"
+    bad = make_job(["true"], cpus=5, pin=True)
+    good = make_job(["true"])
+    async with open_keeperd_spawner(state) as spawner:
+        for job_dir in (bad, good):
+            with trio.fail_after(20):
+                handle = await spawner.spawn(job_dir)
+                await spawner.wait_exit(handle.pid, handle.create_time, job_dir)
+            assert _allowed_cpus(handle.pid) == home
+    status = read_status(bad)
+    assert status["reason"] == "spawn_failed" and "cannot pin to cpus 5" in status["detail"]
+    assert read_status(good)["exit_code"] == 0
+
+
 async def test_keeper_json_gets_the_pid_of_a_job_that_runs_on_but_not_of_a_short_one(
         tmp_path, make_job, workspace, monkeypatch):
     """Issue 14: keeper.json's rewrite with the job's pid and create time waits
