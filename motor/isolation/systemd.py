@@ -110,6 +110,10 @@ NO_SUCH_UNIT = "org.freedesktop.systemd1.NoSuchUnit"
 #: how long the slot `prepare_is_light` found free stays taken as free for `prepare`
 #: (which follows it on the event loop at once) without reading its processes again
 LIGHT_FRESH_S = 0.05
+#: how long a slot slice found empty at its last job's end (`settle_quick`) is taken as
+#: still empty, with those counters as the next job's baseline, without reading it again:
+#: the next job of a burst (issue 14); after that the slice is read as it is then
+EMPTIED_FRESH_S = 1.0
 #: the scope of keeperd's spare `pid` in a slot slice (motor/execution/slotspares.py): the
 #: spare is not a job's process
 SPARE_SCOPE = re.compile(r"-s\d+-p(\d+)\.scope$")
@@ -651,6 +655,9 @@ class SystemdBackend(Backend):
     slot_spares: bool = False
     #: "found": (slot, limits, when), the free slot `prepare_is_light` found, for `prepare`
     light: dict = field(default_factory=dict, compare=False, repr=False)
+    #: slot slice -> (counters, when): found empty at its last job's end (`settle_quick`),
+    #: not taken since
+    emptied: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def parent_slice(self) -> str:
@@ -687,8 +694,9 @@ class SystemdBackend(Backend):
         A job with CPUs runs in a slot slice (`slot_slice`), one that holds no other job:
         a free one already carrying this job's limits when there is one, else the lowest
         free one, whose limits change over D-Bus (`SetUnitProperties`), or which is started
-        when new. Its counters are read now, so that the job's figures are their growth
-        (`systemd_base` in the spec, for a restarted runner). A job without CPUs gets a
+        when new. Its counters are read now (or, within `EMPTIED_FRESH_S` of its last job's
+        end, taken as they were then: `settle_quick`), so that the job's figures are their
+        growth (`systemd_base` in the spec, for a restarted runner). A job without CPUs gets a
         slice of its own, stopped by `release`. Idempotent; raises IsolationError when
         systemd refuses.
         """
@@ -702,6 +710,8 @@ class SystemdBackend(Backend):
         with self.lock:  # prepares of two jobs in worker threads never take one slot
             name, ready = self._take_slot(job_id, limits)
         group = slice_group(name)
+        emptied = self._emptied(name, job_id)
+        self.emptied.pop(name, None)  # taken: the next job's baseline is read or this job's end
         if not ready:
             self.applied.pop(name, None)
             try:
@@ -711,7 +721,7 @@ class SystemdBackend(Backend):
                 self._vacate(name, job_id)
                 raise
             self.applied[name] = limits
-        base = slice_counters(group, self.cgroup_root)
+        base = emptied if emptied is not None else slice_counters(group, self.cgroup_root)
         self.jobs[job_id] = {"slice": name, "base": base}
         fields = self.spec_fields(job_id, cpus, memory_max, name)
         fields["systemd_base"] = base
@@ -725,6 +735,16 @@ class SystemdBackend(Backend):
         return ((holder is None or holder == job_id)
                 and group_pids(slice_group(name), self.cgroup_root) in ([], None))
 
+    def _emptied(self, name: str, job_id: str | None = None) -> dict | None:
+        """The counters of a slot slice found empty at its last job's end, when that was
+        within `EMPTIED_FRESH_S` and no job holds it since: free, and its counters as they
+        were, without a read (a slot's next job in a burst). None: read it."""
+        found = self.emptied.get(name)
+        if (found is None or time.monotonic() - found[1] >= EMPTIED_FRESH_S
+                or self.holders.get(name) not in (None, job_id)):
+            return None
+        return found[0]
+
     def _ready(self, limits: tuple, job_id: str | None = None) -> str | None:
         """A free slot slice that carries these limits already, and whose group is there.
         The one `prepare_is_light` just found (within `LIGHT_FRESH_S`, the same turn of the
@@ -737,8 +757,8 @@ class SystemdBackend(Backend):
                     and self.holders.get(name) in (None, job_id)):
                 return name
         for name, carried in sorted(self.applied.items()):
-            if (carried == limits and self._group_exists(slice_group(name))
-                    and self._free(name, job_id)):
+            if carried == limits and (self._emptied(name, job_id) is not None or (
+                    self._group_exists(slice_group(name)) and self._free(name, job_id))):
                 return name
         return None
 
@@ -791,16 +811,22 @@ class SystemdBackend(Backend):
                      facts: Any = None) -> dict | None:
         """`settle` on the event loop for a job in its slot slice that left no process there:
         a few reads of the slice's group, no D-Bus; none when keeperd read them (`facts`:
-        status.json's `isolation_facts`, `slot_counters_when_empty`). None (the full
-        `settle`, in a thread) otherwise."""
+        status.json's `isolation_facts`, `slot_counters_when_empty`). The counters after the
+        job are the next job's baseline if it comes soon (`emptied`). None (the full `settle`,
+        in a thread) otherwise."""
         entry = self.jobs.get(job_id)
         if entry is None:
             return None
+        name = entry["slice"]
         after = slot_counters(facts)
-        if after is None and group_pids(slice_group(entry["slice"]), self.cgroup_root) != []:
-            return None
+        if after is None:
+            if group_pids(slice_group(name), self.cgroup_root) != []:
+                return None
+            after = slice_counters(slice_group(name), self.cgroup_root)
         facts = self._figures(job_id, entry, signal, after)
-        self._vacate(entry["slice"], job_id)
+        if self.holders.get(name) == job_id:  # empty now: the next job's baseline (`prepare`)
+            self.emptied[name] = (after, time.monotonic())
+        self._vacate(name, job_id)
         return facts
 
     def _vacate(self, name: str, job_id: str) -> None:

@@ -186,6 +186,30 @@ def test_systemd_backend_reports_cpu_time_and_oom_kills(ns_serve, systemd_ns):
     assert len(slot_slices(systemd_ns)) == 1, slot_slices(systemd_ns)
 
 
+def test_the_next_job_in_a_slot_starts_from_the_counters_at_the_last_ones_end(ns_serve):
+    """Issue 14: the baseline of a slot's next job, started right after the last one ended,
+    is the slice's counters keeperd read at that end (status.json's `isolation_facts`;
+    since the change the runner takes them without a read of its own, which the pure test
+    shows: here the two readings are equal), and each job is charged its own CPU time."""
+    serve = ns_serve().start()
+    every = str(serve.cli_json("health")["capacity"]["claim_limit"])
+    burn = ("import time\nt = time.process_time()\n"
+            "while time.process_time() - t < 0.3: pass")
+    first = serve.cli_json("submit", "--weight", every, "--", "python3", "-c", burn)["job_id"]
+    second = serve.cli_json("submit", "--weight", every, "--", "true")["job_id"]
+    done = serve.cli("attach", "--json", second, "--from-seq", "0")
+    assert done.returncode == 0, done.stderr
+    jobs = serve.state_dir / "jobs"
+    status = json.loads((jobs / first / "status.json").read_text())
+    spec = json.loads((jobs / second / "spec.json").read_text())
+    assert spec["systemd_scope"]["slice"] == json.loads(
+        (jobs / first / "spec.json").read_text())["systemd_scope"]["slice"]
+    assert spec["systemd_base"] == status["isolation_facts"], (spec, status)
+    records = {r["job_id"]: r for r in serve.cli_json("jobs", "--all")}
+    assert records[first]["reservation_use"]["cpu_time_ms"] >= 250, records[first]
+    assert records[second]["reservation_use"]["cpu_time_ms"] < 200, records[second]
+
+
 def test_a_job_in_a_systemd_unit_outlives_the_runner_and_is_readopted(
         ns_serve, systemd_ns, tmp_path):
     barrier = tmp_path / "go"

@@ -13,7 +13,7 @@ import pytest
 from fake_dbus import AUTH_OK, dbus_messages
 from jeepney import DBusAddress, new_error, new_method_return, new_signal
 
-from motor.isolation import IsolationError
+from motor.isolation import IsolationError, systemd
 from motor.isolation.systemd import (
     SystemdBackend,
     SystemdError,
@@ -158,6 +158,47 @@ def test_keeperds_reading_of_a_slot_slice_at_a_jobs_end_spares_the_runner_its_re
     assert backend.settle_quick(JOB, None, {"cpu_time_ms": 7}) is None
     settled = backend.settle_quick(JOB, None, counters)
     assert settled["cpu_time_ms"] == 7 and settled["oom_killed"] is False, settled
+
+
+def test_a_slot_emptied_at_its_last_jobs_end_is_the_next_jobs_without_a_read(
+        fake_manager, tmp_path, monkeypatch):
+    """Issue 14: within EMPTIED_FRESH_S of a slot job's end (`settle_quick`, on keeperd's
+    facts or on the runner's own reads), the next job with the slot's limits takes it with
+    no read of the slice: free, and its baseline the counters after the job before. Taken,
+    the slot is read again for the job after; so is one whose last end is older."""
+    fake_manager.accept_slices = True
+    root = tmp_path / "cg"
+    backend = SystemdBackend(address=fake_manager.path, cgroup_root=str(root))
+    s0 = "/motor.slice/motor-jobs.slice/motor-jobs-s0.slice"
+    write(root, "unified" + s0, "cpu.stat", "usage_usec 1000\n")
+    write(root, "unified" + s0, "cgroup.procs", "")
+    jobs = [f"0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a{n:02x}" for n in range(3)]
+    backend.prepare(jobs[0], [0], 64 * MiB)
+    after = {"usage_usec": 9000, "oom_kills": None, "oom_v2": False, "failcnt": None}
+    assert backend.settle_quick(jobs[0], None, after)["cpu_time_ms"] == 8
+    assert backend.release(jobs[0]) is None
+    # the slice now reads otherwise: a read would find it busy, with other counters
+    write(root, "unified" + s0, "cgroup.procs", "4343\n")
+    write(root, "unified" + s0, "cpu.stat", "usage_usec 20000\n")
+    calls = len(fake_manager.calls)
+    assert backend.prepare_is_light([0], 64 * MiB)
+    second = backend.prepare(jobs[1], [0], 64 * MiB)
+    assert second["systemd_scope"]["slice"] == "motor-jobs-s0.slice"
+    assert second["systemd_base"] == after and len(fake_manager.calls) == calls
+    # its end read by the runner (no facts): the slice empty, its counters read
+    write(root, "unified" + s0, "cgroup.procs", "")
+    assert backend.settle_quick(jobs[1])["cpu_time_ms"] == 11
+    backend.release(jobs[1])
+    write(root, "unified" + s0, "cpu.stat", "usage_usec 25000\n")
+    third = backend.prepare(jobs[2], [0], 64 * MiB)
+    assert third["systemd_base"]["usage_usec"] == 20000  # at the last end, not read now
+    write(root, "unified" + s0, "cpu.stat", "usage_usec 26000\n")
+    assert backend.settle_quick(jobs[2])["cpu_time_ms"] == 6
+    backend.release(jobs[2])
+    # the window past: read as it is, a process there keeps the slot from the next job
+    monkeypatch.setattr(systemd, "EMPTIED_FRESH_S", 0.0)
+    write(root, "unified" + s0, "cgroup.procs", "4343\n")
+    assert not backend.prepare_is_light([0], 64 * MiB)
 
 
 def test_a_jobs_figures_are_the_growth_of_its_slot_slices_counters(tmp_path):
@@ -501,7 +542,7 @@ def test_an_idle_pooled_connection_is_closed(fake_manager):
 
 
 def test_a_slot_slice_holds_one_job_at_a_time_and_one_with_the_same_limits_costs_no_call(
-        fake_manager, tmp_path):
+        fake_manager, tmp_path, monkeypatch):
     """Per job in a slot slice: D-Bus only when the slice is new or its limits change
     (`SetUnitProperties`); a job with a free slot's limits is prepared, settled and
     released with reads alone (`prepare_is_light`, `settle_quick`, `release_is_light`: the
@@ -544,7 +585,9 @@ def test_a_slot_slice_holds_one_job_at_a_time_and_one_with_the_same_limits_costs
     assert backend.release(jobs[2]) is None
     assert len(fake_manager.calls) == calls  # not one call for that job
 
-    # a process in a free slot (an adopted job's, or a stranger's): not taken
+    # a process in a free slot (an adopted job's, or a stranger's): not taken (once its
+    # last job's end is more than EMPTIED_FRESH_S ago, the slice is read)
+    monkeypatch.setattr(systemd, "EMPTIED_FRESH_S", 0.0)
     write(root, "unified" + s0, "cgroup.procs", "4343\n")
     assert not backend.prepare_is_light([0], 64 * MiB)
     third = backend.prepare(jobs[3], [0, 1], None)
