@@ -133,8 +133,9 @@ def history_expired(job_id: str, now_ms: int) -> bool:
 
 
 def terminal_from_status(record: JobRecord, status: dict | None, now_ms: int,
-                         facts: dict | None = None) -> JobRecord:
-    """The terminal record for a job whose keeper has exited (status None: lost).
+                         facts: dict | None = None, unreadable: str | None = None) -> JobRecord:
+    """The terminal record for a job whose keeper has exited (status None: lost; with
+    `unreadable`, the keeper left a status.json that cannot be read, and the detail says why).
 
     `facts` are the isolation backend's findings (`oom_killed`, `memory_max`, `start_error`):
     an OOM kill ends the job `failed` with reason `oom_killed`, and a job the backend never
@@ -148,7 +149,8 @@ def terminal_from_status(record: JobRecord, status: dict | None, now_ms: int,
     if status is None:
         return advance(
             record, LOSE, who="terminal_from_status", ended_at_ms=now_ms, reason="keeper_lost",
-            detail="the job's keeper exited without recording an exit status"
+            detail=("the job's keeper exited without recording an exit status" if unreadable
+                    is None else f"the job's exit status cannot be read: {unreadable}")
                    + (f"; {oom_detail}" if oom else ""),
             waiting_on=None, waiting_on_job=None)
     reason = status.get("reason")

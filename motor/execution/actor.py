@@ -185,14 +185,15 @@ class JobExecution(actors.Actor):
 
     async def _finish(self, status: dict | None = None) -> None:
         """The keeper exited (`status`: None, read status.json): the terminal record."""
-        deps, job_id = self.deps, self.record.job_id
-        status = status if status is not None else jobdir.read_status(self.dir, self.name)
+        deps, job_id, unreadable = self.deps, self.record.job_id, None
+        if status is None:
+            status, unreadable = jobdir.read_status(self.dir, self.name)
         if (facts := jobdir.close_quick(deps.backend, job_id, status, self.name)) is None:
             status, facts = await offload_unless(
                 jobdir.close_is_light(deps.backend, status), deps.offload, jobdir.close,
                 self.dir, deps.spawner, deps.backend, job_id, status, self.name)
         record = core.terminal_record(self.record, status, deps.clock.now_ms(), facts,
-                                      self.run_state.output.error)
+                                      self.run_state.output.error, unreadable)
         await self._end(record)
         if deps.disk is not None:  # idle now: measure it, apply the build-folder cap
             await deps.disk.job_idle(job_id, record.workspace, record.siblings)

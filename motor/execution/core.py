@@ -295,13 +295,15 @@ def output_stopped(offset: int, exc: BaseException) -> str:
 
 
 def terminal_record(record: JobRecord, status: dict | None, now_ms: int, facts: dict,
-                    output_error: str | None = None) -> JobRecord:
-    """The terminal record from the keeper's status (None: the keeper was lost) and the
-    isolation backend's `facts`: the group's CPU time covers the whole process tree and
-    replaces the keeper's figure; a reason output stopped early joins the detail."""
+                    output_error: str | None = None,
+                    status_unreadable: str | None = None) -> JobRecord:
+    """The terminal record from the keeper's status (None: the keeper was lost; with
+    `status_unreadable`, what is wrong with the status.json it left) and the isolation
+    backend's `facts`: the group's CPU time covers the whole process tree and replaces the
+    keeper's figure; a reason output stopped early joins the detail."""
     if status is not None and facts.get("cpu_time_ms") is not None:
         status = {**status, "cpu_time_ms": facts["cpu_time_ms"]}
-    ended = terminal_from_status(record, status, now_ms, facts)
+    ended = terminal_from_status(record, status, now_ms, facts, status_unreadable)
     ended = with_reservation_use(ended, status)  # unchanged when unmeasured
     if output_error is not None:
         ended = msgspec.structs.replace(ended, detail="; ".join(

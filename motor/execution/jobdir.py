@@ -212,13 +212,15 @@ def read_output(job_dir: Path, offset: int, max_bytes: int,
     return decoder.events(records), new_offset
 
 
-def read_status(job_dir: Path, who: str = "") -> dict[str, Any] | None:
-    """The keeper's status.json; None when absent, or corrupt (logged): the keeper is lost."""
+def read_status(job_dir: Path, who: str = "") -> tuple[dict[str, Any] | None, str | None]:
+    """The keeper's status.json, and why there is none: (None, None) when it is absent,
+    (None, what is wrong with it) when it cannot be read (logged). Either way the keeper is
+    lost; the terminal record says which."""
     try:
-        return joblog.read_status(job_dir)
+        return joblog.read_status(job_dir), None
     except joblog.JobDirError as exc:
         log.warning("%s: %s", who, exc)
-        return None
+        return None, str(exc)
 
 
 def close_is_light(backend: Any, status: dict[str, Any] | None) -> bool:
@@ -252,14 +254,12 @@ def _log_problems(facts: dict[str, Any], who: str) -> None:
 
 def close(job_dir: Path, spawner: Any, backend: Any, job_id: str, status: dict[str, Any] | None,
           who: str = "") -> tuple[dict[str, Any] | None, dict[str, Any]]:
-    """After the keeper exited: its status (read from status.json unless given) and the
-    isolation backend's facts. A keeper lost without a status leaves nothing of its job
+    """After the keeper exited: its status (as read from status.json by the caller; None:
+    lost) and the isolation backend's facts. A keeper lost without a status leaves nothing of its job
     behind (whatever carries the job's marker is killed; the cgroup backends drain their
     groups in `settle`); the backend's findings (OOM kill, CPU time) are collected, and what
     it could not do is logged, never fatal. Its groups or units stay: `release` removes
     them after the terminal record (messages.release_isolation)."""
-    if status is None:
-        status = read_status(job_dir, who)
     if status is None and (killed := spawner.kill_marked(job_id)):
         log.warning("%s: keeper lost; killed %d leftover process(es): %s", who, len(killed), killed)
     signal = (status or {}).get("signal")

@@ -360,3 +360,29 @@ def test_a_connection_queued_at_sigterm_is_served_not_reset(serve_factory, reque
     serve.env = {}
     serve.start()
     assert _job_kept(serve, job_id)
+
+
+def test_a_status_file_that_cannot_be_read_ends_the_job_lost_and_says_why(serve_factory, tmp_path):
+    """A job that ended while the runner was down, its status.json then damaged (a disk
+    fault, a hand edit): the restarted runner ends it `lost` (`keeper_lost`) with a detail
+    that names the file and what is wrong with it, not "exited without recording an exit
+    status", and serves on."""
+    barrier = tmp_path / "go"
+    serve = serve_factory().start()
+    job_id = serve.cli_json(
+        "submit", "--weight", "1", "--",
+        "sh", "-c", f"echo before; while [ ! -e {barrier} ]; do sleep 0.01; done; exit 4",
+    )["job_id"]
+    wait_for(lambda: _has_output(serve, job_id, "before"), what="first line")
+    serve.kill9()
+    barrier.write_text("")
+    status = serve.state_dir / "jobs" / job_id / "status.json"
+    wait_for(status.exists, what="keeperd to record the job's end")
+    status.write_text('{"exit_code": 4, ')
+    serve.start()
+    result = serve.cli("attach", "--json", job_id)
+    record = json_lines(result.stdout)[-1]["record"]
+    assert (record["state"], record["reason"]) == ("lost", "keeper_lost"), record
+    assert record["detail"].startswith("the job's exit status cannot be read: "), record
+    assert str(status) in record["detail"] and "corrupt JSON" in record["detail"], record
+    assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0

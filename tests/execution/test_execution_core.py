@@ -240,6 +240,12 @@ def test_a_lost_keeper_and_stopped_output_are_both_in_the_detail():
     assert (ended.state, ended.reason, ended.ended_at_ms) == ("lost", "keeper_lost", 70_000)
     assert ended.detail == ("the job's keeper exited without recording an exit status; "
                             "output stopped at byte 9")
+    # a status.json the keeper left that cannot be read: lost all the same, and said so
+    damaged = core.terminal_record(running, None, 70_000, {}, None,
+                                   "/s/jobs/j/status.json: corrupt JSON: Expecting value")
+    assert (damaged.state, damaged.reason) == ("lost", "keeper_lost")
+    assert damaged.detail == ("the job's exit status cannot be read: "
+                              "/s/jobs/j/status.json: corrupt JSON: Expecting value")
 
 
 def test_isolation_problems_are_listed_not_fatal():
