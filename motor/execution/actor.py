@@ -185,9 +185,8 @@ class JobExecution(actors.Actor):
 
     async def _finish(self, status: dict | None = None) -> None:
         """The keeper exited (`status`: None, read status.json): the terminal record."""
-        deps, job_id, unreadable = self.deps, self.record.job_id, None
-        if status is None:
-            status, unreadable = jobdir.read_status(self.dir, self.name)
+        deps, job_id = self.deps, self.record.job_id
+        status, unreadable = jobdir.read_status(self.dir, self.name, status)
         if (facts := jobdir.close_quick(deps.backend, job_id, status, self.name)) is None:
             status, facts = await offload_unless(
                 jobdir.close_is_light(deps.backend, status), deps.offload, jobdir.close,

@@ -212,10 +212,13 @@ def read_output(job_dir: Path, offset: int, max_bytes: int,
     return decoder.events(records), new_offset
 
 
-def read_status(job_dir: Path, who: str = "") -> tuple[dict[str, Any] | None, str | None]:
-    """The keeper's status.json, and why there is none: (None, None) when it is absent,
-    (None, what is wrong with it) when it cannot be read (logged). Either way the keeper is
-    lost; the terminal record says which."""
+def read_status(job_dir: Path, who: str = "", given: dict[str, Any] | None = None,
+                ) -> tuple[dict[str, Any] | None, str | None]:
+    """The keeper's status.json (`given`: that, already in hand), and why there is none:
+    (None, None) when it is absent, (None, what is wrong with it) when it cannot be read
+    (logged). Either way the keeper is lost; the terminal record says which."""
+    if given is not None:
+        return given, None
     try:
         return joblog.read_status(job_dir), None
     except joblog.JobDirError as exc:
