@@ -20,7 +20,8 @@ from ..clock import WallClock
 from ..offload import Offload, thread_offload
 from .bundles import BundleError, BundleStore
 from .catalog import Catalog
-from .core import RECENT_MS, DiskSample, EvictWorkspace, bundle_gone, maintenance_due
+from .core import (RECENT_MS, DiskSample, EvictWorkspace, bundle_gone, maintenance_due,
+                   with_problems)
 from .host import Trees, probe_path
 from .live import Holds, Live, LiveIndex
 from .messages import (
@@ -74,8 +75,8 @@ class DiskActor(actors.Actor):
     immediate = (Admit, PrepareSetup, JobIdle, HasBundle, Reserve, Unreserve)
     readers = (Sample,)  # health's free space: not behind a cleanup or a walk
 
-    def read(self, msg):  # Sample: a statvfs of the state dir, no state of this actor
-        return self.probe(self.state_dir)
+    def read(self, msg):  # Sample: a statvfs of the state dir, and what cannot be saved
+        return with_problems(self.probe(self.state_dir), self.bundles and self.bundles.save_error)
 
     def handle_now(self, msg):
         if isinstance(msg, Admit):

@@ -63,6 +63,8 @@ class BundleStore:
         self.transfers: dict[str, int] = {}  # sha -> uploads in progress
         self.pins_path = self.dir / "pins.json"
         self.pins: dict[str, int] = self._load_pins()
+        #: why the last save of the pins failed (None: it did not); health says it
+        self.save_error: str | None = None
 
     # -- pins -------------------------------------------------------------------------
 
@@ -88,9 +90,30 @@ class BundleStore:
         return pins
 
     def _save_pins(self) -> None:
+        """Write the retention clocks. A save that fails (the state file system full,
+        something not a file where pins.json goes) is logged once per reason and shown in
+        health (`save_error`); the clocks stay in memory and the next save tries again.
+        It never fails the use that asked for it: before stop 55 it raised into the disk
+        actor, and a pins.json that could not be replaced crashed it at every maintenance
+        pass until the runner stopped."""
         tmp = self.pins_path.with_name(f"pins.json.{uuid.uuid4().hex[:8]}")
-        tmp.write_text(json.dumps(self.pins, sort_keys=True))
-        os.replace(tmp, self.pins_path)
+        try:
+            tmp.write_text(json.dumps(self.pins, sort_keys=True))
+            os.replace(tmp, self.pins_path)
+        except OSError as exc:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            why = (f"{self.pins_path} cannot be saved ({exc.strerror or exc}): the bundles' "
+                   "retention clocks are kept in memory only, and start again at a restart")
+            if why != self.save_error:
+                log.warning("disk: %s", why)
+            self.save_error = why
+            return
+        if self.save_error is not None:
+            log.warning("disk: %s is saved again", self.pins_path)
+            self.save_error = None
 
     def touch(self, sha: str, now_ms: int) -> None:
         """Record a use (upload, setup): the 24 h retention counts from the latest."""
@@ -137,6 +160,8 @@ class BundleStore:
             listed = list(entries)
         for entry in listed:
             name = entry.name
+            if entry.is_dir(follow_symlinks=False):
+                continue  # not a bundle, nor an upload (`has` reads only files): left alone
             if ".partial." in name:
                 if name.split(".partial.")[0] not in self.transfers:
                     _unlink(entry.path)
@@ -212,10 +237,14 @@ class Upload:
 
 
 def _unlink(path) -> None:
+    """Remove a file of the store; one that cannot be removed is logged and left (a
+    retention pass or a failed upload's clean-up never fails for it)."""
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
+    except OSError as exc:
+        log.warning("disk: %s cannot be removed (%s): left in place", path, exc)
 
 
 # --- unpacking -------------------------------------------------------------------------

@@ -48,6 +48,14 @@ MAX_STEPS = 10_000  # actions in one cleanup, at most
 class DiskSample:
     free_bytes: int
     total_bytes: int
+    #: what the disk manager cannot do now (health lists each under "disk")
+    problems: tuple[str, ...] = ()
+
+
+def with_problems(sample: DiskSample, *problems: str | None) -> DiskSample:
+    """`sample` with the problems that are there (None: none) added."""
+    found = tuple(p for p in problems if p)
+    return replace(sample, problems=sample.problems + found) if found else sample
 
 
 def admission(sample: DiskSample, floor_bytes: int) -> Refusal | None:

@@ -343,6 +343,7 @@ class Runner:
                               "goal_bytes": self.config.goal_bytes()}
             if self.host.state_fs is not None:
                 report["disk"]["state_filesystem"] = self.host.state_fs
+            degraded += [{"subsystem": "disk", "cause": cause} for cause in disk.problems]
         report.update(ledger)
         if capacity is not None and capacity.get("failed_starts", 0) >= FAILED_STARTS_DEGRADED:
             degraded.append({"subsystem": "execution", "cause": (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import platform
 import subprocess
@@ -345,6 +346,28 @@ def test_upload_digest_mismatch_leaves_nothing(tmp_path):
     assert up.commit(5) == len(data)
     assert store.has(sha) and store.pins[sha] == 5
     assert set(os.listdir(store.dir)) == {"pins.json", sha}
+
+
+def test_pins_that_cannot_be_saved_are_kept_in_memory_said_and_saved_again_later(tmp_path, caplog):
+    """A save of the bundles' retention clocks that fails (here a directory where pins.json
+    goes; the state file system full does the same) never fails the use that asked for it:
+    the clocks stay in memory, the store says why (`save_error`, logged once), and the first
+    save that works again clears it. A directory among the bundles is never removed as one."""
+    store = BundleStore(tmp_path)
+    sha, stray = "a" * 64, "b" * 64
+    (store.dir / sha).write_bytes(b"bundle")
+    (store.dir / stray).mkdir()  # not a bundle: `has` reads only files
+    store.pins_path.mkdir()
+    with caplog.at_level("WARNING", logger="motor.disk"):
+        assert store.use(sha, 5) == store.path(sha)
+        assert store.expire(10**12, ()) == [sha]  # unpinned and old: removed
+        assert store.pins == {} and (store.dir / stray).is_dir()
+    assert store.save_error is not None and "pins.json cannot be saved" in store.save_error
+    assert [r.getMessage() for r in caplog.records].count("disk: " + store.save_error) == 1
+    assert set(os.listdir(store.dir)) == {"pins.json", stray}  # no partial save left
+    store.pins_path.rmdir()
+    store.touch(sha, 7)
+    assert store.save_error is None and json.loads(store.pins_path.read_text()) == {sha: 7}
 
 
 def test_staging_sweep_removes_leftovers_but_never_an_unpack_in_progress(root, tmp_path, monkeypatch):

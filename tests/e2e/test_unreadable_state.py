@@ -108,6 +108,30 @@ def test_serve_starts_with_bundle_pins_it_cannot_read(serve_factory, pins):
     assert "not {sha256: milliseconds}, left out" in serve.log.read_text()
 
 
+def test_bundle_pins_that_cannot_be_saved_leave_the_runner_serving_and_health_says_so(
+        serve_factory):
+    """Something not a file where bundles/pins.json goes (the state file system full does
+    the same to a save): before stop 55 the disk actor crashed on the save at every
+    maintenance pass, from the first one at start-up, until its supervisor gave up and
+    `serve` stopped. Now the clocks are kept in memory, health is degraded naming the file,
+    and jobs run."""
+    serve = serve_factory()
+    store = serve.state_dir / "bundles"
+    (store / "pins.json").mkdir(parents=True)
+    (store / ("c" * 64)).write_bytes(b"a bundle with no pin: its clock starts, and is saved")
+    serve.start()
+    assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0
+
+    def disk_trouble():
+        return [d["cause"] for d in serve.cli_json("health").get("degraded", [])
+                if d["subsystem"] == "disk"]
+    [cause] = wait_for(disk_trouble, what="health to name the pins")
+    assert str(store / "pins.json") in cause and "cannot be saved" in cause, cause
+    for _ in range(3):  # past the start-up pass: still serving, nothing restarted
+        assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0
+    assert "crashed" not in serve.log.read_text()
+
+
 def test_starts_that_keep_failing_make_the_health_report_degraded(serve_factory, tmp_path):
     """A runner whose every start fails (here its workspace root a read-only file system, so
     no workspace can be made) retries each job, 1 s doubling to 60 s apart. Before stop 49
