@@ -373,7 +373,11 @@ class DispatchMachine:
                     record = msgspec.structs.replace(record, budget_enforced_by="runner")
                     spec = spec_of(record)
                 self.core.accept(spec, now, force=True)
-                if record.bundle_sha256 is None or record.bundle_sha256 in event.bundles_present:
+                # ready with its bundle stored, or ready before (its bundle was there then:
+                # gone now, its setup ends it `workspace_setup_failed`, as without a restart;
+                # before stop 55 it waited for an upload no client would send, unseen)
+                if (record.bundle_sha256 is None or record.bundle_sha256 in event.bundles_present
+                        or record.ready_at_ms is not None):
                     waited_s, age_s = resume_clock(record, wall_ms)
                     self.core.ready(record.job_id, now, waited_s=waited_s, ready_age_s=age_s)
                     if record.ready_at_ms is not None and record.queue_clock_at_ms is not None:

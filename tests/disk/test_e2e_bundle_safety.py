@@ -97,3 +97,36 @@ def test_staging_left_by_a_runner_killed_mid_unpack_is_swept_at_start_up(
     assert record["state"] == "succeeded", record
     assert (serve.state_dir / "workspaces" / "w" / "hello.txt").read_text() == "unpacked\n"
     assert os.listdir(staging) == []
+
+
+def test_a_queued_jobs_bundle_removed_while_the_runner_was_down_ends_it_at_its_setup(
+        tmp_path, serve_factory):
+    """A job queued with its bundle stored, the bundle then removed from <state>/bundles while
+    the runner is down: the restarted runner sets the job up when its turn comes and ends
+    it `refused_before_start` / `workspace_setup_failed` naming the bundle, as a runner that
+    stayed up does. Before stop 55 recovery put it back to waiting for an upload that no
+    client would send: queued for ever, waiting on nothing anyone could see."""
+    barrier = tmp_path / "go"
+    data = _tar(("hello.txt", None, b"hi\n"))
+    sha = hashlib.sha256(data).hexdigest()
+    serve = serve_factory().start()
+    with _http(serve) as http:  # queued behind the job that owns its workspace
+        blocker = http.post("/v1/jobs", json={
+            "command": ["sh", "-c", f"while [ ! -e {barrier} ]; do sleep 0.01; done"],
+            "workspace": "w", "weight_hint": 1}).json()["job_id"]
+        assert http.put(f"/v1/bundles/{sha}", content=data).status_code == 201
+        resp = http.post("/v1/jobs", json={"command": ["cat", "hello.txt"], "workspace": "w",
+                                           "bundle_sha256": sha, "weight_hint": 1})
+        assert resp.status_code == 202, resp.text
+        job_id = resp.json()["job_id"]
+        assert http.get(f"/v1/jobs/{job_id}").json()["state"] == "queued"
+    serve.kill9()
+    (serve.state_dir / "bundles" / sha).unlink()
+    serve.start()
+    barrier.write_text("")
+    with _http(serve) as http:
+        assert _terminal(http, blocker)["state"] == "succeeded"
+        record = wait_for(lambda: (r := http.get(f"/v1/jobs/{job_id}").json())["ended_at_ms"] and r,
+                          what="the job to end", timeout=60)
+    assert (record["state"], record["reason"]) == ("refused_before_start", "workspace_setup_failed")
+    assert record["detail"] == f"bundle {sha} is no longer stored on the runner", record
