@@ -76,7 +76,8 @@ class DiskActor(actors.Actor):
     readers = (Sample,)  # health's free space: not behind a cleanup or a walk
 
     def read(self, msg):  # Sample: a statvfs of the state dir, and what cannot be saved
-        return with_problems(self.probe(self.state_dir), self.bundles and self.bundles.save_error)
+        return with_problems(self.probe(self.state_dir), self.bundles and self.bundles.save_error,
+                             self.catalog and self.catalog.save_error)
 
     def handle_now(self, msg):
         if isinstance(msg, Admit):

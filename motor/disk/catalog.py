@@ -82,6 +82,8 @@ class Catalog:
         self.added: list[str] = []
         self.journal_lines = 0
         self.compactions = 0
+        #: why the last write of the catalog failed (None: it did not); health says it
+        self.save_error: str | None = None
         self._load()
 
     def _load(self) -> None:
@@ -129,30 +131,62 @@ class Catalog:
                         "again", skipped, self.dir)
 
     def _append(self, op: dict) -> None:
+        """Journal one change. After a write that failed, the next change writes the whole
+        snapshot instead (the journal may have lost a line, or hold a torn one)."""
+        if self.save_error is not None:
+            self.save()
+            return
         line = (json.dumps(op, sort_keys=True, separators=(",", ":")) + "\n").encode()
-        fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
-                     0o600)
-        try:  # one write(2) of a whole line: a crash leaves at most a torn last line
-            os.write(fd, line)
-        finally:
-            os.close(fd)
+        try:
+            fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                         0o600)
+            try:  # one write(2) of a whole line: a crash leaves at most a torn last line
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self._failed(exc)
+            return
         self.journal_lines += 1
         if self.journal_lines > max(COMPACT_MIN, len(self.entries)):
             self.save()
+
+    def _failed(self, exc: OSError) -> None:
+        """A write of the catalog failed (the state file system full, a file in the way):
+        the entries stay in memory, logged once per reason and shown in health, and the
+        next change or stop tries the whole snapshot. Never raised into the disk actor:
+        before stop 55 such a write crashed it at a job's end, at a maintenance pass or at
+        its stop."""
+        why = (f"the workspace catalog in {self.dir} cannot be written ({exc.strerror or exc}): "
+               "it is kept in memory and written when it can be")
+        if why != self.save_error:
+            log.warning("disk: %s", why)
+        self.save_error = why
 
     def _put(self, entry: Entry) -> None:
         self._append({"put": vars(entry)})  # (asdict's deep copy is 5x slower)
 
     def save(self) -> None:
-        """Write the snapshot, then empty the journal (compaction)."""
+        """Write the snapshot, then empty the journal (compaction); a failure is `_failed`'s."""
         tmp = self.path.with_name(f"catalog.json.{uuid.uuid4().hex[:8]}")
         body = json.dumps({"workspaces": [vars(e) for e in self.entries.values()]},
                           sort_keys=True, separators=(",", ":"))
-        with open(tmp, "w") as f:  # no fsync: a lost entry after a crash only means a tree
-            f.write(body)          # that is never evicted, the safe direction
-        os.replace(tmp, self.path)
-        with open(self.journal_path, "w"):
-            pass  # emptied only after the snapshot holds everything it said
+        try:
+            with open(tmp, "w") as f:  # no fsync: a lost entry after a crash only means a
+                f.write(body)          # tree that is never evicted, the safe direction
+            os.replace(tmp, self.path)
+            with open(self.journal_path, "w"):
+                pass  # emptied only after the snapshot holds everything it said
+        except OSError as exc:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            self._failed(exc)
+            return
+        if self.save_error is not None:
+            log.warning("disk: the workspace catalog in %s is written again", self.dir)
+            self.save_error = None
         self.journal_lines = 0
         self.compactions += 1
 

@@ -18,6 +18,7 @@ from motor.disk.actor import DiskActor, JobIdle, PrepareSetup
 from motor.disk.catalog import COMPACT_MIN, Catalog
 from motor.records import JobRequest
 from runner_helpers import embedded_config, terminal_of
+from tmpfs_helpers import Filler, needs_tmpfs, tmpfs
 
 
 def _crashed(state) -> dict:
@@ -61,6 +62,33 @@ def test_a_crash_between_snapshot_and_journal_truncation_replays_harmlessly(tmp_
     c.save()
     c.journal_path.write_bytes(journal)  # as if the process died right after the rename
     assert _crashed(tmp_path) == _entries(c)
+
+
+@needs_tmpfs
+def test_a_full_state_file_system_keeps_the_catalog_in_memory_until_it_can_be_written(
+        tmp_path, caplog):
+    """On a real full tmpfs: a change that cannot be journalled, and a snapshot (a stop's
+    compaction) that cannot be written, never raise (before stop 55 they crashed the disk
+    actor); the entries stay in memory, the catalog says why (`save_error`, logged once),
+    no partial snapshot is left, and once there is room the next change writes the whole
+    snapshot, so a restart reads every entry."""
+    with tmpfs(tmp_path / "state", size="1m") as state:
+        c = Catalog(state)
+        c.record("a", "/w/a", "/w", kind="task", now_ms=1)
+        filler = Filler(state)
+        filler.blocks()
+        with caplog.at_level(logging.WARNING, logger="motor.disk"):
+            c.record("b", "/w/b", "/w", kind="task", now_ms=2)
+            c.touch("a", 5)
+            c.close()
+        assert c.save_error is not None and "cannot be written" in c.save_error
+        assert [r.getMessage() for r in caplog.records].count("disk: " + c.save_error) == 1
+        assert set(_entries(c)) == {"a", "b"} and c.entries["a"].last_used_ms == 5
+        assert sorted(os.listdir(c.dir)) == ["catalog.journal"]  # no partial snapshot
+        filler.free()
+        c.touch("b", 7)  # the next change: the whole snapshot
+        assert c.save_error is None and _crashed(state) == _entries(c)
+        assert _crashed(state)["b"]["last_used_ms"] == 7
 
 
 def test_snapshot_rewrites_are_amortized_over_many_changes(tmp_path):

@@ -85,3 +85,30 @@ def _job_started(job_dir):
     except (OSError, ValueError):
         return None
     return kept if kept.get("job_pid") else None
+
+
+def test_a_full_state_filesystem_at_the_stop_leaves_the_catalog_for_the_next_start(
+        serve_factory, tmp_path):
+    """The stop's compaction of the workspace catalog on a full state filesystem: before stop
+    55 the disk actor crashed in its stop (a traceback in the log, its supervisor's report);
+    now the catalog says why once and the journal it could not fold stays, so the next
+    start still knows the workspace the runner made."""
+    with tmpfs(tmp_path / "state", size="64m", nr_inodes=2000) as state:
+        serve = serve_factory("--workspace-root", str(tmp_path / "ws"), "--isolation", "affinity",
+                              state_dir=state).start()
+        filler = Filler(state)
+        try:
+            assert serve.cli("run", "--weight", "1", "--workspace", "made", "--",
+                             "true").returncode == 0
+            filler.blocks()
+            assert serve.stop() == 0
+            log = serve.log.read_text()
+            assert "crashed" not in log and "Traceback" not in log, log[-2000:]
+            assert "the workspace catalog in" in log and "cannot be written" in log
+            filler.free()
+            serve.start()
+            names = [w["name"] for w in serve.cli_json("workspaces")]
+            assert "made" in names, names
+        finally:
+            filler.free()
+            serve.stop()
