@@ -26,7 +26,7 @@ from .host import Trees, probe_path
 from .live import Holds, Live, LiveIndex
 from .messages import (
     Admit, AdmitUpload, BeginUpload, CommitUpload, GuardDue, HasBundle, JobIdle, Listing,
-    Periodic, PrepareSetup, Register, Reserve, Sample, SetupPlan, Unreserve,
+    MakeRoom, Periodic, PrepareSetup, Register, Reserve, Sample, SetupPlan, Unreserve,
 )
 from .names import Names
 from .room import Room
@@ -65,6 +65,7 @@ class DiskActor(actors.Actor):
         self.room = Room(self)
         self.bundles = BundleStore(self.state_dir)
         await self.offload(host.sweep_staging, self.names.allowed_roots)  # killed mid-unpack
+        self.nursery.start_soon(self.room.watch, MakeRoom())  # a job that fills the disk
 
     async def on_stop(self):
         if self.catalog is not None:
@@ -117,8 +118,9 @@ class DiskActor(actors.Actor):
         if isinstance(msg, JobIdle):  # a caller waits for the guard (handle_now's LATER)
             self._job_ended(msg)
             return await self._guard([msg.workspace])
-        if isinstance(msg, AdmitUpload):
-            return await self.room.check(frozenset(), None)
+        if isinstance(msg, (AdmitUpload, MakeRoom)):  # room on the state dir's; on each
+            return await (self.room.check(frozenset(), None) if isinstance(msg, AdmitUpload)
+                          else self.room.make_room())
         if isinstance(msg, BeginUpload):
             return self.bundles.begin(msg.sha256)
         if isinstance(msg, CommitUpload):  # an error is returned for the caller to raise
@@ -187,8 +189,7 @@ class DiskActor(actors.Actor):
                 summary["swept"].append(ws.name)
         summary["guarded"] = await self._guard()
         summary["bundles_expired"] = self.bundles.expire(now, live.bundles)
-        for root in {str(self.state_dir), *roots}:
-            await self.room.cleanup(root, frozenset())
+        await self.room.make_room()
         return summary
 
 

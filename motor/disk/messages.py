@@ -23,6 +23,12 @@ class AdmitUpload:
 
 
 @dataclass(frozen=True)
+class MakeRoom:
+    """A file system the disk manager keeps room on is below its floor (`Room.watch`): the
+    cleanup now, as at a maintenance pass. Cast by the actor to itself."""
+
+
+@dataclass(frozen=True)
 class BeginUpload:
     """Reply: a bundles.Upload to write chunks into (raises BundleError on a bad name)."""
 

@@ -6,7 +6,9 @@ the rules themselves are in core.py (`CleanupRun`, `admission`). docs/disk.md.""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import trio
 
 from actors import LATER
 
@@ -17,9 +19,34 @@ if TYPE_CHECKING:  # pragma: no cover
     from .actor import DiskActor
 
 
+#: how often the file systems the disk manager keeps room on are probed between admissions
+#: and maintenance passes (a `statvfs` each)
+PRESSURE_POLL_S = 2.0
+
+
 class Room:
     def __init__(self, disk: "DiskActor"):
         self.disk = disk  # read at each use: its probe may be replaced (tests)
+
+    async def watch(self, make_room: Any) -> None:
+        """Every PRESSURE_POLL_S, the floor check of the state dir's file system and of each
+        workspace root's: one below its floor has its cleanup now (`make_room` to the
+        actor, which runs it as an admission would), not at the next admission or
+        maintenance pass. Before stop 55 a job that filled the disk left it full for up to
+        a minute (the maintenance interval), its own status and output waiting for space."""
+        while True:
+            await trio.sleep(PRESSURE_POLL_S)
+            if any(self._admission_now(root) is LATER for root in self._roots()):
+                await self.disk.cast_self(make_room)
+
+    async def make_room(self) -> None:
+        """The cleanup of each file system the disk manager keeps room on that needs one."""
+        for root in self._roots():
+            await self.cleanup(root, frozenset())
+
+    def _roots(self) -> set[str]:
+        d = self.disk
+        return {str(d.state_dir), *d.names.allowed_roots}
 
     async def cleanup(self, where: str, incoming: frozenset[str]) -> DiskSample:
         """Plan, carry out the first action, probe again for real, re-plan; until done."""

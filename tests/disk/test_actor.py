@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 import actors
-from motor.disk import host, trash
+from motor.disk import host, room, trash
 from motor.disk.actor import (
     Admit, AdmitUpload, BeginUpload, CommitUpload, DiskActor, HasBundle, JobIdle, Listing,
     Periodic, PrepareSetup, Register, Reserve, Sample, Unreserve,
@@ -564,6 +564,31 @@ async def test_disk_hard_pressure_evicts_recent_candidates_in_lru_order_until_so
                         ("EvictWorkspace", "r1")]
         assert [n for n, p in paths.items() if p.exists()] == ["r3"]
         assert probe(root).free_bytes >= 9 * MB
+
+
+async def test_a_file_system_below_its_floor_is_cleaned_up_with_no_admission_or_pass(
+        tmp_path, monkeypatch):
+    """A job that fills the disk asks nothing of the disk manager: before stop 55 the space
+    stayed taken until the next admission or maintenance pass (up to a minute), the job's
+    own status and output waiting for it. Now the manager probes every PRESSURE_POLL_S and
+    cleans up at once when below its floor; above it, a probe does nothing."""
+    monkeypatch.setattr(room, "PRESSURE_POLL_S", 0.02)
+    root = tmp_path / "state" / "workspaces"
+    probe = Shrinking(10**12, [root])
+    async with disk_actor(tmp_path, probe=probe, floor=4 * MB, goal=9 * MB) as (
+            ref, actor, _, clock, live):
+        old = await setup_ws(ref, "old", clock=clock, nbytes=MB, idle_ms=5 * HOUR)
+        done = _spy(actor)
+        calls = probe.calls
+        with trio.fail_after(10):
+            while probe.calls < calls + 5:  # probed, above the floor: nothing done
+                await trio.sleep(0.01)
+        assert done == [] and old.exists()
+        _pressure(probe, 4 * MB - MB // 2)  # filled by a job: below the floor
+        with trio.fail_after(10):
+            while not done:
+                await trio.sleep(0.01)
+        assert done == [("EvictWorkspace", "old")] and not old.exists()
 
 
 async def test_a_job_that_ends_before_any_disk_check_saw_it_reserves_nothing(tmp_path):

@@ -112,3 +112,28 @@ def test_a_full_state_filesystem_at_the_stop_leaves_the_catalog_for_the_next_sta
         finally:
             filler.free()
             serve.stop()
+
+
+def test_a_job_that_fills_the_disk_has_an_idle_workspace_evicted_without_waiting_for_a_pass(
+        serve_factory, tmp_path):
+    """A job fills the state file system (its workspace is on it) and ends: keeperd cannot
+    write its status until there is room. Before stop 55 nothing asked the disk manager
+    for room until the next admission or maintenance pass (a minute), so the job stayed
+    `running` that long; now the manager's own probe (every 2 s) finds the file system
+    below its floor and evicts the idle workspace, and the job ends."""
+    with tmpfs(tmp_path / "state", size="40m") as state:
+        serve = serve_factory("--free-space-floor-bytes", str(4_000_000), "--isolation",
+                              "affinity", state_dir=state).start()
+        try:
+            assert serve.cli("run", "--weight", "1", "--workspace", "old", "--", "sh", "-c",
+                             "dd if=/dev/zero of=blob bs=1M count=10 2>/dev/null").returncode == 0
+            job_id = serve.cli_json("submit", "--weight", "1", "--workspace", "fill", "--",
+                                    "sh", "-c", "dd if=/dev/zero of=big bs=1M 2>/dev/null; "
+                                    "echo filled")["job_id"]
+            result = serve.cli("attach", "--json", job_id, timeout=30)
+            record = json_lines(result.stdout)[-1]["record"]
+            assert record["state"] == "succeeded", record
+            names = [w["name"] for w in serve.cli_json("workspaces")]
+            assert "old" not in names and "fill" in names, names
+        finally:
+            serve.stop()
