@@ -30,10 +30,11 @@ class Room:
 
     async def watch(self, make_room: Any) -> None:
         """Every PRESSURE_POLL_S, the floor check of the state dir's file system and of each
-        workspace root's: one below its floor has its cleanup now (`make_room` to the
-        actor, which runs it as an admission would), not at the next admission or
-        maintenance pass. Before stop 55 a job that filled the disk left it full for up to
-        a minute (the maintenance interval), its own status and output waiting for space."""
+        workspace root's: when one is below its floor, `make_room` to the actor, which runs
+        `make_room` (the cleanup a maintenance pass ends with) now, not at the next
+        admission or maintenance pass. Before stop 55 a job that filled the disk left it
+        full for up to a minute (the maintenance interval), its own status and output
+        waiting for space."""
         while True:
             await trio.sleep(PRESSURE_POLL_S)
             if any(self._admission_now(root) is LATER for root in self._roots()):

@@ -257,8 +257,8 @@ def _log_problems(facts: dict[str, Any], who: str) -> None:
 
 def close(job_dir: Path, spawner: Any, backend: Any, job_id: str, status: dict[str, Any] | None,
           who: str = "") -> tuple[dict[str, Any] | None, dict[str, Any]]:
-    """After the keeper exited: its status (as read from status.json by the caller; None:
-    lost) and the isolation backend's facts. A keeper lost without a status leaves nothing of its job
+    """After the keeper exited: its status (as the caller read status.json; None: lost) and
+    the isolation backend's facts. A keeper lost without a status leaves nothing of its job
     behind (whatever carries the job's marker is killed; the cgroup backends drain their
     groups in `settle`); the backend's findings (OOM kill, CPU time) are collected, and what
     it could not do is logged, never fatal. Its groups or units stay: `release` removes
