@@ -165,7 +165,8 @@ def test_a_keeperd_lock_that_cannot_be_used_stops_serve_with_one_line_and_exit_4
     with pytest.raises(RuntimeError):
         s.start()
     assert s.proc.returncode == 4
-    lines = [l for l in s.log.read_text().splitlines() if l.strip() and "without a journal" not in l]
+    lines = [l for l in s.log.read_text().splitlines() if l.strip() and "without a journal" not in l
+             and not l.startswith("start-up sweep: left alone:")]  # another runner's groups
     assert lines == [lines[0]] and lines[0].startswith("motor: error: the jobs' keeper: "), lines
     assert "[Errno 21] Is a directory" in lines[0] and lines[0].endswith(f"{lock}'")
 
