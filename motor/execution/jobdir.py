@@ -215,15 +215,22 @@ def read_output(job_dir: Path, offset: int, max_bytes: int,
 def read_status(job_dir: Path, who: str = "", given: dict[str, Any] | None = None,
                 ) -> tuple[dict[str, Any] | None, str | None]:
     """The keeper's status.json (`given`: that, already in hand), and why there is none:
-    (None, None) when it is absent, (None, what is wrong with it) when it cannot be read
-    (logged). Either way the keeper is lost; the terminal record says which."""
+    (None, None) when it is absent, (None, what is wrong) when it cannot be read or the
+    job directory itself is gone (logged). Either way the keeper is lost; the terminal
+    record says which."""
     if given is not None:
         return given, None
     try:
-        return joblog.read_status(job_dir), None
+        status = joblog.read_status(job_dir)
     except joblog.JobDirError as exc:
-        log.warning("%s: %s", who, exc)
-        return None, str(exc)
+        why = str(exc)
+    else:
+        if status is not None or job_dir.exists():
+            return status, None
+        why = (f"{job_dir} was removed while the job ran, so its keeper could not record "
+               "the job's exit status there")
+    log.warning("%s: %s", who, why)
+    return None, why
 
 
 def close_is_light(backend: Any, status: dict[str, Any] | None) -> bool:

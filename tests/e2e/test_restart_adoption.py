@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import socket
 import sqlite3
@@ -385,4 +386,29 @@ def test_a_status_file_that_cannot_be_read_ends_the_job_lost_and_says_why(serve_
     assert (record["state"], record["reason"]) == ("lost", "keeper_lost"), record
     assert record["detail"].startswith("the job's exit status cannot be read: "), record
     assert str(status) in record["detail"] and "corrupt JSON" in record["detail"], record
+    assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0
+
+
+def test_a_job_directory_removed_while_its_job_runs_ends_it_lost_and_says_so(serve_factory, tmp_path):
+    """`rm -rf <state>/jobs/<id>` while the job runs (a clean-up script gone wrong): keeperd
+    cannot write the job's status there (it logs the exit status in keeperd.log), so the
+    job ends `lost`; the detail says the directory was removed, not that the keeper
+    "exited without recording an exit status". The runner serves on."""
+    barrier = tmp_path / "go"
+    serve = serve_factory().start()
+    job_id = serve.cli_json(
+        "submit", "--weight", "1", "--",
+        "sh", "-c", f"echo before; while [ ! -e {barrier} ]; do sleep 0.01; done; exit 3",
+    )["job_id"]
+    wait_for(lambda: _has_output(serve, job_id, "before"), what="first line")
+    job_dir = serve.state_dir / "jobs" / job_id
+    shutil.rmtree(job_dir)
+    barrier.write_text("")
+    record = json_lines(serve.cli("attach", "--json", job_id).stdout)[-1]["record"]
+    assert (record["state"], record["reason"]) == ("lost", "keeper_lost"), record
+    assert record["detail"] == (f"the job's exit status cannot be read: {job_dir} was removed "
+                                "while the job ran, so its keeper could not record the job's "
+                                "exit status there"), record
+    wait_for(lambda: "is gone: its status is not written (exit status 3)"
+             in (serve.state_dir / "keeperd.log").read_text(), what="keeperd's log line")
     assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0
