@@ -21,18 +21,7 @@ pytestmark = pytest.mark.e2e
 def test_kill_9_then_restart_readopts_the_running_job(serve_factory, tmp_path):
     barrier = tmp_path / "go"
     serve = serve_factory().start()
-    job = serve.cli_json(
-        "submit", "--weight", "1", "--",
-        "sh", "-c", f"echo before; while [ ! -e {barrier} ]; do sleep 0.01; done; echo after; exit 7")
-    job_id = job["job_id"]
-    wait_for(lambda: _has_output(serve, job_id, "before"), what="first line")
-    serve.kill9()
-
-    # The runner is gone: the job keeps running under its keeper and prints more.
-    barrier.write_text("")
-    status_file = serve.state_dir / "jobs" / job_id / "status.json"
-    wait_for(status_file.exists, what="the keeper to record the exit status")
-
+    job_id, _ = _ended_while_down(serve, barrier, "echo after; exit 7")  # it printed more
     serve.start()
     result = serve.cli("attach", "--json", job_id, "--from-seq", "0")
     events = json_lines(result.stdout)
@@ -45,11 +34,7 @@ def test_kill_9_then_restart_readopts_the_running_job(serve_factory, tmp_path):
 def test_restarted_runner_counts_a_still_running_jobs_cpus(serve_factory, tmp_path):
     barrier = tmp_path / "go"
     serve = serve_factory().start()
-    job = serve.cli_json(
-        "submit", "--weight", "1", "--",
-        "sh", "-c", f"echo before; while [ ! -e {barrier} ]; do sleep 0.01; done; echo after; exit 5")
-    job_id = job["job_id"]
-    wait_for(lambda: _has_output(serve, job_id, "before"), what="first line")
+    job_id = _held_job(serve, barrier, "echo after; exit 5")
     cpus = serve.cli_json("status")["running"][0]["cpus"]
     serve.kill9()
     serve.start()
@@ -132,6 +117,28 @@ def _has_output(serve, job_id: str, text: str) -> bool:
     return record_dir.exists() and text.encode() in record_dir.read_bytes()
 
 
+def _held_job(serve, barrier, then: str) -> str:
+    """A job that prints `before`, waits for `barrier` to exist, then runs `then`: its id,
+    once `before` is in its output."""
+    job_id = serve.cli_json(
+        "submit", "--weight", "1", "--",
+        "sh", "-c", f"echo before; while [ ! -e {barrier} ]; do sleep 0.01; done; {then}",
+    )["job_id"]
+    wait_for(lambda: _has_output(serve, job_id, "before"), what="first line")
+    return job_id
+
+
+def _ended_while_down(serve, barrier, then: str):
+    """`_held_job`, the runner killed (-9), then the job let go: (its id, its status.json),
+    once its keeper recorded its end with no runner watching."""
+    job_id = _held_job(serve, barrier, then)
+    serve.kill9()
+    barrier.write_text("")  # the runner is gone: the job goes on under its keeper
+    status = serve.state_dir / "jobs" / job_id / "status.json"
+    wait_for(status.exists, what="the keeper to record the exit status")
+    return job_id, status
+
+
 # -- keeperd: one keeper per state dir that outlives the runner (motor/execution/keeperd.py) --
 
 
@@ -151,12 +158,7 @@ def test_keeperd_survives_a_runner_kill_9_and_the_restarted_runner_reconnects(
     serve = serve_factory()
     serve.env = {"MOTOR_SPAWNER": "keeperd"}
     serve.start()
-    job = serve.cli_json(
-        "submit", "--weight", "1", "--",
-        "sh", "-c", f"echo before; while [ ! -e {barrier} ]; do sleep 0.01; done; "
-                    "seq 1 20000; echo after; exit 4")
-    job_id = job["job_id"]
-    wait_for(lambda: _has_output(serve, job_id, "before"), what="first line")
+    job_id = _held_job(serve, barrier, "seq 1 20000; echo after; exit 4")
     keeperd = _keeperd(serve)
     kept = json.loads((serve.state_dir / "jobs" / job_id / "keeper.json").read_text())
     assert (kept["keeper_pid"], kept["kind"]) == (keeperd.pid, "keeperd")
@@ -186,11 +188,7 @@ def test_keeperd_whose_socket_was_removed_is_asked_to_listen_again_at_a_restart(
     and serves on; the job's output is whole."""
     barrier = tmp_path / "go"
     serve = serve_factory().start()
-    job_id = serve.cli_json(
-        "submit", "--weight", "1", "--",
-        "sh", "-c", f"echo before; while [ ! -e {barrier} ]; do sleep 0.01; done; echo after; exit 4",
-    )["job_id"]
-    wait_for(lambda: _has_output(serve, job_id, "before"), what="first line")
+    job_id = _held_job(serve, barrier, "echo after; exit 4")
     keeperd = _keeperd(serve)
     serve.kill9()
     (serve.state_dir / "keeperd.sock").unlink()
@@ -370,15 +368,7 @@ def test_a_status_file_that_cannot_be_read_ends_the_job_lost_and_says_why(serve_
     status", and serves on."""
     barrier = tmp_path / "go"
     serve = serve_factory().start()
-    job_id = serve.cli_json(
-        "submit", "--weight", "1", "--",
-        "sh", "-c", f"echo before; while [ ! -e {barrier} ]; do sleep 0.01; done; exit 4",
-    )["job_id"]
-    wait_for(lambda: _has_output(serve, job_id, "before"), what="first line")
-    serve.kill9()
-    barrier.write_text("")
-    status = serve.state_dir / "jobs" / job_id / "status.json"
-    wait_for(status.exists, what="keeperd to record the job's end")
+    job_id, status = _ended_while_down(serve, barrier, "exit 4")
     status.write_text('{"exit_code": 4, ')
     serve.start()
     result = serve.cli("attach", "--json", job_id)
@@ -396,11 +386,7 @@ def test_a_job_directory_removed_while_its_job_runs_ends_it_lost_and_says_so(ser
     "exited without recording an exit status". The runner serves on."""
     barrier = tmp_path / "go"
     serve = serve_factory().start()
-    job_id = serve.cli_json(
-        "submit", "--weight", "1", "--",
-        "sh", "-c", f"echo before; while [ ! -e {barrier} ]; do sleep 0.01; done; exit 3",
-    )["job_id"]
-    wait_for(lambda: _has_output(serve, job_id, "before"), what="first line")
+    job_id = _held_job(serve, barrier, "exit 3")
     job_dir = serve.state_dir / "jobs" / job_id
     shutil.rmtree(job_dir)
     barrier.write_text("")

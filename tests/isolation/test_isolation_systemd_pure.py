@@ -129,18 +129,25 @@ def test_v1_kill_in_the_removed_scope_is_sigkill_after_the_slice_hit_its_limit(t
     assert oom_verdict(GROUP, signal.SIGKILL, str(tmp_path))["oom_killed"] is False
 
 
-def test_keeperds_reading_of_a_slot_slice_at_a_jobs_end_spares_the_runner_its_reads(
-        fake_manager, tmp_path):
-    """Issue 14: keeperd reads a slot job's slice when the job has ended (status.json's
-    `isolation_facts`): the counters when nothing but the slot's spare is left there, None
-    when a process is (or for a slice of the job's own). `settle_quick` takes them as they
-    are and reads no group; facts of another shape are not trusted (the slice is read)."""
+def _slot_backend(fake_manager, tmp_path):
+    """A backend on a fake cgroup tree under `tmp_path`, its manager the fake one: slot 0's
+    slice there, empty, its CPU counter at 1 ms. (backend, root, slot 0's group)."""
     fake_manager.accept_slices = True
     root = tmp_path / "cg"
     backend = SystemdBackend(address=fake_manager.path, cgroup_root=str(root))
     s0 = "/motor.slice/motor-jobs.slice/motor-jobs-s0.slice"
     write(root, "unified" + s0, "cpu.stat", "usage_usec 1000\n")
     write(root, "unified" + s0, "cgroup.procs", "")
+    return backend, root, s0
+
+
+def test_keeperds_reading_of_a_slot_slice_at_a_jobs_end_spares_the_runner_its_reads(
+        fake_manager, tmp_path):
+    """Issue 14: keeperd reads a slot job's slice when the job has ended (status.json's
+    `isolation_facts`): the counters when nothing but the slot's spare is left there, None
+    when a process is (or for a slice of the job's own). `settle_quick` takes them as they
+    are and reads no group; facts of another shape are not trusted (the slice is read)."""
+    backend, root, s0 = _slot_backend(fake_manager, tmp_path)
     write(root, "unified" + s0 + "/motor-jobs-s0-p77.scope", "cgroup.procs", "77\n")  # the spare
     fields = backend.prepare(JOB, [0], 64 * MiB)
     scope = fields["systemd_scope"]
@@ -166,12 +173,7 @@ def test_a_slot_emptied_at_its_last_jobs_end_is_the_next_jobs_without_a_read(
     facts or on the runner's own reads), the next job with the slot's limits takes it with
     no read of the slice: free, and its baseline the counters after the job before. Taken,
     the slot is read again for the job after; so is one whose last end is older."""
-    fake_manager.accept_slices = True
-    root = tmp_path / "cg"
-    backend = SystemdBackend(address=fake_manager.path, cgroup_root=str(root))
-    s0 = "/motor.slice/motor-jobs.slice/motor-jobs-s0.slice"
-    write(root, "unified" + s0, "cpu.stat", "usage_usec 1000\n")
-    write(root, "unified" + s0, "cgroup.procs", "")
+    backend, root, s0 = _slot_backend(fake_manager, tmp_path)
     jobs = [f"0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a{n:02x}" for n in range(3)]
     backend.prepare(jobs[0], [0], 64 * MiB)
     after = {"usage_usec": 9000, "oom_kills": None, "oom_v2": False, "failcnt": None}
