@@ -135,7 +135,8 @@ def history_expired(job_id: str, now_ms: int) -> bool:
 def terminal_from_status(record: JobRecord, status: dict | None, now_ms: int,
                          facts: dict | None = None, unreadable: str | None = None) -> JobRecord:
     """The terminal record for a job whose keeper has exited (status None: lost; with
-    `unreadable`, the keeper left a status.json that cannot be read, and the detail says why).
+    `unreadable`, why its status could not be read, which the detail says: a damaged
+    status.json, a job directory removed while the job ran).
 
     `facts` are the isolation backend's findings (`oom_killed`, `memory_max`, `start_error`):
     an OOM kill ends the job `failed` with reason `oom_killed`, and a job the backend never

@@ -298,7 +298,7 @@ def terminal_record(record: JobRecord, status: dict | None, now_ms: int, facts: 
                     output_error: str | None = None,
                     status_unreadable: str | None = None) -> JobRecord:
     """The terminal record from the keeper's status (None: the keeper was lost; with
-    `status_unreadable`, what is wrong with the status.json it left) and the isolation
+    `status_unreadable`, why it could not be read: `jobdir.read_status`) and the isolation
     backend's `facts`: the group's CPU time covers the whole process tree and replaces the
     keeper's figure; a reason output stopped early joins the detail."""
     if status is not None and facts.get("cpu_time_ms") is not None:
