@@ -5,6 +5,7 @@ the rules themselves are in core.py (`CleanupRun`, `admission`). docs/disk.md.""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .actor import DiskActor
 
 
+log = logging.getLogger("motor.disk")
+
 #: how often the file systems the disk manager keeps room on are probed between admissions
 #: and maintenance passes (a `statvfs` each)
 PRESSURE_POLL_S = 2.0
@@ -27,6 +30,7 @@ PRESSURE_POLL_S = 2.0
 class Room:
     def __init__(self, disk: "DiskActor"):
         self.disk = disk  # read at each use: its probe may be replaced (tests)
+        self.unprobed: set[str] = set()  # roots whose probe failed, said once each
 
     async def watch(self, make_room: Any) -> None:
         """Every PRESSURE_POLL_S, the floor check of the state dir's file system and of each
@@ -37,13 +41,30 @@ class Room:
         waiting for space."""
         while True:
             await trio.sleep(PRESSURE_POLL_S)
-            if any(self._admission_now(root) is LATER for root in self._roots()):
+            if any(self._below(root) for root in self._roots()):
                 await self.disk.cast_self(make_room)
 
+    def _below(self, root: str) -> bool:
+        try:
+            return self._admission_now(root) is LATER
+        except OSError:  # not there (removed, unmounted): `make_room` says so
+            return False
+
     async def make_room(self) -> None:
-        """The cleanup of each file system the disk manager keeps room on that needs one."""
+        """The cleanup of each file system the disk manager keeps room on that needs one. A
+        root that cannot be probed (removed, unmounted: a job's setup makes it again) is
+        logged once and passed over; before stop 55 it crashed the disk actor at each
+        maintenance pass."""
         for root in self._roots():
-            await self.cleanup(root, frozenset())
+            try:
+                await self.cleanup(root, frozenset())
+            except OSError as exc:
+                if root not in self.unprobed:
+                    log.warning("disk: %s cannot be probed (%s): no cleanup there until it "
+                                "can", root, exc.strerror or exc)
+                    self.unprobed.add(root)
+            else:
+                self.unprobed.discard(root)
 
     def _roots(self) -> set[str]:
         d = self.disk

@@ -591,6 +591,34 @@ async def test_a_file_system_below_its_floor_is_cleaned_up_with_no_admission_or_
         assert done == [("EvictWorkspace", "old")]
 
 
+async def test_a_workspace_root_that_is_gone_is_passed_over_not_a_crash(
+        tmp_path, monkeypatch, caplog):
+    """A workspace root removed (or unmounted) under the runner, on the real file system's
+    probe: the maintenance pass's cleanup and the 2 s probe pass it over, said once. Before
+    stop 55 the probe's FileNotFoundError crashed the disk actor at each pass (and, with
+    the 2 s probe, every 2 s, until its supervisor gave up)."""
+    monkeypatch.setattr(room, "PRESSURE_POLL_S", 0.02)
+    root = tmp_path / "gone"
+    probed = []
+
+    def probe(path):
+        probed.append(str(path))
+        return host.probe_path(path)
+    async with disk_actor(tmp_path, probe=probe, roots=[root], floor=MB) as (ref, actor, *_):
+        root.rmdir()
+        with caplog.at_level("WARNING", logger="motor.disk"):
+            summary = await ref.call(Periodic())
+            await ref.call(Periodic())
+            assert summary["expired_workspaces"] == []
+            with trio.fail_after(10):
+                while probed.count(str(root)) < 5:  # the 2 s probe, passing it over
+                    await trio.sleep(0.01)
+            assert (await ref.call(Sample())).free_bytes > 0  # the same actor, serving
+        said = [r.getMessage() for r in caplog.records if "cannot be probed" in r.getMessage()]
+        assert said == [f"disk: {root} cannot be probed (No such file or directory): no "
+                        "cleanup there until it can"], said
+
+
 async def test_a_job_that_ends_before_any_disk_check_saw_it_reserves_nothing(tmp_path):
     ended = set()
     probe = Probe(10**12)
