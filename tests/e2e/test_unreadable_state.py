@@ -156,3 +156,26 @@ def test_starts_that_keep_failing_make_the_health_report_degraded(serve_factory,
         health = serve.cli_json("health")
         assert health["status"] == "ok" and "failed_starts" not in health["capacity"], health
         serve.stop()
+
+
+def test_a_workspace_root_removed_under_serve_leaves_the_disk_manager_up(serve_factory, tmp_path):
+    """The workspace root removed while `motor serve` runs: the disk manager's probe every
+    2 s passes it over (before stop 55's fix of that probe it crashed the disk actor at each
+    probe, "restarted 5 time(s) in the last 10 s"; on stop 54's code, at each maintenance
+    pass). Health stays free of a disk crash over three probe periods, and the next job's
+    setup makes the root again."""
+    root = tmp_path / "ws"
+    serve = serve_factory("--workspace-root", str(root)).start()
+    assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0
+    for entry in root.iterdir():
+        entry.rename(tmp_path / entry.name)
+    root.rmdir()
+    deadline = time.monotonic() + 6.5  # three PRESSURE_POLL_S periods and a margin
+    while time.monotonic() < deadline:
+        troubles = [d for d in serve.cli_json("health").get("degraded", [])
+                    if d["subsystem"] == "disk"]
+        assert troubles == [], troubles
+        time.sleep(0.5)
+    assert "crashed" not in serve.log.read_text()
+    assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0
+    assert root.is_dir()
