@@ -176,7 +176,7 @@ def terminal_from_status(record: JobRecord, status: dict | None, now_ms: int,
         event = FAIL
     return advance(
         record, event, who="terminal_from_status", exit_code=exit_code, signal=signal,
-        reason=reason, detail=status.get("detail") or record.detail,
+        reason=reason, detail=status.get("detail"),
         ended_at_ms=status.get("ended_at_ms") or now_ms,
         started_at_ms=record.started_at_ms or status.get("started_at_ms"),
         waiting_on=None, waiting_on_job=None)

@@ -532,7 +532,7 @@ class DispatchMachine:
         setup = advance(
             record, PLACE, who="dispatcher", cpus=event.cpus, attempts=record.attempts + 1,
             queue_wait_ms=status.queue_wait_ms, waiting_on=None, waiting_on_job=None,
-            waiting_detail=None, queue_clock_running=False)
+            waiting_detail=None, queue_clock_running=False, detail=None)  # (a failed start's)
         self.clock_saved.pop(event.job_id, None)
         accept = self.admitted.pop(event.job_id, None)
         if accept is not None:  # accepted in this message: its accept goes with its start

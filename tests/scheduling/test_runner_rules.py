@@ -271,6 +271,10 @@ async def test_a_failed_start_keeps_its_rotation_place_through_the_runner(
         a2_go.write_text("")
         for job in (a2, b3):
             assert (await terminal_of(runner, job.job_id, 60))["state"] == "succeeded"
+        # its failed start (its attempts say it; health's last_start_failure says why) is not
+        # why it ended: before stop 56 the succeeded record kept that failure as its detail
+        ended = await terminal_of(runner, a2.job_id, 60)
+        assert (ended["attempts"], ended["detail"]) == (2, None), ended
         assert (await runner.get(a2.job_id)).started_at_ms <= (await runner.get(b3.job_id)).started_at_ms
 
 
