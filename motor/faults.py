@@ -24,6 +24,10 @@ Named points (each documented where it is hit):
   the start protocol in keeperd: `forkserver.forked` the spawn request is in, no claim yet;
   `forkserver.claimed` the claim is written, the job not spawned; `keeper.spawned` and
   `keeper.status` as above. There they pause or kill keeperd, i.e. every job it keeps;
+- `keeperd.kill_trees` keeperd has read the processes below a job's escapees (the job
+                       ended, or it kills one orphaned after the end), not yet killed them
+                       (motor/execution/keeperd.py): a `wait:` there stages a fork that the
+                       read missed;
 - `release.begin`      a job's terminal record is written, its isolation groups or units
                        not yet removed (motor/execution/messages.py, `release_isolation`);
 - `unpack.extracted`   a bundle is fully extracted into its staging directory, before its

@@ -128,11 +128,34 @@ def _children(pid: int) -> list[int]:
 
 
 def _carries_marker(pid: int, job_id: bytes) -> bool:
+    return _marker_of(pid) == job_id
+
+
+def _marker_of(pid: int) -> bytes | None:
+    """The job id in the process's marker (MOTOR_JOB_ID), or None."""
     try:
         env = read_bytes(f"/proc/{pid}/environ")
     except OSError:
-        return False
-    return JOB_MARKER + job_id in env.split(b"\0")
+        return None
+    return next((v[len(JOB_MARKER):] for v in env.split(b"\0") if v.startswith(JOB_MARKER)), None)
+
+
+def _kill_trees(roots: list[int]) -> None:
+    """SIGKILL each of `roots` and every process below it (one pass over /proc): what an
+    escapee started dies with it, not re-parented to keeperd after it, still running."""
+    children = K._children_map()
+    faults.hit("keeperd.kill_trees")  # tests: a process forked after the map was read
+    todo, seen = list(roots), set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        todo.extend(children.get(p, ()))
 
 
 #: a job's CPU times as a slot spare relays them (the fields of a wait4 rusage keeperd reads)
@@ -249,6 +272,9 @@ class Keeperd:
         self.sel = selectors.EpollSelector()
         self.jobs: dict[str, Job] = {}  # by job_dir
         self.mains: dict[int, Job] = {}  # by pid, until reaped
+        # processes re-parented to us (`_strangers`): the job id each carries (None: none),
+        # read once per process, until it is reaped (`_reap_orphans`)
+        self.stranger_jobs: dict[int, bytes | None] = {}
         self.conns: list[Conn] = []
         self.idle_since: float | None = time.monotonic()
         self.terminate = False
@@ -396,12 +422,29 @@ class Keeperd:
 
     def _reap_orphans(self, strangers: list[int] | None = None) -> None:
         """Reap exited processes re-parented to us (`strangers`, if just read); never a
-        job's main process (its pidfd handler reaps it with its rusage)."""
+        job's main process (its pidfd handler reaps it with its rusage). One still alive
+        whose job's main process has exited (or whose job is not ours any more) is killed
+        with what runs below it: a process of the job that was orphaned after the job's end
+        (`_exited` kills those orphaned before it)."""
+        late = []
         for pid in self._strangers() if strangers is None else strangers:
             try:
-                os.waitpid(pid, os.WNOHANG)
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    self.stranger_jobs.pop(pid, None)
+                    continue
             except ChildProcessError:
-                pass
+                self.stranger_jobs.pop(pid, None)
+                continue
+            if pid not in self.stranger_jobs:
+                self.stranger_jobs[pid] = _marker_of(pid)
+            if (job_id := self.stranger_jobs[pid]) is not None and not self._job_runs(job_id):
+                late.append(pid)
+        if late:
+            _kill_trees(late)
+
+    def _job_runs(self, job_id: bytes) -> bool:
+        """Whether the job's main process is still running here."""
+        return any(j.job_id == job_id and not j.exited for j in self.jobs.values())
 
     # -- connections --------------------------------------------------------------------
 
@@ -919,11 +962,8 @@ class Keeperd:
         # (only looked for when we have a child that is no job's main process); our
         # children are read once for both this and the reaping below
         strangers = self._strangers()
-        for orphan in self._orphans_of(job, strangers) if strangers else ():
-            try:
-                os.kill(orphan, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if strangers and (orphans := self._orphans_of(job, strangers)):
+            _kill_trees(orphans)  # with what runs below them (before stop 56: not)
         job.exited = True
         job.drain_until = time.monotonic() + K.DRAIN_TIMEOUT_S
         self._reap_orphans(strangers)
