@@ -32,7 +32,7 @@ class JobExecution(actors.Actor):
     def __init__(self, record: JobRecord, deps: JobDeps, *, fresh: bool = False):
         super().__init__(name=f"job-{record.job_id}")
         self.deps, self.dir, self.fresh = deps, deps.jobs_dir / record.job_id, fresh
-        self.run_state = core.JobRun(record, cancel_requested=record.job_id in deps.cancels)
+        self.run_state = core.JobRun(record, record.job_id in deps.cancels, deps.config, self.dir)
         self.save = functools.partial(save_when_room, deps.store, self.name, self.run_state)
 
     record = property(lambda self: self.run_state.record)

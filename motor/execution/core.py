@@ -35,6 +35,7 @@ from typing import Any
 import msgspec
 
 from ..accounting.core import with_reservation_use
+from ..config import parse_size
 from ..lifecycle import CANCEL, REFUSE, SPAWN, advance, terminal_from_status
 from ..records import JobRecord, Output
 from . import joblog
@@ -202,13 +203,17 @@ class JobRun:
     """One job's execution as its actor's decisions see it: the record, the phase, the
     keeper once known, a cancel not yet carried out, and the output decoder."""
 
-    def __init__(self, record: JobRecord, cancel_requested: bool = False):
-        """`cancel_requested`: a cancel told before this run's actor existed (a restart)."""
-        self.record = record
+    def __init__(self, record: JobRecord, cancel_requested: bool = False, config: Any = None,
+                 job_dir: Any = None):
+        """`cancel_requested`: a cancel told before this run's actor existed (a restart);
+        `config`: the runner's (its output cap: `OutputDecoder.keep_bytes`); `job_dir`: where
+        its output.log is (`jobdir.relieve`)."""
+        self.record, self.job_dir = record, job_dir
         self.phase = SETUP
         self.keeper: tuple[int, float] | None = None
         self.cancel_requested = cancel_requested
-        self.output = OutputDecoder()
+        self.output = OutputDecoder(None if config is None else
+                                    parse_size(config.max_output_bytes_per_job))
         #: events not saved yet, and the log offset after them: they go with the job's next
         #: write (`defer`), a commit less each (docs/keeper.md, "The start's record goes
         #: with the job's next write")
@@ -268,10 +273,26 @@ class OutputDecoder:
     (invalid bytes become U+FFFD; a character split across records stays whole). Once the
     log could not be parsed, `error` says where and why, and no more output is read."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_bytes: int | None = None) -> None:
         self._decoders = {s: codecs.getincrementaldecoder("utf-8")("replace")
                           for s in ("stdout", "stderr")}
         self.error: str | None = None
+        #: the job's output cap (--max-output-bytes-per-job): output.log not read yet past
+        #: this much is skipped to its last this-much (`jobdir.read_output`); None: never
+        self.keep_bytes = keep_bytes
+        #: (from, to): output.log skipped there already, its hole punched while the store
+        #: waited for space (`jobdir.relieve`); the read from `from` goes on at `to`
+        self.pending_skip: tuple[int, int] | None = None
+
+    def skipped(self, count: int) -> Output:
+        """The note in place of `count` bytes of output.log skipped unread: the store would
+        have kept none of them (the cap counts stored bytes, at least the log's)."""
+        for decoder in self._decoders.values():
+            decoder.reset()
+        return Output(stream="stderr", data=(
+            f"motor: {count} bytes of output were skipped: the job printed them faster than "
+            f"the runner stores output, and more than the runner keeps of a job's output "
+            f"({self.keep_bytes} bytes) came after them\n"))
 
     def events(self, records: Sequence[tuple[str, bytes]]) -> list[Output]:
         out = []

@@ -207,9 +207,94 @@ def read_output(job_dir: Path, offset: int, max_bytes: int,
                 decoder: OutputDecoder) -> tuple[list[Output], int]:
     """One batch of output.log from `offset` as output events, and the offset after it
     (JobDirError or OSError when the log cannot be read). The raw bytes live only here:
-    the caller holds one batch of events, never the log."""
-    records, new_offset = joblog.read_records(job_dir / joblog.OUTPUT_FILE, offset, max_bytes)
-    return decoder.events(records), new_offset
+    the caller holds one batch of events, never the log. `offset` is where the store's
+    copy ends (the job actor saves a batch with the offset after it before it reads the
+    next): past FREE_READ_AFTER_BYTES the log's blocks below it go back to the file system;
+    and after a whole batch, more than the job's output cap still unread is skipped."""
+    path = job_dir / joblog.OUTPUT_FILE
+    if (pending := decoder.pending_skip) is not None:
+        decoder.pending_skip = None
+        if pending[0] == offset:
+            return [decoder.skipped(pending[1] - offset)], pending[1]
+    if offset >= FREE_READ_AFTER_BYTES:
+        punch(path, max(FREE_READ_AFTER_BYTES, offset) - _FREE_SPAN, offset)
+    records, new = joblog.read_records(path, offset, max_bytes)
+    events = decoder.events(records)
+    keep = decoder.keep_bytes
+    if keep is not None and new - offset >= max_bytes // 2 and (
+            (size := log_size(job_dir)) or 0) - new > keep + FREE_READ_AFTER_BYTES:
+        # more than the store would keep is still to be read: on to its last `keep` bytes,
+        # their hole punched at once (the store may be waiting for that space to save)
+        skip_to = joblog.record_at_or_after(path, new, size - keep)
+        punch(path, new, skip_to)
+        events.append(decoder.skipped(skip_to - new))
+        new = skip_to
+    return events, new
+
+
+def relieve(run: Any, offset: int) -> None:
+    """The store cannot save the batch of output.log that ends at `offset` (the state file
+    system is full), and the next read would start there: when what is unread of the log
+    passes twice `min(cap, FREE_READ_AFTER_BYTES)`, skip it to its last that-much now, its
+    hole punched at once, so that the save finds the space it waits for (the next read
+    goes on after the skip: `OutputDecoder.pending_skip`). Where the log is not what fills
+    the file system, nothing is skipped that the store could have kept."""
+    decoder, keep = run.output, run.output.keep_bytes
+    if run.job_dir is None or keep is None or decoder.pending_skip is not None:
+        return
+    keep = min(keep, FREE_READ_AFTER_BYTES)
+    path = Path(run.job_dir) / joblog.OUTPUT_FILE
+    if (log_size(run.job_dir) or 0) - offset <= 2 * keep:
+        return
+    try:
+        skip_to = joblog.record_at_or_after(path, offset, (log_size(run.job_dir) or 0) - keep)
+    except (joblog.JobDirError, OSError):
+        return  # the next read says what is wrong
+    if skip_to > offset:
+        decoder.pending_skip = (offset, skip_to)
+        punch(path, offset, skip_to)
+
+
+#: output.log holds a job's output until the runner has stored it; a job that prints
+#: faster than that (or gigabytes in all) would fill the state file system with a copy of
+#: what the store holds, or has evicted past its cap, and keep it there for the day the
+#: job directory is retained. So once the log has passed this much, each read first
+#: punches a hole over the two batches before it (stored: `read_output`; those before
+#: were punched by the reads before): the file keeps its size and offsets, its blocks
+#: there are freed (FALLOC_FL_PUNCH_HOLE; ext4, xfs, btrfs, tmpfs). Stop 56: a job
+#: printing `yes` filled a 2 GiB state file system in 8 s with a 1.7 GB output.log; its
+#: status.json could then not be written, and nothing else could be admitted, for good.
+FREE_READ_AFTER_BYTES = 16 * 1024 * 1024
+_FREE_SPAN = 2 * (joblog.READ_MAX_BYTES + joblog.RECORD_HEADER.size + 65536)
+_PUNCH_HOLE = 0x02 | 0x01  # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+_fallocate = None  # libc's, loaded at the first punch
+_punch_said: set[int] = set()  # errnos logged once
+
+
+def punch(path: Path, start: int, end: int) -> None:
+    """Give the blocks of `path` in [start, end) back to the file system (reads there
+    return zeros). Where the file system cannot, the file stays whole (logged once)."""
+    global _fallocate
+    import ctypes
+
+    if _fallocate is None:
+        _fallocate = ctypes.CDLL(None, use_errno=True).fallocate
+        _fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    if end <= start:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return  # the read says why
+    try:
+        if _fallocate(fd, _PUNCH_HOLE, start, end - start) != 0 and (
+                (err := ctypes.get_errno()) not in _punch_said):
+            _punch_said.add(err)
+            log.warning("the stored part of %s cannot be given back to its file system (%s): "
+                        "a job's whole output stays there until its job directory's "
+                        "retention ends", path, os.strerror(err))
+    finally:
+        os.close(fd)
 
 
 def read_status(job_dir: Path, who: str = "", given: dict[str, Any] | None = None,

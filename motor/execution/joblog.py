@@ -116,6 +116,21 @@ def read_records(
     return records, offset + pos
 
 
+def record_at_or_after(path: str | os.PathLike[str], offset: int, target: int) -> int:
+    """The offset of the first record of the log that starts at or after `target`, walking
+    the records' headers from `offset` (a record boundary); the log's end, where it has
+    no whole record so far (JobDirError for a header no keeper writes)."""
+    pos = offset
+    with open(path, "rb") as f:
+        while pos < target:
+            f.seek(pos)
+            head = f.read(RECORD_HEADER.size)
+            if len(head) < RECORD_HEADER.size:
+                break
+            pos += RECORD_HEADER.size + _check_header(path, head, 0, pos)[1]
+    return pos
+
+
 def _check_header(path, buf: bytes, pos: int, offset: int) -> tuple[str, int]:
     stream, length = RECORD_HEADER.unpack_from(buf, pos)
     name = STREAM_NAMES.get(stream)

@@ -19,6 +19,7 @@ from ..lifecycle import retain_until
 from ..records import Terminal, public_record
 from ..store.db import StoreFull
 from ..store.messages import Save
+from . import jobdir
 
 if TYPE_CHECKING:
     from ..handles import (
@@ -92,6 +93,8 @@ async def save_when_room(store: "StoreHandle", who: str, run: "JobRun | None", r
             if not waited:
                 log.warning("%s: waiting for space to record the job: %s", who, exc)
                 waited = True
+            if run is not None and kw.get("log_offset") is not None:  # its own output?
+                await trio.to_thread.run_sync(jobdir.relieve, run, kw["log_offset"])
             await trio.sleep(STORE_FULL_RETRY_S)
 
 

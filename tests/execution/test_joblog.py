@@ -110,3 +110,76 @@ def test_read_records_refuses_an_absurd_record_length(tmp_path):
     log.write_bytes(RECORD_HEADER.pack(1, 2**31) + b"z" * 100)
     with pytest.raises(JobDirError, match="record length"):
         read_records(log, 0, max_bytes=1024)
+
+
+def test_record_at_or_after_walks_headers_to_the_first_boundary_past_a_point(tmp_path):
+    from motor.execution.joblog import JobDirError, record_at_or_after
+
+    path = tmp_path / "output.log"
+    records = [encode_record(1 + i % 2, b"x" * (10 + i)) for i in range(20)]
+    path.write_bytes(b"".join(records))
+    starts = [sum(map(len, records[:i])) for i in range(len(records) + 1)]
+    assert record_at_or_after(path, 0, 0) == 0
+    assert record_at_or_after(path, 0, starts[5]) == starts[5]  # a boundary itself
+    assert record_at_or_after(path, 0, starts[5] + 1) == starts[6]  # inside a record: the next
+    assert record_at_or_after(path, starts[3], starts[7] - 2) == starts[7]  # from a boundary
+    assert record_at_or_after(path, 0, starts[-1] + 100) == starts[-1]  # no whole record past it
+    with open(path, "ab") as f:  # a partial header at the end: the log's end so far
+        f.write(b"\x01\x00")
+    assert record_at_or_after(path, 0, starts[-1] + 1) == starts[-1]
+    path.write_bytes(records[0] + b"\x07" + b"\x00" * 20)  # a stream byte no keeper writes
+    with pytest.raises(JobDirError):
+        record_at_or_after(path, 0, len(records[0]) + 5)
+
+
+def _blocks(path: Path) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+def test_reads_past_16_mib_give_the_stored_part_of_the_log_back_to_the_file_system(tmp_path):
+    """Each read from an offset past FREE_READ_AFTER_BYTES punches the two batches below
+    it (the store has them): the log keeps its size and offsets, its blocks there go."""
+    from motor.execution import core, jobdir
+
+    path = tmp_path / "output.log"
+    chunk = encode_record(1, b"y" * 65531)  # 64 KiB a record, as the keeper writes them
+    path.write_bytes(chunk * 400)  # 25 MiB
+    size, decoder, offset = path.stat().st_size, core.OutputDecoder(), 0
+    if _blocks(path) < size:
+        pytest.skip("the file system did not allocate the log whole")
+    while offset < size:
+        events, offset = jobdir.read_output(tmp_path, offset, core.READ_BATCH_BYTES, decoder)
+        assert events and all(e.data == "y" * 65531 for e in events)
+    assert path.stat().st_size == size  # offsets unchanged
+    freed = size - _blocks(path)
+    if freed == 0:
+        pytest.skip("the file system cannot punch holes (the runner logs it once)")
+    # everything from FREE_READ_AFTER_BYTES minus one span to the last read's start
+    assert freed >= size - jobdir.FREE_READ_AFTER_BYTES - 2 * core.READ_BATCH_BYTES, freed
+    assert _blocks(path) >= jobdir.FREE_READ_AFTER_BYTES - jobdir._FREE_SPAN  # the start kept
+    assert path.read_bytes()[:len(chunk)] == chunk
+
+
+def test_more_than_the_output_cap_unread_is_skipped_to_its_last_cap_with_a_note(tmp_path):
+    from motor.execution import core, jobdir
+
+    path = tmp_path / "output.log"
+    chunk = encode_record(1, b"z" * 65531)
+    path.write_bytes(encode_record(2, b"first\n") + chunk * 400 + encode_record(1, b"last\n"))
+    size, keep = path.stat().st_size, 2 * 1024 * 1024
+    decoder = core.OutputDecoder(keep)
+    events, offset = jobdir.read_output(tmp_path, 0, core.READ_BATCH_BYTES, decoder)
+    assert events[0].data == "first\n"  # the batch read is kept...
+    note = events[-1]
+    assert note.stream == "stderr" and "bytes of output were skipped" in note.data
+    assert size - keep <= offset <= size - keep + len(chunk)  # ...then on to the last `keep`
+    skipped = int(note.data.split("motor: ")[1].split()[0])
+    assert offset - skipped == sum(len(e.data) + 5 for e in events[:-1])  # records' bytes
+    rest = []
+    while offset < size:
+        batch, offset = jobdir.read_output(tmp_path, offset, core.READ_BATCH_BYTES, decoder)
+        rest += batch
+    assert rest[-1].data == "last\n" and not any("skipped" in e.data for e in rest)
+    if _blocks(path) < size - keep - len(chunk) * 20:  # the skipped part was punched at once
+        return
+    pytest.skip("the file system cannot punch holes")
