@@ -217,7 +217,9 @@ def read_output(job_dir: Path, offset: int, max_bytes: int,
         if pending[0] == offset:
             return [decoder.skipped(pending[1] - offset)], pending[1]
     if offset >= FREE_READ_AFTER_BYTES:
-        punch(path, max(FREE_READ_AFTER_BYTES, offset) - _FREE_SPAN, offset)
+        # (the reads just past the threshold punch from the start: the log's first part too)
+        start = 0 if offset < FREE_READ_AFTER_BYTES + _FREE_SPAN else offset - _FREE_SPAN
+        punch(path, start, offset)
     records, new = joblog.read_records(path, offset, max_bytes)
     events = decoder.events(records)
     keep = decoder.keep_bytes
@@ -260,7 +262,8 @@ def relieve(run: Any, offset: int) -> None:
 #: what the store holds, or has evicted past its cap, and keep it there for the day the
 #: job directory is retained. So once the log has passed this much, each read first
 #: punches a hole over the two batches before it (stored: `read_output`; those before
-#: were punched by the reads before): the file keeps its size and offsets, its blocks
+#: were punched by the reads before; the first reads past it punch from the log's start):
+#: the file keeps its size and offsets, its blocks
 #: there are freed (FALLOC_FL_PUNCH_HOLE; ext4, xfs, btrfs, tmpfs). Stop 56: a job
 #: printing `yes` filled a 2 GiB state file system in 8 s with a 1.7 GB output.log; its
 #: status.json could then not be written, and nothing else could be admitted, for good.

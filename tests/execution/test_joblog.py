@@ -154,10 +154,9 @@ def test_reads_past_16_mib_give_the_stored_part_of_the_log_back_to_the_file_syst
     freed = size - _blocks(path)
     if freed == 0:
         pytest.skip("the file system cannot punch holes (the runner logs it once)")
-    # everything from FREE_READ_AFTER_BYTES minus one span to the last read's start
-    assert freed >= size - jobdir.FREE_READ_AFTER_BYTES - 2 * core.READ_BATCH_BYTES, freed
-    assert _blocks(path) >= jobdir.FREE_READ_AFTER_BYTES - jobdir._FREE_SPAN  # the start kept
-    assert path.read_bytes()[:len(chunk)] == chunk
+    # everything up to the last read's start, the log's first part too
+    assert _blocks(path) <= size - offset + 2 * core.READ_BATCH_BYTES + 65536, _blocks(path)
+    assert path.read_bytes()[:len(chunk)] == b"\0" * len(chunk)  # zeros, never read again
 
 
 def test_more_than_the_output_cap_unread_is_skipped_to_its_last_cap_with_a_note(tmp_path):
@@ -183,3 +182,37 @@ def test_more_than_the_output_cap_unread_is_skipped_to_its_last_cap_with_a_note(
     if _blocks(path) < size - keep - len(chunk) * 20:  # the skipped part was punched at once
         return
     pytest.skip("the file system cannot punch holes")
+
+
+def test_a_save_waiting_for_space_skips_the_unread_log_and_the_next_read_goes_on_after_it(
+        tmp_path):
+    """`jobdir.relieve`, as the job actor calls it while the store waits for space to save
+    the batch ending at `offset`: past twice min(cap, 16 MiB) unread, the log is skipped to
+    its last such part at once (punched), and the read from `offset` goes on there."""
+    from motor.config import RunnerConfig
+    from motor.execution import core, jobdir
+    from motor.records import JobRecord
+
+    path = tmp_path / "output.log"
+    chunk = encode_record(1, b"w" * 65531)
+    path.write_bytes(chunk * 100 + encode_record(1, b"last\n"))  # 6.3 MiB
+    size = path.stat().st_size
+    config = RunnerConfig(state_dir=str(tmp_path), max_output_bytes_per_job="1M")
+    run = core.JobRun(JobRecord(job_id="j", state="running", command=["x"], workspace="w",
+                                claim=1), False, config, tmp_path)
+    offset = 10 * len(chunk)  # the batch being saved ends here
+    jobdir.relieve(run, offset)
+    start, skip_to = run.output.pending_skip
+    assert start == offset and size - 1024 * 1024 <= skip_to <= size - 1024 * 1024 + len(chunk)
+    assert (skip_to - offset) % len(chunk) == 0  # a record's start
+    events, new = jobdir.read_output(tmp_path, offset, core.READ_BATCH_BYTES, run.output)
+    assert new == skip_to and "bytes of output were skipped" in events[0].data
+    assert run.output.pending_skip is None
+    rest = []
+    while new < size:
+        batch, new = jobdir.read_output(tmp_path, new, core.READ_BATCH_BYTES, run.output)
+        rest += batch
+    assert rest[-1].data == "last\n"
+    relieved = core.JobRun(run.record, False, config, tmp_path)
+    jobdir.relieve(relieved, size - 2 * 1024 * 1024)  # not past twice the part kept: nothing
+    assert relieved.output.pending_skip is None
