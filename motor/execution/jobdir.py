@@ -242,19 +242,24 @@ def relieve(run: Any, offset: int) -> None:
     goes on after the skip: `OutputDecoder.pending_skip`). Where the log is not what fills
     the file system, nothing is skipped that the store could have kept."""
     decoder, keep = run.output, run.output.keep_bytes
-    if run.job_dir is None or keep is None or decoder.pending_skip is not None:
+    if run.job_dir is None or keep is None:
         return
+    after = offset  # skipped to already, at an earlier retry (the job printing on)
+    if (pending := decoder.pending_skip) is not None:
+        if pending[0] != offset:
+            return
+        after = pending[1]
     keep = min(keep, FREE_READ_AFTER_BYTES)
     path = Path(run.job_dir) / joblog.OUTPUT_FILE
-    if (log_size(run.job_dir) or 0) - offset <= 2 * keep:
+    if (size := log_size(run.job_dir) or 0) - after <= 2 * keep:
         return
     try:
-        skip_to = joblog.record_at_or_after(path, offset, (log_size(run.job_dir) or 0) - keep)
+        skip_to = joblog.record_at_or_after(path, after, size - keep)
     except (joblog.JobDirError, OSError):
         return  # the next read says what is wrong
-    if skip_to > offset:
+    if skip_to > after:
         decoder.pending_skip = (offset, skip_to)
-        punch(path, offset, skip_to)
+        punch(path, after, skip_to)
 
 
 #: output.log holds a job's output until the runner has stored it; a job that prints
