@@ -373,6 +373,12 @@ class MotorApp:
                         async for event in iterator:
                             await send({"type": "http.response.body",
                                         "body": event_line(event), "more_body": True})
+                            # a write to a connection its client closed fails quietly (the
+                            # server marks it closed and says so to `watch_disconnect`) and
+                            # a stored replay yields with no schedule point: here the
+                            # disconnect ends the replay (stop 56: before, the rest of a
+                            # job's output was read and encoded for nobody)
+                            await trio.lowlevel.checkpoint()
                 except RefusedError as exc:
                     log.warning("event stream ended by a refusal: %s", exc)
                 except Exception:

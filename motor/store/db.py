@@ -86,7 +86,7 @@ SCHEMA_VERSION = 1
 PAGE_EVENTS = 64
 RECLAIM_KEEP_PAGES = 256  # free pages kept for reuse after an expiry pass (1 MiB of 4 KiB pages)
 RECLAIM_MAX_PAGES = 4096  # free pages handed back per expiry pass (16 MiB: a short stall)
-EVENTS_READ_BYTES = 4 * 1024 * 1024  # events_from stops after this many bytes (at least one row)
+EVENTS_READ_BYTES = 1024 * 1024  # events_from stops after this many bytes (at least one row)
 _OUTPUT_PREFIX = b'{"event":"output"'
 _COLUMNS = {  # added after the first schema: created on open when missing
     "output_bytes": "INTEGER NOT NULL DEFAULT 0",
