@@ -7,6 +7,8 @@ background (it may sleep or wait for a withdraw); without one it runs inside `su
 
 from __future__ import annotations
 
+import contextlib
+
 from typing import Awaitable, Callable
 
 import msgspec
@@ -172,9 +174,10 @@ class FakeRunner:
         """The submitting client's stream; records when it went away early."""
         ended = False
         try:
-            async for event in self.events(job_id, 0):
-                ended = isinstance(event, Terminal)
-                yield event
+            async with contextlib.aclosing(self.events(job_id, 0)) as events:
+                async for event in events:
+                    ended = isinstance(event, Terminal)
+                    yield event
         finally:
             if not ended:
                 self.unfollowed.append(job_id)

@@ -250,10 +250,12 @@ class Runner:
         ended = False
         self.followers.add(job_id)
         try:
-            async for event in self.events(job_id, 0):
-                if event.__struct_config__.tag == "terminal":
-                    ended = True
-                yield event
+            # closed here when this stream is (its client gone), not left to the collector
+            async with contextlib.aclosing(self.events(job_id, 0)) as events:
+                async for event in events:
+                    if event.__struct_config__.tag == "terminal":
+                        ended = True
+                    yield event
         finally:
             self.followers.discard(job_id)
             if not ended:
