@@ -145,14 +145,19 @@ def _kill_trees(roots: list[int]) -> None:
     escapee started dies with it, not re-parented to keeperd after it, still running."""
     children = K._children_map()
     faults.hit("keeperd.kill_trees")  # tests: a process forked after the map was read
-    todo, seen = list(roots), set()
+    _signal_down(list(roots), signal.SIGKILL, children)
+
+
+def _signal_down(todo: list[int], sig: int, children: dict[int, list[int]]) -> None:
+    """`sig` to each process of `todo` and to every process below it in `children`."""
+    seen = set()
     while todo:
         p = todo.pop()
         if p in seen:
             continue
         seen.add(p)
         try:
-            os.kill(p, signal.SIGKILL)
+            os.kill(p, sig)
         except ProcessLookupError:
             pass
         todo.extend(children.get(p, ()))
@@ -892,22 +897,8 @@ class Keeperd:
             os.killpg(job.pid, sig)
         except ProcessLookupError:
             pass
-        roots = [job.pid, *self._orphans_of(job)]
         children = K._children_map()
-        todo = list(roots[1:])
-        for r in roots:
-            todo.extend(children.get(r, ()))
-        seen = set()
-        while todo:
-            p = todo.pop()
-            if p in seen:
-                continue
-            seen.add(p)
-            try:
-                os.kill(p, sig)
-            except ProcessLookupError:
-                pass
-            todo.extend(children.get(p, ()))
+        _signal_down([*self._orphans_of(job), *children.get(job.pid, ())], sig, children)
 
     def _watch_exit(self, job: Job) -> None:
         job.pidfd = os.pidfd_open(job.pid)
