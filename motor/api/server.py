@@ -101,6 +101,9 @@ HEAD_TIMEOUT_S = 5.0
 #: When the server stops, an idle keep-alive connection is closed this long after: a request
 #: its client sent just then is answered (with `connection: close`), not reset.
 IDLE_CLOSE_GRACE_S = 0.25
+#: once the server stops, how long a write may wait for a client that reads nothing more
+#: (an event stream's follower that stopped reading) before its connection is given up
+SEND_GRACE_S = 2.0
 #: Connections above the cap being answered 503 at once; beyond it they are closed unanswered.
 REFUSING_MAX = 64
 #: Descriptors kept for everything else the runner opens (SQLite, logs, job pipes, cgroups).
@@ -247,6 +250,7 @@ class _KeepAliveTimer:
                 if terminated.is_set():
                     await trio.sleep_forever()  # until idle past the (short) deadline
                 await terminated.wait()
+                self._server.stop_sending()  # a write that waits on its client: a grace
                 # the server is stopping: an idle connection has a short grace from now on
                 # (a busy one, no deadline, finishes its request; hypercorn closes it then)
                 if self._deadline != math.inf:
@@ -270,6 +274,7 @@ class _TCPServer(TCPServer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.idle_task = _KeepAliveTimer(self)
+        self.sending: trio.CancelScope | None = None  # the write in progress (`protocol_send`)
 
     async def protocol_send(self, event: Any) -> None:
         """hypercorn's, but a write of nothing (h11's end of a body whose length was sent)
@@ -290,12 +295,25 @@ class _TCPServer(TCPServer):
             lock.acquire_nowait()
         try:
             try:
-                with trio.CancelScope(shield=True):
+                # shielded (a request's cancel must not cut a write in two), but not for
+                # ever once the server stops: a client that reads no more would hold the
+                # runner's stop (`stop_sending`; before stop 56 it did, without end)
+                with trio.CancelScope(shield=True) as self.sending:
+                    if self.context.terminated.is_set():
+                        self.stop_sending()
                     await self.stream.send_all(event.data)
+                if self.sending.cancelled_caught:
+                    raise trio.BrokenResourceError("the client read nothing while the server stopped")
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 await self.protocol.handle(Closed())
         finally:
+            self.sending = None
             lock.release()
+
+    def stop_sending(self) -> None:
+        """The server stops: the write in progress, if any, is given SEND_GRACE_S more."""
+        if self.sending is not None:
+            self.sending.deadline = min(self.sending.deadline, trio.current_time() + SEND_GRACE_S)
 
     async def _read_data(self) -> None:
         await super()._read_data()

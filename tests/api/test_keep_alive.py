@@ -195,3 +195,39 @@ async def test_a_connection_queued_after_accepting_stopped_is_answered(
     client.close()
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
     assert b"connection: close" in answer.lower().partition(b"\r\n\r\n")[0], answer[:200]
+
+
+async def test_a_shutdown_does_not_wait_for_ever_on_a_client_that_does_not_read(
+        config, nursery, monkeypatch):
+    """A follower whose client has stopped reading (its socket buffers full, the runner's
+    write blocked): at shutdown that write is given up after a short grace and the server
+    returns. Before stop 56 the write was shielded without a bound and the runner never
+    stopped (100 such followers: `motor serve` still running 60 s after SIGTERM)."""
+    import socket
+
+    from motor.records import Output
+
+    fake, shutdown, done, sending = FakeRunner(config), trio.Event(), trio.Event(), trio.Event()
+
+    async def events(job_id: str, from_seq: int = 0):
+        for seq in range(1_000_000):
+            sending.set()  # one event is more than a socket's buffers hold: its write blocks
+            yield Output(seq=seq, stream="stdout", data="x" * (4 << 20))
+
+    monkeypatch.setattr(fake, "events", events)
+
+    async def serve(task_status=trio.TASK_STATUS_IGNORED):
+        await serve_api(make_app(fake), config, shutdown_trigger=shutdown.wait,
+                        task_status=task_status)
+        done.set()
+
+    await nursery.start(serve)
+    sock = trio.socket.socket(socket.AF_UNIX)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    await sock.connect(str(config.socket_path))
+    await sock.send(b"GET /v1/jobs/j/events HTTP/1.1\r\nhost: m\r\n\r\n")
+    await sending.wait()  # then it reads no more
+    shutdown.set()
+    with trio.fail_after(20):
+        await done.wait()
+    sock.close()
