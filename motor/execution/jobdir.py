@@ -16,6 +16,7 @@ execution/joblog.py.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 from pathlib import Path
@@ -283,8 +284,6 @@ def punch(path: Path, start: int, end: int) -> None:
     """Give the blocks of `path` in [start, end) back to the file system (reads there
     return zeros). Where the file system cannot, the file stays whole (logged once)."""
     global _fallocate
-    import ctypes
-
     if _fallocate is None:
         _fallocate = ctypes.CDLL(None, use_errno=True).fallocate
         _fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
