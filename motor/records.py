@@ -324,6 +324,8 @@ class Refusal(msgspec.Struct, kw_only=True, omit_defaults=True):
     refused: bool = True
     free_bytes: int | None = None
     floor_bytes: int | None = None
+    free_inodes: int | None = None  # a refusal for inodes (runner_disk_full)
+    floor_inodes: int | None = None
     job_id: str | None = None
 
     @property

@@ -64,6 +64,10 @@ class HealthCollector(Collector):
             ("motor_disk_floor_bytes", "free-space floor (admission refuses below it)",
              disk.get("floor_bytes")),
             ("motor_disk_goal_bytes", "free-space eviction goal", disk.get("goal_bytes")),
+            ("motor_disk_free_inodes", "free inodes on the state filesystem (where it counts "
+             "them)", disk.get("free_inodes")),
+            ("motor_disk_floor_inodes", "free-inode floor (admission refuses below it)",
+             disk.get("floor_inodes")),
             ("motor_underused_jobs", "retained jobs that ran over 10 minutes below 25% of "
              "their reservation", len(r.get("underused") or [])),
             ("motor_retained_terminal_jobs", "retained terminal job records",

@@ -318,7 +318,7 @@ def _refusal_terminal(refusal) -> None:
     accepted, so it has no job id)."""
     record = {"job_id": None, "state": "refused_before_start", "reason": refusal.code,
               "detail": refusal.detail}
-    for extra in ("free_bytes", "floor_bytes"):
+    for extra in ("free_bytes", "floor_bytes", "free_inodes", "floor_inodes"):
         if getattr(refusal, extra, None) is not None:
             record[extra] = getattr(refusal, extra)
     sys.stdout.write(json_bytes({"event": "terminal", "seq": 0, "record": record}).decode() + "\n")

@@ -252,6 +252,9 @@ def health(data: dict) -> None:
         con.print(Text(f"disk: free {size(disk.get('free_bytes'))}"
                        + (f" of {size(disk.get('total_bytes'))}" if disk.get("total_bytes") else "")
                        + f"  floor {size(disk.get('floor_bytes'))}  goal {size(disk.get('goal_bytes'))}"))
+        if disk.get("total_inodes"):
+            con.print(Text(f"inodes: free {disk.get('free_inodes')} of {disk.get('total_inodes')}"
+                           f"  floor {disk.get('floor_inodes')}  goal {disk.get('goal_inodes')}"))
     host = data.get("host")
     if isinstance(host, dict) and host:
         parts = []

@@ -20,8 +20,8 @@ from ..clock import WallClock
 from ..offload import Offload, thread_offload
 from .bundles import BundleError, BundleStore
 from .catalog import Catalog
-from .core import (RECENT_MS, DiskSample, EvictWorkspace, bundle_gone, maintenance_due,
-                   with_problems)
+from .core import (RECENT_MS, CleanupRun, DiskSample, EvictWorkspace, bundle_gone,
+                   maintenance_due, with_problems)
 from .host import Trees, probe_path
 from .live import Holds, Live, LiveIndex
 from .messages import (
@@ -38,11 +38,11 @@ class DiskActor(actors.Actor):
     def __init__(self, state_dir: Path, floor_bytes: int, goal_bytes: int,
                  probe: Callable[[Path], DiskSample] = probe_path, *,
                  workspace_roots: Iterable[Path] = (), caller_roots: dict[str, str] | None = None,
-                 cap_bytes: int = 64 * 1024**3, clock: Any = None,
+                 cap_bytes: int = 64 * 1024**3, clock: Any = None, compile_cache: str | None = None,
                  live_jobs: Callable[[], Iterable[Any]] | None = None,
-                 compile_cache: str | None = None,
                  job_recorded: Callable[[str], bool] | None = None,
-                 live_index: LiveIndex | None = None, offload: Offload = thread_offload):
+                 live_index: LiveIndex | None = None, offload: Offload = thread_offload,
+                 ended_dirs: Any = None):  # jobdir.EndedDirs: emptied first on the state fs
         super().__init__(name="disk")
         self.state_dir, self.probe, self.clock = Path(state_dir), probe, clock or WallClock()
         self.floor_bytes, self.goal_bytes = floor_bytes, max(goal_bytes, floor_bytes)
@@ -51,7 +51,7 @@ class DiskActor(actors.Actor):
         self.names = Names(self.state_dir, workspace_roots, caller_roots,
                            memo=live_index is not None)
         self.holds = Holds(live_index, live_jobs, job_recorded)
-        self.offload = offload  # blocking file-system work; the runner passes its clock's
+        self.offload, self.ended_dirs = offload, ended_dirs  # the runner passes its clock's
         self.catalog: Catalog | None = None  # these three are opened in on_start
         self.bundles: BundleStore | None = None
         self.trees: Trees | None = None
@@ -133,7 +133,7 @@ class DiskActor(actors.Actor):
         if isinstance(msg, Periodic):
             return await self._periodic()
         if isinstance(msg, Listing):
-            hard = self.probe(self.state_dir).free_bytes < self.floor_bytes
+            hard = CleanupRun(self.floor_bytes, 0).below_floor(self.probe(self.state_dir))
             return await self.trees.listing(self._live(), hard)
         raise TypeError(f"disk: unknown message {msg!r}")
 

@@ -44,12 +44,38 @@ BUNDLE_RETENTION_MS = 24 * 3600 * 1000  # bundles pinned 24 h after their last u
 MAX_STEPS = 10_000  # actions in one cleanup, at most
 
 
+#: The inode floor and goal of a file system that counts its inodes (issue 14's probes: a
+#: state file system out of inodes with bytes to spare left every accepted job queued for
+#: ever, its start failing ENOSPC): fractions of its inodes, at least INODE_FLOOR_MIN, at
+#: most a quarter of them; the goal twice the floor. Applied where the byte floor is on.
+INODE_FLOOR_FRACTION = 0.01
+INODE_FLOOR_MIN = 64
+
+
 @dataclass(frozen=True)
 class DiskSample:
     free_bytes: int
     total_bytes: int
     #: what the disk manager cannot do now (health lists each under "disk")
     problems: tuple[str, ...] = ()
+    #: inodes free to unprivileged users, and in all; 0 in all: the file system does not
+    #: count them (btrfs, many FUSE file systems), and no inode floor applies
+    free_inodes: int = 0
+    total_inodes: int = 0
+
+    @property
+    def floor_inodes(self) -> int:
+        """Below this many free inodes jobs are refused (0: no inode floor)."""
+        total = self.total_inodes
+        return min(max(int(total * INODE_FLOOR_FRACTION), INODE_FLOOR_MIN), total // 4)
+
+    @property
+    def goal_inodes(self) -> int:
+        """A cleanup goes on until this many inodes are free (and `goal_bytes`)."""
+        return 2 * self.floor_inodes
+
+    def inodes_below(self, floor: int) -> bool:
+        return self.free_inodes < floor
 
 
 def with_problems(sample: DiskSample, *problems: str | None) -> DiskSample:
@@ -59,16 +85,27 @@ def with_problems(sample: DiskSample, *problems: str | None) -> DiskSample:
 
 
 def admission(sample: DiskSample, floor_bytes: int) -> Refusal | None:
-    """`runner_disk_full` with free_bytes and floor_bytes when below the floor, else None."""
-    if floor_bytes <= 0 or sample.free_bytes >= floor_bytes:
+    """`runner_disk_full` with free_bytes and floor_bytes (and free_inodes and floor_inodes)
+    when below the floor of bytes or of inodes, else None. No floor when floor_bytes <= 0."""
+    if floor_bytes <= 0:
         return None
-    return Refusal(
-        code="runner_disk_full",
-        detail=(f"free space {sample.free_bytes} bytes is below the floor of {floor_bytes} bytes "
-                "on the runner's state filesystem"),
-        free_bytes=sample.free_bytes,
-        floor_bytes=floor_bytes,
-    )
+    if sample.free_bytes < floor_bytes:
+        detail = (f"free space {sample.free_bytes} bytes is below the floor of {floor_bytes} "
+                  "bytes on the runner's state filesystem")
+    elif sample.inodes_below(sample.floor_inodes):
+        detail = (f"free inodes {sample.free_inodes} are below the floor of "
+                  f"{sample.floor_inodes} inodes on the runner's state filesystem (it has "
+                  f"{sample.free_bytes} bytes free, but no file can be created without an inode)")
+    else:
+        return None
+    return Refusal(code="runner_disk_full", detail=detail, free_bytes=sample.free_bytes,
+                   floor_bytes=floor_bytes, **_inode_figures(sample))
+
+
+def _inode_figures(sample: DiskSample) -> dict:
+    if not sample.total_inodes:
+        return {}
+    return {"free_inodes": sample.free_inodes, "floor_inodes": sample.floor_inodes}
 
 
 def bundle_gone(sha256: str) -> Refusal:
@@ -140,6 +177,11 @@ class PlanInput:
     #: Workspaces (names) and staging paths the planner must skip this round, e.g. a failed
     #: deletion the actor retries in a later cleanup rather than again and again in this one.
     skip: frozenset[str] = frozenset()
+    #: Inodes: while fewer than `goal_inodes` are free the plan goes on past the byte goal.
+    #: What an action frees in inodes is not estimated: the actor carries out the first
+    #: action and probes again for real (`CleanupRun`), so the plan is only its order.
+    free_inodes: int = 0
+    goal_inodes: int = 0
 
 
 # --- actions -----------------------------------------------------------------------------
@@ -237,11 +279,12 @@ def _idle_ms(last_used_ms: int, now_ms: int) -> int:
 class _Sim:
     free: int
     goal: int
+    inodes_met: bool = True  # no action's inodes are estimated: met or not, as probed
     actions: list = field(default_factory=list)
 
     @property
     def met(self) -> bool:
-        return self.free >= self.goal
+        return self.free >= self.goal and self.inodes_met
 
     def take(self, action) -> None:
         self.actions.append(action)
@@ -250,7 +293,8 @@ class _Sim:
 
 def plan_cleanup(inp: PlanInput) -> list[Action]:
     """The actions to run in order. A `Repair` is always last: re-plan after it."""
-    sim = _Sim(free=inp.free_bytes, goal=inp.goal_bytes)
+    sim = _Sim(free=inp.free_bytes, goal=inp.goal_bytes,
+               inodes_met=inp.free_inodes >= inp.goal_inodes)
     if sim.met:
         return []
     hard = inp.free_bytes < inp.floor_bytes if inp.hard is None else inp.hard
@@ -375,11 +419,18 @@ class CleanupRun:
     failed: set[str] = field(default_factory=set)
 
     def needed(self, sample: DiskSample) -> bool:
-        """False once the goal is met; else go on (and remember a dip below the floor)."""
-        if sample.free_bytes >= self.goal_bytes:
+        """False once the goal is met (bytes, and inodes where the file system counts them
+        and the byte floor is on); else go on (and remember a dip below either floor)."""
+        if sample.free_bytes >= self.goal_bytes and not (
+                self.floor_bytes > 0 and sample.inodes_below(sample.goal_inodes)):
             return False
-        self.hard = self.hard or sample.free_bytes < self.floor_bytes
+        self.hard = self.hard or self.below_floor(sample)
         return True
+
+    def below_floor(self, sample: DiskSample) -> bool:
+        """Hard pressure: below the floor of bytes, or of inodes (where one applies)."""
+        return sample.free_bytes < self.floor_bytes or (
+            self.floor_bytes > 0 and sample.inodes_below(sample.floor_inodes))
 
     def next_action(self, workspaces, staging, compile_cache, sample: DiskSample, now_ms: int,
                     allowed_roots, incoming: frozenset[str]) -> Action | None:
@@ -388,7 +439,9 @@ class CleanupRun:
             workspaces=wss, staging=tuple(staging), compile_cache=compile_cache,
             free_bytes=sample.free_bytes, floor_bytes=self.floor_bytes,
             goal_bytes=self.goal_bytes, now_ms=now_ms, allowed_roots=tuple(allowed_roots),
-            incoming=incoming, hard=self.hard, skip=frozenset(self.failed)))
+            incoming=incoming, hard=self.hard, skip=frozenset(self.failed),
+            free_inodes=sample.free_inodes,
+            goal_inodes=sample.goal_inodes if self.floor_bytes > 0 else 0))
         if not actions:
             return None
         if isinstance(actions[0], Repair):

@@ -35,8 +35,10 @@ GUARD_DELAY_S = 0.25
 
 
 def probe_path(path: Path) -> DiskSample:
-    usage = shutil.disk_usage(path)
-    return DiskSample(free_bytes=usage.free, total_bytes=usage.total)
+    """Free and total bytes (as `shutil.disk_usage`) and inodes of `path`'s file system."""
+    st = os.statvfs(path)
+    return DiskSample(free_bytes=st.f_bavail * st.f_frsize, total_bytes=st.f_blocks * st.f_frsize,
+                      free_inodes=st.f_favail, total_inodes=st.f_files)
 
 
 def free_bytes(path) -> int | None:

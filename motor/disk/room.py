@@ -71,13 +71,21 @@ class Room:
         return {str(d.state_dir), *d.names.allowed_roots}
 
     async def cleanup(self, where: str, incoming: frozenset[str]) -> DiskSample:
-        """Plan, carry out the first action, probe again for real, re-plan; until done."""
+        """Plan, carry out the first action, probe again for real, re-plan; until done. On
+        the state dir's file system the ended jobs' directories are emptied first (their
+        output is in the store: a copy, however recent the end)."""
         d = self.disk
         dev, run = device(where), CleanupRun(d.floor_bytes, d.goal_bytes)
+        copies = d.ended_dirs if where == str(d.state_dir) else None
         for _ in range(MAX_STEPS):
             sample = d.probe(Path(where))
             if not run.needed(sample):
                 return sample
+            if copies is not None:
+                copies, emptied = None, await d.offload(copies.empty_ended, d.clock.now_ms(), 0)
+                if emptied:
+                    log.info("disk: the directories of %d ended jobs emptied to make room", emptied)
+                    continue
             wss, staging, cache = await d.trees.candidates(d._live(), dev, d.compile_cache)
             action = run.next_action(wss, staging, cache, sample, d.clock.now_ms(),
                                      d.names.allowed_roots, incoming)

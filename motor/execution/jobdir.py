@@ -19,13 +19,15 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import msgspec
 
 from ..disk.bundles import BundleError, unpack_into
 from ..isolation.base import Backend
+from ..lifecycle import RETENTION_MS
 from ..records import JobRecord, Output, Refusal
 from ..store.files import job_umask
 from . import joblog
@@ -195,6 +197,53 @@ def log_size(job_dir: Path) -> int | None:
         return 0
     except OSError:
         return None
+
+
+def empty(job_dir: Path) -> int:
+    """Unlink the files of an ended job's directory (`output.log`, `spec.json`, `status.json`,
+    `keeper.json`, a temporary file left behind), keeping the directory itself until the
+    job's retention: its output is in the store by then, and the directory still says that
+    the job was this state dir's (the start-up sweep's `owned`). The files unlinked."""
+    try:
+        entries = os.scandir(job_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+    unlinked = 0
+    with entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                os.unlink(entry.path)
+                unlinked += 1
+            except FileNotFoundError:
+                pass
+    return unlinked
+
+
+class EndedDirs:
+    """The directories of ended jobs, emptied in the order their ends were saved: by the
+    maintenance pass a minute after each end, and at once by the disk manager when the state
+    file system needs room (docs/operations.md, "Retention"). One per runner, shared by
+    both (so one mark, kept across their restarts); its work runs in worker threads."""
+
+    def __init__(self, jobs_dir: Path, ended: Callable[[tuple[int, str], int], list]):
+        #: `Database.ended_between`: (retain_until_ms, job_id) of jobs ended in a span
+        self.jobs_dir, self.ended = jobs_dir, ended
+        self.emptied_to: tuple[int, str] = (0, "")  # the last job emptied, in that order
+        self._lock = threading.Lock()
+
+    def empty_ended(self, now_ms: int, after_ms: int) -> int:
+        """Empty the directory of every job whose end was saved at least `after_ms` before
+        `now_ms` and after the last one emptied; how many jobs."""
+        with self._lock:
+            until_ms, jobs = now_ms + RETENTION_MS - after_ms, 0
+            while rows := self.ended(self.emptied_to, until_ms):
+                for _, job_id in rows:
+                    empty(self.jobs_dir / job_id)
+                jobs += len(rows)
+                self.emptied_to = tuple(rows[-1])
+            return jobs
 
 
 def write_spec(job_dir: Path, spec: dict[str, Any]) -> None:

@@ -3,6 +3,9 @@
 Each pass (at start-up and then every `interval_s`, at least once a minute):
 - retention: deletes job records, events and job directories 24 hours after the later of
   the job's end and its UUIDv7 time (scheduling.md, "Retention");
+- ended jobs' files: empties the job directory of each job whose end was saved at least
+  EMPTY_AFTER_MS ago (its output is in the store; operations.md, "Retention"), not at the
+  start-up pass (a start does not wait on thousands of directories);
 - memory ceiling: re-reads the capacity file's declared `jobs_min_bytes` and the jobs
   group's live memory limit, and tells the dispatcher when either changed, so the next
   job is decided with the new figures (scheduling.md: "at startup and at each maintenance
@@ -21,6 +24,7 @@ import trio
 
 import actors
 
+from ..execution.jobdir import EndedDirs
 from ..offload import Offload, thread_offload
 from ..memory.core import MemoryCeiling
 from ..store.db import StoreFull
@@ -29,6 +33,11 @@ if TYPE_CHECKING:
     from ..handles import DiskHandle, DispatcherHandle, StoreHandle
 
 log = logging.getLogger("motor.maintenance")
+
+#: an ended job's directory keeps its files this long after its end was saved (a look at
+#: them right after the end; the job's actor is done with them well before), unless the
+#: disk manager needs the room first
+EMPTY_AFTER_MS = 60_000
 
 
 @dataclass(frozen=True)
@@ -42,8 +51,10 @@ class Maintenance(actors.Actor):
                  read_ceiling: Callable[[], MemoryCeiling] | None = None,
                  dispatcher: "DispatcherHandle | None" = None,
                  ceiling: MemoryCeiling | None = None,
-                 disk: "DiskHandle | None" = None, offload: Offload = thread_offload):
+                 disk: "DiskHandle | None" = None, offload: Offload = thread_offload,
+                 ended_dirs: EndedDirs | None = None):
         super().__init__(name="maintenance")
+        self.ended_dirs = ended_dirs  # emptied at each pass but the start-up one
         #: runs the ceiling read (a file, and under systemd a blocking D-Bus call) off the loop
         self.offload = offload
         self.disk = disk  # its periodic work runs in each pass
@@ -57,7 +68,7 @@ class Maintenance(actors.Actor):
         self.passes = 0
 
     async def on_start(self):
-        await self._pass()
+        await self._pass(start=True)
         self.nursery.start_soon(self._periodic)
 
     async def _periodic(self):
@@ -70,8 +81,8 @@ class Maintenance(actors.Actor):
             return await self._pass()
         raise TypeError(f"maintenance: unknown message {msg!r}")
 
-    async def _pass(self) -> dict:
-        expired = 0
+    async def _pass(self, start: bool = False) -> dict:
+        expired = emptied = 0
         while True:
             try:
                 ids = await self.store.expire(self.clock.now_ms())
@@ -83,6 +94,9 @@ class Maintenance(actors.Actor):
             expired += len(ids)
             if not ids:
                 break
+        if self.ended_dirs is not None and not start:
+            emptied = await self.offload(self.ended_dirs.empty_ended, self.clock.now_ms(),
+                                         EMPTY_AFTER_MS)
         changed = False
         if self.read_ceiling is not None:
             ceiling = await self.offload(self.read_ceiling)
@@ -99,4 +113,4 @@ class Maintenance(actors.Actor):
         self.passes += 1
         if expired:
             log.info("maintenance: expired %d job records", expired)
-        return {"expired": expired, "ceiling_changed": changed}
+        return {"expired": expired, "ceiling_changed": changed, "emptied": emptied}

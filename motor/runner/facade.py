@@ -343,6 +343,11 @@ class Runner:
             report["disk"] = {"free_bytes": disk.free_bytes, "total_bytes": disk.total_bytes,
                               "floor_bytes": self.config.floor_bytes(),
                               "goal_bytes": self.config.goal_bytes()}
+            if disk.total_inodes:  # a file system that counts its inodes (disk.md, "Inodes")
+                on = self.config.floor_bytes() > 0  # the byte floor off: no inode floor either
+                report["disk"].update(free_inodes=disk.free_inodes, total_inodes=disk.total_inodes,
+                                      floor_inodes=disk.floor_inodes if on else 0,
+                                      goal_inodes=disk.goal_inodes if on else 0)
             if self.host.state_fs is not None:
                 report["disk"]["state_filesystem"] = self.host.state_fs
             degraded += [{"subsystem": "disk", "cause": cause} for cause in disk.problems]

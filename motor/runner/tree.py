@@ -24,6 +24,7 @@ from ..disk.actor import DiskActor
 from ..disk.fsinfo import journal_warning
 from ..disk.live import LiveIndex
 from ..execution.actor import JobDeps
+from ..execution.jobdir import EndedDirs
 from ..execution.spawner import kill_marked_processes, open_spawner
 from ..handles import (
     AccountingHandle, CpuHandle, DiskHandle, DispatcherHandle, ExecutionHandle, Records,
@@ -244,6 +245,7 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, handles: Handles,
         return host.ceiling
 
     live_index = LiveIndex(db.live)  # outlives disk actor restarts; fed by every commit
+    ended_dirs = EndedDirs(job_deps.jobs_dir, db.ended_between)  # (and its mark, both's)
     hub.watchers.append(live_index.apply)
     specs = [
         _single("store", lambda: StoreActor(db, hub, offload=job_deps.clock.offload),
@@ -258,7 +260,7 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, handles: Handles,
             cap_bytes=parse_size(config.build_folder_cap_bytes), clock=job_deps.clock,
             live_jobs=db.live, compile_cache=config.compile_cache, live_index=live_index,
             job_recorded=lambda job_id: db.get(job_id) is not None,
-            offload=job_deps.clock.offload), refs["disk"]),
+            offload=job_deps.clock.offload, ended_dirs=ended_dirs), refs["disk"]),
         _single("accounting", lambda: AccountingActor(handles.records, job_deps.clock),
                 refs["accounting"]),
         actors.ChildSpec(name="execution", factory=lambda: actors.Supervisor(
@@ -269,7 +271,7 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, handles: Handles,
             jobs_dir=job_deps.jobs_dir, read_ceiling=read_memory_ceiling,
             interval_s=config.maintenance_interval_s, offload=job_deps.clock.offload,
             disk=handles.disk, dispatcher=handles.dispatcher,
-            ceiling=host.ceiling), refs["maintenance"]),
+            ceiling=host.ceiling, ended_dirs=ended_dirs), refs["maintenance"]),
     ]
     if api:
         from ..api.actor import ApiActor

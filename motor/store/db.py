@@ -617,6 +617,17 @@ class Database:
         return [r for r in map(_decode, self.reader.execute(
             _WITH_CLOCK + " WHERE j.terminal=0 ORDER BY j.job_id")) if not unreadable(r)]
 
+    def ended_between(self, after: tuple[int, str], until_ms: int,
+                      limit: int = 1000) -> list[tuple[int, str]]:
+        """(retain_until_ms, job_id) of terminal jobs after `after` in that order, up to
+        `until_ms` of retain_until_ms: the jobs whose end was saved in a span (their
+        retention is their end's time plus RETENTION_MS), for the maintenance pass that
+        empties their job directories."""
+        return self.reader.execute(
+            "SELECT retain_until_ms, job_id FROM jobs WHERE terminal=1"
+            " AND (retain_until_ms, job_id) > (?, ?) AND retain_until_ms <= ?"
+            " ORDER BY retain_until_ms, job_id LIMIT ?", (*after, until_ms, limit)).fetchall()
+
     def active(self) -> list[JobRecord]:
         """Jobs setting up or running, oldest first: what start-up needs for adoption and its
         sweep, without decoding every queued record (10,000 of them at scale, issue 14)."""

@@ -16,7 +16,7 @@ import pytest
 from motor.disk.book import SizeCache, held, listing_row, workspace_of
 from motor.disk.catalog import Entry
 from motor.disk.core import (
-    CleanupRun, DiskSample, EvictWorkspace, Repair, Workspace, maintenance_due,
+    CleanupRun, DiskSample, EvictWorkspace, Repair, Workspace, admission, maintenance_due,
 )
 from motor.disk.live import INFLIGHT_S, Holds, Live
 from motor.disk.names import Names
@@ -231,3 +231,43 @@ def test_root_of_is_the_root_workspace_path_resolves_to(tmp_path):
 
     names.catalog = Catalog()
     assert names.root_of("catalogued") == names.workspace_path("catalogued")[1] == "/srv/cat"
+
+
+def inode_sample(free_bytes: int, free_inodes: int, total_inodes: int = 100_000) -> DiskSample:
+    return DiskSample(free_bytes=free_bytes, total_bytes=1000 * GB, free_inodes=free_inodes,
+                      total_inodes=total_inodes)
+
+
+def test_the_inode_floor_is_a_share_of_the_file_systems_inodes_and_none_where_it_counts_none():
+    assert (inode_sample(0, 0).floor_inodes, inode_sample(0, 0).goal_inodes) == (1000, 2000)
+    assert inode_sample(0, 0, total_inodes=300).floor_inodes == 64  # at least 64
+    assert inode_sample(0, 0, total_inodes=100).floor_inodes == 25  # at most a quarter
+    assert DiskSample(free_bytes=0, total_bytes=GB).floor_inodes == 0  # btrfs: no count
+
+
+def test_admission_refuses_a_file_system_out_of_inodes_with_bytes_to_spare():
+    refusal = admission(inode_sample(500 * GB, 999), 100 * GB)
+    assert refusal is not None and refusal.code == "runner_disk_full"
+    assert (refusal.free_inodes, refusal.floor_inodes) == (999, 1000)
+    assert refusal.free_bytes == 500 * GB and "free inodes 999" in refusal.detail
+    assert admission(inode_sample(500 * GB, 1000), 100 * GB) is None
+    assert admission(inode_sample(500 * GB, 0), 0) is None  # the floor is off: so is this one
+    # a byte refusal says bytes (and the inodes, where counted)
+    bytes_short = admission(inode_sample(50 * GB, 50_000), 100 * GB)
+    assert "free space" in bytes_short.detail and bytes_short.free_inodes == 50_000
+
+
+def test_a_cleanup_goes_on_past_the_byte_goal_while_inodes_are_short():
+    old = [ws("old", idle_ms=3 * HOUR, alloc=GB), ws("recent", idle_ms=60_000, alloc=GB)]
+    run = CleanupRun(floor_bytes=100 * GB, goal_bytes=200 * GB)
+    short = inode_sample(500 * GB, 1500)  # bytes well above the goal, inodes below theirs
+    assert run.needed(short) and not run.hard  # above the inode floor: recent ones protected
+    assert run.next_action(old, (), None, short, NOW, (ROOT,), frozenset()) == EvictWorkspace(
+        "old", f"{ROOT}/old", GB)
+    below = inode_sample(500 * GB, 10)
+    assert run.needed(below) and run.hard  # below the inode floor: hard, until the goal
+    assert run.next_action(old[1:], (), None, below, NOW, (ROOT,), frozenset()) == EvictWorkspace(
+        "recent", f"{ROOT}/recent", GB)
+    assert not run.needed(inode_sample(500 * GB, 2000))  # both goals met
+    # with the byte floor off there is no inode goal either
+    assert not CleanupRun(floor_bytes=0, goal_bytes=0).needed(inode_sample(500 * GB, 0))

@@ -137,3 +137,58 @@ def test_a_job_that_fills_the_disk_has_an_idle_workspace_evicted_without_waiting
             assert "old" not in names and "fill" in names, names
         finally:
             serve.stop()
+
+
+def test_a_state_file_system_out_of_inodes_refuses_jobs_rather_than_queueing_them_for_ever(
+        serve_factory, tmp_path):
+    """Free bytes but no free inodes: before this, admission looked at bytes only, so each
+    job was accepted and then queued for good, its start failing ENOSPC and retried (a
+    probe: 23 of 80 `motor run`s waited out their timeout). Now a file system below its
+    inode floor refuses `runner_disk_full` with the inode figures (after emptying the ended
+    jobs' directories, which did not free enough here), and admits again once inodes are
+    free."""
+    with tmpfs(tmp_path / "state", size="64m", nr_inodes=2000) as state:
+        serve = serve_factory("--workspace-root", str(tmp_path / "ws"), "--isolation", "affinity",
+                              "--free-space-floor-bytes", "1000000", state_dir=state).start()
+        filler = Filler(state)
+        try:
+            assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0
+            assert filler.inodes() > 0
+            refused = serve.cli("run", "--json", "--weight", "1", "--", "true", timeout=30)
+            assert refused.returncode == 75, refused
+            record = json_lines(refused.stdout)[-1]["record"]
+            assert record["state"] == "refused_before_start", record
+            assert record["reason"] == "runner_disk_full" and record["floor_inodes"] == 64, record
+            free = record["free_inodes"]
+            assert free < 64 and f"free inodes {free} " in record["detail"], record
+            assert serve.cli_json("status")["queued"] == []  # nothing accepted to wait
+            # the ended job's files (a copy of what the store holds) went first, to make room
+            [ended] = (state / "jobs").iterdir()
+            assert list(ended.iterdir()) == []
+            disk = serve.cli_json("health")["disk"]
+            assert (disk["free_inodes"], disk["total_inodes"], disk["floor_inodes"],
+                    disk["goal_inodes"]) == (free, 2000, 64, 128), disk
+            filler.free()
+            assert serve.cli("run", "--weight", "1", "--", "true", timeout=30).returncode == 0
+        finally:
+            filler.free()
+            serve.stop()
+
+
+def test_job_after_job_on_a_state_file_system_whose_inodes_their_directories_would_fill(
+        serve_factory, tmp_path):
+    """Each job leaves its directory; before this its files stayed a day (the output a copy of
+    the store's), so on a file system of 250 inodes the 48th job could not start and every
+    later one queued for ever (a probe with 300: 23 of 80 `motor run`s timed out). Now the
+    disk manager empties the ended jobs' directories when inodes run short: all 60 run."""
+    with tmpfs(tmp_path / "state", size="64m", nr_inodes=250) as state:
+        serve = serve_factory("--workspace-root", str(tmp_path / "ws"), "--isolation", "affinity",
+                              "--free-space-floor-bytes", "1000000", state_dir=state).start()
+        try:
+            for i in range(60):
+                result = serve.cli("run", "--weight", "1", "--", "echo", str(i), timeout=30)
+                assert (result.returncode, result.stdout) == (0, f"{i}\n".encode()), (i, result)
+            assert len(list((state / "jobs").iterdir())) == 60  # each kept until retention
+            assert serve.cli_json("health")["status"] == "ok"
+        finally:
+            serve.stop()

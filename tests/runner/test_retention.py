@@ -10,7 +10,7 @@ import trio
 import motor
 from motor.clock import uuid7_ms
 from motor.maintenance import RunPass
-from motor.records import JobRequest, RefusedError
+from motor.records import JobRequest, Output, RefusedError
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -45,3 +45,57 @@ async def test_expired_history_never_becomes_before_start_refusal(tmp_path, auto
         assert info.value.refusal.code == "history_expired"
         assert await runner.jobs(all=True) == []
         assert not (tmp_path / "state" / "jobs" / job.job_id).exists()
+
+
+async def _ended(runner, job_id: str):
+    """The job's record once it has ended, and when its end counts for retention (the later
+    of its end and its id's time: under a test's wall clock the keeper's end can read
+    earlier)."""
+    async with aclosing(runner.events(job_id)) as events:
+        async for _ in events:
+            pass
+    record = await runner.get(job_id)
+    return record, max(record.ended_at_ms, uuid7_ms(job_id))
+
+
+async def test_an_ended_jobs_directory_is_emptied_a_minute_after_its_end_and_kept_until_retention(
+        tmp_path, autojump_clock):
+    """Its output is in the store: the files are a copy that held inodes and bytes for a day
+    (a state file system out of inodes stopped every start). The directory stays until
+    retention; a running job's files are not touched."""
+    clock = motor.MockWallClock()
+    barrier = tmp_path / "go"
+    config = motor.RunnerConfig(state_dir=str(tmp_path / "state"), isolation="none",
+                                free_space_floor_bytes=0, clock=clock)
+    jobs = tmp_path / "state" / "jobs"
+    async with motor.open_runner(config) as runner:
+        done = await runner.submit(JobRequest(command=["sh", "-c", "echo done"]))
+        record, end_ms = await _ended(runner, done.job_id)
+        assert record.state == "succeeded"
+        running = await runner.submit(JobRequest(command=[
+            "sh", "-c", f"echo started; while [ ! -e {barrier} ]; do sleep 0.01; done"]))
+        files = {"output.log", "spec.json", "status.json", "keeper.json"}
+        assert files <= {p.name for p in (jobs / done.job_id).iterdir()}
+
+        maintenance = runner.actor("maintenance")
+        await trio.sleep(max(0, end_ms + 50_000 - clock.now_ms()) / 1000)
+        assert (await maintenance.call(RunPass()))["emptied"] == 0  # not a minute yet
+        assert files <= {p.name for p in (jobs / done.job_id).iterdir()}
+
+        await trio.sleep(max(0, end_ms + 61_000 - clock.now_ms()) / 1000)
+        assert (await maintenance.call(RunPass()))["emptied"] == 1
+        assert (jobs / done.job_id).is_dir() and not list((jobs / done.job_id).iterdir())
+        assert (await runner.get(running.job_id)).state == "running"
+        assert {"spec.json", "keeper.json"} <= {p.name for p in (jobs / running.job_id).iterdir()}
+        # the output is the store's: still served in full
+        async with aclosing(runner.events(done.job_id)) as events:
+            assert "".join([e.data async for e in events if isinstance(e, Output)]) == "done\n"
+
+        barrier.touch()
+        ended, end_ms = await _ended(runner, running.job_id)
+        assert ended.state == "succeeded"
+        await trio.sleep(max(0, end_ms + 61_000 - clock.now_ms()) / 1000)
+        assert (await maintenance.call(RunPass()))["emptied"] == 1  # the next one only
+        assert not list((jobs / running.job_id).iterdir())
+        assert (await maintenance.call(RunPass()))["emptied"] == 0
+
