@@ -52,6 +52,12 @@ REFUSAL_HTTP_STATUS: dict[str, int] = {
 #: Codes that mean "refused before start": `motor run` exits 75 on them.
 WORKSPACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_COMMAND_ARGS = 4096
+#: the longest timeout_s or queue_wait_limit_s (about 31.7 years): a larger value, e.g.
+#: 1e308, overflowed the dispatcher's millisecond arithmetic and crashed it (stop 57)
+MAX_SECONDS = 10**9
+#: the largest memory_max_bytes (a signed 64-bit count, what the store and the kernel's
+#: limit files take; more than any host has, so as good as no cap)
+MAX_MEMORY_BYTES = 2**63 - 1
 #: a submit's idempotency key: 1-128 printable ASCII characters, no space (docs/protocol.md)
 IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,128}")
 #: the fields of a request (and of its job's record) that must match for a submit with an
@@ -165,10 +171,10 @@ def validate_request(req: JobRequest) -> None:
         raise RequestError("weight_hint must not be negative")
     for field in ("queue_wait_limit_s", "timeout_s"):
         value = getattr(req, field)
-        if value is not None and (value < 0 or value != value or value == float("inf")):
-            raise RequestError(f"{field} must be a finite number >= 0")
-    if req.memory_max_bytes is not None and req.memory_max_bytes <= 0:
-        raise RequestError("memory_max_bytes must be positive")
+        if value is not None and not 0 <= value <= MAX_SECONDS:  # (NaN compares false)
+            raise RequestError(f"{field} must be a number of seconds from 0 to {MAX_SECONDS}")
+    if req.memory_max_bytes is not None and not 0 < req.memory_max_bytes <= MAX_MEMORY_BYTES:
+        raise RequestError(f"memory_max_bytes must be positive and at most {MAX_MEMORY_BYTES}")
     if req.bundle_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", req.bundle_sha256):
         raise RequestError("bundle_sha256 must be 64 lowercase hex digits")
     if req.idempotency_key is not None and not IDEMPOTENCY_KEY.fullmatch(req.idempotency_key):

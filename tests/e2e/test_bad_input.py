@@ -29,6 +29,10 @@ def bad_bodies() -> list[tuple[bytes, str]]:
         (b'{"command": ["true"], "weight_hint": "four"}', "bad_request"),
         (b'{"command": ["true"], "weight_hint": -1}', "bad_request"),
         (b'{"command": ["true"], "timeout_s": -5}', "bad_request"),
+        (b'{"command": ["true"], "timeout_s": 1e308}', "bad_request"),
+        (b'{"command": ["true"], "queue_wait_limit_s": 1e308}', "bad_request"),
+        (b'{"command": ["true"], "memory_max_bytes": 1000000000000000000000000000000}',
+         "bad_request"),
         (b'{"command": ["true"], "kind": "mining"}', "bad_request"),
         (b'{"command": ["true"], "env": {"A=B": "c"}}', "bad_request"),
         (b'{"command": ["true"], "siblings": ["../x"]}', "bad_request"),
@@ -44,10 +48,18 @@ def bad_bodies() -> list[tuple[bytes, str]]:
 
 def test_each_bad_request_says_what_is_wrong_with_it(serve):
     """The detail names the fault (before stop 49 an env value with a NUL byte was called a
-    bad variable name)."""
+    bad variable name; before stop 57 a queue_wait_limit_s of 1e308 overflowed the
+    dispatcher's millisecond arithmetic: it crashed, the client got 500 internal_error and
+    health said degraded)."""
     with httpx.Client(transport=httpx.HTTPTransport(uds=str(serve.socket)), base_url="http://motor",
                       timeout=10) as client:
         for body, detail in (
+                (b'{"command": ["true"], "queue_wait_limit_s": 1e308}',
+                 "queue_wait_limit_s must be a number of seconds from 0 to 1000000000"),
+                (b'{"command": ["true"], "timeout_s": 1e308}',
+                 "timeout_s must be a number of seconds from 0 to 1000000000"),
+                (b'{"command": ["true"], "memory_max_bytes": 1000000000000000000000000000000}',
+                 f"memory_max_bytes must be positive and at most {2**63 - 1}"),
                 (b'{"command": ["true"], "env": {"A": "b\\u0000c"}}', "env value of 'A' must not contain NUL bytes"),
                 (b'{"command": ["true"], "env": {"A=B": "c"}}', "env key 'A=B' is not a valid variable name"),
                 (b'{"command": ["a\\u0000b"]}', "command arguments must not contain NUL bytes")):
@@ -58,6 +70,7 @@ def test_each_bad_request_says_what_is_wrong_with_it(serve):
         r = client.get(f"/v1/jobs/{job_id}/events", params={"from_seq": str(10**23)})
         assert (r.status_code, r.json()["code"]) == (400, "bad_request"), r.text
         assert r.json()["detail"] == f"query parameter from_seq must be at most {2**63 - 1}"
+    assert serve.cli_json("health")["status"] == "ok"  # no actor crashed on the way
 
 
 def test_hundreds_of_bad_requests_then_a_job_runs(serve):
