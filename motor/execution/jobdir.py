@@ -203,20 +203,20 @@ def empty(job_dir: Path) -> int:
     """Unlink the files of an ended job's directory (`output.log`, `spec.json`, `status.json`,
     `keeper.json`, a temporary file left behind), keeping the directory itself until the
     job's retention: its output is in the store by then, and the directory still says that
-    the job was this state dir's (the start-up sweep's `owned`). The files unlinked."""
+    the job was this state dir's (the start-up sweep's `owned`). The files unlinked; a file
+    that cannot be (gone already, an immutable directory) is left to the job's retention."""
     try:
         entries = os.scandir(job_dir)
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:  # gone, not a directory, unreadable: retention deals with it
         return 0
     unlinked = 0
     with entries:
         for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
-                continue
             try:
-                os.unlink(entry.path)
-                unlinked += 1
-            except FileNotFoundError:
+                if not entry.is_dir(follow_symlinks=False):
+                    os.unlink(entry.path)
+                    unlinked += 1
+            except OSError:
                 pass
     return unlinked
 
