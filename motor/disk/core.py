@@ -84,18 +84,22 @@ def with_problems(sample: DiskSample, *problems: str | None) -> DiskSample:
     return replace(sample, problems=sample.problems + found) if found else sample
 
 
-def admission(sample: DiskSample, floor_bytes: int) -> Refusal | None:
+STATE_FS = "the runner's state filesystem"
+
+
+def admission(sample: DiskSample, floor_bytes: int, where: str = STATE_FS) -> Refusal | None:
     """`runner_disk_full` with free_bytes and floor_bytes (and free_inodes and floor_inodes)
-    when below the floor of bytes or of inodes, else None. No floor when floor_bytes <= 0."""
+    when below the floor of bytes or of inodes on `where` (named in the detail), else None.
+    No floor when floor_bytes <= 0."""
     if floor_bytes <= 0:
         return None
     if sample.free_bytes < floor_bytes:
         detail = (f"free space {sample.free_bytes} bytes is below the floor of {floor_bytes} "
-                  "bytes on the runner's state filesystem")
+                  f"bytes on {where}")
     elif sample.inodes_below(sample.floor_inodes):
         detail = (f"free inodes {sample.free_inodes} are below the floor of "
-                  f"{sample.floor_inodes} inodes on the runner's state filesystem (it has "
-                  f"{sample.free_bytes} bytes free, but no file can be created without an inode)")
+                  f"{sample.floor_inodes} inodes on {where} (it has {sample.free_bytes} bytes "
+                  "free, but no file can be created without an inode)")
     else:
         return None
     return Refusal(code="runner_disk_full", detail=detail, free_bytes=sample.free_bytes,

@@ -60,29 +60,29 @@ def device(path: str) -> int | None:
 
 
 def staging(allowed_roots, in_setup, dev: int | None) -> list[Staging]:
-    """Bundle-unpack staging and trash entries under the roots on `dev` (None: all), each a
+    """Bundle-unpack staging and trash entries under the roots on `dev` (None: all), and what
+    a deletion on a full file system left beside the trash (`trash.move_to_trash`), each a
     candidate; those of jobs setting up are active."""
-    out = []
-    dirs = []
+    out, entries = [], []
     for root in allowed_roots:
         if dev is not None and device(root) != dev:
             continue
-        dirs.append(os.path.join(root, bundles_mod.STAGING))
-        dirs.append(os.path.join(root, trash.TRASH))
-    for d in dirs:
-        try:
-            entries = list(os.scandir(d))
-        except OSError:
-            continue
-        for e in entries:
-            active = e.name.split(".")[0] in in_setup
+        for d, beside in ((os.path.join(root, bundles_mod.STAGING), None),
+                          (os.path.join(root, trash.TRASH), None), (root, trash.TRASH + "-")):
             try:
-                st = e.stat(follow_symlinks=False)
+                with os.scandir(d) as found:
+                    entries += [e for e in found if beside is None or e.name.startswith(beside)]
             except OSError:
                 continue
-            measured = sizes.measure(e.path)
-            out.append(Staging(path=e.path, allocated_bytes=measured.allocated_bytes,
-                               last_used_ms=int(st.st_mtime * 1000), active=active))
+    for e in entries:
+        active = e.name.split(".")[0] in in_setup
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        measured = sizes.measure(e.path)
+        out.append(Staging(path=e.path, allocated_bytes=measured.allocated_bytes,
+                           last_used_ms=int(st.st_mtime * 1000), active=active))
     return out
 
 

@@ -13,7 +13,7 @@ import trio
 
 from actors import LATER
 
-from .core import MAX_STEPS, CleanupRun, DiskSample, admission
+from .core import MAX_STEPS, STATE_FS, CleanupRun, DiskSample, admission
 from .host import device
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -101,7 +101,7 @@ class Room:
         refusal = admission(await self.cleanup(str(d.state_dir), incoming), d.floor_bytes)
         root = self._own_root(workspace) if refusal is None else None
         if root is not None:
-            refusal = admission(await self.cleanup(root, incoming), d.floor_bytes)
+            refusal = admission(await self.cleanup(root, incoming), d.floor_bytes, _on(root))
         return refusal
 
     def check_now(self, workspace: str | None):
@@ -110,16 +110,16 @@ class Room:
         refusal = self._admission_now(str(self.disk.state_dir))
         root = self._own_root(workspace) if refusal is None else None
         if root is not None:
-            refusal = self._admission_now(root)
+            refusal = self._admission_now(root, _on(root))
         return refusal
 
-    def _admission_now(self, where: str):
+    def _admission_now(self, where: str, named: str = STATE_FS):
         """The floor check on one probe (`cleanup`'s first step); LATER if a cleanup is due."""
         d = self.disk
         sample = d.probe(Path(where))
         if CleanupRun(d.floor_bytes, d.goal_bytes).needed(sample):
             return LATER
-        return admission(sample, d.floor_bytes)
+        return admission(sample, d.floor_bytes, named)
 
     def _own_root(self, workspace: str | None) -> str | None:
         """The workspace's root when it is on a file system other than the state dir's."""
@@ -128,3 +128,8 @@ class Room:
         if root is not None and device(root) not in (None, device(str(d.state_dir))):
             return root
         return None
+
+
+def _on(root: str) -> str:
+    """A workspace root's file system, as a refusal's detail names it."""
+    return f"the filesystem of workspace root {root}"

@@ -11,6 +11,7 @@ trash and reported, and a later collection tries again.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -34,14 +35,36 @@ def trash_dir(root: str) -> str:
 
 
 def move_to_trash(path: str, root: str) -> str:
-    """Rename `path` (not following it if it is a symlink) into `root`'s trash."""
+    """Rename `path` (not following it if it is a symlink) into `root`'s trash. On a file
+    system with no inode (or block) left for the trash directory itself, beside it in the
+    root instead, as `.motor-trash-<name>.<id>` (a rename in place takes none; no workspace
+    name starts with a dot): before stop 57 such a file system could never be cleaned up,
+    its eviction failing ENOSPC at the trash's `mkdir`."""
     st = os.lstat(path)
-    trash = trash_dir(root)
-    if os.lstat(trash).st_dev != st.st_dev:
-        raise UnsafeDelete(f"{path} is not on the filesystem of its root {root}")
-    dest = os.path.join(trash, f"{os.path.basename(path)}.{uuid.uuid4().hex[:12]}")
+    tag = f"{os.path.basename(path)}.{uuid.uuid4().hex[:12]}"
+    try:
+        trash = trash_dir(root)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        log.warning("disk: no room for %s on a full file system: deleting %s in place", TRASH,
+                    path)
+        dest = os.path.join(root, f"{TRASH}-{tag}")
+    else:
+        if os.lstat(trash).st_dev != st.st_dev:
+            raise UnsafeDelete(f"{path} is not on the filesystem of its root {root}")
+        dest = os.path.join(trash, tag)
     os.rename(path, dest)
     return dest
+
+
+def beside_trash(root: str) -> list[str]:
+    """What a deletion on a full file system renamed beside the trash (`move_to_trash`)."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    return [os.path.join(root, n) for n in names if n.startswith(TRASH + "-")]
 
 
 def purge(path: str, *, mounts: frozenset[str] | None = None) -> int:
@@ -141,17 +164,19 @@ def delete_inside(path: str, root: str) -> int:
 
 
 def collect_trash(root: str) -> int:
-    """Empty what earlier deletions left in `root`'s trash (never crossing mounts)."""
+    """Empty what earlier deletions left in `root`'s trash, and beside it (never crossing
+    mounts)."""
     trash = os.path.join(root, TRASH)
-    left = 0
     try:
-        names = os.listdir(trash)
+        paths = [os.path.join(trash, name) for name in os.listdir(trash)]
     except OSError:
-        return 0
+        paths = []
+    paths += beside_trash(root)
+    left = 0
     mounts = mount_points()
-    for name in names:
+    for path in paths:
         try:
-            left += purge(os.path.join(trash, name), mounts=mounts)
+            left += purge(path, mounts=mounts)
         except OSError:
             left += 1
     return left

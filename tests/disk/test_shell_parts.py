@@ -271,3 +271,11 @@ def test_a_cleanup_goes_on_past_the_byte_goal_while_inodes_are_short():
     assert not run.needed(inode_sample(500 * GB, 2000))  # both goals met
     # with the byte floor off there is no inode goal either
     assert not CleanupRun(floor_bytes=0, goal_bytes=0).needed(inode_sample(500 * GB, 0))
+
+
+def test_a_refusal_names_the_file_system_it_is_about():
+    """Before stop 57 a workspace root's refusal said "the runner's state filesystem"."""
+    state = admission(inode_sample(50 * GB, 50_000), 100 * GB)
+    assert state.detail.endswith("bytes on the runner's state filesystem")
+    root = admission(inode_sample(500 * GB, 10), 100 * GB, "the filesystem of workspace root /w")
+    assert "inodes on the filesystem of workspace root /w (it has" in root.detail

@@ -15,6 +15,7 @@ import pytest
 
 from motor.disk import bundles, cargo, sizes, trash
 from motor.disk.bundles import BundleError, BundleStore, unpack_into
+from tmpfs_helpers import Filler, tmpfs, tmpfs_unavailable
 
 IS_ROOT = os.geteuid() == 0
 
@@ -427,3 +428,26 @@ def test_git_bundle_with_a_symlink_out_is_refused_and_leaves_nothing(root, tmp_p
         unpack_into(tmp_path / "src.bundle", str(ws), str(root))
     assert os.listdir(ws) == []
     assert os.listdir(root / bundles.STAGING) == []
+
+
+@pytest.mark.skipif(tmpfs_unavailable() is not None, reason=tmpfs_unavailable() or "")
+def test_a_tree_on_a_file_system_with_no_inode_left_is_deleted_in_place(tmp_path, caplog):
+    """The trash directory needs an inode; before stop 57 an eviction on a file system out of
+    inodes failed ENOSPC at its `mkdir`, so that file system could never be cleaned up."""
+    with tmpfs(tmp_path / "ws", size="16m", nr_inodes=200) as root:
+        tree = root / "big"
+        tree.mkdir()
+        (tree / "sub").mkdir()
+        (tree / "sub" / "f").write_text("x")
+        Filler(root).inodes()
+        assert not (root / trash.TRASH).exists()
+        dest = trash.move_to_trash(str(tree), str(root))
+        assert os.path.dirname(dest) == str(root)
+        assert os.path.basename(dest).startswith(trash.TRASH + "-big.")
+        assert "deleting" in caplog.text and not tree.exists()
+        assert trash.beside_trash(str(root)) == [dest]
+        assert trash.collect_trash(str(root)) == 0  # what a purge left, a later pass collects
+        assert not os.path.exists(dest)
+        again = root / "again"
+        again.mkdir()  # one inode back from the purge
+        assert trash.delete_tree(str(again), str(root)) == 0 and not again.exists()

@@ -192,3 +192,28 @@ def test_job_after_job_on_a_state_file_system_whose_inodes_their_directories_wou
             assert serve.cli_json("health")["status"] == "ok"
         finally:
             serve.stop()
+
+
+def test_a_job_that_uses_up_its_workspace_roots_inodes_has_it_evicted_for_the_next_job(
+        serve_factory, tmp_path):
+    """The workspace root on its own file system (500 inodes), a job in workspace `big` that
+    creates files until none is left. Before stop 57 the next job in another workspace was
+    admitted (bytes only), then its set-up failed ENOSPC, and the eviction that could have
+    made room failed too, at the trash directory's `mkdir`: it queued for good. Now the root
+    below its inode floor is cleaned up (`big` deleted in place, recent as it is, the
+    pressure being hard) and the next job runs."""
+    with tmpfs(tmp_path / "ws", size="64m", nr_inodes=500) as ws:
+        serve = serve_factory("--workspace-root", str(ws), "--isolation", "affinity",
+                              "--free-space-floor-bytes", "1000000").start()
+        try:
+            made = serve.cli("run", "--weight", "1", "--workspace", "big", "--", "sh", "-c",
+                             "i=0; while touch f$i 2>/dev/null; do i=$((i+1)); done; echo $i")
+            assert made.returncode == 0 and int(made.stdout) > 400, made
+            other = serve.cli("run", "--weight", "1", "--workspace", "other", "--", "sh", "-c",
+                              "touch a; echo ran", timeout=30)
+            assert (other.returncode, other.stdout) == (0, b"ran\n"), other
+            names = [w["name"] for w in serve.cli_json("workspaces")]
+            assert names == ["other"], names
+            assert "deleting" in serve.log.read_text() and not (ws / "big").exists()
+        finally:
+            serve.stop()
