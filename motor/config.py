@@ -126,15 +126,24 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 (spec.partition("=") for spec in self.caller_root)}
 
     def floor_bytes(self) -> int:
-        if self.free_space_floor_bytes is not None:
-            return parse_size(self.free_space_floor_bytes)
-        total = shutil.disk_usage(_existing_parent(self.state_path)).total
-        return min(SEED_FLOOR_BYTES, total // 10)
+        """The state file system's floor (0: no disk admission check)."""
+        return self.floors_for(shutil.disk_usage(_existing_parent(self.state_path)).total)[0]
 
     def goal_bytes(self) -> int:
+        return self.floors_for(shutil.disk_usage(_existing_parent(self.state_path)).total)[1]
+
+    def floors_for(self, total_bytes: int) -> tuple[int, int]:
+        """The floor and goal of a file system of `total_bytes`: as set, else min(128 GiB,
+        10% of that file system) and twice the floor. A workspace root on a file system of
+        its own has its own (before stop 57 it had the state file system's, so a 256 MB
+        workspace root under a large state file system refused every job)."""
+        if self.free_space_floor_bytes is not None:
+            floor = parse_size(self.free_space_floor_bytes)
+        else:
+            floor = min(SEED_FLOOR_BYTES, total_bytes // 10)
         if self.free_space_eviction_bytes is not None:
-            return max(parse_size(self.free_space_eviction_bytes), self.floor_bytes())
-        return 2 * self.floor_bytes()
+            return floor, max(parse_size(self.free_space_eviction_bytes), floor)
+        return floor, 2 * floor
 
     def validate(self) -> "RunnerConfig":
         """Check values that do not need the host; raise ConfigError with one clear line."""

@@ -42,7 +42,7 @@ class DiskActor(actors.Actor):
                  live_jobs: Callable[[], Iterable[Any]] | None = None,
                  job_recorded: Callable[[str], bool] | None = None,
                  live_index: LiveIndex | None = None, offload: Offload = thread_offload,
-                 ended_dirs: Any = None):  # jobdir.EndedDirs: emptied first on the state fs
+                 ended_dirs: Any = None, floors_for: Any = None):  # room.py says what
         super().__init__(name="disk")
         self.state_dir, self.probe, self.clock = Path(state_dir), probe, clock or WallClock()
         self.floor_bytes, self.goal_bytes = floor_bytes, max(goal_bytes, floor_bytes)
@@ -51,7 +51,7 @@ class DiskActor(actors.Actor):
         self.names = Names(self.state_dir, workspace_roots, caller_roots,
                            memo=live_index is not None)
         self.holds = Holds(live_index, live_jobs, job_recorded)
-        self.offload, self.ended_dirs = offload, ended_dirs  # the runner passes its clock's
+        self.offload, self.ended_dirs, self.floors_for = offload, ended_dirs, floors_for
         self.catalog: Catalog | None = None  # these three are opened in on_start
         self.bundles: BundleStore | None = None
         self.trees: Trees | None = None

@@ -75,10 +75,12 @@ class Room:
         the state dir's file system the ended jobs' directories are emptied first (their
         output is in the store: a copy, however recent the end)."""
         d = self.disk
-        dev, run = device(where), CleanupRun(d.floor_bytes, d.goal_bytes)
+        sample = d.probe(Path(where))
+        dev, run = device(where), CleanupRun(*self.floors(where, sample))
         copies = d.ended_dirs if where == str(d.state_dir) else None
-        for _ in range(MAX_STEPS):
-            sample = d.probe(Path(where))
+        for step in range(MAX_STEPS):
+            if step:
+                sample = d.probe(Path(where))
             if not run.needed(sample):
                 return sample
             if copies is not None:
@@ -101,7 +103,8 @@ class Room:
         refusal = admission(await self.cleanup(str(d.state_dir), incoming), d.floor_bytes)
         root = self._own_root(workspace) if refusal is None else None
         if root is not None:
-            refusal = admission(await self.cleanup(root, incoming), d.floor_bytes, _on(root))
+            sample = await self.cleanup(root, incoming)
+            refusal = admission(sample, self.floors(root, sample)[0], _on(root))
         return refusal
 
     def check_now(self, workspace: str | None):
@@ -115,11 +118,21 @@ class Room:
 
     def _admission_now(self, where: str, named: str = STATE_FS):
         """The floor check on one probe (`cleanup`'s first step); LATER if a cleanup is due."""
-        d = self.disk
-        sample = d.probe(Path(where))
-        if CleanupRun(d.floor_bytes, d.goal_bytes).needed(sample):
+        sample = self.disk.probe(Path(where))
+        floor, goal = self.floors(where, sample)
+        if CleanupRun(floor, goal).needed(sample):
             return LATER
-        return admission(sample, d.floor_bytes, named)
+        return admission(sample, floor, named)
+
+    def floors(self, where: str, sample: DiskSample) -> tuple[int, int]:
+        """The floor and goal of `where`'s file system: the state dir's, or a workspace
+        root's own when it is on another file system (`floors_for`: the configured ones, or
+        by default the share of that file system: docs/disk.md, "Admission")."""
+        d = self.disk
+        state = str(d.state_dir)
+        if d.floors_for is None or where == state or device(where) == device(state):
+            return d.floor_bytes, d.goal_bytes
+        return d.floors_for(sample.total_bytes)
 
     def _own_root(self, workspace: str | None) -> str | None:
         """The workspace's root when it is on a file system other than the state dir's."""

@@ -217,3 +217,30 @@ def test_a_job_that_uses_up_its_workspace_roots_inodes_has_it_evicted_for_the_ne
             assert "deleting" in serve.log.read_text() and not (ws / "big").exists()
         finally:
             serve.stop()
+
+
+def test_a_workspace_root_on_a_small_file_system_has_a_default_floor_of_its_own(
+        serve_factory, tmp_path):
+    """A 64 MB workspace root beside a 1 GB state file system, no floor configured: before
+    stop 57 the root was held to the state file system's default floor (100 MB, more than
+    it holds) and every job was refused. Now its default floor is 10% of its own size, and
+    once a job has filled it below that, the next admission evicts the idle workspace.""" 
+    with tmpfs(tmp_path / "state", size="1g") as state, tmpfs(tmp_path / "ws", size="64m") as ws:
+        serve = serve_factory("--workspace-root", str(ws), "--isolation", "affinity",
+                              state_dir=state)
+        serve.args.remove("--free-space-floor-bytes")
+        serve.args.remove("0")  # the default floors, as a host without a configured floor has
+        serve.start()
+        try:
+            first = serve.cli("run", "--weight", "1", "--workspace", "old", "--", "sh", "-c",
+                              "head -c 40000000 /dev/zero > blob; echo ok", timeout=30)
+            assert (first.returncode, first.stdout) == (0, b"ok\n"), first
+            second = serve.cli("run", "--weight", "1", "--workspace", "new", "--", "sh", "-c",
+                               "head -c 24000000 /dev/zero > blob; echo ok", timeout=30)
+            assert (second.returncode, second.stdout) == (0, b"ok\n"), second
+            # the root is below its floor now: the next admission evicts the idle one first
+            third = serve.cli("run", "--weight", "1", "--workspace", "new", "--", "true")
+            assert third.returncode == 0, third
+            assert [w["name"] for w in serve.cli_json("workspaces")] == ["new"]
+        finally:
+            serve.stop()
