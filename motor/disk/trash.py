@@ -67,86 +67,138 @@ def beside_trash(root: str) -> list[str]:
     return [os.path.join(root, n) for n in names if n.startswith(TRASH + "-")]
 
 
+#: how deep `purge` descends with a directory fd per level before it moves what is below
+#: up beside the tree (`_Purge`): a tree of any depth is deleted with at most this many fds
+#: and this much recursion (before stop 57 a 3,000-deep tree raised RecursionError, and the
+#: disk actor with it)
+MAX_DEPTH = 64
+
+
 def purge(path: str, *, mounts: frozenset[str] | None = None) -> int:
     """Delete `path` (already in a trash dir). Returns how many entries were left behind
-    because they are (or lead to) another mount or could not be removed."""
+    because they are (or lead to) another mount or could not be removed. A subtree deeper
+    than MAX_DEPTH is moved up beside `path` (into the same trash) and deleted after it."""
     mounts = mount_points() if mounts is None else mounts
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(path)
-        return 0
-    if path in mounts:
-        return 1
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    work, left = _Purge(path, mounts), 0
     try:
-        if not _same(os.fstat(fd), st):
-            raise UnsafeDelete(f"{path} changed while it was opened")
-        left = _purge_fd(fd, path, st.st_dev, mounts)
+        while work.pending:
+            left += work.one(work.pending.pop())
     finally:
-        os.close(fd)
-    if left == 0:
-        try:
-            os.rmdir(path)
-        except OSError:
-            left += 1
+        work.close()
     return left
+
+
+class _Purge:
+    """One purge: the trees still to delete (the first, and what was moved up from deep
+    inside it) and the trash directory they sit in (an fd: moves go there)."""
+
+    def __init__(self, path: str, mounts: frozenset[str]) -> None:
+        self.pending, self.mounts = [path], mounts
+        self.parent = os.path.dirname(path)
+        self.parent_fd: int | None = None
+
+    def close(self) -> None:
+        if self.parent_fd is not None:
+            os.close(self.parent_fd)
+
+    def one(self, path: str) -> int:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(path)
+            return 0
+        if path in self.mounts:
+            return 1
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        try:
+            if not _same(os.fstat(fd), st):
+                raise UnsafeDelete(f"{path} changed while it was opened")
+            left = self._purge_fd(fd, path, st.st_dev, 1)
+        finally:
+            os.close(fd)
+        if left == 0:
+            try:
+                os.rmdir(path)
+            except OSError:
+                left += 1
+        return left
+
+    def _move_up(self, dir_fd: int, name: str) -> bool:
+        """Move the directory `name` (in `dir_fd`) up beside the tree, to be deleted next."""
+        if self.parent_fd is None:
+            self.parent_fd = os.open(self.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        # beside the trash (a full file system's, in the root) named so its collection
+        # finds it; in the trash, any name
+        beside = os.path.basename(self.parent) != TRASH
+        dest = f"{TRASH + '-' if beside else ''}deep.{uuid.uuid4().hex[:12]}"
+        try:
+            os.rename(name, dest, src_dir_fd=dir_fd, dst_dir_fd=self.parent_fd)
+        except OSError:
+            return False
+        self.pending.append(os.path.join(self.parent, dest))
+        return True
+
+    def _purge_fd(self, dir_fd: int, path: str, dev: int, depth: int) -> int:
+        left = 0
+        try:
+            with os.scandir(dir_fd) as it:
+                names = [e.name for e in it]
+        except OSError:
+            # an unreadable directory inside the trash: make it ours and try again once
+            try:
+                os.chmod(dir_fd, 0o700)
+                with os.scandir(dir_fd) as it:
+                    names = [e.name for e in it]
+            except OSError:
+                return 1
+        for name in names:
+            child = os.path.join(path, name)
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            except OSError:
+                left += 1
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                try:
+                    os.unlink(name, dir_fd=dir_fd)
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    left += 1
+                continue
+            if st.st_dev != dev or child in self.mounts:
+                log.warning("disk: not crossing into the mount at %s", child)
+                left += 1
+                continue
+            if depth >= MAX_DEPTH:
+                if not self._move_up(dir_fd, name):
+                    left += 1
+                continue
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+            except OSError:
+                left += 1
+                continue
+            try:
+                if not _same(os.fstat(fd), st):
+                    left += 1
+                    continue
+                sub = self._purge_fd(fd, child, dev, depth + 1)
+            finally:
+                os.close(fd)
+            if sub:
+                left += sub
+                continue
+            try:
+                os.rmdir(name, dir_fd=dir_fd)
+            except OSError:
+                left += 1
+        return left
 
 
 def _same(a: os.stat_result, b: os.stat_result) -> bool:
     return a.st_dev == b.st_dev and a.st_ino == b.st_ino
-
-
-def _purge_fd(dir_fd: int, path: str, dev: int, mounts: frozenset[str]) -> int:
-    left = 0
-    try:
-        with os.scandir(dir_fd) as it:
-            names = [e.name for e in it]
-    except OSError:
-        # an unreadable directory inside the trash: make it ours and try again once
-        try:
-            os.chmod(dir_fd, 0o700)
-            with os.scandir(dir_fd) as it:
-                names = [e.name for e in it]
-        except OSError:
-            return 1
-    for name in names:
-        child = os.path.join(path, name)
-        try:
-            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            continue
-        if not stat.S_ISDIR(st.st_mode):
-            try:
-                os.unlink(name, dir_fd=dir_fd)
-            except FileNotFoundError:
-                pass
-            except OSError:
-                left += 1
-            continue
-        if st.st_dev != dev or child in mounts:
-            log.warning("disk: not crossing into the mount at %s", child)
-            left += 1
-            continue
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
-        except OSError:
-            left += 1
-            continue
-        try:
-            if not _same(os.fstat(fd), st):
-                left += 1
-                continue
-            sub = _purge_fd(fd, child, dev, mounts)
-        finally:
-            os.close(fd)
-        if sub:
-            left += sub
-            continue
-        try:
-            os.rmdir(name, dir_fd=dir_fd)
-        except OSError:
-            left += 1
-    return left
 
 
 def delete_tree(path: str, root: str) -> int:

@@ -451,3 +451,32 @@ def test_a_tree_on_a_file_system_with_no_inode_left_is_deleted_in_place(tmp_path
         again = root / "again"
         again.mkdir()  # one inode back from the purge
         assert trash.delete_tree(str(again), str(root)) == 0 and not again.exists()
+
+
+def _deep_tree(top: Path, depth: int) -> None:
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY)
+    try:
+        for _ in range(depth):
+            os.mkdir("d", dir_fd=fd)
+            os.close(os.open("f", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd))
+            nfd = os.open("d", os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    finally:
+        os.close(fd)
+
+
+def test_a_tree_deeper_than_recursion_and_fds_allow_is_deleted(root):
+    """3,000 levels (paths far past PATH_MAX): before stop 57 the purge recursed once per
+    level with a directory fd each, raised RecursionError and left the tree in the trash
+    (and the disk actor, whose cleanup it was, crashed). Now what lies below MAX_DEPTH is
+    moved up into the trash and deleted from there."""
+    _deep_tree(root / "ws", 3000)
+    assert trash.delete_tree(str(root / "ws"), str(root)) == 0
+    assert os.listdir(root) == [trash.TRASH] and os.listdir(root / trash.TRASH) == []
+    # what a purge cut short leaves (moved up, not yet deleted) is collected later
+    _deep_tree(root / "again", 2 * trash.MAX_DEPTH)
+    moved = trash.move_to_trash(str(root / "again"), str(root))
+    os.rename(moved, root / trash.TRASH / "left")
+    assert trash.collect_trash(str(root)) == 0 and os.listdir(root / trash.TRASH) == []

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import pytest
 
@@ -242,5 +244,33 @@ def test_a_workspace_root_on_a_small_file_system_has_a_default_floor_of_its_own(
             third = serve.cli("run", "--weight", "1", "--workspace", "new", "--", "true")
             assert third.returncode == 0, third
             assert [w["name"] for w in serve.cli_json("workspaces")] == ["new"]
+        finally:
+            serve.stop()
+
+
+def test_a_workspace_holding_a_tree_thousands_of_levels_deep_is_evicted(serve_factory, tmp_path):
+    """A job leaves a 3,000-level tree (and fills its root below the floor): before stop 57
+    the eviction's purge raised RecursionError, which crashed the disk actor at each try,
+    and the tree stayed. Now it is deleted and the next job runs."""
+    deep = ("import os\n"
+            "os.makedirs('keep', exist_ok=True); fd = os.open('.', os.O_RDONLY)\n"
+            "for _ in range(3000):\n"
+            "    os.mkdir('d', dir_fd=fd); n = os.open('d', os.O_RDONLY, dir_fd=fd)\n"
+            "    os.close(fd); fd = n\n"
+            "open('/dev/null').close()\n"
+            "with open('keep/blob', 'wb') as f: f.write(bytes(62_000_000))\n")
+    with tmpfs(tmp_path / "ws", size="64m") as ws:
+        serve = serve_factory("--workspace-root", str(ws), "--isolation", "affinity",
+                              "--free-space-floor-bytes", "6000000").start()
+        try:
+            made = serve.cli("run", "--weight", "1", "--workspace", "deep", "--", sys.executable,
+                             "-c", deep, timeout=60)
+            assert made.returncode == 0, made
+            other = serve.cli("run", "--weight", "1", "--workspace", "other", "--", "true",
+                              timeout=60)
+            assert other.returncode == 0, other
+            assert [w["name"] for w in serve.cli_json("workspaces")] == ["other"]
+            assert sorted(os.listdir(ws)) in (["other"], [".motor-trash", "other"])
+            assert "Traceback" not in serve.log.read_text()
         finally:
             serve.stop()
