@@ -6,6 +6,7 @@ Options come from three places, weakest first: the embedded defaults below, a TO
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -16,6 +17,8 @@ import msgspec
 from .wire import default_socket_str, default_state_dir_str
 
 GiB = 1024**3
+#: the longest path a Unix socket can be bound at (sun_path holds 108 bytes with its NUL)
+MAX_SOCKET_PATH = 107
 SEED_FLOOR_BYTES = 128 * GiB  # scheduling.md: "default 128 GiB (137438953472 bytes)"
 
 Isolation = Literal["auto", "systemd", "cgroup", "affinity", "none"]
@@ -181,6 +184,12 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(f"--body-timeout must be a positive number of seconds, got {self.body_timeout_s}")
         if self.max_connections < 1:
             raise ConfigError(f"--max-connections must be at least 1, got {self.max_connections}")
+        sock = os.fsencode(os.path.abspath(self.socket_path))
+        if len(sock) > MAX_SOCKET_PATH:  # before stop 57: tracebacks, then exit 3 (restarted)
+            raise ConfigError(
+                f"the API socket {os.fsdecode(sock)} is {len(sock)} bytes long; a Unix socket's "
+                f"path holds at most {MAX_SOCKET_PATH}: give --socket a shorter path (or "
+                "--state-dir a shorter one)")
         return self
 
 

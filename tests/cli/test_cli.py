@@ -89,6 +89,10 @@ def test_serve_bad_int_is_one_line_and_exit_2(capsys):
         (["serve", "--max-connections", "0"], "--max-connections"),
         (["serve", "--free-space-floor-bytes", "lots"], "not a size"),
         (["serve", "--windows-cpus", "0-3"], "--windows-slot-lock"),
+        # a socket path past the kernel's 107 bytes: before stop 57 the API actor crashed
+        # at each restart, then serve exited 3 (which a service manager restarts for ever)
+        (["serve", "--state-dir", "/tmp/" + "x" * 120], "a Unix socket's path holds at most 107"),
+        (["serve", "--socket", "/run/" + "s" * 110 + ".sock"], "give --socket a shorter path"),
     ],
 )
 def test_serve_config_errors_are_one_line_and_exit_2(capsys, argv, needle):
