@@ -72,8 +72,11 @@ def _find(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseExc
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
+        _preflight_token(config)
     except ConfigError as exc:
         return _error_line(exc, 2)
+    if (taken := _preflight_listen(config)) is not None:
+        return _error_line(taken, 1)
 
     import sqlite3
 
@@ -129,6 +132,34 @@ def _gave_up(escalation) -> str:
     return (f"subsystem {escalation.name} gave up: it crashed more often than its restart budget"
             f" allows (last failure: {escalation.last_exception!r}); the runner stops so that the"
             f" service manager starts it afresh (running jobs keep running)")
+
+
+def _preflight_token(config) -> None:
+    """The token file read before anything starts (ConfigError: one line, exit 2). Before
+    stop 57 an empty or unreadable one was found by the API actor, which crashed at each of
+    its restarts (a traceback each) before the runner gave up."""
+    if config.token_file:
+        from motor.api.app import read_token_file
+        read_token_file(config.token_file)
+
+
+def _preflight_listen(config) -> str | None:
+    """Why `--listen` cannot be bound (an address in use, not this host's), or None: a bind
+    tried before anything starts (the API binds it again; one that loses a race still ends
+    as a crash loop, exit 3). Before stop 57 an address in use was that crash loop."""
+    if not config.listen:
+        return None
+    import socket
+    host, _, port = config.listen.rpartition(":")
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host.strip("[]"), int(port), type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(addr)
+    except OSError as exc:
+        return f"cannot listen on {config.listen}: {exc.strerror or exc}"
+    return None
 
 
 def _error_line(exc: BaseException | str, status: int) -> int:

@@ -407,3 +407,31 @@ def test_listen_on_loopback_needs_no_token_file_elsewhere_it_does():
         with pytest.raises(ConfigError, match="--token-file"):
             build_config({}, {"listen": listen})
         assert build_config({}, {"listen": listen, "token_file": "/etc/motor/token"}).listen == listen
+
+
+@pytest.mark.parametrize("content, needle", [(None, "cannot read token file"),
+                                             ("  \n", "is empty")])
+def test_serve_refuses_a_token_file_it_cannot_use_in_one_line(tmp_path, capsys, content, needle):
+    """Before stop 57 the API actor found it, crashed at each restart with a traceback, and
+    only then did serve exit 2."""
+    token = tmp_path / "token"
+    if content is not None:
+        token.write_text(content)
+    argv = ["serve", "--state-dir", str(tmp_path / "state"), "--listen", "127.0.0.1:0",
+            "--token-file", str(token)]
+    assert main(argv) == 2
+    assert needle in one_error_line(capsys)
+    assert not (tmp_path / "state").exists()  # nothing started
+
+
+def test_serve_refuses_a_listen_address_in_use_in_one_line(tmp_path, capsys):
+    """Before stop 57: the API actor's crash loop (a traceback per restart), then exit 3,
+    which a service manager restarts for ever."""
+    import socket
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--state-dir", str(tmp_path / "state"), "--isolation", "none",
+                     "--listen", f"127.0.0.1:{port}"]) == 1
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in one_error_line(capsys)
