@@ -189,6 +189,22 @@ def _pids(procs_path: str) -> list[int]:
     return [int(p) for p in text.split()] if text else []
 
 
+def _group_pids(group: str) -> list[int]:
+    """The tasks in `group` and in every group below it: a job running as root may make
+    groups inside its own and move processes there, where the group's own `cgroup.procs`
+    does not list them (before stop 57 the start-up sweep's kill missed them)."""
+    pids, stack = [], [group]
+    while stack:
+        d = stack.pop()
+        pids += _pids(os.path.join(d, "cgroup.procs"))
+        try:
+            with os.scandir(d) as entries:
+                stack += [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            pass
+    return pids
+
+
 def collect_v1(dirs: dict[str, str], signal: int | None) -> dict:
     """A v1 job's facts from its groups `dirs` (controller -> group): the OOM verdict and
     kill count, CPU time, the memory limit and peak. Five reads at most, no wait."""
@@ -226,7 +242,7 @@ def facts_when_empty_v1(dirs: dict[str, str], signal: int | None) -> dict | None
     status.json (`isolation_facts`), so that the runner's end of the job reads no group:
     8 reads off the runner's event loop (issue 14). A `cgroup.procs` that cannot be read
     counts as empty, as `settle`'s drain counts it."""
-    if any(_pids(os.path.join(d, "cgroup.procs")) for d in dirs.values()):
+    if any(_group_pids(d) for d in dirs.values()):
         return None
     return collect_v1(dirs, signal)
 
@@ -331,8 +347,7 @@ class CgroupV1:
         return {jid for c in V1_CONTROLLERS for jid in _job_groups(self.parent_dir(c))}
 
     def pids(self, job_id: str) -> list[int]:
-        return sorted({p for d in self.job_dirs(job_id).values()
-                       for p in _pids(os.path.join(d, "cgroup.procs"))})
+        return sorted({p for d in self.job_dirs(job_id).values() for p in _group_pids(d)})
 
     def plan(self, job_id: str, cpus: list[int] | None, memory_max: int | None) -> dict:
         """The job's groups and limits, without touching them: `make` is the spec's
@@ -372,9 +387,9 @@ class CgroupV1:
 
     def drain(self, job_id: str, deadline: float) -> None:
         """SIGKILL whatever is left in the job's groups until they are empty (or the deadline)."""
-        procs = [os.path.join(d, "cgroup.procs") for d in self.job_dirs(job_id).values()]
+        dirs = self.job_dirs(job_id).values()
         while True:
-            left = sorted({p for path in procs for p in _pids(path)})
+            left = sorted({p for d in dirs for p in _group_pids(d)})
             if not left or time.monotonic() >= deadline:
                 return
             _kill_all(left)
@@ -448,7 +463,7 @@ class CgroupV2:
         return _job_groups(self.parent_dir())
 
     def pids(self, job_id: str) -> list[int]:
-        return _pids(os.path.join(self.job_dir(job_id), "cgroup.procs"))
+        return sorted(set(_group_pids(self.job_dir(job_id))))
 
     def create(self, job_id: str, cpus: list[int] | None, memory_max: int | None) -> dict:
         d = self.job_dir(job_id)
@@ -475,10 +490,9 @@ class CgroupV2:
 
     def drain(self, job_id: str, deadline: float) -> None:
         d = self.job_dir(job_id)
-        procs = os.path.join(d, "cgroup.procs")
-        kill_file = os.path.join(d, "cgroup.kill")  # Linux 5.14+
+        kill_file = os.path.join(d, "cgroup.kill")  # Linux 5.14+ (the groups below too)
         while True:
-            left = _pids(procs)
+            left = _group_pids(d)
             if not left or time.monotonic() >= deadline:
                 return
             try:

@@ -72,7 +72,10 @@ def join_cgroups(procs, pid: int | None = None) -> None:
 
 def rmdir_retry(path: str, deadline: float, interval: float = 0.01) -> str | None:
     """rmdir a group, retrying EBUSY (tasks still exiting) until the monotonic `deadline`:
-    None when it is gone, else why not. Shared by the cgroup backend and keeperd's spares."""
+    None when it is gone, else why not. A group the job made inside its own (a job running
+    as root may: a test harness, a container tool) is removed first, deepest first; before
+    stop 57 its EBUSY left the job's groups behind for good, the start-up sweep's too.
+    Shared by the cgroup backend, keeperd's removals and its spares."""
     while True:
         try:
             os.rmdir(path)
@@ -80,9 +83,34 @@ def rmdir_retry(path: str, deadline: float, interval: float = 0.01) -> str | Non
         except FileNotFoundError:
             return None
         except OSError as exc:
+            if exc.errno == errno.EBUSY and remove_subgroups(path):
+                continue  # the job's own groups are gone: this one may go now
             if exc.errno != errno.EBUSY or time.monotonic() >= deadline:
                 return f"cannot remove {path}: {exc.strerror or exc}"
         time.sleep(interval)
+
+
+def remove_subgroups(path: str) -> bool:
+    """Remove the groups below `path`, deepest first (each empty of tasks by now, or its
+    rmdir fails and it stays); whether any was removed. Iterative: a job can nest them
+    deeper than Python recurses."""
+    found, stack = [], [path]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                subs = [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+        except OSError:
+            continue
+        found += subs
+        stack += subs
+    removed = False
+    for sub in reversed(found):  # a group is listed after its parent: children go first
+        try:
+            os.rmdir(sub)
+            removed = True
+        except OSError:
+            pass
+    return removed
 
 
 def write_knob(path: str, value: str) -> None:

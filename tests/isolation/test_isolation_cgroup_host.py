@@ -280,3 +280,50 @@ def test_a_parent_removed_while_running_is_made_again_by_the_next_prepare(cgroup
             assert read(f"{dirs[0]}/cpuset.mems").strip() != ""
     finally:
         assert cgroup_backend.finish(jid)["cleanup_error"] is None
+
+
+def _nest(paths, depth: int = 3) -> list[str]:
+    """Groups a job made inside its own (child/child/...): the deepest of each."""
+    deepest = []
+    for path in paths:
+        sub = path
+        for _ in range(depth):
+            sub = os.path.join(sub, "child")
+            os.mkdir(sub)
+        deepest.append(sub)
+    return deepest
+
+
+def test_groups_a_job_made_inside_its_own_are_removed_with_them(cgroup_backend):
+    """A job running as root may make groups inside its own (a test harness, a container
+    tool). Before stop 57 their EBUSY left the job's groups behind for good, at its end and
+    at every start-up sweep."""
+    import subprocess
+
+    ended, forgotten = job_id("nested"), job_id("nested-sweep")
+    ended_paths = group_paths(cgroup_backend, ended)
+    _nest(ended_paths)
+    result = cgroup_backend.finish(ended)
+    assert result["cleanup_error"] is None, result
+    assert not any(os.path.exists(p) for p in ended_paths)
+
+    forgotten_paths = group_paths(cgroup_backend, forgotten)
+    deepest = _nest(forgotten_paths)
+    if cgroup_backend.version == 1:  # a cpuset group takes a task once it has cpus and mems
+        parent_cpuset = next(p for p in forgotten_paths if "/cpuset/" in p)
+        for level in range(1, 4):
+            sub = parent_cpuset + "/child" * level
+            for knob in ("cpuset.cpus", "cpuset.mems"):
+                with open(os.path.join(sub, knob), "w") as f:
+                    f.write(read(os.path.join(os.path.dirname(sub), knob)))
+    sleeper = subprocess.Popen(["sleep", "1000"])
+    try:
+        for path in deepest:  # a process of the forgotten job in its deepest group(s)
+            with open(os.path.join(path, "cgroup.procs"), "w") as f:
+                f.write(str(sleeper.pid))
+        swept = cgroup_backend.sweep(set())
+        assert sleeper.wait(10) == -signal.SIGKILL
+        assert not any(os.path.exists(p) for p in forgotten_paths), swept
+    finally:
+        sleeper.kill()
+        sleeper.wait()
