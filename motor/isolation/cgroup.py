@@ -197,9 +197,10 @@ def _group_pids(group: str) -> list[int]:
     while stack:
         d = stack.pop()
         pids += _pids(os.path.join(d, "cgroup.procs"))
-        try:
-            with os.scandir(d) as entries:
-                stack += [e.path for e in entries if e.is_dir(follow_symlinks=False)]
+        try:  # a cgroup directory's link count is 2 + its subgroups (kernfs): one stat
+            if os.stat(d).st_nlink != 2:
+                with os.scandir(d) as entries:
+                    stack += [e.path for e in entries if e.is_dir(follow_symlinks=False)]
         except OSError:
             pass
     return pids
