@@ -238,6 +238,8 @@ class EndedDirs:
         `now_ms` and after the last one emptied; how many jobs."""
         with self._lock:
             until_ms, jobs = now_ms + RETENTION_MS - after_ms, 0
+            if until_ms < self.emptied_to[0]:  # the wall clock stepped back past the mark:
+                self.emptied_to = (0, "")  # the ends saved since sort before it; from the start
             while rows := self.ended(self.emptied_to, until_ms):
                 for _, job_id in rows:
                     empty(self.jobs_dir / job_id)

@@ -61,3 +61,21 @@ def test_ended_dirs_empty_each_job_once_in_the_order_of_their_ends(tmp_path):
     assert dirs.empty_ended(now_ms=2_500, after_ms=500) == 0  # from where it stopped
     assert dirs.empty_ended(now_ms=9_000, after_ms=0) == 1
     assert asked[0] == ((0, ""), 2_000 + RETENTION_MS)
+
+
+def test_ended_dirs_start_again_when_the_wall_clock_steps_back(tmp_path):
+    """A job that ends after the wall clock stepped back has its end (and so its place in
+    the order) before the mark: without a fresh start it would keep its files for the day."""
+    ends = {"a": 10_000}
+
+    def ended(after, until_ms, limit=1000):
+        rows = sorted((end + RETENTION_MS, job) for job, end in ends.items())
+        return [r for r in rows if r > after and r[0] <= until_ms][:limit]
+
+    _job_dir(tmp_path, "a")
+    dirs = EndedDirs(tmp_path, ended)
+    assert dirs.empty_ended(now_ms=10_000, after_ms=0) == 1
+    ends["b"] = 4_000  # the clock went back 6 s; b ended then
+    _job_dir(tmp_path, "b")
+    assert dirs.empty_ended(now_ms=4_500, after_ms=0) == 1  # b, from a fresh start
+    assert list((tmp_path / "b").iterdir()) == []
