@@ -63,19 +63,16 @@ class DiskSample:
     free_inodes: int = 0
     total_inodes: int = 0
 
-    @property
-    def floor_inodes(self) -> int:
-        """Below this many free inodes jobs are refused (0: no inode floor)."""
-        total = self.total_inodes
-        return min(max(int(total * INODE_FLOOR_FRACTION), INODE_FLOOR_MIN), total // 4)
 
-    @property
-    def goal_inodes(self) -> int:
-        """A cleanup goes on until this many inodes are free (and `goal_bytes`)."""
-        return 2 * self.floor_inodes
-
-    def inodes_below(self, floor: int) -> bool:
-        return self.free_inodes < floor
+def inode_floors(sample: DiskSample, floor_bytes: int) -> tuple[int, int]:
+    """The free-inode floor (jobs are refused below it) and goal (a cleanup goes on until it
+    is met, with `goal_bytes`) of the sample's file system; (0, 0), no inode floor, where it
+    counts no inodes or the byte floor is off."""
+    total = sample.total_inodes
+    if floor_bytes <= 0 or total <= 0:
+        return 0, 0
+    floor = min(max(int(total * INODE_FLOOR_FRACTION), INODE_FLOOR_MIN), total // 4)
+    return floor, 2 * floor
 
 
 def with_problems(sample: DiskSample, *problems: str | None) -> DiskSample:
@@ -93,23 +90,20 @@ def admission(sample: DiskSample, floor_bytes: int, where: str = STATE_FS) -> Re
     No floor when floor_bytes <= 0."""
     if floor_bytes <= 0:
         return None
+    floor_inodes = inode_floors(sample, floor_bytes)[0]
     if sample.free_bytes < floor_bytes:
         detail = (f"free space {sample.free_bytes} bytes is below the floor of {floor_bytes} "
                   f"bytes on {where}")
-    elif sample.inodes_below(sample.floor_inodes):
-        detail = (f"free inodes {sample.free_inodes} are below the floor of "
-                  f"{sample.floor_inodes} inodes on {where} (it has {sample.free_bytes} bytes "
-                  "free, but no file can be created without an inode)")
+    elif sample.free_inodes < floor_inodes:
+        detail = (f"free inodes {sample.free_inodes} are below the floor of {floor_inodes} "
+                  f"inodes on {where} (it has {sample.free_bytes} bytes free, but no file can "
+                  "be created without an inode)")
     else:
         return None
+    inodes = {"free_inodes": sample.free_inodes, "floor_inodes": floor_inodes} \
+        if sample.total_inodes else {}
     return Refusal(code="runner_disk_full", detail=detail, free_bytes=sample.free_bytes,
-                   floor_bytes=floor_bytes, **_inode_figures(sample))
-
-
-def _inode_figures(sample: DiskSample) -> dict:
-    if not sample.total_inodes:
-        return {}
-    return {"free_inodes": sample.free_inodes, "floor_inodes": sample.floor_inodes}
+                   floor_bytes=floor_bytes, **inodes)
 
 
 def bundle_gone(sha256: str) -> Refusal:
@@ -425,8 +419,8 @@ class CleanupRun:
     def needed(self, sample: DiskSample) -> bool:
         """False once the goal is met (bytes, and inodes where the file system counts them
         and the byte floor is on); else go on (and remember a dip below either floor)."""
-        if sample.free_bytes >= self.goal_bytes and not (
-                self.floor_bytes > 0 and sample.inodes_below(sample.goal_inodes)):
+        if sample.free_bytes >= self.goal_bytes and (
+                sample.free_inodes >= inode_floors(sample, self.floor_bytes)[1]):
             return False
         self.hard = self.hard or self.below_floor(sample)
         return True
@@ -434,7 +428,7 @@ class CleanupRun:
     def below_floor(self, sample: DiskSample) -> bool:
         """Hard pressure: below the floor of bytes, or of inodes (where one applies)."""
         return sample.free_bytes < self.floor_bytes or (
-            self.floor_bytes > 0 and sample.inodes_below(sample.floor_inodes))
+            sample.free_inodes < inode_floors(sample, self.floor_bytes)[0])
 
     def next_action(self, workspaces, staging, compile_cache, sample: DiskSample, now_ms: int,
                     allowed_roots, incoming: frozenset[str]) -> Action | None:
@@ -445,7 +439,7 @@ class CleanupRun:
             goal_bytes=self.goal_bytes, now_ms=now_ms, allowed_roots=tuple(allowed_roots),
             incoming=incoming, hard=self.hard, skip=frozenset(self.failed),
             free_inodes=sample.free_inodes,
-            goal_inodes=sample.goal_inodes if self.floor_bytes > 0 else 0))
+            goal_inodes=inode_floors(sample, self.floor_bytes)[1]))
         if not actions:
             return None
         if isinstance(actions[0], Repair):

@@ -14,6 +14,7 @@ import actors
 
 from ..config import RunnerConfig
 from ..disk.bundles import BundleError, valid_sha
+from ..disk.core import inode_floors
 from ..lifecycle import QUEUED, history_expired
 from ..records import (
     CAPABILITIES, Event, JobRecord, JobRequest, Refusal, RefusedError, TERMINAL_STATES,
@@ -344,10 +345,9 @@ class Runner:
                               "floor_bytes": self.config.floor_bytes(),
                               "goal_bytes": self.config.goal_bytes()}
             if disk.total_inodes:  # a file system that counts its inodes (disk.md, "Inodes")
-                on = self.config.floor_bytes() > 0  # the byte floor off: no inode floor either
+                floor, goal = inode_floors(disk, self.config.floor_bytes())
                 report["disk"].update(free_inodes=disk.free_inodes, total_inodes=disk.total_inodes,
-                                      floor_inodes=disk.floor_inodes if on else 0,
-                                      goal_inodes=disk.goal_inodes if on else 0)
+                                      floor_inodes=floor, goal_inodes=goal)
             if self.host.state_fs is not None:
                 report["disk"]["state_filesystem"] = self.host.state_fs
             degraded += [{"subsystem": "disk", "cause": cause} for cause in disk.problems]

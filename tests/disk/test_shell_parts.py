@@ -16,7 +16,8 @@ import pytest
 from motor.disk.book import SizeCache, held, listing_row, workspace_of
 from motor.disk.catalog import Entry
 from motor.disk.core import (
-    CleanupRun, DiskSample, EvictWorkspace, Repair, Workspace, admission, maintenance_due,
+    CleanupRun, DiskSample, EvictWorkspace, Repair, Workspace, admission, inode_floors,
+    maintenance_due,
 )
 from motor.disk.live import INFLIGHT_S, Holds, Live
 from motor.disk.names import Names
@@ -239,10 +240,11 @@ def inode_sample(free_bytes: int, free_inodes: int, total_inodes: int = 100_000)
 
 
 def test_the_inode_floor_is_a_share_of_the_file_systems_inodes_and_none_where_it_counts_none():
-    assert (inode_sample(0, 0).floor_inodes, inode_sample(0, 0).goal_inodes) == (1000, 2000)
-    assert inode_sample(0, 0, total_inodes=300).floor_inodes == 64  # at least 64
-    assert inode_sample(0, 0, total_inodes=100).floor_inodes == 25  # at most a quarter
-    assert DiskSample(free_bytes=0, total_bytes=GB).floor_inodes == 0  # btrfs: no count
+    assert inode_floors(inode_sample(0, 0), GB) == (1000, 2000)
+    assert inode_floors(inode_sample(0, 0, total_inodes=300), GB) == (64, 128)  # at least 64
+    assert inode_floors(inode_sample(0, 0, total_inodes=100), GB) == (25, 50)  # at most 1/4
+    assert inode_floors(DiskSample(free_bytes=0, total_bytes=GB), GB) == (0, 0)  # btrfs
+    assert inode_floors(inode_sample(0, 0), 0) == (0, 0)  # the byte floor off: this one too
 
 
 def test_admission_refuses_a_file_system_out_of_inodes_with_bytes_to_spare():
