@@ -33,6 +33,21 @@ def take_response(buf: bytearray) -> tuple[bytes, bytes] | None:
     return head, rest[:length]
 
 
+def response_head(sock: socket.socket) -> bytes:
+    """The head of one whole response read from a blocking socket; b"closed" or b"reset"
+    when the peer closed or reset the connection first."""
+    buf = bytearray()
+    try:
+        while (got := take_response(buf)) is None:
+            data = sock.recv(65536)
+            if not data:
+                return b"closed"
+            buf += data
+    except ConnectionResetError:
+        return b"reset"
+    return got[0]
+
+
 def serve_each(listener: socket.socket, on_conn: Callable[[socket.socket], None]) -> threading.Thread:
     """Accept on `listener` until it is closed, each connection handled by `on_conn` in a
     thread of its own; the accepting thread (started)."""

@@ -11,7 +11,7 @@ import time
 import pytest
 import trio
 from fake_runner import FakeRunner
-from socket_helpers import take_response
+from socket_helpers import response_head, take_response
 
 from motor.api import make_app, serve_api
 from motor.api import server as server_mod
@@ -234,20 +234,6 @@ async def test_a_shutdown_does_not_wait_for_ever_on_a_client_that_does_not_read(
     sock.close()
 
 
-def _blocking_response(sock: socket.socket) -> bytes:
-    """One whole response read from a blocking socket (b"" if it closed first)."""
-    buf = bytearray()
-    try:
-        while (got := take_response(buf)) is None:
-            data = sock.recv(65536)
-            if not data:
-                return b""
-            buf += data
-    except ConnectionResetError:
-        return b""
-    return got[0]
-
-
 async def test_a_request_sent_while_the_runners_loop_was_held_past_the_idle_deadline_is_answered(
         config, nursery, short_timeout):
     """Eight times, two kept connections each send a request while the event loop is held
@@ -264,13 +250,13 @@ async def test_a_request_sent_while_the_runners_loop_was_held_past_the_idle_dead
             sock = socket.socket(socket.AF_UNIX)
             sock.connect(str(config.socket_path))
             sock.sendall(HEAD)
-            answer = await trio.to_thread.run_sync(_blocking_response, sock)
+            answer = await trio.to_thread.run_sync(response_head, sock)
             assert answer.startswith(b"HTTP/1.1 200"), answer
             socks.append(sock)
         for sock in socks:  # the loop is held from here (this task blocks it) ...
             sock.sendall(HEAD)
         time.sleep(server_mod.HEAD_TIMEOUT_S + 0.3)  # ... past every idle deadline
-        answers += [(await trio.to_thread.run_sync(_blocking_response, s))[:12] for s in socks]
+        answers += [(await trio.to_thread.run_sync(response_head, s))[:12] for s in socks]
         for sock in socks:
             sock.close()
     assert answers == [b"HTTP/1.1 200"] * 16
