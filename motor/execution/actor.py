@@ -62,8 +62,7 @@ class JobExecution(actors.Actor):
             if found.adopt:
                 self.run_state.follow(found.keeper)
                 log.info("%s: adopted (keeper %s)", self.name, self.keeper)
-                if not await deps.offload(deps.backend.adopt, job_id):
-                    log.warning("%s: its isolation group is gone; following it without one", self.name)
+                await deps.offload(jobdir.adopt_groups, deps.backend, job_id, self.dir, self.name)
                 if self.record.state != RUNNING:
                     await self._mark_running(found.started_at_ms)
             if self.run_state.cancel_due():

@@ -53,6 +53,15 @@ def look(job_dir: Path) -> tuple[dict[str, Any] | None, bool, bool, str | None]:
     return keeper, (job_dir / joblog.STATUS_FILE).exists(), job_dir.exists(), error
 
 
+def adopt_groups(backend: Any, job_id: str, job_dir: Path, who: str = "") -> None:
+    """The isolation backend takes an adopted job's groups back (`adopt`). None left is
+    what a job that ended while no runner ran leaves (keeperd removes an ended job's groups
+    once its status.json is written): said only of a job with no status yet, which runs on
+    out of its groups (before stop 58 every such adoption after a crash logged a warning)."""
+    if not backend.adopt(job_id) and not (job_dir / joblog.STATUS_FILE).exists():
+        log.warning("%s: its isolation group is gone; following it without one", who)
+
+
 def adopt_claim(job_dir: Path, spawner: Any, job_id: str, who: str = "") -> Found:
     """A spawn found the directory claimed: adopt the keeper its claim names, or, when the
     claim names none, stop the job's processes and adopt it with no keeper to follow."""

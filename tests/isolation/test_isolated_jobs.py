@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -196,6 +197,47 @@ def test_a_job_from_a_spare_outlives_a_killed_runner_and_is_adopted(
     result = serve.cli("attach", job_id)
     assert result.returncode == 7, result.stderr
     assert int(result.stdout.decode().split()[0]) == job_pid
+
+
+GONE = b"its isolation group is gone"
+
+
+def test_a_job_that_ended_while_no_runner_ran_is_adopted_without_a_warning_of_its_groups(
+        serve_factory, private_parent, tmp_path):
+    """Stop 58 (a crash probe): keeperd removes an ended job's groups once its status.json
+    is written, so a job that ended while the runner was down has none left when the next
+    runner adopts it. That is no fault, and is not logged as one (it was, for every such
+    job); a running job whose groups were taken from under it still is."""
+    from polling import wait_for
+
+    backend = open_cgroup_backend(parent=private_parent)
+    if backend.version != 1:
+        pytest.skip("keeperd makes (and removes) the groups on cgroup v1 hierarchies")
+    serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent).start()
+    ended, runs = tmp_path / "ended", tmp_path / "runs"
+    wait = "while [ ! -e {} ]; do sleep 0.02; done"
+    a = serve.cli_json("submit", "--weight", "1", "--workspace", "a", "--", "sh", "-c", wait.format(ended) + "; exit 7")
+    b = serve.cli_json("submit", "--weight", "1", "--workspace", "b", "--", "sh", "-c", wait.format(runs))
+    jobs = serve.state_dir / "jobs"
+    keepers = [jobs / j["job_id"] / "keeper.json" for j in (a, b)]
+    wait_for(lambda: all(k.exists() and json.loads(k.read_text()).get("job_pid") for k in keepers),
+             what="both jobs' pids in their keeper.json")
+    serve.kill9()
+    ended.touch()  # a ends: keeperd writes its status, then removes its groups
+    wait_for(lambda: (jobs / a["job_id"] / "status.json").exists() and not backend.adopt(a["job_id"]),
+             what="the first job's status written and its groups removed")
+    # b's groups are taken from under it: its processes moved to the parent, the groups removed
+    for path in backend.flavour.job_dirs(b["job_id"]).values():
+        for pid in Path(path, "cgroup.procs").read_text().split():
+            Path(path).parent.joinpath("cgroup.procs").write_text(pid)
+        os.rmdir(path)
+    seen = serve.log.stat().st_size
+    serve.start()
+    assert serve.cli("attach", a["job_id"]).returncode == 7
+    runs.touch()
+    assert serve.cli("attach", b["job_id"]).returncode == 0
+    log = serve.log.read_bytes()[seen:]
+    assert log.count(GONE) == 1 and f"job-{b['job_id']}: ".encode() + GONE in log, log.decode()
 
 
 #: a job that leaves a process behind in its groups: out of its process group (a session of
