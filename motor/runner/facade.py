@@ -391,7 +391,8 @@ class Runner:
                            "longest_commit_ms": round(pace.longest_s * 1000.0, 3),
                            "commit_waiting_ms": round(waiting_s * 1000.0, 3),
                            "locked_writes": pace.locked_writes,
-                           "locked_ms": round(locked_s * 1000.0, 3)}
+                           "locked_ms": round(locked_s * 1000.0, 3),
+                           **({} if db.reserve is None else {"reserve": db.reserve.describe()})}
         report["status"] = "degraded" if degraded else "ok"
         report["degraded"] = degraded
         return report

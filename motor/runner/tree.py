@@ -35,6 +35,7 @@ from ..memory.host import read_ceiling
 from ..records import CAPABILITIES
 from ..scheduling.actor import DispatchDeps, Dispatcher
 from ..store.actor import StoreActor, open_database
+from ..store.reserve import FILE_NAME as RESERVE_FILE, Reserve, reserve_bytes
 from ..store.hub import ChangeHub
 from ..store.db import StoreError
 from ..store.fileguard import DatabaseLost
@@ -125,10 +126,15 @@ async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runn
                 await claim_socket_path(config.socket_path)
             except SocketInUse as exc:
                 raise StartupError(str(exc)) from None
+        floor, goal = config.floor_bytes(), config.goal_bytes()
+        reserve = Reserve(state / RESERVE_FILE, reserve_bytes(floor), goal) if floor else None
         try:
-            db = open_database(state, max_output_bytes=parse_size(config.max_output_bytes_per_job))
+            db = open_database(state, max_output_bytes=parse_size(config.max_output_bytes_per_job),
+                               reserve=reserve)
         except StoreError as exc:
             raise StartupError(str(exc)) from None
+        if reserve is not None:
+            reserve.ensure()
         clock = config.clock or WallClock()
         hub = ChangeHub()
         await _sweep_leftover_groups(host.backend, db, jobs_dir)

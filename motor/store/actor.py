@@ -28,7 +28,6 @@ import functools
 import logging
 import sqlite3
 import time
-from pathlib import Path
 
 import trio
 
@@ -37,7 +36,7 @@ import actors
 from .. import faults
 from ..offload import Offload, thread_offload
 from .checkpoints import CheckpointPlan
-from .db import LOCK_WAIT_MS, Database, StoreFull, StoreLocked
+from .db import LOCK_WAIT_MS, Database, StoreFull, StoreLocked, open_database
 from .grouping import commit_group, run_inline
 from .holds import WriteHold
 from .hub import ChangeHub
@@ -192,8 +191,3 @@ class StoreActor(actors.Actor):
     def _save_timed(self, writes: list) -> tuple[list, float]:
         t0 = time.perf_counter()
         return self._save(writes, LOCK_WAIT_MS), time.perf_counter() - t0
-
-
-def open_database(state_dir: Path, *, max_output_bytes: int | None = None,
-                  check: bool = True) -> Database:
-    return Database(state_dir / "motor.db", max_output_bytes=max_output_bytes, check=check)

@@ -76,10 +76,11 @@ from typing import Iterable, NamedTuple, Sequence
 import msgspec
 
 from ..lifecycle import ACTIVE_STATES
-from ..records import JobRecord, Output, encode_event, Event, TERMINAL_STATES
+from ..records import JobRecord, Output, Started, encode_event, Event, TERMINAL_STATES
 from .checkpoints import WAL_SIZE_LIMIT
 from .fileguard import FileGuard, uri
 from .pace import CommitPace
+from .reserve import Reserve
 from .salvage import salvage, tell_once, unreadable
 
 SCHEMA_VERSION = 1
@@ -223,6 +224,13 @@ def _is_locked(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and "database is locked" in str(exc)
 
 
+def _start_or_end(write: tuple) -> bool:
+    """A write that records a job's start (its `started` event) or its end: the writes the
+    store's reserve is kept for (store/reserve.py)."""
+    return len(write) == 4 and (write[0].state in TERMINAL_STATES
+                                or any(isinstance(e, Started) for e in write[1]))
+
+
 def _is_full(exc: BaseException) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None:
@@ -260,6 +268,8 @@ class Database:
         #: they added to the WAL; the store actor checkpoints by it and by `commits`)
         self.bytes_written = 0
         self._txn_bytes = 0
+        #: the state file system's reserve (store/reserve.py), set by `open_database`
+        self.reserve: Reserve | None = None
         try:
             self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             # only takes effect while the file is still empty (a new database): set it first,
@@ -398,6 +408,21 @@ class Database:
         return self.save_many([(record, events, log_offset, retain_until_ms)])[0]
 
     def save_many(self, writes: Sequence[tuple], lock_wait_ms: int = 0) -> list[list[Event]]:
+        """`_save_many`. Where the file system is full and the writes record a job's start
+        or end, once more after deleting the store's reserve, if it holds one
+        (store/reserve.py), which a later commit makes again."""
+        try:
+            stamped = self._save_many(writes, lock_wait_ms)
+        except StoreFull:
+            if self.reserve is None or not any(map(_start_or_end, writes)) \
+                    or not self.reserve.release():
+                raise
+            stamped = self._save_many(writes, lock_wait_ms)
+        if self.reserve is not None and not self.reserve.held:
+            self.reserve.restore_later()
+        return stamped
+
+    def _save_many(self, writes: Sequence[tuple], lock_wait_ms: int = 0) -> list[list[Event]]:
         """Several saves, each `(record, events, log_offset, retain_until_ms)` as `save`
         takes them, in order and in ONE transaction (one commit, one WAL sync point): all
         of them are written or, on an error, none. A write with a fifth item that is true,
@@ -679,3 +704,19 @@ class Database:
 
     def count(self) -> int:
         return self.reader.execute("SELECT count(*) FROM jobs").fetchone()[0]
+
+
+def open_database(state_dir: Path, *, max_output_bytes: int | None = None, check: bool = True,
+                  reserve: Reserve | None = None) -> Database:
+    """The job database of `state_dir`. With a `reserve` (store/reserve.py): a database that
+    cannot be opened on a full file system deletes it and is opened once more, and the
+    writes delete it when they find the file system full."""
+    path = state_dir / "motor.db"
+    try:
+        db = Database(path, max_output_bytes=max_output_bytes, check=check)
+    except StoreError:
+        if reserve is None or not reserve.release_if_full():
+            raise
+        db = Database(path, max_output_bytes=max_output_bytes, check=check)
+    db.reserve = reserve
+    return db

@@ -122,7 +122,8 @@ def test_a_job_that_fills_the_disk_has_an_idle_workspace_evicted_without_waiting
     write its status until there is room. Before stop 55 nothing asked the disk manager
     for room until the next admission or maintenance pass (a minute), so the job stayed
     `running` that long; now the manager's own probe (every 2 s) finds the file system
-    below its floor and evicts the idle workspace, and the job ends."""
+    below its floor and evicts an idle workspace. (Since stop 58 the job's end itself lands
+    at once, on the store's reserve: the eviction comes after it, well before a pass.)"""
     with tmpfs(tmp_path / "state", size="40m") as state:
         serve = serve_factory("--free-space-floor-bytes", str(4_000_000), "--isolation",
                               "affinity", state_dir=state).start()
@@ -135,8 +136,10 @@ def test_a_job_that_fills_the_disk_has_an_idle_workspace_evicted_without_waiting
             result = serve.cli("attach", "--json", job_id, timeout=30)
             record = json_lines(result.stdout)[-1]["record"]
             assert record["state"] == "succeeded", record
+            wait_for(lambda: serve.cli_json("health")["disk"]["free_bytes"] >= 4_000_000,
+                     timeout=15, what="an idle workspace evicted (a pass comes once a minute)")
             names = [w["name"] for w in serve.cli_json("workspaces")]
-            assert "old" not in names and "fill" in names, names
+            assert len(names) == 1, names
         finally:
             serve.stop()
 
@@ -273,4 +276,50 @@ def test_a_workspace_holding_a_tree_thousands_of_levels_deep_is_evicted(serve_fa
             assert sorted(os.listdir(ws)) in (["other"], [".motor-trash", "other"])
             assert "Traceback" not in serve.log.read_text()
         finally:
+            serve.stop()
+
+
+def test_a_job_that_fills_the_state_file_system_from_its_own_workspace_ends_and_the_next_runs(
+        serve_factory, tmp_path):
+    """Stop 58 (a fault probe): the job that fills the state file system has the only
+    workspace worth evicting. Before, its end could not be recorded ("waiting for space to
+    record the job"), so its workspace stayed a running job's, which the disk manager never
+    evicts, and nothing freed the space: `motor run` waited for good. Now the write deletes
+    the store's reserve (store/reserve.py) and lands; the workspace, idle, is evicted."""
+    with tmpfs(tmp_path / "state", size="40m") as state:
+        serve = serve_factory("--free-space-floor-bytes", str(4 << 20), "--isolation", "affinity",
+                              state_dir=state).start()
+        try:
+            assert (state / "store.reserve").stat().st_size == 1 << 20  # a quarter of the floor
+            result = serve.cli("run", "--workspace", "fill", "--", "sh", "-c",
+                               "dd if=/dev/zero of=big bs=1M 2>/dev/null; exit 3", timeout=30)
+            assert result.returncode == 3, result.stderr
+            assert serve.cli("run", "--workspace", "next", "--", "true", timeout=30).returncode == 0
+            assert serve.cli_json("health")["store"]["reserve"]["released"] == 1
+            assert "fill" not in [w["name"] for w in serve.cli_json("workspaces")]
+        finally:
+            serve.stop()
+
+
+def test_a_runner_started_on_a_full_state_file_system_serves_and_refuses_jobs_until_there_is_room(
+        serve_factory, tmp_path):
+    """Stop 58 (a fault probe): a runner started on a state file system with no byte free
+    could not open its database ("disk I/O error") and exited, so its disk manager never
+    ran. Now the open deletes the store's reserve first: the runner serves, refuses jobs
+    `runner_disk_full`, and runs them once there is room."""
+    with tmpfs(tmp_path / "state", size="40m") as state:
+        serve = serve_factory("--free-space-floor-bytes", str(4 << 20), "--isolation", "affinity",
+                              state_dir=state).start()
+        filler = Filler(state)
+        try:
+            assert serve.cli("run", "--", "true").returncode == 0
+            assert serve.stop() == 0
+            filler.blocks()
+            serve.start()
+            refused = serve.cli("run", "--", "true")
+            assert refused.returncode == 75 and b"runner_disk_full" in refused.stderr, refused.stderr
+            filler.free()
+            assert serve.cli("run", "--", "true").returncode == 0
+        finally:
+            filler.free()
             serve.stop()
