@@ -318,8 +318,13 @@ def test_a_runner_started_on_a_full_state_file_system_serves_and_refuses_jobs_un
             serve.start()
             refused = serve.cli("run", "--", "true")
             assert refused.returncode == 75 and b"runner_disk_full" in refused.stderr, refused.stderr
+            health = serve.cli_json("health")  # said so (it was `ok`)
+            assert health["status"] == "degraded", health
+            assert [d["subsystem"] for d in health["degraded"]] == ["disk"], health["degraded"]
+            assert "below its floor of 4194304" in health["degraded"][0]["cause"]
             filler.free()
             assert serve.cli("run", "--", "true").returncode == 0
+            assert serve.cli_json("health")["status"] == "ok"
         finally:
             filler.free()
             serve.stop()
