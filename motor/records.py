@@ -10,6 +10,7 @@ they are the public contract.
 from __future__ import annotations
 
 import re
+from base64 import b64decode
 from typing import Literal, Union
 
 import msgspec
@@ -292,9 +293,17 @@ class Started(Event, tag="started"):
     attempt: int = 1
 
 
-class Output(Event, tag="output"):
+class Output(Event, tag="output", omit_defaults=True):
+    """`data`: the output as text (UTF-8; bytes that are not valid UTF-8 become U+FFFD).
+    `data_b64`: present only then, the exact bytes, base64 (docs/protocol.md, "Events")."""
+
     stream: Literal["stdout", "stderr"]
     data: str
+    data_b64: str | None = None
+
+    def raw(self) -> bytes:
+        """The exact bytes of this piece of output."""
+        return b64decode(self.data_b64) if self.data_b64 is not None else self.data.encode()
 
 
 class Truncated(Event, tag="truncated"):

@@ -351,14 +351,20 @@ class _Writer:
     def __init__(self) -> None:
         self.broken: set[str] = set()
 
-    def write(self, stream: str, data: str) -> None:
+    def write(self, stream: str, data: str, data_b64: str | None = None) -> None:
+        """`data`, or where the event has them the exact bytes (`data_b64`: the job wrote
+        bytes that are not UTF-8; before stop 58 they came out as U+FFFD)."""
         if stream in self.broken:
             return
         target = sys.stderr if stream == "stderr" else sys.stdout
-        try:
-            raw = data.encode("utf-8", "surrogateescape")
-        except UnicodeEncodeError:
-            raw = data.encode("utf-8", "replace")
+        if data_b64 is not None:
+            import binascii  # (only here: the CLI's start-up imports stay few)
+            raw = binascii.a2b_base64(data_b64)
+        else:
+            try:
+                raw = data.encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError:
+                raw = data.encode("utf-8", "replace")
         try:
             target.flush()
             buffer = getattr(target, "buffer", None)
@@ -456,7 +462,7 @@ def follow(events: Iterable, *, as_json: bool, on_job_id: Callable[[str], None] 
                 watch.stop()
         elif tag == "output":
             if not as_json:
-                writer.write(event.get("stream"), event.get("data", ""))
+                writer.write(event.get("stream"), event.get("data", ""), event.get("data_b64"))
         elif tag == "truncated":
             if not as_json:
                 _err(f"motor: output before event {event.get('truncated_before_seq')} is no longer retained")

@@ -28,6 +28,7 @@ store and turns `status.json` into the terminal record. What it decides, it asks
 from __future__ import annotations
 
 import codecs
+from base64 import b64encode
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -268,9 +269,26 @@ class JobRun:
 # --- output -----------------------------------------------------------------------------------
 
 
+def _output(stream: str, text: str, data: bytes, decoder: Any) -> Output:
+    """The event of `text`, decoded from `data` less what `decoder` still holds: with the
+    exact bytes (`data_b64`) where they are not valid UTF-8, so that a client can write out
+    what the job wrote (issue 14's stop 58: `motor run -- cat some.tar > copy` was not a
+    copy). Text without U+FFFD, nearly all output, is not looked at again."""
+    if "\ufffd" not in text:
+        return Output(stream=stream, data=text)
+    if held := decoder.getstate()[0]:
+        data = data[:-len(held)]
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return Output(stream=stream, data=text, data_b64=b64encode(data).decode("ascii"))
+    return Output(stream=stream, data=text)  # U+FFFD the job wrote itself
+
+
 class OutputDecoder:
     """output.log records to `output` events, one incremental UTF-8 decoder per stream
-    (invalid bytes become U+FFFD; a character split across records stays whole). Once the
+    (invalid bytes become U+FFFD in `data`, and the event carries the exact bytes in
+    `data_b64`; a character split across records stays whole). Once the
     log could not be parsed, `error` says where and why, and no more output is read."""
 
     def __init__(self, keep_bytes: int | None = None) -> None:
@@ -297,9 +315,20 @@ class OutputDecoder:
     def events(self, records: Sequence[tuple[str, bytes]]) -> list[Output]:
         out = []
         for stream, data in records:
-            text = self._decoders[stream].decode(data)
-            if text:
-                out.append(Output(stream=stream, data=text))
+            decoder = self._decoders[stream]
+            held = decoder.getstate()[0]  # a character's first bytes, from the record before
+            if text := decoder.decode(data):
+                out.append(_output(stream, text, held + data, decoder))
+        return out
+
+    def tail(self) -> list[Output]:
+        """At the job's end: the bytes each decoder still holds (a character cut short by
+        the end of the output), as events; before stop 58 they were dropped."""
+        out = []
+        for stream, decoder in self._decoders.items():
+            held = decoder.getstate()[0]
+            if text := decoder.decode(b"", final=True):
+                out.append(_output(stream, text, held, decoder))
         return out
 
     def stopped(self, offset: int, exc: BaseException) -> str:

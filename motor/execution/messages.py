@@ -102,7 +102,8 @@ def terminal_save(run: "JobRun", record) -> Save:
     """The job's terminal save: its terminal record and event after what `run` deferred
     (its start, its last output batch), with the log offset after them. The dispatcher
     makes it with its next save when it can (`Finished.ride`), else the job actor."""
-    events, offset = run.with_unsaved([Terminal(record=public_record(record))])
+    tail = run.output.tail()  # a character the output's end cut short
+    events, offset = run.with_unsaved([*tail, Terminal(record=public_record(record))])
     return Save(record=record, events=tuple(events), log_offset=offset,
                 retain_until_ms=retain_until(record))
 

@@ -128,8 +128,8 @@ class TurnFiles:
         self._events.write(msgspec.json.encode(event) + b"\n")
         self._events.flush()
 
-    def output(self, stream: str, text: str) -> None:
-        data = text.encode("utf-8", "surrogateescape")
+    def output(self, stream: str, data: bytes) -> None:
+        """A piece of the turn's output, its exact bytes (`Output.raw`)."""
         self._out.write(data)
         self._out.flush()
         if self.echo:

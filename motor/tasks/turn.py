@@ -183,7 +183,7 @@ class TurnRunner(actors.Actor):
                     elif isinstance(event, Started):
                         await self._locked(sections.update_turn, state="running", started_at_ms=self.tc.clock())
                     elif isinstance(event, Output):
-                        files.output(event.stream, event.data)
+                        files.output(event.stream, event.raw())
                     elif isinstance(event, Truncated):
                         files.truncated()
                     elif isinstance(event, Terminal):

@@ -18,6 +18,23 @@ def test_run_exits_with_the_jobs_exit_status(serve):
     assert result.stderr == b"to-err\n"
 
 
+def test_run_writes_out_exactly_the_bytes_the_job_wrote(serve, tmp_path):
+    """Stop 58: bytes that are not UTF-8 (a tar, a compressed log, a binary; a character
+    the output's end cuts short) came out of `motor run` and `motor attach` as U+FFFD, and
+    the cut character not at all: `motor run -- cat some.tar > copy` was not a copy. Now
+    they come in `data_b64` beside the text, and the CLI writes them out as they were."""
+    blob = tmp_path / "blob"
+    blob.write_bytes(os.urandom(300_000) + "é".encode()[:1])
+    result = serve.cli("run", "--", "sh", "-c", f"cat {blob}; cat {blob} >&2")
+    assert result.returncode == 0
+    assert result.stdout == result.stderr == blob.read_bytes()
+    events = json_lines(serve.cli("run", "--json", "--", "printf", "ok \\377\\n").stdout)
+    [out] = [e for e in events if e["event"] == "output"]
+    assert out["data"] == "ok \ufffd\n" and out["data_b64"] == "b2sg/wo="
+    job_id = events[0]["job_id"]
+    assert serve.cli("attach", job_id).stdout == b"ok \xff\n"
+
+
 def test_signal_death_exits_128_plus_n(serve):
     result = serve.cli("run", "--", "sh", "-c", "kill -TERM $$")
     assert result.returncode == 128 + 15

@@ -205,9 +205,43 @@ def test_output_text_survives_any_split_into_records(chunks, cuts):
         assert "".join(e.data for e in events if e.stream == stream) == wrote[stream]
 
 
-def test_invalid_bytes_become_replacement_characters():
+def test_invalid_bytes_become_replacement_characters_and_travel_exact_beside_them():
     events = core.OutputDecoder().events([("stdout", b"ok \xff\xfe!")])
     assert [e.data for e in events] == ["ok \ufffd\ufffd!"]
+    assert [e.raw() for e in events] == [b"ok \xff\xfe!"]  # data_b64 (stop 58)
+    valid = core.OutputDecoder().events([("stdout", "a \ufffd the job wrote".encode())])
+    assert valid[0].data_b64 is None  # a U+FFFD that was in the bytes: text alone
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["stdout", "stderr"]), st.binary(max_size=12)),
+                max_size=12),
+       st.lists(st.integers(min_value=0, max_value=24), max_size=4))
+def test_whatever_bytes_a_job_writes_each_streams_events_and_tail_give_them_back(records, cuts):
+    """Stop 58: the bytes, valid UTF-8 or not and cut anywhere (between batches too), come
+    back exactly from each stream's events (`Output.raw`), with what the end held (`tail`:
+    before, the first bytes of a character the output's end cut short were dropped); and
+    `data` is what a UTF-8 decoder with U+FFFD makes of them."""
+    decoder, events = core.OutputDecoder(), []
+    bounds = sorted({0, len(records), *(min(c, len(records)) for c in cuts)})
+    for a, b in zip(bounds, bounds[1:]):
+        events += decoder.events(records[a:b])
+    events += decoder.tail()
+    assert decoder.tail() == []
+    for stream in ("stdout", "stderr"):
+        wrote = b"".join(data for s, data in records if s == stream)
+        mine = [e for e in events if e.stream == stream]
+        assert b"".join(e.raw() for e in mine) == wrote
+        assert "".join(e.data for e in mine) == wrote.decode("utf-8", "replace")
+        assert all(e.data_b64 is None for e in mine) or not _valid(wrote)
+
+
+def _valid(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def test_a_log_that_cannot_be_read_stops_output_and_says_where():

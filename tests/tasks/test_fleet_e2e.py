@@ -267,3 +267,18 @@ def test_saturated_pool_runs_a_parked_mini2_task_with_a_donor_pid_end_to_end(fle
     assert [t.current.worker for t in tasks] == ["mini-1", "mini-1", "mini-1", "mini-2"]
     assert sampler.max_seen <= 2 and sampler.samples > 10, sampler.max_detail
     assert c.read_queue().entries == []
+
+
+def test_a_turns_output_log_holds_exactly_the_bytes_its_job_wrote(fleet, tmp_path):
+    """Stop 58: bytes that are not UTF-8 (and a character the output's end cuts short)
+    reached `C/turns/<task>/<turn>/output.log` as U+FFFD, or not at all; now exact."""
+    cdir, project = fleet
+    submit = task_cli(cdir, "submit", "--project", str(project), "--",
+                      "printf", "ok \\377 caf\\303\\251 \\303")
+    out, err = submit.communicate(timeout=60)
+    assert submit.returncode == 0, err.decode()
+    task_id = out.decode().strip()
+    [task] = wait_for(lambda: all_done(cdir, [task_id]), timeout=60, what="the task to end")
+    assert task.state == "succeeded"
+    log = ClientDir(cdir).turn_dir(task_id, "1") / "output.log"
+    assert log.read_bytes() == b"ok \xff caf\xc3\xa9 \xc3"
