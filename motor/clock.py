@@ -80,10 +80,16 @@ _last = [0, 0]  # [ms, counter] keeps ids from one process strictly increasing
 
 
 def uuid7(now_ms: int) -> str:
-    """A UUIDv7 (RFC 9562) string whose time field is `now_ms`; monotonic within a process."""
+    """A UUIDv7 (RFC 9562) string whose time field is `now_ms`; monotonic within a process:
+    at or before the last id's millisecond (a burst, or a wall clock stepped back) a 12-bit
+    counter goes on from the last id's, and past its end the millisecond itself (RFC 9562,
+    6.2; before stop 58 the counter wrapped after at most 4,096 ids, and the ids a runner
+    made while its clock was stepped back stopped increasing)."""
     ms, counter = _last
     if now_ms <= ms:
         now_ms, counter = ms, counter + 1
+        if counter > 0xFFF:
+            now_ms, counter = ms + 1, 0
     else:
         counter = int.from_bytes(os.urandom(2), "big") & 0x3FF
     _last[0], _last[1] = now_ms, counter
