@@ -42,7 +42,8 @@ class DiskActor(actors.Actor):
                  live_jobs: Callable[[], Iterable[Any]] | None = None,
                  job_recorded: Callable[[str], bool] | None = None,
                  live_index: LiveIndex | None = None, offload: Offload = thread_offload,
-                 ended_dirs: Any = None, floors_for: Any = None):  # room.py says what
+                 ended_dirs: Any = None, floors_for: Any = None,
+                 reserve: Any = None):  # room.py says what
         super().__init__(name="disk")
         self.state_dir, self.probe, self.clock = Path(state_dir), probe, clock or WallClock()
         self.floor_bytes, self.goal_bytes = floor_bytes, max(goal_bytes, floor_bytes)
@@ -51,10 +52,9 @@ class DiskActor(actors.Actor):
         self.names = Names(self.state_dir, workspace_roots, caller_roots,
                            memo=live_index is not None)
         self.holds = Holds(live_index, live_jobs, job_recorded)
-        self.offload, self.ended_dirs, self.floors_for = offload, ended_dirs, floors_for
-        self.catalog: Catalog | None = None  # these three are opened in on_start
-        self.bundles: BundleStore | None = None
-        self.trees: Trees | None = None
+        self.offload, self.ended_dirs = offload, ended_dirs
+        self.floors_for, self.reserve = floors_for, reserve
+        self.catalog = self.bundles = self.trees = None  # Catalog, BundleStore, Trees: on_start
         self.room: Room | None = None
         self.guard_due: set[str] | None = None  # job ends' workspaces, GuardDue armed
 

@@ -27,6 +27,11 @@ log = logging.getLogger("motor.disk")
 PRESSURE_POLL_S = 2.0
 
 
+#: below this much free after a cleanup, the state file system is full: the store's reserve
+#: is given up (`Room._last_resort`)
+FULL_BYTES = 1 << 20
+
+
 class Room:
     def __init__(self, disk: "DiskActor"):
         self.disk = disk  # read at each use: its probe may be replaced (tests)
@@ -57,7 +62,7 @@ class Room:
         maintenance pass."""
         for root in self._roots():
             try:
-                await self.cleanup(root, frozenset())
+                sample = await self.cleanup(root, frozenset())
             except OSError as exc:
                 if root not in self.unprobed:
                     log.warning("disk: %s cannot be probed (%s): no cleanup there until it "
@@ -65,6 +70,19 @@ class Room:
                     self.unprobed.add(root)
             else:
                 self.unprobed.discard(root)
+                if root == str(self.disk.state_dir):
+                    self._last_resort(sample)
+
+    def _last_resort(self, sample: DiskSample) -> None:
+        """The state file system still full after a cleanup that found nothing more to
+        evict: the store's reserve goes (store/reserve.py), so that keeperd can write what
+        it holds of a running job (its output, its status) and the store the job's end;
+        the job's workspace, idle then, is what the next cleanup frees. Before stop 58 a
+        job that filled the disk from its own workspace while keeperd held its output (no
+        write of the store's to spend the reserve) waited for good."""
+        reserve = self.disk.reserve
+        if reserve is not None and reserve.held and sample.free_bytes < FULL_BYTES:
+            reserve.release()
 
     def _roots(self) -> set[str]:
         d = self.disk

@@ -267,7 +267,7 @@ def _children(config, host: Host, db, hub, job_deps: JobDeps, handles: Handles,
             live_jobs=db.live, compile_cache=config.compile_cache, live_index=live_index,
             job_recorded=lambda job_id: db.get(job_id) is not None,
             offload=job_deps.clock.offload, ended_dirs=ended_dirs,
-            floors_for=config.floors_for), refs["disk"]),
+            floors_for=config.floors_for, reserve=db.reserve), refs["disk"]),
         _single("accounting", lambda: AccountingActor(handles.records, job_deps.clock),
                 refs["accounting"]),
         actors.ChildSpec(name="execution", factory=lambda: actors.Supervisor(

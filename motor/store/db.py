@@ -75,8 +75,8 @@ from typing import Iterable, NamedTuple, Sequence
 
 import msgspec
 
-from ..lifecycle import ACTIVE_STATES
-from ..records import JobRecord, Output, Started, encode_event, Event, TERMINAL_STATES
+from ..lifecycle import ACTIVE_STATES, RUNNING
+from ..records import JobRecord, Output, encode_event, Event, TERMINAL_STATES
 from .checkpoints import WAL_SIZE_LIMIT
 from .fileguard import FileGuard, uri
 from .pace import CommitPace
@@ -224,11 +224,11 @@ def _is_locked(exc: BaseException) -> bool:
     return isinstance(exc, sqlite3.OperationalError) and "database is locked" in str(exc)
 
 
-def _start_or_end(write: tuple) -> bool:
-    """A write that records a job's start (its `started` event) or its end: the writes the
-    store's reserve is kept for (store/reserve.py)."""
-    return len(write) == 4 and (write[0].state in TERMINAL_STATES
-                                or any(isinstance(e, Started) for e in write[1]))
+def _of_a_started_job(write: tuple) -> bool:
+    """A write of a job that has started: its start, a batch of its output, its end. The
+    writes the store's reserve is kept for (store/reserve.py): not an accept, not a queue
+    clock, which admission answers for."""
+    return len(write) == 4 and (write[0].state == RUNNING or write[0].state in TERMINAL_STATES)
 
 
 def _is_full(exc: BaseException) -> bool:
@@ -408,13 +408,13 @@ class Database:
         return self.save_many([(record, events, log_offset, retain_until_ms)])[0]
 
     def save_many(self, writes: Sequence[tuple], lock_wait_ms: int = 0) -> list[list[Event]]:
-        """`_save_many`. Where the file system is full and the writes record a job's start
-        or end, once more after deleting the store's reserve, if it holds one
+        """`_save_many`. Where the file system is full and the writes are of a job that has
+        started, once more after deleting the store's reserve, if it holds one
         (store/reserve.py), which a later commit makes again."""
         try:
             stamped = self._save_many(writes, lock_wait_ms)
         except StoreFull:
-            if self.reserve is None or not any(map(_start_or_end, writes)) \
+            if self.reserve is None or not any(map(_of_a_started_job, writes)) \
                     or not self.reserve.release():
                 raise
             stamped = self._save_many(writes, lock_wait_ms)
@@ -709,8 +709,8 @@ class Database:
 def open_database(state_dir: Path, *, max_output_bytes: int | None = None, check: bool = True,
                   reserve: Reserve | None = None) -> Database:
     """The job database of `state_dir`. With a `reserve` (store/reserve.py): a database that
-    cannot be opened on a full file system deletes it and is opened once more, and the
-    writes delete it when they find the file system full."""
+    cannot be opened on a full file system deletes it and is opened once more, and a
+    started job's writes delete it when they find the file system full."""
     path = state_dir / "motor.db"
     try:
         db = Database(path, max_output_bytes=max_output_bytes, check=check)

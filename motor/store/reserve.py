@@ -9,36 +9,38 @@ never evicts a running job's workspace, had nothing to free: the runner was wedg
 `motor run` waiting for good. A runner restarted on that file system could not open its
 database ("disk I/O error") and exited.
 
-Now a write that records a job's start or its end and finds the file system full deletes
-the reserve and is tried once more (`Database.save_many`): the job's end lands (and the
-start before it, which a job that fills the disk at once has not had recorded yet), its
-workspace is idle, and the disk manager's cleanup (below the floor every idle workspace may
-go, the youngest too) frees the space. Other writes (an accept, a batch of output, a queue
-clock) wait or are refused as before: a job that fills the disk while it prints would
-otherwise spend the reserve on its output before its end needs it. Not covered: an end
-whose unsaved output is larger than what the reserve freed (the job printed that much
-since its last stored batch, with the file system full) still waits, until the job actor
-skips that output (jobdir.relieve) or something else frees space.
-The reserve is made again once the file system is back at its goal, looked at no more than
-every RESTORE_EVERY_S, after a commit. A database that cannot be opened on a file system
-with less free than the reserve's size deletes it and is opened again (`open_database`).
+Now a write of a job that has started (its start, a batch of its output, its end) that
+finds the file system full deletes the reserve and is tried once more
+(`Database.save_many`); so does the disk manager when a cleanup leaves the file system
+full (`Room._last_resort`: keeperd may hold the job's output and status, unwritten, with no
+write of the store's to make room). The job's output and end land, its workspace is idle,
+and the disk manager's cleanup (below the floor every idle workspace may go, the youngest
+too) frees the space. Accepts and queue clocks never spend it: admission answers for
+those. Not covered: a job that still has more to record than the reserve freed (it
+printed that much after the disk filled), or a second job that fills the disk before the
+reserve is back; the runner says so in health and goes on once space is freed by hand
+(docs/operations.md).
 
-Only the store's own connection (its single writer, the store actor) deletes or makes the
-reserve. Its size: a quarter of the state file system's floor, at most 8 MiB; none where the
-floor is off (`--free-space-floor-bytes 0`)."""
+The reserve is made again once the file system is back at its goal, looked at no more
+than every RESTORE_EVERY_S, after a commit. A database that cannot be opened on a file
+system with less free than the reserve's size deletes it and is opened again
+(`open_database`). The store's writes and the disk manager's last resort delete it; only
+the store makes it again (one at a time: its lock). Its size: a quarter of the state file
+system's floor, at most 8 MiB; none where the floor is off (`--free-space-floor-bytes 0`)."""
 
 from __future__ import annotations
 
 import errno
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 
 log = logging.getLogger("motor.store")
 
 RESERVE_MAX_BYTES = 8 << 20
-RESTORE_EVERY_S = 10.0
+RESTORE_EVERY_S = 1.0
 FILE_NAME = "store.reserve"
 
 
@@ -63,10 +65,17 @@ class Reserve:
         self.released = 0
         self._clock = clock
         self._next_try = 0.0
+        #: its two releasers (the store's writes, maybe in a worker thread, and the disk
+        #: manager's last resort) and its maker go one at a time
+        self._lock = threading.Lock()
 
     def ensure(self) -> bool:
         """Hold the reserve: keep a whole one that is there, else make it when the file
         system has room for it above its goal. Never raises; whether it is held."""
+        with self._lock:
+            return self._ensure()
+
+    def _ensure(self) -> bool:
         try:
             if os.stat(self.path).st_blocks * 512 >= self.size:
                 self.held = True
@@ -109,6 +118,10 @@ class Reserve:
     def release(self) -> bool:
         """Delete the reserve (the file system is full and the store must write): whether
         there was one to delete."""
+        with self._lock:
+            return self._release()
+
+    def _release(self) -> bool:
         self.held = False
         try:
             os.unlink(self.path)

@@ -281,3 +281,25 @@ def test_a_refusal_names_the_file_system_it_is_about():
     assert state.detail.endswith("bytes on the runner's state filesystem")
     root = admission(inode_sample(500 * GB, 10), 100 * GB, "the filesystem of workspace root /w")
     assert "inodes on the filesystem of workspace root /w (it has" in root.detail
+
+
+def test_a_state_file_system_still_full_after_a_cleanup_gives_up_the_stores_reserve(tmp_path):
+    """Stop 58: the disk manager's last resort (room.py). keeperd may hold what it cannot
+    write of a running job (its output, its status), with no write of the store's to spend
+    the reserve: a cleanup that leaves the state file system full deletes it; one that
+    leaves room, or a file system with space, does not."""
+    from types import SimpleNamespace
+
+    from motor.disk.room import FULL_BYTES, Room
+    from motor.store.reserve import Reserve
+
+    reserve = Reserve(tmp_path / "store.reserve", 1 << 20, 0)
+    assert reserve.ensure()
+    room = Room(SimpleNamespace(reserve=reserve, state_dir=tmp_path))
+    room._last_resort(sample(FULL_BYTES))  # room enough for keeperd's few writes
+    assert reserve.held
+    room._last_resort(sample(4096))
+    assert not reserve.held and reserve.released == 1 and not reserve.path.exists()
+    room._last_resort(sample(0))  # gone already: nothing more
+    assert reserve.released == 1
+    Room(SimpleNamespace(reserve=None, state_dir=tmp_path))._last_resort(sample(0))  # none held

@@ -328,3 +328,26 @@ def test_a_runner_started_on_a_full_state_file_system_serves_and_refuses_jobs_un
         finally:
             filler.free()
             serve.stop()
+
+
+def test_a_job_that_prints_while_it_fills_the_state_file_system_has_its_output_and_end_recorded(
+        serve_factory, tmp_path):
+    """Stop 58: output printed around the moment the job filled the disk waits to be stored
+    (a batch of a running job's output), or is held by keeperd, which cannot write it: the
+    store's reserve (8 MiB here) is spent on it, by the store's write or by the disk
+    manager's last resort, so all 2 MB of it and the exit come back, and the next job runs
+    once the job's workspace is evicted. (More than the reserve after the disk filled is
+    not covered: docs/operations.md.)"""
+    with tmpfs(tmp_path / "state", size="100m") as state:
+        serve = serve_factory("--free-space-floor-bytes", str(32 << 20), "--isolation",
+                              "affinity", state_dir=state).start()
+        try:
+            script = ('head -c 1000000 /dev/zero | tr "\\0" y; dd if=/dev/zero of=blob bs=1M '
+                      '2>/dev/null; head -c 1000000 /dev/zero | tr "\\0" z; exit 4')
+            result = serve.cli("run", "--workspace", "fill", "--", "sh", "-c", script, timeout=60)
+            assert result.returncode == 4, result.stderr
+            assert result.stdout == b"y" * 1_000_000 + b"z" * 1_000_000
+            assert serve.cli_json("health")["store"]["reserve"]["released"] == 1
+            assert serve.cli("run", "--workspace", "next", "--", "true", timeout=30).returncode == 0
+        finally:
+            serve.stop()

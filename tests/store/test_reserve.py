@@ -1,5 +1,5 @@
-"""The store's reserve (motor/store/reserve.py): made, kept, deleted for a job's start or
-end on a full file system (never for an accept or a batch of output), made again later."""
+"""The store's reserve (motor/store/reserve.py): made, kept, deleted for a started job's
+write on a full file system (never for an accept or a queue clock), made again later."""
 
 from __future__ import annotations
 
@@ -52,25 +52,28 @@ def test_it_is_not_made_where_the_file_system_lacks_its_goal_beside_it(tmp_path)
     assert not reserve.path.with_name(R.FILE_NAME + ".tmp").exists()
 
 
-def _record(n: int, state: str) -> JobRecord:
+def _record(n: int, state: str, pad: int = 300_000) -> JobRecord:
+    # a large env makes the record bigger than any WAL space SQLite may reuse
     return JobRecord(job_id=f"01900000-0000-7000-8000-{n:012d}", state=state, workspace="w",
-                     command=["true"], claim=1, env={"PAD": "x" * 300_000})
+                     command=["true"], claim=1, env={"PAD": "x" * pad})
 
 
-def test_on_a_full_file_system_a_jobs_start_or_end_deletes_it_and_nothing_else_does(small_tmpfs):  # noqa: F811
+def test_on_a_full_file_system_a_started_jobs_write_deletes_it_and_an_accept_does_not(
+        small_tmpfs):  # noqa: F811
     reserve = R.Reserve(small_tmpfs / R.FILE_NAME, MiB, 0)
     db = open_database(small_tmpfs, reserve=reserve)
     assert reserve.ensure()
     _fill(small_tmpfs / "filler")
-    with pytest.raises(StoreFull):  # an accept
+    with pytest.raises(StoreFull):  # an accept: admission answers for those
         db.save(_record(1, "queued"))
-    with pytest.raises(StoreFull):  # a batch of output
-        db.save(_record(2, "running"), [Output(stream="stdout", data="x" * 300_000)])
+    with pytest.raises(StoreFull):  # a queue clock
+        db.save_many([(_record(1, "queued"), (), None, None, True)])
     assert reserve.held and reserve.released == 0
-    db.save(_record(3, "running"), [Started(cpus=[0])])  # a start: lands on the reserve
-    assert not reserve.held and reserve.released == 1
-    ended = _record(4, "failed")
-    db.save(ended, [Terminal(record=ended)])  # an end: what is left of it
+    running = _record(2, "running", 100_000)
+    db.save(running, [Started(cpus=[0]), Output(stream="stdout", data="x" * 100_000)])
+    assert not reserve.held and reserve.released == 1  # its start and output: on the reserve
+    ended = _record(2, "failed", 100_000)
+    db.save(ended, [Terminal(record=ended)])  # its end: in what is left of it
     assert db.get(ended.job_id).state == "failed"
     db.close()
 
