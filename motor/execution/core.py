@@ -272,7 +272,7 @@ class JobRun:
 def _output(stream: str, text: str, data: bytes, decoder: Any) -> Output:
     """The event of `text`, decoded from `data` less what `decoder` still holds: with the
     exact bytes (`data_b64`) where they are not valid UTF-8, so that a client can write out
-    what the job wrote (issue 14's stop 58: `motor run -- cat some.tar > copy` was not a
+    what the job wrote (stop 58: `motor run -- cat some.tar > copy` was not a
     copy). Text without U+FFFD, nearly all output, is not looked at again."""
     if "\ufffd" not in text:
         return Output(stream=stream, data=text)
