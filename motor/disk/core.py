@@ -75,19 +75,6 @@ def inode_floors(sample: DiskSample, floor_bytes: int) -> tuple[int, int]:
     return floor, 2 * floor
 
 
-def below_floor(disk: dict) -> str | None:
-    """Why the state file system refuses jobs now (health's report of it: its `free_bytes`,
-    `floor_bytes` and, where it counts them, `free_inodes` and `floor_inodes`), or None.
-    Before stop 58 health said `ok` while every submit was refused `runner_disk_full`."""
-    for free, floor, what in (("free_bytes", "floor_bytes", "bytes"),
-                              ("free_inodes", "floor_inodes", "inodes")):
-        if disk.get(floor) and disk[free] < disk[floor]:
-            return (f"the state file system has {disk[free]} {what} free, below its floor of "
-                    f"{disk[floor]}: jobs are refused runner_disk_full until the cleanup or "
-                    "an operator frees space")
-    return None
-
-
 def with_problems(sample: DiskSample, *problems: str | None) -> DiskSample:
     """`sample` with the problems that are there (None: none) added."""
     found = tuple(p for p in problems if p)

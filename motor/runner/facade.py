@@ -14,7 +14,7 @@ import actors
 
 from ..config import RunnerConfig
 from ..disk.bundles import BundleError, valid_sha
-from ..disk.core import below_floor, inode_floors
+from ..disk.core import admission, inode_floors
 from ..lifecycle import QUEUED, history_expired
 from ..records import (
     CAPABILITIES, Event, JobRecord, JobRequest, Refusal, RefusedError, TERMINAL_STATES,
@@ -351,8 +351,10 @@ class Runner:
             if self.host.state_fs is not None:
                 report["disk"]["state_filesystem"] = self.host.state_fs
             degraded += [{"subsystem": "disk", "cause": cause} for cause in disk.problems]
-            if (short := below_floor(report["disk"])) is not None:
-                degraded.append({"subsystem": "disk", "cause": short})
+            if (short := admission(disk, self.config.floor_bytes())) is not None:
+                degraded.append({"subsystem": "disk", "cause": (  # (stop 58: it said ok)
+                    f"{short.detail}: jobs are refused runner_disk_full until the cleanup "
+                    "or an operator frees space")})
         report.update(ledger)
         if capacity is not None and capacity.get("failed_starts", 0) >= FAILED_STARTS_DEGRADED:
             degraded.append({"subsystem": "execution", "cause": (

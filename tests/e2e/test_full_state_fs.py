@@ -321,7 +321,7 @@ def test_a_runner_started_on_a_full_state_file_system_serves_and_refuses_jobs_un
             health = serve.cli_json("health")  # said so (it was `ok`)
             assert health["status"] == "degraded", health
             assert [d["subsystem"] for d in health["degraded"]] == ["disk"], health["degraded"]
-            assert "below its floor of 4194304" in health["degraded"][0]["cause"]
+            assert "below the floor of 4194304 bytes" in health["degraded"][0]["cause"]
             filler.free()
             assert serve.cli("run", "--", "true").returncode == 0
             assert serve.cli_json("health")["status"] == "ok"
