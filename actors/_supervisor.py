@@ -171,6 +171,15 @@ class Supervisor:
     def children(self) -> list[str]:
         return [child.spec.name for child in self._children]
 
+    async def wait_ended(self, name: str) -> None:
+        """Return once the child `name` has no incarnation running (at once when there is
+        no such child). Its exit is then queued to the loop ahead of any request made after,
+        so a `start_child` of the same name waits behind it (a transient child that ended
+        normally is removed first; one that crashed is restarted first)."""
+        for child in self._children:
+            if child.spec.name == name and child.done is not None:
+                await child.done.wait()
+
     def ref(self, name: str) -> ActorRef | Supervisor:
         """The child's ActorRef (stable across restarts), or the nested Supervisor."""
         child = self._find(name)

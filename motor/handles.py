@@ -285,13 +285,31 @@ class ExecutionHandle:
 
     async def start_job(self, job_id: str, factory: Callable[[], Any]) -> None:
         """The job's actor, started: at once when the supervisor is idle (its task runs
-        soon; a Cancel sent meanwhile waits for it), else in the supervisor's turn."""
-        if not self.start_job_now(job_id, factory):
-            await self._supervisor().start_child(_job_spec(job_id, factory))
+        soon; a Cancel sent meanwhile waits for it), else in the supervisor's turn.
+
+        An actor of the job's that is still ending (one whose start failed told the
+        dispatcher so, then returns) is waited for first: the job's retry may come due
+        before that actor's exit is handled (CI, stop 59: a 60 s clock jump). A new actor
+        of its name then crashed the dispatcher. If the old one crashed and was restarted,
+        that incarnation is the job's actor and none is added (one actor per job)."""
+        if self.start_job_now(job_id, factory):
+            return
+        supervisor, spec = self._supervisor(), _job_spec(job_id, factory)
+        await supervisor.wait_ended(spec.name)
+        try:
+            await supervisor.start_child(spec)
+        except ValueError:
+            logging.getLogger("motor.scheduling").warning(
+                "dispatcher: %s still has an actor (restarted after a crash): it goes on "
+                "with the job", job_id)
 
     def start_job_now(self, job_id: str, factory: Callable[[], Any]) -> bool:
-        """`start_job` at once when the supervisor is idle (True); False: nothing done."""
-        return self._supervisor().start_child_soon(_job_spec(job_id, factory)) is not None
+        """`start_job` at once when the supervisor is idle and no actor of the job's is
+        there (True); False: nothing done."""
+        try:
+            return self._supervisor().start_child_soon(_job_spec(job_id, factory)) is not None
+        except ValueError:  # its name is in use: `start_job` waits for that actor's end
+            return False
 
     def call_job_now(self, job_id: str, msg: Any):
         """`call_job` answered at once (the job's actor answers its messages in the

@@ -239,6 +239,37 @@ async def test_a_busy_supervisor_starts_nothing_soon_and_the_waiting_start_still
         sup.start_child_soon(actors.ChildSpec("q", Plain))
 
 
+async def test_a_child_of_the_same_name_starts_once_the_ending_one_is_gone():
+    """`wait_ended` (stop 59): a transient child that is ending (its main returns) holds its
+    name until the loop handles its exit; a start of the same name made after `wait_ended`
+    is served behind that exit, so it is not refused as a duplicate. With no such child,
+    or after it, `wait_ended` returns at once."""
+    async with actors.open_supervisor("sup", []) as sup:
+        await sup.wait_ended("w")  # no such child
+        first = sup.start_child_soon(actors.ChildSpec("w", Worker, restart="transient"))
+        await trio.testing.wait_all_tasks_blocked()
+        ended = trio.Event()
+
+        async def wait_then_start():
+            await sup.wait_ended("w")
+            ended.set()
+            await sup.start_child(actors.ChildSpec("w", Worker, restart="transient"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait_then_start)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not ended.is_set()  # its main still waits: the waiter with it
+            with pytest.raises(ValueError):
+                sup.start_child_soon(actors.ChildSpec("w", Worker, restart="transient"))
+            first._actor.go.set()
+        second = sup.ref("w")
+        assert sup.children() == ["w"] and second._actor is not first._actor
+        second._actor.go.set()
+        await trio.testing.wait_all_tasks_blocked()
+        await sup.wait_ended("w")
+        assert sup.children() == []
+
+
 async def test_what_on_start_raises_in_a_child_started_soon_is_a_crash(autojump_clock):
     """Nobody waits for a child started soon, so a failed start is a crash: the restart
     strategy applies (here a transient child, restarted), the supervisor goes on."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -228,8 +229,7 @@ def test_a_job_that_ended_while_no_runner_ran_is_adopted_without_a_warning_of_it
              what="the first job's status written and its groups removed")
     # b's groups are taken from under it: its processes moved to the parent, the groups removed
     for path in backend.flavour.job_dirs(b["job_id"]).values():
-        for pid in Path(path, "cgroup.procs").read_text().split():
-            Path(path).parent.joinpath("cgroup.procs").write_text(pid)
+        _empty_into_parent(Path(path))
         os.rmdir(path)
     seen = serve.log.stat().st_size
     serve.start()
@@ -238,6 +238,22 @@ def test_a_job_that_ended_while_no_runner_ran_is_adopted_without_a_warning_of_it
     assert serve.cli("attach", b["job_id"]).returncode == 0
     log = serve.log.read_bytes()[seen:]
     assert log.count(GONE) == 1 and f"job-{b['job_id']}: ".encode() + GONE in log, log.decode()
+
+
+def _empty_into_parent(group: Path) -> None:
+    """Move every process of a v1 group into its parent, until none is left: the job's shell
+    forks a `sleep` every 20 ms, which may exit before it is moved (ProcessLookupError, as
+    in CI in stop 59) or be forked into the group after it was read (once the shell is
+    moved its children are born in the parent)."""
+    from polling import wait_for
+
+    def moved() -> bool:
+        pids = (group / "cgroup.procs").read_text().split()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                (group.parent / "cgroup.procs").write_text(pid)
+        return not pids
+    wait_for(moved, what=f"the processes of {group} moved to its parent")
 
 
 #: a job that leaves a process behind in its groups: out of its process group (a session of

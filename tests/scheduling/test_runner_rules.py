@@ -861,16 +861,26 @@ async def test_a_job_alone_behind_a_failed_start_counts_its_wait_during_the_retr
     mock_clock.rate = 1.0  # real speed, and the jumps the test makes
     go_a, go_b = tmp_path / "fail-a", tmp_path / "fail-b"
     async with motor.open_runner(embedded_config(tmp_path, max_weight=6)) as runner:
-        hook_setup(monkeypatch, runner, ("a",), barrier=go_a, error="injected: a failed", times=1)
-        hook_setup(monkeypatch, runner, ("b",), barrier=go_b, error="injected: b failed", times=1)
+        in_a = hook_setup(monkeypatch, runner, ("a",), barrier=go_a, error="injected: a failed",
+                          times=1)
+        in_b = hook_setup(monkeypatch, runner, ("b",), barrier=go_b, error="injected: b failed",
+                          times=1)
 
         def job(ws):
             return JobRequest(command=["true"], weight_hint=1, workspace=ws)
 
+        async def held(hooked: list, job_id: str) -> None:
+            """Wait until the job's setup is held at its hook: its calls to the disk actor
+            (30 s timeouts) are answered, so a clock jump now times none of them out (in CI,
+            stop 59, a jump that came first failed j3's start with a disk timeout)."""
+            await wait_until(lambda: job_id in hooked, f"{job_id} held in its setup", 60)
+
         j1 = await runner.submit(job("a"))
+        await held(in_a, j1.job_id)
         mock_clock.jump(60)
         j2 = await runner.submit(job("a"))
         j3 = await runner.submit(job("b"))
+        await held(in_b, j3.job_id)
         mock_clock.jump(60)
         j4 = await runner.submit(job("a"))
         mock_clock.jump(60)
@@ -887,3 +897,45 @@ async def test_a_job_alone_behind_a_failed_start_counts_its_wait_during_the_retr
             before.queue_wait_ms, after.queue_wait_ms)
         for each in (j1, j3, j4):
             assert (await terminal_of(runner, each.job_id, 60))["state"] == "succeeded"
+
+
+async def test_a_failed_starts_retry_that_comes_due_before_its_actor_has_ended_waits_for_it(
+        tmp_path, monkeypatch, autojump_clock):
+    """CI, stop 59: a job's start failed; its actor told the dispatcher, which requeued it
+    with its 1 s retry delay, and that delay passed (a clock jump) before the actor's exit
+    was handled. The dispatcher started a new actor of the same name and crashed on it
+    ("supervisor 'execution' already has a child"), then gave up: the runner was dead.
+    Staged: the old actor is held after it told the dispatcher, until the dispatcher has
+    tried to start the job again; then the retry runs and the job succeeds."""
+    from motor.execution.actor import JobExecution
+    from motor.handles import ExecutionHandle
+
+    hold, retried = trio.Event(), trio.Event()
+    real_error, real_now = JobExecution._start_error, ExecutionHandle.start_job_now
+    starts: list[str] = []
+
+    async def start_error(self, exc, prepared):
+        result = await real_error(self, exc, prepared)
+        await hold.wait()  # the actor has told the dispatcher; its exit is held
+        return result
+
+    def start_job_now(self, job_id, factory):
+        starts.append(job_id)
+        if len(starts) == 2:
+            retried.set()
+        return real_now(self, job_id, factory)
+
+    monkeypatch.setattr(JobExecution, "_start_error", start_error)
+    monkeypatch.setattr(ExecutionHandle, "start_job_now", start_job_now)
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=1)) as runner:
+        hooked = hook_setup(monkeypatch, runner, ("a",), error="injected: a failed", times=1)
+        job = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="a"))
+        await bounded(retried.wait, 60)  # the retry came due while the old actor is held
+        assert hooked == [job.job_id]
+        hold.set()
+        record = await terminal_of(runner, job.job_id, 60)
+        assert (record["state"], record["attempts"]) == ("succeeded", 2)
+        assert set(starts) == {job.job_id}
+        assert runner.root.ref("dispatcher").last_failure is None  # it never crashed
+        health = await runner.health()
+        assert health["status"] == "ok", health
