@@ -138,6 +138,8 @@ async def test_read_only_routes(http):
         (b'{"command": ["make"], "weight_hint": "four"}', "Expected `int | null`"),
         (b'{"command": ["make"], "timeout_s": -1}', "timeout_s"),
         (b'{"command": ["ma\\u0000ke"]}', "command arguments must not contain NUL bytes"),
+        (b'{"command": ["make"], "siblings": [%s]}' % b",".join(b'"s%d"' % i for i in range(257)),
+         "siblings: 257 named, at most 256"),
         (b'{"command": ["make"], "env": {"A=B": "1"}}', "env key 'A=B' is not a valid variable name"),
         (b'{"command": ["make"], "env": {"A": "1\\u00002"}}', "env value of 'A' must not contain NUL"),
     ],

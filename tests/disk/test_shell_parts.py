@@ -198,6 +198,26 @@ def test_names_memo_follows_symlinks_again_after_a_rescan(tmp_path):
     assert reference.canon("link") == str(tmp_path / "two")
 
 
+def test_a_plain_names_one_lstat_path_is_what_realpath_gives(tmp_path):
+    """Stop 59: a plain name under a canonical root is resolved with one `lstat` unless it
+    is a symlink; whatever it is, the answer is realpath's."""
+    from motor.disk.names import _resolved_under
+
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "dir").mkdir()
+    (root / "file").write_text("")
+    (tmp_path / "elsewhere").mkdir()
+    (root / "link").symlink_to(tmp_path / "elsewhere")
+    (root / "chain").symlink_to(root / "link")
+    (root / "dangling").symlink_to(tmp_path / "nowhere")
+    (root / "loop").symlink_to(root / "loop")
+    (root / "up").symlink_to("..")
+    for name in ("missing", "dir", "file", "link", "chain", "dangling", "loop", "up",
+                 "dir/sub", "link/x"):
+        assert _resolved_under(str(root), name) == os.path.realpath(root / name), name
+
+
 def test_the_pure_parts_import_no_trio():
     code = ("import sys; import motor.disk.core, motor.disk.book, motor.disk.live; "
             "print('trio' in sys.modules)")
