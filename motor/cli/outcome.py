@@ -93,7 +93,7 @@ def outcome_line(record: dict) -> str | None:
     if state == "cancelled":
         return f"motor: job {record.get('job_id')} was cancelled" + (f": {detail}" if detail else "")
     if state in ("succeeded", "failed") and record.get("signal"):
-        why = f" ({reason})" if reason else ""
+        why = (f" ({reason})" if reason else "") + (f": {detail}" if detail else "")
         return f"motor: job {record.get('job_id')} was killed by signal {record['signal']}{why}"
     if state == "failed" and record.get("exit_code") is None:
         return f"motor: job {record.get('job_id')} failed: {detail or reason or 'no detail'}"

@@ -68,7 +68,7 @@ class JobExecution(actors.Actor):
             if self.run_state.cancel_due():
                 deps.spawner.cancel(*self.keeper, self.dir)
             await self._follow(not found.adopt and self.record.attempts == 1)  # keeper.md
-            await self._finish()
+            await self._finish(claim_error=found.claim_error)
 
     async def _setup(self) -> core.Found | None:
         """Set up, spawn: Found (adopt: a keeper held the directory), None: ended or requeued."""
@@ -182,8 +182,9 @@ class JobExecution(actors.Actor):
             offset = new
         return offset
 
-    async def _finish(self, status: dict | None = None) -> None:
-        """The keeper exited (`status`: None, read status.json): the terminal record."""
+    async def _finish(self, status: dict | None = None, claim_error: str | None = None) -> None:
+        """The keeper exited (`status`: None, read status.json): the terminal record (with
+        `claim_error`, why the runner stopped the job's processes when it adopted it)."""
         deps, job_id = self.deps, self.record.job_id
         status, unreadable = jobdir.read_status(self.dir, self.name, status)
         if (facts := jobdir.close_quick(deps.backend, job_id, status, self.name)) is None:
@@ -191,7 +192,7 @@ class JobExecution(actors.Actor):
                 jobdir.close_is_light(deps.backend, status), deps.offload, jobdir.close,
                 self.dir, deps.spawner, deps.backend, job_id, status, self.name)
         record = core.terminal_record(self.record, status, deps.clock.now_ms(), facts,
-                                      self.run_state.output.error, unreadable)
+                                      self.run_state.output.error, unreadable, claim_error)
         await self._end(record)
         if deps.disk is not None:  # idle now: measure it, apply the build-folder cap
             await deps.disk.job_idle(job_id, record.workspace, record.siblings)

@@ -346,18 +346,24 @@ def output_stopped(offset: int, exc: BaseException) -> str:
 
 def terminal_record(record: JobRecord, status: dict | None, now_ms: int, facts: dict,
                     output_error: str | None = None,
-                    status_unreadable: str | None = None) -> JobRecord:
+                    status_unreadable: str | None = None,
+                    claim_error: str | None = None) -> JobRecord:
     """The terminal record from the keeper's status (None: the keeper was lost; with
     `status_unreadable`, why it could not be read: `jobdir.read_status`) and the isolation
     backend's `facts`: the group's CPU time covers the whole process tree and replaces the
-    keeper's figure; a reason output stopped early joins the detail."""
+    keeper's figure. Why the runner stopped the job's processes when it adopted it
+    (`claim_error`: its keeper's claim named no keeper to follow; before stop 59 such a job
+    ended `failed` by signal 9 with no word of why but the log's) and a reason output
+    stopped early join the detail."""
     if status is not None and facts.get("cpu_time_ms") is not None:
         status = {**status, "cpu_time_ms": facts["cpu_time_ms"]}
     ended = terminal_from_status(record, status, now_ms, facts, status_unreadable)
     ended = with_reservation_use(ended, status)  # unchanged when unmeasured
-    if output_error is not None:
+    stopped = claim_error and (f"the runner stopped the job's processes when it adopted the "
+                               f"job: its keeper's claim names no keeper ({claim_error})")
+    if stopped or output_error is not None:
         ended = msgspec.structs.replace(ended, detail="; ".join(
-            d for d in (ended.detail, output_error) if d))
+            d for d in (ended.detail, stopped, output_error) if d))
     return ended
 
 

@@ -98,8 +98,8 @@ def kill_strays(spawner: Any, job_id: str, who: str = "", claim_error: str | Non
         log.warning("%s: its keeper's claim cannot be read (%s): its processes are stopped",
                     who, claim_error)
     if killed := spawner.kill_marked(job_id):
-        log.warning("%s: killed %d stray process(es) of the job before its start: %s",
-                    who, len(killed), killed)
+        log.warning("%s: killed %d %s: %s", who, len(killed), "process(es) of the job" if
+                    claim_error else "stray process(es) of the job before its start", killed)
 
 
 def claimed(job_dir: Path) -> bool:

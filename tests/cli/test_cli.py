@@ -216,6 +216,8 @@ async def test_run_streams_output_and_exits_with_the_jobs_status(live, config, c
     [
         (exits(3), 3, None),
         (exits(None, signal=9, reason="oom_killed"), 137, "killed by signal 9 (oom_killed)"),
+        (exits(None, signal=9, detail="the runner stopped the job's processes"), 137,
+         "killed by signal 9: the runner stopped the job's processes"),
         (exits(None, state="timed_out", signal=9), 124, "timed out"),
         (exits(None, state="lost", detail="runner restarted"), 70, "was lost: runner restarted"),
         (exits(None, state="refused_before_start", reason="workspace_setup_failed", detail="clone failed"),

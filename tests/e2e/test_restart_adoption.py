@@ -81,6 +81,9 @@ def test_a_running_jobs_damaged_keeper_claim_stops_its_processes_and_it_ends(
     serve.start()
     record = json_lines(serve.cli("attach", "--json", job_id, "--from-seq", "0").stdout)[-1]["record"]
     assert record["state"] == "lost" or (record["state"], record["signal"]) == ("failed", 9), record
+    # the record says why (before stop 59 a job ended by the kill had no detail: only the log)
+    assert "the runner stopped the job's processes when it adopted the job: its keeper's claim " \
+           "names no keeper (" in record["detail"], record
     wait_for(lambda: not marked_processes(job_id), what="its processes to be stopped")
     assert "claim cannot be read" in serve.log.read_text()
     assert "crashed" not in serve.log.read_text()  # (a claim removed: spawned again, then this)
