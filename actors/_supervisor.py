@@ -176,9 +176,9 @@ class Supervisor:
         no such child). Its exit is then queued to the loop ahead of any request made after,
         so a `start_child` of the same name waits behind it (a transient child that ended
         normally is removed first; one that crashed is restarted first)."""
-        for child in self._children:
-            if child.spec.name == name and child.done is not None:
-                await child.done.wait()
+        done = next((child.done for child in self._children if child.spec.name == name), None)
+        if done is not None:
+            await done.wait()
 
     def ref(self, name: str) -> ActorRef | Supervisor:
         """The child's ActorRef (stable across restarts), or the nested Supervisor."""

@@ -4,9 +4,10 @@ A workspace is named by a plain name (a directory under the first workspace root
 caller's absolute path mapped through `--caller-root CALLER=HOST`, or by its catalog entry.
 Resolution reads the file system (`os.path.realpath`; one `lstat` for a plain name that
 is not a symlink: `_resolved_under`); it is cheap and runs in the disk actor's event loop,
-as before (a job names at most 256 siblings, `records.MAX_SIBLINGS`). `canon` memoizes a name's path until the catalog's names or
-paths change (its generation) or `rescan()` is called (each maintenance pass: symlinks may
-have changed on disk); without a live index (the reference way) every call resolves again.
+as before (a job names at most 256 siblings, `records.MAX_SIBLINGS`). `canon` memoizes a
+name's path until the catalog's names or paths change (its generation) or `rescan()` is
+called (each maintenance pass: symlinks may have changed on disk); without a live index
+(the reference way) every call resolves again.
 """
 
 from __future__ import annotations
