@@ -33,7 +33,7 @@ from ..clock import WallClock
 from . import joblog
 from .keeperd import KIND, LOCK_NAME, START_LOCK_NAME, socket_address
 from .spawner import (
-    CREATE_TIME_TOLERANCE_S, KeeperHandle, SpawnerError, cancel_keeper, keeper_of,
+    CREATE_TIME_TOLERANCE_S, KeeperHandle, SpawnerError, SpawnWaits, cancel_keeper, keeper_of,
     kill_marked_processes, process_alive, wait_process_exit,
 )
 
@@ -266,6 +266,7 @@ class KeeperdSpawner:
         self._spawned: dict[str, tuple[int, float]] = {}
         #: of those, the ones whose end keeperd reports unasked (the spawn carried the wait)
         self._watches: dict[str, _Req] = {}
+        self.waits = SpawnWaits()  # the spawns in flight, for health
 
     @property
     def keeperd_pid(self) -> int | None:
@@ -411,6 +412,7 @@ class KeeperdSpawner:
         req = _Req("spawn", path, launch=True, watch=_Req("wait", path, launch=False))
         with trio.CancelScope(shield=True):
             self._submit(req)
+            key = self.waits.begin()
             try:
                 with self._clock.guard_fail_after(SPAWN_TIMEOUT_S):
                     await req.event.wait()
@@ -419,6 +421,8 @@ class KeeperdSpawner:
                     self._conn.lost("no answer in time")
                     await self._conn.stream.aclose()
                 raise SpawnerError(f"keeperd did not answer the spawn of {path} in time") from None
+            finally:
+                self.waits.end(key)
         resp = req.resp
         if req.exc is not None or resp is None or not resp.get("watching"):
             _drop_watch(req)  # a refusal, a lost connection, or a keeperd that does not watch

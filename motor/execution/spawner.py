@@ -45,6 +45,9 @@ __all__ = [
 CREATE_TIME_TOLERANCE_S = 1.0
 #: How long one spawn request may take before the forkserver is presumed hung.
 SPAWN_TIMEOUT_S = 30.0
+#: A spawn waiting this long makes the health report `degraded` (`SpawnWaits`): a spawn
+#: takes milliseconds, so this is a keeper process that does not answer (stopped, hung).
+SPAWN_STALLED_S = 5.0
 STARTUP_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 5.0
 
@@ -289,6 +292,30 @@ class _Forkserver:
             await self.proc.stdout.aclose()
 
 
+class SpawnWaits:
+    """When each spawn in flight was asked for (trio time), for the health report: before
+    stop 59 a keeperd that did not answer (SIGSTOP, a hang) left jobs in set-up for 30 s
+    at a time, then retried, while health said `ok`."""
+
+    __slots__ = ("_since", "_next")
+
+    def __init__(self) -> None:
+        self._since: dict[int, float] = {}
+        self._next = 0
+
+    def begin(self) -> int:
+        self._next += 1
+        self._since[self._next] = trio.current_time()
+        return self._next
+
+    def end(self, key: int) -> None:
+        self._since.pop(key, None)
+
+    def longest_s(self, now: float) -> float:
+        """How long the oldest spawn in flight has waited (0 when none)."""
+        return now - min(self._since.values()) if self._since else 0.0
+
+
 class _SpawnRequest:
     __slots__ = ("path", "event", "handle", "exc")
 
@@ -318,6 +345,7 @@ class Spawner:
         self._server: _Forkserver | None = None
         self._next_id = 0
         self._closed = False
+        self.waits = SpawnWaits()  # the spawns in flight, for health
 
     @property
     def forkserver_pid(self) -> int | None:
@@ -379,8 +407,12 @@ class Spawner:
             self._send.send_nowait(req)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise SpawnerError("spawner is closed") from None
+        key = self.waits.begin()
         with trio.CancelScope(shield=True):
-            await req.event.wait()
+            try:
+                await req.event.wait()
+            finally:
+                self.waits.end(key)
         if req.exc is not None:
             raise req.exc
         assert req.handle is not None

@@ -23,6 +23,7 @@ from ..records import (
 from ..scheduling.admission import withdraw_answer
 from ..scheduling.view import join_array, row_of
 from ..store.hub import ChangeHub
+from ..execution.spawner import SPAWN_STALLED_S, SPAWN_TIMEOUT_S
 from ..store.pace import STALLED_COMMIT_S
 from ..store.salvage import tell_once
 from .host import Host
@@ -76,8 +77,11 @@ class Runner:
     capabilities = CAPABILITIES
 
     def __init__(self, config: RunnerConfig, root: actors.Supervisor, db, hub: ChangeHub,
-                 host: Host, clock, *, handles: Handles, followers: set[str] | None = None):
+                 host: Host, clock, *, handles: Handles, followers: set[str] | None = None,
+                 spawner: Any = None):
         self.config = config
+        #: the jobs' keeper client: how long its oldest spawn in flight has waited (health)
+        self.spawner = spawner
         self.root = root
         self.db = db
         self.hub = hub
@@ -361,6 +365,14 @@ class Runner:
                 f"the last {capacity['failed_starts']} job starts failed and none has "
                 f"succeeded since (the latest: {capacity['last_start_failure']['detail']}); "
                 "each is retried, at most 60 s apart")})
+        waits = getattr(self.spawner, "waits", None)  # (a test's fake spawner has none)
+        waited = 0.0 if waits is None else waits.longest_s(trio.current_time())
+        if waited >= SPAWN_STALLED_S:
+            degraded.append({"subsystem": "execution", "cause": (
+                f"a job's spawn has waited {waited:.1f} s for the jobs' keeper process "
+                f"(keeperd, pid {getattr(self.spawner, 'keeperd_pid', None) or '?'}): jobs "
+                f"wait in set-up until it answers; after {SPAWN_TIMEOUT_S:g} s a start fails "
+                "and is retried")})
         troubles = self._supervision_troubles()
         restarting = {t["subsystem"] for t in troubles}
         degraded = troubles + [d for d in degraded if not (d.pop("dead", False)

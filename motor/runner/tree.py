@@ -157,7 +157,8 @@ async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runn
                                          intensity=0, period=30.0)
                 tree.root = root
                 tree.runner = runner = Runner(config, root, db, hub, host, clock,
-                                              handles=handles, followers=followers)
+                                              handles=handles, followers=followers,
+                                              spawner=spawner)
                 async with trio.open_nursery() as nursery:
                     await nursery.start(root.run)
                     watch = trio.CancelScope()  # until the runner stops

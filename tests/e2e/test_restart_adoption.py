@@ -182,6 +182,34 @@ def test_keeperd_survives_a_runner_kill_9_and_the_restarted_runner_reconnects(
     assert _keeperd(serve).pid == keeperd.pid
 
 
+def test_a_keeperd_that_does_not_answer_makes_health_degraded_until_it_does(serve_factory):
+    """keeperd stopped (SIGSTOP: a hang) while a job waits for its spawn: before stop 59
+    health said `ok` while jobs stayed in set-up, 30 s at a time, then were retried. Now,
+    once a spawn has waited SPAWN_STALLED_S, health is `degraded` under `execution`, naming
+    keeperd's pid; resumed, keeperd spawns the job, it runs once, and health is `ok`."""
+    from motor.execution.spawner import SPAWN_STALLED_S
+
+    serve = serve_factory().start()
+    assert serve.cli("run", "--", "true").returncode == 0  # keeperd up
+    keeperd = _keeperd(serve)
+    keeperd.suspend()
+    try:
+        run = serve.cli_popen("run", "--", "echo", "spawned")
+
+        def stalled():
+            health = serve.cli_json("health")
+            return [d["cause"] for d in health.get("degraded", [])
+                    if d["subsystem"] == "execution" and "spawn has waited" in d["cause"]]
+        causes = wait_for(stalled, timeout=SPAWN_STALLED_S + 20, what="health to name the wait")
+        assert f"keeperd, pid {keeperd.pid}" in causes[0], causes
+        assert run.poll() is None
+    finally:
+        keeperd.resume()
+    out, err = run.communicate(timeout=60)
+    assert (run.returncode, out) == (0, b"spawned\n"), err
+    wait_for(lambda: serve.cli_json("health")["status"] == "ok", what="health ok again")
+
+
 def test_keeperd_whose_socket_was_removed_is_asked_to_listen_again_at_a_restart(
         serve_factory, tmp_path):
     """keeperd.sock removed while the runner is down (a clean-up of old files), keeperd and
