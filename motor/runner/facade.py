@@ -15,6 +15,7 @@ import actors
 from ..config import RunnerConfig
 from ..disk.bundles import BundleError, valid_sha
 from ..disk.core import admission, inode_floors
+from ..execution.spawner import SPAWN_STALLED_S, SPAWN_TIMEOUT_S
 from ..lifecycle import QUEUED, history_expired
 from ..records import (
     CAPABILITIES, Event, JobRecord, JobRequest, Refusal, RefusedError, TERMINAL_STATES,
@@ -23,7 +24,6 @@ from ..records import (
 from ..scheduling.admission import withdraw_answer
 from ..scheduling.view import join_array, row_of
 from ..store.hub import ChangeHub
-from ..execution.spawner import SPAWN_STALLED_S, SPAWN_TIMEOUT_S
 from ..store.pace import STALLED_COMMIT_S
 from ..store.salvage import tell_once
 from .host import Host
@@ -368,11 +368,13 @@ class Runner:
         waits = getattr(self.spawner, "waits", None)  # (a test's fake spawner has none)
         waited = 0.0 if waits is None else waits.longest_s(trio.current_time())
         if waited >= SPAWN_STALLED_S:
+            kind, pid = "keeperd", getattr(self.spawner, "keeperd_pid", None)
+            if hasattr(self.spawner, "forkserver_pid"):  # MOTOR_SPAWNER=forkserver
+                kind, pid = "the forkserver", self.spawner.forkserver_pid
             degraded.append({"subsystem": "execution", "cause": (
                 f"a job's spawn has waited {waited:.1f} s for the jobs' keeper process "
-                f"(keeperd, pid {getattr(self.spawner, 'keeperd_pid', None) or '?'}): jobs "
-                f"wait in set-up until it answers; after {SPAWN_TIMEOUT_S:g} s a start fails "
-                "and is retried")})
+                f"({kind}, pid {pid or '?'}): jobs wait in set-up until it answers; after "
+                f"{SPAWN_TIMEOUT_S:g} s a start fails and is retried")})
         troubles = self._supervision_troubles()
         restarting = {t["subsystem"] for t in troubles}
         degraded = troubles + [d for d in degraded if not (d.pop("dead", False)
