@@ -5,7 +5,7 @@ See docs/actors.md. This package must not import anything from ``motor``.
 
 from ._actor import LATER, Actor, ActorRef, ActorStatistics, DeferredReply
 from ._budget import RestartBudget
-from ._errors import ActorDead, CallTimeout, InboxFull, SupervisorEscalation
+from ._errors import ActorDead, CallTimeout, DuplicateChild, InboxFull, SupervisorEscalation
 from ._supervisor import ChildSpec, Supervisor, open_supervisor
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "CallTimeout",
     "ChildSpec",
     "DeferredReply",
+    "DuplicateChild",
     "InboxFull",
     "LATER",
     "RestartBudget",

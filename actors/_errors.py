@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-__all__ = ["ActorDead", "CallTimeout", "InboxFull", "SupervisorEscalation"]
+__all__ = ["ActorDead", "CallTimeout", "DuplicateChild", "InboxFull", "SupervisorEscalation"]
 
 
 class ActorDead(Exception):
@@ -22,6 +22,14 @@ class CallTimeout(trio.TooSlowError):
         super().__init__(f"call to actor {name!r} timed out after {timeout}s")
         self.name = name
         self.timeout = timeout
+
+
+class DuplicateChild(ValueError):
+    """A supervisor was asked to start a child under a name one of its children has."""
+
+    def __init__(self, supervisor: str, name: str):
+        super().__init__(f"supervisor {supervisor!r} already has a child {name!r}")
+        self.name = name
 
 
 class InboxFull(Exception):

@@ -20,7 +20,7 @@ import trio
 
 from ._actor import Actor, ActorRef
 from ._budget import RestartBudget
-from ._errors import SupervisorEscalation
+from ._errors import DuplicateChild, SupervisorEscalation
 from ._util import single_leaf
 
 __all__ = ["ChildSpec", "Supervisor", "open_supervisor"]
@@ -272,14 +272,14 @@ class Supervisor:
         ``on_start`` raises is a crash, to the restart strategy, not an error to the caller.
         For actors started often whose start cannot fail in a way the starter must see (one
         per job: a task step or two less per start than ``start_child``). RuntimeError when
-        the supervisor is not running or shuts down; ValueError for a name in use."""
+        the supervisor is not running or shuts down; DuplicateChild for a name in use."""
         if not self._running or self._shutdown_requested:
             raise RuntimeError(self._not_running())
         assert self._events_recv is not None and self._nursery is not None
         if self._busy or self._events_recv.statistics().current_buffer_used:
             return None
         if any(child.spec.name == spec.name for child in self._children):
-            raise ValueError(f"supervisor {self.name!r} already has a child {spec.name!r}")
+            raise DuplicateChild(self.name, spec.name)
         child = _Child(spec)
         instance = self._instance(child)
         if not isinstance(instance, Actor):
@@ -372,7 +372,7 @@ class Supervisor:
 
     async def _add(self, spec: ChildSpec) -> ActorRef | Supervisor:
         if any(child.spec.name == spec.name for child in self._children):
-            raise ValueError(f"supervisor {self.name!r} already has a child {spec.name!r}")
+            raise DuplicateChild(self.name, spec.name)
         child = _Child(spec)
         self._children.append(child)
         try:

@@ -298,7 +298,7 @@ class ExecutionHandle:
         await supervisor.wait_ended(spec.name)
         try:
             await supervisor.start_child(spec)
-        except ValueError:
+        except actors.DuplicateChild:
             logging.getLogger("motor.scheduling").warning(
                 "dispatcher: %s still has an actor (restarted after a crash): it goes on "
                 "with the job", job_id)
@@ -308,7 +308,7 @@ class ExecutionHandle:
         there (True); False: nothing done."""
         try:
             return self._supervisor().start_child_soon(_job_spec(job_id, factory)) is not None
-        except ValueError:  # its name is in use: `start_job` waits for that actor's end
+        except actors.DuplicateChild:  # `start_job` waits for that actor's end
             return False
 
     def call_job_now(self, job_id: str, msg: Any):

@@ -15,6 +15,7 @@ ACTORS_ALL = [
     "CallTimeout",
     "ChildSpec",
     "DeferredReply",
+    "DuplicateChild",
     "InboxFull",
     "LATER",
     "RestartBudget",

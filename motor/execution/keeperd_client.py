@@ -274,6 +274,11 @@ class KeeperdSpawner:
         conn = self._conn
         return conn.identity[0] if conn is not None and not conn.dead else None
 
+    @property
+    def keeper_process(self) -> str:
+        """The process that spawns jobs, as health names it."""
+        return f"keeperd, pid {self.keeperd_pid or '?'}"
+
     # -- the task that owns the connection ---------------------------------------------
 
     async def _manage(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:

@@ -352,6 +352,11 @@ class Spawner:
         """Pid of the current forkserver process (None before start / after stop)."""
         return self._server.pid if self._server is not None else None
 
+    @property
+    def keeper_process(self) -> str:
+        """The process that spawns jobs, as health names it."""
+        return f"the forkserver, pid {self.forkserver_pid or '?'}"
+
     async def _start(self) -> _Forkserver:
         try:
             proc = await trio.lowlevel.open_process(

@@ -368,13 +368,10 @@ class Runner:
         waits = getattr(self.spawner, "waits", None)  # (a test's fake spawner has none)
         waited = 0.0 if waits is None else waits.longest_s(trio.current_time())
         if waited >= SPAWN_STALLED_S:
-            kind, pid = "keeperd", getattr(self.spawner, "keeperd_pid", None)
-            if hasattr(self.spawner, "forkserver_pid"):  # MOTOR_SPAWNER=forkserver
-                kind, pid = "the forkserver", self.spawner.forkserver_pid
             degraded.append({"subsystem": "execution", "cause": (
                 f"a job's spawn has waited {waited:.1f} s for the jobs' keeper process "
-                f"({kind}, pid {pid or '?'}): jobs wait in set-up until it answers; after "
-                f"{SPAWN_TIMEOUT_S:g} s a start fails and is retried")})
+                f"({self.spawner.keeper_process}): jobs wait in set-up until it answers; "
+                f"after {SPAWN_TIMEOUT_S:g} s a start fails and is retried")})
         troubles = self._supervision_troubles()
         restarting = {t["subsystem"] for t in troubles}
         degraded = troubles + [d for d in degraded if not (d.pop("dead", False)

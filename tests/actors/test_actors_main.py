@@ -259,7 +259,7 @@ async def test_a_child_of_the_same_name_starts_once_the_ending_one_is_gone():
             nursery.start_soon(wait_then_start)
             await trio.testing.wait_all_tasks_blocked()
             assert not ended.is_set()  # its main still waits: the waiter with it
-            with pytest.raises(ValueError):
+            with pytest.raises(actors.DuplicateChild):
                 sup.start_child_soon(actors.ChildSpec("w", Worker, restart="transient"))
             first._actor.go.set()
         second = sup.ref("w")

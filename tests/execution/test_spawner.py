@@ -220,3 +220,26 @@ async def test_spawn_after_close_raises(make_job):
         pass
     with pytest.raises(SpawnerError):
         await spawner.spawn(make_job(["true"]))
+
+
+async def test_a_stopped_forkserver_leaves_its_spawn_counted_as_waiting_until_it_answers(
+        jobs, make_job):
+    """Stop 59 (health's "a job's spawn has waited N s"): the forkserver spawner counts a
+    spawn in flight from the request until its answer, and names its process; the same
+    bookkeeping as keeperd's, which tests/e2e/test_restart_adoption.py checks through serve."""
+    first = make_job(["true"])
+    await jobs.run(first, timeout=60)  # the forkserver is up
+    spawner = jobs.spawner
+    pid = spawner.forkserver_pid
+    assert spawner.keeper_process == f"the forkserver, pid {pid}"
+    assert spawner.waits.longest_s(trio.current_time()) == 0.0
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(spawner.spawn, make_job(["true"]))
+            await trio.sleep(0.3)  # real time passes while it cannot answer
+            assert spawner.waits.longest_s(trio.current_time()) >= 0.3
+            os.kill(pid, signal.SIGCONT)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert spawner.waits.longest_s(trio.current_time()) == 0.0
