@@ -105,6 +105,19 @@ def found(keeper: Mapping[str, Any] | None, status_exists: bool, dir_exists: boo
     return adopted(keeper or {})
 
 
+def claimed_found(keeper: Mapping[str, Any] | None, claim_error: str | None = None) -> Found:
+    """What a spawn refused as claimed finds: keeper.json's contents (`keeper`, None when
+    absent) or why they cannot be read. A claim absent although the spawn was refused as
+    claimed (keeperd still keeps the job) means the job directory was removed while the
+    job ran, and the setup made it again (stop 60; before, the job ended `lost` saying its
+    keeper "exited without recording an exit status"): its processes are stopped, as for a
+    claim that names no keeper."""
+    if keeper is None and claim_error is None:
+        claim_error = ("keeper.json is missing, yet its keeper still keeps the job: the job "
+                       "directory was removed while the job ran")
+    return found(keeper or {}, True, True, claim_error)
+
+
 def adopted(keeper: Mapping[str, Any]) -> Found:
     """Adopt the keeper a claim names (an empty claim: only its exit status is left). A claim
     that does not name a keeper as keepers write it (stop 48: a damaged keeper.json made

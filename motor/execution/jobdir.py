@@ -31,7 +31,7 @@ from ..lifecycle import RETENTION_MS
 from ..records import JobRecord, Output, Refusal
 from ..store.files import job_umask
 from . import joblog
-from .core import Found, OutputDecoder, found, isolation_problems, job_env, job_spec
+from .core import Found, OutputDecoder, claimed_found, found, isolation_problems, job_env, job_spec
 
 __all__ = ["Progress", "adopt_claim", "claimed", "close", "close_is_light", "kill_strays",
            "log_size", "look", "look_at_start", "prepare", "read_claim", "read_output",
@@ -65,8 +65,7 @@ def adopt_groups(backend: Any, job_id: str, job_dir: Path, who: str = "") -> Non
 def adopt_claim(job_dir: Path, spawner: Any, job_id: str, who: str = "") -> Found:
     """A spawn found the directory claimed: adopt the keeper its claim names, or, when the
     claim names none, stop the job's processes and adopt it with no keeper to follow."""
-    keeper, error = read_claim(job_dir)
-    found_ = found(keeper or {}, True, True, error)
+    found_ = claimed_found(*read_claim(job_dir))
     if found_.kill_strays:
         kill_strays(spawner, job_id, who, found_.claim_error)
     return found_

@@ -9,6 +9,7 @@ exactly once, or end in a typed terminal state without running at all, never twi
 from __future__ import annotations
 
 import os
+import shutil
 
 import psutil
 import pytest
@@ -164,6 +165,39 @@ def test_kill_9_at_a_start_point_under_keeperd_never_runs_the_job_twice(
         result = serve.cli("run", "--weight", "1", "--", "sh", "-c", "echo again")
         assert result.returncode == 0 and result.stdout == b"again\n", result
         assert _keeperd(serve).pid != keeperd.pid
+
+
+def test_a_job_directory_removed_while_the_runner_is_down_right_after_a_spawn_stops_the_job(
+        serve_factory, tmp_path, isolation):
+    """The runner is killed with keeperd's answer in hand and the job's record still in
+    setup (its running record waits for the job's next write), and the job's directory is
+    removed while the job runs. The restarted runner sets the job up again (its record
+    says nothing ran) and keeperd refuses the spawn, keeping the job: the claim the runner
+    then looks for is gone. The job's processes are stopped, it runs once, and its record
+    says why (before stop 60 it ended `lost` saying its keeper "exited without recording
+    an exit status", and only its leftovers' kill in the log said more)."""
+    point = "setup.spawned"
+    serve, job_id, faults, runs_file, barrier = _submit_paused_at(
+        serve_factory, tmp_path, isolation, point, "keeperd")
+    try:
+        wait_for((faults / f"{point}.reached").exists, what=f"the start to reach {point}")
+        wait_for(runs_file.exists, what="the job to run")
+        serve.kill9()
+    finally:
+        (faults / point).touch()
+    shutil.rmtree(serve.state_dir / "jobs" / job_id)
+    assert marked_processes(job_id)  # it runs on under keeperd
+    serve.env = {"MOTOR_SPAWNER": "keeperd"}
+    serve.start()
+    result = serve.cli("attach", "--json", job_id)
+    record = json_lines(result.stdout)[-1]["record"]
+    assert record["state"] == "lost" or (record["state"], record["signal"]) == ("failed", 9), record
+    assert "the runner stopped the job's processes when it adopted the job" in record["detail"]
+    assert "the job directory was removed while the job ran" in record["detail"], record
+    wait_for(lambda: not marked_processes(job_id), what="no process of the job left")
+    assert len(runs_file.read_text().split()) == 1
+    barrier.touch()
+    assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0  # it serves on
 
 
 def _keeperd(serve) -> psutil.Process:

@@ -87,6 +87,20 @@ def test_what_the_job_directory_says(keeper, status, exists, expected):
     assert core.found(keeper, status, exists) == expected
 
 
+def test_a_spawn_refused_as_claimed_whose_claim_is_missing_stops_the_job():
+    """keeperd refused the spawn as claimed (it keeps the job), yet the directory holds no
+    claim: it was removed while the job ran, and the setup made it again. The job is
+    adopted with no keeper, its processes stopped, and the detail says why (before stop 60
+    it was adopted as an empty claim: `lost`, "exited without recording an exit status")."""
+    gone = core.claimed_found(None)
+    assert (gone.adopt, gone.kill_strays, gone.keeper) == (True, True, None)
+    assert "removed while the job ran" in gone.claim_error
+    assert core.claimed_found({}) == core.Found(adopt=True)  # an empty claim: its status is left
+    assert core.claimed_found(CLAIM).keeper == (42, 7.5)
+    damaged = core.claimed_found(None, "keeper.json: corrupt JSON")
+    assert damaged.kill_strays and damaged.claim_error == "keeper.json: corrupt JSON"
+
+
 def test_a_job_recorded_running_whose_claim_is_missing_is_never_spawned_again():
     """No claim, no status: a start cut short is set up again, but a job recorded running
     was spawned; its claim lost after that (stop 49), it is adopted with no keeper, its
