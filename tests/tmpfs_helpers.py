@@ -91,18 +91,19 @@ needs_ext4 = pytest.mark.skipif(ext4_unavailable() is not None,
 
 
 @contextmanager
-def ext4(path: Path, *, journal: bool, size_mb: int = 16):
+def ext4(path: Path, *, journal: bool, size_mb: int = 16, options: str = ""):
     """A real ext4 file system (with or without a journal) in an image file, loop-mounted at
-    `path` for the block; unmounted (lazily) afterwards. Skips the test when the mount is
-    refused (no loop device in this container)."""
+    `path` (with mount `options` besides `loop`) for the block; unmounted (lazily)
+    afterwards. Skips the test when the mount is refused (no loop device in this
+    container)."""
     path.mkdir(parents=True, exist_ok=True)
     image = path.with_name(path.name + ".img")
     with open(image, "wb") as f:
         f.truncate(size_mb << 20)
     subprocess.run(["mkfs.ext4", "-q", "-F", *([] if journal else ["-O", "^has_journal"]),
                     str(image)], check=True, capture_output=True)
-    mounted = subprocess.run(["mount", "-o", "loop", str(image), str(path)], capture_output=True,
-                             text=True)
+    mounted = subprocess.run(["mount", "-o", ",".join(filter(None, ("loop", options))),
+                              str(image), str(path)], capture_output=True, text=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot loop-mount an ext4 image: {mounted.stderr.strip()}")
     try:
@@ -110,3 +111,16 @@ def ext4(path: Path, *, journal: bool, size_mb: int = 16):
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
         image.unlink(missing_ok=True)
+
+
+def ext4_error(path: Path) -> None:
+    """Make the ext4 file system mounted at `path` record an error, as a failing disk would
+    (`/sys/fs/ext4/<device>/trigger_fs_error`): mounted with `errors=remount-ro`, it is
+    read-only from then on (until it is unmounted and checked). Skips the test when this
+    kernel has no such file."""
+    source = subprocess.run(["findmnt", "-n", "-o", "SOURCE", str(path)], capture_output=True,
+                            text=True, check=True).stdout.strip()
+    trigger = Path("/sys/fs/ext4") / Path(source).name / "trigger_fs_error"
+    if not trigger.exists():
+        pytest.skip(f"this kernel cannot inject an ext4 error ({trigger} is missing)")
+    trigger.write_text("1")

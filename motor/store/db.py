@@ -205,6 +205,16 @@ class StoreFull(StoreError):
     """
 
 
+class StoreUnwritable(StoreFull):
+    """A write failed because the state filesystem cannot be written at all now: an I/O
+    error, or a file system remounted read-only (SQLITE_IOERR, SQLITE_READONLY; ext4 with
+    `errors=remount-ro` after an error). Handled as a full one (the write rolled back
+    whole, submits refused with the reason, a job's start and end retried until a write
+    succeeds), since both leave the store unable to record and the runner able to wait;
+    before stop 60 such a write crashed the store and the dispatcher actors, and a submit
+    was answered `internal_error`."""
+
+
 class StoreLocked(StoreError):
     """A write found the database's write lock held by another connection (another process:
     e.g. an sqlite3 shell left in a write transaction) and did not wait for it (SQLITE_BUSY):
@@ -236,6 +246,14 @@ def _is_full(exc: BaseException) -> bool:
     if code is not None:
         return code & 0xFF == sqlite3.SQLITE_FULL
     return isinstance(exc, sqlite3.Error) and "disk is full" in str(exc)
+
+
+def _is_unwritable(exc: BaseException) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_IOERR, sqlite3.SQLITE_READONLY)
+    return isinstance(exc, sqlite3.Error) and any(
+        text in str(exc) for text in ("disk I/O error", "readonly database"))
 
 
 class _ReadConnection(sqlite3.Connection):
@@ -413,9 +431,9 @@ class Database:
         (store/reserve.py), which a later commit makes again."""
         try:
             stamped = self._save_many(writes, lock_wait_ms)
-        except StoreFull:
-            if self.reserve is None or not any(map(_of_a_started_job, writes)) \
-                    or not self.reserve.release():
+        except StoreFull as exc:
+            if self.reserve is None or isinstance(exc, StoreUnwritable) \
+                    or not any(map(_of_a_started_job, writes)) or not self.reserve.release():
                 raise
             stamped = self._save_many(writes, lock_wait_ms)
         if self.reserve is not None and not self.reserve.held:
@@ -532,12 +550,22 @@ class Database:
         """Roll back what is left of a failed write; raise StoreFull when the disk is full.
 
         SQLite rolls a transaction back itself on some errors (SQLITE_FULL among them), so
-        ROLLBACK runs only while a transaction is still open."""
+        ROLLBACK runs only while a transaction is still open (on a file system that cannot
+        be written, the rollback may fail the same way: the write's error is the one said)."""
+        unwritable = _is_unwritable(exc)
         if self.conn.in_transaction:
-            self.conn.execute("ROLLBACK")
+            try:
+                self.conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                if not unwritable:
+                    raise
         if _is_full(exc):
             self.full_error = f"{what}: the state filesystem is full ({exc})"
             raise StoreFull(self.full_error) from None
+        if unwritable:
+            self.full_error = (f"{what}: the state filesystem cannot be written ({exc}): an "
+                               "I/O error, or a file system mounted read-only")
+            raise StoreUnwritable(self.full_error) from None
         if _is_locked(exc):
             raise StoreLocked(f"{what}: another connection holds the database's write lock "
                               f"({exc})") from None
