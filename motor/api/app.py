@@ -120,6 +120,17 @@ def _declared_length(scope: Scope) -> int | None:
     return None
 
 
+def _decode_error(exc: Exception) -> str:
+    """A job request's decoding error as its refusal says it: a field of the wrong type as
+    msgspec words it (`Expected ... - at $.field`); JSON that does not parse always says so
+    (msgspec's own words for some of it, a lone UTF-16 surrogate escape among them, were
+    only "Input data was truncated")."""
+    detail = str(exc)
+    if isinstance(exc, msgspec.ValidationError) or detail.startswith("JSON is malformed"):
+        return detail
+    return f"JSON is malformed: {detail}"
+
+
 def _refuse(code: str, detail: str, **extra: Any) -> RefusedError:
     return RefusedError(Refusal(code=code, detail=detail, **extra))
 
@@ -436,7 +447,7 @@ class MotorApp:
         try:
             req = _request_decoder.decode(body)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            raise _refuse("bad_request", str(exc)) from None
+            raise _refuse("bad_request", _decode_error(exc)) from None
         except RecursionError:
             raise _refuse("bad_request", "malformed job request: JSON nested too deeply") from None
         req = _with_key_header(scope, req)
@@ -486,7 +497,7 @@ class MotorApp:
                 reqs.append(_request_decoder.decode(raw))
                 where.append(i)
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                answers[i] = refusal_body(Refusal(code="bad_request", detail=str(exc)))
+                answers[i] = refusal_body(Refusal(code="bad_request", detail=_decode_error(exc)))
             except RecursionError:
                 answers[i] = refusal_body(Refusal(code="bad_request",
                                                   detail="malformed job request: JSON nested too deeply"))

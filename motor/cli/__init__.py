@@ -26,6 +26,20 @@ class UsageError(Exception):
     """Raised by a command for a bad argument found after parsing: one line, exit 2."""
 
 
+def require_text(values) -> None:
+    """UsageError for the first `(what, value)` whose value is not UTF-8 (bytes a shell
+    passed, held as surrogates): the runner's API is JSON and the task queue's rows are
+    text (before stop 60 the client died with a traceback of UnicodeEncodeError)."""
+    for what, value in values:
+        if value is None:
+            continue
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(f"{what} {os.fsencode(value)!r} is not UTF-8: motor's API carries "
+                             "text, so commands, names and values must be UTF-8") from None
+
+
 class Formatter(argparse.HelpFormatter):
     """argparse's help formatter, sized as shutil.get_terminal_size would size it without
     importing shutil (argparse makes a formatter for every add_argument: shutil, bz2 and

@@ -222,7 +222,7 @@ def job_request(args: argparse.Namespace) -> JobRequest:
 def request_fields(args: argparse.Namespace) -> dict:
     """The job request of run/submit options as the JSON body's dict; UsageError for a bad
     option."""
-    from motor.cli import UsageError
+    from motor.cli import UsageError, require_text
 
     command = list(args.cmd) + list(args.tail or [])
     if not command:
@@ -247,6 +247,10 @@ def request_fields(args: argparse.Namespace) -> dict:
     repository = args.repository
     if repository and "://" not in repository and os.path.exists(repository):
         repository = os.path.abspath(repository)
+    require_text([("the command's word", word) for word in command]
+              + [("--workspace", args.workspace), ("--repository", repository)]
+              + [("--sibling", name) for name in args.sibling]
+              + [("--env", f"{key}={value}") for key, value in env.items()])
     return dict(
         command=command,
         workspace=args.workspace,

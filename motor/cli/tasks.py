@@ -106,11 +106,12 @@ def _fleet(cdir):
 
 
 def _command(args) -> list[str]:
+    from motor.cli import UsageError, require_text
+
     command = list(args.cmd) + list(args.tail or [])
     if not command:
-        from motor.cli import UsageError
-
         raise UsageError(f"task {args.task_command} needs a command after --")
+    require_text(("the command's word", word) for word in command)
     return command
 
 

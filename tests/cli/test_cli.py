@@ -158,6 +158,13 @@ def test_serve_start_up_failure_is_one_line(tmp_path, fake_serve_forever, capsys
         (["run", "--timeout", "soon", "--", "make"], "invalid seconds value"),
         (["status", "--", "make"], "takes no command"),
         (["attach"], "JOB"),
+        # bytes a shell passed that are not UTF-8 (held as surrogates): before stop 60 a
+        # traceback of UnicodeEncodeError
+        (["run", "--", "echo", "caf\udce9"], "the command's word b'caf\\xe9' is not UTF-8"),
+        (["submit", "--workspace", "w\udce9", "--", "make"], "--workspace b'w\\xe9' is not UTF-8"),
+        (["run", "--sibling", "\udcff", "--", "make"], "--sibling b'\\xff' is not UTF-8"),
+        (["run", "--env", "A=\udcff", "--", "make"], "--env b'A=\\xff' is not UTF-8"),
+        (["task", "submit", "--project", ".", "--", "echo", "\udce9"], "is not UTF-8"),
     ],
 )
 def test_usage_errors_are_one_line_and_exit_2(capsys, argv, needle):

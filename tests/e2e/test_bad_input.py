@@ -40,6 +40,7 @@ def bad_bodies() -> list[tuple[bytes, str]]:
         (b'{"command": ["a\\u0000b"]}', "bad_request"),
         (b'{"command": ["true"], "env": {"A": "b\\u0000c"}}', "bad_request"),
         (b"\xff\xfe\x00garbage", "bad_request"),
+        (b'{"command": ["\\ud800"]}', "bad_request"),
     ]
     for name in ("..", ".", "a/b", "/abs", "../../etc", "", " ", "-x", "a" * 200, "x\ny", ".hidden"):
         cases.append((json.dumps({"command": ["true"], "workspace": name}).encode(), "bad_request"))
@@ -63,6 +64,8 @@ def test_each_bad_request_says_what_is_wrong_with_it(serve):
                 (b'{"command": ["true"], "env": {"A": "b\\u0000c"}}', "env value of 'A' must not contain NUL bytes"),
                 (b'{"command": ["true"], "env": {"A=B": "c"}}', "env key 'A=B' is not a valid variable name"),
                 (b'{"command": ["a\\u0000b"]}', "command arguments must not contain NUL bytes"),
+                # before stop 60 msgspec's words alone: "Input data was truncated"
+                (b'{"command": ["\\ud800"]}', "JSON is malformed: Input data was truncated"),
                 # before stop 59 each of 5,000 siblings cost the runner's loop 35 us at admission
                 (json.dumps({"command": ["true"], "siblings": [f"s{i}" for i in range(5000)]}).encode(),
                  "siblings: 5000 named, at most 256")):
