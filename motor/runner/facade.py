@@ -23,6 +23,7 @@ from ..records import (
 )
 from ..scheduling.admission import withdraw_answer
 from ..scheduling.view import join_array, row_of
+from ..store.checkpoints import WAL_SIZE_LIMIT, wal_stuck
 from ..store.hub import ChangeHub
 from ..store.pace import STALLED_COMMIT_S
 from ..store.salvage import tell_once
@@ -382,6 +383,12 @@ class Runner:
                                 + "; the WAL grows until a checkpoint succeeds"})
         if db.full_error is not None:
             degraded.insert(0, {"subsystem": "store", "cause": db.full_error})
+        if wal_stuck(wal := db.wal_bytes(), db.last_checkpoint):
+            degraded.insert(0, {"subsystem": "store", "cause": (
+                f"the WAL ({db.path}-wal) is {wal / 2**20:.0f} MiB and cannot start over: a "
+                f"read transaction held open on {db.path} keeps it (another process reading "
+                "it: e.g. an sqlite3 shell inside BEGIN); it grows with every write until that "
+                f"ends, then goes back to {WAL_SIZE_LIMIT >> 20} MiB")})
         if (lost := db.guard.check()) is not None:  # found here too (the runner stops)
             degraded.insert(0, {"subsystem": "store", "cause": lost + "; the runner stops"})
         pace, now = db.pace, trio.current_time()
@@ -398,6 +405,7 @@ class Runner:
                 f"a commit has waited {waiting_s:.1f} s on the state file system; the runner "
                 "answers, but accepting, starting and ending jobs wait for it")})
         report["store"] = {"commits": db.commits, "checkpoints": db.checkpoints,
+                           "wal_bytes": wal,
                            **({} if db.last_checkpoint is None else
                               {"last_checkpoint": db.last_checkpoint}),
                            "commits_run_in": "thread" if pace.off_loop else "loop",

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = ["CHECKPOINT_BYTES", "CHECKPOINT_EVERY", "CheckpointPlan", "WAL_HOLD_BYTES",
-           "WAL_RESTART_BYTES", "WAL_SIZE_LIMIT"]
+           "WAL_RESTART_BYTES", "WAL_SIZE_LIMIT", "WAL_STUCK_BYTES", "wal_stuck"]
 
 #: the size a WAL file that grew larger is truncated back to when it starts over
 #: (`journal_size_limit`, set by db.py)
@@ -35,6 +35,19 @@ CHECKPOINT_BYTES = 1024 * 1024
 WAL_RESTART_BYTES = 4 * 1024 * 1024
 #: the WAL file larger than this (the size it is truncated back to): writes wait for a round
 WAL_HOLD_BYTES = WAL_SIZE_LIMIT
+#: the WAL file larger than this, and the last round could not copy all of it: a read
+#: transaction held open on the database (another process's) keeps it from starting over
+WAL_STUCK_BYTES = 4 * WAL_SIZE_LIMIT
+
+
+def wal_stuck(wal_file_bytes: int, last_round: dict | None) -> bool:
+    """Whether the WAL grows because something keeps it from starting over: the file is
+    past WAL_STUCK_BYTES (the rounds and holds keep it near WAL_SIZE_LIMIT otherwise) and
+    the last round (`last_round`: the store's `last_checkpoint`) left a part of it uncopied,
+    which only a reader's snapshot does. Stop 60's probe: a second process inside `BEGIN`
+    after one `SELECT` let the WAL reach 137 MiB over 2,000 jobs while health said `ok`."""
+    return wal_file_bytes > WAL_STUCK_BYTES and last_round is not None \
+        and not last_round["complete"]
 
 
 @dataclass

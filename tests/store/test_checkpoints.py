@@ -241,6 +241,17 @@ def test_the_plan_counts_commits_and_bytes_and_holds_past_the_bound():
     assert plan.second_step(checkpoints.WAL_RESTART_BYTES // 4096, 4096)
 
 
+def test_a_wal_past_its_stuck_size_after_an_incomplete_round_is_stuck():
+    """Only a WAL far past its bound AND a round that left part of it uncopied (a reader's
+    snapshot) reads as held from starting over; a big WAL after a complete round (a burst
+    the next commit starts over) or before any round does not."""
+    big, small = checkpoints.WAL_STUCK_BYTES + 1, checkpoints.WAL_STUCK_BYTES
+    assert checkpoints.wal_stuck(big, {"complete": False})
+    assert not checkpoints.wal_stuck(small, {"complete": False})
+    assert not checkpoints.wal_stuck(big, {"complete": True})
+    assert not checkpoints.wal_stuck(big, None)
+
+
 async def test_writes_wait_for_a_round_when_the_wal_file_outgrows_its_bound(
         tmp_path, monkeypatch):
     """Rounds that fall behind (here: the first step held) do not let the WAL grow on: a
