@@ -248,9 +248,9 @@ def request_fields(args: argparse.Namespace) -> dict:
     if repository and "://" not in repository and os.path.exists(repository):
         repository = os.path.abspath(repository)
     require_text([("the command's word", word) for word in command]
-              + [("--workspace", args.workspace), ("--repository", repository)]
-              + [("--sibling", name) for name in args.sibling]
-              + [("--env", f"{key}={value}") for key, value in env.items()])
+                 + [("--workspace", args.workspace), ("--repository", repository)]
+                 + [("--sibling", name) for name in args.sibling]
+                 + [("--env", f"{key}={value}") for key, value in env.items()])
     return dict(
         command=command,
         workspace=args.workspace,

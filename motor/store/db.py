@@ -547,7 +547,9 @@ class Database:
         return stamped
 
     def _failed_write(self, exc: BaseException, what: str) -> None:
-        """Roll back what is left of a failed write; raise StoreFull when the disk is full.
+        """Roll back what is left of a failed write; raise StoreFull when the disk is full,
+        StoreUnwritable when it takes no writes at all, StoreLocked when another connection
+        holds the write lock.
 
         SQLite rolls a transaction back itself on some errors (SQLITE_FULL among them), so
         ROLLBACK runs only while a transaction is still open (on a file system that cannot
