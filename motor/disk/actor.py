@@ -22,11 +22,12 @@ from .bundles import BundleError, BundleStore
 from .catalog import Catalog
 from .core import (RECENT_MS, CleanupRun, DiskSample, EvictWorkspace, bundle_gone,
                    maintenance_due, with_problems)
+from .guarding import GuardTurns
 from .host import Trees, probe_path
 from .live import Holds, Live, LiveIndex
 from .messages import (
-    Admit, AdmitUpload, BeginUpload, CommitUpload, GuardDue, HasBundle, JobIdle, Listing,
-    MakeRoom, Periodic, PrepareSetup, Register, Reserve, Sample, SetupPlan, Unreserve,
+    Admit, AdmitUpload, BeginUpload, CommitUpload, GuardDue, GuardWalked, HasBundle, JobIdle,
+    Listing, MakeRoom, Periodic, PrepareSetup, Register, Reserve, Sample, SetupPlan, Unreserve,
 )
 from .names import Names
 from .room import Room
@@ -56,12 +57,13 @@ class DiskActor(actors.Actor):
         self.floors_for, self.reserve = floors_for, reserve
         self.catalog = self.bundles = self.trees = None  # Catalog, BundleStore, Trees: on_start
         self.room: Room | None = None
-        self.guard_due: set[str] | None = None  # job ends' workspaces, GuardDue armed
+        self.guards: GuardTurns | None = None  # the guard after jobs' ends (guarding.py)
 
     async def on_start(self):
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.catalog = self.names.catalog = Catalog(self.state_dir)
         self.trees = Trees(self.catalog, self.names, self.offload, self.clock)
+        self.guards = GuardTurns(self.trees, self.nursery.start_soon, self.cast_self)
         self.room = Room(self)
         self.bundles = BundleStore(self.state_dir)
         await self.offload(host.sweep_staging, self.names.allowed_roots)  # killed mid-unpack
@@ -96,10 +98,7 @@ class DiskActor(actors.Actor):
             if self.answering:  # the caller waits for the guard's walk
                 return LATER
             self._job_ended(msg)
-            if self.guard_due is None:
-                self.guard_due = set()
-                self.nursery.start_soon(self._arm_guard)
-            self.guard_due.add(msg.workspace)
+            self.guards.ended(msg.workspace)
             return []
         if isinstance(msg, HasBundle):  # a presence check is a use: retention restarts
             return self.bundles.use(msg.sha256, self.clock.now_ms()) is not None
@@ -125,9 +124,10 @@ class DiskActor(actors.Actor):
             return self.bundles.begin(msg.sha256)
         if isinstance(msg, CommitUpload):  # an error is returned for the caller to raise
             return msg.upload.commit_reply(self.clock.now_ms())
-        if isinstance(msg, GuardDue):
-            names, self.guard_due = self.guard_due or set(), None
-            return await self._guard(names)
+        if isinstance(msg, GuardDue):  # its walk off this actor's turn (guarding.py)
+            return self.guards.due(self._live)
+        if isinstance(msg, GuardWalked):
+            return await self.guards.walked(msg, self._live, self.cap_bytes)
         if isinstance(msg, Register):
             return self.trees.register(msg)
         if isinstance(msg, Periodic):
@@ -165,10 +165,6 @@ class DiskActor(actors.Actor):
         jobs ended in it)."""
         self.holds.release(msg.job_id)  # the job has ended: its protection ends with it
         self.trees.used(msg.workspace, msg.siblings, self.clock.now_ms())
-
-    async def _arm_guard(self):
-        await trio.sleep(host.GUARD_DELAY_S)
-        await self.cast_self(GuardDue())
 
     async def _guard(self, names: Iterable[str] | None = None) -> list[str]:
         """Build-folder cap for idle workspaces (`names`; None: every pending one)."""

@@ -274,17 +274,56 @@ class Trees:
     async def guard(self, live_view, cap_bytes: int, names=None) -> list[str]:
         """The build-folder cap for idle workspaces (`names`; None: every pending one),
         deferred while a job is queued for or runs in them; the names whose incremental
-        directories were dropped. `live_view()`: what live jobs hold, now."""
-        pending, dropped = self.sizes.guard_pending, []
+        directories were dropped. `live_view()`: what live jobs hold, now. Here in one
+        piece; the disk actor runs the walk between `guard_survey` and `guard_finish` off
+        its own turn (actor.py, `GuardWalked`)."""
+        looked, wanted = self.guard_survey(live_view, names)
+        if not looked:
+            return []
+        found = await self.offload(survey, looked, None, wanted, self.clock.now_ms())
+        return await self.guard_finish(live_view, cap_bytes, looked, found)
+
+    def guard_survey(self, live_view, names=None) -> tuple[list, set[str]]:
+        """The guard's first half: the catalogued pending workspaces it looks at now (none
+        a live job holds: those stay pending) and which of them to walk. Those are taken
+        out of `dirty` now: a job that ends in one during the walk marks it again, and its
+        walk is then not kept (`guard_finish`)."""
+        pending = self.sizes.guard_pending
         todo = sorted(pending if names is None else pending.intersection(names))
         live = live_view() if todo else None
+        looked = []
         for name in todo:
             entry = self.catalog.get(name)
             if entry is not None and held(live, entry, "running", "reserved"):
                 continue  # deferred, unmeasured: stays pending
             pending.discard(name)
-            ws = (await self.workspaces(live, [name]) or [None])[0] if entry else None
-            action = ws and guard_action(ws, cap_bytes)
+            if entry is not None:
+                looked.append(entry)
+        wanted = self.sizes.wanted(e.name for e in looked)
+        self.sizes.dirty.difference_update(wanted)
+        return looked, wanted
+
+    async def guard_finish(self, live_view, cap_bytes: int, looked: list, found) -> list[str]:
+        """The guard's second half, with the `survey` of `looked` (present, gone, measured):
+        each workspace's action, decided on what live jobs hold now. One a job used or
+        was admitted to during the walk is left for a later guard (it is pending again)."""
+        present, gone, measured = found
+        for name in gone:
+            self.forget(name)
+        for name, (result, stale) in measured.items():
+            if name not in self.sizes.dirty:  # else used during the walk: walked again later
+                self.sizes.store(name, result, stale)
+        dropped, live = [], live_view()
+        for entry in looked:
+            name = entry.name
+            if name not in present or name in self.sizes.dirty or name not in self.sizes.sizes \
+                    or self.catalog.get(name) is None:
+                continue
+            if held(live, entry, "running", "reserved"):  # admitted during the walk
+                self.sizes.guard_pending.add(name)
+                continue
+            ws = workspace_of(self.catalog.get(name), self.sizes, live, self.names.allowed_roots)
+            action = guard_action(ws, cap_bytes)
             if isinstance(action, Repair):  # repaired, measured again, then decided
                 await self.execute(action)
                 ws = (await self.workspaces(live_view(), [name]))[0]

@@ -86,6 +86,15 @@ class GuardDue:
 
 
 @dataclass(frozen=True)
+class GuardWalked:
+    """The disk actor's own: the guard's walk of `looked` (catalog entries) is done,
+    `found` its survey (host.py `survey`): decide on it (`Trees.guard_finish`)."""
+
+    looked: list
+    found: tuple
+
+
+@dataclass(frozen=True)
 class Register:
     """Catalog a workspace (caller-root trees and snapshots). Reply: the entry."""
 

@@ -192,7 +192,7 @@ async def test_disk_size_guard_drops_only_incremental_and_defers_queued_workspac
 
 
 async def test_job_ends_guard_their_workspace_once_after_a_delay_and_starts_do_not_wait(
-        tmp_path, autojump_clock):
+        tmp_path, autojump_clock, monkeypatch):
     """Issue 14: a job's end (a `JobIdle` cast, as the job actor sends it) does not walk its
     workspace at once: `GUARD_DELAY_S` later the guard walks each workspace jobs left
     meanwhile once, however many jobs ended in it, and applies the cap. Meanwhile the
@@ -203,13 +203,13 @@ async def test_job_ends_guard_their_workspace_once_after_a_delay_and_starts_do_n
         make_target(ws, old_ms=clock.ms)
         (ws / "target" / "debug" / "deps" / "big").write_bytes(b"b" * 200_000)
         walks = []
-        real = actor.trees.workspaces
+        real = host.survey
 
-        async def counted(live, names=None):
-            walks.append(names)
-            return await real(live, names)
+        def counted(entries, dev, wanted, now_ms):  # the guard's survey (its walk)
+            walks.append(sorted(wanted))
+            return real(entries, dev, wanted, now_ms)
 
-        actor.trees.workspaces = counted
+        monkeypatch.setattr(host, "survey", counted)
         for job in ("j1", "j2", "j3"):
             await ref.cast(JobIdle(job, "ws"))
         assert (await ref.call(PrepareSetup("j4", "other"))).refusal is None
@@ -222,6 +222,42 @@ async def test_job_ends_guard_their_workspace_once_after_a_delay_and_starts_do_n
         await trio.sleep(1)
         assert walks == [["ws"]]
         assert (ws / "target" / "debug" / "deps" / "big").exists()
+
+
+async def test_a_workspace_a_job_is_queued_for_during_the_guards_walk_is_left_for_later(
+        tmp_path):
+    """Stop 60: the guard's walk runs off the actor's turn (guarding.py), so a job may be
+    admitted to the walked workspace meanwhile: the cap is then not applied to it (its
+    incremental directories stay), the workspace stays pending, and the guard applies it
+    once the job has gone. Meanwhile the actor answers admissions and set-ups."""
+    async with disk_actor(tmp_path, cap=64 * 1024) as (ref, actor, _, clock, live):
+        ws = Path((await ref.call(PrepareSetup("j1", "ws"))).path)
+        make_target(ws, old_ms=clock.ms)
+        (ws / "target" / "debug" / "deps" / "big").write_bytes(b"b" * 200_000)
+        walking, release = trio.Event(), trio.Event()
+        real = actor.trees.offload
+
+        async def held(fn, *args):  # the guard's walk waits for `release`
+            if fn is host.survey and not release.is_set():
+                walking.set()
+                await release.wait()
+            return await real(fn, *args)
+
+        actor.trees.offload = held
+        await ref.cast(JobIdle("j1", "ws"))
+        await walking.wait()
+        assert await ref.call(Admit("j2", "ws")) is None  # answered during the walk
+        assert (await ref.call(PrepareSetup("j3", "other"))).refusal is None
+        live.append(Rec("j2", "queued", "ws"))
+        release.set()
+        while actor.guards.walking:  # the walk, in a worker thread, and its decision
+            await trio.sleep(0.01)
+        inc = ws / "target" / "debug" / "incremental"
+        assert os.listdir(inc)  # deferred: a job is queued for it
+        assert "ws" in actor.trees.sizes.guard_pending
+        live.clear()
+        assert await ref.call(Periodic()) is not None
+        assert not inc.exists()
 
 
 async def test_disk_stale_unit_maintenance_deletes_whole_units_and_runs_once_daily(tmp_path):

@@ -139,3 +139,31 @@ def test_serve_health_reads_the_free_space_while_the_disk_actor_waits_on_a_walk(
         gate.touch()
     assert ended(serve, job.job_id) == "succeeded"
     assert serve.stop() == 0
+
+
+def test_serve_answers_other_jobs_while_the_guard_walks_a_workspace_a_job_left(
+        serve_factory, tmp_path):
+    """A job's end makes the build-folder guard walk its workspace (GUARD_DELAY_S later).
+    That walk (held at `disk.walk`, as a huge tree or a file system that stopped answering
+    holds it) no longer holds the disk actor: a job in another workspace is admitted, set
+    up and run meanwhile. Before stop 60 it waited for the walk (0.6 s per job end in a
+    workspace of 300,000 files; for good behind a walk that hangs), and health said `ok`."""
+    gate = tmp_path / "gate"
+    reached = tmp_path / "gate.reached"
+    gate.touch()  # walks pass until the job is in
+    serve = serve_factory("--isolation", "none")
+    serve.env = {"MOTOR_FAULTS": f"disk.walk=wait:{gate}"}
+    serve.start()
+    try:
+        assert serve.cli("run", "--workspace", "walked", "--", "true").returncode == 0
+        gate.unlink()
+        reached.unlink(missing_ok=True)
+        assert serve.cli("run", "--workspace", "walked", "--", "true").returncode == 0
+        wait_for(reached.exists, timeout=30, what="the guard's walk to reach the barrier")
+        result = serve.cli("run", "--workspace", "other", "--", "echo", "meanwhile", timeout=20)
+        assert (result.returncode, result.stdout) == (0, b"meanwhile\n"), result
+        assert not gate.exists()  # it ran while the walk was held
+    finally:
+        gate.touch()
+    assert serve.cli("run", "--workspace", "walked", "--", "true").returncode == 0
+    assert serve.stop() == 0

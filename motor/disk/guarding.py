@@ -1,0 +1,79 @@
+"""The build-folder guard after jobs' ends, its walk off the disk actor's turn.
+
+A job's end (`JobIdle`) makes its workspace due for the guard (`GuardDue`, GUARD_DELAY_S
+later, once for every workspace jobs left meanwhile). The guard walks those workspaces
+(their sizes), then applies the cap (docs/disk.md, "The build-folder cap"). The walk runs in
+a worker thread while the disk actor goes on answering: admissions and job set-ups do not
+wait behind it (stop 60: each job end in a workspace of 300,000 files held every other
+admission about 0.6 s; a walk that hangs on a file system that stopped answering held them
+for good). The decision comes back to the actor as a message (`GuardWalked`), on what live
+jobs hold then (`Trees.guard_finish`). One such walk at a time: workspaces due meanwhile
+wait for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import trio
+
+from . import host
+from .messages import GuardDue, GuardWalked
+
+__all__ = ["GuardTurns"]
+
+
+class GuardTurns:
+    """The disk actor's guard: `ended` arms it for a job's workspace, `due` (the actor's
+    `GuardDue`) starts a walk (or queues the names behind the one in flight), `walked`
+    decides on its survey inside the actor's turn."""
+
+    def __init__(self, trees: Any, start_soon: Callable, tell: Callable) -> None:
+        self.trees, self.start_soon, self.tell = trees, start_soon, tell
+        self.armed: set[str] | None = None  # job ends' workspaces, GuardDue on its way
+        self.walking = False
+        self.next: set[str] = set()  # due while a walk ran
+
+    def ended(self, workspace: str) -> None:
+        """A job left `workspace`: guard it GUARD_DELAY_S from the first such end."""
+        if self.armed is None:
+            self.armed = set()
+            self.start_soon(self._arm)
+        self.armed.add(workspace)
+
+    async def _arm(self) -> None:
+        await trio.sleep(host.GUARD_DELAY_S)
+        await self.tell(GuardDue())
+
+    def due(self, live_view: Callable, names: set[str] | None = None) -> list[str]:
+        """Start the guard of `names` (None: those armed; none is dropped here: the
+        decision comes after)."""
+        if names is None:
+            names, self.armed = self.armed or set(), None
+        if self.walking:
+            self.next |= names
+            return []
+        looked, wanted = self.trees.guard_survey(live_view, names)
+        if looked:
+            self.walking = True
+            self.start_soon(self._walk, looked, wanted)
+        return []
+
+    async def _walk(self, looked: list, wanted: set[str]) -> None:
+        trees = self.trees
+        try:
+            found = await trees.offload(host.survey, looked, None, wanted, trees.clock.now_ms())
+        except BaseException:
+            self.walking = False
+            trees.sizes.dirty.update(wanted)  # measured again when next wanted
+            raise
+        await self.tell(GuardWalked(looked, found))
+
+    async def walked(self, msg: GuardWalked, live_view: Callable, cap_bytes: int) -> list[str]:
+        """The walk is done: the cap applied on it; then the names due meanwhile."""
+        self.walking = False
+        dropped = await self.trees.guard_finish(live_view, cap_bytes, msg.looked, msg.found)
+        if self.next:
+            names, self.next = self.next, set()
+            self.due(live_view, names)
+        return dropped
