@@ -80,7 +80,8 @@ class DiskActor(actors.Actor):
 
     def read(self, msg):  # Sample: a statvfs of the state dir, and what cannot be saved
         return with_problems(self.probe(self.state_dir), self.bundles and self.bundles.save_error,
-                             self.catalog and self.catalog.save_error)
+                             self.catalog and self.catalog.save_error,
+                             self.guards and self.guards.stalled(trio.current_time()))
 
     def handle_now(self, msg):
         if isinstance(msg, Admit):

@@ -20,7 +20,10 @@ import trio
 from . import host
 from .messages import GuardDue, GuardWalked
 
-__all__ = ["GuardTurns"]
+__all__ = ["GuardTurns", "WALK_STALLED_S"]
+
+#: a guard walk running this long is said in health (a file system that stopped answering?)
+WALK_STALLED_S = 60.0
 
 
 class GuardTurns:
@@ -32,6 +35,7 @@ class GuardTurns:
         self.trees, self.start_soon, self.tell = trees, start_soon, tell
         self.armed: set[str] | None = None  # job ends' workspaces, GuardDue on its way
         self.walking = False
+        self.walk_began: tuple[float, list[str]] | None = None  # when, which: `stalled`
         self.next: set[str] = set()  # due while a walk ran
 
     def ended(self, workspace: str) -> None:
@@ -61,13 +65,25 @@ class GuardTurns:
 
     async def _walk(self, looked: list, wanted: set[str]) -> None:
         trees = self.trees
+        self.walk_began = (trio.current_time(), sorted(wanted))
         try:
             found = await trees.offload(host.survey, looked, None, wanted, trees.clock.now_ms())
         except BaseException:
             self.walking = False
             trees.sizes.dirty.update(wanted)  # measured again when next wanted
             raise
+        finally:
+            self.walk_began = None
         await self.tell(GuardWalked(looked, found))
+
+    def stalled(self, now: float) -> str | None:
+        """A health problem while a guard walk has run WALK_STALLED_S or more."""
+        if self.walk_began is None or now - self.walk_began[0] < WALK_STALLED_S:
+            return None
+        began, names = self.walk_began
+        return (f"the build-folder guard's walk of {', '.join(names) or 'its workspaces'} has "
+                f"run {now - began:.0f} s (a file system that does not answer?); jobs are "
+                "admitted and started meanwhile, the cap waits for it")
 
     async def walked(self, msg: GuardWalked, live_view: Callable, cap_bytes: int) -> list[str]:
         """The walk is done: the cap applied on it; then the names due meanwhile."""

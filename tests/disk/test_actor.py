@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 import actors
-from motor.disk import host, room, trash
+from motor.disk import guarding, host, room, trash
 from motor.disk.actor import (
     Admit, AdmitUpload, BeginUpload, CommitUpload, DiskActor, HasBundle, JobIdle, Listing,
     Periodic, PrepareSetup, Register, Reserve, Sample, Unreserve,
@@ -258,6 +258,33 @@ async def test_a_workspace_a_job_is_queued_for_during_the_guards_walk_is_left_fo
         live.clear()
         assert await ref.call(Periodic()) is not None
         assert not inc.exists()
+
+
+async def test_a_guard_walk_that_runs_a_minute_is_a_health_problem_until_it_ends(
+        tmp_path, autojump_clock):
+    """A walk that hangs (a file system that stopped answering) no longer holds the actor,
+    so nothing else would say it: health's disk sample names it after WALK_STALLED_S."""
+    async with disk_actor(tmp_path) as (ref, actor, _, clock, live):
+        await ref.call(PrepareSetup("j1", "ws"))
+        release = trio.Event()
+        real = actor.trees.offload
+
+        async def held(fn, *args):
+            if fn is host.survey:
+                await release.wait()
+            return await real(fn, *args)
+
+        actor.trees.offload = held
+        await ref.cast(JobIdle("j1", "ws"))
+        await trio.sleep(guarding.WALK_STALLED_S - 1)
+        assert actor.guards.walking and not actor.read(Sample()).problems
+        await trio.sleep(2)
+        (problem,) = actor.read(Sample()).problems
+        assert "guard's walk of ws has run 6" in problem and "does not answer" in problem
+        release.set()
+        while actor.guards.walking:
+            await trio.sleep(0.01)
+        assert not actor.read(Sample()).problems
 
 
 async def test_disk_stale_unit_maintenance_deletes_whole_units_and_runs_once_daily(tmp_path):
