@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import fcntl
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,68 @@ class StateDirLock:
 
     def release(self) -> None:
         release(self.fds)
+
+
+class WorkspaceRootLocks:
+    """One runner per workspace root as well (since stop 60): each `--workspace-root`
+    outside the state dir is flocked, itself and `<root>/.motor-root.lock` (the holder's
+    pid for operators), for the runner's life. A runner evicts, expires and caps the
+    workspaces its catalog holds when its own jobs leave them idle, so a second runner on
+    the same root (its own state dir) would delete a workspace under the first one's
+    running job. The default root, `<state-dir>/workspaces`, is the state dir's already."""
+
+    FILE = ".motor-root.lock"
+
+    def __init__(self, roots: list[Path], state_dir: Path):
+        self.roots = [r for r in roots if not r.resolve().is_relative_to(state_dir.resolve())]
+        self.fds: list[int] = []
+
+    def acquire(self) -> None:
+        for root in self.roots:
+            try:
+                self.fds += self._lock(root)
+            except BlockingIOError:
+                self.release()
+                raise StartupError(
+                    f"workspace root {root} is in use by another runner (pid "
+                    f"{_holder(root, root / self.FILE)}): a runner evicts the workspaces it "
+                    "finds idle there, so two must not share a root (give each its own "
+                    "--workspace-root)") from None
+
+    def _lock(self, root: Path) -> list[int]:
+        """The root's flock and its lock file's (with our pid); BlockingIOError when either
+        is held. A root that cannot take the file (a read-only file system: a runner whose
+        starts then fail says so in health, docs/operations.md) keeps its directory's lock
+        alone; one whose directory cannot be locked either (NFS) the file's alone."""
+        op, fds = fcntl.LOCK_EX | fcntl.LOCK_NB, []
+        try:
+            fds.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            fcntl.flock(fds[-1], op)
+        except BlockingIOError:
+            release(fds)
+            raise
+        except OSError:
+            release(fds)
+            fds = []
+        try:
+            fd = os.open(root / self.FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return fds
+        fds.append(fd)
+        try:
+            fcntl.flock(fd, op)
+        except BlockingIOError:
+            release(fds)
+            raise
+        except OSError:
+            return fds
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fds
+
+    def release(self) -> None:
+        release(self.fds)
+        self.fds = []
 
 
 def _holder(state: Path, path: Path) -> str:

@@ -42,8 +42,8 @@ from ..store.fileguard import DatabaseLost
 from ..store.files import private_umask
 from .facade import Runner
 from .host import (
-    Host, StartupError, StateDirLock, _make_dir, _state_dir_problem, check_database_present,
-    probe_host,
+    Host, StartupError, StateDirLock, WorkspaceRootLocks, _make_dir, _state_dir_problem,
+    check_database_present, probe_host,
 )
 
 
@@ -116,6 +116,12 @@ async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runn
         lock.acquire()
     except OSError as exc:
         raise StartupError(_state_dir_problem(state, lock.path, exc)) from None
+    root_locks = WorkspaceRootLocks(roots, state)
+    try:
+        root_locks.acquire()
+    except BaseException:
+        lock.release()
+        raise
     try:
         check_database_present(state / "motor.db", jobs_dir)
         host = probe_host(config)
@@ -173,6 +179,7 @@ async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runn
         finally:
             db.close()
     finally:
+        root_locks.release()
         lock.release()
 
 

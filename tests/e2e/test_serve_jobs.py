@@ -226,3 +226,25 @@ def test_every_job_through_serve_starts_from_the_runners_environment_and_a_reque
     assert runner.cli("run", *show).stdout == b"[from-serve]\n"
     assert runner.cli("run", "--env", "MOTOR_TEST_VAR=mine", *show).stdout == b"[mine]\n"
     assert runner.cli("run", *show).stdout == b"[from-serve]\n"
+
+
+def test_only_one_runner_per_workspace_root(serve_factory, tmp_path):
+    """Two runners with their own state dirs on one --workspace-root: each evicts and caps
+    the workspaces it finds idle there, so the second is refused (before stop 60 it started,
+    and could delete a workspace under the first one's running job). Each on a root of its
+    own, both run."""
+    shared = tmp_path / "shared-root"
+    first = serve_factory("--workspace-root", str(shared), state_dir=tmp_path / "one").start()
+    second = serve_factory("--workspace-root", str(shared), state_dir=tmp_path / "two")
+    with pytest.raises(RuntimeError, match=rf"workspace root {shared} is in use by another "
+                                           rf"runner \(pid {first.proc.pid}\)"):
+        second.start()
+    assert second.proc.returncode == 2
+    assert (shared / ".motor-root.lock").read_text() == f"{first.proc.pid}\n"
+    third = serve_factory("--workspace-root", str(tmp_path / "own-root"),
+                          state_dir=tmp_path / "three").start()
+    assert third.cli("run", "--", "true").returncode == 0
+    assert first.cli("run", "--", "true").returncode == 0
+    assert first.stop() == 0
+    second.start()  # free once the first has stopped
+    assert second.cli("run", "--", "true").returncode == 0

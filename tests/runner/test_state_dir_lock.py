@@ -45,3 +45,26 @@ def test_where_a_directory_cannot_be_locked_the_files_lock_alone_holds(tmp_path,
         StateDirLock(tmp_path).acquire()
     first.release()
     assert first.fds == []
+
+
+def test_a_workspace_root_takes_one_runner_and_the_state_dirs_own_root_needs_no_lock(tmp_path):
+    """Stop 60 (motor/runner/host.py `WorkspaceRootLocks`): a --workspace-root outside the
+    state dir is locked for the runner's life, the refusal names the holder; the default
+    root under the state dir is the state dir's lock's already."""
+    from motor.runner.host import WorkspaceRootLocks
+
+    root, state = tmp_path / "root", tmp_path / "state"
+    root.mkdir()
+    (state / "workspaces").mkdir(parents=True)
+    first = WorkspaceRootLocks([root, state / "workspaces"], state)
+    assert first.roots == [root]
+    first.acquire()
+    assert (root / ".motor-root.lock").read_text() == f"{os.getpid()}\n"
+    (root / ".motor-root.lock").unlink()  # the directory's own lock still holds
+    with pytest.raises(StartupError, match=rf"workspace root {root} is in use by another "
+                                           rf"runner \(pid {os.getpid()}\)"):
+        WorkspaceRootLocks([root], state).acquire()
+    first.release()
+    second = WorkspaceRootLocks([root], state)
+    second.acquire()
+    second.release()
