@@ -114,17 +114,23 @@ def held_commits(serve, gate, reached) -> None:
     assert counts["motor_store_commits_off_loop"] in (0.0, 1.0)
 
 
+def serve_with_gated_walks(serve_factory, tmp_path):
+    """A started `motor serve` whose workspace walks wait at the fault point `disk.walk`
+    for `gate` (there for now: walks pass until the test removes it), and say so in
+    `gate.reached`: (serve, gate, reached)."""
+    gate, reached = tmp_path / "gate", tmp_path / "gate.reached"
+    gate.touch()
+    serve = serve_factory("--isolation", "none")
+    serve.env = {"MOTOR_FAULTS": f"disk.walk=wait:{gate}"}
+    return serve.start(), gate, reached
+
+
 def test_serve_health_reads_the_free_space_while_the_disk_actor_waits_on_a_walk(
         serve_factory, tmp_path):
     """The disk actor's `Sample` is a reader (docs/actors.md): while the actor waits for a
     walk of a workspace (held at the fault point `disk.walk`, as a slow disk holds it),
     `GET /v1/health` still answers at once with the free space."""
-    gate = tmp_path / "gate"
-    reached = tmp_path / "gate.reached"
-    gate.touch()  # walks pass until the job is in
-    serve = serve_factory("--isolation", "none")
-    serve.env = {"MOTOR_FAULTS": f"disk.walk=wait:{gate}"}
-    serve.start()
+    serve, gate, reached = serve_with_gated_walks(serve_factory, tmp_path)
     try:
         gate.unlink()
         reached.unlink(missing_ok=True)
@@ -148,12 +154,7 @@ def test_serve_answers_other_jobs_while_the_guard_walks_a_workspace_a_job_left(
     holds it) no longer holds the disk actor: a job in another workspace is admitted, set
     up and run meanwhile. Before stop 60 it waited for the walk (0.6 s per job end in a
     workspace of 300,000 files; for good behind a walk that hangs), and health said `ok`."""
-    gate = tmp_path / "gate"
-    reached = tmp_path / "gate.reached"
-    gate.touch()  # walks pass until the job is in
-    serve = serve_factory("--isolation", "none")
-    serve.env = {"MOTOR_FAULTS": f"disk.walk=wait:{gate}"}
-    serve.start()
+    serve, gate, reached = serve_with_gated_walks(serve_factory, tmp_path)
     try:
         assert serve.cli("run", "--workspace", "walked", "--", "true").returncode == 0
         gate.unlink()
