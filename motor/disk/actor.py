@@ -169,7 +169,7 @@ class DiskActor(actors.Actor):
 
     async def _guard(self, names: Iterable[str] | None = None) -> list[str]:
         """Build-folder cap for idle workspaces (`names`; None: every pending one)."""
-        return await self.trees.guard(self._live, self.cap_bytes, names)
+        return await self.guards.now(self._live, self.cap_bytes, names)
 
     async def _periodic(self) -> dict:
         now, roots = self.clock.now_ms(), self.names.allowed_roots

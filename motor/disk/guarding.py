@@ -85,6 +85,16 @@ class GuardTurns:
                 f"run {now - began:.0f} s (a file system that does not answer?); jobs are "
                 "admitted and started meanwhile, the cap waits for it")
 
+    async def now(self, live_view: Callable, cap_bytes: int, names=None) -> list[str]:
+        """The guard in the caller's turn (a maintenance pass; a `JobIdle` call): the names
+        dropped. While a walk runs off the turn, the names wait for it instead (walked twice
+        at once, the older walk could land last)."""
+        if self.walking:
+            pending = self.trees.sizes.guard_pending
+            self.next |= set(pending if names is None else pending.intersection(names))
+            return []
+        return await self.trees.guard(live_view, cap_bytes, names)
+
     async def walked(self, msg: GuardWalked, live_view: Callable, cap_bytes: int) -> list[str]:
         """The walk is done: the cap applied on it; then the names due meanwhile."""
         self.walking = False

@@ -123,7 +123,7 @@ def _holder(state: Path, path: Path) -> str:
     try:
         return path.read_text(errors="replace").strip() or "unknown"
     except OSError:
-        return "unknown: its runner.lock was removed"
+        return f"unknown: its {path.name} was removed"
 
 
 def _state_dir_problem(state: Path, path: Path, exc: OSError) -> str:
