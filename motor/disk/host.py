@@ -246,6 +246,9 @@ class Trees:
     def __init__(self, catalog, names, offload, clock):
         self.catalog, self.names, self.offload, self.clock = catalog, names, offload, clock
         self.sizes = SizeCache()
+        #: the guard's walk in flight: each walked name's sizes when it began (`guard_finish`
+        #: keeps the walk only where nothing stored newer ones meanwhile)
+        self.guard_before: dict[str, Any] = {}
 
     def register(self, msg) -> Any:
         """Catalog a tree (a `Register` message: caller-root trees, snapshots)."""
@@ -301,6 +304,7 @@ class Trees:
                 looked.append(entry)
         wanted = self.sizes.wanted(e.name for e in looked)
         self.sizes.dirty.difference_update(wanted)
+        self.guard_before = {name: self.sizes.sizes.get(name) for name in wanted}
         return looked, wanted
 
     async def guard_finish(self, live_view, cap_bytes: int, looked: list, found) -> list[str]:
@@ -310,8 +314,11 @@ class Trees:
         present, gone, measured = found
         for name in gone:
             self.forget(name)
+        before, self.guard_before = self.guard_before, {}
         for name, (result, stale) in measured.items():
-            if name not in self.sizes.dirty:  # else used during the walk: walked again later
+            # not kept when a job used it during the walk (walked again later), nor over
+            # sizes a walk of the actor's own turn stored meanwhile (a maintenance pass)
+            if name not in self.sizes.dirty and self.sizes.sizes.get(name) is before.get(name):
                 self.sizes.store(name, result, stale)
         dropped, live = [], live_view()
         for entry in looked:

@@ -260,6 +260,57 @@ async def test_a_workspace_a_job_is_queued_for_during_the_guards_walk_is_left_fo
         assert not inc.exists()
 
 
+async def test_a_maintenance_pass_during_the_guards_walk_leaves_the_guard_to_it(tmp_path):
+    """A maintenance pass while the guard's walk runs off the turn: its own guard queues
+    the workspace behind that walk instead of walking it a second time (before b480696 two
+    guard walks of one workspace could run at once, the older landing last), and the
+    older walk does not overwrite the sizes the pass stored meanwhile."""
+    async with disk_actor(tmp_path, cap=64 * 1024) as (ref, actor, _, clock, live):
+        ws = Path((await ref.call(PrepareSetup("j1", "ws"))).path)
+        make_target(ws, old_ms=clock.ms)
+        (ws / "target" / "debug" / "deps" / "big").write_bytes(b"b" * 200_000)
+        walks, walking, release = [], trio.Event(), trio.Event()
+        real = actor.trees.offload
+
+        async def held(fn, *args):  # the first survey (the guard's walk) waits for `release`
+            if fn is host.survey:
+                walks.append(sorted(args[2]))
+                if len(walks) == 1:
+                    walking.set()
+                    await release.wait()
+            return await real(fn, *args)
+
+        actor.trees.offload = held
+        await ref.cast(JobIdle("j1", "ws"))
+        await walking.wait()
+        await ref.cast(JobIdle("j2", "ws"))  # used again during the walk
+        summary = await ref.call(Periodic())
+        assert summary["guarded"] == [] and walks == [["ws"], ["ws"]]  # the guard's, the pass's
+        release.set()
+        while actor.guards.walking or actor.guards.next or "ws" in actor.trees.sizes.guard_pending:
+            await trio.sleep(0.01)
+        assert not (ws / "target" / "debug" / "incremental").exists()  # the guard applied it
+        assert all(w in ([], ["ws"]) for w in walks[2:])  # and no two of its walks at once
+
+
+async def test_the_guards_walk_does_not_overwrite_sizes_stored_while_it_ran(tmp_path):
+    async with disk_actor(tmp_path) as (ref, actor, _, clock, live):
+        (Path((await ref.call(PrepareSetup("j1", "ws"))).path) / "src").mkdir(parents=True)
+        trees = actor.trees
+        trees.used("ws", [], clock.ms)  # pending and dirty, as a job's end leaves it
+        looked, wanted = trees.guard_survey(actor._live, {"ws"})
+        found = host.survey(looked, None, wanted, clock.ms)  # the walk, off the turn
+        newer = host.measure_all([("ws", looked[0].path)], clock.ms)["ws"]
+        trees.sizes.store("ws", *newer)  # a maintenance pass's walk, stored meanwhile
+        assert await trees.guard_finish(actor._live, actor.cap_bytes, looked, found) == []
+        assert trees.sizes.sizes["ws"] is newer[0]
+        trees.used("ws", [], clock.ms)
+        looked, wanted = trees.guard_survey(actor._live, {"ws"})
+        found = host.survey(looked, None, wanted, clock.ms)
+        await trees.guard_finish(actor._live, actor.cap_bytes, looked, found)
+        assert trees.sizes.sizes["ws"] is found[2]["ws"][0]  # nothing meanwhile: kept
+
+
 async def test_a_guard_walk_that_runs_a_minute_is_a_health_problem_until_it_ends(
         tmp_path, autojump_clock):
     """A walk that hangs (a file system that stopped answering) no longer holds the actor,
