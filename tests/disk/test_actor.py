@@ -224,6 +224,36 @@ async def test_job_ends_guard_their_workspace_once_after_a_delay_and_starts_do_n
         assert (ws / "target" / "debug" / "deps" / "big").exists()
 
 
+async def guard_walk_held_over_the_cap(ref, actor, clock):
+    """Workspace `ws` over the cap, its job's end sent, and the guard's walk of it held
+    (`hold_the_first_survey`): (ws's path, walks, release)."""
+    ws = Path((await ref.call(PrepareSetup("j1", "ws"))).path)
+    make_target(ws, old_ms=clock.ms)
+    (ws / "target" / "debug" / "deps" / "big").write_bytes(b"b" * 200_000)
+    walks, walking, release = hold_the_first_survey(actor)
+    await ref.cast(JobIdle("j1", "ws"))
+    await walking.wait()
+    return ws, walks, release
+
+
+def hold_the_first_survey(actor):
+    """The disk actor's first survey (the guard's walk, off its turn) waits for `release`;
+    each survey's walked names go into `walks`: (walks, walking, release)."""
+    walks, walking, release = [], trio.Event(), trio.Event()
+    real = actor.trees.offload
+
+    async def held(fn, *args):
+        if fn is host.survey:
+            walks.append(sorted(args[2]))
+            if len(walks) == 1:
+                walking.set()
+                await release.wait()
+        return await real(fn, *args)
+
+    actor.trees.offload = held
+    return walks, walking, release
+
+
 async def test_a_workspace_a_job_is_queued_for_during_the_guards_walk_is_left_for_later(
         tmp_path):
     """Stop 60: the guard's walk runs off the actor's turn (guarding.py), so a job may be
@@ -231,21 +261,7 @@ async def test_a_workspace_a_job_is_queued_for_during_the_guards_walk_is_left_fo
     incremental directories stay), the workspace stays pending, and the guard applies it
     once the job has gone. Meanwhile the actor answers admissions and set-ups."""
     async with disk_actor(tmp_path, cap=64 * 1024) as (ref, actor, _, clock, live):
-        ws = Path((await ref.call(PrepareSetup("j1", "ws"))).path)
-        make_target(ws, old_ms=clock.ms)
-        (ws / "target" / "debug" / "deps" / "big").write_bytes(b"b" * 200_000)
-        walking, release = trio.Event(), trio.Event()
-        real = actor.trees.offload
-
-        async def held(fn, *args):  # the guard's walk waits for `release`
-            if fn is host.survey and not release.is_set():
-                walking.set()
-                await release.wait()
-            return await real(fn, *args)
-
-        actor.trees.offload = held
-        await ref.cast(JobIdle("j1", "ws"))
-        await walking.wait()
+        ws, walks, release = await guard_walk_held_over_the_cap(ref, actor, clock)
         assert await ref.call(Admit("j2", "ws")) is None  # answered during the walk
         assert (await ref.call(PrepareSetup("j3", "other"))).refusal is None
         live.append(Rec("j2", "queued", "ws"))
@@ -266,23 +282,7 @@ async def test_a_maintenance_pass_during_the_guards_walk_leaves_the_guard_to_it(
     guard walks of one workspace could run at once, the older landing last), and the
     older walk does not overwrite the sizes the pass stored meanwhile."""
     async with disk_actor(tmp_path, cap=64 * 1024) as (ref, actor, _, clock, live):
-        ws = Path((await ref.call(PrepareSetup("j1", "ws"))).path)
-        make_target(ws, old_ms=clock.ms)
-        (ws / "target" / "debug" / "deps" / "big").write_bytes(b"b" * 200_000)
-        walks, walking, release = [], trio.Event(), trio.Event()
-        real = actor.trees.offload
-
-        async def held(fn, *args):  # the first survey (the guard's walk) waits for `release`
-            if fn is host.survey:
-                walks.append(sorted(args[2]))
-                if len(walks) == 1:
-                    walking.set()
-                    await release.wait()
-            return await real(fn, *args)
-
-        actor.trees.offload = held
-        await ref.cast(JobIdle("j1", "ws"))
-        await walking.wait()
+        ws, walks, release = await guard_walk_held_over_the_cap(ref, actor, clock)
         await ref.cast(JobIdle("j2", "ws"))  # used again during the walk
         summary = await ref.call(Periodic())
         assert summary["guarded"] == [] and walks == [["ws"], ["ws"]]  # the guard's, the pass's
@@ -317,15 +317,7 @@ async def test_a_guard_walk_that_runs_a_minute_is_a_health_problem_until_it_ends
     so nothing else would say it: health's disk sample names it after WALK_STALLED_S."""
     async with disk_actor(tmp_path) as (ref, actor, _, clock, live):
         await ref.call(PrepareSetup("j1", "ws"))
-        release = trio.Event()
-        real = actor.trees.offload
-
-        async def held(fn, *args):
-            if fn is host.survey:
-                await release.wait()
-            return await real(fn, *args)
-
-        actor.trees.offload = held
+        walks, walking, release = hold_the_first_survey(actor)
         await ref.cast(JobIdle("j1", "ws"))
         await trio.sleep(guarding.WALK_STALLED_S - 1)
         assert actor.guards.walking and not actor.read(Sample()).problems
