@@ -14,13 +14,16 @@ import fcntl
 import os
 from pathlib import Path
 
-__all__ = ["flock_holder", "lock_dir_and_file", "proc_locks_id", "release"]
+__all__ = ["flock_holder", "lock_dir_and_file", "proc_locks_id", "release", "write_pid"]
 
 
-def lock_dir_and_file(directory: Path, file: Path, *, blocking: bool, mode: int) -> list[int]:
+def lock_dir_and_file(directory: Path, file: Path, *, blocking: bool, mode: int,
+                      file_optional: bool = False) -> list[int]:
     """An exclusive flock on `directory`, then on `file` (made with `mode` when missing), in
-    that order; the fds that hold them (`release`). BlockingIOError when not `blocking` and
-    either is held elsewhere; on any error nothing stays open or locked."""
+    that order; the fds that hold them (`release`), the file's last. BlockingIOError when
+    not `blocking` and either is held elsewhere; on any error nothing stays open or locked.
+    `file_optional`: a file that cannot be made or locked (a read-only file system) leaves
+    the directory's lock alone, when it has one."""
     op = fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB)
     fds: list[int] = []
     try:
@@ -33,12 +36,27 @@ def lock_dir_and_file(directory: Path, file: Path, *, blocking: bool, mode: int)
         except OSError:  # a file system that cannot lock a directory (NFS): the file alone
             fds.remove(dir_fd)
             os.close(dir_fd)
-        fds.append(os.open(file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode))
-        fcntl.flock(fds[-1], op)
+        try:
+            fds.append(os.open(file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, mode))
+            fcntl.flock(fds[-1], op)
+        except BlockingIOError:
+            raise
+        except OSError:
+            if not (file_optional and fds and fds[0] == dir_fd):
+                raise
+            if fds[-1] != dir_fd:
+                os.close(fds.pop())
     except BaseException:
         release(fds)
         raise
     return fds
+
+
+def write_pid(fds: list[int], file: Path) -> None:
+    """Write our pid into the lock file among `fds` (the last), if it is held."""
+    if fds and os.path.isfile(file) and os.fstat(fds[-1]).st_ino == os.stat(file).st_ino:
+        os.ftruncate(fds[-1], 0)
+        os.pwrite(fds[-1], f"{os.getpid()}\n".encode(), 0)
 
 
 def release(fds: list[int]) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import fcntl
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ from ..cpu.topology import (
 )
 from ..disk.fsinfo import state_filesystem
 from ..isolation import HostProbe, IsolationError, choose_backend
-from ..locks import flock_holder, lock_dir_and_file, release
+from ..locks import flock_holder, lock_dir_and_file, release, write_pid
 from ..memory.host import read_ceiling
 
 
@@ -46,8 +45,7 @@ class StateDirLock:
         except BlockingIOError:
             raise StartupError(f"state dir {state} is in use by another runner "
                                f"(pid {_holder(state, self.path)})") from None
-        os.ftruncate(self.fds[-1], 0)
-        os.pwrite(self.fds[-1], f"{os.getpid()}\n".encode(), 0)
+        write_pid(self.fds, self.path)
 
     def release(self) -> None:
         release(self.fds)
@@ -68,47 +66,25 @@ class WorkspaceRootLocks:
         self.fds: list[int] = []
 
     def acquire(self) -> None:
+        """A root that cannot take the file (a read-only file system: a runner whose starts
+        then fail says so in health, docs/operations.md) keeps its directory's lock alone;
+        one that can take neither lock (read-only NFS) goes unlocked."""
         for root in self.roots:
+            path = root / self.FILE
             try:
-                self.fds += self._lock(root)
+                fds = lock_dir_and_file(root, path, blocking=False, mode=0o600,
+                                        file_optional=True)
             except BlockingIOError:
                 self.release()
                 raise StartupError(
                     f"workspace root {root} is in use by another runner (pid "
-                    f"{_holder(root, root / self.FILE)}): a runner evicts the workspaces it "
-                    "finds idle there, so two must not share a root (give each its own "
+                    f"{_holder(root, path)}): a runner evicts the workspaces it finds idle "
+                    "there, so two must not share a root (give each its own "
                     "--workspace-root)") from None
-
-    def _lock(self, root: Path) -> list[int]:
-        """The root's flock and its lock file's (with our pid); BlockingIOError when either
-        is held. A root that cannot take the file (a read-only file system: a runner whose
-        starts then fail says so in health, docs/operations.md) keeps its directory's lock
-        alone; one whose directory cannot be locked either (NFS) the file's alone."""
-        op, fds = fcntl.LOCK_EX | fcntl.LOCK_NB, []
-        try:
-            fds.append(os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
-            fcntl.flock(fds[-1], op)
-        except BlockingIOError:
-            release(fds)
-            raise
-        except OSError:
-            release(fds)
-            fds = []
-        try:
-            fd = os.open(root / self.FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError:
-            return fds
-        fds.append(fd)
-        try:
-            fcntl.flock(fd, op)
-        except BlockingIOError:
-            release(fds)
-            raise
-        except OSError:
-            return fds
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        return fds
+            except OSError:  # neither the directory nor the file can be (read-only NFS)
+                continue
+            write_pid(fds, path)
+            self.fds += fds
 
     def release(self) -> None:
         release(self.fds)
