@@ -1,6 +1,7 @@
 """Locks that a removed file cannot lose: an flock on a directory and on a lock file in it.
 
-The runner's state dir (`runner.lock`, motor/runner/host.py) and the task client's dir (the
+The runner's state dir (`runner.lock`, motor/runner/host.py), its workspace roots outside
+it (`.motor-root.lock`, `WorkspaceRootLocks` there) and the task client's dir (the
 QueueLock, `queue.json.lock`, motor/tasks/store.py) are each locked twice: the directory
 itself, which `rm <lock file>` (a "stale lock" cleaned by hand) cannot unlock, and the lock
 file, which keeps out a holder of an older motor that locks only the file. Where a
