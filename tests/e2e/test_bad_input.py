@@ -6,10 +6,13 @@ import json
 import os
 import random
 import socket
+import subprocess
+import sys
 
 import httpx
 import pytest
 
+from tests.conftest import ROOT, motor_env
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -158,3 +161,17 @@ def test_control_characters_from_a_job_never_reach_the_operators_terminal_raw(se
     failed = serve.cli("run", "--", "no-such-\x1b[2J-program")
     assert failed.returncode == 127
     assert b"\x1b" not in failed.stderr and b"no-such-\\x1b[2J-program" in failed.stderr
+
+
+def test_a_command_word_that_is_not_utf8_is_a_usage_error_and_nothing_is_submitted(serve):
+    """`motor run -- echo $'caf\\xe9'` through the CLI process against a real runner: before
+    stop 60 the client died with a UnicodeEncodeError traceback; now one line naming the
+    word, exit 2, and the runner is sent nothing."""
+    for argv in ([b"run", b"--", b"echo", b"caf\xe9"], [b"submit", b"--workspace", b"w\xe9", b"--", b"true"]):
+        result = subprocess.run([sys.executable, "-m", "motor", argv[0], "--socket",
+                                 str(serve.socket), *argv[1:]], capture_output=True,
+                                timeout=30, env=motor_env(), cwd=ROOT)
+        assert result.returncode == 2, result
+        assert b"is not UTF-8" in result.stderr and b"Traceback" not in result.stderr, result
+    assert serve.cli_json("jobs", "--all") == []
+    assert serve.cli("run", "--", "echo", "café").stdout == "café\n".encode()
