@@ -22,15 +22,16 @@ from .bundles import BundleError, BundleStore
 from .catalog import Catalog
 from .core import (RECENT_MS, CleanupRun, DiskSample, EvictWorkspace, bundle_gone,
                    maintenance_due, with_problems)
-from .guarding import GuardTurns
 from .host import Trees, probe_path
 from .live import Holds, Live, LiveIndex
 from .messages import (
-    Admit, AdmitUpload, BeginUpload, CommitUpload, GuardDue, GuardWalked, HasBundle, JobIdle,
+    Admit, AdmitUpload, BeginUpload, CommitUpload, GuardDue, HasBundle, JobIdle,
     Listing, MakeRoom, Periodic, PrepareSetup, Register, Reserve, Sample, SetupPlan, Unreserve,
+    Walked,
 )
 from .names import Names
 from .room import Room
+from .walking import Walks
 
 class DiskActor(actors.Actor):
     #: a bad bundle name or a digest mismatch is the caller's answer, not a crash
@@ -57,13 +58,13 @@ class DiskActor(actors.Actor):
         self.floors_for, self.reserve = floors_for, reserve
         self.catalog = self.bundles = self.trees = None  # Catalog, BundleStore, Trees: on_start
         self.room: Room | None = None
-        self.guards: GuardTurns | None = None  # the guard after jobs' ends (guarding.py)
+        self.walks: Walks | None = None  # walks off the actor's turn (walking.py)
 
     async def on_start(self):
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.catalog = self.names.catalog = Catalog(self.state_dir)
         self.trees = Trees(self.catalog, self.names, self.offload, self.clock)
-        self.guards = GuardTurns(self.trees, self.nursery.start_soon, self.cast_self)
+        self.walks = Walks(self.trees, self.nursery.start_soon, self.cast_self, self._pass)
         self.room = Room(self)
         self.bundles = BundleStore(self.state_dir)
         await self.offload(host.sweep_staging, self.names.allowed_roots)  # killed mid-unpack
@@ -81,7 +82,7 @@ class DiskActor(actors.Actor):
     def read(self, msg):  # Sample: a statvfs of the state dir, and what cannot be saved
         return with_problems(self.probe(self.state_dir), self.bundles and self.bundles.save_error,
                              self.catalog and self.catalog.save_error,
-                             self.guards and self.guards.stalled(trio.current_time()))
+                             self.walks and self.walks.stalled(trio.current_time()))
 
     def handle_now(self, msg):
         if isinstance(msg, Admit):
@@ -99,7 +100,7 @@ class DiskActor(actors.Actor):
             if self.answering:  # the caller waits for the guard's walk
                 return LATER
             self._job_ended(msg)
-            self.guards.ended(msg.workspace)
+            self.walks.ended(msg.workspace)
             return []
         if isinstance(msg, HasBundle):  # a presence check is a use: retention restarts
             return self.bundles.use(msg.sha256, self.clock.now_ms()) is not None
@@ -117,7 +118,7 @@ class DiskActor(actors.Actor):
                 self.names.touched(msg.workspace, msg.siblings), msg.workspace))
         if isinstance(msg, JobIdle):  # a caller waits for the guard (handle_now's LATER)
             self._job_ended(msg)
-            return await self._guard([msg.workspace])
+            return await self.walks.now(self._live, self.cap_bytes, [msg.workspace])
         if isinstance(msg, (AdmitUpload, MakeRoom)):  # room on the state dir's; on each
             return await (self.room.check(frozenset(), None) if isinstance(msg, AdmitUpload)
                           else self.room.make_room())
@@ -125,17 +126,16 @@ class DiskActor(actors.Actor):
             return self.bundles.begin(msg.sha256)
         if isinstance(msg, CommitUpload):  # an error is returned for the caller to raise
             return msg.upload.commit_reply(self.clock.now_ms())
-        if isinstance(msg, GuardDue):  # its walk off this actor's turn (guarding.py)
-            return self.guards.due(self._live)
-        if isinstance(msg, GuardWalked):
-            return await self.guards.walked(msg, self._live, self.cap_bytes)
+        if isinstance(msg, GuardDue):  # walks off this actor's turn (walking.py)
+            return self.walks.due(self._live)
+        if isinstance(msg, Periodic):  # answered after its walk (`_pass`)
+            return self.walks.maintenance(self.defer_reply())
+        if isinstance(msg, Listing):
+            return self.walks.listing(self.defer_reply(), self._listing)
+        if isinstance(msg, Walked):
+            return await self.walks.walked(msg, self._live, self.cap_bytes, self._listing)
         if isinstance(msg, Register):
             return self.trees.register(msg)
-        if isinstance(msg, Periodic):
-            return await self._periodic()
-        if isinstance(msg, Listing):
-            hard = CleanupRun(self.floor_bytes, 0).below_floor(self.probe(self.state_dir))
-            return await self.trees.listing(self._live(), hard)
         raise TypeError(f"disk: unknown message {msg!r}")
 
     def _live(self) -> Live:
@@ -167,24 +167,25 @@ class DiskActor(actors.Actor):
         self.holds.release(msg.job_id)  # the job has ended: its protection ends with it
         self.trees.used(msg.workspace, msg.siblings, self.clock.now_ms())
 
-    async def _guard(self, names: Iterable[str] | None = None) -> list[str]:
-        """Build-folder cap for idle workspaces (`names`; None: every pending one)."""
-        return await self.guards.now(self._live, self.cap_bytes, names)
+    def _listing(self) -> list[dict]:
+        hard = CleanupRun(self.floor_bytes, 0).below_floor(self.probe(self.state_dir))
+        return self.trees.listing(self._live(), hard)
 
-    async def _periodic(self) -> dict:
+    async def _pass(self, found: tuple, trash_left: int) -> dict:
+        """A maintenance pass, once its walk (the trash emptied, every tree surveyed) is done."""
         now, roots = self.clock.now_ms(), self.names.allowed_roots
         self.names.rescan()  # resolve names again: symlinks may have changed on disk
         live = self._live()
-        summary = {"trash_left": await self.offload(host.collect_trash, roots),
+        summary = {"trash_left": trash_left,
                    "expired_workspaces": [], "swept": [], "bundles_expired": [], "guarded": []}
-        for ws in await self.trees.workspaces(live):
+        for ws in self.trees.surveyed(live, found):
             due = maintenance_due(ws, self.trees.sizes.last_sweep.get(ws.name), now, roots)
             evict = EvictWorkspace(ws.name, ws.path, ws.allocated_bytes or 0)
             if due == "expire" and await self.trees.execute(evict):
                 summary["expired_workspaces"].append(ws.name)
             elif due == "sweep" and await self.trees.sweep(ws, now):
                 summary["swept"].append(ws.name)
-        summary["guarded"] = await self._guard()
+        summary["guarded"] = await self.walks.now(self._live, self.cap_bytes)  # the cap
         summary["bundles_expired"] = self.bundles.expire(now, live.bundles)
         await self.room.make_room()
         return summary

@@ -246,9 +246,9 @@ class Trees:
     def __init__(self, catalog, names, offload, clock):
         self.catalog, self.names, self.offload, self.clock = catalog, names, offload, clock
         self.sizes = SizeCache()
-        #: the guard's walk in flight: each walked name's sizes when it began (`guard_finish`
-        #: keeps the walk only where nothing stored newer ones meanwhile)
-        self.guard_before: dict[str, Any] = {}
+        #: the walk in flight off the actor's turn (walking.py): each walked name's sizes
+        #: when it began (`keep_walk` keeps the walk only where nothing stored newer ones)
+        self.walk_before: dict[str, Any] = {}
 
     def register(self, msg) -> Any:
         """Catalog a tree (a `Register` message: caller-root trees, snapshots)."""
@@ -279,7 +279,7 @@ class Trees:
         deferred while a job is queued for or runs in them; the names whose incremental
         directories were dropped. `live_view()`: what live jobs hold, now. Here in one
         piece; the disk actor runs the walk between `guard_survey` and `guard_finish` off
-        its own turn (actor.py, `GuardWalked`)."""
+        its own turn (walking.py)."""
         looked, wanted = self.guard_survey(live_view, names)
         if not looked:
             return []
@@ -302,25 +302,47 @@ class Trees:
             pending.discard(name)
             if entry is not None:
                 looked.append(entry)
+        return looked, self.begin_walk(looked)
+
+    def begin_walk(self, looked: list) -> set[str]:
+        """A walk off the actor's turn begins: which of the entries `looked` to walk (never
+        measured, or used since). Those are taken out of `dirty` now: a job that ends in
+        one during the walk marks it again, and its walk is then not kept (`keep_walk`)."""
         wanted = self.sizes.wanted(e.name for e in looked)
         self.sizes.dirty.difference_update(wanted)
-        self.guard_before = {name: self.sizes.sizes.get(name) for name in wanted}
-        return looked, wanted
+        self.walk_before = {name: self.sizes.sizes.get(name) for name in wanted}
+        return wanted
+
+    def keep_walk(self, live, found) -> None:
+        """A walk off the actor's turn is done, `found` its survey (present, gone,
+        measured): forget the trees found gone that no live job holds now (one admitted
+        meanwhile makes its tree again); store each walk, unless a job used that workspace
+        during the walk (walked again later) or a walk in the actor's turn stored newer
+        sizes meanwhile (a cleanup's)."""
+        _, gone, measured = found
+        for name in gone:
+            entry = self.catalog.get(name)
+            if entry is not None and not held(live, entry, "running", "reserved"):
+                self.forget(name)
+        before, self.walk_before = self.walk_before, {}
+        for name, (result, stale) in measured.items():
+            if name not in self.sizes.dirty and self.sizes.sizes.get(name) is before.get(name):
+                self.sizes.store(name, result, stale)
+
+    def surveyed(self, live, found) -> list[Workspace]:
+        """`keep_walk`, then the planner's view of the trees present (those measured)."""
+        self.keep_walk(live, found)
+        entries = self.entries(found[0])
+        return [workspace_of(e, self.sizes, live, self.names.allowed_roots)
+                for e in entries if e.name in self.sizes.sizes]
 
     async def guard_finish(self, live_view, cap_bytes: int, looked: list, found) -> list[str]:
         """The guard's second half, with the `survey` of `looked` (present, gone, measured):
         each workspace's action, decided on what live jobs hold now. One a job used or
         was admitted to during the walk is left for a later guard (it is pending again)."""
-        present, gone, measured = found
-        for name in gone:
-            self.forget(name)
-        before, self.guard_before = self.guard_before, {}
-        for name, (result, stale) in measured.items():
-            # not kept when a job used it during the walk (walked again later), nor over
-            # sizes a walk of the actor's own turn stored meanwhile (a maintenance pass)
-            if name not in self.sizes.dirty and self.sizes.sizes.get(name) is before.get(name):
-                self.sizes.store(name, result, stale)
         dropped, live = [], live_view()
+        self.keep_walk(live, found)
+        present = found[0]
         for entry in looked:
             name = entry.name
             if name not in present or name in self.sizes.dirty or name not in self.sizes.sizes \
@@ -359,21 +381,22 @@ class Trees:
         return [workspace_of(self.catalog.get(n), self.sizes, live, self.names.allowed_roots)
                 for n in present]
 
-    def _entries(self, names=None) -> list:
+    def entries(self, names=None) -> list:
+        """The catalog entries of `names` (None: all), those still catalogued."""
         keys = self.catalog.entries if names is None else names
         return [e for e in map(self.catalog.get, keys) if e is not None]
 
     async def workspaces(self, live, names=None) -> list[Workspace]:
         """The planner's view of the named catalogued trees (None: all); gone ones are
         forgotten, unmeasured or used ones walked first."""
-        entries = self._entries(names)
+        entries = self.entries(names)
         wanted = self.sizes.wanted(e.name for e in entries)
         return self._kept(live, *await self.offload(survey, entries, None, wanted,
                                                     self.clock.now_ms()))
 
     async def candidates(self, live, dev: int | None, cache_dir: str | None):
         """What one cleanup round ranks on `dev`: (workspaces, staging, compile cache)."""
-        entries = self._entries()
+        entries = self.entries()
         *found, staged, cache = await self.offload(
             candidates, entries, dev, self.sizes.wanted(e.name for e in entries),
             self.clock.now_ms(), self.names.allowed_roots, live.in_setup, cache_dir,
@@ -411,10 +434,9 @@ class Trees:
         self.sizes.stale[ws.name] = 0
         return swept
 
-    async def listing(self, live, hard: bool) -> list[dict]:
-        """The rows of `motor workspaces`, after walking what changed since (sizes as of the
-        last job end)."""
-        await self.walk([(e.name, e.path) for e in self._entries(sorted(self.sizes.dirty))])
+    def listing(self, live, hard: bool) -> list[dict]:
+        """The rows of `motor workspaces`, from the sizes known (walking.py walks those used
+        since their last walk first, unless a walk is in flight)."""
         self.sizes.dirty.intersection_update(self.catalog.entries)
         now = self.clock.now_ms()
         return [listing_row(e, self.sizes.sizes.get(e.name), live, now, hard,

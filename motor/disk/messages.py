@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -86,12 +86,17 @@ class GuardDue:
 
 
 @dataclass(frozen=True)
-class GuardWalked:
-    """The disk actor's own: the guard's walk of `looked` (catalog entries) is done,
-    `found` its survey (host.py `survey`): decide on it (`Trees.guard_finish`)."""
+class Walked:
+    """The disk actor's own: a walk off its turn (walking.py) of `looked` (catalog entries)
+    is done, `found` its survey (host.py `survey`): decide on it. `kind`: "guard",
+    "maintenance" or "listing"; `answers`: the deferred replies of the calls it serves;
+    `trash_left`: a maintenance pass's trash entries that stay."""
 
+    kind: str
     looked: list
     found: tuple
+    answers: list = field(default_factory=list)
+    trash_left: int = 0
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ import trio
 import trio.testing
 
 import actors
-from motor.disk import guarding, host, room, trash
+from motor.disk import host, room, trash
+from motor.disk.walking import WALK_STALLED_S
 from motor.disk.actor import (
     Admit, AdmitUpload, BeginUpload, CommitUpload, DiskActor, HasBundle, JobIdle, Listing,
     Periodic, PrepareSetup, Register, Reserve, Sample, Unreserve,
@@ -266,7 +267,7 @@ async def test_a_workspace_a_job_is_queued_for_during_the_guards_walk_is_left_fo
         assert (await ref.call(PrepareSetup("j3", "other"))).refusal is None
         live.append(Rec("j2", "queued", "ws"))
         release.set()
-        while actor.guards.walking:  # the walk, in a worker thread, and its decision
+        while actor.walks.walking:  # the walk, in a worker thread, and its decision
             await trio.sleep(0.01)
         inc = ws / "target" / "debug" / "incremental"
         assert os.listdir(inc)  # deferred: a job is queued for it
@@ -276,21 +277,66 @@ async def test_a_workspace_a_job_is_queued_for_during_the_guards_walk_is_left_fo
         assert not inc.exists()
 
 
-async def test_a_maintenance_pass_during_the_guards_walk_leaves_the_guard_to_it(tmp_path):
-    """A maintenance pass while the guard's walk runs off the turn: its own guard queues
-    the workspace behind that walk instead of walking it a second time (before b480696 two
-    guard walks of one workspace could run at once, the older landing last), and the
-    older walk does not overwrite the sizes the pass stored meanwhile."""
+async def test_a_maintenance_pass_during_the_guards_walk_waits_for_it_and_admissions_do_not(
+        tmp_path):
+    """A maintenance pass while the guard's walk runs off the turn: its own walk (off the
+    turn too, since stop 61) waits for that one instead of walking the workspace a second
+    time at once (before b480696 two guard walks of one workspace could run at once, the
+    older landing last), while admissions are answered; then it walks the workspace used
+    meanwhile and applies the guard."""
     async with disk_actor(tmp_path, cap=64 * 1024) as (ref, actor, _, clock, live):
         ws, walks, release = await guard_walk_held_over_the_cap(ref, actor, clock)
         await ref.cast(JobIdle("j2", "ws"))  # used again during the walk
-        summary = await ref.call(Periodic())
-        assert summary["guarded"] == [] and walks == [["ws"], ["ws"]]  # the guard's, the pass's
-        release.set()
-        while actor.guards.walking or actor.guards.next or "ws" in actor.trees.sizes.guard_pending:
-            await trio.sleep(0.01)
+        summaries = []
+        async with trio.open_nursery() as n:
+            n.start_soon(lambda: call_into(summaries, ref, Periodic()))
+            while not actor.walks.passes:
+                await trio.sleep(0.01)
+            assert await ref.call(Admit("j3", "other")) is None  # not behind the pass
+            assert walks == [["ws"]] and not summaries
+            release.set()
+        (summary,) = summaries
+        assert summary["guarded"] == ["ws"]
         assert not (ws / "target" / "debug" / "incremental").exists()  # the guard applied it
-        assert all(w in ([], ["ws"]) for w in walks[2:])  # and no two of its walks at once
+        assert walks[:2] == [["ws"], ["ws"]] and all(w == [] for w in walks[2:]), walks
+
+
+async def test_a_listing_during_a_walk_answers_at_once_from_the_sizes_known(tmp_path):
+    """`motor workspaces` walks the workspaces used since their last walk off the actor's
+    turn too (stop 61), but not while another walk runs: then it answers at once, from
+    the sizes known (the held walk's workspace as it was before that walk)."""
+    async with disk_actor(tmp_path, cap=64 * 1024) as (ref, actor, _, clock, live):
+        ws, walks, release = await guard_walk_held_over_the_cap(ref, actor, clock)
+        with trio.fail_after(5):
+            rows = await ref.call(Listing())
+        assert [r["name"] for r in rows] == ["ws"] and walks == [["ws"]]
+        release.set()
+        while actor.walks.walking:
+            await trio.sleep(0.01)
+        await ref.cast(JobIdle("j2", "ws"))  # used again: the next listing walks it first
+        rows = await ref.call(Listing())
+        assert walks == [["ws"], ["ws"]] and rows[0]["allocated_bytes"] > 0, rows
+
+
+async def test_a_walk_off_the_turn_keeps_a_gone_tree_a_job_was_admitted_to_meanwhile(
+        tmp_path):
+    """A survey off the actor's turn found a workspace's tree gone; a job admitted to it
+    meanwhile makes it again, so its catalog entry stays (`Trees.keep_walk`); with no job
+    holding it, it is forgotten."""
+    async with disk_actor(tmp_path) as (ref, actor, _, clock, live):
+        trees = actor.trees
+        for name in ("kept", "gone"):
+            await ref.call(PrepareSetup(f"j-{name}", name))  # catalogued, no tree made
+        looked = trees.entries()
+        found = host.survey(looked, None, trees.begin_walk(looked), clock.ms)
+        assert sorted(found[1]) == ["gone", "kept"]
+        assert await ref.call(Admit("j-again", "kept")) is None
+        trees.keep_walk(actor._live(), found)
+        assert trees.catalog.get("kept") is not None and trees.catalog.get("gone") is None
+
+
+async def call_into(results: list, ref, msg) -> None:
+    results.append(await ref.call(msg))
 
 
 async def test_the_guards_walk_does_not_overwrite_sizes_stored_while_it_ran(tmp_path):
@@ -319,13 +365,13 @@ async def test_a_guard_walk_that_runs_a_minute_is_a_health_problem_until_it_ends
         await ref.call(PrepareSetup("j1", "ws"))
         walks, walking, release = hold_the_first_survey(actor)
         await ref.cast(JobIdle("j1", "ws"))
-        await trio.sleep(guarding.WALK_STALLED_S - 1)
-        assert actor.guards.walking and not actor.read(Sample()).problems
+        await trio.sleep(WALK_STALLED_S - 1)
+        assert actor.walks.walking and not actor.read(Sample()).problems
         await trio.sleep(2)
         (problem,) = actor.read(Sample()).problems
         assert "guard's walk of ws has run 6" in problem and "does not answer" in problem
         release.set()
-        while actor.guards.walking:
+        while actor.walks.walking:
             await trio.sleep(0.01)
         assert not actor.read(Sample()).problems
 

@@ -168,3 +168,34 @@ def test_serve_answers_other_jobs_while_the_guard_walks_a_workspace_a_job_left(
         gate.touch()
     assert serve.cli("run", "--workspace", "walked", "--", "true").returncode == 0
     assert serve.stop() == 0
+
+
+def test_serve_answers_other_jobs_while_a_listing_or_a_maintenance_pass_walks(
+        serve_factory, tmp_path):
+    """`motor workspaces` walks the workspaces used since their last walk. That walk (held
+    at `disk.walk`) no longer holds the disk actor either (stop 61): a job in another
+    workspace runs meanwhile, a
+    second listing answers at once from the sizes known, and the held listing answers once
+    its walk is done. Before, the listing walked in the actor's turn: the `motor run`
+    waited for it (for good behind a walk that hangs) and health said `ok`."""
+    serve, gate, reached = serve_with_gated_walks(serve_factory, tmp_path)
+    try:
+        assert serve.cli("run", "--workspace", "walked", "--", "true").returncode == 0
+        listing = serve.cli("workspaces", "--json")
+        assert listing.returncode == 0 and b"walked" in listing.stdout, listing
+        gate.unlink()
+        reached.unlink(missing_ok=True)
+        assert serve.cli("run", "--workspace", "walked", "--", "true").returncode == 0
+        held = serve.cli_popen("workspaces", "--json")  # walks `walked`, or the guard does
+        wait_for(reached.exists, timeout=30, what="a walk to reach the barrier")
+        result = serve.cli("run", "--workspace", "other", "--", "echo", "meanwhile", timeout=20)
+        assert (result.returncode, result.stdout) == (0, b"meanwhile\n"), result
+        again = serve.cli("workspaces", "--json", timeout=20)  # not behind the walk
+        assert again.returncode == 0 and b"walked" in again.stdout, again
+        assert not gate.exists() and held.poll() is None  # all that while the walk was held
+    finally:
+        gate.touch()
+    out, _ = held.communicate(timeout=30)
+    assert held.returncode == 0 and b"walked" in out
+    assert serve.stop() == 0
+
