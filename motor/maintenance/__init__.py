@@ -1,6 +1,7 @@
 """The maintenance actor: periodic work that must happen without any request.
 
-Each pass (at start-up and then every `interval_s`, at least once a minute):
+Each pass (at start-up and then every `interval_s`, at least once a minute; the disk's part
+right after the start, not in it):
 - retention: deletes job records, events and job directories 24 hours after the later of
   the job's end and its UUIDv7 time (scheduling.md, "Retention");
 - ended jobs' files: empties the job directory of each job whose end was saved at least
@@ -9,7 +10,12 @@ Each pass (at start-up and then every `interval_s`, at least once a minute):
 - memory ceiling: re-reads the capacity file's declared `jobs_min_bytes` and the jobs
   group's live memory limit, and tells the dispatcher when either changed, so the next
   job is decided with the new figures (scheduling.md: "at startup and at each maintenance
-  pass (at least once a minute), not on every admission").
+  pass (at least once a minute), not on every admission");
+- the disk manager's pass (`DiskHandle.periodic`): trash, idle expiry, the daily sweep, the
+  build-folder guard, bundle retention, pressure. Not in the start-up pass: after a
+  restart its size cache is empty and it walks every catalogued workspace, which on big
+  trees (or a file system that stopped answering) held the runner's start, its socket
+  not yet open (stop 61); it runs as the first pass after the start instead.
 """
 
 from __future__ import annotations
@@ -72,9 +78,9 @@ class Maintenance(actors.Actor):
         self.nursery.start_soon(self._periodic)
 
     async def _periodic(self):
-        while True:
-            await trio.sleep(self.interval_s)
+        while True:  # the first one at once: the disk's part of the start-up pass
             await self.cast_self(RunPass())
+            await trio.sleep(self.interval_s)
 
     async def handle(self, msg):
         if isinstance(msg, RunPass):
@@ -105,7 +111,7 @@ class Maintenance(actors.Actor):
                 self.ceiling = ceiling
                 await self.dispatcher.ceiling_changed(ceiling)
                 changed = True
-        if self.disk is not None:  # trash, idle expiry, daily sweep, guard, bundles, pressure
+        if self.disk is not None and not start:  # trash, expiry, sweep, guard, bundles, room
             try:
                 await self.disk.periodic(timeout=600)
             except (actors.ActorDead, actors.CallTimeout) as exc:

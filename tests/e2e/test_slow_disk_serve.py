@@ -199,3 +199,25 @@ def test_serve_answers_other_jobs_while_a_listing_or_a_maintenance_pass_walks(
     assert held.returncode == 0 and b"walked" in out
     assert serve.stop() == 0
 
+
+def test_serve_starts_while_its_first_maintenance_pass_walks(serve_factory, tmp_path):
+    """After a restart the disk manager's size cache is empty, and its first maintenance
+    pass walks every catalogued workspace. The runner starts and runs jobs meanwhile: the
+    disk's part of the start-up pass runs right after the start, off the disk actor's
+    turn (stop 61). Before, the start waited for that walk: no socket while a big tree (or
+    a file system that stopped answering) was walked."""
+    serve, gate, reached = serve_with_gated_walks(serve_factory, tmp_path)
+    assert serve.cli("run", "--workspace", "walked", "--", "true").returncode == 0
+    assert serve.stop() == 0
+    gate.unlink()
+    reached.unlink(missing_ok=True)
+    try:
+        serve.start()
+        wait_for(reached.exists, timeout=30, what="the first pass's walk to reach the barrier")
+        result = serve.cli("run", "--workspace", "other", "--", "echo", "started", timeout=20)
+        assert (result.returncode, result.stdout) == (0, b"started\n"), result
+        assert not gate.exists()
+    finally:
+        gate.touch()
+    assert serve.cli("run", "--workspace", "walked", "--", "true").returncode == 0
+    assert serve.stop() == 0
