@@ -170,7 +170,7 @@ def test_serve_answers_other_jobs_while_the_guard_walks_a_workspace_a_job_left(
     assert serve.stop() == 0
 
 
-def test_serve_answers_other_jobs_while_a_listing_or_a_maintenance_pass_walks(
+def test_serve_answers_other_jobs_while_a_listing_walks(
         serve_factory, tmp_path):
     """`motor workspaces` walks the workspaces used since their last walk. That walk (held
     at `disk.walk`) no longer holds the disk actor either (stop 61): a job in another
