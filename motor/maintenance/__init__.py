@@ -1,7 +1,7 @@
 """The maintenance actor: periodic work that must happen without any request.
 
-Each pass (at start-up and then every `interval_s`, at least once a minute; the disk's part
-right after the start, not in it):
+Each pass (at start-up and then every `interval_s`, at least once a minute; the start-up
+pass's disk part right after the start, not in it):
 - retention: deletes job records, events and job directories 24 hours after the later of
   the job's end and its UUIDv7 time (scheduling.md, "Retention");
 - ended jobs' files: empties the job directory of each job whose end was saved at least
@@ -15,7 +15,7 @@ right after the start, not in it):
   build-folder guard, bundle retention, pressure. Not in the start-up pass: after a
   restart its size cache is empty and it walks every catalogued workspace, which on big
   trees (or a file system that stopped answering) held the runner's start, its socket
-  not yet open (stop 61); it runs as the first pass after the start instead.
+  not yet open (stop 61); it runs as the actor's first message after the start instead.
 """
 
 from __future__ import annotations
@@ -47,6 +47,11 @@ EMPTY_AFTER_MS = 60_000
 
 
 @dataclass(frozen=True)
+class _DiskPass:
+    """The maintenance actor's own: the disk's part of the start-up pass, after the start."""
+
+
+@dataclass(frozen=True)
 class RunPass:
     """Reply: {"expired": n} once the pass is done (tests and `motor` use it to force a pass)."""
 
@@ -75,16 +80,19 @@ class Maintenance(actors.Actor):
 
     async def on_start(self):
         await self._pass(start=True)
+        await self.cast_self(_DiskPass())  # the start-up pass's disk part, right after it
         self.nursery.start_soon(self._periodic)
 
     async def _periodic(self):
-        while True:  # the first one at once: the disk's part of the start-up pass
-            await self.cast_self(RunPass())
+        while True:
             await trio.sleep(self.interval_s)
+            await self.cast_self(RunPass())
 
     async def handle(self, msg):
         if isinstance(msg, RunPass):
             return await self._pass()
+        if isinstance(msg, _DiskPass):
+            return await self._disk_pass()
         raise TypeError(f"maintenance: unknown message {msg!r}")
 
     async def _pass(self, start: bool = False) -> dict:
@@ -111,12 +119,18 @@ class Maintenance(actors.Actor):
                 self.ceiling = ceiling
                 await self.dispatcher.ceiling_changed(ceiling)
                 changed = True
-        if self.disk is not None and not start:  # trash, expiry, sweep, guard, bundles, room
-            try:
-                await self.disk.periodic(timeout=600)
-            except (actors.ActorDead, actors.CallTimeout) as exc:
-                log.warning("maintenance: disk pass failed: %s", exc)
+        if not start:
+            await self._disk_pass()
         self.passes += 1
         if expired:
             log.info("maintenance: expired %d job records", expired)
         return {"expired": expired, "ceiling_changed": changed, "emptied": emptied}
+
+    async def _disk_pass(self) -> None:
+        """The disk manager's part: trash, idle expiry, the daily sweep, the guard, bundle
+        retention, pressure."""
+        if self.disk is not None:
+            try:
+                await self.disk.periodic(timeout=600)
+            except (actors.ActorDead, actors.CallTimeout) as exc:
+                log.warning("maintenance: disk pass failed: %s", exc)
