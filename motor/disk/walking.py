@@ -125,7 +125,8 @@ class Walks:
         if self.walk_began is None or now - self.walk_began[0] < WALK_STALLED_S:
             return None
         began, kind, names = self.walk_began
-        return (f"{_WHAT[kind]} of {', '.join(names) or 'its workspaces'} has run "
+        more = f" and {len(names) - 5} more" if len(names) > 5 else ""
+        return (f"{_WHAT[kind]} of {', '.join(names[:5]) + more or 'its workspaces'} has run "
                 f"{now - began:.0f} s (a file system that does not answer?); jobs are "
                 "admitted and started meanwhile, what needs the walk waits for it")
 

@@ -335,8 +335,8 @@ async def test_a_walk_off_the_turn_keeps_a_gone_tree_a_job_was_admitted_to_meanw
         assert trees.catalog.get("kept") is not None and trees.catalog.get("gone") is None
 
 
-async def call_into(results: list, ref, msg) -> None:
-    results.append(await ref.call(msg))
+async def call_into(results: list, ref, msg, timeout: float = 30) -> None:
+    results.append(await ref.call(msg, timeout=timeout))
 
 
 async def test_the_guards_walk_does_not_overwrite_sizes_stored_while_it_ran(tmp_path):
@@ -373,6 +373,32 @@ async def test_a_guard_walk_that_runs_a_minute_is_a_health_problem_until_it_ends
         release.set()
         while actor.walks.walking:
             await trio.sleep(0.01)
+        assert not actor.read(Sample()).problems
+
+
+async def test_a_maintenance_pass_whose_walk_hangs_is_said_in_health_and_holds_no_admission(
+        tmp_path, autojump_clock):
+    """A maintenance pass's walk off the actor's turn (stop 61) that hangs: admissions
+    and set-ups are answered meanwhile, health names the walk after WALK_STALLED_S (the
+    first five workspaces and how many more), and the pass answers once the walk ends."""
+    async with disk_actor(tmp_path) as (ref, actor, _, clock, live):
+        names = [f"ws{i}" for i in range(7)]
+        for name in names:
+            await ref.call(PrepareSetup(f"j-{name}", name))  # catalogued, never measured
+        walks, walking, release = hold_the_first_survey(actor)
+        summaries = []
+        async with trio.open_nursery() as n:
+            n.start_soon(lambda: call_into(summaries, ref, Periodic(), 600))  # as maintenance
+            await walking.wait()
+            assert await ref.call(Admit("j-new", "new")) is None
+            assert (await ref.call(PrepareSetup("j-new", "new"))).refusal is None
+            await trio.sleep(WALK_STALLED_S + 1)
+            (problem,) = actor.read(Sample()).problems
+            assert ("the maintenance pass's walk of ws0, ws1, ws2, ws3, ws4 and 2 more has "
+                    "run 6") in problem, problem
+            assert not summaries
+            release.set()
+        assert summaries and walks[0] == names
         assert not actor.read(Sample()).problems
 
 
