@@ -14,6 +14,7 @@ import trio
 import trio.testing
 
 import actors
+from fakes import inline_offload
 from motor.disk import host, room, trash
 from motor.disk.walking import WALK_STALLED_S
 from motor.disk.actor import (
@@ -385,6 +386,9 @@ async def test_a_maintenance_pass_whose_walk_hangs_is_said_in_health_and_holds_n
         names = [f"ws{i}" for i in range(7)]
         for name in names:
             await ref.call(PrepareSetup(f"j-{name}", name))  # catalogued, never measured
+        # inline: virtual time jumps while a real worker thread runs (the trash's deletion
+        # before the survey); only the held survey waits, on `release`
+        actor.trees.offload = inline_offload
         walks, walking, release = hold_the_first_survey(actor)
         summaries = []
         async with trio.open_nursery() as n:
