@@ -21,9 +21,20 @@ class Offload(Protocol):
     def __call__(self, fn: Callable[..., Any], *args: Any) -> Awaitable[Any]: ...
 
 
+def abandonable(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark `fn` as work whose result its caller may drop: a walk that only reads, or the
+    trash's deletion (resumed by the next pass). When the caller is cancelled (the runner
+    stops), `thread_offload` leaves it to its worker thread (a daemon) instead of waiting
+    for it: a walk stuck on a file system that stopped answering held `motor serve`'s stop
+    until it returned (stop 61)."""
+    fn.abandonable = True  # type: ignore[attr-defined]
+    return fn
+
+
 async def thread_offload(fn: Callable[..., Any], *args: Any) -> Any:
-    """The production offloader: a trio worker thread."""
-    return await trio.to_thread.run_sync(fn, *args)
+    """The production offloader: a trio worker thread (see `abandonable`)."""
+    return await trio.to_thread.run_sync(
+        fn, *args, abandon_on_cancel=getattr(fn, "abandonable", False))
 
 
 async def offload_unless(inline: bool, offload: Offload, fn: Callable[..., Any], *args: Any) -> Any:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import faults
+from ..offload import abandonable
 from . import bundles as bundles_mod
 from . import cargo, sizes, trash
 from .book import SizeCache, held, listing_row, workspace_of
@@ -116,12 +117,14 @@ def measure(path: str, now_ms: int) -> tuple[sizes.Sizes, int]:
     return result, stale
 
 
+@abandonable
 def measure_all(items, now_ms: int) -> dict[str, tuple[sizes.Sizes, int]]:
     """`measure` for each (name, path), in order."""
     faults.hit("disk.walk")  # tests: a walk held (the disk actor busy, waiting for it)
     return {name: measure(path, now_ms) for name, path in items}
 
 
+@abandonable
 def survey(entries, dev: int | None, wanted: set[str], now_ms: int):
     """For the planner: of the catalog `entries`, the names on device `dev` (None: all)
     whose tree still exists, the names whose tree is gone (to forget), and the sizes of the
@@ -148,6 +151,7 @@ def sweep_staging(roots) -> None:
             log.info("disk: swept %d staging leftovers under %s (%d stay)", removed, root, left)
 
 
+@abandonable
 def collect_trash(roots) -> int:
     """Empty each root's trash; the number of entries that stay (see trash.collect_trash)."""
     return sum(trash.collect_trash(root) for root in roots)
@@ -226,6 +230,7 @@ def carry_out(action, root: str, now_ms: int) -> bool:
     return True
 
 
+@abandonable
 def candidates(entries, dev: int | None, wanted: set[str], now_ms: int, allowed_roots,
                in_setup, cache_dir: str | None, filling: bool):
     """Everything one cleanup round ranks on device `dev`, read in one offloaded call:

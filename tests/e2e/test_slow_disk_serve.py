@@ -222,3 +222,22 @@ def test_serve_starts_while_its_first_maintenance_pass_walks(serve_factory, tmp_
         gate.touch()
     assert serve.cli("run", "--workspace", "walked", "--", "true").returncode == 0
     assert serve.stop() == 0
+
+
+def test_serve_stops_at_once_while_a_walk_is_held(serve_factory, tmp_path):
+    """A walk of a workspace stuck on a file system that stopped answering (held at
+    `disk.walk`) does not hold `motor serve`'s stop: the walk only reads, so the runner
+    leaves it to its worker thread and exits 0 at once (`offload.abandonable`, stop 61).
+    Before, SIGTERM was answered only once the walk returned (15 s and more in the probe:
+    for good on a hung file system)."""
+    serve, gate, reached = serve_with_gated_walks(serve_factory, tmp_path)
+    try:
+        assert serve.cli("run", "--workspace", "walked", "--", "true").returncode == 0
+        gate.unlink()
+        reached.unlink(missing_ok=True)
+        assert serve.cli("run", "--workspace", "walked", "--", "true").returncode == 0
+        wait_for(reached.exists, timeout=30, what="the guard's walk to reach the barrier")
+        assert serve.stop(timeout=10) == 0
+        assert not gate.exists()  # it stopped while the walk was held
+    finally:
+        gate.touch()
