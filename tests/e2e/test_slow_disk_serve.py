@@ -125,6 +125,15 @@ def serve_with_gated_walks(serve_factory, tmp_path):
     return serve.start(), gate, reached
 
 
+def hold_the_guards_walk(serve, gate, reached) -> None:
+    """A job's end in workspace `walked` whose guard walk waits at the closed barrier."""
+    assert serve.cli("run", "--workspace", "walked", "--", "true").returncode == 0
+    gate.unlink()
+    reached.unlink(missing_ok=True)
+    assert serve.cli("run", "--workspace", "walked", "--", "true").returncode == 0
+    wait_for(reached.exists, timeout=30, what="the guard's walk to reach the barrier")
+
+
 def test_serve_health_reads_the_free_space_while_the_disk_actor_waits_on_a_walk(
         serve_factory, tmp_path):
     """The disk actor's `Sample` is a reader (docs/actors.md): while the actor waits for a
@@ -156,11 +165,7 @@ def test_serve_answers_other_jobs_while_the_guard_walks_a_workspace_a_job_left(
     workspace of 300,000 files; for good behind a walk that hangs), and health said `ok`."""
     serve, gate, reached = serve_with_gated_walks(serve_factory, tmp_path)
     try:
-        assert serve.cli("run", "--workspace", "walked", "--", "true").returncode == 0
-        gate.unlink()
-        reached.unlink(missing_ok=True)
-        assert serve.cli("run", "--workspace", "walked", "--", "true").returncode == 0
-        wait_for(reached.exists, timeout=30, what="the guard's walk to reach the barrier")
+        hold_the_guards_walk(serve, gate, reached)
         result = serve.cli("run", "--workspace", "other", "--", "echo", "meanwhile", timeout=20)
         assert (result.returncode, result.stdout) == (0, b"meanwhile\n"), result
         assert not gate.exists()  # it ran while the walk was held
@@ -232,11 +237,7 @@ def test_serve_stops_at_once_while_a_walk_is_held(serve_factory, tmp_path):
     for good on a hung file system)."""
     serve, gate, reached = serve_with_gated_walks(serve_factory, tmp_path)
     try:
-        assert serve.cli("run", "--workspace", "walked", "--", "true").returncode == 0
-        gate.unlink()
-        reached.unlink(missing_ok=True)
-        assert serve.cli("run", "--workspace", "walked", "--", "true").returncode == 0
-        wait_for(reached.exists, timeout=30, what="the guard's walk to reach the barrier")
+        hold_the_guards_walk(serve, gate, reached)
         assert serve.stop(timeout=10) == 0
         assert not gate.exists()  # it stopped while the walk was held
     finally:
