@@ -33,7 +33,9 @@ Named points (each documented where it is hit):
 - `unpack.extracted`   a bundle is fully extracted into its staging directory, before its
                        entries move into the workspace (motor/disk/bundles.py);
 - `disk.walk`          the disk actor's walk of workspaces (their sizes) begins, in a
-                       worker thread the actor waits for (motor/disk/host.py);
+                       worker thread (motor/disk/host.py);
+- `disk.staging`       the disk actor's start-up sweep of bundle staging leftovers
+                       begins, in a worker thread (motor/disk/host.py);
 - `api.accepting_stopped` the runner is stopping: the API's accept loop has stopped, the
                        socket file is still there, the connections queued in the kernel
                        not yet taken (motor/api/server.py);

@@ -67,7 +67,9 @@ class DiskActor(actors.Actor):
         self.walks = Walks(self.trees, self.nursery.start_soon, self.cast_self, self._pass)
         self.room = Room(self)
         self.bundles = BundleStore(self.state_dir)
-        await self.offload(host.sweep_staging, self.names.allowed_roots)  # killed mid-unpack
+        # a runner's leftovers, killed mid-unpack: off the start (a workspace root that stopped
+        # answering held it, and the runner's), never an unpack in progress (bundles.py)
+        self.nursery.start_soon(self.offload, host.sweep_staging, self.names.allowed_roots)
         self.nursery.start_soon(self.room.watch, MakeRoom())  # a job that fills the disk
 
     async def on_stop(self):

@@ -143,8 +143,11 @@ def survey(entries, dev: int | None, wanted: set[str], now_ms: int):
     return present, gone, measure_all(walk, now_ms)
 
 
+@abandonable
 def sweep_staging(roots) -> None:
-    """At start: remove staging leftovers of a runner killed mid-unpack under every root."""
+    """At start: remove staging leftovers of a runner killed mid-unpack under every root
+    (never an unpack in progress: bundles.sweep_staging)."""
+    faults.hit("disk.staging")  # tests: a sweep held (a file system that stopped answering)
     for root in roots:
         removed, left = bundles_mod.sweep_staging(root)
         if removed or left:

@@ -90,8 +90,8 @@ def test_staging_left_by_a_runner_killed_mid_unpack_is_swept_at_start_up(
     assert (staging / leftovers[0] / "src" / "hello.txt").exists()
 
     monkeypatch.delenv("MOTOR_FAULTS")
-    serve.start()  # the disk actor starts before the API listens: the sweep has run
-    assert not os.path.lexists(staging / leftovers[0])
+    serve.start()  # the sweep runs right after the disk actor's start (stop 61)
+    wait_for(lambda: not os.path.lexists(staging / leftovers[0]), what="the start-up sweep")
     with _http(serve) as http:
         record = _terminal(http, job_id)  # the job set up again from the stored bundle
     assert record["state"] == "succeeded", record

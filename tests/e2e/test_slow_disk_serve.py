@@ -217,14 +217,7 @@ def test_serve_starts_while_its_first_maintenance_pass_walks(serve_factory, tmp_
     assert serve.stop() == 0
     gate.unlink()
     reached.unlink(missing_ok=True)
-    try:
-        serve.start()
-        wait_for(reached.exists, timeout=30, what="the first pass's walk to reach the barrier")
-        result = serve.cli("run", "--workspace", "other", "--", "echo", "started", timeout=20)
-        assert (result.returncode, result.stdout) == (0, b"started\n"), result
-        assert not gate.exists()
-    finally:
-        gate.touch()
+    start_and_run_while_held(serve, gate, reached, "the first pass's walk")
     assert serve.cli("run", "--workspace", "walked", "--", "true").returncode == 0
     assert serve.stop() == 0
 
@@ -240,5 +233,31 @@ def test_serve_stops_at_once_while_a_walk_is_held(serve_factory, tmp_path):
         hold_the_guards_walk(serve, gate, reached)
         assert serve.stop(timeout=10) == 0
         assert not gate.exists()  # it stopped while the walk was held
+    finally:
+        gate.touch()
+
+
+def test_serve_starts_while_its_staging_sweep_is_held(serve_factory, tmp_path):
+    """At its start the disk actor sweeps the bundle staging leftovers of a runner killed
+    mid-unpack under every workspace root. That sweep (held at `disk.staging`, as a
+    workspace root that stopped answering holds it) runs off the start since stop 61: the
+    runner starts and runs a job meanwhile. Before, the disk actor's start waited for it,
+    and the runner's with it (no socket)."""
+    gate, reached = tmp_path / "gate", tmp_path / "gate.reached"
+    serve = serve_factory("--isolation", "none")
+    serve.env = {"MOTOR_FAULTS": f"disk.staging=wait:{gate}"}
+    start_and_run_while_held(serve, gate, reached, "the staging sweep")
+    assert serve.stop() == 0
+
+
+def start_and_run_while_held(serve, gate, reached, what: str) -> None:
+    """Start `serve` with its fault barrier closed: once `what` waits there, a job in
+    another workspace runs; the barrier opens again whatever happens."""
+    try:
+        serve.start()
+        wait_for(reached.exists, timeout=30, what=f"{what} to reach the barrier")
+        result = serve.cli("run", "--workspace", "other", "--", "echo", "started", timeout=20)
+        assert (result.returncode, result.stdout) == (0, b"started\n"), result
+        assert not gate.exists()  # it ran while the barrier held
     finally:
         gate.touch()
