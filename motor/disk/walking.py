@@ -86,9 +86,12 @@ class Walks:
         """A maintenance pass (`answer`: its call's deferred reply): its survey of every
         catalogued workspace now, or after the walk in flight."""
         self.passes.append(answer)
-        if not self.walking:
-            looked = self.trees.entries()
-            answers, self.passes = self.passes, []
+        self._next_pass()
+
+    def _next_pass(self) -> None:
+        """The passes waiting, served by one walk, unless a walk is in flight."""
+        if self.passes and not self.walking:
+            looked, answers, self.passes = self.trees.entries(), self.passes, []
             self._start("maintenance", looked, self.trees.begin_walk(looked), answers)
 
     def listing(self, answer: Any, rows: Callable) -> None:
@@ -155,8 +158,7 @@ class Walks:
             summary = await self.on_pass(msg.found, msg.trash_left)
             for answer in msg.answers:
                 answer.reply(summary)
-        if self.passes and not self.walking:
-            self.maintenance(self.passes.pop())
+        self._next_pass()
         if self.next and not self.walking:
             names, self.next = self.next, set()
             self.due(live_view, names)
