@@ -330,7 +330,14 @@ class Trees:
         _, gone, measured = found
         for name in gone:
             entry = self.catalog.get(name)
-            if entry is not None and not held(live, entry, "running", "reserved"):
+            if entry is None:
+                continue
+            if held(live, entry, "running", "reserved"):
+                log.warning("disk: the tree of workspace %s was gone (removed outside motor?); "
+                            "a job was admitted to it meanwhile: it stays catalogued", name)
+            else:
+                log.warning("disk: the tree of workspace %s is gone (removed outside motor?): "
+                            "forgotten", name)
                 self.forget(name)
         before, self.walk_before = self.walk_before, {}
         for name, (result, stale) in measured.items():

@@ -13,6 +13,8 @@ runner's socket.
 
 from __future__ import annotations
 
+import json
+import shutil
 import threading
 import time
 
@@ -220,6 +222,50 @@ def test_serve_starts_while_its_first_maintenance_pass_walks(serve_factory, tmp_
     start_and_run_while_held(serve, gate, reached, "the first pass's walk")
     assert serve.cli("run", "--workspace", "walked", "--", "true").returncode == 0
     assert serve.stop() == 0
+
+
+def test_serve_keeps_a_workspace_a_job_was_admitted_to_while_its_gone_tree_was_walked(
+        serve_factory, tmp_path):
+    """The first maintenance pass after a restart surveys every catalogued workspace off the
+    disk actor's turn and forgets those whose tree is gone. A job admitted to such a
+    workspace while that walk runs (held at `disk.walk`) makes its tree again: when the
+    walk lands the workspace stays catalogued (`Trees.keep_walk`), so `motor workspaces`
+    lists it, and eviction and retention know it. Without that rule it was forgotten under
+    the running job."""
+    serve, gate, reached = serve_with_gated_walks(serve_factory, tmp_path)
+    assert serve.cli("run", "--workspace", "kept", "--", "true").returncode == 0
+    (row,) = [r for r in json.loads(serve.cli("workspaces", "--json").stdout)
+              if r["name"] == "kept"]
+    assert serve.stop() == 0
+    shutil.rmtree(row["path"])  # the tree is gone; its catalog entry stays
+    gate.unlink()
+    reached.unlink(missing_ok=True)
+    done = tmp_path / "done"
+    try:
+        serve.start()
+        wait_for(reached.exists, timeout=30, what="the first pass's walk to reach the barrier")
+        with Client(serve.socket, timeout=30) as client:
+            job = client.submit({"command": ["sh", "-c", f"until [ -e {done} ]; do sleep 0.05; done"],
+                                 "workspace": "kept"})
+            wait_for(lambda: client.get(job.job_id).state == "running", timeout=30,
+                     what="the job in the gone workspace to run")
+        assert not gate.exists()  # admitted and started while the walk was held
+    finally:
+        gate.touch()
+    try:
+        wait_for(lambda: b"tree of workspace kept" in serve.log.read_bytes(), timeout=30,
+                 what="the walk to land")
+        assert "kept" in names(serve)
+    finally:
+        done.touch()
+    assert ended(serve, job.job_id) == "succeeded"
+    assert "kept" in names(serve)
+    assert serve.stop() == 0
+
+
+def names(serve) -> list[str]:
+    """The workspaces `motor workspaces` lists."""
+    return [row["name"] for row in json.loads(serve.cli("workspaces", "--json").stdout)]
 
 
 def test_serve_stops_at_once_while_a_walk_is_held(serve_factory, tmp_path):
