@@ -459,7 +459,7 @@ class Supervisor:
         child.instance = None
         name = child.spec.name
         if exc is None:
-            logger.info("supervisor %s: child %s exited normally", self.name, name)
+            logger.debug("supervisor %s: child %s exited normally", self.name, name)
         else:
             self.last_failure = (name, exc)
             logger.warning("supervisor %s: child %s crashed: %r", self.name, name, exc)

@@ -22,6 +22,7 @@ MAX_SOCKET_PATH = 107
 SEED_FLOOR_BYTES = 128 * GiB  # scheduling.md: "default 128 GiB (137438953472 bytes)"
 
 Isolation = Literal["auto", "systemd", "cgroup", "affinity", "none"]
+LogLevel = Literal["debug", "info", "warning", "error"]
 
 
 class ConfigError(ValueError):
@@ -99,6 +100,11 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: Open HTTP connections (socket and TCP together); one more is answered 503
     #: too_many_connections. Clamped to RLIMIT_NOFILE less a reserve.
     max_connections: int = 1024
+    #: What `motor serve` writes to its standard error (the journal under systemd): `info`
+    #: adds each job's end, recoveries, adoptions and the disk manager's deletions to the
+    #: warnings (docs/operations.md, "The log"). The embedded runner leaves logging to its
+    #: host program.
+    log_level: LogLevel = "info"
     #: Replaceable wall clock (tests); not settable from TOML.
     clock: object | None = None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from motor.config import ConfigError, RunnerConfig, build_config, load_toml
@@ -33,6 +34,7 @@ SERVE_OPTIONS: list[tuple[str, str, dict]] = [
     ("--cgroup-parent", "cgroup_parent", {"metavar": "NAME", "help": "the cgroup that holds job groups, playing motor-jobs.slice (motor-jobs)"}),
     ("--memory-per-vcpu-bytes", "memory_per_vcpu_bytes", {"metavar": "N", "help": "a claim's default memory_max (4 GiB)"}),
     ("--max-output-bytes-per-job", "max_output_bytes_per_job", {"metavar": "N", "help": "output kept per job before its oldest pages are evicted (256 MiB)"}),
+    ("--log-level", "log_level", {"choices": ["debug", "info", "warning", "error"], "help": "what is written to standard error (info: also each job's end and the disk manager's deletions)"}),
 ]
 
 
@@ -77,6 +79,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _error_line(exc, 2)
     if (taken := _preflight_listen(config)) is not None:
         return _error_line(taken, 1)
+    # one line per record, as the warnings were before any configuration (the journal
+    # stamps each line; docs/operations.md, "The log")
+    logging.basicConfig(level=config.log_level.upper(), format="%(message)s", stream=sys.stderr)
 
     import sqlite3
 

@@ -248,3 +248,26 @@ def test_only_one_runner_per_workspace_root(serve_factory, tmp_path):
     assert first.stop() == 0
     second.start()  # free once the first has stopped
     assert second.cli("run", "--", "true").returncode == 0
+
+
+def test_serve_logs_each_jobs_end_at_info_and_only_warnings_at_warning(serve_factory):
+    """`motor serve` writes its log to standard error (the journal under systemd). Before
+    stop 62 it configured no logging: only warnings came out (Python's last-resort
+    handler), and each job's end, recoveries, adoptions and the disk manager's deletions
+    (info) were written nowhere. `--log-level` (default info) says what is written."""
+    serve = serve_factory("--isolation", "none").start()
+    result = serve.cli("run", "--json", "--", "sh", "-c", "exit 3")
+    assert result.returncode == 3
+    job_id = json_lines(result.stdout)[0]["job_id"]
+    assert serve.stop() == 0
+    log = serve.log.read_text()
+    assert f"job-{job_id}: failed (exit 3)\n" in log, log
+    assert "runner: SIGTERM, stopping (running jobs keep running)" in log
+    assert "exited normally" not in log  # the supervisors' own bookkeeping: debug
+    serve.args += ["--log-level", "warning"]
+    seen = len(serve.log.read_bytes())
+    serve.start()
+    assert serve.cli("run", "--", "true").returncode == 0
+    assert serve.stop() == 0
+    quiet = serve.log.read_text()[seen:]
+    assert "listening on" in quiet and "succeeded" not in quiet and "SIGTERM" not in quiet
