@@ -129,8 +129,7 @@ class JobExecution(actors.Actor):
         """The job's end: capacity first (whoever sees it sees the permits free), then the store."""
         self.run_state.record = record
         self.deps.cancels.discard(record.job_id)
-        if log.isEnabledFor(logging.INFO):
-            log.info("%s", ended_line(self.name, record))
+        log.info("%s", core.ended_line(self.name, record))
         await self.deps.cpu.release(record.job_id)
         save = terminal_save(self.run_state, record)  # with the next job's start, if one:
         if not await self.deps.dispatcher.finished(record.job_id, save):
@@ -198,12 +197,3 @@ class JobExecution(actors.Actor):
             await deps.disk.job_idle(job_id, record.workspace, record.siblings)
         await release_isolation(deps, job_id, self.name, status)  # off the end path
 
-
-def ended_line(name: str, record: JobRecord) -> str:
-    """The log line of a job's end: `job-ID: failed (exit 3)`, with the detail or reason
-    when there is one (`motor serve --log-level info`)."""
-    how = ", ".join(part for part in (
-        record.exit_code is not None and f"exit {record.exit_code}",
-        record.signal and f"signal {record.signal}") if part)
-    why = record.detail or record.reason
-    return f"{name}: {record.state}" + (f" ({how})" if how else "") + (f": {why}" if why else "")

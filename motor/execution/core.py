@@ -383,3 +383,13 @@ def terminal_record(record: JobRecord, status: dict | None, now_ms: int, facts: 
 def isolation_problems(facts: Mapping[str, Any]) -> list[tuple[str, Any]]:
     """What the isolation backend could not do at the end (logged, never fatal)."""
     return [(p, facts[p]) for p in ("collect_error", "cleanup_error") if facts.get(p)]
+
+
+def ended_line(name: str, record: Any) -> str:
+    """The log line of a job's end: `job-ID: failed (exit 3)`, with the detail or reason
+    when there is one (`motor serve --log-level info`)."""
+    how = ", ".join(part for part in (
+        record.exit_code is not None and f"exit {record.exit_code}",
+        record.signal and f"signal {record.signal}") if part)
+    why = record.detail or record.reason
+    return f"{name}: {record.state}" + (f" ({how})" if how else "") + (f": {why}" if why else "")
