@@ -61,6 +61,12 @@ State fields of `Scheduler`
 ``_moved_ws``, ``_moved_jobs``   the status view's journal (`moved_since`): workspaces whose
                      queue head, owner or sibling user changed, and ids of jobs whose
                      state, clock or pending cleanup changed, since ``_moved_epoch`` began.
+``_runs``            workspace -> [base, entries]: its run log, long runs of clock flips not
+                     yet applied to each job queued there (`_run_clocks`); a job's ``seen``
+                     is how far into it its clock is (`_catch_up`).
+``_run_floor``, ``_run_due``   workspace -> the earliest time one of its paused runner-
+                     enforced jobs could run out (`_floor`), and a heap of those for the
+                     logs that may advance such a clock (`_fold_due`).
 ``_t``               the latest time the core has been told about; clocks are settled to it.
 
 Invariants (checked by tests/scheduling/test_state_machine.py)
@@ -73,7 +79,8 @@ Invariants (checked by tests/scheduling/test_state_machine.py)
 * Each queued job is in exactly one workspace deque; each deque's front is filed in
   exactly one head index (gate, ordinary = ready+rotation, or background).
 * A job's queue-wait clock is ``clock_acc + (now - clock_since)`` while it advances
-  (``clock_since`` set) and ``clock_acc`` while paused; it never decreases, and it stops
+  (``clock_since`` set) and ``clock_acc`` while paused, once it has caught up with its
+  workspace's run log; it never decreases, and it stops
   (keeping its value) while the job is active, so a requeued job resumes from it.
 
 How ``decide()`` chooses
@@ -163,6 +170,14 @@ MOVED_MEMORY = 65536
 #: expired when the timer fires at exactly that t).
 _EPS_S = 1e-6
 _PAUSE = object()  # `Scheduler._set_clocks`: every clock of the run pauses
+#: `Scheduler._run_clocks` courses: every clock of the run advances; every one pauses;
+#: each pauses when its claim fits the room, else advances
+_ADVANCE, _PAUSE_RUN, _SPLIT = 0, 1, 2
+#: A run of clocks longer than this is not flipped job by job at once: it is written in its
+#: workspace's run log and each job catches up when it is read (`Scheduler._run_clocks`)
+LAZY_RUN_MIN = 32
+#: A workspace's run log past this many entries is folded into its jobs (`_fold`)
+RUN_LOG_MAX = 64
 EPS_MS = _EPS_S * 1000.0
 #: Budget due times are filed as computed when a clock starts; entries this close to now are
 #: re-checked with the exact formula (`expired`, `next_wakeup`), so rounding never decides.
@@ -314,6 +329,8 @@ class _Job:
     #: its place in the fence order while queued (`_fence_order`), an entry of
     #: Scheduler._in_order
     order: tuple | None = None
+    #: how far into its workspace's run log (`Scheduler._runs`) its clock is caught up
+    seen: int = 0
     # (time, line, clock value or None): formatted only when read (`Scheduler.story`); a
     # workspace freed or taken tells every clock queued there (issue 14)
     story: deque = field(default_factory=lambda: deque(maxlen=STORY_LINES))
@@ -448,6 +465,19 @@ class Scheduler:
         self._moved_epoch = 0
         #: queued heads with sibling workspaces (their wait reads those workspaces' holders)
         self._sib_heads: set[str] = set()
+        #: workspace -> [base, entries]: its run log, the clock flips of long runs of the
+        #: jobs queued there not yet applied to each job (`_run_clocks`, `_catch_up`)
+        self._runs: dict[str, list] = {}
+        #: workspace -> a time no paused runner-enforced job queued there can run out
+        #: before, whatever its run log does next (`_floor`); heap [(that time, workspace)]
+        #: of the logs that may advance such a clock, folded once it is reached
+        self._run_floor: dict[str, float] = {}
+        self._run_due: list[tuple[float, str]] = []
+        self._run_due_at: dict[str, float] = {}
+        #: workspaces whose run log grew since `take_clock_changes`
+        self._run_changed: set[str] = set()
+        #: queued jobs that were requeued after a failed start (their retry delay)
+        self._retrying: set[str] = set()
 
     # --- admission ------------------------------------------------------------------
 
@@ -540,6 +570,7 @@ class Scheduler:
                    + (f", resuming at {waited_s:.3f}s waited, ready {ready_age_s:.3f}s ago"
                       if waited_s or ready_age_s else ""))
         self._reclassify(now)
+        self._catch_up(job)
         waiting_on, on_job, _, _ = self._blockers(job, dq, dq[0] == job_id)
         self._tell(job, now, f"waiting on {waiting_on}" + (f" ({on_job})" if on_job else "")
                    + (", clock advancing" if job.clock_since is not None else ", clock paused"))
@@ -553,6 +584,7 @@ class Scheduler:
         if job is None or job.state not in (AWAITING_BUNDLES, QUEUED):
             return
         self._settle()
+        self._catch_up(job)
         job.spec = dataclasses.replace(job.spec, runner_enforces_budget=enforced)
         if job.state == QUEUED:
             if enforced:
@@ -655,6 +687,7 @@ class Scheduler:
             dq = self._queues[ws] = deque()
         dq.appendleft(job_id)
         self._put_in_order(job)
+        self._retrying.add(job_id)
         self._file_head(ws)
         if job.spec.runner_enforces_budget:
             self._enrol(job)
@@ -760,8 +793,11 @@ class Scheduler:
         waits_ms: list[int] = []
         waits: list[tuple] = []
         add_ms, add = waits_ms.append, waits.append
+        runs, catch_up = self._runs, self._catch_up
         for job_id in job_ids:  # ~1 us per job: 10,000 per view (issue 14)
             job = jobs[job_id]
+            if runs:
+                catch_up(job)
             add_ms(wait_ms(job.clock_acc, job.clock_since, t))
             if add_held is not None:
                 add_held(job.clock_acc)
@@ -796,6 +832,7 @@ class Scheduler:
                 "it waits until it fits (serve --max-weight)")
 
     def _wait_status(self, job: _Job) -> WaitStatus:
+        self._catch_up(job)
         ms = wait_ms(job.clock_acc, job.clock_since, self._t)
         if job.state != QUEUED:
             return WaitStatus(None, None, ms)
@@ -809,6 +846,7 @@ class Scheduler:
         of a queued job: what the dispatcher persists so a restart resumes the clock."""
         job = self._jobs[job_id]
         now = self._refresh(now)
+        self._catch_up(job)
         age = 0.0 if math.isnan(job.ready_at) else max(0.0, now - job.ready_at)
         return job.queue_wait_s(now), job.clock_since is not None, age
 
@@ -825,6 +863,7 @@ class Scheduler:
             if job is None or job.state != QUEUED:
                 out.append(None)
                 continue
+            self._catch_up(job)
             age = 0.0 if math.isnan(job.ready_at) else max(0.0, now - job.ready_at)
             out.append((job.queue_wait_s(now), job.clock_since is not None, age))
         return out
@@ -869,6 +908,13 @@ class Scheduler:
         may since have left the queue."""
         self._refresh(now)
         changed, self._clock_changed = self._clock_changed, set()
+        if self._run_changed:  # a run log may have flipped any job queued there
+            queues = self._queues
+            for ws in self._run_changed:
+                dq = queues.get(ws)
+                if dq:
+                    changed.update(dq)
+            self._run_changed.clear()
         return changed
 
     def job_state(self, job_id: str) -> str | None:
@@ -883,6 +929,7 @@ class Scheduler:
         """Queued runner-enforced jobs whose observed queue wait reached their budget."""
         now = self._refresh(now)
         t = self._t
+        self._fold_due(t)
         found = []
         taken = []
         while (entry := self._due_next(taken)) is not None:
@@ -890,6 +937,9 @@ class Scheduler:
             if due > t + _DUE_MARGIN_S:
                 break
             job = self._jobs[job_id]
+            self._catch_up(job)
+            if job.due_key != entry:
+                continue  # its run log moved it: its entry now is further on in `_due`
             if job.queue_wait_s(t) + _EPS_S >= job.budget_s:
                 found.append((order, job_id))
         self._due_put_back(taken)
@@ -903,6 +953,22 @@ class Scheduler:
         the dispatcher acts on it at once instead of at the next breakpoint."""
         now = self._refresh(now)
         t = self._t
+        self._fold_due(t)
+        while True:
+            best = self._next_budget(t)
+            if best == t:
+                return t  # due now (paused or not): expired() lists it
+            at = self._next_breakpoint()
+            if best is None or (at is not None and at < best):
+                best = at
+            # a run log whose floor comes first may advance a clock that runs out before
+            # `best`: its jobs are made exact, and the answer looked for again
+            if not self._fold_due(math.inf if best is None else best, folded=True):
+                return best
+
+    def _next_budget(self, t: float) -> float | None:
+        """When the first runner-enforced budget runs out, on the clocks as they are (`t`
+        when one already has); None when none advances."""
         best_budget = None
         taken = []
         while (entry := self._due_next(taken)) is not None:
@@ -911,20 +977,20 @@ class Scheduler:
                     and due > best_budget + _DUE_MARGIN_S:
                 break
             job = self._jobs[job_id]
+            self._catch_up(job)
+            if job.due_key != entry:
+                continue  # its run log moved it: its entry now is further on in `_due`
             remaining = job.budget_s - job.queue_wait_s(t)
             if remaining <= _EPS_S:
-                self._due_put_back(taken)
-                return t  # due now (paused or not): expired() lists it
+                best_budget = t
+                break
             if job.clock_since is None:
                 continue  # paused: its budget cannot run out until the clock advances again
             at = t + remaining
             if best_budget is None or at < best_budget:
                 best_budget = at
         self._due_put_back(taken)
-        best = self._next_breakpoint()
-        if best_budget is not None and (best is None or best_budget < best):
-            best = best_budget
-        return best
+        return best_budget
 
     def statistics(self) -> SchedulerStats:
         return SchedulerStats(
@@ -946,6 +1012,7 @@ class Scheduler:
         self._settle()
         job = self._jobs.get(job_id)
         if job is not None:
+            self._catch_up(job)
             return _lines(job.story)
         ended = self._ended.get(job_id)
         return _lines(ended[1]) if ended else []
@@ -1004,6 +1071,7 @@ class Scheduler:
         self._held -= job.claim
 
     def _stop_clock(self, job: _Job, now: float) -> None:
+        self._catch_up(job)
         if job.clock_since is not None:
             job.clock_acc += max(0.0, now - job.clock_since)
             job.clock_since = None
@@ -1025,6 +1093,8 @@ class Scheduler:
         """Keep the job's entry in ``_due`` (a heap by the time its budget runs out) true
         (`_due_key`)."""
         key = _due_key(job, self._enforced.get(job.job_id))
+        if job.clock_since is None:
+            self._floor(job, self._t)  # for its run log (`_run_clocks`)
         if key == job.due_key:
             return
         job.due_key = key  # the entry it had, if any, is stale now: dropped when met
@@ -1102,6 +1172,8 @@ class Scheduler:
     def _put_in_order(self, job: _Job) -> None:
         job.order = key = self._fence_order(job)
         ws = job.workspace
+        log = self._runs.get(ws)
+        job.seen = 0 if log is None else log[0] + len(log[1])  # the log so far is not its
         order = self._in_order.get(ws)
         if order is None:
             self._in_order[ws] = [key]
@@ -1114,6 +1186,8 @@ class Scheduler:
             bisect.insort(order, key)
 
     def _take_from_order(self, job: _Job) -> None:
+        self._catch_up(job)  # its clock, exact as it leaves the queue
+        self._retrying.discard(job.job_id)
         ws = job.workspace
         order = self._in_order[ws]
         if order[0] == job.order:
@@ -1123,6 +1197,9 @@ class Scheduler:
         job.order = None
         if not order:
             del self._in_order[ws], self._claims_in[ws]
+            self._runs.pop(ws, None)
+            self._run_floor.pop(ws, None)
+            self._run_due_at.pop(ws, None)
             return
         claims = self._claims_in[ws]
         claims[job.claim] -= 1
@@ -1311,6 +1388,7 @@ class Scheduler:
         event, and routed through the run's loop they made a starting `decide()` and the
         pass after the heads age slower at 10,000 queued over 2,000 workspaces
         (docs/performance.md, "Stop 45"). The deadline's formula is shared (`_due_key`)."""
+        self._catch_up(job)
         since = job.clock_since
         if advancing == (since is not None):
             return
@@ -1340,11 +1418,13 @@ class Scheduler:
         comparison with the fence each of them passes). False when a job of the run is
         in a retry delay (the workspace's record is then not kept)."""
         enforced, changed, moved = self._enforced, self._clock_changed, self._moved_jobs
-        due = self._due
+        due, runs, catch_up = self._due, self._runs, self._catch_up
         cacheable = True
         for job in run:
             if job is head:
                 continue
+            if runs:
+                catch_up(job)
             since = job.clock_since
             if room is None:
                 pause = False
@@ -1370,6 +1450,8 @@ class Scheduler:
                 job.due_key = key
                 if key is not None:
                     heapq.heappush(due, key)
+            if pause and job_id in enforced:
+                self._floor(job, now)
             changed.add(job_id)
             moved.append(job_id)
             # its value now (`queue_wait_s(now)`): the accumulated time, either way
@@ -1377,6 +1459,143 @@ class Scheduler:
         if len(due) > 2 * len(enforced) + 64:
             self._trim_due()
         return cacheable
+
+    def _run_clocks(self, ws: str, now: float, lo: tuple | None, hi: tuple | None,
+                    skip: _Job | None, room: int | None, course: int) -> bool:
+        """Flip the clocks of the jobs queued in `ws` whose fence-order key (`_fence_order`)
+        is above `lo` and at most `hi` (None: no bound), but `skip`: `course` _ADVANCE or
+        _PAUSE_RUN (only those whose claim fits `room`, unless it is None), or _SPLIT
+        (pause when the claim fits `room`, else advance), as `_set_clocks` does.
+
+        A long run (more than LAZY_RUN_MIN jobs; issue 14: a deep workspace freed or taken
+        flips thousands, and a drain over a few workspaces spent half its time here) is
+        written in the workspace's run log instead, one entry, and each job applies it
+        when its clock is next read or changed (`_catch_up`): the same flips in the same
+        order at the same times, its story told the same. The status view's journal and
+        `take_clock_changes` name the workspace's jobs; a budget that may run out under
+        the log is kept by the workspace's floor (`_floor`, `_fold_due`). False when a job
+        of a _SPLIT run is in a retry delay (as `_set_clocks`)."""
+        order = self._in_order.get(ws)
+        if not order:
+            return True
+        start = 0 if lo is None else bisect.bisect_right(order, lo)
+        stop = len(order) if hi is None else bisect.bisect_right(order, hi)
+        if stop - start <= LAZY_RUN_MIN or (course == _SPLIT and any(
+                (job := self._jobs[j]).workspace == ws and job is not skip
+                and job.retry_at > now for j in self._retrying)):
+            jobs = self._jobs
+            run = [jobs[key[-1]] for key in order[start:stop]]
+            if course == _SPLIT:
+                return self._set_clocks(run, skip, now, room)
+            if room is not None:
+                run = [job for job in run if job.claim <= room]
+            return self._set_clocks(run, skip, now, _PAUSE if course == _PAUSE_RUN else None)
+        log = self._runs.get(ws)
+        if log is None:
+            log = self._runs[ws] = [0, []]
+        log[1].append((now, lo, hi, None if skip is None else skip.job_id, room, course))
+        self._moved_ws.append(ws)
+        self._run_changed.add(ws)
+        floor = self._run_floor.get(ws)
+        if course != _PAUSE_RUN and floor is not None \
+                and floor < self._run_due_at.get(ws, math.inf):
+            self._run_due_at[ws] = floor
+            heapq.heappush(self._run_due, (floor, ws))
+        if len(log[1]) > RUN_LOG_MAX:
+            self._fold(ws)
+        return True
+
+    def _catch_up(self, job: _Job) -> None:
+        """Apply to a queued job's clock the entries of its workspace's run log written
+        since it last did (`_run_clocks`)."""
+        if job.order is None:
+            return  # not queued: it caught up when it left the queue
+        log = self._runs.get(job.workspace)
+        if log is None:
+            return
+        base, entries = log
+        end = base + len(entries)
+        if job.seen >= end:
+            return
+        first, job.seen = job.seen - base, end
+        key, claim, job_id = job.order, job.claim, job.job_id
+        since, acc, story = job.clock_since, job.clock_acc, job.story
+        changed = False
+        for i in range(first, len(entries)):
+            t, lo, hi, skip, room, course = entries[i]
+            if job_id == skip or (lo is not None and key <= lo) or (hi is not None and key > hi):
+                continue
+            if course == _SPLIT:
+                pause = claim <= room
+            elif room is not None and claim > room:
+                continue
+            else:
+                pause = course == _PAUSE_RUN
+            if pause:
+                if since is None:
+                    continue
+                acc += max(0.0, t - since)
+                since = None
+                story.append((t, "clock paused", acc))
+            else:
+                if since is not None:
+                    continue
+                since = t
+                story.append((t, "clock advancing", acc))
+            changed = True
+        if changed:
+            job.clock_since, job.clock_acc = since, acc
+            if job.due_key is not None or job_id in self._enforced:
+                self._redue(job)
+            self._clock_changed.add(job_id)
+
+    def _floor(self, job: _Job, now: float) -> None:
+        """A runner-enforced queued job's clock paused at `now`: it cannot run out before
+        now + what is left of its budget, whenever it advances again; its workspace's floor
+        is the earliest of those (a lower bound: kept until the log is folded)."""
+        if job.job_id not in self._enforced or job.order is None:
+            return
+        at = now + job.budget_s - job.clock_acc
+        ws = job.workspace
+        if at < self._run_floor.get(ws, math.inf):
+            self._run_floor[ws] = at
+
+    def _fold(self, ws: str) -> None:
+        """Every job queued in `ws` catches up with its run log, which starts over empty."""
+        log = self._runs.get(ws)
+        if log is None:
+            return
+        jobs, catch_up = self._jobs, self._catch_up
+        self._run_floor.pop(ws, None)
+        self._run_due_at.pop(ws, None)
+        order = self._in_order.get(ws, ())
+        for key in order:
+            catch_up(jobs[key[-1]])
+        log[0] += len(log[1])
+        log[1] = []
+        t, enforced = self._t, self._enforced
+        for key in order:
+            job = jobs[key[-1]]
+            if job.clock_since is None and job.job_id in enforced:
+                self._floor(job, t)
+
+    def _fold_due(self, t: float, *, folded: bool = False):
+        """Fold the run logs of the workspaces whose floor is reached by `t` (a budget may
+        run out: each job's due time is then exact in `_due`). `folded`: whether any was."""
+        heap, any_folded = self._run_due, False
+        while heap:
+            at, ws = heap[0]
+            if self._run_due_at.get(ws) != at or not self._runs.get(ws, (0, ()))[1]:
+                heapq.heappop(heap)  # stale: folded, or pushed again earlier
+                if self._run_due_at.get(ws) == at:
+                    del self._run_due_at[ws]
+                continue
+            if at > t + _DUE_MARGIN_S:
+                break
+            heapq.heappop(heap)
+            self._fold(ws)
+            any_folded = True
+        return any_folded if folded else None
 
     def _reclassify(self, now: float) -> None:
         """Decide, as of now, which queued clocks advance -- touching only what can differ.
@@ -1404,9 +1623,7 @@ class Scheduler:
                 seen = cache.pop(ws, None)
                 dq = self._queues.get(ws)
                 if dq:
-                    jobs = self._jobs
-                    self._set_clocks([jobs[job_id] for job_id in self._may_be_paused(ws, dq, seen)],
-                                     None, now, None)
+                    self._advance_freed(ws, dq, seen, now)
                     self._free_seen.add(ws)
             self._dirty.clear()
         fresh_in: dict[str, list[_Job]] = {}  # occupied workspace -> jobs that joined it
@@ -1505,10 +1722,9 @@ class Scheduler:
                 # the jobs at or ahead of the fence in `_fence_order` (every job, without a
                 # fence) whose claim fits: found by bisection, not by a pass over the queue.
                 walk()
-                order = self._in_order[ws]
-                jobs = self._jobs
-                cacheable = self._set_clocks(
-                    [jobs[key[-1]] for key in order[:self._up_to(order, fence)]], head, now, room)
+                cacheable = self._run_clocks(
+                    ws, now, None, None if fence is None else self._fence_order(fence), head,
+                    room, _SPLIT)
                 for job in fresh_in.get(ws, ()):
                     if job is not head:
                         self._set_clock(job, now, not pauses(job, room))
@@ -1530,28 +1746,29 @@ class Scheduler:
             else:
                 cache.pop(ws, None)
 
-    def _may_be_paused(self, ws: str, dq: deque[str], seen: tuple | None):
-        """The jobs queued in `ws`, just freed (or changed while free), whose clocks may be
-        paused: when it was free at the last pass too, none (only a pass that finds a
-        workspace occupied pauses a clock; its head is returned all the same); with the
-        record of its last pass while occupied (`seen`, see `_reclassify`), its head and
-        the jobs at or ahead of that pass's fence in `_fence_order` (every job, without a
-        fence; none, when no claim fitted); else every job queued there. (Jobs that
-        joined since the last pass are the caller's.)"""
+    def _advance_freed(self, ws: str, dq: deque[str], seen: tuple | None, now: float) -> None:
+        """Advance the clocks of the jobs queued in `ws`, just freed (or changed while free),
+        that may be paused: when it was free at the last pass too, its head only (only a
+        pass that finds a workspace occupied pauses a clock); with the record of its last
+        pass while occupied (`seen`, see `_reclassify`), its head and the jobs at or ahead
+        of that pass's fence in `_fence_order` (every job, without a fence; the head only,
+        when no claim fitted); else every job queued there. (Jobs that joined since the
+        last pass are the caller's.)"""
+        head = self._jobs[dq[0]]
         if seen is None:
-            return (dq[0],) if ws in self._free_seen else dq
+            if ws in self._free_seen:
+                self._set_clock(head, now, True)
+            else:
+                self._run_clocks(ws, now, None, None, None, None, _ADVANCE)
+            return
         if not (seen[0] == dq[0] or self._left_queue(seen[0])):
-            return dq
+            self._run_clocks(ws, now, None, None, None, None, _ADVANCE)
+            return
+        self._set_clock(head, now, True)
         fence = seen[3]
-        if fence is _UNWALKED:
-            return (dq[0],)
-        order = self._in_order[ws]
-        return [dq[0], *(key[-1] for key in order[:self._up_to(order, fence)])]
-
-    def _up_to(self, order: list[tuple], fence: _Job | None) -> int:
-        """How many of a workspace's queued jobs in fence order (`order`) are at or ahead of
-        `fence`: all of them when there is none."""
-        return len(order) if fence is None else bisect.bisect_right(order, self._fence_order(fence))
+        if fence is not _UNWALKED:
+            self._run_clocks(ws, now, None, None if fence is None else self._fence_order(fence),
+                             None, None, _ADVANCE)
 
     def _fence_moved(self, ws: str, head: _Job, room: int, was: _Job | None,
                      fence: _Job | None, now: float) -> None:
@@ -1562,19 +1779,15 @@ class Scheduler:
         answer changes are those between the two fences in that order (no fence: after
         every job), found by bisection instead of a pass over the queue (issue 14: with a
         deep workspace every start moved the fence and re-decided thousands of jobs)."""
-        order = self._in_order[ws]
         top = (5,)  # after every key: where "no fence" stands
         old_at = top if was is None else self._fence_order(was)
         new_at = top if fence is None else self._fence_order(fence)
         if old_at == new_at:
             return
         lo, hi = (old_at, new_at) if old_at < new_at else (new_at, old_at)
-        start = bisect.bisect_right(order, lo)
-        stop = bisect.bisect_right(order, hi)
-        jobs = self._jobs
         # between the two fences every key is at or ahead of the new one, or every key behind it
-        self._set_clocks([job for key in order[start:stop] if (job := jobs[key[-1]]).claim <= room],
-                         head, now, _PAUSE if new_at == hi else None)
+        self._run_clocks(ws, now, lo, None if hi is top else hi, head, room,
+                         _PAUSE_RUN if new_at == hi else _ADVANCE)
 
     def _left_queue(self, job_id: str) -> bool:
         """Whether a workspace's recorded head has left its queue (started, ended): then

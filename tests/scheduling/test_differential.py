@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -307,6 +308,32 @@ TestDifferential.settings = settings(
 )
 
 
+class TestDifferentialEveryRunLogged(TestDifferential):
+    """The same with every run of clocks written in its workspace's run log, however short,
+    and each log folded past two entries (`Scheduler._run_clocks`: a run longer than
+    LAZY_RUN_MIN is, only deep workspaces have those): each job catches up when read."""
+
+    def setUp(self):
+        self.patch = pytest.MonkeyPatch()
+        every_run_logged(self.patch)
+
+    def tearDown(self):
+        self.patch.undo()
+
+
+def every_run_logged(patch) -> None:
+    patch.setattr(core, "LAZY_RUN_MIN", 0)
+    patch.setattr(core, "RUN_LOG_MAX", 2)
+
+
+@pytest.fixture(params=["flipped", "logged"])
+def run_logs(request, monkeypatch):
+    """The runs of clocks as the core sizes them, or every one written in the run log."""
+    if request.param == "logged":
+        every_run_logged(monkeypatch)
+
+
+@pytest.mark.usefixtures("run_logs")
 def test_differential_smoke_many_workspaces():
     """A longer fixed run over many workspaces: thousands of events, same answers."""
     import random
@@ -362,6 +389,7 @@ def test_differential_smoke_many_workspaces():
             both("wait_status", job_id, now)
 
 
+@pytest.mark.usefixtures("run_logs")
 def test_differential_deep_workspaces_drained_in_rotation():
     """A few deep workspaces drained two at a time (issue 14: each start takes another
     workspace, each end frees one), through the young phase and past 60 s, with gates,
