@@ -22,6 +22,7 @@ import actors
 import motor
 from motor.isolation.base import Backend, IsolationError
 from motor.records import JobRequest, RefusedError
+from motor.scheduling import core
 from runner_helpers import (barrier_job, bounded, embedded_config, poll_until,
                             terminal_of as _terminal_of)
 
@@ -796,6 +797,57 @@ async def test_deep_workspaces_pause_only_the_clocks_at_or_ahead_of_the_fence_th
             barrier.write_text("")
         for job_id in (hA, hB, a1, c1, a2, b1, b2, b3):
             assert (await terminal_of(runner, job_id))["state"] == "succeeded"
+
+
+async def test_a_deep_workspaces_logged_clocks_pause_resume_and_run_out_on_time_through_the_runner(
+        tmp_path, autojump_clock, monkeypatch):
+    """A workspace queue longer than LAZY_RUN_MIN has its clocks changed as one entry of its
+    run log (stop 62, docs/scheduling.md "Long runs of clocks are logged"), through the
+    runner: 40 runner-enforced jobs queued in D pause while hD owns D; when hD ends, e1
+    (waiting for permits, first in the rotation) takes the permit, D is free and its
+    clocks advance in one logged entry; each job's budget (30 s) then runs out on time,
+    though no job's clock was flipped one by one: the workspace's floor has the dispatcher
+    look."""
+    logged = []
+    real = core.Scheduler._run_clocks
+
+    def spy(self, ws, *args):
+        before = len(self._runs.get(ws, (0, []))[1])
+        result = real(self, ws, *args)
+        if len(self._runs.get(ws, (0, []))[1]) > before:
+            logged.append((ws, args[-1]))
+        return result
+
+    monkeypatch.setattr(core.Scheduler, "_run_clocks", spy)
+    go = {name: tmp_path / f"go-{name}" for name in ("hX", "hD", "e1")}
+    async with motor.open_runner(embedded_config(tmp_path, max_weight=2)) as runner:
+        hX = await runner.submit(barrier_job(go["hX"], weight_hint=1, workspace="X"))
+        hD = await runner.submit(barrier_job(go["hD"], weight_hint=1, workspace="D"))
+        await wait_until(lambda: _all_in(runner, [hX, hD], "running"), "the holders to run")
+        t0 = trio.current_time()
+        e1 = await runner.submit(barrier_job(go["e1"], weight_hint=1, workspace="E"))
+        deep = [await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="D",
+                                               queue_wait_limit_s=30)) for _ in range(40)]
+        await trio.sleep(20)
+        assert {(await runner.get(j.job_id)).queue_wait_ms for j in deep} == {0}  # paused
+        go["hD"].write_text("")
+        await wait_until(lambda: _is(runner, e1.job_id, "running"), "e1 to take the permit")
+        assert ("D", core._ADVANCE) in logged, logged
+        await trio.sleep(10)
+        # e1 waited from t0 until D was freed, D's jobs since then: together, all the time
+        e1_waited = (await runner.get(e1.job_id)).queue_wait_ms
+        waits = {(await runner.get(j.job_id)).queue_wait_ms for j in deep}
+        (waited,) = waits
+        assert abs(e1_waited + waited - (trio.current_time() - t0) * 1000) <= 2, (e1_waited, waited)
+        for job in deep:
+            record = await terminal_of(runner, job.job_id)
+            assert (record["state"], record["reason"]) == ("refused_before_start",
+                                                           "queue_wait_exceeded")
+            assert 30_000 <= record["queue_wait_ms"] < 30_100, record
+        for barrier in go.values():
+            barrier.write_text("")
+        for job in (hX, hD, e1):
+            assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
 
 
 async def test_only_a_job_accepted_with_its_start_skips_the_look_in_its_job_directory(
