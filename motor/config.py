@@ -102,7 +102,7 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_connections: int = 1024
     #: What `motor serve` writes to its standard error (the journal under systemd): `info`
     #: adds each job's end, recoveries, adoptions and the disk manager's deletions to the
-    #: warnings (docs/operations.md, "The log"). The embedded runner leaves logging to its
+    #: warnings (docs/operations.md, "Watching it"). The embedded runner leaves logging to its
     #: host program.
     log_level: LogLevel = "info"
     #: Replaceable wall clock (tests); not settable from TOML.

@@ -80,7 +80,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if (taken := _preflight_listen(config)) is not None:
         return _error_line(taken, 1)
     # one line per record, as the warnings were before any configuration (the journal
-    # stamps each line; docs/operations.md, "The log")
+    # stamps each line; docs/operations.md, "Watching it")
     logging.basicConfig(level=config.log_level.upper(), format="%(message)s", stream=sys.stderr)
 
     import sqlite3

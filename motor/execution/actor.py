@@ -196,4 +196,3 @@ class JobExecution(actors.Actor):
         if deps.disk is not None:  # idle now: measure it, apply the build-folder cap
             await deps.disk.job_idle(job_id, record.workspace, record.siblings)
         await release_isolation(deps, job_id, self.name, status)  # off the end path
-
