@@ -36,6 +36,9 @@ Named points (each documented where it is hit):
                        worker thread (motor/disk/host.py);
 - `disk.staging`       the disk actor's start-up sweep of bundle staging leftovers
                        begins, in a worker thread (motor/disk/host.py);
+- `disk.purge`         a tree moved into a workspace root's trash is about to be deleted
+                       (motor/disk/trash.py): by a cleanup in the disk actor's turn, or by
+                       the trash's collection in a maintenance pass's walk, off it;
 - `api.accepting_stopped` the runner is stopping: the API's accept loop has stopped, the
                        socket file is still there, the connections queued in the kernel
                        not yet taken (motor/api/server.py);

@@ -182,7 +182,7 @@ class DiskActor(actors.Actor):
                    "expired_workspaces": [], "swept": [], "bundles_expired": [], "guarded": []}
         for ws in self.trees.surveyed(live, found):
             due = maintenance_due(ws, self.trees.sizes.last_sweep.get(ws.name), now, roots)
-            evict = EvictWorkspace(ws.name, ws.path, ws.allocated_bytes or 0)
+            evict = EvictWorkspace(ws.name, ws.path, ws.allocated_bytes or 0, purge=False)
             if due == "expire" and await self.trees.execute(evict):
                 summary["expired_workspaces"].append(ws.name)
             elif due == "sweep" and await self.trees.sweep(ws, now):

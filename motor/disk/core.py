@@ -207,6 +207,9 @@ class EvictWorkspace:
     path: str
     bytes: int
     pass_name: str = "whole"
+    #: False: only moved into the trash, whose next collection (off the disk actor's turn)
+    #: deletes it; a maintenance pass's expiry, which frees nothing urgent (host.carry_out)
+    purge: bool = True
 
 
 @dataclass(frozen=True)

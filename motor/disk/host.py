@@ -216,7 +216,7 @@ def carry_out(action, root: str, now_ms: int) -> bool:
     """Carry out one planner action on disk; False when a deletion failed (the tree is still
     there: its catalog entry stays for a retry). `root`: the workspace's allowed root."""
     if isinstance(action, EvictWorkspace):
-        safe(trash.delete_tree, action.path, root)
+        safe(trash.delete_tree if action.purge else trash.move_to_trash, action.path, root)
         return not os.path.lexists(action.path)  # not moved out: keep the entry
     if isinstance(action, DropIncremental):
         drop_incremental(action.path, root)

@@ -17,6 +17,7 @@ import os
 import stat
 import uuid
 
+from .. import faults
 from .sizes import mount_points
 
 log = logging.getLogger("motor.disk")
@@ -78,6 +79,7 @@ def purge(path: str, *, mounts: frozenset[str] | None = None) -> int:
     """Delete `path` (already in a trash dir). Returns how many entries were left behind
     because they are (or lead to) another mount or could not be removed. A subtree deeper
     than MAX_DEPTH is moved up beside `path` (into the same trash) and deleted after it."""
+    faults.hit("disk.purge")  # tests: a deletion held (a big tree, a slow file system)
     mounts = mount_points() if mounts is None else mounts
     work, left = _Purge(path, mounts), 0
     try:

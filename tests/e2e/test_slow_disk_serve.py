@@ -17,6 +17,7 @@ import json
 import shutil
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -268,6 +269,46 @@ def names(serve) -> list[str]:
     return [row["name"] for row in json.loads(serve.cli("workspaces", "--json").stdout)]
 
 
+def test_serve_answers_other_jobs_while_an_expired_workspace_is_deleted(serve_factory, tmp_path):
+    """A maintenance pass deletes a task workspace idle 24 h. Its tree is moved into the
+    trash in the disk actor's turn, and deleted (as long as the tree is big) by the
+    trash's collection in the next pass's walk, off that turn (stop 62): a `motor run` in
+    another workspace answers while that deletion is held (the fault point `disk.purge`).
+    Before, the whole tree was deleted in the actor's turn, and every admission and setup
+    waited for it."""
+    gate, reached = tmp_path / "gate", tmp_path / "gate.reached"
+    gate.touch()
+    config = tmp_path / "motor.toml"
+    config.write_text("maintenance_interval_s = 1\n")
+    serve = serve_factory("--isolation", "none", "--config", str(config))
+    serve.env = {"MOTOR_FAULTS": f"disk.purge=wait:{gate}"}
+    serve.start()
+    assert serve.cli("run", "--workspace", "old", "--", "sh", "-c",
+                     "mkdir -p src && echo x > src/a").returncode == 0
+    assert serve.stop() == 0
+    entry = catalog_entry(serve.state_dir, "old")
+    entry["last_used_ms"] -= 25 * 3600 * 1000  # idle for 25 h: a change as the runner writes it
+    with (serve.state_dir / "disk" / "catalog.journal").open("a") as f:
+        f.write(json.dumps({"put": entry}) + "\n")
+    tree = Path(entry["path"])
+    gate.unlink()
+    try:
+        serve.start()
+        wait_for(lambda: not tree.exists(), timeout=30, what="the expired workspace to go")
+        result = serve.cli("run", "--workspace", "other", "--", "echo", "meanwhile", timeout=20)
+        assert (result.returncode, result.stdout) == (0, b"meanwhile\n"), result
+        wait_for(reached.exists, timeout=30, what="the trash's collection to reach the barrier")
+        result = serve.cli("run", "--workspace", "other", "--", "echo", "still", timeout=20)
+        assert (result.returncode, result.stdout) == (0, b"still\n"), result
+        assert not gate.exists()  # both while the deletion was held
+        assert "old" not in names(serve)
+    finally:
+        gate.touch()
+    trash = tree.parent / ".motor-trash"
+    wait_for(lambda: not list(trash.glob("old.*")), timeout=30, what="the trash to be emptied")
+    assert serve.stop() == 0
+
+
 def test_serve_stops_at_once_while_a_walk_is_held(serve_factory, tmp_path):
     """A walk of a workspace stuck on a file system that stopped answering (held at
     `disk.walk`) does not hold `motor serve`'s stop: the walk only reads, so the runner
@@ -307,3 +348,21 @@ def start_and_run_while_held(serve, gate, reached, what: str) -> None:
         assert not gate.exists()  # it ran while the barrier held
     finally:
         gate.touch()
+
+
+def catalog_entry(state_dir: Path, name: str) -> dict:
+    """The workspace catalog's entry `name` (motor/disk/catalog.py: the snapshot, then the
+    journal's changes)."""
+    disk, entry = state_dir / "disk", None
+    if (disk / "catalog.json").exists():
+        entry = next((e for e in json.loads((disk / "catalog.json").read_text())["workspaces"]
+                      if e["name"] == name), None)
+    if (disk / "catalog.journal").exists():
+        for line in (disk / "catalog.journal").read_text().splitlines():
+            change = json.loads(line)
+            if change.get("put", {}).get("name") == name:
+                entry = change["put"]
+            elif change.get("del") == name:
+                entry = None
+    assert entry is not None, f"{name} is not catalogued"
+    return entry
