@@ -13,6 +13,7 @@ runner's socket.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import threading
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from motor.client import Client
+from motor.disk.catalog import Catalog
 from motor.records import Terminal
 from tests.polling import wait_for
 
@@ -286,9 +288,11 @@ def test_serve_answers_other_jobs_while_an_expired_workspace_is_deleted(serve_fa
     assert serve.cli("run", "--workspace", "old", "--", "sh", "-c",
                      "mkdir -p src && echo x > src/a").returncode == 0
     assert serve.stop() == 0
-    entry = catalog_entry(serve.state_dir, "old")
+    catalog = Catalog(serve.state_dir)
+    entry = dataclasses.asdict(catalog.get("old"))
+    catalog.close()
     entry["last_used_ms"] -= 25 * 3600 * 1000  # idle for 25 h: a change as the runner writes it
-    with (serve.state_dir / "disk" / "catalog.journal").open("a") as f:
+    with catalog.journal_path.open("a") as f:
         f.write(json.dumps({"put": entry}) + "\n")
     tree = Path(entry["path"])
     gate.unlink()
@@ -349,20 +353,3 @@ def start_and_run_while_held(serve, gate, reached, what: str) -> None:
     finally:
         gate.touch()
 
-
-def catalog_entry(state_dir: Path, name: str) -> dict:
-    """The workspace catalog's entry `name` (motor/disk/catalog.py: the snapshot, then the
-    journal's changes)."""
-    disk, entry = state_dir / "disk", None
-    if (disk / "catalog.json").exists():
-        entry = next((e for e in json.loads((disk / "catalog.json").read_text())["workspaces"]
-                      if e["name"] == name), None)
-    if (disk / "catalog.journal").exists():
-        for line in (disk / "catalog.journal").read_text().splitlines():
-            change = json.loads(line)
-            if change.get("put", {}).get("name") == name:
-                entry = change["put"]
-            elif change.get("del") == name:
-                entry = None
-    assert entry is not None, f"{name} is not catalogued"
-    return entry
