@@ -1565,19 +1565,16 @@ class Scheduler:
         log = self._runs.get(ws)
         if log is None:
             return
-        jobs, catch_up = self._jobs, self._catch_up
-        self._run_floor.pop(ws, None)
+        jobs, t = self._jobs, self._t
+        self._run_floor.pop(ws, None)  # made again from the paused clocks as they are now
         self._run_due_at.pop(ws, None)
-        order = self._in_order.get(ws, ())
-        for key in order:
-            catch_up(jobs[key[-1]])
+        for key in self._in_order.get(ws, ()):
+            job = jobs[key[-1]]
+            self._catch_up(job)
+            if job.clock_since is None:
+                self._floor(job, t)
         log[0] += len(log[1])
         log[1] = []
-        t, enforced = self._t, self._enforced
-        for key in order:
-            job = jobs[key[-1]]
-            if job.clock_since is None and job.job_id in enforced:
-                self._floor(job, t)
 
     def _fold_due(self, t: float, *, folded: bool = False):
         """Fold the run logs of the workspaces whose floor is reached by `t` (a budget may
