@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 
 import pytest
 from polling import json_lines, wait_for
@@ -271,3 +272,47 @@ def test_serve_logs_each_jobs_end_at_info_and_only_warnings_at_warning(serve_fac
     assert serve.stop() == 0
     quiet = serve.log.read_text()[seen:]
     assert "listening on" in quiet and "succeeded" not in quiet and "SIGTERM" not in quiet
+
+
+def test_serve_a_deep_workspaces_clocks_pause_then_advance_to_their_budget(serve_factory, tmp_path):
+    """A workspace queue longer than the core's LAZY_RUN_MIN (32) has its queue-wait clocks
+    changed as one entry of its run log (stop 62, docs/scheduling.md "Long runs of clocks
+    are logged"), through `motor serve` and its HTTP API: 40 runner-enforced jobs queued in
+    D stay paused while hD owns D; when hD ends, e1 (waiting for permits, first in the
+    rotation) takes the permit, D is free, and their clocks advance until each budget
+    (3 s) runs out: each ends queue_wait_exceeded about 3 s after hD's end, not before."""
+    from motor.client import Client
+
+    go = {name: tmp_path / f"go-{name}" for name in ("hX", "hD", "e1")}
+
+    def barrier(name, ws):
+        return {"command": ["sh", "-c", f"while [ ! -e {go[name]} ]; do sleep 0.02; done"],
+                "workspace": ws, "weight_hint": 1}
+
+    serve = serve_factory("--isolation", "none", "--max-weight", "2",
+                          "--max-queue-depth", "100").start()
+    try:
+        with Client(serve.socket, timeout=30) as client:
+            hX, hD = client.submit(barrier("hX", "X")), client.submit(barrier("hD", "D"))
+            wait_for(lambda: {client.get(j.job_id).state for j in (hX, hD)} == {"running"},
+                     timeout=30, what="the holders to run")
+            e1 = client.submit(barrier("e1", "E"))
+            deep = [client.submit({"command": ["true"], "workspace": "D", "weight_hint": 1,
+                                   "queue_wait_limit_s": 3}) for _ in range(40)]
+            time.sleep(1.5)
+            assert {client.get(j.job_id).queue_wait_ms for j in deep} == {0}  # paused
+            go["hD"].touch()
+            wait_for(lambda: client.get(e1.job_id).state == "running", timeout=30,
+                     what="e1 to take the permit")
+            freed_at_ms = client.get(hD.job_id).ended_at_ms
+            ends = [wait_for(lambda j=j: (r := client.get(j.job_id)).state != "queued" and r,
+                             timeout=30, what="a deep job to end") for j in deep]
+        for record in ends:
+            assert (record.state, record.reason) == ("refused_before_start",
+                                                     "queue_wait_exceeded"), record
+            assert 3_000 <= record.queue_wait_ms < 3_500, record
+            assert 2_900 <= record.ended_at_ms - freed_at_ms < 3_800, record
+    finally:
+        for path in go.values():
+            path.touch()
+    assert serve.stop() == 0
