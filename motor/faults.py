@@ -36,6 +36,8 @@ Named points (each documented where it is hit):
                        worker thread (motor/disk/host.py);
 - `disk.staging`       the disk actor's start-up sweep of bundle staging leftovers
                        begins, in a worker thread (motor/disk/host.py);
+- `disk.sweep`         a workspace's daily sweep scans its Cargo units (motor/disk/host.py
+                       `stale_scans`), in a maintenance pass's walk, in a worker thread;
 - `disk.purge`         a tree moved into a workspace root's trash is about to be deleted
                        (motor/disk/trash.py): by a cleanup in the disk actor's turn, or by
                        the trash's collection in a maintenance pass's walk, off it;

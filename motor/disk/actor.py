@@ -64,7 +64,7 @@ class DiskActor(actors.Actor):
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.catalog = self.names.catalog = Catalog(self.state_dir)
         self.trees = Trees(self.catalog, self.names, self.offload, self.clock)
-        self.walks = Walks(self.trees, self.nursery.start_soon, self.cast_self, self._pass)
+        self.walks = Walks(self.trees, self.nursery.start_soon, self.cast_self, self._pass, self._live)
         self.room = Room(self)
         self.bundles = BundleStore(self.state_dir)
         # a runner's leftovers, killed mid-unpack: off the start (a workspace root that stopped
@@ -173,7 +173,7 @@ class DiskActor(actors.Actor):
         hard = CleanupRun(self.floor_bytes, 0).below_floor(self.probe(self.state_dir))
         return self.trees.listing(self._live(), hard)
 
-    async def _pass(self, found: tuple, trash_left: int) -> dict:
+    async def _pass(self, found: tuple, trash_left: int, scans: dict) -> dict:
         """A maintenance pass, once its walk (the trash emptied, every tree surveyed) is done."""
         now, roots = self.clock.now_ms(), self.names.allowed_roots
         self.names.rescan()  # resolve names again: symlinks may have changed on disk
@@ -185,7 +185,7 @@ class DiskActor(actors.Actor):
             evict = EvictWorkspace(ws.name, ws.path, ws.allocated_bytes or 0, purge=False)
             if due == "expire" and await self.trees.execute(evict):
                 summary["expired_workspaces"].append(ws.name)
-            elif due == "sweep" and await self.trees.sweep(ws, now):
+            elif due == "sweep" and await self.trees.sweep(ws, now, scans.get(ws.name)):
                 summary["swept"].append(ws.name)
         summary["guarded"] = await self.walks.now(self._live, self.cap_bytes)  # the cap
         summary["bundles_expired"] = self.bundles.expire(now, live.bundles)

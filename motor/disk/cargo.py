@@ -178,14 +178,28 @@ def stale_units(units: list[Unit], now_ms: int) -> list[Unit]:
     return [u for u in units if now_ms - u.newest_atime_ms > STALE_UNIT_MS]
 
 
-def stale_bytes(workspace: str, now_ms: int) -> int:
+@dataclass
+class Stale:
+    """What a workspace's daily sweep would remove, as one scan found it: whole stale units
+    and incremental dirs aged on their own."""
+    units: list[Unit]
+    incremental: list[Incremental]
+
+    @property
+    def bytes(self) -> int:
+        return sum(u.bytes for u in self.units) + sum(i.bytes for i in self.incremental)
+
+
+def stale(workspace: str, now_ms: int) -> Stale:
     units, incs = scan(workspace)
-    return (sum(u.bytes for u in stale_units(units, now_ms))
-            + sum(i.bytes for i in incs if now_ms - i.newest_atime_ms > STALE_UNIT_MS))
+    return Stale(stale_units(units, now_ms),
+                 [i for i in incs if now_ms - i.newest_atime_ms > STALE_UNIT_MS])
 
 
-def delete_units(units: list[Unit], root: str) -> int:
-    """Delete whole units: their deps files (as files, never through links) and dirs."""
+def delete_units(units: list[Unit], root: str, purge: bool = True) -> int:
+    """Delete whole units: their deps files (as files, never through links) and dirs (with
+    `purge` false only moved into the trash, whose next collection deletes them)."""
+    remove = trash.delete_tree if purge else trash.move_to_trash
     freed = 0
     for u in units:
         for path in u.files:
@@ -198,25 +212,27 @@ def delete_units(units: list[Unit], root: str) -> int:
         for path in u.dirs:
             if _is_dir(_lstat(path)):
                 try:
-                    trash.delete_tree(path, root)
+                    remove(path, root)
                 except (OSError, trash.UnsafeDelete):
                     continue
         freed += u.bytes
     return freed
 
 
-def sweep(workspace: str, root: str, now_ms: int) -> dict:
+def remove(found: Stale, root: str, purge: bool = True) -> dict:
+    """Remove what a scan found stale (`stale`); `purge` false: its directories are only
+    moved into the trash (`delete_units`)."""
+    freed, dropped = delete_units(found.units, root, purge), 0
+    for inc in found.incremental:
+        try:
+            (trash.delete_tree if purge else trash.move_to_trash)(inc.path, root)
+        except (OSError, trash.UnsafeDelete):
+            continue
+        freed += inc.bytes
+        dropped += 1
+    return {"units": len(found.units), "incremental": dropped, "freed_bytes": freed}
+
+
+def sweep(workspace: str, root: str, now_ms: int, purge: bool = True) -> dict:
     """The daily sweep: whole stale units, and incremental crate dirs aged on their own."""
-    units, incs = scan(workspace)
-    stale = stale_units(units, now_ms)
-    freed = delete_units(stale, root)
-    dropped = 0
-    for inc in incs:
-        if now_ms - inc.newest_atime_ms > STALE_UNIT_MS:
-            try:
-                trash.delete_tree(inc.path, root)
-            except (OSError, trash.UnsafeDelete):
-                continue
-            freed += inc.bytes
-            dropped += 1
-    return {"units": len(stale), "incremental": dropped, "freed_bytes": freed}
+    return remove(stale(workspace, now_ms), root, purge)

@@ -199,6 +199,9 @@ class DropIncremental:
     path: str
     bytes: int
     pass_name: str = "incremental"
+    #: False: only moved into the trash, as EvictWorkspace's; the build-folder guard's,
+    #: which frees nothing urgent (a cleanup's frees room now)
+    purge: bool = True
 
 
 @dataclass(frozen=True)
@@ -380,7 +383,8 @@ def guard_action(ws: Workspace, cap_bytes: int) -> Action | None:
     if not ws.complete:
         return Repair(ws.name, ws.path, "guard")
     if (ws.target_bytes or 0) > cap_bytes and ws.incremental_bytes:
-        return DropIncremental(ws.name, ws.path, ws.incremental_bytes, pass_name="guard")
+        return DropIncremental(ws.name, ws.path, ws.incremental_bytes, pass_name="guard",
+                               purge=False)
     return None
 
 
@@ -388,6 +392,12 @@ def sweep_due(ws: Workspace, last_sweep_ms: int | None, now_ms: int) -> bool:
     """The daily stale-unit sweep: idle workspaces, at most once per day per runner lifetime."""
     if ws.running or ws.reserved:
         return False
+    return sweep_time(last_sweep_ms, now_ms)
+
+
+def sweep_time(last_sweep_ms: int | None, now_ms: int) -> bool:
+    """Whether a workspace last swept at `last_sweep_ms` (None: not in this runner's
+    lifetime) is due for its daily sweep by the time alone."""
     return last_sweep_ms is None or now_ms - last_sweep_ms >= SWEEP_EVERY_MS
 
 

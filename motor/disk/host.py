@@ -23,7 +23,7 @@ from . import cargo, sizes, trash
 from .book import SizeCache, held, listing_row, workspace_of
 from .core import (
     CompileCache, DiskSample, DropIncremental, DropStaleUnits, EvictCompileCache, EvictWorkspace,
-    RemoveStaging, Repair, Staging, Workspace, complete, guard_action,
+    RemoveStaging, Repair, Staging, Workspace, complete, guard_action, sweep_time,
 )
 
 log = logging.getLogger("motor.disk")
@@ -106,30 +106,31 @@ def compile_cache(path: str | None, filling: bool, dev: int | None) -> CompileCa
                         last_used_ms=int(st.st_mtime * 1000), filling=filling)
 
 
-def measure(path: str, now_ms: int) -> tuple[sizes.Sizes, int]:
+def measure(path: str, now_ms: int, found: cargo.Stale | None = None
+            ) -> tuple[sizes.Sizes, int]:
     """A workspace's sizes and its stale Cargo bytes (0 when the unit scan fails): one walk
-    and one unit scan, together in one offloaded call."""
+    and one unit scan (`found`: one made already), together in one offloaded call."""
     result = sizes.measure(path, now_ms=now_ms)
     try:
-        stale = cargo.stale_bytes(path, now_ms)
+        stale = (found or cargo.stale(path, now_ms)).bytes
     except OSError:
         stale = 0
     return result, stale
 
 
 @abandonable
-def measure_all(items, now_ms: int) -> dict[str, tuple[sizes.Sizes, int]]:
-    """`measure` for each (name, path), in order."""
+def measure_all(items, now_ms: int, scans=None) -> dict[str, tuple[sizes.Sizes, int]]:
+    """`measure` for each (name, path), in order (`scans`: unit scans made already, by name)."""
     faults.hit("disk.walk")  # tests: a walk held (the disk actor busy, waiting for it)
-    return {name: measure(path, now_ms) for name, path in items}
+    return {name: measure(path, now_ms, (scans or {}).get(name)) for name, path in items}
 
 
 @abandonable
-def survey(entries, dev: int | None, wanted: set[str], now_ms: int):
+def survey(entries, dev: int | None, wanted: set[str], now_ms: int, scans=None):
     """For the planner: of the catalog `entries`, the names on device `dev` (None: all)
     whose tree still exists, the names whose tree is gone (to forget), and the sizes of the
-    `wanted` ones among those present (walked now: never measured, or used since).
-    Returns (present, gone, measured)."""
+    `wanted` ones among those present (walked now: never measured, or used since; `scans`:
+    `stale_scans` made already). Returns (present, gone, measured)."""
     present, gone, walk = [], [], []
     for entry in entries:
         if dev is not None and device(entry.root) != dev:
@@ -140,7 +141,22 @@ def survey(entries, dev: int | None, wanted: set[str], now_ms: int):
         present.append(entry.name)
         if entry.name in wanted:
             walk.append((entry.name, entry.path))
-    return present, gone, measure_all(walk, now_ms)
+    return present, gone, measure_all(walk, now_ms, scans)
+
+
+@abandonable
+def stale_scans(items, now_ms: int) -> dict[str, cargo.Stale]:
+    """The daily sweep's unit scan of each (name, path) whose tree exists: what it would
+    remove (a maintenance pass's walk makes them off the disk actor's turn)."""
+    found = {}
+    for name, path in items:
+        faults.hit("disk.sweep")  # tests: a scan held (a big target/, a slow file system)
+        if os.path.lexists(path):
+            try:
+                found[name] = cargo.stale(path, now_ms)
+            except OSError:
+                continue
+    return found
 
 
 @abandonable
@@ -171,10 +187,10 @@ def safe(fn, *args):
         return None
 
 
-def drop_incremental(path: str, root: str) -> int:
+def drop_incremental(path: str, root: str, purge: bool = True) -> int:
     n = 0
     for inc in sizes.incremental_dirs(path):
-        if safe(trash.delete_tree, inc, root) is not None:
+        if safe(trash.delete_tree if purge else trash.move_to_trash, inc, root) is not None:
             n += 1
     return n
 
@@ -219,7 +235,7 @@ def carry_out(action, root: str, now_ms: int) -> bool:
         safe(trash.delete_tree if action.purge else trash.move_to_trash, action.path, root)
         return not os.path.lexists(action.path)  # not moved out: keep the entry
     if isinstance(action, DropIncremental):
-        drop_incremental(action.path, root)
+        drop_incremental(action.path, root, action.purge)
     elif isinstance(action, DropStaleUnits):
         cargo.sweep(action.path, root, now_ms)
     elif isinstance(action, RemoveStaging):
@@ -430,22 +446,40 @@ class Trees:
         elif isinstance(action, EvictWorkspace):
             log.warning("disk: evicting %s failed; its catalog entry stays for a retry",
                         action.workspace)
+        elif isinstance(action, DropIncremental) and not action.purge:
+            self.sizes.used(action.workspace)  # walked when next wanted, off this turn if it can
         elif isinstance(action, (DropIncremental, DropStaleUnits, Repair)):
             await self.walk([(action.workspace, action.path)])
             if isinstance(action, DropStaleUnits):
                 self.sizes.stale[action.workspace] = 0
         return ok
 
-    async def sweep(self, ws: Workspace, now_ms: int) -> bool:
-        """The daily stale-unit sweep of one idle workspace (repaired and measured first when
-        its estimate is incomplete); True when it removed something."""
+    def sweep_candidates(self, live, looked: list, now_ms: int) -> list[tuple[str, str]]:
+        """(name, path) of the entries `looked` whose daily sweep is due by its time and
+        that no live job holds: a maintenance pass's walk scans them (`stale_scans`)."""
+        last = self.sizes.last_sweep
+        return [(e.name, e.path) for e in looked
+                if not held(live, e, "running", "reserved")
+                and sweep_time(last.get(e.name), now_ms)]
+
+    async def sweep(self, ws: Workspace, now_ms: int, found: cargo.Stale | None) -> bool:
+        """The daily stale-unit sweep of one idle workspace, with what this pass's walk
+        found stale off the actor's turn (`found`); True when it removed something. What it
+        removes goes into the trash (deleted by the next pass's walk). Not now when the walk
+        did not scan it or a job used it since the walk began (the next pass sweeps it); an
+        incomplete estimate (unreadable parts) is repaired and scanned again here first."""
+        if found is None or ws.name in self.sizes.dirty:
+            return False
         self.sizes.last_sweep[ws.name] = now_ms
         if not ws.complete:
             await self.execute(Repair(ws.name, ws.path, "sweep"))
-        result = await self.offload(cargo.sweep, ws.path, ws.root, now_ms)
+            found = (await self.offload(stale_scans, [(ws.name, ws.path)], now_ms)).get(ws.name)
+            if found is None:
+                return False
+        result = await self.offload(cargo.remove, found, ws.root, False)
         swept = bool(result["units"] or result["incremental"])
-        if swept:
-            await self.walk([(ws.name, ws.path)])
+        if swept:  # walked when next wanted, off this turn if it can
+            self.sizes.used(ws.name)
         self.sizes.stale[ws.name] = 0
         return swept
 

@@ -90,13 +90,15 @@ class Walked:
     """The disk actor's own: a walk off its turn (walking.py) of `looked` (catalog entries)
     is done, `found` its survey (host.py `survey`): decide on it. `kind`: "guard",
     "maintenance" or "listing"; `answers`: the deferred replies of the calls it serves;
-    `trash_left`: a maintenance pass's trash entries that stay."""
+    `trash_left`: a maintenance pass's trash entries that stay; `scans`: its daily sweeps'
+    unit scans (host.py `stale_scans`), by workspace name."""
 
     kind: str
     looked: list
     found: tuple
     answers: list = field(default_factory=list)
     trash_left: int = 0
+    scans: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -50,8 +50,9 @@ class Walks:
     summary)."""
 
     def __init__(self, trees: Any, start_soon: Callable, tell: Callable,
-                 on_pass: Callable) -> None:
+                 on_pass: Callable, live_view: Callable) -> None:
         self.trees, self.start_soon, self.tell, self.on_pass = trees, start_soon, tell, on_pass
+        self.live_view = live_view
         self.armed: set[str] | None = None  # job ends' workspaces, GuardDue on its way
         self.walking: str | None = None  # the kind of the walk in flight ("guard", ...)
         self.walk_began: tuple[float, str, list[str]] | None = None  # `stalled`
@@ -92,7 +93,9 @@ class Walks:
         """The passes waiting, served by one walk, unless a walk is in flight."""
         if self.passes and not self.walking:
             looked, answers, self.passes = self.trees.entries(), self.passes, []
-            self._start("maintenance", looked, self.trees.begin_walk(looked), answers)
+            sweeps = self.trees.sweep_candidates(self.live_view(), looked,
+                                                 self.trees.clock.now_ms())
+            self._start("maintenance", looked, self.trees.begin_walk(looked), answers, sweeps)
 
     def listing(self, answer: Any, rows: Callable) -> None:
         """`motor workspaces` (`answer`: its call's deferred reply; `rows()` the listing
@@ -104,24 +107,26 @@ class Walks:
             return
         self._start("listing", looked, self.trees.begin_walk(looked), [answer])
 
-    def _start(self, kind: str, looked: list, wanted: set[str], answers=()) -> None:
+    def _start(self, kind: str, looked: list, wanted: set[str], answers=(), sweeps=()) -> None:
         self.walking = kind
-        self.start_soon(self._walk, kind, looked, wanted, list(answers))
+        self.start_soon(self._walk, kind, looked, wanted, list(answers), list(sweeps))
 
-    async def _walk(self, kind: str, looked: list, wanted: set[str], answers: list) -> None:
-        trees = self.trees
-        self.walk_began = (trio.current_time(), kind, sorted(wanted))
+    async def _walk(self, kind: str, looked: list, wanted: set[str], answers: list,
+                    sweeps: list) -> None:
+        trees, now_ms = self.trees, self.trees.clock.now_ms()
+        self.walk_began = (trio.current_time(), kind, sorted(wanted | {n for n, _ in sweeps}))
         try:
             trash_left = (await trees.offload(host.collect_trash, trees.names.allowed_roots)
                           if kind == "maintenance" else 0)
-            found = await trees.offload(host.survey, looked, None, wanted, trees.clock.now_ms())
+            scans = await trees.offload(host.stale_scans, sweeps, now_ms) if sweeps else {}
+            found = await trees.offload(host.survey, looked, None, wanted, now_ms, scans)
         except BaseException:  # the actor ends: its callers get ActorDead
             self.walking = None
             trees.sizes.dirty.update(wanted)  # measured again when next wanted
             raise
         finally:
             self.walk_began = None
-        await self.tell(Walked(kind, looked, found, answers, trash_left))
+        await self.tell(Walked(kind, looked, found, answers, trash_left, scans))
 
     def stalled(self, now: float) -> str | None:
         """A health problem while a walk has run WALK_STALLED_S or more."""
@@ -155,7 +160,7 @@ class Walks:
             for answer in msg.answers:
                 answer.reply(rows())
         else:
-            summary = await self.on_pass(msg.found, msg.trash_left)
+            summary = await self.on_pass(msg.found, msg.trash_left, msg.scans)
             for answer in msg.answers:
                 answer.reply(summary)
         self._next_pass()

@@ -207,9 +207,9 @@ async def test_job_ends_guard_their_workspace_once_after_a_delay_and_starts_do_n
         walks = []
         real = host.survey
 
-        def counted(entries, dev, wanted, now_ms):  # the guard's survey (its walk)
+        def counted(entries, dev, wanted, now_ms, scans=None):  # the guard's survey (its walk)
             walks.append(sorted(wanted))
-            return real(entries, dev, wanted, now_ms)
+            return real(entries, dev, wanted, now_ms, scans)
 
         monkeypatch.setattr(host, "survey", counted)
         for job in ("j1", "j2", "j3"):
@@ -299,7 +299,10 @@ async def test_a_maintenance_pass_during_the_guards_walk_waits_for_it_and_admiss
         (summary,) = summaries
         assert summary["guarded"] == ["ws"]
         assert not (ws / "target" / "debug" / "incremental").exists()  # the guard applied it
-        assert walks[:2] == [["ws"], ["ws"]] and all(w == [] for w in walks[2:]), walks
+        # the pass's walk, then its guard's: the pass swept ws first (the test's clock is
+        # days ahead of the files' atimes), which leaves ws to be walked when next wanted
+        assert summary["swept"] == ["ws"]
+        assert walks[:3] == [["ws"]] * 3 and all(w == [] for w in walks[3:]), walks
 
 
 async def test_a_listing_during_a_walk_answers_at_once_from_the_sizes_known(tmp_path):
@@ -429,6 +432,44 @@ async def test_disk_stale_unit_maintenance_deletes_whole_units_and_runs_once_dai
         # keep the workspace from idle expiry (24 h) for this check
         actor.catalog.touch("ws", clock.ms)
         assert (await ref.call(Periodic()))["swept"] == ["ws"]
+
+
+async def test_a_sweep_scanned_off_the_turn_skips_a_workspace_used_during_its_walk(tmp_path):
+    """The daily sweep's scan runs in the pass's walk, off the actor's turn (stop 63), and
+    its removals are moved into the trash in the turn. A job that used the workspace while
+    the scan ran may have read a unit the scan found stale: that pass does not sweep it
+    (nor count it swept today), the next one scans it again and does. Meanwhile the actor
+    answers admissions and set-ups."""
+    now_ms = time.time_ns() // 1_000_000
+    async with disk_actor(tmp_path, clock=Clock(now_ms)) as (ref, actor, _, clock, live):
+        ws = Path((await ref.call(PrepareSetup("j1", "ws"))).path)
+        ws.mkdir(parents=True)
+        await ref.call(JobIdle("j1", "ws"))
+        make_target(ws, old_ms=now_ms - 72 * HOUR)
+        rlib = ws / "target" / "debug" / "deps" / f"libserde-{H1}.rlib"
+        scanning, release, real = trio.Event(), trio.Event(), actor.trees.offload
+
+        async def held(fn, *args):
+            if fn is host.stale_scans and not release.is_set():
+                scanning.set()
+                await release.wait()
+            return await real(fn, *args)
+
+        actor.trees.offload = held
+        summaries = []
+        async with trio.open_nursery() as n:
+            n.start_soon(lambda: call_into(summaries, ref, Periodic()))
+            await scanning.wait()
+            assert await ref.call(Admit("j2", "ws")) is None  # not behind the scan
+            assert (await ref.call(PrepareSetup("j2", "ws"))).refusal is None
+            await ref.call(JobIdle("j2", "ws"))  # j2 ran in ws during the scan
+            release.set()
+        assert summaries[0]["swept"] == [] and rlib.exists()
+        assert "ws" not in actor.trees.sizes.last_sweep
+        assert (await ref.call(Periodic()))["swept"] == ["ws"] and not rlib.exists()
+        await ref.call(Periodic())  # the next pass's walk empties the trash
+        assert not [p for p in (ws.parent / ".motor-trash").iterdir()
+                    if p.name.startswith(f"serde-{H1}")]
 
 
 async def test_head_workspace_survives_idle_expiry_and_task_defaults_expire(tmp_path):

@@ -165,7 +165,7 @@ def test_incomplete_estimates_are_repaired_oldest_first_after_complete_ones():
 
 def test_guard_drops_only_incremental_and_defers_busy_workspaces():
     big = ws("w", 10 * GB, target=9 * GB, inc=3 * GB)
-    assert guard_action(big, 8 * GB) == DropIncremental("w", f"{ROOT}/w", 3 * GB, pass_name="guard")
+    assert guard_action(big, 8 * GB) == DropIncremental("w", f"{ROOT}/w", 3 * GB, pass_name="guard", purge=False)
     assert guard_action(big, 10 * GB) is None
     assert guard_action(ws("w", 10 * GB, target=9 * GB, inc=3 * GB, reserved=True), 8 * GB) is None
     assert isinstance(guard_action(ws("w", complete=False), 8 * GB), Repair)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 import threading
 import time
@@ -310,6 +311,86 @@ def test_serve_answers_other_jobs_while_an_expired_workspace_is_deleted(serve_fa
         gate.touch()
     trash = tree.parent / ".motor-trash"
     wait_for(lambda: not list(trash.glob("old.*")), timeout=30, what="the trash to be emptied")
+    assert serve.stop() == 0
+
+
+def test_serve_answers_other_jobs_while_a_workspaces_stale_units_are_swept(
+        serve_factory, tmp_path):
+    """The first maintenance pass after a start sweeps each idle workspace's stale Cargo
+    units. Its scan of `target/` runs in the pass's walk, off the disk actor's turn, and
+    what it found is moved into the trash in the turn, deleted by the next pass's walk
+    (stop 63): a `motor run` in another workspace answers while that scan is held (the
+    fault point `disk.sweep`). Before, the scan and the deletions ran in the actor's turn,
+    and every admission and setup on the host waited for them (a target of 200,000 stale
+    files: a `motor run` elsewhere took 1.6 s instead of 0.05)."""
+    gate, reached = tmp_path / "gate", tmp_path / "gate.reached"
+    gate.touch()
+    config = tmp_path / "motor.toml"
+    config.write_text("maintenance_interval_s = 1\n")
+    serve = serve_factory("--isolation", "none", "--config", str(config))
+    serve.env = {"MOTOR_FAULTS": f"disk.sweep=wait:{gate}"}
+    serve.start()
+    unit = "target/debug/deps/libdemo-0123456789abcdef.rlib"
+    incremental = "target/debug/incremental/demo-0123456789abcdef"
+    assert serve.cli("run", "--workspace", "crate", "--", "sh", "-c",
+                     f"mkdir -p {incremental} target/debug/deps && echo x > {unit} && "
+                     f"echo y > {incremental}/s"
+                     ).returncode == 0
+    (row,) = [r for r in json.loads(serve.cli("workspaces", "--json").stdout)
+              if r["name"] == "crate"]
+    assert serve.stop() == 0
+    tree = Path(row["path"])
+    three_days_ago = time.time() - 3 * 86400  # stale: every output unread for 48 h
+    for path in (tree / unit, tree / incremental / "s"):
+        os.utime(path, (three_days_ago, path.stat().st_mtime))
+    gate.unlink()
+    try:
+        serve.start()
+        wait_for(reached.exists, timeout=30, what="the sweep's scan to reach the barrier")
+        result = serve.cli("run", "--workspace", "other", "--", "echo", "meanwhile", timeout=20)
+        assert (result.returncode, result.stdout) == (0, b"meanwhile\n"), result
+        assert not gate.exists()  # while the scan was held
+        assert (tree / unit).exists() and (tree / incremental).exists()  # not swept yet
+    finally:
+        gate.touch()
+    wait_for(lambda: not (tree / unit).exists() and not (tree / incremental).exists(),
+             timeout=30, what="the stale unit and incremental directory to be swept")
+    assert (tree / "target" / "debug" / "deps").is_dir()  # only what was stale went
+    trash = tree.parent / ".motor-trash"
+    wait_for(lambda: not list(trash.glob("demo-*")), timeout=30, what="the trash to be emptied")
+    assert serve.stop() == 0
+
+
+def test_serve_answers_other_jobs_while_the_guard_deletes_incremental_dirs(
+        serve_factory, tmp_path):
+    """A job leaves its workspace's `target/` over the build-folder cap: the guard drops
+    the incremental directories by moving them into the trash, in the disk actor's turn,
+    and the next pass's walk deletes them, off that turn (stop 63). A `motor run` in
+    another workspace answers while that deletion is held (the fault point `disk.purge`).
+    Before, the guard deleted them in the actor's turn, then walked the workspace there:
+    every admission and setup on the host waited for both."""
+    gate, reached = tmp_path / "gate", tmp_path / "gate.reached"
+    config = tmp_path / "motor.toml"
+    config.write_text("maintenance_interval_s = 1\nbuild_folder_cap_bytes = 65536\n")
+    serve = serve_factory("--isolation", "none", "--config", str(config))
+    serve.env = {"MOTOR_FAULTS": f"disk.purge=wait:{gate}"}
+    serve.start()
+    incremental = "target/debug/incremental/demo-0123456789abcdef"
+    try:
+        assert serve.cli("run", "--workspace", "big", "--", "sh", "-c",
+                         f"mkdir -p {incremental} && head -c 300000 /dev/urandom > "
+                         f"{incremental}/s").returncode == 0
+        wait_for(reached.exists, timeout=30, what="the deletion to reach the barrier")
+        result = serve.cli("run", "--workspace", "other", "--", "echo", "meanwhile", timeout=20)
+        assert (result.returncode, result.stdout) == (0, b"meanwhile\n"), result
+        assert not gate.exists()  # while the deletion was held
+        (row,) = [r for r in json.loads(serve.cli("workspaces", "--json").stdout)
+                  if r["name"] == "big"]
+        assert not (Path(row["path"]) / incremental).exists()  # dropped from the workspace
+    finally:
+        gate.touch()
+    trash = Path(row["path"]).parent / ".motor-trash"
+    wait_for(lambda: not list(trash.glob("demo-*")), timeout=30, what="the trash to be emptied")
     assert serve.stop() == 0
 
 

@@ -211,9 +211,9 @@ async def test_jobs_ending_in_one_workspace_get_one_guard_walk_after_the_delay(
     walked = []
     real_survey = host.survey
 
-    def survey(entries, dev, wanted, now_ms):
+    def survey(entries, dev, wanted, now_ms, scans=None):
         walked.extend(sorted(wanted))
-        return real_survey(entries, dev, wanted, now_ms)
+        return real_survey(entries, dev, wanted, now_ms, scans)
 
     monkeypatch.setattr(host, "survey", survey)
     async with motor.open_runner(config(tmp_path, maintenance_interval_s=1e8)) as runner:
