@@ -34,6 +34,9 @@ Named points (each documented where it is hit):
                        entries move into the workspace (motor/disk/bundles.py);
 - `disk.walk`          the disk actor's walk of workspaces (their sizes) begins, in a
                        worker thread (motor/disk/host.py);
+- `disk.guard`         the build-folder guard's walk of workspaces jobs left begins
+                       (motor/disk/walking.py, off the disk actor's turn; host.py
+                       `Trees.guard`, in it: a `JobIdle` call);
 - `disk.staging`       the disk actor's start-up sweep of bundle staging leftovers
                        begins, in a worker thread (motor/disk/host.py);
 - `disk.sweep`         a workspace's daily sweep scans its Cargo units (motor/disk/host.py

@@ -187,7 +187,7 @@ class DiskActor(actors.Actor):
                 summary["expired_workspaces"].append(ws.name)
             elif due == "sweep" and await self.trees.sweep(ws, now, scans.get(ws.name)):
                 summary["swept"].append(ws.name)
-        summary["guarded"] = await self.walks.now(self._live, self.cap_bytes)  # the cap
+        summary["guarded"] = await self.walks.now(self._live, self.cap_bytes, walk_later=True)
         summary["bundles_expired"] = self.bundles.expire(now, live.bundles)
         await self.room.make_room()
         return summary

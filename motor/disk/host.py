@@ -307,6 +307,8 @@ class Trees:
         looked, wanted = self.guard_survey(live_view, names)
         if not looked:
             return []
+        if wanted:
+            await faults.ahit("disk.guard")  # tests: the guard's walk held (in this turn)
         found = await self.offload(survey, looked, None, wanted, self.clock.now_ms())
         return await self.guard_finish(live_view, cap_bytes, looked, found)
 

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import trio
 
+from .. import faults
 from . import host
 from .messages import GuardDue, Walked
 
@@ -116,6 +117,8 @@ class Walks:
         trees, now_ms = self.trees, self.trees.clock.now_ms()
         self.walk_began = (trio.current_time(), kind, sorted(wanted | {n for n, _ in sweeps}))
         try:
+            if kind == "guard":
+                await faults.ahit("disk.guard")  # tests: the guard's walk held
             trash_left = (await trees.offload(host.collect_trash, trees.names.allowed_roots)
                           if kind == "maintenance" else 0)
             scans = await trees.offload(host.stale_scans, sweeps, now_ms) if sweeps else {}
@@ -138,15 +141,23 @@ class Walks:
                 f"{now - began:.0f} s (a file system that does not answer?); jobs are "
                 "admitted and started meanwhile, what needs the walk waits for it")
 
-    async def now(self, live_view: Callable, cap_bytes: int, names=None) -> list[str]:
+    async def now(self, live_view: Callable, cap_bytes: int, names=None, *,
+                  walk_later: bool = False) -> list[str]:
         """The guard in the caller's turn (a maintenance pass; a `JobIdle` call): the names
         dropped. While a walk runs off the turn, the names wait for it instead (walked twice
-        at once, the older walk could land last)."""
+        at once, the older walk could land last). `walk_later` (a pass): those that need a
+        walk first (used since their last: a job ended there during the pass's walk) are
+        left to the guard's own walk, off the turn, right after the pass (stop 63)."""
+        pending = self.trees.sizes.guard_pending
+        todo = set(pending if names is None else pending.intersection(names))
         if self.walking:
-            pending = self.trees.sizes.guard_pending
-            self.next |= set(pending if names is None else pending.intersection(names))
+            self.next |= todo
             return []
-        return await self.trees.guard(live_view, cap_bytes, names)
+        if walk_later:
+            later = self.trees.sizes.wanted(todo)
+            self.next |= later
+            todo -= later
+        return await self.trees.guard(live_view, cap_bytes, todo) if todo else []
 
     async def walked(self, msg: Walked, live_view: Callable, cap_bytes: int, rows: Callable):
         """A walk is done: decided on in this turn (the guard's cap, the listing's rows,

@@ -394,6 +394,41 @@ def test_serve_answers_other_jobs_while_the_guard_deletes_incremental_dirs(
     assert serve.stop() == 0
 
 
+def test_serve_answers_other_jobs_while_the_guard_walks_a_workspace_used_during_a_pass(
+        serve_factory, tmp_path):
+    """A job ends in a workspace while a maintenance pass's walk runs (held at
+    `disk.walk`): its sizes are stale when the pass lands, so its build-folder guard needs
+    another walk. That walk runs off the disk actor's turn, right after the pass (stop 63):
+    a `motor run` in another workspace answers while it is held (`disk.guard`). Before, the
+    pass walked it in the actor's turn, and every admission and setup waited for it."""
+    walk, guard = tmp_path / "walk", tmp_path / "guard"
+    walk.touch()
+    guard.touch()
+    serve = serve_factory("--isolation", "none")
+    serve.env = {"MOTOR_FAULTS": f"disk.walk=wait:{walk},disk.guard=wait:{guard}"}
+    serve.start()
+    assert serve.cli("run", "--workspace", "used", "--", "true").returncode == 0
+    assert serve.stop() == 0
+    for gate in (walk, guard):
+        gate.unlink()
+        Path(f"{gate}.reached").unlink(missing_ok=True)
+    try:
+        serve.start()
+        wait_for(Path(f"{walk}.reached").exists, timeout=30,
+                 what="the first pass's walk to reach the barrier")
+        assert serve.cli("run", "--workspace", "used", "--", "true").returncode == 0
+        walk.touch()
+        wait_for(Path(f"{guard}.reached").exists, timeout=30,
+                 what="the guard's walk to reach the barrier")
+        result = serve.cli("run", "--workspace", "other", "--", "echo", "meanwhile", timeout=20)
+        assert (result.returncode, result.stdout) == (0, b"meanwhile\n"), result
+        assert not guard.exists()  # while the guard's walk was held
+    finally:
+        walk.touch()
+        guard.touch()
+    assert serve.stop() == 0
+
+
 def test_serve_stops_at_once_while_a_walk_is_held(serve_factory, tmp_path):
     """A walk of a workspace stuck on a file system that stopped answering (held at
     `disk.walk`) does not hold `motor serve`'s stop: the walk only reads, so the runner
