@@ -247,8 +247,12 @@ class KeeperdSpawner:
     """The Keepers port backed by keeperd; use via ``open_keeperd_spawner()``."""
 
     def __init__(self, state_dir: os.PathLike[str] | str, *, python: str = sys.executable,
-                 env: dict[str, str] | None = None, clock: WallClock | None = None) -> None:
+                 env: dict[str, str] | None = None, clock: WallClock | None = None,
+                 prepare: dict | None = None) -> None:
         self.state_dir = os.path.abspath(os.fspath(state_dir))
+        #: sent to each keeperd this spawner connects to, unanswered (keeperd's "prepare":
+        #: what the runner's first job would have it make, made at once)
+        self._prepare = prepare
         here = os.path.dirname(os.path.abspath(__file__))
         self._cmd = [python, os.path.join(here, "keeperd.py"), self.state_dir]
         self._env = env
@@ -303,6 +307,12 @@ class KeeperdSpawner:
         conn = _Conn(*got)
         assert self._nursery is not None
         self._nursery.start_soon(self._read, conn)
+        if self._prepare:  # its answer (id 0: no request waits for it) is dropped by `_read`
+            try:
+                await conn.stream.send_all(json.dumps(
+                    {"id": 0, "op": "prepare", **self._prepare}).encode() + b"\n")
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                conn.lost(repr(exc))  # the request at hand connects again
         return conn
 
     async def _deliver(self, req: _Req) -> None:
@@ -540,11 +550,12 @@ def _same(a: tuple[int, float], b: tuple[int, float]) -> bool:
 async def open_keeperd_spawner(
     state_dir: os.PathLike[str] | str, *, python: str = sys.executable,
     env: dict[str, str] | None = None, clock: WallClock | None = None,
+    prepare: dict | None = None,
 ) -> AsyncIterator[KeeperdSpawner]:
     """A KeeperdSpawner for ``state_dir``, connected (keeperd started if none runs);
     disconnects on exit (reconnecting whenever needed meanwhile). keeperd and the jobs it
-    keeps outlive it."""
-    spawner = KeeperdSpawner(state_dir, python=python, env=env, clock=clock)
+    keeps outlive it. `prepare`: keeperd's "prepare" request, sent on each connection."""
+    spawner = KeeperdSpawner(state_dir, python=python, env=env, clock=clock, prepare=prepare)
     try:
         async with trio.open_nursery() as nursery:
             spawner._nursery = nursery

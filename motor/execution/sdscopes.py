@@ -132,6 +132,11 @@ class ScopeStarter:
 
     # -- the connection ---------------------------------------------------------------
 
+    def connect(self, address: str) -> None:
+        """The connection to the manager at `address`, opened now if it is not open (a
+        runner's start: keeperd's "prepare"); SystemdError or OSError when it cannot be."""
+        self._link(address)
+
     def _link(self, address: str) -> _Link:
         link = self.links.get(address)
         if link is None:

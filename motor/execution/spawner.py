@@ -528,15 +528,17 @@ def spawner_mode(mode: str | None = None) -> str:
 async def open_spawner(
     *, python: str = sys.executable, env: dict[str, str] | None = None,
     clock: WallClock | None = None, state_dir: os.PathLike[str] | str | None = None,
-    mode: str | None = None,
+    mode: str | None = None, prepare: dict | None = None,
 ) -> AsyncIterator[Spawner]:
     """The runner's Keepers: with ``state_dir`` and mode "keeperd" (``spawner_mode``) a
-    client of that state directory's keeperd (started if none runs); otherwise a forkserver
-    that forks a keeper per job, stopped on exit. Keepers and jobs keep running either way."""
+    client of that state directory's keeperd (started if none runs; `prepare`: keeperd's
+    "prepare" request); otherwise a forkserver that forks a keeper per job, stopped on
+    exit. Keepers and jobs keep running either way."""
     if state_dir is not None and spawner_mode(mode) == "keeperd":
         from .keeperd_client import open_keeperd_spawner
 
-        async with open_keeperd_spawner(state_dir, python=python, env=env, clock=clock) as kd:
+        async with open_keeperd_spawner(state_dir, python=python, env=env, clock=clock,
+                                        prepare=prepare) as kd:
             yield kd  # type: ignore[misc]
         return
     spawner = Spawner(python=python, env=env, clock=clock)

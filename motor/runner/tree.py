@@ -145,7 +145,8 @@ async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runn
         hub = ChangeHub()
         await _sweep_leftover_groups(host.backend, db, jobs_dir)
         try:
-            async with open_spawner(clock=clock, state_dir=state) as spawner:
+            async with open_spawner(clock=clock, state_dir=state,
+                                    prepare=spawner_preparation(host.backend)) as spawner:
                 tree = _Tree()
                 handles = Handles(db, tree)
                 job_deps = JobDeps(
@@ -214,6 +215,13 @@ async def _stop_if_the_database_is_lost(db, root: actors.Supervisor,
     db.close()  # the records saved now, so that the message can say where
     raise DatabaseLost(f"{db.guard.lost}; runner stopped, its records saved to "
                        f"{db.guard.saved_to or 'nowhere (see the log)'}")
+
+
+def spawner_preparation(backend) -> dict | None:
+    """keeperd's "prepare" for this runner's isolation backend: a systemd runner names its
+    manager, whose D-Bus client keeperd then imports and connects at once, not at the
+    first job (docs/keeper.md, "Protocol")."""
+    return {"systemd_address": backend.address} if backend.name == "systemd" else None
 
 
 async def _sweep_leftover_groups(backend, db, jobs_dir: Path) -> None:

@@ -151,6 +151,24 @@ def test_systemd_backend_confines_each_job_in_its_slot_unit(ns_serve, systemd_ns
     assert job_units(systemd_ns) == [] and spare_scopes(systemd_ns) == [spare]
 
 
+def test_a_systemd_runners_keeperd_connects_to_systemd_at_its_start(ns_serve):
+    """`motor serve --isolation systemd` has keeperd import its D-Bus client and open its
+    connection at the start (keeperd's "prepare", stop 63), not at the first job: its log
+    says the connection opened before any job, and the jobs use that one."""
+    serve = ns_serve().start()
+    log = serve.state_dir / "keeperd.log"
+
+    def opened() -> int:
+        text = log.read_text() if log.exists() else ""
+        return sum("systemd: connection" in line and "opened" in line
+                   for line in text.splitlines())
+
+    wait_for(lambda: opened() == 1, what="keeperd's connection to systemd, before any job")
+    for _ in range(2):
+        assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0
+    assert opened() == 1
+
+
 def test_systemd_backend_reports_cpu_time_and_oom_kills(ns_serve, systemd_ns):
     serve = ns_serve().start()
     every = str(serve.cli_json("health")["capacity"]["claim_limit"])

@@ -72,13 +72,21 @@ def batch(tag):
         holder.wait()
     return out
 
-result = {"first": batch("a")}
+def keeperd_log():
+    path = os.path.join(state, "keeperd.log")
+    return open(path).read() if os.path.exists(path) else ""
+
+result = {}
+if mode in ("prepared", "prepare-fails"):  # a runner's start, before any job
+    address = backend.address if mode == "prepared" else os.path.join(work, "no-bus")
+    result["prepare"] = request_all([{"id": 0, "op": "prepare", "systemd_address": address}])[0]
+    result["log_before"] = keeperd_log()
+result["first"] = batch("a")
 if mode == "reexec":
     backend.pool.close()  # this script's own idle connection would break too
     subprocess.run(["systemctl", "daemon-reexec"], check=True)
     result["second"] = batch("b")
-result["log"] = open(os.path.join(state, "keeperd.log")).read() if os.path.exists(
-    os.path.join(state, "keeperd.log")) else ""
+result["log"] = keeperd_log()
 sock.close()
 print(json.dumps(result))
 """
@@ -129,4 +137,24 @@ def test_a_scope_systemd_refuses_fails_that_job_spawn_failed_and_the_rest_run(
     assert "did not start the job's scope" in refused["detail"], refused
     assert "UnitExists" in refused["detail"], refused
     assert_in_own_scope(others)  # the same connection serves the jobs after it
+    assert connections_opened(out["log"]) == 1, out["log"]
+
+
+def test_keeperd_prepared_for_systemd_connects_before_the_first_job(systemd_ns, tmp_path):
+    """A systemd runner's start asks keeperd to "prepare" (stop 63): the D-Bus client is
+    imported and its connection opened then, which keeperd's first systemd job did before
+    (about 35 ms of it). The jobs then use that connection."""
+    out = run_script(systemd_ns, tmp_path, 3, "prepared")
+    assert out["prepare"]["prepared"] == ["systemd"], out["prepare"]
+    assert connections_opened(out["log_before"]) == 1, out["log_before"]
+    assert_in_own_scope(out["first"])
+    assert connections_opened(out["log"]) == 1, out["log"]
+
+
+def test_a_prepare_that_cannot_connect_is_logged_and_the_jobs_connect_themselves(
+        systemd_ns, tmp_path):
+    out = run_script(systemd_ns, tmp_path, 2, "prepare-fails")
+    assert out["prepare"]["prepared"] == [] and out["prepare"]["error"], out["prepare"]
+    assert "cannot prepare the connection to systemd" in out["log_before"], out["log_before"]
+    assert_in_own_scope(out["first"])  # their specs name the manager: it connects then
     assert connections_opened(out["log"]) == 1, out["log"]
