@@ -50,6 +50,8 @@ Named points (each documented where it is hit):
 - `api.submitted`      a single submit is accepted and recorded, its answer not yet sent
                        (motor/api/app.py): `kill` there is a runner that crashes between
                        accepting a job and saying so (docs/protocol.md, "Idempotent submits");
+- `store.expire`       the store is about to delete a batch of expired jobs (in a worker
+                       thread: motor/store/db.py `expire`);
 - `store.commit`       the store is about to write a transaction (motor/store/actor.py, on
                        the event loop or in a worker thread: where commits run then): a
                        `wait:` barrier there is a disk that stalls a commit.

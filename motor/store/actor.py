@@ -131,10 +131,10 @@ class StoreActor(actors.Actor):
             waiting, self._retaken = self._retaken, []
             waiting += self.take_waiting(is_save, GROUP_MAX - len(waiting))
             return await self._group(msg, waiting, off_loop)
-        if isinstance(msg, Expire):
+        if isinstance(msg, Expire):  # in a worker thread: deletions are the disk's work
             expire = functools.partial(self.db.expire, lock_wait_ms=LOCK_WAIT_MS if off_loop else 0)
             try:
-                ids = await self.offload(expire, msg.now_ms) if off_loop else expire(msg.now_ms)
+                ids = await self.offload(expire, msg.now_ms)
             except StoreLocked as exc:  # the next round deletes them
                 self._lock.found(exc)
                 return []

@@ -429,6 +429,41 @@ def test_serve_answers_other_jobs_while_the_guard_walks_a_workspace_used_during_
     assert serve.stop() == 0
 
 
+def test_serve_answers_health_while_expired_jobs_are_deleted(serve_factory, tmp_path):
+    """A maintenance pass deletes the jobs whose day of retention has passed. The deletion
+    is the disk's work (3.7 ms per MiB of stored output here: seconds for a day's verbose
+    jobs), and since stop 63 it runs in a worker thread, in batches of at most
+    EXPIRE_BATCH_BYTES: the event loop answers health while one is held (the fault point
+    `store.expire`). Before, it ran on the event loop, and the runner answered nothing
+    until it was done."""
+    import sqlite3
+
+    gate, reached = tmp_path / "gate", tmp_path / "gate.reached"
+    config = tmp_path / "motor.toml"
+    config.write_text("maintenance_interval_s = 1\n")
+    serve = serve_factory("--isolation", "none", "--config", str(config))
+    serve.env = {"MOTOR_FAULTS": f"store.expire=wait:{gate}"}  # nothing expires until told
+    serve.start()
+    try:
+        with Client(serve.socket, timeout=30) as client:
+            job = client.submit({"command": ["echo", "old output"], "workspace": "w"})
+        assert ended(serve, job.job_id) == "succeeded"
+        db = sqlite3.connect(serve.state_dir / "motor.db", timeout=30)
+        with db:  # its day is over (as the runner would have written it a day ago)
+            db.execute("UPDATE jobs SET retain_until_ms=1 WHERE job_id=?", (job.job_id,))
+        db.close()
+        wait_for(reached.exists, timeout=30, what="the expiry to reach the barrier")
+        with Client(serve.socket, timeout=10) as client:
+            assert client.health()["status"] in ("ok", "degraded")
+        assert not gate.exists()  # answered while the deletion was held
+    finally:
+        gate.touch()
+    with Client(serve.socket, timeout=30) as client:
+        wait_for(lambda: job.job_id not in [r.job_id for r in client.jobs(all=True)],
+                 timeout=30, what="the expired job to go")
+    assert serve.stop() == 0
+
+
 def test_serve_stops_at_once_while_a_walk_is_held(serve_factory, tmp_path):
     """A walk of a workspace stuck on a file system that stopped answering (held at
     `disk.walk`) does not hold `motor serve`'s stop: the walk only reads, so the runner

@@ -223,7 +223,11 @@ async def test_a_refused_group_off_the_loop_still_answers_each_save(tmp_path, mo
 
 
 @pytest.mark.parametrize("slow", [False, True])
-async def test_expiry_runs_where_the_commits_run(tmp_path, slow):
+async def test_expiry_runs_in_a_worker_thread_wherever_the_commits_run(tmp_path, slow):
+    """Deleting expired jobs is the disk's work (3.7 ms per MiB of stored output on this
+    host): since stop 63 it runs in a worker thread even while the commits run on the
+    event loop, which went on serving meanwhile (before, a day's verbose jobs held it for
+    seconds)."""
     loop_thread = threading.get_ident()
     async with running_store(tmp_path) as (db, store, nursery):
         done = JobRecord(job_id="c0", state="succeeded", workspace="w", claim=1,
@@ -236,4 +240,4 @@ async def test_expiry_runs_where_the_commits_run(tmp_path, slow):
         db.expire = lambda now_ms, **kw: (threads.append(threading.get_ident()),
                                           real(now_ms, **kw))[1]
         assert await store.expire(10) == ["c0"]
-        assert (threads[0] != loop_thread) is slow
+        assert threads[0] != loop_thread
