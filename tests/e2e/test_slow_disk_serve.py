@@ -172,8 +172,7 @@ def test_serve_answers_other_jobs_while_the_guard_walks_a_workspace_a_job_left(
     serve, gate, reached = serve_with_gated_walks(serve_factory, tmp_path)
     try:
         hold_the_guards_walk(serve, gate, reached)
-        result = serve.cli("run", "--workspace", "other", "--", "echo", "meanwhile", timeout=20)
-        assert (result.returncode, result.stdout) == (0, b"meanwhile\n"), result
+        answers_elsewhere(serve)
         assert not gate.exists()  # it ran while the walk was held
     finally:
         gate.touch()
@@ -200,8 +199,7 @@ def test_serve_answers_other_jobs_while_a_listing_walks(serve_factory, tmp_path)
         # the next listing answers at once), or the guard's (then both do)
         held = serve.cli_popen("workspaces", "--json")
         wait_for(reached.exists, timeout=30, what="a walk to reach the barrier")
-        result = serve.cli("run", "--workspace", "other", "--", "echo", "meanwhile", timeout=20)
-        assert (result.returncode, result.stdout) == (0, b"meanwhile\n"), result
+        answers_elsewhere(serve)
         again = serve.cli("workspaces", "--json", timeout=20)  # not behind the walk
         assert again.returncode == 0 and b"walked" in again.stdout, again
         assert not gate.exists()  # all that while the walk was held
@@ -238,10 +236,9 @@ def test_serve_keeps_a_workspace_a_job_was_admitted_to_while_its_gone_tree_was_w
     the running job."""
     serve, gate, reached = serve_with_gated_walks(serve_factory, tmp_path)
     assert serve.cli("run", "--workspace", "kept", "--", "true").returncode == 0
-    (row,) = [r for r in json.loads(serve.cli("workspaces", "--json").stdout)
-              if r["name"] == "kept"]
+    tree = workspace_path(serve, "kept")
     assert serve.stop() == 0
-    shutil.rmtree(row["path"])  # the tree is gone; its catalog entry stays
+    shutil.rmtree(tree)  # the tree is gone; its catalog entry stays
     gate.unlink()
     reached.unlink(missing_ok=True)
     done = tmp_path / "done"
@@ -272,6 +269,39 @@ def names(serve) -> list[str]:
     return [row["name"] for row in json.loads(serve.cli("workspaces", "--json").stdout)]
 
 
+def workspace_path(serve, name: str) -> Path:
+    """Where workspace `name`'s tree is, as `motor workspaces` lists it."""
+    (row,) = [r for r in json.loads(serve.cli("workspaces", "--json").stdout)
+              if r["name"] == name]
+    return Path(row["path"])
+
+
+def answers_elsewhere(serve, word: str = "meanwhile") -> None:
+    """A `motor run` in another workspace answers (within 20 s)."""
+    result = serve.cli("run", "--workspace", "other", "--", "echo", word, timeout=20)
+    assert (result.returncode, result.stdout) == (0, word.encode() + b"\n"), result
+
+
+def trash_emptied(root: Path, pattern: str) -> None:
+    """Until `root`'s trash holds nothing named like `pattern`."""
+    trash = root / ".motor-trash"
+    wait_for(lambda: not list(trash.glob(pattern)), timeout=30, what="the trash to be emptied")
+
+
+def serve_with_passes_every_second(serve_factory, tmp_path, point: str, *, open: bool,
+                                   config: str = ""):
+    """A started `motor serve` with a maintenance pass every second (and `config`), the
+    fault point `point` waiting for `gate` (there if `open`): (serve, gate, reached)."""
+    gate, reached = tmp_path / "gate", tmp_path / "gate.reached"
+    if open:
+        gate.touch()
+    path = tmp_path / "motor.toml"
+    path.write_text("maintenance_interval_s = 1\n" + config)
+    serve = serve_factory("--isolation", "none", "--config", str(path))
+    serve.env = {"MOTOR_FAULTS": f"{point}=wait:{gate}"}
+    return serve.start(), gate, reached
+
+
 def test_serve_answers_other_jobs_while_an_expired_workspace_is_deleted(serve_factory, tmp_path):
     """A maintenance pass deletes a task workspace idle 24 h. Its tree is moved into the
     trash in the disk actor's turn, and deleted (as long as the tree is big) by the
@@ -279,13 +309,8 @@ def test_serve_answers_other_jobs_while_an_expired_workspace_is_deleted(serve_fa
     another workspace answers while that deletion is held (the fault point `disk.purge`).
     Before, the whole tree was deleted in the actor's turn, and every admission and setup
     waited for it."""
-    gate, reached = tmp_path / "gate", tmp_path / "gate.reached"
-    gate.touch()
-    config = tmp_path / "motor.toml"
-    config.write_text("maintenance_interval_s = 1\n")
-    serve = serve_factory("--isolation", "none", "--config", str(config))
-    serve.env = {"MOTOR_FAULTS": f"disk.purge=wait:{gate}"}
-    serve.start()
+    serve, gate, reached = serve_with_passes_every_second(serve_factory, tmp_path,
+                                                          "disk.purge", open=True)
     assert serve.cli("run", "--workspace", "old", "--", "sh", "-c",
                      "mkdir -p src && echo x > src/a").returncode == 0
     assert serve.stop() == 0
@@ -300,17 +325,14 @@ def test_serve_answers_other_jobs_while_an_expired_workspace_is_deleted(serve_fa
     try:
         serve.start()
         wait_for(lambda: not tree.exists(), timeout=30, what="the expired workspace to go")
-        result = serve.cli("run", "--workspace", "other", "--", "echo", "meanwhile", timeout=20)
-        assert (result.returncode, result.stdout) == (0, b"meanwhile\n"), result
+        answers_elsewhere(serve)
         wait_for(reached.exists, timeout=30, what="the trash's collection to reach the barrier")
-        result = serve.cli("run", "--workspace", "other", "--", "echo", "still", timeout=20)
-        assert (result.returncode, result.stdout) == (0, b"still\n"), result
+        answers_elsewhere(serve, "still")
         assert not gate.exists()  # both while the deletion was held
         assert "old" not in names(serve)
     finally:
         gate.touch()
-    trash = tree.parent / ".motor-trash"
-    wait_for(lambda: not list(trash.glob("old.*")), timeout=30, what="the trash to be emptied")
+    trash_emptied(tree.parent, "old.*")
     assert serve.stop() == 0
 
 
@@ -323,23 +345,16 @@ def test_serve_answers_other_jobs_while_a_workspaces_stale_units_are_swept(
     fault point `disk.sweep`). Before, the scan and the deletions ran in the actor's turn,
     and every admission and setup on the host waited for them (a target of 200,000 stale
     files: a `motor run` elsewhere took 1.6 s instead of 0.05)."""
-    gate, reached = tmp_path / "gate", tmp_path / "gate.reached"
-    gate.touch()
-    config = tmp_path / "motor.toml"
-    config.write_text("maintenance_interval_s = 1\n")
-    serve = serve_factory("--isolation", "none", "--config", str(config))
-    serve.env = {"MOTOR_FAULTS": f"disk.sweep=wait:{gate}"}
-    serve.start()
+    serve, gate, reached = serve_with_passes_every_second(serve_factory, tmp_path,
+                                                          "disk.sweep", open=True)
     unit = "target/debug/deps/libdemo-0123456789abcdef.rlib"
     incremental = "target/debug/incremental/demo-0123456789abcdef"
     assert serve.cli("run", "--workspace", "crate", "--", "sh", "-c",
                      f"mkdir -p {incremental} target/debug/deps && echo x > {unit} && "
                      f"echo y > {incremental}/s"
                      ).returncode == 0
-    (row,) = [r for r in json.loads(serve.cli("workspaces", "--json").stdout)
-              if r["name"] == "crate"]
+    tree = workspace_path(serve, "crate")
     assert serve.stop() == 0
-    tree = Path(row["path"])
     three_days_ago = time.time() - 3 * 86400  # stale: every output unread for 48 h
     for path in (tree / unit, tree / incremental / "s"):
         os.utime(path, (three_days_ago, path.stat().st_mtime))
@@ -347,8 +362,7 @@ def test_serve_answers_other_jobs_while_a_workspaces_stale_units_are_swept(
     try:
         serve.start()
         wait_for(reached.exists, timeout=30, what="the sweep's scan to reach the barrier")
-        result = serve.cli("run", "--workspace", "other", "--", "echo", "meanwhile", timeout=20)
-        assert (result.returncode, result.stdout) == (0, b"meanwhile\n"), result
+        answers_elsewhere(serve)
         assert not gate.exists()  # while the scan was held
         assert (tree / unit).exists() and (tree / incremental).exists()  # not swept yet
     finally:
@@ -356,8 +370,7 @@ def test_serve_answers_other_jobs_while_a_workspaces_stale_units_are_swept(
     wait_for(lambda: not (tree / unit).exists() and not (tree / incremental).exists(),
              timeout=30, what="the stale unit and incremental directory to be swept")
     assert (tree / "target" / "debug" / "deps").is_dir()  # only what was stale went
-    trash = tree.parent / ".motor-trash"
-    wait_for(lambda: not list(trash.glob("demo-*")), timeout=30, what="the trash to be emptied")
+    trash_emptied(tree.parent, "demo-*")
     assert serve.stop() == 0
 
 
@@ -369,28 +382,22 @@ def test_serve_answers_other_jobs_while_the_guard_deletes_incremental_dirs(
     another workspace answers while that deletion is held (the fault point `disk.purge`).
     Before, the guard deleted them in the actor's turn, then walked the workspace there:
     every admission and setup on the host waited for both."""
-    gate, reached = tmp_path / "gate", tmp_path / "gate.reached"
-    config = tmp_path / "motor.toml"
-    config.write_text("maintenance_interval_s = 1\nbuild_folder_cap_bytes = 65536\n")
-    serve = serve_factory("--isolation", "none", "--config", str(config))
-    serve.env = {"MOTOR_FAULTS": f"disk.purge=wait:{gate}"}
-    serve.start()
+    serve, gate, reached = serve_with_passes_every_second(
+        serve_factory, tmp_path, "disk.purge", open=False,
+        config="build_folder_cap_bytes = 65536\n")
     incremental = "target/debug/incremental/demo-0123456789abcdef"
     try:
         assert serve.cli("run", "--workspace", "big", "--", "sh", "-c",
                          f"mkdir -p {incremental} && head -c 300000 /dev/urandom > "
                          f"{incremental}/s").returncode == 0
         wait_for(reached.exists, timeout=30, what="the deletion to reach the barrier")
-        result = serve.cli("run", "--workspace", "other", "--", "echo", "meanwhile", timeout=20)
-        assert (result.returncode, result.stdout) == (0, b"meanwhile\n"), result
+        answers_elsewhere(serve)
         assert not gate.exists()  # while the deletion was held
-        (row,) = [r for r in json.loads(serve.cli("workspaces", "--json").stdout)
-                  if r["name"] == "big"]
-        assert not (Path(row["path"]) / incremental).exists()  # dropped from the workspace
+        tree = workspace_path(serve, "big")
+        assert not (tree / incremental).exists()  # dropped from the workspace
     finally:
         gate.touch()
-    trash = Path(row["path"]).parent / ".motor-trash"
-    wait_for(lambda: not list(trash.glob("demo-*")), timeout=30, what="the trash to be emptied")
+    trash_emptied(tree.parent, "demo-*")
     assert serve.stop() == 0
 
 
@@ -420,8 +427,7 @@ def test_serve_answers_other_jobs_while_the_guard_walks_a_workspace_used_during_
         walk.touch()
         wait_for(Path(f"{guard}.reached").exists, timeout=30,
                  what="the guard's walk to reach the barrier")
-        result = serve.cli("run", "--workspace", "other", "--", "echo", "meanwhile", timeout=20)
-        assert (result.returncode, result.stdout) == (0, b"meanwhile\n"), result
+        answers_elsewhere(serve)
         assert not guard.exists()  # while the guard's walk was held
     finally:
         walk.touch()
@@ -438,12 +444,8 @@ def test_serve_answers_health_while_expired_jobs_are_deleted(serve_factory, tmp_
     until it was done."""
     import sqlite3
 
-    gate, reached = tmp_path / "gate", tmp_path / "gate.reached"
-    config = tmp_path / "motor.toml"
-    config.write_text("maintenance_interval_s = 1\n")
-    serve = serve_factory("--isolation", "none", "--config", str(config))
-    serve.env = {"MOTOR_FAULTS": f"store.expire=wait:{gate}"}  # nothing expires until told
-    serve.start()
+    serve, gate, reached = serve_with_passes_every_second(  # nothing expires until told
+        serve_factory, tmp_path, "store.expire", open=False)
     try:
         with Client(serve.socket, timeout=30) as client:
             job = client.submit({"command": ["echo", "old output"], "workspace": "w"})
