@@ -46,6 +46,13 @@ log = logging.getLogger("motor.maintenance")
 EMPTY_AFTER_MS = 60_000
 
 
+def remove_job_dirs(jobs_dir: Path, ids: list[str]) -> None:
+    """The expired jobs' directories, in a worker thread: emptied a minute after each end,
+    they hold whatever that could not remove (stop 63: before, on the event loop)."""
+    for job_id in ids:
+        shutil.rmtree(jobs_dir / job_id, ignore_errors=True)
+
+
 @dataclass(frozen=True)
 class _DiskPass:
     """The maintenance actor's own: the disk's part of the start-up pass, after the start."""
@@ -103,8 +110,8 @@ class Maintenance(actors.Actor):
             except StoreFull as exc:  # deleting needs room in the WAL too: next pass
                 log.warning("maintenance: retention pass skipped: %s", exc)
                 break
-            for job_id in ids:
-                shutil.rmtree(self.jobs_dir / job_id, ignore_errors=True)
+            if ids:
+                await self.offload(remove_job_dirs, self.jobs_dir, ids)
             expired += len(ids)
             if not ids:
                 break

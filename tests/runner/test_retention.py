@@ -15,7 +15,15 @@ from motor.records import JobRequest, Output, RefusedError
 DAY_MS = 24 * 3600 * 1000
 
 
-async def test_expired_history_never_becomes_before_start_refusal(tmp_path, autojump_clock):
+async def test_expired_history_never_becomes_before_start_refusal(tmp_path, autojump_clock,
+                                                                  monkeypatch):
+    offloaded, real = [], motor.MockWallClock.offload
+
+    async def offload(self, fn, *args):  # inline under a test's clock; a thread in production
+        offloaded.append(getattr(fn, "__name__", fn))
+        return await real(self, fn, *args)
+
+    monkeypatch.setattr(motor.MockWallClock, "offload", offload)
     clock = motor.MockWallClock()
     config = motor.RunnerConfig(state_dir=str(tmp_path / "state"), isolation="none",
                                 free_space_floor_bytes=0, clock=clock)
@@ -47,6 +55,8 @@ async def test_expired_history_never_becomes_before_start_refusal(tmp_path, auto
         assert info.value.refusal.code == "history_expired"
         assert await runner.jobs(all=True) == []
         assert not (tmp_path / "state" / "jobs" / job.job_id).exists()
+        # its directory removed through the runner's offload, off the event loop (stop 63)
+        assert "remove_job_dirs" in offloaded
 
 
 async def _ended(runner, job_id: str):
