@@ -199,7 +199,6 @@ def stale(workspace: str, now_ms: int) -> Stale:
 def delete_units(units: list[Unit], root: str, purge: bool = True) -> int:
     """Delete whole units: their deps files (as files, never through links) and dirs (with
     `purge` false only moved into the trash, whose next collection deletes them)."""
-    remove = trash.delete_tree if purge else trash.move_to_trash
     freed = 0
     for u in units:
         for path in u.files:
@@ -212,7 +211,7 @@ def delete_units(units: list[Unit], root: str, purge: bool = True) -> int:
         for path in u.dirs:
             if _is_dir(_lstat(path)):
                 try:
-                    remove(path, root)
+                    trash.remove(path, root, purge)
                 except (OSError, trash.UnsafeDelete):
                     continue
         freed += u.bytes
@@ -225,7 +224,7 @@ def remove(found: Stale, root: str, purge: bool = True) -> dict:
     freed, dropped = delete_units(found.units, root, purge), 0
     for inc in found.incremental:
         try:
-            (trash.delete_tree if purge else trash.move_to_trash)(inc.path, root)
+            trash.remove(inc.path, root, purge)
         except (OSError, trash.UnsafeDelete):
             continue
         freed += inc.bytes

@@ -190,7 +190,7 @@ def safe(fn, *args):
 def drop_incremental(path: str, root: str, purge: bool = True) -> int:
     n = 0
     for inc in sizes.incremental_dirs(path):
-        if safe(trash.delete_tree if purge else trash.move_to_trash, inc, root) is not None:
+        if safe(trash.remove, inc, root, purge) is not None:
             n += 1
     return n
 
@@ -232,7 +232,7 @@ def carry_out(action, root: str, now_ms: int) -> bool:
     """Carry out one planner action on disk; False when a deletion failed (the tree is still
     there: its catalog entry stays for a retry). `root`: the workspace's allowed root."""
     if isinstance(action, EvictWorkspace):
-        safe(trash.delete_tree if action.purge else trash.move_to_trash, action.path, root)
+        safe(trash.remove, action.path, root, action.purge)
         return not os.path.lexists(action.path)  # not moved out: keep the entry
     if isinstance(action, DropIncremental):
         drop_incremental(action.path, root, action.purge)

@@ -212,6 +212,12 @@ def delete_tree(path: str, root: str) -> int:
     return left
 
 
+def remove(path: str, root: str, purge: bool) -> int | str:
+    """`delete_tree` (`purge`), or only `move_to_trash`, whose next collection deletes it
+    (a deletion that frees nothing urgent, off the disk actor's turn: docs/disk.md)."""
+    return delete_tree(path, root) if purge else move_to_trash(path, root)
+
+
 def delete_inside(path: str, root: str) -> int:
     """Delete a subtree (an incremental dir, a Cargo unit dir) of a workspace the same way."""
     return delete_tree(path, root)

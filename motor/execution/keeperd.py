@@ -26,6 +26,9 @@ Protocol on the socket, one JSON object per line:
 - ``{"id": N, "op": "cancel", "job_dir": "/abs"}`` -> ``{"id": N, "sent": bool}``
 - ``{"id": N, "op": "spares"}`` -> ``{"id": N, "size": S, "ready": [names], "joining": [names],
   "parents": {controller: dir}, "taken": T, "missed": M}``: the pre-placed threads (spares.py)
+- ``{"id": N, "op": "prepare", "systemd_address": A}`` -> ``{"id": N, "prepared": [...],
+  "error"?: "..."}``: a systemd runner's start, the D-Bus client imported and connected to
+  A now rather than at its first job (docs/keeper.md, "Prepared at the runner's start")
 
 SIGTERM to keeperd cancels every job it keeps (as SIGTERM to a per-job keeper cancels its
 job). It exits once it keeps no job and no runner has been connected for ``IDLE_EXIT_S``.
