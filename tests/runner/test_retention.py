@@ -115,3 +115,32 @@ async def test_an_ended_jobs_directory_is_emptied_a_minute_after_its_end_and_kep
         assert not list((jobs / running.job_id).iterdir())
         assert (await maintenance.call(RunPass()))["emptied"] == 0
 
+
+
+async def test_a_pass_deletes_expired_verbose_jobs_in_batches_bounded_by_their_output(
+        tmp_path, autojump_clock, monkeypatch):
+    """Through the runner (maintenance -> store): two expired jobs of 3 MB of output each
+    go in two store calls of one job each, since both together pass EXPIRE_BATCH_BYTES
+    (4 MiB); the saves waiting meanwhile are written between them (stop 63: one call of up
+    to 1,000 jobs before, on the event loop)."""
+    from motor.store.db import EXPIRE_BATCH_BYTES, Database
+
+    calls, real = [], Database.expire
+    monkeypatch.setattr(Database, "expire", lambda self, *a, **kw: (
+        calls.append(ids := real(self, *a, **kw)), ids)[1])
+    clock = motor.MockWallClock()
+    config = motor.RunnerConfig(state_dir=str(tmp_path / "state"), isolation="none",
+                                free_space_floor_bytes=0, clock=clock,
+                                maintenance_interval_s=10**9)
+    async with motor.open_runner(config) as runner:
+        ends = []
+        for _ in range(2):
+            job = await runner.submit(JobRequest(command=[
+                "sh", "-c", "head -c 3000000 /dev/zero | tr '\\0' x"]))
+            ends.append((await _ended(runner, job.job_id))[1])
+        assert 2 * 3_000_000 > EXPIRE_BATCH_BYTES > 3_000_000
+        autojump_clock.jump(max(0, max(ends) + DAY_MS + 60_000 - clock.now_ms()) / 1000)
+        calls.clear()
+        assert (await runner.actor("maintenance").call(RunPass()))["expired"] == 2
+        assert [len(ids) for ids in calls] == [1, 1, 0], calls
+        assert await runner.jobs(all=True) == []
