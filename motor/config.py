@@ -79,6 +79,10 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     capacity_file: str = "/etc/motor-host/capacity.json"
     isolation: Isolation = "auto"
     cgroup_parent: str = "motor-jobs"
+    #: systemd: slot slices (with keeperd's spares in them) made at the start for the
+    #: first jobs of one CPU each, before any job asks (docs/isolation.md, "Slots made at
+    #: the start"). None: one per allocatable CPU, at most --max-weight and 8; 0: none.
+    start_slots: int | None = None
     memory_per_vcpu_bytes: int | str = 4 * GiB
     #: Output kept per job; above it the oldest output pages are evicted (replay then
     #: starts with a `truncated` event).
@@ -162,6 +166,8 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(f"--max-weight must be at least 1, got {self.max_weight}")
         if self.max_queue_depth < 0:
             raise ConfigError(f"--max-queue-depth must be >= 0, got {self.max_queue_depth}")
+        if self.start_slots is not None and not 0 <= self.start_slots <= 1024:
+            raise ConfigError(f"--start-slots must be within 0..1024, got {self.start_slots}")
         if bool(self.windows_cpus) != bool(self.windows_slot_lock):
             raise ConfigError("--windows-cpus and --windows-slot-lock go together")
         for name in ("free_space_floor_bytes", "free_space_eviction_bytes",

@@ -32,6 +32,7 @@ SERVE_OPTIONS: list[tuple[str, str, dict]] = [
     ("--capacity-file", "capacity_file", {"metavar": "PATH", "help": "declared jobs_min_bytes (/etc/motor-host/capacity.json)"}),
     ("--isolation", "isolation", {"choices": ["auto", "systemd", "cgroup", "affinity", "none"], "help": "how jobs are pinned and capped (auto)"}),
     ("--cgroup-parent", "cgroup_parent", {"metavar": "NAME", "help": "the cgroup that holds job groups, playing motor-jobs.slice (motor-jobs)"}),
+    ("--start-slots", "start_slots", {"metavar": "N", "type": int, "help": "systemd: slot slices, with their spares, made at the start for the first one-CPU jobs (one per CPU, at most --max-weight and 8; 0: none)"}),
     ("--memory-per-vcpu-bytes", "memory_per_vcpu_bytes", {"metavar": "N", "help": "a claim's default memory_max (4 GiB)"}),
     ("--max-output-bytes-per-job", "max_output_bytes_per_job", {"metavar": "N", "help": "output kept per job before its oldest pages are evicted (256 MiB)"}),
     ("--log-level", "log_level", {"choices": ["debug", "info", "warning", "error"], "help": "what is written to standard error (info: also each job's end and the disk manager's deletions)"}),

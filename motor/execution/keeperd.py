@@ -26,9 +26,11 @@ Protocol on the socket, one JSON object per line:
 - ``{"id": N, "op": "cancel", "job_dir": "/abs"}`` -> ``{"id": N, "sent": bool}``
 - ``{"id": N, "op": "spares"}`` -> ``{"id": N, "size": S, "ready": [names], "joining": [names],
   "parents": {controller: dir}, "taken": T, "missed": M}``: the pre-placed threads (spares.py)
-- ``{"id": N, "op": "prepare", "systemd_address": A}`` -> ``{"id": N, "prepared": [...],
-  "error"?: "..."}``: a systemd runner's start, the D-Bus client imported and connected to
-  A now rather than at its first job (docs/keeper.md, "Prepared at the runner's start")
+- ``{"id": N, "op": "prepare", "systemd_address": A, "slots"?: [scope]}`` -> ``{"id": N,
+  "prepared": [...], "spares"?: [slices], "error"?: "..."}``: a systemd runner's start, the
+  D-Bus client imported and connected to A now rather than at its first job, and a slot
+  spare made in each slot slice the runner made at its start (docs/keeper.md, "Prepared at
+  the runner's start")
 
 SIGTERM to keeperd cancels every job it keeps (as SIGTERM to a per-job keeper cancels its
 job). It exits once it keeps no job and no runner has been connected for ``IDLE_EXIT_S``.
@@ -540,7 +542,12 @@ class Keeperd:
                 self._send(conn, {"id": req_id, **self.spares.describe()})
                 return
             if op == "prepare":  # a runner's start: what its first job would make
-                self._send(conn, {"id": req_id, **self._prepare(req)})
+                answer = {"id": req_id, **self._prepare(req)}
+                asked = answer.get("spares", [])
+
+                def settled() -> None:  # the slots whose spare is ready (none when off)
+                    self._send(conn, {**answer, "spares": self.slot_spares.ready_of(asked)})
+                self.slot_spares.when_settled(asked, settled)
                 return
             job_dir = req["job_dir"]
             if not isinstance(job_dir, str) or not os.path.isabs(job_dir):
@@ -790,7 +797,11 @@ class Keeperd:
         """A runner's start (op "prepare"): what its first job would make, made now. A
         systemd runner names its manager (`systemd_address`): the D-Bus client is imported
         and its connection opened (35 ms of keeperd's first systemd job before, the
-        import alone). A failure is only logged: the first job tries again and says why."""
+        import alone). The slot slices it made at its start (`slots`, their scopes as in a
+        spec's `systemd_scope`) get their spares now, not after their first jobs
+        (docs/isolation.md, "Slots made at the start"); the answer waits until their scopes
+        have started or failed. A failure is only logged: the first job tries again and says
+        why."""
         address = req.get("systemd_address")
         if not isinstance(address, str):
             return {"prepared": []}
@@ -799,7 +810,14 @@ class Keeperd:
         except Exception as exc:
             self._log(f"keeperd: cannot prepare the connection to systemd ({address}): {exc}")
             return {"prepared": [], "error": str(exc)}
-        return {"prepared": ["systemd"]}
+        slots = req.get("slots")
+        wanted = [scope for scope in (slots if isinstance(slots, list) else ())
+                  if isinstance(scope, dict) and scope.get("slot") is True
+                  and scope.get("address") == address and isinstance(scope.get("slice"), str)
+                  and scope["slice"].endswith(".slice")]
+        for scope in wanted:
+            self.slot_spares.want(scope)
+        return {"prepared": ["systemd"], "spares": [scope["slice"] for scope in wanted]}
 
     def _scope_starter(self):
         """The ScopeStarter, made for the first systemd job (its D-Bus client imported then)."""

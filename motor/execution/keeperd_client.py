@@ -41,6 +41,9 @@ __all__ = ["KeeperdSpawner", "cancel_once", "is_keeperd_claim", "open_keeperd_sp
 
 SPAWN_TIMEOUT_S = 30.0
 STARTUP_TIMEOUT_S = 30.0
+#: The runner's start waits this long at most for keeperd's answer to its "prepare" (the
+#: slot spares it asked for started: a scope's start is bounded by keeperd's own timeout)
+PREPARE_WAIT_S = 5.0
 #: A wait whose connection broke while keeperd still lives is re-sent after this pause.
 RECONNECT_PAUSE_S = 0.05
 #: At most this many spawned job dirs are remembered until their wait (then forgotten).
@@ -253,6 +256,9 @@ class KeeperdSpawner:
         #: sent to each keeperd this spawner connects to, unanswered (keeperd's "prepare":
         #: what the runner's first job would have it make, made at once)
         self._prepare = prepare
+        #: the last "prepare" sent, resolved by keeperd's answer: once what it asked for is
+        #: made (its slot spares started or refused), or with the connection's loss
+        self.prepared: _Req | None = None
         here = os.path.dirname(os.path.abspath(__file__))
         self._cmd = [python, os.path.join(here, "keeperd.py"), self.state_dir]
         self._env = env
@@ -307,7 +313,8 @@ class KeeperdSpawner:
         conn = _Conn(*got)
         assert self._nursery is not None
         self._nursery.start_soon(self._read, conn)
-        if self._prepare:  # its answer (id 0: no request waits for it) is dropped by `_read`
+        if self._prepare:  # its answer (id 0) resolves `prepared`; a runner's start waits for it
+            self.prepared = conn.pending[0] = _Req("prepare", "", False)
             try:
                 await conn.stream.send_all(json.dumps(
                     {"id": 0, "op": "prepare", **self._prepare}).encode() + b"\n")
@@ -554,7 +561,8 @@ async def open_keeperd_spawner(
 ) -> AsyncIterator[KeeperdSpawner]:
     """A KeeperdSpawner for ``state_dir``, connected (keeperd started if none runs);
     disconnects on exit (reconnecting whenever needed meanwhile). keeperd and the jobs it
-    keeps outlive it. `prepare`: keeperd's "prepare" request, sent on each connection."""
+    keeps outlive it. `prepare`: keeperd's "prepare" request, sent on each connection; the
+    first one's answer is awaited here, at most `PREPARE_WAIT_S`."""
     spawner = KeeperdSpawner(state_dir, python=python, env=env, clock=clock, prepare=prepare)
     try:
         async with trio.open_nursery() as nursery:
@@ -563,6 +571,9 @@ async def open_keeperd_spawner(
             # forkserver is started: the first job does not wait for it.
             spawner._conn = await spawner._connect(launch=True)
             await nursery.start(spawner._manage)
+            if spawner.prepared is not None:  # the first jobs find what it makes ready
+                with trio.move_on_after(PREPARE_WAIT_S):
+                    await spawner.prepared.event.wait()
             try:
                 yield spawner
             finally:

@@ -16,7 +16,8 @@ Per job (docs/isolation.md, "systemd"):
 - keeperd hands a job with CPUs to its slot's spare, a process of keeperd's in a scope of
   the slot slice (`motor-jobs-s<n>-p<pid>.scope`, started once per slot), which spawns
   the job there: no unit per job (motor/execution/slotspares.py; `spec_fields` marks a
-  slot's scope `slot`). Otherwise (a slot's first job, a job without CPUs, the per-job
+  slot's scope `slot`; the slots made at the runner's start, `make_slots`, get theirs
+  then). Otherwise (a slot with no spare yet, a job without CPUs, the per-job
   keeper) keeperd (or the keeper's join step, motor/isolation/join.py) asks systemd for
   the job's transient scope `motor-jobs-j<hex>.scope` in that slice with the job's
   process (`StartTransientUnit`, `PIDs=`; what `systemd-run --scope` does for itself,
@@ -789,6 +790,34 @@ class SystemdBackend(Backend):
         self.light["found"] = (name, limits, time.monotonic())  # for the `prepare` next
         return True
 
+    def make_slots(self, slots: list[tuple[list[int], int | None]]) -> tuple[list[dict], list[str]]:
+        """The runner's start (before any job): slot slice `i` made, or given its limits,
+        for `slots[i]` (CPUs, memory_max), so that the first jobs find their slots ready
+        (docs/isolation.md, "Slots made at the start"). A slot that is not free (a job
+        adopted after a restart runs there) is left as it is. Returns the slots' scopes for
+        keeperd's "prepare" (it makes its spares there) and what could not be made, each
+        a line for the log: a slot that is not made is made by its first job, as before."""
+        scopes: list[dict] = []
+        problems: list[str] = []
+        for slot, (cpus, memory_max) in enumerate(slots):
+            name = slot_slice(self.parent, slot)
+            with self.lock:
+                if not self._free(name):
+                    continue
+                self.holders[name] = ""  # no job's: taken while its limits change
+            try:
+                with self.manager() as m:
+                    _set_slot_slice(m, name, cpus, memory_max)
+            except Exception as exc:  # noqa: BLE001 - logged; the slot's first job tries again
+                problems.append(f"slot slice {name}: {exc}")
+                continue
+            else:
+                self.applied[name] = (tuple(sorted(cpus)), memory_max)
+                scopes.append({"address": self.address, "slice": name, "slot": True})
+            finally:
+                self.holders.pop(name, None)
+        return scopes, problems
+
     def _group_exists(self, group: str) -> bool:
         rel = group.lstrip("/")
         return any(os.path.isdir(os.path.join(self.cgroup_root, h, rel))
@@ -1167,8 +1196,9 @@ def open_systemd_backend(parent: str = "motor-jobs", *, address: str | None = No
     if spares:
         notes = [f"systemd {version}: each job in a slot slice ({parent}-s<n>.slice, one job "
                  f"at a time) under {parent}.slice, born in the scope of keeperd's spare for "
-                 f"the slot ({parent}-s<n>-p<pid>.scope, started once); a slot's first job and "
-                 "a job without CPUs in a scope of its own (docs/isolation.md, 'Slot spares')"]
+                 f"the slot ({parent}-s<n>-p<pid>.scope, started once); a job in a slot with no "
+                 "spare yet and a job without CPUs in a scope of its own (docs/isolation.md, "
+                 "'Slot spares')"]
     else:
         notes = [f"systemd {version}: each job in a scope of its own, started by the keeper "
                  f"(StartTransientUnit, PIDs=the job), in a slot slice ({parent}-s<n>.slice, "

@@ -20,6 +20,7 @@ from ..accounting.actor import AccountingActor
 from ..clock import WallClock
 from ..config import RunnerConfig, parse_size
 from ..cpu.actor import CpuActor
+from ..cpu.core import CpuPlacement
 from ..disk.actor import DiskActor
 from ..disk.fsinfo import journal_warning
 from ..disk.live import LiveIndex
@@ -31,6 +32,7 @@ from ..handles import (
     StoreHandle,
 )
 from ..maintenance import Maintenance
+from ..memory.core import unit_limit
 from ..memory.host import read_ceiling
 from ..records import CAPABILITIES
 from ..scheduling.actor import DispatchDeps, Dispatcher
@@ -144,9 +146,10 @@ async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runn
         clock = config.clock or WallClock()
         hub = ChangeHub()
         await _sweep_leftover_groups(host.backend, db, jobs_dir)
+        slots = await _make_slots(config, host)
         try:
             async with open_spawner(clock=clock, state_dir=state,
-                                    prepare=spawner_preparation(host.backend)) as spawner:
+                                    prepare=spawner_preparation(host.backend, slots)) as spawner:
                 tree = _Tree()
                 handles = Handles(db, tree)
                 job_deps = JobDeps(
@@ -217,11 +220,40 @@ async def _stop_if_the_database_is_lost(db, root: actors.Supervisor,
                        f"{db.guard.saved_to or 'nowhere (see the log)'}")
 
 
-def spawner_preparation(backend) -> dict | None:
+def spawner_preparation(backend, slots: list[dict] = ()) -> dict | None:
     """keeperd's "prepare" for this runner's isolation backend: a systemd runner names its
     manager, whose D-Bus client keeperd then imports and connects at once, not at the
-    first job (docs/keeper.md, "Protocol")."""
-    return {"systemd_address": backend.address} if backend.name == "systemd" else None
+    first job, and the slot slices made at the start (`_make_slots`), where keeperd makes
+    its spares then (docs/keeper.md, "Protocol")."""
+    if backend.name != "systemd":
+        return None
+    return {"systemd_address": backend.address, **({"slots": list(slots)} if slots else {})}
+
+
+#: the slot slices a systemd runner makes at its start by default (`--start-slots`): one per
+#: allocatable CPU, at most --max-weight and this many
+START_SLOTS = 8
+
+
+async def _make_slots(config: RunnerConfig, host: Host) -> list[dict]:
+    """A systemd runner's slot slices for its first jobs, made before it serves
+    (docs/isolation.md, "Slots made at the start"): one per job of one CPU, on the CPUs
+    the allocator gives the first such jobs, with such a job's memory limit. Their scopes,
+    for keeperd's "prepare"; a slot that cannot be made is logged, and its first job makes
+    it as before."""
+    make = getattr(host.backend, "make_slots", None)
+    count = config.start_slots
+    if count is None:
+        count = min(len(host.allowed), config.max_weight, START_SLOTS)
+    if make is None or count == 0:
+        return []
+    placement = CpuPlacement(host.topology, host.allowed)
+    memory_max = unit_limit(parse_size(config.memory_per_vcpu_bytes), host.ceiling)
+    wanted = [(list(placement.place(f"slot-{n}", 1).cpus), memory_max) for n in range(count)]
+    scopes, problems = await trio.to_thread.run_sync(make, wanted)
+    for line in problems:
+        logging.getLogger("motor.isolation").warning("start-up: %s; its first job makes it", line)
+    return scopes
 
 
 async def _sweep_leftover_groups(backend, db, jobs_dir: Path) -> None:

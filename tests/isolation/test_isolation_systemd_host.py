@@ -82,9 +82,10 @@ def spare_scopes(ns: SystemdNamespace) -> list[str]:
 
 
 def serve_with_a_spare(ns_serve, systemd_ns) -> tuple:
-    """`motor serve` in the namespace after one job claiming every CPU: (serve, that claim,
-    the scope of the slot's spare, which keeperd made after that job)."""
-    serve = ns_serve().start()
+    """`motor serve` in the namespace, no slot made at its start, after one job claiming
+    every CPU: (serve, that claim, the scope of the slot's spare, which keeperd made after
+    that job)."""
+    serve = ns_serve("--start-slots", "0").start()
     claim = str(serve.cli_json("health")["capacity"]["claim_limit"])
     first = serve.cli("run", "--json", "--weight", claim, "--", "true")
     assert first.returncode == 0, first.stderr
@@ -109,7 +110,10 @@ def run_inside(serve, claim: int, memory_max: int) -> tuple[dict, dict]:
 
 
 def test_systemd_backend_confines_each_job_in_its_slot_unit(ns_serve, systemd_ns):
-    serve = ns_serve().start()
+    """No slot made at the start (`--start-slots 0`): the first job makes its slot slice,
+    runs in a scope of its own there, and the slot's spare is made after it."""
+    serve = ns_serve("--start-slots", "0").start()
+    assert slot_slices(systemd_ns) == [] and spare_scopes(systemd_ns) == []
     health = serve.cli_json("health")["isolation"]
     assert health["backend"] == "systemd", health
     assert set(health["enforces"]) == {"cpus", "memory"}
@@ -169,8 +173,55 @@ def test_a_systemd_runners_keeperd_connects_to_systemd_at_its_start(ns_serve):
     assert opened() == 1
 
 
+def test_a_systemd_runners_first_jobs_are_born_in_slots_made_at_its_start(
+        ns_serve, systemd_ns, tmp_path):
+    """Stop 64: `motor serve --isolation systemd` makes a slot slice per CPU (at most
+    --max-weight and 8), with keeperd's spare in each, before it answers: a job of one CPU
+    finds its slot carrying its limits, and is born in the spare's scope from its first
+    instruction, confined to its CPU and its claim's memory. No unit is started for it
+    (before, the slot's first job made the slice and a scope of its own). A restart leaves
+    the slot of a job that still runs as it is."""
+    serve = ns_serve("--max-weight", "2").start()
+    health = serve.cli_json("health")
+    count = min(len(health["cpus"]["allowed"]), 2)
+    slots = [f"motor-jobs-s{n}.slice" for n in range(count)]
+    assert slot_slices(systemd_ns) == slots
+    spares = spare_scopes(systemd_ns)  # started before the runner answered
+    assert sorted(s.split("-p")[0] + ".slice" for s in spares) == slots, spares
+    result = serve.cli("run", "--json", "--weight", "1", "--", "python3", "-c", INSIDE)
+    assert result.returncode == 0, result.stderr
+    events = json_lines(result.stdout)
+    record = events[-1]["record"]
+    inside = json.loads("".join(e["data"] for e in events if e["event"] == "output"))
+    slot = unit_slice(inside["unit"])
+    assert slot in slots and inside["unit"].split("/")[-1] in spares, (inside, spares)
+    assert inside["group"] == inside["unit"]
+    assert inside["cpus"] == ",".join(map(str, record["cpus"])) and len(record["cpus"]) == 1
+    assert inside["memory_limit"] == record["memory_max_bytes"], (inside, record)
+    assert record["reservation_use"]["cpu_time_ms"] > 0
+    assert job_units(systemd_ns) == [] and spare_scopes(systemd_ns) == spares
+    assert slot_slices(systemd_ns) == slots
+
+    # a restart leaves a slot whose job still runs as it is: its limits are the job's
+    held = serve.cli_json("submit", "--weight", "1", "--memory-max", str(128 * MiB), "--",
+                          "sh", "-c", f"echo in; while [ ! -e {tmp_path / 'go'} ]; do "
+                          "sleep 0.01; done; exit 6")
+    log = serve.state_dir / "jobs" / held["job_id"] / "output.log"
+    wait_for(lambda: log.exists() and b"in" in log.read_bytes(), what="the job running")
+    busy = json.loads((log.parent / "spec.json").read_text())["systemd_scope"]["slice"]
+    knob = f"/sys/fs/cgroup/memory/motor.slice/motor-jobs.slice/{busy}/memory.limit_in_bytes"
+    serve.kill9()
+    serve.start()
+    assert systemd_ns.run("cat", knob).stdout.decode().strip() == str(128 * MiB)
+    (tmp_path / "go").touch()
+    attached = serve.cli("attach", "--json", held["job_id"], "--from-seq", "0")
+    assert attached.returncode == 6, attached.stderr
+    assert slot_slices(systemd_ns) == slots and job_units(systemd_ns) == []
+
+
 def test_systemd_backend_reports_cpu_time_and_oom_kills(ns_serve, systemd_ns):
     serve = ns_serve().start()
+    made = slot_slices(systemd_ns)  # at the start
     every = str(serve.cli_json("health")["capacity"]["claim_limit"])
     busy = serve.cli("run", "--json", "--weight", every, "--", "python3", "-c",
                      "import time\nt = time.process_time()\n"
@@ -186,7 +237,7 @@ def test_systemd_backend_reports_cpu_time_and_oom_kills(ns_serve, systemd_ns):
     light = serve.cli("run", "--json", "--weight", every, "--", "sh", "-c", "sleep 0.05")
     light_record = json_lines(light.stdout)[-1]["record"]
     assert light_record["reservation_use"]["cpu_time_ms"] < 200, light_record
-    assert len(slot_slices(systemd_ns)) == 1, slot_slices(systemd_ns)  # one slot served both
+    assert slot_slices(systemd_ns) == made  # a slot made at the start served both
 
     hog = serve.cli("run", "--json", "--weight", "1", "--memory-max", str(64 * MiB), "--",
                     "python3", "-c", "b = bytearray(512 * 1024 * 1024); print(len(b))")
@@ -201,7 +252,7 @@ def test_systemd_backend_reports_cpu_time_and_oom_kills(ns_serve, systemd_ns):
                       "sh", "-c", "kill -9 $$")
     record = json_lines(after.stdout)[-1]["record"]
     assert record["signal"] == 9 and record["reason"] != "oom_killed", record
-    assert len(slot_slices(systemd_ns)) == 1, slot_slices(systemd_ns)
+    assert slot_slices(systemd_ns) == made
 
 
 def test_the_next_job_in_a_slot_starts_from_the_counters_at_the_last_ones_end(ns_serve):
@@ -231,7 +282,7 @@ def test_the_next_job_in_a_slot_starts_from_the_counters_at_the_last_ones_end(ns
 def test_a_job_in_a_systemd_unit_outlives_the_runner_and_is_readopted(
         ns_serve, systemd_ns, tmp_path):
     barrier = tmp_path / "go"
-    serve = ns_serve().start()
+    serve = ns_serve("--start-slots", "0").start()  # the job in a scope of its own
     # after the barrier the job leaves an orphan that burns 0.3 s of CPU and ends: the job's
     # own rusage misses it (keeperd reaps it), its slice's counters do not
     burn = ("import time; t = time.process_time(); "
@@ -417,8 +468,9 @@ def test_a_scope_systemd_refuses_is_reported_as_a_start_error(systemd_ns):
 def test_a_stalled_systemd_delays_jobs_but_never_wedges_the_runner(ns_serve, systemd_ns):
     """systemd stopped (SIGSTOP) while the runner serves: health still answers, a job's
     start fails on the D-Bus timeout and is requeued with the retry delay, and once systemd
-    runs again the job runs and succeeds."""
-    serve = ns_serve().start()
+    runs again the job runs and succeeds. (No slot made at the start: the job's start
+    needs systemd.)"""
+    serve = ns_serve("--start-slots", "0").start()
     os.kill(systemd_ns.pid1, signal.SIGSTOP)
     try:
         job = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c", "echo ran")
@@ -435,6 +487,23 @@ def test_a_stalled_systemd_delays_jobs_but_never_wedges_the_runner(ns_serve, sys
     record = events[-1]["record"]
     assert record["state"] == "succeeded" and record["attempts"] >= 2, record
     assert "".join(e["data"] for e in events if e["event"] == "output") == "ran\n"
+
+
+def test_a_job_runs_in_a_slot_made_at_the_start_while_systemd_is_stalled(ns_serve, systemd_ns):
+    """With its slot made at the start, a job of one CPU needs no call to systemd: it runs,
+    confined, while systemd is stopped (SIGSTOP), and its record comes."""
+    serve = ns_serve().start()
+    os.kill(systemd_ns.pid1, signal.SIGSTOP)
+    try:
+        result = serve.cli("run", "--json", "--weight", "1", "--", "sh", "-c",
+                           "grep :name=systemd: /proc/self/cgroup | cut -d: -f3", timeout=60)
+    finally:
+        os.kill(systemd_ns.pid1, signal.SIGCONT)
+    events = json_lines(result.stdout)
+    record = events[-1]["record"]
+    assert record["state"] == "succeeded" and record["attempts"] == 1, record
+    unit = "".join(e["data"] for e in events if e["event"] == "output").strip()
+    assert unit.split("/")[-1] in spare_scopes(systemd_ns), unit
 
 
 SETTLE_SCRIPT = r"""
@@ -506,7 +575,7 @@ def test_a_jobs_scope_goes_with_its_last_process_and_its_slot_slice_serves_the_n
     record is out, its scope already gone with its last process, and the next job claiming
     every CPU runs to its end in the same slot slice, which stays."""
     barrier, reached = tmp_path / "release", tmp_path / "release.reached"
-    serve = ns_serve()
+    serve = ns_serve("--start-slots", "0")  # the jobs forked into scopes of their own
     serve.env = {"MOTOR_FAULTS": f"release.begin=wait:{barrier}"}
     serve.start()
     claim = serve.cli_json("health")["capacity"]["claim_limit"]
@@ -639,7 +708,7 @@ def test_a_job_whose_exit_status_died_with_its_spare_is_recorded_with_why(
     spare-drops-exit`: a slot spare dies after reaping its job, before relaying the end):
     the job's terminal record has no exit code and says why, `motor run` says so too, and
     the slot's next job runs (in a scope of its own; then a new spare)."""
-    serve = ns_serve()
+    serve = ns_serve("--start-slots", "0")  # the slot's spare made after its first job
     serve.env = {"MOTOR_KEEPERD_FAULT": "spare-drops-exit"}
     serve.start()
     claim = str(serve.cli_json("health")["capacity"]["claim_limit"])

@@ -167,6 +167,50 @@ sock.close()
 print(json.dumps(result))
 """)
 
+#: a runner's start (issue 14): two slot slices made before any job, keeperd asked to
+#: "prepare" them; its answer, then the first job of each slot
+PREPARED_SCRIPT = KEEPERD_SCRIPT_HEAD + HELPERS + r"""
+last = len(os.sched_getaffinity(0)) - 1
+scopes, problems = backend.make_slots([([0], None), ([last], None)])
+result = {"problems": problems, "scopes": scopes}
+result["prepare"] = request({"op": "prepare", "systemd_address": backend.address,
+                             "slots": scopes + [{"slice": "not-a-slot", "slot": True}]})
+result["spares_at_answer"] = spare_scopes()
+result["first"] = job("a0", cpus=(0,))
+result["other"] = job("a1", cpus=(last,))
+result["job_units"] = job_units()
+sock.close()
+print(json.dumps(result))
+"""
+
+
+def test_a_prepared_slot_has_its_spare_before_its_first_job(systemd_ns, tmp_path):
+    """A runner's start (stop 64): the slot slices it made are named in keeperd's
+    "prepare", which makes a spare in each and answers once their scopes have started. The
+    slots' first jobs are then born in the spares' scopes, with no unit of their own (they
+    were forked into scopes of their own before)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    run = systemd_ns.run(sys.executable, "-c", PREPARED_SCRIPT, str(work), cwd=str(ROOT),
+                         timeout=120)
+    assert run.returncode == 0, run.stderr.decode()
+    out = json.loads(run.stdout)
+    assert out["problems"] == [], out
+    slots = [scope["slice"] for scope in out["scopes"]]
+    assert slots == ["motor-jobs-s0.slice", "motor-jobs-s1.slice"], out["scopes"]
+    # the answer names the slots it made spares for (not the malformed one), and came
+    # once their scopes were active
+    assert out["prepare"]["prepared"] == ["systemd"], out["prepare"]
+    assert out["prepare"]["spares"] == slots, out["prepare"]
+    spares = sorted(out["spares_at_answer"])
+    assert [s.split("-p")[0] for s in spares] == ["motor-jobs-s0", "motor-jobs-s1"], spares
+    for job, slot, spare in ((out["first"], slots[0], spares[0]),
+                             (out["other"], slots[1], spares[1])):
+        assert job["exit_code"] == 3 and job["slice"] == slot, job
+        assert job["unit"] == f"/motor.slice/motor-jobs.slice/{slot}/{spare}", job
+        assert job["ppid"] == int(spare.rsplit("-p", 1)[1].split(".")[0]), job
+    assert out["job_units"] == [], out["job_units"]
+
 
 def test_a_slots_jobs_are_born_in_its_spares_scope_as_its_children(systemd_ns, tmp_path):
     work = tmp_path / "work"
