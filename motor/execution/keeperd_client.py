@@ -253,8 +253,8 @@ class KeeperdSpawner:
                  env: dict[str, str] | None = None, clock: WallClock | None = None,
                  prepare: dict | None = None) -> None:
         self.state_dir = os.path.abspath(os.fspath(state_dir))
-        #: sent to each keeperd this spawner connects to, unanswered (keeperd's "prepare":
-        #: what the runner's first job would have it make, made at once)
+        #: sent to each keeperd this spawner connects to (keeperd's "prepare": what the
+        #: runner's first jobs would have it make, made at once)
         self._prepare = prepare
         #: the last "prepare" sent, resolved by keeperd's answer: once what it asked for is
         #: made (its slot spares started or refused), or with the connection's loss

@@ -1,5 +1,5 @@
 """The runner's supervisor tree: start-up in order (state dir, lock, host probe, store,
-sweep, spawner), the subsystems' child specs and how each finds its siblings, and the
+sweep, slots, spawner), the subsystems' child specs and how each finds its siblings, and the
 orderly stop. The tree's shape is drawn in motor/runner/__init__.py.
 """
 
