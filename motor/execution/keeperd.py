@@ -26,11 +26,12 @@ Protocol on the socket, one JSON object per line:
 - ``{"id": N, "op": "cancel", "job_dir": "/abs"}`` -> ``{"id": N, "sent": bool}``
 - ``{"id": N, "op": "spares"}`` -> ``{"id": N, "size": S, "ready": [names], "joining": [names],
   "parents": {controller: dir}, "taken": T, "missed": M}``: the pre-placed threads (spares.py)
-- ``{"id": N, "op": "prepare", "systemd_address": A, "slots"?: [scope]}`` -> ``{"id": N,
-  "prepared": [...], "spares"?: [slices], "error"?: "..."}``: a systemd runner's start, the
-  D-Bus client imported and connected to A now rather than at its first job, and a slot
-  spare made in each slot slice the runner made at its start (docs/keeper.md, "Prepared at
-  the runner's start")
+- ``{"id": N, "op": "prepare", "systemd_address"?: A, "slots"?: [scope], "spare_parents"?:
+  {controller: dir}}`` -> ``{"id": N, "prepared": [...], "spares"?: [slices], "spare_pool"?:
+  N, "error"?: "..."}``, once what it asks for is made: a runner's start. systemd: the D-Bus
+  client imported and connected to A now rather than at its first job, and a slot spare made
+  in each slot slice the runner made at its start; cgroup v1: the pool of spares filled in
+  those parents (docs/keeper.md, "Prepared at the runner's start")
 
 SIGTERM to keeperd cancels every job it keeps (as SIGTERM to a per-job keeper cancels its
 job). It exits once it keeps no job and no runner has been connected for ``IDLE_EXIT_S``.
@@ -307,6 +308,8 @@ class Keeperd:
         # jobs in it: no unit per job (motor/execution/slotspares.py)
         self.slot_spares = SlotSpares(self.sel, self._log, self._scope_starter,
                                       self._spare_exit, self._spare_gone)
+        #: "prepare" requests whose answer waits for what they asked for (`_answer_prepares`)
+        self.preparing: list[tuple[Conn, dict]] = []
 
     # -- event loop ---------------------------------------------------------------------
 
@@ -349,6 +352,8 @@ class Keeperd:
                     self.spares.fill_one()
                 except Exception:
                     self._log_exception()
+            if self.preparing:
+                self._answer_prepares()
         self.slot_spares.close()
         if self.scopes is not None:
             self.scopes.close()
@@ -541,13 +546,9 @@ class Keeperd:
             if op == "spares":  # operators and tests: the pre-placed processes (spares.py)
                 self._send(conn, {"id": req_id, **self.spares.describe()})
                 return
-            if op == "prepare":  # a runner's start: what its first job would make
-                answer = {"id": req_id, **self._prepare(req)}
-                asked = answer.get("spares", [])
-
-                def settled() -> None:  # the slots whose spare is ready (none when off)
-                    self._send(conn, {**answer, "spares": self.slot_spares.ready_of(asked)})
-                self.slot_spares.when_settled(asked, settled)
+            if op == "prepare":  # a runner's start: what its first jobs would make
+                self.preparing.append((conn, {"id": req_id, **self._prepare(req)}))
+                self._answer_prepares()
                 return
             job_dir = req["job_dir"]
             if not isinstance(job_dir, str) or not os.path.isabs(job_dir):
@@ -794,22 +795,35 @@ class Keeperd:
         return pid
 
     def _prepare(self, req: dict) -> dict:
-        """A runner's start (op "prepare"): what its first job would make, made now. A
-        systemd runner names its manager (`systemd_address`): the D-Bus client is imported
-        and its connection opened (35 ms of keeperd's first systemd job before, the
-        import alone). The slot slices it made at its start (`slots`, their scopes as in a
-        spec's `systemd_scope`) get their spares now, not after their first jobs
-        (docs/isolation.md, "Slots made at the start"); the answer waits until their scopes
-        have started or failed. A failure is only logged: the first job tries again and says
-        why."""
+        """A runner's start (op "prepare"): what its first jobs would make, made now; the
+        answer waits until it is made (`_answer_prepares`). A failure is only logged: the
+        first job tries again and says why.
+
+        - A systemd runner names its manager (`systemd_address`): the D-Bus client is
+          imported and its connection opened (35 ms of keeperd's first systemd job before,
+          the import alone). The slot slices it made at its start (`slots`, their scopes as
+          in a spec's `systemd_scope`) get their spares now, not after their first jobs
+          (docs/isolation.md, "Slots made at the start"); the answer waits until their
+          scopes have started or failed (`"spares"`: the slots whose spare is ready).
+        - A cgroup v1 runner names its parent groups (`spare_parents`, by controller): the
+          pool of spares fills there now, not at the first job (which then had no spare and
+          joined its groups itself); the answer waits until the pool is full of spares that
+          joined (`"spare_pool"`: how many), or gave up.
+        """
+        prepared: dict = {"prepared": []}
+        parents = req.get("spare_parents")
+        if (isinstance(parents, dict) and "cpuset" in parents
+                and all(isinstance(d, str) and os.path.isabs(d) for d in parents.values())):
+            self.spares.use({str(c): os.path.normpath(d) for c, d in parents.items()})
+            prepared = {"prepared": ["cgroup"], "spare_pool": None}
         address = req.get("systemd_address")
         if not isinstance(address, str):
-            return {"prepared": []}
+            return prepared
         try:
             self._scope_starter().connect(address)
         except Exception as exc:
             self._log(f"keeperd: cannot prepare the connection to systemd ({address}): {exc}")
-            return {"prepared": [], "error": str(exc)}
+            return {**prepared, "error": str(exc)}
         slots = req.get("slots")
         wanted = [scope for scope in (slots if isinstance(slots, list) else ())
                   if isinstance(scope, dict) and scope.get("slot") is True
@@ -817,7 +831,25 @@ class Keeperd:
                   and scope["slice"].endswith(".slice")]
         for scope in wanted:
             self.slot_spares.want(scope)
-        return {"prepared": ["systemd"], "spares": [scope["slice"] for scope in wanted]}
+        return {**prepared, "prepared": [*prepared["prepared"], "systemd"],
+                "spares": [scope["slice"] for scope in wanted]}
+
+    def _answer_prepares(self) -> None:
+        """Answer each waiting "prepare" whose slot spares have started or failed and whose
+        pool of spares has settled (`SparePool.settled`); forget those whose runner left."""
+        for entry in list(self.preparing):
+            conn, answer = entry
+            slots = answer.get("spares", [])
+            pool = "spare_pool" in answer
+            if not conn.closed and (self.slot_spares.starting(slots)
+                                    or (pool and not self.spares.settled)):
+                continue
+            self.preparing.remove(entry)
+            if slots:
+                answer["spares"] = self.slot_spares.ready_of(slots)
+            if pool:
+                answer["spare_pool"] = sum(s.ready for s in self.spares.spares.values())
+            self._send(conn, answer)
 
     def _scope_starter(self):
         """The ScopeStarter, made for the first systemd job (its D-Bus client imported then)."""

@@ -31,14 +31,14 @@ each spawn and put back (the job, not the spare, is what an OOM kill in the slot
 
 A runner's start names the slot slices it made in keeperd's "prepare": each gets its spare
 then (`want`), and the answer waits until their scopes have started or failed
-(`when_settled`). The first job of any other slot (no spare there yet, or its scope still
+(`starting`). The first job of any other slot (no spare there yet, or its scope still
 starting) is forked into a scope of its own as before, and keeperd starts the slot's spare
 right after that job's spawn. A spare whose scope systemd refuses is killed, and the slot
 is not tried again for `RETRY_S`. A spare that ends (its scope stopped by the runner's
 `settle`, which kills what a job left behind there; an OOM kill; a signal) is seen by EOF
 on its socket: its running jobs are re-parented to keeperd, which reaps them from then on
-(`Keeperd._spare_gone`), and the slot's next job makes a new one. A spare dies with keeperd (`PR_SET_PDEATHSIG`,
-and EOF when keeperd closes its end).
+(`Keeperd._spare_gone`), and the slot's next job makes a new one. A spare dies with
+keeperd (`PR_SET_PDEATHSIG`, and EOF when keeperd closes its end).
 
 What a spare costs a job: the slot's counters grow by the spare's share of the job (the
 order read, the spawn, the reap, the relay; a few hundred microseconds of CPU) as well as
@@ -127,8 +127,6 @@ class SlotSpares:
         self.by_slice: dict[str, SlotSpare] = {}
         self.retry_at: dict[str, float] = {}
         self.deferred: list[tuple[Callable, tuple]] = []
-        #: (slices, call): called once none of those slots' spares is still starting
-        self.settling: list[tuple[list[str], Callable[[], None]]] = []
         self.enabled = supported()
 
     def pids(self) -> set[int]:
@@ -174,36 +172,27 @@ class SlotSpares:
                              "slice": slice_name, "description": f"motor slot spare {slice_name}"},
                             pid, lambda why, s=spare: self._on_scope(s, why))
 
-    def when_settled(self, slices: list[str], call: Callable[[], None]) -> None:
-        """`call()` once none of these slots' spares is still starting: each ready, or
-        refused (a runner's start waits for the spares it asked for: keeperd's "prepare")."""
-        self.settling.append((list(slices), call))
-        self._settle()
+    def starting(self, slices: list[str]) -> bool:
+        """Whether a spare of these slots is still starting (its scope not yet started nor
+        refused): a runner's start waits for the spares it asked for (keeperd's "prepare")."""
+        return any((spare := self.by_slice.get(name)) is not None and not spare.ready
+                   for name in slices)
 
     def ready_of(self, slices: list[str]) -> list[str]:
         """Those of `slices` whose spare is ready."""
         return [name for name in slices
                 if (spare := self.by_slice.get(name)) is not None and spare.ready]
 
-    def _settle(self) -> None:
-        def starting(name: str) -> bool:
-            spare = self.by_slice.get(name)
-            return spare is not None and not spare.ready
-        for entry in [e for e in self.settling if not any(map(starting, e[0]))]:
-            self.settling.remove(entry)
-            entry[1]()
-
     def _on_scope(self, spare: SlotSpare, why: str | None) -> None:
         if self.by_slice.get(spare.slice) is not spare:
             return  # dropped meanwhile
         if why is None:
             spare.ready = True
-        else:
-            self.log(f"slot spare {spare.pid} for {spare.slice}: {why}; the slot's jobs get "
-                     f"scopes of their own for {RETRY_S:g}s")
-            self.retry_at[spare.slice] = time.monotonic() + RETRY_S
-            self._drop(spare, kill=True)
-        self._settle()
+            return
+        self.log(f"slot spare {spare.pid} for {spare.slice}: {why}; the slot's jobs get "
+                 f"scopes of their own for {RETRY_S:g}s")
+        self.retry_at[spare.slice] = time.monotonic() + RETRY_S
+        self._drop(spare, kill=True)
 
     def _on_readable(self, spare: SlotSpare) -> None:
         """A job of the spare's ended (its exit relayed), or the spare did (EOF)."""

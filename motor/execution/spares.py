@@ -436,7 +436,11 @@ class SparePool:
 
     def learn(self, make: dict) -> None:
         """A job's spec names its groups: keep spares in their parents from now on."""
-        parents = {c: os.path.dirname(d) for c, d in make["dirs"].items()}
+        self.use({c: os.path.dirname(d) for c, d in make["dirs"].items()})
+
+    def use(self, parents: dict[str, str]) -> None:
+        """Keep spares in these parent groups (by controller) from now on: a job's, or the
+        ones a runner's start names (keeperd's "prepare")."""
         self.paused = False
         if parents == self.parents or self.size <= 0 or "cpuset" not in parents:
             return
@@ -447,6 +451,13 @@ class SparePool:
         except OSError as exc:
             self.log(f"cannot record the spares' parents: {exc}")
         self.clean_dead(list(parents.values()))
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more to wait for: no parents (none named yet, or given up), no thread to
+        be had, or the pool full of spares that have joined their groups."""
+        return (not self.parents or self.paused
+                or (len(self.spares) >= self.size and all(s.ready for s in self.spares.values())))
 
     def take(self, make: dict) -> Spare | None:
         if {c: os.path.dirname(d) for c, d in make["dirs"].items()} != self.parents:

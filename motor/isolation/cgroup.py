@@ -572,6 +572,14 @@ class CgroupBackend(Backend):
         read, so a job's set-up may run it on the event loop (execution/jobdir.py)."""
         return self.keeper_makes_groups and self.flavour.version == 1
 
+    def spare_parents(self) -> dict[str, str] | None:
+        """v1, the keeper making the groups: the parent groups, by controller, where
+        keeperd keeps its spares (its "prepare" at the runner's start fills the pool
+        there, docs/keeper.md); None otherwise."""
+        if not self.plans_only:
+            return None
+        return {c: self.flavour.parent_dir(c) for c in V1_CONTROLLERS}
+
     def spec_fields(self, job_id: str, cpus: list[int] | None, memory_max: int | None) -> dict:
         # Side-effect free (a group made here would never be removed: only callers of
         # prepare() also call finish()). Callers must use prepare() to get the cgroups.

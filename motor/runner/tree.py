@@ -224,10 +224,12 @@ def spawner_preparation(backend, slots: list[dict] = ()) -> dict | None:
     """keeperd's "prepare" for this runner's isolation backend: a systemd runner names its
     manager, whose D-Bus client keeperd then imports and connects at once, not at the
     first job, and the slot slices made at the start (`_make_slots`), where keeperd makes
-    its spares then (docs/keeper.md, "Protocol")."""
-    if backend.name != "systemd":
-        return None
-    return {"systemd_address": backend.address, **({"slots": list(slots)} if slots else {})}
+    its spares then; a cgroup v1 runner names its parent groups, where keeperd fills its
+    pool of spares then (docs/keeper.md, "Prepared at the runner's start")."""
+    if backend.name == "systemd":
+        return {"systemd_address": backend.address, **({"slots": list(slots)} if slots else {})}
+    parents = getattr(backend, "spare_parents", lambda: None)()
+    return {"spare_parents": parents} if parents else None
 
 
 #: the slot slices a systemd runner makes at its start by default (`--start-slots`): one per

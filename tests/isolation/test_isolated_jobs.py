@@ -133,8 +133,9 @@ def test_start_up_sweep_removes_a_leftover_group_and_keeps_the_running_jobs(
 def test_on_v1_a_job_is_a_pre_placed_spare_already_in_its_groups(serve_factory, private_parent):
     """`motor serve --isolation cgroup` on cgroup v1: the runner leaves the job's groups to
     keeperd (spec `cgroup_make`), which keeps spare threads already inside spare groups
-    under the parent. After the first job (which joins the old way), a job is spawned by
-    one of those spares: it is keeperd's child, inside the job's own groups (one of the
+    under the parent, a full pool of them from the runner's start (keeperd's "prepare", stop
+    64: before, the first job forked and joined the old way). A job is spawned by one of
+    those spares: it is keeperd's child, inside the job's own groups (one of the
     spare groups, renamed) from its first instruction, with its limits, and alone there;
     its record is as before (docs/isolation.md, "The join")."""
     from keeper_tracking import ask_keeperd
@@ -144,10 +145,8 @@ def test_on_v1_a_job_is_a_pre_placed_spare_already_in_its_groups(serve_factory, 
     if backend.version != 1:
         pytest.skip("spares are for cgroup v1 hierarchies")
     serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent).start()
-    first = serve.cli("run", "--weight", "1", "--", "true")
-    assert first.returncode == 0, first.stderr
-    wait_for(lambda: len(ask_keeperd(serve.state_dir, "spares")["ready"]) == DEFAULT_SIZE,
-             what="a full pool of ready spares")
+    pool = ask_keeperd(serve.state_dir, "spares")  # the start waited for it: full, no job yet
+    assert (len(pool["ready"]), pool["joining"], pool["taken"]) == (DEFAULT_SIZE, [], 0), pool
     result = serve.cli("run", "--json", "--weight", "1", "--memory-max", str(128 << 20), "--",
                        "sh", "-c", "echo $PPID; cat /proc/self/cgroup; "
                        "for c in cpuset memory cpuacct; do echo listed $(cat "
@@ -161,7 +160,8 @@ def test_on_v1_a_job_is_a_pre_placed_spare_already_in_its_groups(serve_factory, 
     assert int(out[0]) == keeper["keeper_pid"]  # keeperd's child
     listed = [line.split()[1:] for line in out if line.startswith("listed ")]
     assert len(listed) == 3 and all(str(keeper["keeper_pid"]) not in pids for pids in listed), out
-    assert ask_keeperd(serve.state_dir, "spares")["taken"] == 1  # spawned by a spare
+    pool = ask_keeperd(serve.state_dir, "spares")
+    assert (pool["taken"], pool["missed"]) == (1, 0), pool  # spawned by a spare
     groups = {name: path for line in out[1:] if not line.startswith("listed ")
               for _, names, path in [line.split(":", 2)] for name in names.split(",")}
     want = f"/{private_parent}/job-{record['job_id']}"
@@ -182,9 +182,6 @@ def test_a_job_from_a_spare_outlives_a_killed_runner_and_is_adopted(
         pytest.skip("spares are for cgroup v1 hierarchies")
     barrier = tmp_path / "go"
     serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent).start()
-    assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0
-    wait_for(lambda: len(ask_keeperd(serve.state_dir, "spares")["ready"]) == DEFAULT_SIZE,
-             what="a full pool of ready spares")
     job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
                             f"echo $$; while [ ! -e {barrier} ]; do sleep 0.02; done; exit 7")["job_id"]
     keeper = serve.state_dir / "jobs" / job_id / "keeper.json"
@@ -358,9 +355,8 @@ def test_through_serve_a_lone_start_leaves_the_pool_short_and_a_burst_refills_it
     serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent)
     serve.env = {"MOTOR_KEEPERD_REFILL_IDLE_S": "30"}
     serve.start()
-    assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0  # forks, joins
-    full = wait_for(lambda: (lambda a: a["ready"] if len(a["ready"]) == DEFAULT_SIZE else None)(
-        ask_keeperd(serve.state_dir, "spares")), what="a full pool of ready spares")
+    full = ask_keeperd(serve.state_dir, "spares")["ready"]  # filled at the runner's start
+    assert len(full) == DEFAULT_SIZE
     assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0  # the lone start
     after = ask_keeperd(serve.state_dir, "spares")
     assert (len(after["ready"]), after["joining"], after["taken"]) == (DEFAULT_SIZE - 1, [], 1)

@@ -1,6 +1,7 @@
-"""A systemd runner's slot slices made at its start (`--start-slots`, docs/isolation.md,
-"Slots made at the start"): how many, on which CPUs, with which memory limit; what keeperd
-is asked to prepare; a slot that cannot be made is logged and the start goes on."""
+"""What a runner prepares at its start. systemd: its slot slices (`--start-slots`,
+docs/isolation.md, "Slots made at the start"): how many, on which CPUs, with which memory
+limit; what keeperd is asked to prepare; a slot that cannot be made is logged and the
+start goes on. cgroup v1: the parent groups keeperd fills its pool of spares in."""
 
 from __future__ import annotations
 
@@ -89,3 +90,12 @@ async def test_a_slot_that_cannot_be_made_is_logged_and_keeperd_prepares_the_oth
 def test_start_slots_out_of_range_is_a_config_error():
     with pytest.raises(ConfigError, match="--start-slots must be within 0..1024"):
         RunnerConfig(start_slots=-1).validate()
+
+
+def test_a_cgroup_v1_runner_names_its_parent_groups_for_keeperds_pool():
+    parents = {"cpuset": "/sys/fs/cgroup/cpuset/motor-jobs",
+               "memory": "/sys/fs/cgroup/memory/motor-jobs"}
+    v1 = type("V1", (), {"name": "cgroup", "spare_parents": lambda self: parents})()
+    assert spawner_preparation(v1) == {"spare_parents": parents}
+    v2 = type("V2", (), {"name": "cgroup", "spare_parents": lambda self: None})()
+    assert spawner_preparation(v2) is None
