@@ -28,6 +28,14 @@ def fs_note(path: str | None = None) -> None:
               " (bench/journaled_fs.sh, docs/performance.md)", flush=True)
 
 
+def byte_compile(root: Path) -> None:
+    """Byte-compile `root`'s motor package, as an installed package is: with
+    PYTHONDONTWRITEBYTECODE set, every start would otherwise compile its sources again."""
+    import compileall
+
+    compileall.compile_dir(str(root / "motor"), quiet=1)
+
+
 def load1() -> str:
     """The 1-minute load average, as every figure line carries it (load1=)."""
     return f"{os.getloadavg()[0]:.2f}"

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import httpx
-from benchlib import load1, peers
+from benchlib import byte_compile, load1, peers
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -100,6 +100,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.jobs < 2:
         ap.error("--jobs must be at least 2")
+    for _, root in peers(ROOT, args.baseline_root):
+        byte_compile(root)  # as installed: else each start compiles the sources again
     seen: dict[str, dict[str, list[float]]] = {}
     for r in range(1, args.rounds + 1):
         for peer, root in peers(ROOT, args.baseline_root):

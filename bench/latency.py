@@ -59,7 +59,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import fs_note, load1
+from benchlib import byte_compile, fs_note, load1
 
 ROOT = Path(__file__).resolve().parent.parent
 #: ../shared from the repo root (a worktree under /work/wt: ../../shared)
@@ -313,12 +313,6 @@ def motor_round(args, medians: dict[str, list[float]]) -> None:
         finally:
             proc.terminate()
             proc.wait(30)
-
-
-def byte_compile(root: Path) -> None:
-    import compileall
-
-    compileall.compile_dir(str(root / "motor"), quiet=1)
 
 
 def samples_parser(doc: str, samples: int) -> argparse.ArgumentParser:
