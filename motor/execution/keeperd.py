@@ -807,8 +807,8 @@ class Keeperd:
           scopes have started or failed (`"spares"`: the slots whose spare is ready).
         - A cgroup v1 runner names its parent groups (`spare_parents`, by controller): the
           pool of spares fills there now, not at the first job (which then had no spare and
-          joined its groups itself); the answer waits until the pool is full of spares that
-          joined (`"spare_pool"`: how many), or gave up.
+          joined its groups itself); the answer waits until no spare is still joining and
+          no refill is due (`SparePool.settled`; `"spare_pool"`: how many are ready).
         """
         prepared: dict = {"prepared": []}
         parents = req.get("spare_parents")

@@ -455,9 +455,11 @@ class SparePool:
     @property
     def settled(self) -> bool:
         """Nothing more to wait for: no parents (none named yet, or given up), no thread to
-        be had, or the pool full of spares that have joined their groups."""
+        be had, or every spare joined its groups and no refill is due (a full pool, or one
+        a lone start left short until `idle_s` passes: a restarted runner does not wait
+        for that)."""
         return (not self.parents or self.paused
-                or (len(self.spares) >= self.size and all(s.ready for s in self.spares.values())))
+                or (all(s.ready for s in self.spares.values()) and not self.refill_due))
 
     def take(self, make: dict) -> Spare | None:
         if {c: os.path.dirname(d) for c, d in make["dirs"].items()} != self.parents:

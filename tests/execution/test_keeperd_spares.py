@@ -202,16 +202,19 @@ async def test_a_runners_start_fills_the_pool_before_its_first_job(
         tmp_path, workspace, v1, monkeypatch):
     """A runner's start names its parent groups in keeperd's "prepare" (stop 64), whose
     answer the spawner awaits: the pool is full of spares that joined by then, and the
-    first job comes from one of them (it forked and joined its groups itself before)."""
-    monkeypatch.setenv(spares_mod.SIZE_ENV, "2")
+    first job comes from one of them (it forked and joined its groups itself before). A
+    restarted runner's prepare is answered at once when the pool a lone start left short
+    is not due for its refill (it does not wait for it)."""
+    monkeypatch.setenv(spares_mod.SIZE_ENV, "4")
+    monkeypatch.setenv(spares_mod.REFILL_IDLE_ENV, "30")  # keeperd's: no refill by the clock
     state = tmp_path / "state"
     state.mkdir()
     prepare = {"spare_parents": v1.spare_parents()}
     async with open_keeperd_spawner(state, prepare=prepare) as spawner:
         assert spawner.prepared.resp["prepared"] == ["cgroup"], spawner.prepared.resp
-        assert spawner.prepared.resp["spare_pool"] == 2, spawner.prepared.resp
+        assert spawner.prepared.resp["spare_pool"] == 4, spawner.prepared.resp
         pool = ask_keeperd(state, "spares")
-        assert len(pool["ready"]) == 2 and pool["joining"] == [], pool
+        assert len(pool["ready"]) == 4 and pool["joining"] == [], pool
         assert pool["parents"] == v1.spare_parents(), pool
         job_dir = _job(state, v1, workspace, "first", ["cat", "/proc/self/cgroup"], None, 64 << 20)
         assert (await _run(spawner, job_dir))["exit_code"] == 0
@@ -220,6 +223,10 @@ async def test_a_runners_start_fills_the_pool_before_its_first_job(
         assert {c: _group_lines(job_dir)[c] for c in V1_CONTROLLERS} == \
             {c: f"/{v1.flavour.parent}/job-first" for c in V1_CONTROLLERS}
         assert v1.finish("first")["cleanup_error"] is None
+    async with open_keeperd_spawner(state, prepare=prepare) as spawner:  # a restart
+        assert spawner.prepared.resp is not None, "the start waited out PREPARE_WAIT_S"
+        # three: a lone start above half the pool refills only after 30 s here
+        assert spawner.prepared.resp["spare_pool"] == 3, spawner.prepared.resp
 
 
 async def test_without_spares_a_v1_job_makes_and_joins_its_groups(
