@@ -7,7 +7,10 @@ import json
 import os
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 
 def fs_note(path: str | None = None) -> None:
@@ -26,6 +29,52 @@ def fs_note(path: str | None = None) -> None:
         print(f"# state directories in {where}: {info['type']} without a journal"
               f" ({info['source']}); after deletions file creation there is slow for minutes"
               " (bench/journaled_fs.sh, docs/performance.md)", flush=True)
+
+
+@contextmanager
+def motor_serve(tmp: Path, root: Path, *args: str, namespace: bool = False,
+                env: dict | None = None):
+    """`python -m motor serve --state-dir TMP/state ARGS` of `root`'s checkout, its output in
+    TMP/serve.log; with `namespace`, inside a systemd that is PID 1 of its own namespaces
+    (tests/isolation/systemd_ns.py, as `--isolation systemd` needs on this host). Yields
+    its `proc`, `state` dir, `started` (`time.perf_counter()` just before its exec: the
+    namespace's own start not counted) and `ns` (the namespace or None); stopped on exit,
+    the namespace with it."""
+    ns, prefix = None, []
+    if namespace:
+        sys.path.insert(0, str(root / "tests" / "isolation"))
+        from systemd_ns import SystemdNamespace
+
+        ns = SystemdNamespace(tmp).start()
+        prefix = ns.enter(cwd=str(root))
+    state = tmp / "state"
+    log = open(tmp / "serve.log", "wb")
+    started = time.perf_counter()
+    proc = subprocess.Popen([*prefix, sys.executable, "-m", "motor", "serve", "--state-dir",
+                             str(state), *args], stdout=log, stderr=subprocess.STDOUT,
+                            cwd=root, env=env)
+    try:
+        yield SimpleNamespace(proc=proc, state=state, started=started, ns=ns,
+                              log=tmp / "serve.log")
+    finally:
+        if ns is not None:
+            ns.stop()  # ends the runner (inside) and everything else in the namespace
+        else:
+            proc.terminate()
+        proc.wait(30)
+        log.close()
+
+
+def socket_of(serve, timeout: float = 30.0) -> Path:
+    """The socket of a `motor_serve` runner, once it is there; SystemExit with the runner's
+    output when it does not come within `timeout` or the runner ends first."""
+    sock = serve.state / "motor.sock"
+    deadline = time.monotonic() + timeout
+    while not sock.exists():
+        if time.monotonic() > deadline or serve.proc.poll() is not None:
+            raise SystemExit(f"serve did not start: {serve.log.read_text()}")
+        time.sleep(0.01)
+    return sock
 
 
 def byte_compile(root: Path) -> None:

@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
-from benchlib import byte_compile, load1, peers
+from benchlib import byte_compile, load1, motor_serve, peers
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -39,21 +38,9 @@ from motor.records import JobRequest, Terminal  # noqa: E402
 
 def one_round(root: Path, isolation: str, namespace: bool, jobs: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="motor-first-jobs-") as tmp:
-        ns, prefix = None, []
-        if namespace:
-            sys.path.insert(0, str(ROOT / "tests" / "isolation"))
-            from systemd_ns import SystemdNamespace
-
-            ns = SystemdNamespace(Path(tmp)).start()
-            prefix = ns.enter(cwd=str(root))
-        state = Path(tmp) / "state"
-        log = open(Path(tmp) / "serve.log", "wb")
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "motor", "serve", "--state-dir", str(state),
-             "--max-weight", "2", "--free-space-floor-bytes", "0", "--isolation", isolation],
-            stdout=log, stderr=subprocess.STDOUT, cwd=root)
-        try:
+        with motor_serve(Path(tmp), root, "--max-weight", "2", "--free-space-floor-bytes", "0",
+                         "--isolation", isolation, namespace=namespace) as serve:
+            proc, state, t0 = serve.proc, serve.state, serve.started
             sock = state / "motor.sock"
             deadline = time.monotonic() + 60
             while True:
@@ -79,13 +66,6 @@ def one_round(root: Path, isolation: str, namespace: bool, jobs: int) -> dict:
                                     raise SystemExit(f"job {n}: {event.record}")
                                 break
                     walls.append((time.perf_counter() - t) * 1e3)
-        finally:
-            if ns is not None:
-                ns.stop()
-            else:
-                proc.terminate()
-            proc.wait(30)
-            log.close()
     return {"first_job_ms": walls[0], "later_jobs_ms": statistics.median(walls[1:]),
             "start_ms": start_ms}
 

@@ -41,6 +41,8 @@ import time
 import uuid
 from pathlib import Path
 
+from benchlib import motor_serve, socket_of
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -278,89 +280,66 @@ def bench_runner(args) -> None:
     of PID 1: the figure that decides throughput on a loaded 2-core host."""
     import httpx
 
-    sys.path.insert(0, str(ROOT / "tests" / "isolation"))
-    with tempfile.TemporaryDirectory(prefix="motor-bench-") as tmp:
-        ns, prefix = None, []
-        if args.systemd_namespace:
-            from systemd_ns import SystemdNamespace
-
-            ns = SystemdNamespace(Path(tmp)).start()
-            prefix = ns.enter(cwd=str(ROOT))
-        state = Path(tmp) / "state"
-        log = open(Path(tmp) / "serve.log", "wb")
-        proc = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "motor", "serve", "--state-dir", str(state),
-             "--max-weight", "2", "--max-queue-depth", str(args.runner + 10),
-             "--free-space-floor-bytes", "0", "--isolation", args.backend],
-            stdout=log, stderr=subprocess.STDOUT)
-        try:
-            sock = state / "motor.sock"
-            deadline = time.monotonic() + 30
-            while not sock.exists():
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise SystemExit(f"serve did not start: {(Path(tmp) / 'serve.log').read_text()}")
-                time.sleep(0.01)
-            runner = proc.pid
-            while Path(f"/proc/{runner}/comm").read_text().strip() == "nsenter":
-                runner = children(runner)[0]  # nsenter forks the runner in the namespace
-            parts = {"runner": runner}
-            deadline = time.monotonic() + 30
-            while len(parts) == 1:  # the spawner: keeperd (detached) or the forkserver (a child)
-                spawner = find_spawner(runner, str(state))
-                if spawner is not None:
-                    parts["spawner_keepers_jobs"] = spawner
-                elif time.monotonic() > deadline:
-                    raise SystemExit("no keeperd or forkserver found")
-                else:
-                    time.sleep(0.05)
-            if ns is not None:
-                parts["systemd_pid1"] = ns.pid1
-            transport = httpx.HTTPTransport(uds=str(sock))
-            with httpx.Client(transport=transport, base_url="http://motor", timeout=60) as c:
-                c.get("/v1/health").raise_for_status()
-                # warm-up jobs, not counted: what a runner that has served jobs has made
-                # once (keeperd's spare threads and spare groups, its slot spares, the
-                # slot slices), as in the steady state the row is about
-                for i in range(args.warmup):
-                    c.post("/v1/jobs", json={"command": ["true"], "weight_hint": 1,
-                                             "workspace": f"warm{i}"}).raise_for_status()
-                settle_until_idle(c)
-                time.sleep(0.3)  # keeperd's refills (spare threads) made in idle time
-                spawner = parts["spawner_keepers_jobs"]
-                before = {k: tree_cpu_ms(p) for k, p in parts.items()}
-                live_before = live_tree_cpu_ms(spawner)
-                t0 = time.perf_counter()
-                for i in range(args.runner):
-                    r = c.post("/v1/jobs", json={"command": ["true"], "weight_hint": 1,
-                                                 "workspace": f"ws{i % 4}"})
-                    r.raise_for_status()
-                settle_until_idle(c)
-                wall = time.perf_counter() - t0
-                after = {k: tree_cpu_ms(p) for k, p in parts.items()}
-                live_after = live_tree_cpu_ms(spawner)  # made during the run: all of it
-                after["spawner_keepers_jobs"] += sum(
-                    ms - live_before.get(child, 0.0) for child, ms in live_after.items())
-                jobs = c.get("/v1/jobs", params={"all": 1}).json()
-                ok = sum(1 for j in jobs if j["state"] == "succeeded"
-                         and not str(j.get("workspace")).startswith("warm"))
-            per_job = {k: (after[k] - before[k]) / args.runner for k in parts}
-            warnings = [line for line in (Path(tmp) / "serve.log").read_text(
-                errors="replace").splitlines() if "WARNING" in line or "ERROR" in line]
-            for line in warnings[:5]:
-                print(f"# serve: {line[:300]}", flush=True)
-            total = sum(per_job.values())
-            print(f"peer=motor metric=runner_cpu_per_job value={total:.2f} unit=ms "
-                  + " ".join(f"{k}={v:.2f}" for k, v in per_job.items())
-                  + f" isolation={args.backend} jobs_per_s={args.runner / wall:.1f} "
-                  f"succeeded={ok}/{args.runner} warnings={len(warnings)} "
-                  f"load1={load().split()[0]}", flush=True)
-        finally:
-            if ns is not None:
-                ns.stop()
+    with tempfile.TemporaryDirectory(prefix="motor-bench-") as tmp, motor_serve(
+            Path(tmp), ROOT, "--max-weight", "2", "--max-queue-depth", str(args.runner + 10),
+            "--free-space-floor-bytes", "0", "--isolation", args.backend,
+            namespace=args.systemd_namespace) as serve:
+        proc, state, ns = serve.proc, serve.state, serve.ns
+        sock = socket_of(serve)
+        runner = proc.pid
+        while Path(f"/proc/{runner}/comm").read_text().strip() == "nsenter":
+            runner = children(runner)[0]  # nsenter forks the runner in the namespace
+        parts = {"runner": runner}
+        deadline = time.monotonic() + 30
+        while len(parts) == 1:  # the spawner: keeperd (detached) or the forkserver (a child)
+            spawner = find_spawner(runner, str(state))
+            if spawner is not None:
+                parts["spawner_keepers_jobs"] = spawner
+            elif time.monotonic() > deadline:
+                raise SystemExit("no keeperd or forkserver found")
             else:
-                proc.terminate()
-            proc.wait(30)
-            log.close()
+                time.sleep(0.05)
+        if ns is not None:
+            parts["systemd_pid1"] = ns.pid1
+        transport = httpx.HTTPTransport(uds=str(sock))
+        with httpx.Client(transport=transport, base_url="http://motor", timeout=60) as c:
+            c.get("/v1/health").raise_for_status()
+            # warm-up jobs, not counted: what a runner that has served jobs has made
+            # once (keeperd's spare threads and spare groups, its slot spares, the
+            # slot slices), as in the steady state the row is about
+            for i in range(args.warmup):
+                c.post("/v1/jobs", json={"command": ["true"], "weight_hint": 1,
+                                         "workspace": f"warm{i}"}).raise_for_status()
+            settle_until_idle(c)
+            time.sleep(0.3)  # keeperd's refills (spare threads) made in idle time
+            spawner = parts["spawner_keepers_jobs"]
+            before = {k: tree_cpu_ms(p) for k, p in parts.items()}
+            live_before = live_tree_cpu_ms(spawner)
+            t0 = time.perf_counter()
+            for i in range(args.runner):
+                r = c.post("/v1/jobs", json={"command": ["true"], "weight_hint": 1,
+                                             "workspace": f"ws{i % 4}"})
+                r.raise_for_status()
+            settle_until_idle(c)
+            wall = time.perf_counter() - t0
+            after = {k: tree_cpu_ms(p) for k, p in parts.items()}
+            live_after = live_tree_cpu_ms(spawner)  # made during the run: all of it
+            after["spawner_keepers_jobs"] += sum(
+                ms - live_before.get(child, 0.0) for child, ms in live_after.items())
+            jobs = c.get("/v1/jobs", params={"all": 1}).json()
+            ok = sum(1 for j in jobs if j["state"] == "succeeded"
+                     and not str(j.get("workspace")).startswith("warm"))
+        per_job = {k: (after[k] - before[k]) / args.runner for k in parts}
+        warnings = [line for line in (Path(tmp) / "serve.log").read_text(
+            errors="replace").splitlines() if "WARNING" in line or "ERROR" in line]
+        for line in warnings[:5]:
+            print(f"# serve: {line[:300]}", flush=True)
+        total = sum(per_job.values())
+        print(f"peer=motor metric=runner_cpu_per_job value={total:.2f} unit=ms "
+              + " ".join(f"{k}={v:.2f}" for k, v in per_job.items())
+              + f" isolation={args.backend} jobs_per_s={args.runner / wall:.1f} "
+              f"succeeded={ok}/{args.runner} warnings={len(warnings)} "
+              f"load1={load().split()[0]}", flush=True)
 
 
 def main() -> None:

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import httpx
 
-from benchlib import fs_note
+from benchlib import fs_note, motor_serve, socket_of
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = ROOT.parent / "shared" / "bench" / "peers"
@@ -82,80 +82,55 @@ def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
     """(wall until all N ended, wall until all N were accepted); `mode`: "api" (one request
     per job, httpx), "api-client" (one request per job, motor.client.Client), "api-poll" (the same, waiting with status polls), "batch" (one batch request),
     "cli-each" (one `motor submit` process per job), "cli-from" (one `motor submit --from -`)."""
-    with tempfile.TemporaryDirectory(prefix="motor-bench-") as tmp:
-        ns = None
-        prefix: list[str] = []
-        if systemd_namespace:
-            sys.path.insert(0, str(ROOT / "tests" / "isolation"))
-            from systemd_ns import SystemdNamespace
+    env = {**os.environ, "MOTOR_SPAWNER": spawner} if spawner else None
+    with tempfile.TemporaryDirectory(prefix="motor-bench-") as tmp, motor_serve(
+            Path(tmp), ROOT, "--max-weight", "2", "--max-queue-depth", str(n + 10),
+            "--free-space-floor-bytes", "0", "--isolation", isolation,
+            namespace=systemd_namespace, env=env) as serve:
+        sock = socket_of(serve)
+        transport = httpx.HTTPTransport(uds=str(sock))
+        with httpx.Client(transport=transport, base_url="http://motor", timeout=60) as c:
+            c.get("/v1/health").raise_for_status()
+            jobs = [{"command": ["true"], "weight_hint": 1, "workspace": f"ws{i % 4}"} for i in range(n)]
+            t0 = time.perf_counter()
+            cli = [sys.executable, "-m", "motor", "submit", "--socket", str(sock)]
+            if mode == "batch":
+                r = c.post("/v1/jobs", json=jobs)
+                refused = [a for a in r.json() if a.get("refused")] if r.status_code == 200 else None
+                if refused != []:
+                    raise SystemExit(f"batch submit: {r.status_code} {refused or r.text}")
+            elif mode == "cli-from":
+                lines = "".join(json.dumps(job) + "\n" for job in jobs).encode()
+                r = subprocess.run(cli + ["--from", "-"], input=lines, capture_output=True, cwd=ROOT)
+                if r.returncode != 0 or len(r.stdout.splitlines()) != n:
+                    raise SystemExit(f"submit --from: exit {r.returncode}: {r.stderr.decode()[-500:]}")
+            elif mode == "cli-each":
+                for i, job in enumerate(jobs):
+                    r = subprocess.run(cli + ["--weight", "1", "--workspace", job["workspace"], "--", "true"],
+                                       capture_output=True, cwd=ROOT)
+                    if r.returncode != 0:
+                        raise SystemExit(f"submit {i}: exit {r.returncode}: {r.stderr.decode()[-500:]}")
+            elif mode == "api-client":
+                from motor.client import Client  # this checkout's (the runner: the cwd's)
 
-            ns = SystemdNamespace(Path(tmp)).start()
-            prefix = ns.enter(cwd=str(ROOT))
-        state = Path(tmp) / "state"
-        log = open(Path(tmp) / "serve.log", "wb")
-        proc = subprocess.Popen(
-            [*prefix, sys.executable, "-m", "motor", "serve", "--state-dir", str(state),
-             "--max-weight", "2", "--max-queue-depth", str(n + 10),
-             "--free-space-floor-bytes", "0", "--isolation", isolation],
-            stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "MOTOR_SPAWNER": spawner} if spawner else None)
-        try:
-            sock = state / "motor.sock"
-            deadline = time.monotonic() + 30
-            while not sock.exists():
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise SystemExit(f"serve did not start: {(Path(tmp) / 'serve.log').read_text()}")
-                time.sleep(0.01)
-            transport = httpx.HTTPTransport(uds=str(sock))
-            with httpx.Client(transport=transport, base_url="http://motor", timeout=60) as c:
-                c.get("/v1/health").raise_for_status()
-                jobs = [{"command": ["true"], "weight_hint": 1, "workspace": f"ws{i % 4}"} for i in range(n)]
-                t0 = time.perf_counter()
-                cli = [sys.executable, "-m", "motor", "submit", "--socket", str(sock)]
-                if mode == "batch":
-                    r = c.post("/v1/jobs", json=jobs)
-                    refused = [a for a in r.json() if a.get("refused")] if r.status_code == 200 else None
-                    if refused != []:
-                        raise SystemExit(f"batch submit: {r.status_code} {refused or r.text}")
-                elif mode == "cli-from":
-                    lines = "".join(json.dumps(job) + "\n" for job in jobs).encode()
-                    r = subprocess.run(cli + ["--from", "-"], input=lines, capture_output=True, cwd=ROOT)
-                    if r.returncode != 0 or len(r.stdout.splitlines()) != n:
-                        raise SystemExit(f"submit --from: exit {r.returncode}: {r.stderr.decode()[-500:]}")
-                elif mode == "cli-each":
-                    for i, job in enumerate(jobs):
-                        r = subprocess.run(cli + ["--weight", "1", "--workspace", job["workspace"], "--", "true"],
-                                           capture_output=True, cwd=ROOT)
-                        if r.returncode != 0:
-                            raise SystemExit(f"submit {i}: exit {r.returncode}: {r.stderr.decode()[-500:]}")
-                elif mode == "api-client":
-                    from motor.client import Client  # this checkout's (the runner: the cwd's)
-
-                    with Client(sock, timeout=60) as mc:
-                        for job in jobs:
-                            mc.submit(job, raw=True)
-                else:
-                    for i, job in enumerate(jobs):
-                        r = c.post("/v1/jobs", json=job)
-                        if r.status_code != 202:
-                            raise SystemExit(f"submit {i}: {r.status_code} {r.text}")
-                t_sub = time.perf_counter()
-                wait_idle(c, poll=mode == "api-poll")
-                t1 = time.perf_counter()
-                jobs = c.get("/v1/jobs", params={"all": 1}).json()
-                ok = sum(1 for j in jobs if j["state"] == "succeeded")
-                if ok != n:
-                    bad = [(j["state"], j.get("reason"), j.get("detail")) for j in jobs
-                           if j["state"] != "succeeded"]
-                    raise SystemExit(f"only {ok} of {n} jobs succeeded; the others: {bad[:3]}")
-            return t1 - t0, t_sub - t0
-        finally:
-            if ns is not None:
-                ns.stop()  # ends the runner (inside) and everything else in the namespace
+                with Client(sock, timeout=60) as mc:
+                    for job in jobs:
+                        mc.submit(job, raw=True)
             else:
-                proc.terminate()
-            proc.wait(30)
-            log.close()
+                for i, job in enumerate(jobs):
+                    r = c.post("/v1/jobs", json=job)
+                    if r.status_code != 202:
+                        raise SystemExit(f"submit {i}: {r.status_code} {r.text}")
+            t_sub = time.perf_counter()
+            wait_idle(c, poll=mode == "api-poll")
+            t1 = time.perf_counter()
+            jobs = c.get("/v1/jobs", params={"all": 1}).json()
+            ok = sum(1 for j in jobs if j["state"] == "succeeded")
+            if ok != n:
+                bad = [(j["state"], j.get("reason"), j.get("detail")) for j in jobs
+                       if j["state"] != "succeeded"]
+                raise SystemExit(f"only {ok} of {n} jobs succeeded; the others: {bad[:3]}")
+        return t1 - t0, t_sub - t0
 
 
 def peer_round(peer: str, n: int) -> float | None:
