@@ -282,6 +282,15 @@ def answers_elsewhere(serve, word: str = "meanwhile") -> None:
     assert (result.returncode, result.stdout) == (0, word.encode() + b"\n"), result
 
 
+def answers_while_held(serve, gate: Path, reached: Path, what: str,
+                       word: str = "meanwhile") -> None:
+    """Once `what` waits at the fault barrier `gate`, a `motor run` in another workspace
+    answers, and the barrier is still closed."""
+    wait_for(reached.exists, timeout=30, what=f"{what} to reach the barrier")
+    answers_elsewhere(serve, word)
+    assert not gate.exists()  # it answered while the barrier held
+
+
 def trash_emptied(root: Path, pattern: str) -> None:
     """Until `root`'s trash holds nothing named like `pattern`."""
     trash = root / ".motor-trash"
@@ -326,9 +335,7 @@ def test_serve_answers_other_jobs_while_an_expired_workspace_is_deleted(serve_fa
         serve.start()
         wait_for(lambda: not tree.exists(), timeout=30, what="the expired workspace to go")
         answers_elsewhere(serve)
-        wait_for(reached.exists, timeout=30, what="the trash's collection to reach the barrier")
-        answers_elsewhere(serve, "still")
-        assert not gate.exists()  # both while the deletion was held
+        answers_while_held(serve, gate, reached, "the trash's collection", "still")
         assert "old" not in names(serve)
     finally:
         gate.touch()
@@ -361,9 +368,7 @@ def test_serve_answers_other_jobs_while_a_workspaces_stale_units_are_swept(
     gate.unlink()
     try:
         serve.start()
-        wait_for(reached.exists, timeout=30, what="the sweep's scan to reach the barrier")
-        answers_elsewhere(serve)
-        assert not gate.exists()  # while the scan was held
+        answers_while_held(serve, gate, reached, "the sweep's scan")
         assert (tree / unit).exists() and (tree / incremental).exists()  # not swept yet
     finally:
         gate.touch()
@@ -390,9 +395,7 @@ def test_serve_answers_other_jobs_while_the_guard_deletes_incremental_dirs(
         assert serve.cli("run", "--workspace", "big", "--", "sh", "-c",
                          f"mkdir -p {incremental} && head -c 300000 /dev/urandom > "
                          f"{incremental}/s").returncode == 0
-        wait_for(reached.exists, timeout=30, what="the deletion to reach the barrier")
-        answers_elsewhere(serve)
-        assert not gate.exists()  # while the deletion was held
+        answers_while_held(serve, gate, reached, "the deletion")
         tree = workspace_path(serve, "big")
         assert not (tree / incremental).exists()  # dropped from the workspace
     finally:
@@ -425,10 +428,7 @@ def test_serve_answers_other_jobs_while_the_guard_walks_a_workspace_used_during_
                  what="the first pass's walk to reach the barrier")
         assert serve.cli("run", "--workspace", "used", "--", "true").returncode == 0
         walk.touch()
-        wait_for(Path(f"{guard}.reached").exists, timeout=30,
-                 what="the guard's walk to reach the barrier")
-        answers_elsewhere(serve)
-        assert not guard.exists()  # while the guard's walk was held
+        answers_while_held(serve, guard, Path(f"{guard}.reached"), "the guard's walk")
     finally:
         walk.touch()
         guard.touch()
@@ -499,10 +499,7 @@ def start_and_run_while_held(serve, gate, reached, what: str) -> None:
     another workspace runs; the barrier opens again whatever happens."""
     try:
         serve.start()
-        wait_for(reached.exists, timeout=30, what=f"{what} to reach the barrier")
-        result = serve.cli("run", "--workspace", "other", "--", "echo", "started", timeout=20)
-        assert (result.returncode, result.stdout) == (0, b"started\n"), result
-        assert not gate.exists()  # it ran while the barrier held
+        answers_while_held(serve, gate, reached, what, "started")
     finally:
         gate.touch()
 
