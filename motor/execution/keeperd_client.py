@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import math
 import os
 import select
@@ -574,6 +575,11 @@ async def open_keeperd_spawner(
             if spawner.prepared is not None:  # the first jobs find what it makes ready
                 with trio.move_on_after(PREPARE_WAIT_S):
                     await spawner.prepared.event.wait()
+                if not spawner.prepared.event.is_set():
+                    logging.getLogger("motor.execution").warning(
+                        "start-up: keeperd had not prepared the first jobs' spares within "
+                        "%gs; serving now, the first jobs may start without them",
+                        PREPARE_WAIT_S)
             try:
                 yield spawner
             finally:

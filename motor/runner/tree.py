@@ -220,7 +220,7 @@ async def _stop_if_the_database_is_lost(db, root: actors.Supervisor,
                        f"{db.guard.saved_to or 'nowhere (see the log)'}")
 
 
-def spawner_preparation(backend, slots: list[dict] = ()) -> dict | None:
+def spawner_preparation(backend, slots: list[dict] | None = None) -> dict | None:
     """keeperd's "prepare" for this runner's isolation backend: a systemd runner names its
     manager, whose D-Bus client keeperd then imports and connects at once, not at the
     first job, and the slot slices made at the start (`_make_slots`), where keeperd makes

@@ -365,3 +365,27 @@ def test_through_serve_a_lone_start_leaves_the_pool_short_and_a_burst_refills_it
                                  else None)(ask_keeperd(serve.state_dir, "spares")),
                         what="the pool full again")
     assert len(set(refilled) - set(full)) == 2
+
+
+def test_a_restarted_runner_does_not_wait_for_a_refill_a_lone_start_put_off(
+        serve_factory, private_parent):
+    """Stop 64, through `motor serve --isolation cgroup`: a runner's start waits for
+    keeperd's pool of spares (its "prepare"), but not for a refill the refill rule puts off.
+    After a lone start (`MOTOR_KEEPERD_REFILL_IDLE_S` 30 s), a restarted runner is answered
+    with the pool one short, logs no warning of a prepare it gave up on (with a full pool
+    required, it waited out the 5 s and warned), and its next job comes from a spare."""
+    from keeper_tracking import ask_keeperd
+
+    if open_cgroup_backend(parent=private_parent).version != 1:
+        pytest.skip("spares are for cgroup v1 hierarchies")
+    serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent)
+    serve.env = {"MOTOR_KEEPERD_REFILL_IDLE_S": "30"}
+    serve.start()
+    assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0  # the lone start
+    assert serve.stop() == 0
+    serve.start()  # keeperd lives on; it let its spares go with the runner, and makes them again
+    assert b"had not prepared" not in serve.log.read_bytes(), serve.log.read_text()
+    pool = ask_keeperd(serve.state_dir, "spares")
+    assert (len(pool["ready"]), pool["joining"]) == (DEFAULT_SIZE - 1, []), pool
+    assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0
+    assert ask_keeperd(serve.state_dir, "spares")["taken"] == 2  # from a spare again
