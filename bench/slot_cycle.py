@@ -76,10 +76,10 @@ def resolve(self, resp=None, exc=None):
         (answered if self.op == "spawn" else done)[self.job_dir] = (time.monotonic(), resp["at"])
     return real_resolve(self, resp, exc)
 
-async def _finish(self, status=None):
+async def _finish(self, *args, **kwargs):
     if on:
         finish[str(self.dir)] = time.monotonic()
-    return await real_finish(self, status)
+    return await real_finish(self, *args, **kwargs)
 
 keeperd_client.KeeperdSpawner.spawn = spawn
 keeperd_client._Req.resolve = resolve

@@ -1,0 +1,66 @@
+"""The bench scripts that wrap the runner's own functions still run against this code.
+
+A few scripts in bench/ time or count the runner from inside: their round (run in a fresh
+interpreter by `benchlib.run_round`) replaces a function of the runner with a wrapper that
+notes when it is called and calls the original. When that function's signature changes, the
+wrapper breaks the runner it measures, and nothing else notices (bench/slot_cycle.py's
+wrapper of `JobExecution._finish` did, for a day). Each script's round runs here once, on
+a few jobs, and must give its figures. Nothing is timed: what the figures are is the
+scripts' business (docs/performance.md), that they come is this test's.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))
+
+import benchlib  # noqa: E402
+
+
+def _round(module: str, *args: str) -> dict:
+    mod = __import__(module)
+    try:
+        return benchlib.run_round(mod.ROUND, BENCH.parent, "affinity", *args)
+    except SystemExit as exc:  # run_round's way of saying the round failed
+        pytest.fail(f"bench/{module}.py's round failed: {exc}")
+
+
+def test_slot_cycle_splits_every_jobs_cycle_into_its_steps():
+    got = _round("slot_cycle", "6")
+    import slot_cycle
+
+    assert set(got["steps"]) == set(slot_cycle.STEPS)
+    # every job was seen from its spawn request to its actor's end
+    counts = {step: count for step, (_, _, count) in got["steps"].items()}
+    assert counts["keeperd_spawn"] == counts["actor_wake"] == 6
+    assert got["wall_s"] > 0 and got["cpu_s"] > 0
+
+
+def test_start_path_times_each_sample_from_submit_to_spawn_run_and_end():
+    got = _round("start_path", "4", "0.01")
+    import start_path
+
+    for metric in start_path.METRICS:
+        assert len(got[metric]) == 2, metric  # 4 samples, the first two are warm-up
+    for spawn, run, end in zip(got["start_to_spawn"], got["start_latency_embedded"],
+                               got["run_wall_embedded"]):
+        assert 0 < spawn < end and 0 < run < end
+
+
+def test_messages_counts_the_messages_of_each_job():
+    got = _round("messages", "6")
+    assert got, "no message counted"
+    kinds = {key.split("|")[0] for key in got}
+    assert "dispatcher" in kinds, kinds
+
+
+def test_loop_stalls_reads_the_loops_steps():
+    import loop_stalls
+
+    got = _round("loop_stalls", "6")
+    assert set(loop_stalls.METRICS) <= set(got)
