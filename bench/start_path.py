@@ -11,6 +11,10 @@ just before the submit:
 - `start_to_spawn` (ms): until the job actor asks the keeper side for the spawn
   (`Keepers.spawn` called): the runner's own start path (dispatcher, disk check, job
   directory, isolation groups, spec.json);
+- `spawn_to_keeperd` (ms): from that call until keeperd reads the request (the time in
+  keeperd's answer, `"at"`: docs/keeper.md, "Timings in the answers");
+- `keeperd_to_job` (ms): from keeperd's read until the job's own timestamp: keeperd's claim,
+  spec and spawn, and the job's exec, the part a bare fork+exec also pays;
 - `start_latency_embedded` (ms): until the job's own timestamp (`date`), as bench/latency.py
   measures it, without the HTTP layer;
 - `run_wall_embedded` (ms): until the terminal event arrives.
@@ -30,7 +34,8 @@ from benchlib import ab_parser, fs_note, load1, run_round
 from benchlib import peers as bench_peers
 
 ROOT = Path(__file__).resolve().parent.parent
-METRICS = ("start_to_spawn", "start_latency_embedded", "run_wall_embedded")
+METRICS = ("start_to_spawn", "spawn_to_keeperd", "keeperd_to_job", "start_latency_embedded",
+           "run_wall_embedded")
 
 ROUND = r"""
 import json, re, sys, tempfile, time
@@ -38,15 +43,22 @@ import trio, motor
 from motor.execution import keeperd_client
 
 iso, samples, gap = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-spawn_at = []
-real_spawn = keeperd_client.KeeperdSpawner.spawn
+spawn_at, read_at = [], []  # time.monotonic(): CLOCK_MONOTONIC, as keeperd's "at"
+real_spawn, real_resolve = keeperd_client.KeeperdSpawner.spawn, keeperd_client._Req.resolve
 
 async def spawn(self, job_dir):
-    spawn_at.append(time.perf_counter())
+    spawn_at.append(time.monotonic())
     return await real_spawn(self, job_dir)
 
+def resolve(self, resp=None, exc=None):
+    if self.op == "spawn" and resp is not None and "at" in resp:
+        read_at.append(resp["at"][0])
+    return real_resolve(self, resp, exc)
+
 keeperd_client.KeeperdSpawner.spawn = spawn
-out = {"start_to_spawn": [], "start_latency_embedded": [], "run_wall_embedded": []}
+keeperd_client._Req.resolve = resolve
+out = {"start_to_spawn": [], "spawn_to_keeperd": [], "keeperd_to_job": [],
+       "start_latency_embedded": [], "run_wall_embedded": []}
 
 async def main():
     with tempfile.TemporaryDirectory() as state:
@@ -56,7 +68,8 @@ async def main():
             for i in range(samples):
                 await trio.sleep(gap)
                 spawn_at.clear()
-                t0, w0 = time.perf_counter(), time.time()
+                read_at.clear()
+                t0, w0 = time.monotonic(), time.time()
                 job = await runner.submit(motor.JobRequest(
                     command=["sh", "-c", "date +%s.%N >&2"], workspace="w", weight_hint=1))
                 text = []
@@ -64,14 +77,18 @@ async def main():
                     data = getattr(ev, "data", None)
                     if data:
                         text.append(data if isinstance(data, str) else data.decode())
-                t1 = time.perf_counter()
+                t1 = time.monotonic()
                 if (await runner.get(job.job_id)).state != "succeeded":
                     raise SystemExit(f"job {job.job_id} did not succeed")
                 if i < 2:
                     continue
                 m = re.search(r"(\d+\.\d+)", "".join(text))
+                ran = t0 + float(m.group(1)) - w0  # the job's timestamp, on this clock
                 out["start_to_spawn"].append(1000 * (spawn_at[0] - t0))
-                out["start_latency_embedded"].append(1000 * (float(m.group(1)) - w0))
+                if read_at:  # (a keeperd that sends no "at": those two are missing)
+                    out["spawn_to_keeperd"].append(1000 * (read_at[0] - spawn_at[0]))
+                    out["keeperd_to_job"].append(1000 * (ran - read_at[0]))
+                out["start_latency_embedded"].append(1000 * (ran - t0))
                 out["run_wall_embedded"].append(1000 * (t1 - t0))
     print(json.dumps(out))
 
@@ -97,6 +114,8 @@ def main() -> None:
         for peer, root in peers:
             got = one_round(root, args)
             for m in METRICS:
+                if not got.get(m):  # an older keeperd sends no "at"
+                    continue
                 every[peer][m].extend(got[m])
                 print(f"peer={peer} metric={m} value={statistics.median(got[m]):.3f} unit=ms "
                       f"samples={len(got[m])} min={min(got[m]):.3f} max={max(got[m]):.3f} "
@@ -104,7 +123,8 @@ def main() -> None:
     print(f"# medians over every sample of {args.rounds} rounds (ms), load1={load1()}")
     for peer, _ in peers:
         for m in METRICS:
-            v = every[peer][m]
+            if not (v := every[peer][m]):
+                continue
             print(f"# {peer:15s} {m:24s} {statistics.median(v):8.3f}  ({len(v)} samples)")
 
 

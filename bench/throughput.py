@@ -28,6 +28,13 @@ batch request (`POST /v1/jobs` with a JSON list, docs/protocol.md). Both motor l
 `submit_s` (first submit until the last job is accepted) and `submit_jobs_per_s`; the
 medians end with the submit rate of one batch against one request per job.
 
+`--backend-pairs N` measures the row "systemd backend >= cgroup backend" instead: N pairs of
+fresh runners, one `--isolation systemd` inside a systemd namespace and one `--isolation
+cgroup` on the host, each running the N jobs one request each (as peer=motor), the order
+within a pair alternated; then the medians, their ratio and in how many pairs systemd was
+ahead. The two are at parity within a noise of about +-15% per 100-job burst
+(docs/performance.md, "Stop 65"), so the row needs many pairs.
+
 `--cli` adds what a CI script sees: peer=motor-cli-each submits the N jobs with one
 `motor submit -- true` process each, peer=motor-cli-from with one `motor submit --from -`
 (JSON lines on stdin).
@@ -147,6 +154,23 @@ def peer_round(peer: str, n: int) -> float | None:
     return float(fields["value"])
 
 
+def backend_pairs(pairs: int, n: int) -> None:
+    """`--backend-pairs`: systemd (namespace) against cgroup (host), fresh runners, one
+    request per job, the order within each pair alternated."""
+    rates: dict[str, list[float]] = {"systemd": [], "cgroup": []}
+    for i in range(pairs):
+        order = [("systemd", True), ("cgroup", False)]
+        for isolation, namespace in (order if i % 2 == 0 else order[::-1]):
+            wall, sub = motor_round(n, isolation, namespace)
+            emit(f"motor-{isolation}", wall, n, f"pair={i + 1} isolation={isolation} "
+                                                f"load1={os.getloadavg()[0]:.2f}")
+            rates[isolation].append(n / wall)
+    s, c = (statistics.median(rates[k]) for k in ("systemd", "cgroup"))
+    ahead = sum(a > b for a, b in zip(rates["systemd"], rates["cgroup"]))
+    print(f"# medians of {pairs} pairs: systemd {s:.1f} jobs/s, cgroup {c:.1f} jobs/s, "
+          f"ratio {s / c:.3f}; systemd ahead in {ahead} of {pairs}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=200)
@@ -159,8 +183,13 @@ def main() -> None:
     ap.add_argument("--spawners", default="", help="e.g. keeperd,forkserver (MOTOR_SPAWNER)")
     ap.add_argument("--poll-status", action="store_true",
                     help="also peer=motor-poll: the end waited for with GET /v1/status every 2 ms")
+    ap.add_argument("--backend-pairs", type=int, default=0, metavar="N",
+                    help="N pairs: systemd (in a namespace) against cgroup, fresh runners")
     args = ap.parse_args()
     fs_note()
+    if args.backend_pairs:
+        backend_pairs(args.backend_pairs, args.n)
+        return
     base = {"motor": "api", "motor-client": "api-client", "motor-batch": "batch"}
     if args.poll_status:
         base["motor-poll"] = "api-poll"
