@@ -11,29 +11,39 @@ scripts' business (docs/performance.md), that they come is this test's.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
-sys.path.insert(0, str(BENCH))
-
-import benchlib  # noqa: E402
 
 
-def _round(module: str, *args: str) -> dict:
-    mod = __import__(module)
+def _bench(name: str):
+    """bench/NAME.py as a module (`bench_NAME`), with bench/ on sys.path only while it is
+    imported (the scripts import `benchlib`; their names, e.g. `isolation`, stay out of
+    the suite's way)."""
+    sys.path.insert(0, str(BENCH))
     try:
-        return benchlib.run_round(mod.ROUND, BENCH.parent, "affinity", *args)
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH))
+    return module
+
+
+def _round(module, *args: str) -> dict:
+    try:
+        return _bench("benchlib").run_round(module.ROUND, BENCH.parent, "affinity", *args)
     except SystemExit as exc:  # run_round's way of saying the round failed
-        pytest.fail(f"bench/{module}.py's round failed: {exc}")
+        pytest.fail(f"{module.__file__}'s round failed: {exc}")
 
 
 def test_slot_cycle_splits_every_jobs_cycle_into_its_steps():
-    got = _round("slot_cycle", "6")
-    import slot_cycle
-
+    slot_cycle = _bench("slot_cycle")
+    got = _round(slot_cycle, "6")
     assert set(got["steps"]) == set(slot_cycle.STEPS)
     # every job was seen from its spawn request to its actor's end
     counts = {step: count for step, (_, _, count) in got["steps"].items()}
@@ -42,9 +52,8 @@ def test_slot_cycle_splits_every_jobs_cycle_into_its_steps():
 
 
 def test_start_path_times_each_sample_from_submit_to_spawn_run_and_end():
-    got = _round("start_path", "4", "0.01")
-    import start_path
-
+    start_path = _bench("start_path")
+    got = _round(start_path, "4", "0.01")
     for metric in start_path.METRICS:
         assert len(got[metric]) == 2, metric  # 4 samples, the first two are warm-up
     for spawn, to_keeperd, to_job, run, end in zip(*(got[m] for m in start_path.METRICS)):
@@ -54,14 +63,13 @@ def test_start_path_times_each_sample_from_submit_to_spawn_run_and_end():
 
 
 def test_messages_counts_the_messages_of_each_job():
-    got = _round("messages", "6")
+    got = _round(_bench("messages"), "6")
     assert got, "no message counted"
     kinds = {key.split("|")[0] for key in got}
     assert "dispatcher" in kinds, kinds
 
 
 def test_loop_stalls_reads_the_loops_steps():
-    import loop_stalls
-
-    got = _round("loop_stalls", "6")
+    loop_stalls = _bench("loop_stalls")
+    got = _round(loop_stalls, "6")
     assert set(loop_stalls.METRICS) <= set(got)
