@@ -88,6 +88,12 @@ class Backend:
         """The memory ceiling of all jobs together (the jobs slice), None when unlimited."""
         return None
 
+    def spare_parents(self) -> dict[str, str] | None:
+        """The parent groups, by controller, where keeperd keeps pre-placed spares for
+        this backend's jobs (cgroup v1: its "prepare" fills the pool there at the runner's
+        start, docs/keeper.md); None: no such pool."""
+        return None
+
     def with_notes(self, *notes: str) -> "Backend":
         return replace(self, notes=tuple(self.notes) + tuple(n for n in notes if n))
 

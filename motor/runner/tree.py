@@ -228,7 +228,7 @@ def spawner_preparation(backend, slots: list[dict] | None = None) -> dict | None
     pool of spares then (docs/keeper.md, "Prepared at the runner's start")."""
     if backend.name == "systemd":
         return {"systemd_address": backend.address, **({"slots": list(slots)} if slots else {})}
-    parents = getattr(backend, "spare_parents", lambda: None)()
+    parents = backend.spare_parents()
     return {"spare_parents": parents} if parents else None
 
 
@@ -243,16 +243,15 @@ async def _make_slots(config: RunnerConfig, host: Host) -> list[dict]:
     the allocator gives the first such jobs, with such a job's memory limit. Their scopes,
     for keeperd's "prepare"; a slot that cannot be made is logged, and its first job makes
     it as before."""
-    make = getattr(host.backend, "make_slots", None)
     count = config.start_slots
     if count is None:
         count = min(len(host.allowed), config.max_weight, START_SLOTS)
-    if make is None or count == 0:
+    if host.backend.name != "systemd" or count == 0:  # only systemd has slot slices
         return []
     placement = CpuPlacement(host.topology, host.allowed)
     memory_max = unit_limit(parse_size(config.memory_per_vcpu_bytes), host.ceiling)
     wanted = [(list(placement.place(f"slot-{n}", 1).cpus), memory_max) for n in range(count)]
-    scopes, problems = await trio.to_thread.run_sync(make, wanted)
+    scopes, problems = await trio.to_thread.run_sync(host.backend.make_slots, wanted)
     for line in problems:
         logging.getLogger("motor.isolation").warning("start-up: %s; its first job makes it", line)
     return scopes

@@ -11,6 +11,7 @@ import pytest
 
 from motor.config import ConfigError, RunnerConfig
 from motor.cpu.topology import Topology
+from motor.isolation.base import AFFINITY
 from motor.memory.core import MemoryCeiling
 from motor.runner.host import Host
 from motor.runner.tree import START_SLOTS, _make_slots, spawner_preparation
@@ -69,9 +70,8 @@ async def test_none_at_start_slots_zero_and_for_backends_without_slots():
     backend = Backend()
     assert await _make_slots(RunnerConfig(start_slots=0), host(backend, 4)) == []
     assert backend.asked == []
-    affinity = type("Affinity", (), {"name": "affinity"})()
-    assert await _make_slots(RunnerConfig(), host(affinity, 4)) == []
-    assert spawner_preparation(affinity, []) is None
+    assert await _make_slots(RunnerConfig(), host(AFFINITY, 4)) == []
+    assert spawner_preparation(AFFINITY, []) is None
     backend = Backend()
     assert len(await _make_slots(RunnerConfig(start_slots=3), host(backend, 2))) == 3
 
