@@ -161,7 +161,7 @@ def backend_pairs(pairs: int, n: int) -> None:
     for i in range(pairs):
         order = [("systemd", True), ("cgroup", False)]
         for isolation, namespace in (order if i % 2 == 0 else order[::-1]):
-            wall, sub = motor_round(n, isolation, namespace)
+            wall, _ = motor_round(n, isolation, namespace)
             emit(f"motor-{isolation}", wall, n, f"pair={i + 1} isolation={isolation} "
                                                 f"load1={os.getloadavg()[0]:.2f}")
             rates[isolation].append(n / wall)
