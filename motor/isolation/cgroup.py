@@ -293,15 +293,17 @@ class CgroupV1:
         self.root = root
         self.parent = parent
         self.mounts = {c: os.path.join(root, c) for c in V1_CONTROLLERS}
+        #: joined once (issue 14: a job's start and end asked for them a dozen times)
+        self._parents = {c: os.path.join(self.mounts[c], parent) for c in V1_CONTROLLERS}
         self._mems: str | None = None  # the parent's cpuset.mems, read once
 
     # where things are
     def parent_dir(self, controller: str) -> str:
-        return os.path.join(self.mounts[controller], self.parent)
+        return self._parents[controller]
 
     def job_dirs(self, job_id: str) -> dict[str, str]:
         name = group_name(job_id)
-        return {c: os.path.join(self.parent_dir(c), name) for c in V1_CONTROLLERS}
+        return {c: os.path.join(d, name) for c, d in self._parents.items()}
 
     def parent_paths(self) -> list[str]:
         return [self.parent_dir(c) for c in V1_CONTROLLERS]
