@@ -15,6 +15,7 @@ Opening the spawner and a spawn start keeperd when needed; a wait or a cancel ne
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import logging
 import math
@@ -28,6 +29,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import msgspec
 import trio
 
 from ..clock import WallClock
@@ -53,6 +55,22 @@ MAX_REMEMBERED = 100_000
 
 class _NotRunning(SpawnerError):
     """No keeperd answers for this state directory (and this request may not start one)."""
+
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode  # keeperd's answers, one line each (ValueError if bad)
+
+
+@functools.lru_cache(maxsize=4096)
+def _normed(path: str) -> str:
+    return os.path.normpath(path)
+
+
+def _dir_key(job_dir: os.PathLike[str] | str) -> str:
+    """A job directory as keeperd is asked about it (`os.path.abspath`), without normalizing
+    the same absolute path again on each of a job's requests (issue 14: four per job)."""
+    path = os.fspath(job_dir)
+    return _normed(path) if path[:1] == "/" else os.path.abspath(path)
 
 
 def is_keeperd_claim(job_dir: os.PathLike[str] | str) -> bool:
@@ -364,7 +382,7 @@ class KeeperdSpawner:
             msg["watch"] = self._next_id
             req.watch_at, req.watch.identity = (conn, self._next_id), conn.identity
             conn.pending[self._next_id] = req.watch
-        return req_id, json.dumps(msg).encode() + b"\n"
+        return req_id, _encode(msg) + b"\n"
 
     async def _send_rest(self, rest: bytes) -> None:
         conn = self._conn
@@ -383,7 +401,7 @@ class KeeperdSpawner:
                 while nl >= 0:
                     line = bytes(conn.buf[:nl])
                     del conn.buf[:nl + 1]
-                    resp = json.loads(line)
+                    resp = _decode(line)
                     req = conn.pending.pop(resp.get("id"), None)
                     if req is not None:
                         req.resolve(resp)
@@ -431,7 +449,7 @@ class KeeperdSpawner:
         caller gets the handle and sees Cancelled at its next checkpoint). Raises
         JobDirClaimed, KeeperNotStarted, or SpawnerError (keeperd died or was unreachable
         during the request: the job may or may not run, look at keeper.json)."""
-        path = os.path.abspath(os.fspath(job_dir))
+        path = _dir_key(job_dir)
         req = _Req("spawn", path, launch=True, watch=_Req("wait", path, launch=False))
         with trio.CancelScope(shield=True):
             self._submit(req)
@@ -464,7 +482,7 @@ class KeeperdSpawner:
     def _ours(self, job_dir: os.PathLike[str] | str, pid: int, create_time: float) -> bool:
         """This spawner had keeperd (pid, create_time) claim ``job_dir``: its keeper.json
         names keeperd (no need to read it)."""
-        known = self._spawned.get(os.path.abspath(os.fspath(job_dir)))
+        known = self._spawned.get(_dir_key(job_dir))
         return known is not None and _same(known, (pid, create_time))
 
     def _alive(self, pid: int, create_time: float) -> bool:
@@ -484,7 +502,7 @@ class KeeperdSpawner:
                                    or is_keeperd_claim(job_dir)):
             await wait_process_exit(pid, create_time)
             return
-        path = os.path.abspath(os.fspath(job_dir))
+        path = _dir_key(job_dir)
         try:
             await self._wait_keeperd(path, pid, create_time)
         finally:
@@ -495,7 +513,7 @@ class KeeperdSpawner:
                    job_dir: os.PathLike[str] | str) -> trio.Event | None:
         """The event of the wait this spawner's spawn of the job carried (keeperd answers it
         at the job's end, or the connection's loss sets it); None when there is none."""
-        watch = self._watches.get(os.path.abspath(os.fspath(job_dir)))
+        watch = self._watches.get(_dir_key(job_dir))
         if watch is None or watch.identity is None or not _same(watch.identity, (pid, create_time)):
             return None
         return watch.event
@@ -531,7 +549,7 @@ class KeeperdSpawner:
         if not self._alive(pid, create_time) or os.path.exists(
                 os.path.join(job_dir, joblog.STATUS_FILE)):
             return False  # keeperd is gone, or done with this job
-        self._submit(_Req("cancel", os.path.abspath(os.fspath(job_dir)), launch=False))
+        self._submit(_Req("cancel", _dir_key(job_dir), launch=False))
         return True
 
     def kill_marked(self, job_id: str) -> list[int]:

@@ -380,16 +380,14 @@ async def test_a_spawn_carries_the_wait_for_its_jobs_end(tmp_path, make_job, mon
             assert spawner.exit_event(handle.pid, handle.create_time, job_dir) is None
         assert ops == ["spawn", "spawn"]
 
-        class OldAnswers:  # keeperd's answers without "watching"
-            dumps = staticmethod(json.dumps)
+        real_decode = keeperd_client._decode
 
-            @staticmethod
-            def loads(line):
-                answer = json.loads(line)
-                answer.pop("watching", None)
-                return answer
+        def old_answers(line):  # keeperd's answers without "watching"
+            answer = real_decode(line)
+            answer.pop("watching", None)
+            return answer
 
-        monkeypatch.setattr(keeperd_client, "json", OldAnswers)
+        monkeypatch.setattr(keeperd_client, "_decode", old_answers)
         ops.clear()
         job_dir = jobs[2]
         handle = await spawner.spawn(job_dir)
