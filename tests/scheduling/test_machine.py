@@ -155,6 +155,31 @@ def test_a_start_the_store_refuses_releases_its_cpus_and_requeues():
     assert machine.core.statistics().held_permits == 0 and "j2" not in machine.active
 
 
+def test_a_job_this_dispatcher_queued_starts_fresh_the_first_time_only():
+    """Issue 14: a job this machine accepted into its queue has no job directory until it
+    is first placed, so that start is `fresh` (its actor does not look in the directory),
+    like an admit's. A start after one the store refused looks again."""
+    shell = Shell(m.DispatchMachine.new(SETTINGS))
+    for job_id in ("j1", "j2", "j3"):
+        submit(shell, job_id, "t" + job_id)
+        shell.run(m.DiskAnswered(job_id, None))  # j1 starts; j2, j3 queue behind it
+    assert list(shell.machine.queued) == ["j2", "j3"]
+    assert shell.machine.unplaced == {"j2", "j3"}
+    shell.run(m.Finished("j1"))
+    assert shell.of(m.StartJobActor) == [m.StartJobActor("j2", fresh=True)]
+    assert shell.machine.unplaced == {"j3"} and not shell.machine.first_starts
+    # j3's first start is refused by the store: the next one is not fresh
+    shell.full = True
+    shell.run(m.Finished("j2"))
+    assert not shell.of(m.StartJobActor) and list(shell.machine.queued) == ["j3"]
+    assert not shell.machine.unplaced and not shell.machine.first_starts
+    shell.full = False
+    shell.now += retry_delay_s(1) + 1.0
+    shell.run(m.TimerFired())
+    started = shell.of(m.StartJobActor)
+    assert started == [m.StartJobActor("j3")] and not started[0].fresh
+
+
 def test_a_jobs_end_told_twice_changes_nothing_the_second_time():
     """A job's actor restarted after the dispatcher took its end asks again: the answer
     says its terminal save was not taken along (the actor saves it), and nothing else

@@ -850,12 +850,12 @@ async def test_a_deep_workspaces_logged_clocks_pause_resume_and_run_out_on_time_
             assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
 
 
-async def test_only_a_job_accepted_with_its_start_skips_the_look_in_its_job_directory(
+async def test_only_a_job_this_runner_accepted_skips_the_look_in_its_job_directory(
         tmp_path, monkeypatch):
-    """issue 14: a job accepted and started in one dispatcher turn (an idle runner's
-    "admit") has an id minted just now, so its actor does not look in its job directory
-    before the set-up; a job that waited in its queue (it may have been set up before: a
-    failed start, an earlier runner) is looked at, as is any later incarnation."""
+    """issue 14: a job this runner accepted and has not started before (an idle runner's
+    "admit", or a job that waited in its queue) has no job directory yet, so its actor does
+    not look in it before the set-up. A job an earlier runner accepted (it may have been
+    set up before it stopped) is looked at, as is a job found running at the start."""
     from motor.execution import jobdir
 
     looked: list[str] = []
@@ -867,14 +867,21 @@ async def test_only_a_job_accepted_with_its_start_skips_the_look_in_its_job_dire
 
     monkeypatch.setattr(jobdir, "look", look)
     release = tmp_path / "release"
-    async with motor.open_runner(embedded_config(tmp_path, max_weight=1)) as runner:
+    config = embedded_config(tmp_path, max_weight=1)
+    async with motor.open_runner(config) as runner:
         first = await runner.submit(barrier_job(release, workspace="a", weight_hint=1))
-        second = await runner.submit(JobRequest(command=["true"], workspace="b", weight_hint=1))
-        assert (await runner.get(second.job_id)).state == "queued"
+        earlier = await runner.submit(JobRequest(command=["true"], workspace="b", weight_hint=1))
+        assert (await runner.get(earlier.job_id)).state == "queued"
+    assert looked == []  # the admit is fresh; the queued job never started
+    async with motor.open_runner(config) as runner:
+        later = await runner.submit(JobRequest(command=["true"], workspace="c", weight_hint=1))
+        assert (await runner.get(later.job_id)).state == "queued"
         release.touch()
-        assert (await terminal_of(runner, first.job_id, 30))["state"] == "succeeded"
-        assert (await terminal_of(runner, second.job_id, 30))["state"] == "succeeded"
-    assert looked == [second.job_id]
+        for job in (first, earlier, later):
+            assert (await terminal_of(runner, job.job_id, 30))["state"] == "succeeded"
+    # the first was adopted (it ran on while no runner ran), the earlier runner's queued
+    # job looked at, this runner's own queued job not
+    assert looked == [first.job_id, earlier.job_id]
 
 
 def test_only_the_first_incarnation_of_a_fresh_start_is_fresh():
