@@ -12,6 +12,8 @@ scripts' business (docs/performance.md), that they come is this test's.
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -73,3 +75,14 @@ def test_loop_stalls_reads_the_loops_steps():
     loop_stalls = _bench("loop_stalls")
     got = _round(loop_stalls, "6")
     assert set(loop_stalls.METRICS) <= set(got)
+
+
+def test_the_rows_script_runs_scripts_that_take_its_flags():
+    """bench/rows.sh runs every row of issue 14's table; `--check` asks each script it names
+    for its `--help` and finds each flag the row passes (a renamed flag fails here, not in
+    the middle of a 40-minute run)."""
+    done = subprocess.run(["bash", str(BENCH / "rows.sh"), "--check"], capture_output=True,
+                          text=True, env={**os.environ, "PYTHON": sys.executable})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("ok: ") == 7, done.stdout
+    assert "scale.py" in done.stdout and "--backend-pairs" in done.stdout
