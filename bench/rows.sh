@@ -7,7 +7,9 @@
 # Before: ../shared/bench/peers/setup.sh (task-spooler, for the peers' lines), and, on a
 # host whose /tmp is ext4 without a journal, a journaled file system for the runners' state
 # and task-spooler's output (bench/journaled_fs.sh; then run with TMPDIR=that directory).
-# PYTHON picks the interpreter (default: python on PATH, with motor installed).
+# PYTHON picks the interpreter (default: python on PATH, with motor installed). The walk's
+# tree of 200,000 files goes under WALK_DIR (default /tmp: it does not fit the inodes of
+# journaled_fs.sh's 1 GB image).
 # LOG (default rows-<UTC time>.log) gets every line; each row's medians are printed as
 # they come. `--check` runs nothing: it checks that each script takes the flags given
 # here (tests/test_bench_probes.py runs it). `--no-systemd` leaves out the systemd row
@@ -30,7 +32,7 @@ rows=(
     "throughput.py --rounds 3"                              # 200 true, cgroup (the default)
     "throughput.py --rounds 3 --isolation affinity"         # the same, affinity
     "latency.py --rounds 3 --samples 20"                    # submit -> running; motor run wall
-    "walk.py --runs 5"                                      # a walk of 200,000 files, du -s
+    "walk.py --runs 5 --dir ${WALK_DIR:-/tmp}"              # a walk of 200,000 files, du -s
     "scale.py --tries 15 --drain-limit 30"                  # 10,000 queued over 2,000 workspaces
     "scheduler.py --only core --sizes 10000 --rounds 11"    # the pure core at 10,000 queued
 )
@@ -66,7 +68,10 @@ for row in "${rows[@]}"; do
     # shellcheck disable=SC2086  # the arguments are words
     (cd "$here" && "$py" $script $args) >"$out" 2>&1 || echo "## $script failed ($?)" >>"$out"
     cat "$out" >>"$log"
-    grep -v '^peer=' "$out" || true  # the medians and summaries (every line is in the log)
+    case $script in  # the medians and summaries (every line is in the log)
+    scale.py) cat "$out" ;;  # one line per figure, no medians
+    *) grep -v '^peer=' "$out" || true ;;
+    esac
     rm -f "$out"
 done
 echo "# done $(date -u +%T), load $(cut -d' ' -f1-3 /proc/loadavg); every line in $log"

@@ -86,3 +86,17 @@ def test_the_rows_script_runs_scripts_that_take_its_flags():
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("ok: ") == 7, done.stdout
     assert "scale.py" in done.stdout and "--backend-pairs" in done.stdout
+
+
+def test_cold_start_times_each_piece_of_work_at_each_gap(tmp_path):
+    """bench/cold_start.py (docs/performance.md, "Stop 66") prints one line per piece of
+    work and gap, each with its ratio to the first gap's median."""
+    done = subprocess.run([sys.executable, str(BENCH / "cold_start.py"), "--samples", "3",
+                           "--gaps", "0,0.001", "--dir", str(tmp_path)], cwd=BENCH,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = [line.split() for line in done.stdout.splitlines() if line.startswith("peer=host")]
+    assert [(f[1], f[4]) for f in lines] == [
+        (f"metric={name}", f"gap_s={gap}") for name in ("sqlite_commit", "python_calls",
+                                                       "fork_exec") for gap in ("0", "0.001")]
+    assert all(f[5] == "cold_x=1.00" for f in lines[::2])  # the first gap is the reference
