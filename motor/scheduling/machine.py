@@ -224,9 +224,10 @@ class StartJobActor:
     #: the job's record as just saved (its start) or recovered: the job actor's first
     #: incarnation starts from it without reading it back from the store (issue 14)
     record: Any = field(default=None, compare=False, repr=False)
-    #: accepted in the same message (an "admit": its id minted by this dispatcher just
-    #: now), so nothing of it can be on disk yet: the first incarnation need not look in
-    #: its job directory before the set-up (issue 14: three stats off an idle start)
+    #: accepted by this dispatcher and never placed before (an "admit", its id minted just
+    #: now, or a job from its queue: `unplaced`), so nothing of it can be on disk yet: the
+    #: first incarnation need not look in its job directory before the set-up (issue 14:
+    #: three stats off a start)
     fresh: bool = False
 
 
