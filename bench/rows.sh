@@ -13,7 +13,7 @@
 # LOG (default rows-<UTC time>.log) gets every line; each row's medians are printed as
 # they come. `--check` runs nothing: it checks that each script takes the flags given
 # here (tests/test_bench_probes.py runs it). `--no-systemd` leaves out the systemd row
-# (root and a cgroup v1 host: it boots systemd in a namespace, about 4 minutes).
+# (root and a cgroup v1 host: it boots systemd in a namespace; about 2 minutes).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 py=${PYTHON:-python}

@@ -80,7 +80,7 @@ def test_loop_stalls_reads_the_loops_steps():
 def test_the_rows_script_runs_scripts_that_take_its_flags():
     """bench/rows.sh runs every row of issue 14's table; `--check` asks each script it names
     for its `--help` and finds each flag the row passes (a renamed flag fails here, not in
-    the middle of a 40-minute run)."""
+    the middle of a 7-minute run)."""
     done = subprocess.run(["bash", str(BENCH / "rows.sh"), "--check"], capture_output=True,
                           text=True, env={**os.environ, "PYTHON": sys.executable})
     assert done.returncode == 0, done.stderr
