@@ -35,6 +35,7 @@ rows=(
     "walk.py --runs 5 --dir ${WALK_DIR:-/tmp}"              # a walk of 200,000 files, du -s
     "scale.py --tries 15 --drain-limit 30"                  # 10,000 queued over 2,000 workspaces
     "scheduler.py --only core --sizes 10000 --rounds 11"    # the pure core at 10,000 queued
+    "work_counts.py --isolation cgroup"                     # calls per job: steadier than times
 )
 if [ "$systemd" = 1 ]; then
     rows+=("throughput.py --backend-pairs 40 --n 100")     # systemd backend against cgroup

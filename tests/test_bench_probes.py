@@ -84,7 +84,7 @@ def test_the_rows_script_runs_scripts_that_take_its_flags():
     done = subprocess.run(["bash", str(BENCH / "rows.sh"), "--check"], capture_output=True,
                           text=True, env={**os.environ, "PYTHON": sys.executable})
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("ok: ") == 7, done.stdout
+    assert done.stdout.count("ok: ") == 8, done.stdout
     assert "scale.py" in done.stdout and "--backend-pairs" in done.stdout
 
 
