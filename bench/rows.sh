@@ -29,7 +29,7 @@ done
 
 # script and arguments, one row each (the table's order)
 rows=(
-    "throughput.py --rounds 3"                              # 200 true, cgroup (the default)
+    "throughput.py --rounds 3 --isolation cgroup"           # 200 true, cgroup (motor serve's default here)
     "throughput.py --rounds 3 --isolation affinity"         # the same, affinity
     "latency.py --rounds 3 --samples 20"                    # submit -> running; motor run wall
     "walk.py --runs 5 --dir ${WALK_DIR:-/tmp}"              # a walk of 200,000 files, du -s
