@@ -85,6 +85,16 @@ def byte_compile(root: Path) -> None:
     compileall.compile_dir(str(root / "motor"), quiet=1)
 
 
+def host_busy_s() -> float:
+    """CPU seconds the whole host has spent busy (every CPU, every process: /proc/stat's
+    first line, all but idle and iowait) since boot. Two readings around a burst, over its
+    jobs, give the host's CPU per job, whoever spent it (the runner, keeperd, the jobs, the
+    client, a peer's server)."""
+    with open("/proc/stat") as f:
+        ticks = [int(x) for x in f.readline().split()[1:]]
+    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def load1() -> str:
     """The 1-minute load average, as every figure line carries it (load1=)."""
     return f"{os.getloadavg()[0]:.2f}"

@@ -201,7 +201,7 @@ def main() -> int:
     for _ in range(args.reference_rounds):
         from throughput import motor_round  # the throughput row's own round (bench/ is on sys.path)
 
-        wall, _submitted = motor_round(200, args.isolation)
+        wall, _submitted, _busy = motor_round(200, args.isolation)
         bursts.append(200 / wall)
         emit("burst_rate", bursts[-1], "jobs/s", "n=200 workspaces=4")
     if bursts:

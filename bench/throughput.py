@@ -13,7 +13,10 @@ own namespaces (tests/isolation/systemd_ns.py; root, cgroup v1 hosts), for
 Each round starts a runner (`--max-weight 2`, claims of 1, jobs spread over 4 workspaces),
 submits N jobs of `true` through the HTTP API on the Unix socket one after another, and
 measures the wall time from the first submit until every job has ended (every job is
-then checked to have succeeded). The end is waited for as task-spooler's is (`tsp -w`):
+then checked to have succeeded), and the host's CPU over the same span (/proc/stat: every
+process's, the runner's, keeperd's, the jobs' and the client's; for a peer, while its
+script runs), printed per job as `host_cpu_per_job_ms` and beside the medians: on two
+CPUs a rate above 2000 / that figure jobs/s cannot be reached however the work overlaps. The end is waited for as task-spooler's is (`tsp -w`):
 by following an unfinished job's event stream to its end, then asking `GET /v1/status`
 whether any is left (up to stop 20 this script polled `GET /v1/status` every 2 ms, a load
 of its own on the runner; `--poll-status` adds that as peer=motor-poll). In the same round, interleaved, it runs the peers'
@@ -54,7 +57,7 @@ from pathlib import Path
 
 import httpx
 
-from benchlib import fs_note, motor_serve, socket_of
+from benchlib import fs_note, host_busy_s, motor_serve, socket_of
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = ROOT.parent / "shared" / "bench" / "peers"
@@ -85,8 +88,9 @@ def wait_idle(c: httpx.Client, poll: bool) -> None:
 
 
 def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
-                mode: str = "api", spawner: str | None = None) -> tuple[float, float]:
-    """(wall until all N ended, wall until all N were accepted); `mode`: "api" (one request
+                mode: str = "api", spawner: str | None = None) -> tuple[float, float, float]:
+    """(wall until all N ended, wall until all N were accepted, the host's busy CPU seconds
+    over the same span: `host_busy_s`); `mode`: "api" (one request
     per job, httpx), "api-client" (one request per job, motor.client.Client), "api-poll" (the same, waiting with status polls), "batch" (one batch request),
     "cli-each" (one `motor submit` process per job), "cli-from" (one `motor submit --from -`)."""
     env = {**os.environ, "MOTOR_SPAWNER": spawner} if spawner else None
@@ -99,7 +103,7 @@ def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
         with httpx.Client(transport=transport, base_url="http://motor", timeout=60) as c:
             c.get("/v1/health").raise_for_status()
             jobs = [{"command": ["true"], "weight_hint": 1, "workspace": f"ws{i % 4}"} for i in range(n)]
-            t0 = time.perf_counter()
+            busy0, t0 = host_busy_s(), time.perf_counter()
             cli = [sys.executable, "-m", "motor", "submit", "--socket", str(sock)]
             if mode == "batch":
                 r = c.post("/v1/jobs", json=jobs)
@@ -130,28 +134,32 @@ def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
                         raise SystemExit(f"submit {i}: {r.status_code} {r.text}")
             t_sub = time.perf_counter()
             wait_idle(c, poll=mode == "api-poll")
-            t1 = time.perf_counter()
+            t1, busy1 = time.perf_counter(), host_busy_s()
             jobs = c.get("/v1/jobs", params={"all": 1}).json()
             ok = sum(1 for j in jobs if j["state"] == "succeeded")
             if ok != n:
                 bad = [(j["state"], j.get("reason"), j.get("detail")) for j in jobs
                        if j["state"] != "succeeded"]
                 raise SystemExit(f"only {ok} of {n} jobs succeeded; the others: {bad[:3]}")
-        return t1 - t0, t_sub - t0
+        return t1 - t0, t_sub - t0, busy1 - busy0
 
 
-def peer_round(peer: str, n: int) -> float | None:
+def peer_round(peer: str, n: int) -> tuple[float, float] | None:
+    """(the peer's wall, the host's busy CPU seconds while its script ran: a little more
+    than its timed part, the script's own start and check included)."""
     script = PEERS / "throughput.sh"
     if not script.exists():
         return None
+    busy0 = host_busy_s()
     r = subprocess.run(["bash", str(script), peer, str(n)], capture_output=True, text=True)
+    busy = host_busy_s() - busy0
     if r.returncode != 0:
         print(f"# {peer}: {r.stderr.strip() or r.stdout.strip()}", flush=True)
         return None
     line = r.stdout.strip().splitlines()[-1]
-    print(line, flush=True)
+    print(f"{line} host_cpu_per_job_ms={busy / n * 1e3:.2f}", flush=True)
     fields = dict(kv.split("=", 1) for kv in line.split())
-    return float(fields["value"])
+    return float(fields["value"]), busy
 
 
 def backend_pairs(pairs: int, n: int) -> None:
@@ -161,7 +169,7 @@ def backend_pairs(pairs: int, n: int) -> None:
     for i in range(pairs):
         order = [("systemd", True), ("cgroup", False)]
         for isolation, namespace in (order if i % 2 == 0 else order[::-1]):
-            wall, _ = motor_round(n, isolation, namespace)
+            wall, _, _ = motor_round(n, isolation, namespace)
             emit(f"motor-{isolation}", wall, n, f"pair={i + 1} isolation={isolation} "
                                                 f"load1={os.getloadavg()[0]:.2f}")
             rates[isolation].append(n / wall)
@@ -201,24 +209,29 @@ def main() -> None:
              for sp in spawners for peer, mode in base.items()}
     walls: dict[str, list[float]] = {peer: [] for peer in modes} | {"bare-xargs": [], "tsp": []}
     submits: dict[str, list[float]] = {peer: [] for peer in modes}
+    busy: dict[str, list[float]] = {peer: [] for peer in walls}  # host CPU s per round
     for _ in range(args.rounds):
         for peer, (mode, sp) in modes.items():
-            wall, sub = motor_round(args.n, args.isolation, args.systemd_namespace,
-                                    mode=mode, spawner=sp)
+            wall, sub, cpu = motor_round(args.n, args.isolation, args.systemd_namespace,
+                                         mode=mode, spawner=sp)
             emit(peer, wall, args.n, f"submit_s={sub:.6f} submit_jobs_per_s={args.n / sub:.1f} "
+                                     f"host_cpu_per_job_ms={cpu / args.n * 1e3:.2f} "
                                      f"isolation={args.isolation} "
                                      f"load1={os.getloadavg()[0]:.2f}")
             walls[peer].append(wall)
             submits[peer].append(sub)
+            busy[peer].append(cpu)
         if not args.no_peers:
             for peer in ("bare-xargs", "tsp"):
-                value = peer_round(peer, args.n)
-                if value is not None:
-                    walls[peer].append(value)
-    print("# medians")
+                got = peer_round(peer, args.n)
+                if got is not None:
+                    walls[peer].append(got[0])
+                    busy[peer].append(got[1])
+    print("# medians (host CPU: every process's, per job, over the burst)")
     med = {p: statistics.median(v) for p, v in walls.items() if v}
     for peer, m in med.items():
-        print(f"# {peer:<11} {m:8.4f} s  {args.n / m:8.1f} jobs/s")
+        print(f"# {peer:<11} {m:8.4f} s  {args.n / m:8.1f} jobs/s  host CPU "
+              f"{statistics.median(busy[peer]) / args.n * 1e3:5.2f} ms/job")
     for name in (n for n in modes if n in med):
         for peer in ("bare-xargs", "tsp"):
             if peer in med:

@@ -15,6 +15,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,19 @@ def test_cold_start_times_each_piece_of_work_at_each_gap(tmp_path):
         (f"metric={name}", f"gap_s={gap}") for name in ("sqlite_commit", "python_calls",
                                                        "fork_exec") for gap in ("0", "0.001")]
     assert all(f[5] == "cold_x=1.00" for f in lines[::2])  # the first gap is the reference
+
+
+def test_host_busy_counts_the_cpu_a_process_spends():
+    """benchlib.host_busy_s (bench/throughput.py's host CPU per job) grows by the CPU this
+    process burns between two readings, and by less while it sleeps as long (idle time is
+    not counted)."""
+    benchlib = _bench("benchlib")
+    before, cpu0 = benchlib.host_busy_s(), time.process_time()
+    while time.process_time() - cpu0 < 0.3:
+        pass
+    burning = benchlib.host_busy_s() - before
+    before = benchlib.host_busy_s()
+    time.sleep(0.3)
+    sleeping = benchlib.host_busy_s() - before
+    assert burning >= 0.25  # ticks of 10 ms round it down; the host's other work adds
+    assert burning > sleeping + 0.15
