@@ -16,11 +16,12 @@ measures the wall time from the first submit until every job has ended (every jo
 then checked to have succeeded), and the host's CPU over the same span (/proc/stat: every
 process's, the runner's, keeperd's, the jobs' and the client's; for a peer, while its
 script runs), printed per job as `host_cpu_per_job_ms` and beside the medians: on two
-CPUs a rate above 2000 / that figure jobs/s cannot be reached however the work overlaps. The end is waited for as task-spooler's is (`tsp -w`):
-by following an unfinished job's event stream to its end, then asking `GET /v1/status`
-whether any is left (up to stop 20 this script polled `GET /v1/status` every 2 ms, a load
-of its own on the runner; `--poll-status` adds that as peer=motor-poll). In the same round, interleaved, it runs the peers'
-scripts from ../shared/bench/peers (`throughput.sh bare-xargs` and `throughput.sh tsp`;
+CPUs a rate above 2000 / that figure jobs/s cannot be reached however the work overlaps.
+The end is waited for as task-spooler's is (`tsp -w`): by following an unfinished job's
+event stream to its end, then asking `GET /v1/status` whether any is left (up to stop 20
+this script polled `GET /v1/status` every 2 ms, a load of its own on the runner;
+`--poll-status` adds that as peer=motor-poll). In the same round, interleaved, it runs
+the peers' scripts from ../shared/bench/peers (`throughput.sh bare-xargs` and `throughput.sh tsp`;
 `setup.sh` must have run for tsp). It prints one line per measurement in the peers'
 format and, at the end, the medians, jobs/s and ratios.
 
