@@ -288,12 +288,11 @@ class DispatchMachine:
     key_waiters: dict[str, list] = field(default_factory=dict)
     #: {job_id: the queued record} of jobs being placed and saved as `setup`
     starting: dict[str, JobRecord] = field(default_factory=dict)
-    #: queued jobs this machine accepted and has not placed yet: nothing of them can be on
-    #: disk, so their first start is `fresh` like an admit's (issue 14: a queued job's set-up
-    #: looked in a job directory that cannot exist); a recovered job is never in it
+    #: jobs this machine accepted into a queue and has not started yet (queued, or placed
+    #: and their start not saved): nothing of them can be on disk, so their first start is
+    #: `fresh` like an admit's (issue 14: a queued job's set-up looked in a job directory
+    #: that cannot exist); a recovered job is never in it
     unplaced: set[str] = field(default_factory=set)
-    #: of `starting`, those that were `unplaced`
-    first_starts: set[str] = field(default_factory=set)
     #: {job_id: its accept's SaveRecord} of jobs in `starting` accepted in this message: their
     #: accept is saved with their start ("admit"), once placed
     admitted: dict[str, "SaveRecord"] = field(default_factory=dict)
@@ -353,9 +352,6 @@ class DispatchMachine:
                 self.admitted[start.job_id] = accept
             else:
                 self.starting[start.job_id] = self.queued.pop(start.job_id)
-                if start.job_id in self.unplaced:
-                    self.unplaced.discard(start.job_id)
-                    self.first_starts.add(start.job_id)
             effects.append(PlaceCpus(start.job_id, start.claim))
         return effects
 
@@ -570,8 +566,8 @@ class DispatchMachine:
             del self.starting[job_id]
             self.unsaved.pop(job_id, None)  # superseded (a deferred requeue)
             self.active.add(job_id)
-            first = job_id in self.first_starts
-            self.first_starts.discard(job_id)
+            first = job_id in self.unplaced
+            self.unplaced.discard(job_id)
             started = StartJobActor(job_id, save.record, fresh=save.purpose == "admit" or first)
             return [*self._answer(job_id, save.accepted.idempotency_key, save.token, save.accepted),
                     started] if save.purpose == "admit" \
@@ -592,7 +588,7 @@ class DispatchMachine:
             return self._accept_failed(event, now)
         if save.purpose == "start":  # nothing runs unrecorded: back to its queue, retry later
             record = self.starting.pop(job_id)
-            self.first_starts.discard(job_id)  # its next start looks (it is rare)
+            self.unplaced.discard(job_id)  # its next start looks (it is rare)
             self.core.start_failed(job_id, now)
             self.queued[job_id] = record
             return [ReleaseCpus(job_id)]  # Settle, after the other starts, re-arms the timer

@@ -167,12 +167,12 @@ def test_a_job_this_dispatcher_queued_starts_fresh_the_first_time_only():
     assert shell.machine.unplaced == {"j2", "j3"}
     shell.run(m.Finished("j1"))
     assert shell.of(m.StartJobActor) == [m.StartJobActor("j2", fresh=True)]
-    assert shell.machine.unplaced == {"j3"} and not shell.machine.first_starts
+    assert shell.machine.unplaced == {"j3"}
     # j3's first start is refused by the store: the next one is not fresh
     shell.full = True
     shell.run(m.Finished("j2"))
     assert not shell.of(m.StartJobActor) and list(shell.machine.queued) == ["j3"]
-    assert not shell.machine.unplaced and not shell.machine.first_starts
+    assert not shell.machine.unplaced
     shell.full = False
     shell.now += retry_delay_s(1) + 1.0
     shell.run(m.TimerFired())
