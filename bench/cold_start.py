@@ -3,9 +3,9 @@
     python bench/cold_start.py [--samples 40] [--gaps 0,0.001,0.005,0.02,0.3] [--dir DIR]
 
 The latency row starts one job on an idle runner, and on this host code that ran a moment
-ago runs several times slower after even a few milliseconds of idleness (docs/performance.md,
-"Stop 66"). This script times three pieces of work, each after sleeping GAP seconds
-(0: back to back), in one process:
+ago runs several times slower after even a few milliseconds of idleness
+(docs/performance-history.md, "Stop 66"). This script times three pieces of work, each
+after sleeping GAP seconds (0: back to back), in one process:
 
 - `sqlite_commit`: one transaction as the store writes a job's start (a job row of about
   900 bytes and three event rows, WAL, synchronous=NORMAL) in a database under DIR

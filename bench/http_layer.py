@@ -18,7 +18,7 @@ socket's requests as the latency samples make them (a JSON body, an NDJSON strea
 alive) and nothing of what motor/api/server.py gets from hypercorn (the head timeout,
 graceful shutdown, protocol errors answered 400, `Expect: 100-continue`, TCP). It tells
 how much of the start latency is hypercorn's, and so what keeping hypercorn costs
-(docs/performance.md, "Stop 40").
+(docs/performance-history.md, "Stop 40").
 """
 
 from __future__ import annotations

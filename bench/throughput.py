@@ -37,7 +37,7 @@ fresh runners, one `--isolation systemd` inside a systemd namespace and one `--i
 cgroup` on the host, each running the N jobs one request each (as peer=motor), the order
 within a pair alternated; then the medians, their ratio and in how many pairs systemd was
 ahead. The two are at parity within a noise of about +-15% per 100-job burst
-(docs/performance.md, "Stop 65"), so the row needs many pairs.
+(docs/performance-history.md, "Stop 65"), so the row needs many pairs.
 
 `--cli` adds what a CI script sees: peer=motor-cli-each submits the N jobs with one
 `motor submit -- true` process each, peer=motor-cli-from with one `motor submit --from -`

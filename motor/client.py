@@ -402,7 +402,7 @@ class _Wire:
 
     Keep-alive: the connection of a response read to its end goes back to the wire and the
     next request within `REUSE_S` takes it (issue 14: 200 submits one after the other
-    through `motor serve`, 88.0 -> 96.5 jobs/s, docs/performance.md "Stop 30"; the
+    through `motor serve`, 88.0 -> 96.5 jobs/s, docs/performance-history.md "Stop 30"; the
     runner's accept and its connection set-up are per connection). It is taken only
     after a non-blocking look finds it neither closed by the runner nor holding stray
     bytes, and the runner keeps an idle connection for `HEAD_TIMEOUT_S` (5 s, motor/api/

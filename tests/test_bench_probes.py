@@ -90,7 +90,7 @@ def test_the_rows_script_runs_scripts_that_take_its_flags():
 
 
 def test_cold_start_times_each_piece_of_work_at_each_gap(tmp_path):
-    """bench/cold_start.py (docs/performance.md, "Stop 66") prints one line per piece of
+    """bench/cold_start.py (docs/performance-history.md, "Stop 66") prints one line per piece of
     work and gap, each with its ratio to the first gap's median."""
     done = subprocess.run([sys.executable, str(BENCH / "cold_start.py"), "--samples", "3",
                            "--gaps", "0,0.001", "--dir", str(tmp_path)], cwd=BENCH,

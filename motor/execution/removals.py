@@ -5,7 +5,7 @@ groups (`isolation_facts` in status.json). Those groups are then of no more use:
 says so in the status (`isolation_released`) and hands them to this thread, which removes
 them after the status is written. The runner then removes nothing at the job's end (no
 worker-thread hop and no `rmdir` in its process: 0.4-0.5 ms of its CPU per job in a
-burst, docs/performance.md "Stop 53").
+burst, docs/performance-history.md "Stop 53").
 
 Why a thread: on v1 an `rmdir` waits for the kernel's cgroup mutex, which a migration (a
 spare thread joining its groups, spares.py) holds for a whole RCU grace period after an idle

@@ -26,7 +26,7 @@ keeperd makes a new spare when its loop has nothing else to do (`fill_one`).
 Until stop 30 a spare was a process forked from keeperd that exec'd the job: about 5 ms of
 CPU per job on this host (the fork of keeperd's ~10 MiB, the pages keeperd and the spare
 then copied, the spare's exec tearing the copy down) against well under 1 ms for a thread
-and a `posix_spawn` (docs/performance.md, "Stop 30").
+and a `posix_spawn` (docs/performance-history.md, "Stop 30").
 
 keeperd learns the parent groups from the first spec that has a `cgroup_make` (that job
 starts the old way: fork, make its groups, join) and records them in

@@ -59,7 +59,7 @@ def tune_collector() -> None:
     of every collection, and a young collection comes after 10,000 new containers, not 700.
     With 10,000 queued jobs a full collection walked every record, 60-70 ms each, four of
     them while the queue filled; with these settings none came in that run, and the time
-    spent collecting fell from about 400 to about 150 ms (docs/performance.md). Only
+    spent collecting fell from about 400 to about 150 ms (docs/performance-history.md). Only
     `motor serve` does this: an embedding program's collector is its own."""
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)

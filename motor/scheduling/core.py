@@ -1387,7 +1387,7 @@ class Scheduler:
         for one job, kept apart on purpose: heads and single jobs flip once or more per
         event, and routed through the run's loop they made a starting `decide()` and the
         pass after the heads age slower at 10,000 queued over 2,000 workspaces
-        (docs/performance.md, "Stop 45"). The deadline's formula is shared (`_due_key`)."""
+        (docs/performance-history.md, "Stop 45"). The deadline's formula is shared (`_due_key`)."""
         self._catch_up(job)
         since = job.clock_since
         if advancing == (since is not None):

@@ -56,8 +56,8 @@ that grows the WAL past 1,000 pages, with two `fdatasync`s (WAL, then database) 
 `synchronous=NORMAL`. In the runner that commit runs on the event loop's thread (the store
 writes in its caller's task), so every checkpoint stalled everything for as long as the
 disk took to sync: 10-20 ms on this host's journaled ext4, about once per 45 jobs, and far
-longer on a build host whose disk is busy with builds (docs/performance.md, stop 26). The store actor
-therefore turns the commits' checkpoints off (`background_checkpoints`) and runs
+longer on a build host whose disk is busy with builds (docs/performance-history.md, stop 26).
+The store actor therefore turns the commits' checkpoints off (`background_checkpoints`) and runs
 `checkpoint` in a worker thread on a connection of its own, when motor/store/checkpoints.py
 says (by `commits`, `bytes_written` and `wal_bytes`; docs/operations.md, "The job
 database's checkpoints").
