@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 
 from motor.config import ConfigError, RunnerConfig, build_config, load_toml
 
@@ -81,9 +79,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if (taken := _preflight_listen(config)) is not None:
         return _error_line(taken, 1)
     # one line per record, as the warnings were before any configuration (the journal
-    # stamps each line; docs/operations.md, "Watching it")
-    logging.basicConfig(level=config.log_level.upper(), format="%(message)s", stream=sys.stderr)
+    # stamps each line; docs/operations.md, "Watching it"), written by a thread: a standard
+    # error that nobody reads never holds the runner (motor/logsink.py)
+    from motor import logsink
 
+    logsink.install(config.log_level)
+    try:
+        return _serve(config)
+    finally:
+        logsink.uninstall(logsink.DRAIN_S)
+
+
+def _serve(config) -> int:
+    """`trio.run` of the runner, its start-up failures sorted into one line and a status."""
     import sqlite3
 
     import trio
@@ -169,6 +177,8 @@ def _preflight_listen(config) -> str | None:
 
 
 def _error_line(exc: BaseException | str, status: int) -> int:
+    from motor import logsink
+
     message = " ".join(str(exc).split())
-    sys.stderr.write(f"motor: error: {message}\n")
+    logsink.line(f"motor: error: {message}")  # the sink's, once `cmd_serve` installed it
     return status

@@ -30,6 +30,7 @@ import signal
 
 import trio
 
+from .. import logsink
 from ..config import RunnerConfig
 from ..lifecycle import RETENTION_MS
 from .facade import Runner
@@ -80,11 +81,10 @@ async def serve_forever(config: RunnerConfig) -> int:
     with trio.open_signal_receiver(*STOP_SIGNALS) as signals:
         async with open_runner(config, api=True) as runner, trio.open_nursery() as nursery:
             tune_collector()
-            print(f"motor: listening on {config.socket_path}"
-                  + (f" and http://{config.listen}" if config.listen else ""),
-                  f"(state {config.state_path}, isolation {runner.host.backend.name},"
-                  f" max_weight {config.max_weight}, claim limit {runner.host.claim_limit})",
-                  flush=True)
+            logsink.say(f"motor: listening on {config.socket_path}"  # never from the loop
+                        + (f" and http://{config.listen}" if config.listen else "")
+                        + f" (state {config.state_path}, isolation {runner.host.backend.name},"
+                        f" max_weight {config.max_weight}, claim limit {runner.host.claim_limit})")
             if notify is not None:
                 notify.send("READY=1", f"STATUS=serving on {config.socket_path}")
                 if period is not None:

@@ -12,6 +12,7 @@ import trio
 
 import actors
 
+from .. import logsink
 from ..config import RunnerConfig
 from ..disk.bundles import BundleError, valid_sha
 from ..disk.core import admission, inode_floors
@@ -416,6 +417,14 @@ class Runner:
                            "locked_writes": pace.locked_writes,
                            "locked_ms": round(locked_s * 1000.0, 3),
                            **({} if db.reserve is None else {"reserve": db.reserve.describe()})}
+        if (sink := logsink.current()) is not None:  # `motor serve`'s (motor/logsink.py)
+            report["log"] = sink.report()
+            if (stalled := sink.stalled_s()) >= logsink.STALLED_S:
+                degraded.append({"subsystem": "log", "cause": (
+                    f"standard error has taken no log line for {stalled:.1f} s: nobody reads "
+                    "it (a stalled journal, a paused pipe or terminal); the runner goes on, "
+                    f"holding up to {logsink.QUEUE_LINES} lines, then dropping and counting "
+                    "them")})
         report["status"] = "degraded" if degraded else "ok"
         report["degraded"] = degraded
         return report
