@@ -35,7 +35,7 @@ from ..config import RunnerConfig
 from ..lifecycle import RETENTION_MS
 from .facade import Runner
 from .host import Host, StartupError, StateDirLock, check_database_present, probe_host
-from .notify import keep_watchdog, take_from_environ
+from .notify import READY_TIMEOUT_S, keep_watchdog, take_from_environ
 from .tree import SUBSYSTEM_INTENSITY, SUBSYSTEM_PERIOD_S, open_runner
 
 __all__ = [
@@ -86,7 +86,8 @@ async def serve_forever(config: RunnerConfig) -> int:
                         + f" (state {config.state_path}, isolation {runner.host.backend.name},"
                         f" max_weight {config.max_weight}, claim limit {runner.host.claim_limit})")
             if notify is not None:
-                notify.send("READY=1", f"STATUS=serving on {config.socket_path}")
+                await notify.send("READY=1", f"STATUS=serving on {config.socket_path}",
+                                  timeout=READY_TIMEOUT_S)
                 if period is not None:
                     nursery.start_soon(keep_watchdog, notify, period,
                                        runner.handles.dispatcher.capacity)
@@ -96,6 +97,7 @@ async def serve_forever(config: RunnerConfig) -> int:
                 break
             nursery.cancel_scope.cancel()  # the watchdog pings no more
             if notify is not None:
-                notify.send("STOPPING=1")
+                with trio.CancelScope(shield=True):  # (this scope is cancelled): bounded
+                    await notify.send("STOPPING=1")
                 notify.close()
     return STOP_SIGNALS[signum]

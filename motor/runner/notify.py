@@ -14,6 +14,13 @@
 No library: the protocol is one datagram per message on the Unix socket named by
 `NOTIFY_SOCKET` (a leading `@` is the abstract namespace). Without `NOTIFY_SOCKET` nothing is
 sent. A send that fails is logged once and never stops the runner.
+
+A send waits for room on trio's socket, never in a blocking call: while the service
+manager reads nothing (PID 1 stalled), its queue fills, and a blocking `sendto` then held
+the whole event loop (before stop 67: with `WatchdogSec` 20 ms and a manager that read
+nothing, the runner stopped answering after 8 s and ignored SIGTERM). `READY=1` waits up
+to `READY_TIMEOUT_S` (the runner serves meanwhile), a ping up to half the watchdog period,
+`STOPPING=1` up to `SEND_TIMEOUT_S`; what is not taken by then is dropped, said once.
 """
 
 from __future__ import annotations
@@ -27,23 +34,38 @@ import trio
 
 log = logging.getLogger("motor.runner")
 
+#: how long `READY=1` may wait for the service manager to take it (the runner serves meanwhile)
+READY_TIMEOUT_S = 30.0
+#: ... and any other notification
+SEND_TIMEOUT_S = 1.0
+
 
 class Notifier:
     """Datagrams to systemd's notification socket."""
 
     def __init__(self, address: str):
         self.address = "\0" + address[1:] if address.startswith("@") else address
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self.sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
         self._failed = False
 
-    def send(self, *lines: str) -> None:
-        try:
-            self.sock.sendto("\n".join(lines).encode(), self.address)
-        except OSError as exc:
-            if not self._failed:
-                self._failed = True
-                log.warning("runner: cannot notify the service manager at %s: %s",
-                            self.address.replace("\0", "@"), exc)
+    async def send(self, *lines: str, timeout: float = SEND_TIMEOUT_S) -> bool:
+        """One datagram of `lines`, waiting up to `timeout` s for room in the manager's
+        queue without holding the loop; whether it went."""
+        with trio.move_on_after(timeout):
+            try:
+                await self.sock.sendto("\n".join(lines).encode(), self.address)
+                return True
+            except OSError as exc:
+                self._said(str(exc))
+                return False
+        self._said(f"it took no notification for {timeout:g} s ({lines[0]} dropped)")
+        return False
+
+    def _said(self, why: str) -> None:
+        if not self._failed:
+            self._failed = True
+            log.warning("runner: cannot notify the service manager at %s: %s",
+                        self.address.replace("\0", "@"), why)
 
     def close(self) -> None:
         self.sock.close()
@@ -94,7 +116,7 @@ async def keep_watchdog(notify: Notifier, period_s: float,
         if waited.cancelled_caught:
             why = f"no answer within {half:.3g} s"
         if why is None:
-            notify.send("WATCHDOG=1")
+            await notify.send("WATCHDOG=1", timeout=max(0.0, started + half - trio.current_time()))
         else:
             log.warning("runner: the dispatcher did not answer (%s): no watchdog ping (systemd "
                         "restarts the runner after WatchdogSec %.3g s without one)", why, period_s)

@@ -105,3 +105,25 @@ def test_no_notify_socket_sends_nothing_a_foreign_watchdog_pid_is_not_ours_and_j
     assert (ran.returncode, ran.stdout) == (0, b"no no no\n")
     assert "WATCHDOG=1" not in manager.read()
     assert serve.stop() == 0
+
+
+def test_a_service_manager_that_reads_nothing_never_holds_the_runner(serve_factory, tmp_path):
+    """PID 1 stalled: its notification socket takes datagrams until its queue is full, then
+    none. The runner's sends wait on trio's socket, dropped after their bound (said once in
+    the log); before stop 67 a blocking `sendto` held the event loop for good (no answer,
+    SIGTERM ignored) once the queue filled: about 8 s of 10 ms pings on this host."""
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    silent.bind(str(tmp_path / "notify.sock"))  # never read
+    try:
+        serve = serve_factory("--isolation", "none")
+        serve.env = {"NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "10000"}
+        serve.start()  # pings every 5 ms: the queue fills within seconds
+        wait_for(lambda: b"cannot notify the service manager" in serve.log.read_bytes(),
+                 timeout=60, what="a notification dropped after its bound")
+        assert serve.cli_json("health", timeout=10)["status"] in ("ok", "degraded")
+        ran = serve.cli("run", "--", "echo", "still serving", timeout=30)
+        assert (ran.returncode, ran.stdout) == (0, b"still serving\n"), ran.stderr
+        assert serve.stop(timeout=30) == 0
+        assert serve.log.read_text().count("cannot notify the service manager") == 1
+    finally:
+        silent.close()
