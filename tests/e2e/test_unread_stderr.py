@@ -18,7 +18,7 @@ import pytest
 
 from motor.client import Client
 
-from conftest import ROOT, motor_env
+from tests.conftest import ROOT, motor_env
 from polling import wait_for
 
 pytestmark = pytest.mark.e2e
