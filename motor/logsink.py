@@ -9,7 +9,8 @@ longer stopped it.
 
 So the one handler on the root logger only formats a record and appends the line to a
 bounded queue (`LineSink.put`, which never blocks); a daemon thread writes what is
-queued, in order, with `os.write` (the GIL released while a write waits). While standard
+queued, in order, with `os.write` (the GIL released while a write waits), gathering the
+lines of `LINGER_S` into one write. While standard
 error takes nothing the queue holds up to `QUEUE_LINES` lines; later lines are dropped and
 counted, and once writes go through again a line says how many were dropped at that point.
 Health reports the sink (`report`) and is `degraded` under `log` while a write has waited
@@ -38,6 +39,8 @@ QUEUE_LINES = 10_000
 STALLED_S = 5.0
 #: how long the stop waits for the queued lines to be written
 DRAIN_S = 2.0
+#: how long the writer waits, once woken by a line, for more to write with it
+LINGER_S = 0.02
 
 _current: LineSink | None = None
 _stdout: LineSink | None = None
@@ -49,8 +52,8 @@ class LineSink:
     descriptor, or a text stream without one (a test's captured `sys.stderr`)."""
 
     def __init__(self, target: int | TextIO = 2, max_lines: int = QUEUE_LINES,
-                 clock=time.monotonic):
-        self._target, self._max, self._clock = target, max_lines, clock
+                 clock=time.monotonic, linger: float = LINGER_S):
+        self._target, self._max, self._clock, self._linger = target, max_lines, clock, linger
         self._lines: collections.deque[str] = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -116,6 +119,10 @@ class LineSink:
             with self._cond:
                 while not self._lines and not self._unsaid and not self._closed:
                     self._cond.wait()
+                closed = self._closed
+            if not closed:  # the lines of the next moments go in the same write: in a burst
+                time.sleep(self._linger)  # of job ends one wake-up here per batch, not per line
+            with self._cond:
                 if self._closed and not self._lines:
                     return
                 batch = list(self._lines)
