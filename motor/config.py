@@ -14,6 +14,7 @@ from typing import Literal
 
 import msgspec
 
+from .smallfiles import read_named
 from .wire import default_socket_str, default_state_dir_str
 
 GiB = 1024**3
@@ -226,7 +227,7 @@ def _existing_parent(path: Path) -> Path:
 def load_toml(path: str | Path) -> dict:
     """Read a config file; raise ConfigError on an unreadable or malformed one."""
     try:
-        data = Path(path).read_bytes()
+        data = read_named(path)  # (a FIFO named by mistake: an error, not a wait)
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
     try:

@@ -87,10 +87,14 @@ def read_token_file(path: str | Path) -> str:
     """The bearer token in a token file (surrounding whitespace stripped)."""
     from motor.config import ConfigError
 
+    from motor.smallfiles import read_named
+
     try:
-        token = Path(path).read_text().strip()
+        token = read_named(path).decode().strip()
     except OSError as exc:
         raise ConfigError(f"cannot read token file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"token file {path} is not UTF-8 text") from None
     if not token:
         raise ConfigError(f"token file {path} is empty")
     return token

@@ -57,7 +57,7 @@ def slot_lock_held(path: str) -> bool:
     someone else holds the lock. A missing file means no slot is active.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO: no wait
     except FileNotFoundError:
         return False
     except OSError as exc:

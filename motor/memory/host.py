@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Callable
 
 from ..isolation.base import IsolationError
+from ..smallfiles import read_named
 from .core import CapacityFileError, MemoryCeiling, parse_capacity_file
 
 log = logging.getLogger("motor.memory")
@@ -19,12 +19,12 @@ def read_declared_min(path: str) -> int | None:
     jobs keep running with limits clamped to the jobs group), never a crash.
     """
     try:
-        text = Path(path).read_text()
+        text = read_named(path).decode()  # (a FIFO there: unreadable, not a wait for ever)
     except FileNotFoundError:
         return None
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         log.warning("capacity file %s unreadable (%s); treating jobs_min_bytes as undeclared",
-                    path, exc.strerror)
+                    path, getattr(exc, "strerror", None) or "not UTF-8 text")
         return None
     try:
         return parse_capacity_file(text, path)
