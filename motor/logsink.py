@@ -204,9 +204,9 @@ def uninstall(timeout: float = DRAIN_S) -> None:
         return
     out, _stdout = _stdout, None
     deadline = time.monotonic() + timeout
+    sink.close(timeout)  # standard error first: it has the last lines (a stop, an error)
     if out is not None:
-        out.close(timeout)
-    sink.close(max(0.0, deadline - time.monotonic()))
+        out.close(max(0.0, deadline - time.monotonic()))
     root = logging.getLogger()
     for handler in list(root.handlers):
         if isinstance(handler, SinkHandler):
