@@ -87,6 +87,7 @@ def test_serve_whose_standard_error_nobody_reads_keeps_serving_and_says_so(tmp_p
             proc.kill()
             proc.wait(10)
     reader.join(10)
+    os.close(r)
     text = b"".join(received).decode()
     ended = re.findall(r"^job-(\S+): succeeded \(exit 0\)$", text, re.M)
     assert ended == ids  # every job's end line, in order: none lost while it was held
