@@ -12,6 +12,8 @@
 
 Named points (each documented where it is hit):
 
+- `setup.look`         a job's actor is about to look in its job directory before the
+                       set-up (every start but a `fresh` one: motor/execution/actor.py);
 - `setup.begin`        a job's setup, before the disk check (motor/execution/actor.py);
 - `setup.spawned`      the forkserver reported the keeper's pid (motor/execution/actor.py);
 - `forkserver.forked`  the keeper is forked, its claim (keeper.json) not yet written;

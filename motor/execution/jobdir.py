@@ -82,9 +82,9 @@ def read_claim(job_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
 def look_at_start(job_dir: Path, fresh: bool = False, ran: bool = False) -> Found:
     """What the job directory says when a job actor starts (`core.found` of `look`; `ran`:
     the job's record says it was spawned). Nothing is looked at for a `fresh` one: the
-    first incarnation of a job accepted with its start (`StartJobActor.fresh`: its id
-    minted in that dispatcher turn, so it has no directory yet; issue 14, three stats off
-    an idle start)."""
+    first incarnation of a job this dispatcher accepted and never placed before
+    (`StartJobActor.fresh`: an admit, or a job from its queue, `DispatchMachine.unplaced`),
+    so it has no directory yet (issue 14: three stats off a start)."""
     return Found(adopt=False) if fresh else found(*look(job_dir), ran=ran)
 
 
