@@ -54,8 +54,7 @@ class JobExecution(actors.Actor):
             deps, job_id = self.deps, self.record.job_id
             if self.record.terminal:  # an incarnation before this one recorded its end, then crashed
                 return await release_isolation(deps, job_id, self.name)
-            if not self.fresh:
-                await faults.ahit("setup.look")  # tests: which starts look (docs/keeper.md)
+            await faults.ahit("setup.look", when=not self.fresh)  # tests: which starts look
             found = jobdir.look_at_start(self.dir, self.fresh, self.record.state == RUNNING)
             if found.kill_strays:  # a start cut short, or a claim that names no keeper
                 await deps.offload(jobdir.kill_strays, deps.spawner, job_id, self.name, found.claim_error)
