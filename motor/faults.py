@@ -6,12 +6,16 @@
 - `POINT=kill:P`       the same with probability P (0..1) at each pass (a restart storm);
 - `POINT=wait:PATH`    the runner creates `PATH.reached`, then waits until `PATH` exists
                        (an explicit barrier a test releases by creating the file);
+- `POINT=raise`        the code raises FaultInjected there (an error nothing expected);
 - `actor.NAME=crash`   the subsystem NAME starts normally, then its actor raises
                        FaultInjected on every message it handles (a crash loop that its
                        supervisor gives up on; motor/runner/tree.py).
 
 Named points (each documented where it is hit):
 
+- `runner.serving`     `motor serve` is serving (its socket bound, systemd told it is
+                       ready), outside every supervisor (motor/runner/__init__.py): `raise`
+                       there is a runner that fails where nothing restarts it;
 - `setup.look`         a job's actor is about to look in its job directory before the
                        set-up (every start but a `fresh` one: motor/execution/actor.py);
 - `setup.begin`        a job's setup, before the disk check (motor/execution/actor.py);
@@ -91,6 +95,8 @@ def _begin(point: str) -> str | None:
         os.kill(os.getpid(), signal.SIGKILL)
     if act.startswith("kill:"):
         return None
+    if act == "raise":
+        raise FaultInjected(f"{ENV}: fault injected at {point}")
     if act.startswith("wait:"):
         gate = act[len("wait:"):]
         with open(gate + ".reached", "a"):
@@ -100,7 +106,8 @@ def _begin(point: str) -> str | None:
 
 
 class FaultInjected(RuntimeError):
-    """Raised by an actor that `actor.NAME=crash` makes crash."""
+    """Raised at a point set to `raise`, and by an actor that `actor.NAME=crash` makes
+    crash."""
 
 
 def crashes(actor_name: str) -> bool:

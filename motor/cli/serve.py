@@ -120,8 +120,28 @@ def _serve(config) -> int:
             return _error_line(_gave_up(found), EXIT_GAVE_UP)
         if _find(exc, (KeyboardInterrupt,)) is not None:
             return 130
-        raise
+        return _crashed(exc)
     return status
+
+
+#: `motor serve` exit status when the runner failed where no supervisor restarts it (an
+#: error nothing expected), as Python's own for an uncaught exception
+EXIT_CRASHED = 1
+
+
+def _crashed(exc: BaseException) -> int:
+    """The traceback of a failure no supervisor caught, logged through the sink like every
+    other line, and EXIT_CRASHED. Before stop 68 it was left to Python's own handler, which
+    writes it to standard error after the sink is gone and waits there for good when nobody
+    reads (a runner that no longer serves but never exits, so never restarted)."""
+    import traceback
+
+    from motor import logsink
+
+    text = "".join(traceback.format_exception(exc)).rstrip("\n")
+    logsink.line("motor: error: the runner failed where nothing restarts it; it stops so that "
+                 f"the service manager starts it afresh (running jobs keep running):\n{text}")
+    return EXIT_CRASHED
 
 
 #: `motor serve` exit status when a subsystem's supervisor gave up (a crash loop): the

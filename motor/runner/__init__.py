@@ -30,7 +30,7 @@ import signal
 
 import trio
 
-from .. import logsink
+from .. import faults, logsink
 from ..config import RunnerConfig
 from ..lifecycle import RETENTION_MS
 from .facade import Runner
@@ -91,6 +91,7 @@ async def serve_forever(config: RunnerConfig) -> int:
                 if period is not None:
                     nursery.start_soon(keep_watchdog, notify, period,
                                        runner.handles.dispatcher.capacity)
+            await faults.ahit("runner.serving")  # tests: a failure nothing restarts
             async for signum in signals:
                 log.info("runner: %s, stopping (running jobs keep running)",
                          signal.Signals(signum).name)

@@ -107,3 +107,43 @@ def test_serve_whose_standard_error_nobody_reads_stops_on_sigterm(tmp_path):
             proc.kill()
             proc.wait(10)
         os.close(r)
+
+
+
+def serve_that_fails(state_dir, stderr) -> subprocess.Popen:
+    """`motor serve` that fails where no supervisor restarts it, once serving
+    (`runner.serving=raise`)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "motor", "serve", "--state-dir", str(state_dir),
+         "--isolation", "none", "--free-space-floor-bytes", "0"],
+        stdout=subprocess.DEVNULL, stderr=stderr, cwd=ROOT,
+        env=motor_env({"MOTOR_FAULTS": "runner.serving=raise"}))
+
+
+def test_serve_that_fails_outside_its_supervisors_exits_even_when_nobody_reads(tmp_path):
+    """`motor serve` exits 1 within the sink's drain, its standard error a full pipe nobody
+    reads. Before stop 68 the traceback was Python's own, written after the sink was gone:
+    the process waited in that write for good, serving nothing and never restarted."""
+    r, w = os.pipe()
+    fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)
+    os.write(w, b"x" * 4096)  # full before the runner writes anything
+    proc = serve_that_fails(tmp_path / "state", w)
+    os.close(w)
+    try:
+        assert proc.wait(60) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        os.close(r)
+
+
+def test_serve_that_fails_outside_its_supervisors_logs_the_traceback_and_exits_1(tmp_path):
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as out:
+        proc = serve_that_fails(tmp_path / "state", out)
+    assert proc.wait(60) == 1
+    text = log.read_text()
+    assert "motor: error: the runner failed where nothing restarts it" in text, text
+    assert "Traceback (most recent call last)" in text, text
+    assert "FaultInjected: MOTOR_FAULTS: fault injected at runner.serving" in text, text
