@@ -109,7 +109,6 @@ def test_serve_whose_standard_error_nobody_reads_stops_on_sigterm(tmp_path):
         os.close(r)
 
 
-
 def serve_that_fails(state_dir, stderr) -> subprocess.Popen:
     """`motor serve` that fails where no supervisor restarts it, once serving
     (`runner.serving=raise`)."""
