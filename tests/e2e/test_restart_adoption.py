@@ -70,8 +70,11 @@ def test_a_running_jobs_damaged_keeper_claim_stops_its_processes_and_it_ends(
     job_id = job["job_id"]
     claim_file = serve.state_dir / "jobs" / job_id / "keeper.json"
     # keeperd completes the claim with the job's pid once the job has run 0.1 s (the claim
-    # at the spawn has "job_pid": null): the damage comes after that, or it is overwritten
-    wait_for(lambda: b'"job_pid":null' not in claim_file.read_bytes(), what="keeperd's full claim")
+    # at the spawn has "job_pid": null): the damage comes after that, or it is overwritten.
+    # The submit is answered once the job is accepted: the claim may not be there yet (it
+    # appears whole, linked: keeper.claim_job_dir)
+    wait_for(lambda: claim_file.exists() and b'"job_pid":null' not in claim_file.read_bytes(),
+             what="keeperd's full claim")
     serve.kill9()
     assert marked_processes(job_id)  # it runs on under its keeper
     if claim is None:
