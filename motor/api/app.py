@@ -86,7 +86,6 @@ def refusal_body(refusal: Refusal) -> dict:
 def read_token_file(path: str | Path) -> str:
     """The bearer token in a token file (surrounding whitespace stripped)."""
     from motor.config import ConfigError
-
     from motor.smallfiles import read_named
 
     try:

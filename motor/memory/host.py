@@ -12,6 +12,12 @@ from .core import CapacityFileError, MemoryCeiling, parse_capacity_file
 log = logging.getLogger("motor.memory")
 
 
+def _undeclared(path: str, why: str) -> None:
+    log.warning("capacity file %s unreadable (%s); treating jobs_min_bytes as undeclared",
+                path, why)
+    return None
+
+
 def read_declared_min(path: str) -> int | None:
     """The declared jobs_min_bytes; None when the file is absent or undeclared.
 
@@ -22,10 +28,10 @@ def read_declared_min(path: str) -> int | None:
         text = read_named(path).decode()  # (a FIFO there: unreadable, not a wait for ever)
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as exc:
-        log.warning("capacity file %s unreadable (%s); treating jobs_min_bytes as undeclared",
-                    path, getattr(exc, "strerror", None) or "not UTF-8 text")
-        return None
+    except OSError as exc:
+        return _undeclared(path, exc.strerror or str(exc))
+    except UnicodeDecodeError:
+        return _undeclared(path, "not UTF-8 text")
     try:
         return parse_capacity_file(text, path)
     except CapacityFileError as exc:
