@@ -32,6 +32,7 @@ rows=(
     "throughput.py --rounds 3 --isolation cgroup"           # 200 true, cgroup (motor serve's default here)
     "throughput.py --rounds 3 --isolation affinity"         # the same, affinity
     "latency.py --rounds 3 --samples 20"                    # submit -> running; motor run wall
+    "latency.py --rounds 3 --samples 20 --isolation cgroup" # submit -> running, cgroup
     "walk.py --runs 5 --dir ${WALK_DIR:-/tmp}"              # a walk of 200,000 files, du -s
     "scale.py --tries 15 --drain-limit 30"                  # 10,000 queued over 2,000 workspaces
     "scheduler.py --only core --sizes 10000 --rounds 11"    # the pure core at 10,000 queued
@@ -70,7 +71,7 @@ for row in "${rows[@]}"; do
     (cd "$here" && "$py" $script $args) >"$out" 2>&1 || echo "## $script failed ($?)" >>"$out"
     cat "$out" >>"$log"
     case $script in  # the medians and summaries (every line is in the log)
-    scale.py) cat "$out" ;;  # one line per figure, no medians
+    scale.py | work_counts.py) cat "$out" ;;  # one line per figure, no medians
     *) grep -v '^peer=' "$out" || true ;;
     esac
     rm -f "$out"
