@@ -81,12 +81,13 @@ def test_loop_stalls_reads_the_loops_steps():
 def test_the_rows_script_runs_scripts_that_take_its_flags():
     """bench/rows.sh runs every row of issue 14's table; `--check` asks each script it names
     for its `--help` and finds each flag the row passes (a renamed flag fails here, not in
-    the middle of a 7-minute run)."""
+    the middle of a 10-minute run)."""
     done = subprocess.run(["bash", str(BENCH / "rows.sh"), "--check"], capture_output=True,
                           text=True, env={**os.environ, "PYTHON": sys.executable})
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("ok: ") == 8, done.stdout
+    assert done.stdout.count("ok: ") == 9, done.stdout
     assert "scale.py" in done.stdout and "--backend-pairs" in done.stdout
+    assert "ok: latency.py --rounds 3 --samples 20 --isolation cgroup" in done.stdout
 
 
 def test_cold_start_times_each_piece_of_work_at_each_gap(tmp_path):
