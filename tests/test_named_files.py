@@ -95,3 +95,17 @@ def test_serve_given_a_fifo_capacity_file_or_slot_lock_serves_and_says_so(
     if which == "capacity file":
         assert (f"capacity file {fifo} unreadable (not a regular file); treating "
                 "jobs_min_bytes as undeclared") in serve.log.read_text()
+
+
+@pytest.mark.e2e
+def test_serve_given_a_capacity_file_that_is_not_utf8_serves_and_says_so(serve_factory, tmp_path):
+    """A capacity file of bytes that are not UTF-8 text: the jobs' declared minimum is
+    undeclared, the log says why, and jobs run (motor/memory/host.py)."""
+    capacity = tmp_path / "capacity.json"
+    capacity.write_bytes(b'{"jobs_min_bytes": \xff\xfe}')
+    serve = serve_factory("--isolation", "none", "--capacity-file", str(capacity)).start()
+    ran = serve.cli("run", "--", "echo", "served", timeout=30)
+    assert (ran.returncode, ran.stdout) == (0, b"served\n"), ran.stderr
+    assert serve.stop(timeout=30) == 0
+    assert (f"capacity file {capacity} unreadable (not UTF-8 text); treating "
+            "jobs_min_bytes as undeclared") in serve.log.read_text()
