@@ -1,6 +1,6 @@
 """The floor under motor's start latency and throughput: what the parts of its path cost
-with nothing of motor in them, beside bare fork+exec and task-spooler, in the peers' line
-format.
+with nothing of motor in them (the `rules` variants: with motor's rules, none of its
+structure), beside bare fork+exec and task-spooler, in the peers' line format.
 
     python bench/floor.py [--rounds 3] [--samples 20] [--gap 0.3] [--burst N]
 
@@ -24,7 +24,25 @@ the peers. The variants (peer=floor-VARIANT), each a fresh set of processes per 
   own layers (its protocol and stream objects, a task per request) add to `http-keeper`;
 - `http-commit-keeper`: the `http-keeper` request with one SQLite commit (WAL,
   synchronous=NORMAL, one row of 1 KiB) before the line is sent: persisting the job
-  before its start.
+  before its start;
+- `http-rules-keeper`, `h11-rules-keeper`: the `http-commit-keeper` request (served by
+  hypercorn, or by h11 alone) with motor's own rules for a job called inline in the
+  request, no actor, no task, no hop: the body is a `JobRequest` decoded and validated by
+  msgspec, its `JobRecord` built, the pure scheduler core's `accept`, `ready`, `decide` and
+  `setup_done`, the CPU placement's `place`, the record committed with its start, the
+  disk check's `statvfs`, the workspace and job directories and the keeper's `spec.json`
+  (motor's `write_spec`), the record the answer; at a burst job's end the core's
+  `finished`, the placement's `release`, the terminal record committed and the next
+  start decided (a burst's jobs over 4 workspaces, as bench/throughput.py's);
+- `http-rules-keeperd`: `http-rules-keeper` with motor's own keeperd in place of the
+  one-line keeper: a `spawn` request with its `watch` (keeperd's protocol, docs/keeper.md)
+  for the job directory the rules made, keeperd reading its spec.json, claiming it,
+  spawning the job pinned, writing its output.log and status.json, and telling its end.
+
+The `rules` variants are what a runner keeping motor's rules, its commit, its HTTP server
+and its keeperd costs with none of motor's structure (no actor, no job task, no hop, no
+output read back, no accounting): a bound on what a rewrite of the per-job path could
+reach, not a runner.
 
 `latency.sh bare` runs in the same round (peer=bare).
 
@@ -32,11 +50,13 @@ the peers. The variants (peer=floor-VARIANT), each a fresh set of processes per 
 of `true`, at most 2 at a time, one `POST` per job from one client, each answered before
 the next is sent, until every job has ended (jobs/s). The keeper queues the jobs and
 tells the server of each end, which `http-commit-keeper` commits as a second row (a
-runner records a job's acceptance and its end). `throughput.sh tsp N` runs in the same
+runner records a job's acceptance and its end); in the `rules` variants the server's
+scheduler core queues them (max_weight 2) and its keeper only runs what it is sent. `throughput.sh tsp N` runs in the same
 round (peer=tsp; the peers' setup.sh must have run).
 
-None of this is motor: it is what any runner of motor's shape (an HTTP API, a persisted
-job, a keeper process that is not the runner) pays on this host before its own work.
+The variants without `rules` are not motor: they are what any runner of motor's shape (an
+HTTP API, a persisted job, a keeper process that is not the runner) pays on this host
+before its own work.
 Every line carries load1=.
 """
 
@@ -46,6 +66,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -58,12 +79,14 @@ from benchlib import load1
 
 HERE = Path(__file__).resolve().parent
 PEERS = HERE.parent.parent / "shared" / "bench" / "peers"
+KEEPERD = HERE.parent / "motor" / "execution" / "keeperd.py"
 VARIANTS = ("spawn", "keeper", "socket-keeper", "http-keeper", "h11-keeper",
-            "http-commit-keeper")
+            "http-commit-keeper", "http-rules-keeper", "h11-rules-keeper", "http-rules-keeperd")
 DATE = "/bin/date"
 TRUE = "/bin/true"
 SLOTS = 2
-BURST_VARIANTS = ("http-keeper", "h11-keeper", "http-commit-keeper")
+BURST_VARIANTS = ("http-keeper", "h11-keeper", "http-commit-keeper", "http-rules-keeper",
+                  "h11-rules-keeper", "http-rules-keeperd")
 
 KEEPER = r"""
 import os, select, signal, socket, sys
@@ -112,7 +135,7 @@ while True:
 """
 
 SERVER = r"""
-import os, socket, sqlite3, sys, uuid
+import json, os, socket, sqlite3, sys, uuid
 import h11
 import trio
 from hypercorn.config import Config
@@ -120,9 +143,13 @@ from hypercorn.trio import serve
 variant, sock_path, keeper_path, db_path, burst = sys.argv[1:6]
 burst = int(burst)
 keeper = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); keeper.connect(keeper_path)
+if variant.endswith("keeperd"):  # motor's keeperd: its hello line first
+    hello = b""
+    while not hello.endswith(b"\n"):
+        hello += keeper.recv(4096)
 keeper.setblocking(False)
 db = None
-if "commit" in variant:
+if "commit" in variant or "rules" in variant:
     db = sqlite3.connect(db_path, isolation_level=None)
     db.execute("PRAGMA journal_mode=WAL"); db.execute("PRAGMA synchronous=NORMAL")
     db.execute("CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, rec BLOB)")
@@ -132,19 +159,121 @@ def commit():
     db.execute("BEGIN"); db.execute("INSERT INTO jobs VALUES (?, ?)", (uuid.uuid4().hex, ROW))
     db.execute("COMMIT")
 
+if "rules" in variant:  # motor's own rules for a job, inline (the docstring's list)
+    import collections, time
+    import msgspec
+    from pathlib import Path
+    from motor.cpu.core import CpuPlacement
+    from motor.cpu.host import read_topology
+    from motor.execution import core as exec_core, jobdir
+    from motor.records import JobRecord, JobRequest, validate_request
+    from motor.scheduling import core as sched_core
+    sched = sched_core.Scheduler(max_weight=2, max_queue_depth=100_000, claim_limit=2)
+    placement = CpuPlacement(read_topology(), sorted(os.sched_getaffinity(0)))
+    decode_request = msgspec.json.Decoder(JobRequest).decode
+    encode = msgspec.json.Encoder().encode
+    replace = msgspec.structs.replace
+    jobs_dir, ws_root = Path(db_path + ".jobs"), Path(db_path + ".ws")
+    jobs_dir.mkdir(); ws_root.mkdir()
+    records, running = {}, collections.deque()  # job id -> record; running, in start order
+    ids, watches = [0], {}  # keeperd: the last request id; a watch's id -> its job
+
+    def save(rec):
+        db.execute("BEGIN")
+        db.execute("INSERT OR REPLACE INTO jobs VALUES (?, ?)", (rec.job_id, encode(rec)))
+        db.execute("COMMIT")
+
+    def start_decided(now, now_ms):
+        for st in sched.decide(now):
+            rec = records[st.job_id]
+            cpus = list(placement.place(st.job_id, st.claim).cpus)
+            rec = records[st.job_id] = replace(rec, state="running", cpus=cpus,
+                                               started_at_ms=now_ms, attempts=1)
+            save(rec)
+            os.statvfs(ws_root)
+            cwd = ws_root / rec.workspace
+            cwd.mkdir(exist_ok=True)
+            # keeperd's job directory is where the client looks for the job's output
+            job_dir = Path(rec.env["OUT"] + ".d") if "OUT" in rec.env and variant.endswith(
+                "keeperd") else jobs_dir / rec.job_id
+            job_dir.mkdir()
+            jobdir.write_spec(job_dir, exec_core.job_spec(rec, str(cwd), rec.env, 0o022))
+            sched.setup_done(st.job_id, now)
+            if variant.endswith("keeperd"):  # spawn, and tell its end (motor's protocol)
+                ids[0] += 2
+                watches[ids[0] + 1] = st.job_id
+                keeper.send(b'{"id": %d, "op": "spawn", "job_dir": "%s", "watch": %d}\n'
+                            % (ids[0], bytes(job_dir), ids[0] + 1))
+            else:
+                running.append(st.job_id)
+                keeper.send(rec.env.get("OUT", "-").encode() + b"\n")
+
+    def rules_submit(body):
+        req = decode_request(body)
+        validate_request(req)
+        now, now_ms = time.monotonic(), time.time_ns() // 1_000_000
+        job_id = uuid.uuid4().hex
+        records[job_id] = JobRecord(job_id=job_id, state="queued", workspace=req.workspace,
+                                    command=list(req.command), claim=1, env=dict(req.env),
+                                    accepted_at_ms=now_ms, queued_at_ms=now_ms)
+        sched.accept(sched_core.JobSpec(job_id, req.workspace, claim=1), now)
+        sched.ready(job_id, now)
+        start_decided(now, now_ms)
+        return encode(records[job_id])
+
+    def rules_ended(job_id=None):
+        job_id = job_id or running.popleft()
+        now, now_ms = time.monotonic(), time.time_ns() // 1_000_000
+        sched.finished(job_id, now)
+        placement.release(job_id)
+        save(replace(records.pop(job_id), state="succeeded", exit_code=0, ended_at_ms=now_ms))
+        start_decided(now, now_ms)
+
+
+def handle(body):
+    # the request's answer: the body to the keeper (committed first with `commit`), or
+    # motor's rules for it
+    if "rules" in variant:
+        return rules_submit(body)
+    if db is not None:
+        commit()
+    keeper.send(body + b"\n")
+    return b"ok"
+
+
 async def drain():
     # a burst: each job's end (one line from the keeper) committed, as a runner records
     # it; the done file once all have ended
     s = trio.socket.from_stdlib_socket(keeper)
-    ended = 0
+    ended, buf = 0, b""
     while data := await s.recv(65536):
-        if burst:
+        if variant.endswith("keeperd"):  # motor's keeperd: one JSON answer a line
+            buf += data
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                if (job_id := watches.pop(json.loads(line)["id"], None)) is not None:
+                    rules_ended(job_id)
+                    ended += 1
+            if burst and ended == burst:
+                open(db_path + ".done", "w").close()
+        elif burst:
             for _ in range(data.count(b"x")):
                 ended += 1
-                if db is not None:
+                if "rules" in variant:
+                    rules_ended()
+                elif db is not None:
                     commit()
             if ended == burst:
                 open(db_path + ".done", "w").close()
+
+async def ender():
+    # a start's run: the keeper tells no ends, the job (`date`) is over well before the
+    # next sample; the rules end it between samples, as a runner does
+    while True:
+        await trio.sleep(0.05)
+        while running:
+            rules_ended()
+
 
 async def app(scope, receive, send):
     if scope["type"] == "lifespan":
@@ -158,12 +287,10 @@ async def app(scope, receive, send):
         msg = await receive()
         body += msg.get("body", b"")
         more = msg.get("more_body", False)
-    if db is not None:
-        commit()
-    keeper.send(body + b"\n")
+    answer = handle(body)
     await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-length", b"2")]})
-    await send({"type": "http.response.body", "body": b"ok"})
+                "headers": [(b"content-length", str(len(answer)).encode())]})
+    await send({"type": "http.response.body", "body": answer})
 
 async def raw(stream):
     buf = b""
@@ -188,26 +315,30 @@ async def bare_h11(stream):
         elif isinstance(event, h11.Data):
             body += event.data
         elif isinstance(event, h11.EndOfMessage):
-            keeper.send(body + b"\n")
-            body = b""
+            answer, body = handle(body), b""
             await stream.send_all(
-                conn.send(h11.Response(status_code=200, headers=[(b"content-length", b"2")]))
-                + conn.send(h11.Data(data=b"ok")) + conn.send(h11.EndOfMessage()))
+                conn.send(h11.Response(status_code=200,
+                                       headers=[(b"content-length", str(len(answer)).encode())]))
+                + conn.send(h11.Data(data=answer)) + conn.send(h11.EndOfMessage()))
             conn.start_next_cycle()
         elif not isinstance(event, h11.Request):  # ConnectionClosed
             return
 
 async def main():
-    if variant in ("socket-keeper", "h11-keeper"):
+    if variant in ("socket-keeper", "h11-keeper", "h11-rules-keeper"):
         listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
         await listener.bind(sock_path); listener.listen(8)
         async with trio.open_nursery() as n:
             n.start_soon(drain)
+            if "rules" in variant and not burst and not variant.endswith("keeperd"):
+                n.start_soon(ender)
             handler = raw if variant == "socket-keeper" else bare_h11
             await trio.serve_listeners(handler, [trio.SocketListener(listener)])
     config = Config(); config.bind = ["unix:" + sock_path]; config.accesslog = None
     async with trio.open_nursery() as n:
         n.start_soon(drain)
+        if "rules" in variant and not burst and not variant.endswith("keeperd"):
+            n.start_soon(ender)
         await serve(app, config)
 
 trio.run(main)
@@ -215,13 +346,20 @@ trio.run(main)
 
 #: in both programs that time starts: the job's own timestamp in `out`, minus `t0`, in ms
 WAIT_FOR = r"""
-import time
+import os, time
+
+FRAMED = False  # the job's stdout in motor's output.log (keeperd): `out`.d/output.log
+
 
 def wait_for(out, t0):
-    for _ in range(2000):
+    for _ in range(20000):  # 10 s and more: a start that long is a broken variant
         try:
-            with open(out) as f:
-                text = f.read()
+            if FRAMED:  # one framed record: a 5-byte header, then the text
+                with open(os.path.join(os.fsdecode(out) + ".d", "output.log"), "rb") as f:
+                    text = f.read()[5:].decode()
+            else:
+                with open(out) as f:
+                    text = f.read()
             if text.endswith("\n"):
                 return (float(text) - t0) * 1000
         except FileNotFoundError:
@@ -262,16 +400,35 @@ trio.run(main)
 
 CLIENT = WAIT_FOR + r"""
 import json, os, random, socket, sys, time
-sock_path, outdir, samples, gap, raw, burst, done = sys.argv[1:8]
-samples, gap, raw, burst = int(samples), float(gap), raw == "raw", int(burst)
+sock_path, outdir, samples, gap, form, burst, done = sys.argv[1:8]
+samples, gap, raw, burst = int(samples), float(gap), form == "raw", int(burst)
+if form == "keeperd":
+    FRAMED, form = True, "json"
 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); s.connect(sock_path)
+
+def body_for(out, i=0):
+    # the job: the line the keeper reads, or (rules) a JobRequest carrying it; a burst's
+    # jobs over 4 workspaces, as bench/throughput.py's
+    if form != "json":
+        return out or b"b"
+    command = ["/bin/date", "+%s.%N"] if out else ["/bin/true"]
+    return json.dumps({"command": command, "workspace": f"ws{i % 4}",
+                       "env": {"OUT": out.decode()} if out else {}}).encode()
+
+def post(body):
+    s.sendall(b"POST /start HTTP/1.1\r\nhost: floor\r\ncontent-length: %d\r\n\r\n%s"
+              % (len(body), body))
+    got = b""
+    while b"\r\n\r\n" not in got:
+        got += s.recv(65536)
+    head, rest = got.split(b"\r\n\r\n", 1)
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    while len(rest) < length:
+        rest += s.recv(65536)
 if burst:  # N requests one after another, each answered before the next; then the end
     t0 = time.perf_counter()
     for i in range(burst):
-        s.sendall(b"POST /start HTTP/1.1\r\nhost: floor\r\ncontent-length: 1\r\n\r\nb")
-        got = b""
-        while not got.endswith(b"ok"):
-            got += s.recv(65536)
+        post(body_for(b"", i))
     while not os.path.exists(done):
         if time.perf_counter() - t0 > 120:
             sys.exit(f"the {burst} jobs had not all ended after 120 s")
@@ -282,13 +439,15 @@ lats = []
 for i in range(samples):
     time.sleep(gap + random.random() * 0.1)
     out = os.path.join(outdir, f"h{i}").encode()
-    req = (out + b"\n" if raw else
-           b"POST /start HTTP/1.1\r\nhost: floor\r\ncontent-length: %d\r\n\r\n%s" % (len(out), out))
+    body = body_for(out)
     t0 = time.time()
-    s.sendall(req)
-    got = b""
-    while not got.endswith(b"ok"):
-        got += s.recv(65536)
+    if raw:
+        s.sendall(out + b"\n")
+        got = b""
+        while not got.endswith(b"ok"):
+            got += s.recv(65536)
+    else:
+        post(body)
     lats.append(wait_for(out, t0))
 print(json.dumps(lats))
 """
@@ -308,8 +467,16 @@ def one(variant: str, samples: int, gap: float, burst: int = 0) -> Any:
         keeper_path = os.path.join(tmp, "keeper.sock")
         db = os.path.join(tmp, "db.sqlite")
         procs: list[subprocess.Popen] = []
+        keeperd_pid = None
         try:
-            if variant != "spawn":
+            if variant.endswith("keeperd"):  # motor's own, detached: its ready line has its pid
+                state = os.path.join(tmp, "state")
+                os.mkdir(state, 0o700)
+                ready = subprocess.run([sys.executable, str(KEEPERD), state],
+                                       capture_output=True, text=True, check=True)
+                keeperd_pid = json.loads(ready.stdout.splitlines()[0])["pid"]
+                keeper_path = os.path.join(state, "keeperd.sock")
+            elif variant != "spawn":
                 procs.append(subprocess.Popen(
                     [sys.executable, "-c", KEEPER, keeper_path, TRUE if burst else DATE,
                      str(SLOTS if burst else 0)], stdout=subprocess.PIPE))
@@ -322,16 +489,22 @@ def one(variant: str, samples: int, gap: float, burst: int = 0) -> Any:
             sock = os.path.join(tmp, "api.sock")
             procs.append(subprocess.Popen([sys.executable, "-c", SERVER, variant, sock,
                                            keeper_path, db, str(burst)],
-                                          stderr=subprocess.DEVNULL))
+                                          stderr=None if os.environ.get("FLOOR_DEBUG") else subprocess.DEVNULL))
             wait_ready(procs[-1], sock)
             r = subprocess.run([sys.executable, "-c", CLIENT, sock, tmp, str(samples), str(gap),
-                                "raw" if variant == "socket-keeper" else "http", str(burst),
+                                "raw" if variant == "socket-keeper" else
+                                "keeperd" if variant.endswith("keeperd") else
+                                "json" if "rules" in variant else "http", str(burst),
                                 db + ".done"], capture_output=True, text=True, check=True)
             return json.loads(r.stdout)
         finally:
             for p in reversed(procs):
                 p.terminate()
                 p.wait()
+                if p.stdout is not None:
+                    p.stdout.close()
+            if keeperd_pid is not None:
+                os.kill(keeperd_pid, signal.SIGTERM)
 
 
 def peer_line(script: str, args: list[str], env: dict | None = None) -> str | None:
