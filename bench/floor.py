@@ -57,7 +57,7 @@ round (peer=tsp; the peers' setup.sh must have run).
 The variants without `rules` are not motor: they are what any runner of motor's shape (an
 HTTP API, a persisted job, a keeper process that is not the runner) pays on this host
 before its own work.
-Every line carries load1=.
+Every line carries load1=. `FLOOR_DEBUG=1` shows the servers' stderr.
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ from benchlib import load1
 HERE = Path(__file__).resolve().parent
 PEERS = HERE.parent.parent / "shared" / "bench" / "peers"
 KEEPERD = HERE.parent / "motor" / "execution" / "keeperd.py"
+DEBUG = bool(os.environ.get("FLOOR_DEBUG"))  # the servers' stderr shown (a variant that fails)
 VARIANTS = ("spawn", "keeper", "socket-keeper", "http-keeper", "h11-keeper",
             "http-commit-keeper", "http-rules-keeper", "h11-rules-keeper", "http-rules-keeperd")
 DATE = "/bin/date"
@@ -463,7 +464,7 @@ def wait_ready(proc: subprocess.Popen, path: str) -> None:
 
 def one(variant: str, samples: int, gap: float, burst: int = 0) -> Any:
     """A round of one variant: its start latencies (ms), or with `burst` its jobs/s."""
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         keeper_path = os.path.join(tmp, "keeper.sock")
         db = os.path.join(tmp, "db.sqlite")
         procs: list[subprocess.Popen] = []
@@ -489,7 +490,7 @@ def one(variant: str, samples: int, gap: float, burst: int = 0) -> Any:
             sock = os.path.join(tmp, "api.sock")
             procs.append(subprocess.Popen([sys.executable, "-c", SERVER, variant, sock,
                                            keeper_path, db, str(burst)],
-                                          stderr=None if os.environ.get("FLOOR_DEBUG") else subprocess.DEVNULL))
+                                          stderr=None if DEBUG else subprocess.DEVNULL))
             wait_ready(procs[-1], sock)
             r = subprocess.run([sys.executable, "-c", CLIENT, sock, tmp, str(samples), str(gap),
                                 "raw" if variant == "socket-keeper" else
@@ -504,7 +505,10 @@ def one(variant: str, samples: int, gap: float, burst: int = 0) -> Any:
                 if p.stdout is not None:
                     p.stdout.close()
             if keeperd_pid is not None:
-                os.kill(keeperd_pid, signal.SIGTERM)
+                try:
+                    os.kill(keeperd_pid, signal.SIGTERM)
+                except ProcessLookupError:  # it had left already (idle, no runner)
+                    pass
 
 
 def peer_line(script: str, args: list[str], env: dict | None = None) -> str | None:
