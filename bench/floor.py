@@ -2,7 +2,7 @@
 with nothing of motor in them (the `rules` variants: with motor's rules, none of its
 structure), beside bare fork+exec and task-spooler, in the peers' line format.
 
-    python bench/floor.py [--rounds 3] [--samples 20] [--gap 0.3] [--burst N]
+    python bench/floor.py [--rounds 3] [--samples 20] [--gap 0.3] [--burst N [--calls]]
 
 Each sample starts one `date +%s.%N` on an idle host (`--gap` seconds apart, plus a random
 0-0.1 s) and takes the job's own timestamp minus the time read just before the start was
@@ -57,6 +57,10 @@ round (peer=tsp; the peers' setup.sh must have run).
 The variants without `rules` are not motor: they are what any runner of motor's shape (an
 HTTP API, a persisted job, a keeper process that is not the runner) pays on this host
 before its own work.
+`--burst N --calls` counts instead of timing: each burst variant once, its server under
+cProfile from its first request to its end (its start-up not counted), and prints its
+Python calls per job (metric=python_calls_per_job, as bench/work_counts.py's for motor).
+
 Every line carries load1=. `FLOOR_DEBUG=1` shows the servers' stderr.
 """
 
@@ -65,6 +69,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pstats
 import random
 import signal
 import statistics
@@ -342,6 +347,23 @@ async def main():
             n.start_soon(ender)
         await serve(app, config)
 
+if profile_to := os.environ.get("FLOOR_PROFILE"):  # --calls: cProfile from the first request
+    import cProfile, signal
+    prof, _handle, _on = cProfile.Profile(), handle, []
+
+    def dump(signum, frame):
+        prof.disable()
+        prof.dump_stats(profile_to)
+        os._exit(0)
+
+    def handle(body):
+        if not _on:
+            _on.append(True)
+            prof.enable()
+        return _handle(body)
+
+    signal.signal(signal.SIGTERM, dump)
+
 trio.run(main)
 """
 
@@ -462,8 +484,10 @@ def wait_ready(proc: subprocess.Popen, path: str) -> None:
         time.sleep(0.01)
 
 
-def one(variant: str, samples: int, gap: float, burst: int = 0) -> Any:
-    """A round of one variant: its start latencies (ms), or with `burst` its jobs/s."""
+def one(variant: str, samples: int, gap: float, burst: int = 0, profile: str | None = None
+        ) -> Any:
+    """A round of one variant: its start latencies (ms), or with `burst` its jobs/s
+    (`profile`: the server's cProfile stats from its first request on, written there)."""
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         keeper_path = os.path.join(tmp, "keeper.sock")
         db = os.path.join(tmp, "db.sqlite")
@@ -488,8 +512,9 @@ def one(variant: str, samples: int, gap: float, burst: int = 0) -> Any:
                                    capture_output=True, text=True, check=True)
                 return json.loads(r.stdout)
             sock = os.path.join(tmp, "api.sock")
+            env = dict(os.environ, FLOOR_PROFILE=profile) if profile else None
             procs.append(subprocess.Popen([sys.executable, "-c", SERVER, variant, sock,
-                                           keeper_path, db, str(burst)],
+                                           keeper_path, db, str(burst)], env=env,
                                           stderr=None if DEBUG else subprocess.DEVNULL))
             wait_ready(procs[-1], sock)
             r = subprocess.run([sys.executable, "-c", CLIENT, sock, tmp, str(samples), str(gap),
@@ -561,6 +586,18 @@ def burst_rounds(args: argparse.Namespace) -> dict[str, list[float]]:
     return meds
 
 
+def calls(args: argparse.Namespace) -> None:
+    """Python calls per job in each burst variant's server (cProfile from its first request
+    to its end, so its start-up is not counted: counts, not times)."""
+    for variant in BURST_VARIANTS:
+        with tempfile.TemporaryDirectory() as tmp:
+            stats = os.path.join(tmp, "server.prof")
+            one(variant, 0, 0, args.burst, profile=stats)
+            per_job = pstats.Stats(stats).total_calls / args.burst
+        print(f"peer=floor-{variant} metric=python_calls_per_job value={per_job:.1f} "
+              f"unit=count n={args.burst} load1={load1()}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -568,9 +605,15 @@ def main() -> None:
     ap.add_argument("--gap", type=float, default=0.3)
     ap.add_argument("--burst", type=int, default=0, metavar="N",
                     help="instead: N jobs of `true` back to back, 2 at a time (jobs/s)")
+    ap.add_argument("--calls", action="store_true",
+                    help="with --burst: each variant's Python calls per job in its server, once")
     args = ap.parse_args()
+    if args.calls and not args.burst:
+        ap.error("--calls needs --burst N")
     print(f"# floor: rounds={args.rounds} samples={args.samples} gap_s={args.gap} "
-          f"burst={args.burst} load1={load1()}", flush=True)
+          f"burst={args.burst} calls={args.calls} load1={load1()}", flush=True)
+    if args.calls:
+        return calls(args)
     meds = burst_rounds(args) if args.burst else latency_rounds(args)
     unit, ref = ("jobs/s", "tsp") if args.burst else ("ms", "bare")
     print(f"# medians over {args.rounds} rounds ({unit}), load1={load1()}")

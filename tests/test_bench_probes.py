@@ -131,3 +131,22 @@ def test_the_floor_runs_motors_rules_and_keeperd_against_this_code(monkeypatch, 
         lats = floor.one(variant, 3, 0.01)
         assert len(lats) == 3 and all(lat > 0 for lat in lats), (variant, lats)
         assert floor.one(variant, 0, 0, 8) > 0, variant
+
+
+def test_the_floors_call_counts_come_from_its_servers(tmp_path):
+    """`bench/floor.py --burst N --calls` prints each burst variant's Python calls per job
+    in its server (docs/performance-history.md, "Stop 70"); motor's rules add calls to the
+    request they ride on, whichever HTTP layer serves it."""
+    done = subprocess.run([sys.executable, str(BENCH / "floor.py"), "--burst", "8", "--calls"],
+                          cwd=BENCH, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    got = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("peer="):
+            fields = dict(field.split("=", 1) for field in line.split())
+            assert fields["metric"] == "python_calls_per_job", line
+            got[fields["peer"]] = float(fields["value"])
+    assert set(got) == {f"floor-{v}" for v in _bench("floor").BURST_VARIANTS}
+    assert got["floor-http-rules-keeper"] > got["floor-http-commit-keeper"] > 0
+    assert got["floor-h11-rules-keeper"] > got["floor-h11-keeper"] > 0
