@@ -37,7 +37,10 @@ the peers. The variants (peer=floor-VARIANT), each a fresh set of processes per 
 - `http-rules-keeperd`: `http-rules-keeper` with motor's own keeperd in place of the
   one-line keeper: a `spawn` request with its `watch` (keeperd's protocol, docs/keeper.md)
   for the job directory the rules made, keeperd reading its spec.json, claiming it,
-  spawning the job pinned, writing its output.log and status.json, and telling its end.
+  spawning the job pinned, writing its output.log and status.json, and telling its end;
+- `http-rules-end-keeperd`: `http-rules-keeperd` with each job's end read as a runner
+  reads it: status.json, output.log turned into output events (motor's `read_output`),
+  and the terminal record (motor's `terminal_record`) committed with those events.
 
 The `rules` variants are what a runner keeping motor's rules, its commit, its HTTP server
 and its keeperd costs with none of motor's structure (no actor, no job task, no hop, no
@@ -87,12 +90,13 @@ PEERS = HERE.parent.parent / "shared" / "bench" / "peers"
 KEEPERD = HERE.parent / "motor" / "execution" / "keeperd.py"
 DEBUG = bool(os.environ.get("FLOOR_DEBUG"))  # the servers' stderr shown (a variant that fails)
 VARIANTS = ("spawn", "keeper", "socket-keeper", "http-keeper", "h11-keeper",
-            "http-commit-keeper", "http-rules-keeper", "h11-rules-keeper", "http-rules-keeperd")
+            "http-commit-keeper", "http-rules-keeper", "h11-rules-keeper", "http-rules-keeperd",
+            "http-rules-end-keeperd")
 DATE = "/bin/date"
 TRUE = "/bin/true"
 SLOTS = 2
 BURST_VARIANTS = ("http-keeper", "h11-keeper", "http-commit-keeper", "http-rules-keeper",
-                  "h11-rules-keeper", "http-rules-keeperd")
+                  "h11-rules-keeper", "http-rules-keeperd", "http-rules-end-keeperd")
 
 KEEPER = r"""
 import os, select, signal, socket, sys
@@ -183,6 +187,9 @@ if "rules" in variant:  # motor's own rules for a job, inline (the docstring's l
     jobs_dir.mkdir(); ws_root.mkdir()
     records, running = {}, collections.deque()  # job id -> record; running, in start order
     ids, watches = [0], {}  # keeperd: the last request id; a watch's id -> its job
+    job_dirs = {}  # http-rules-end-keeperd: a job's directory, read at its end
+    from motor.execution import joblog
+    db.execute("CREATE TABLE IF NOT EXISTS events (job_id TEXT, event BLOB)")
 
     def save(rec):
         db.execute("BEGIN")
@@ -204,6 +211,7 @@ if "rules" in variant:  # motor's own rules for a job, inline (the docstring's l
                 "keeperd") else jobs_dir / rec.job_id
             job_dir.mkdir()
             jobdir.write_spec(job_dir, exec_core.job_spec(rec, str(cwd), rec.env, 0o022))
+            job_dirs[st.job_id] = job_dir
             sched.setup_done(st.job_id, now)
             if variant.endswith("keeperd"):  # spawn, and tell its end (motor's protocol)
                 ids[0] += 2
@@ -232,7 +240,21 @@ if "rules" in variant:  # motor's own rules for a job, inline (the docstring's l
         now, now_ms = time.monotonic(), time.time_ns() // 1_000_000
         sched.finished(job_id, now)
         placement.release(job_id)
-        save(replace(records.pop(job_id), state="succeeded", exit_code=0, ended_at_ms=now_ms))
+        rec = records.pop(job_id)
+        if "-end-" in variant:  # the job's end as a runner reads it: status.json,
+            # output.log into output events, saved with the terminal record in one commit
+            job_dir = job_dirs.pop(job_id)
+            status = joblog.read_status(job_dir)
+            events, _ = jobdir.read_output(job_dir, 0, exec_core.READ_BATCH_BYTES,
+                                           exec_core.OutputDecoder())
+            end = exec_core.terminal_record(rec, status, now_ms, {})
+            db.execute("BEGIN")
+            db.executemany("INSERT INTO events VALUES (?, ?)",
+                           [(job_id, encode(event)) for event in events])
+            db.execute("INSERT OR REPLACE INTO jobs VALUES (?, ?)", (job_id, encode(end)))
+            db.execute("COMMIT")
+        else:
+            save(replace(rec, state="succeeded", exit_code=0, ended_at_ms=now_ms))
         start_decided(now, now_ms)
 
 

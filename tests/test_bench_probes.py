@@ -123,11 +123,14 @@ def test_host_busy_counts_the_cpu_a_process_spends():
 def test_the_floor_runs_motors_rules_and_keeperd_against_this_code(monkeypatch, tmp_path):
     """bench/floor.py's `*-rules-*` variants call motor's own request decoder, record,
     scheduler core, CPU placement and spec.json writer in their server, and `-keeperd`
-    speaks keeperd's protocol to a real keeperd (docs/performance.md, "What the rows need");
-    each variant starts its jobs (the timestamp of `date` comes) and runs a burst to its end."""
+    speaks keeperd's protocol to a real keeperd (`-end-`: and reads each end's status.json
+    and output.log with motor's readers; docs/performance.md, "A runner with motor's rules
+    and none of its structure"); each variant starts its jobs (the timestamp of `date`
+    comes) and runs a burst to its end."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     floor = _bench("floor")
-    for variant in ("http-rules-keeper", "h11-rules-keeper", "http-rules-keeperd"):
+    for variant in ("http-rules-keeper", "h11-rules-keeper", "http-rules-keeperd",
+                    "http-rules-end-keeperd"):
         lats = floor.one(variant, 3, 0.01)
         assert len(lats) == 3 and all(lat > 0 for lat in lats), (variant, lats)
         assert floor.one(variant, 0, 0, 8) > 0, variant
