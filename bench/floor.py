@@ -175,7 +175,7 @@ if "rules" in variant:  # motor's own rules for a job, inline (the docstring's l
     from pathlib import Path
     from motor.cpu.core import CpuPlacement
     from motor.cpu.host import read_topology
-    from motor.execution import core as exec_core, jobdir
+    from motor.execution import core as exec_core, jobdir, joblog
     from motor.records import JobRecord, JobRequest, validate_request
     from motor.scheduling import core as sched_core
     sched = sched_core.Scheduler(max_weight=2, max_queue_depth=100_000, claim_limit=2)
@@ -187,8 +187,7 @@ if "rules" in variant:  # motor's own rules for a job, inline (the docstring's l
     jobs_dir.mkdir(); ws_root.mkdir()
     records, running = {}, collections.deque()  # job id -> record; running, in start order
     ids, watches = [0], {}  # keeperd: the last request id; a watch's id -> its job
-    job_dirs = {}  # http-rules-end-keeperd: a job's directory, read at its end
-    from motor.execution import joblog
+    job_dirs = {}  # `-end-`: a job's directory, read at its end
     db.execute("CREATE TABLE IF NOT EXISTS events (job_id TEXT, event BLOB)")
 
     def save(rec):
@@ -211,7 +210,8 @@ if "rules" in variant:  # motor's own rules for a job, inline (the docstring's l
                 "keeperd") else jobs_dir / rec.job_id
             job_dir.mkdir()
             jobdir.write_spec(job_dir, exec_core.job_spec(rec, str(cwd), rec.env, 0o022))
-            job_dirs[st.job_id] = job_dir
+            if "-end-" in variant:
+                job_dirs[st.job_id] = job_dir
             sched.setup_done(st.job_id, now)
             if variant.endswith("keeperd"):  # spawn, and tell its end (motor's protocol)
                 ids[0] += 2
