@@ -152,14 +152,17 @@ from hypercorn.config import Config
 from hypercorn.trio import serve
 variant, sock_path, keeper_path, db_path, burst = sys.argv[1:6]
 burst = int(burst)
+# what the variant's name asks for: motor's rules inline; motor's keeperd (its protocol) in
+# place of the one-line keeper; each end read as a runner reads it
+RULES, TO_KEEPERD, END = "rules" in variant, variant.endswith("keeperd"), "-end-" in variant
 keeper = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); keeper.connect(keeper_path)
-if variant.endswith("keeperd"):  # motor's keeperd: its hello line first
+if TO_KEEPERD:  # motor's keeperd: its hello line first
     hello = b""
     while not hello.endswith(b"\n"):
         hello += keeper.recv(4096)
 keeper.setblocking(False)
 db = None
-if "commit" in variant or "rules" in variant:
+if "commit" in variant or RULES:
     db = sqlite3.connect(db_path, isolation_level=None)
     db.execute("PRAGMA journal_mode=WAL"); db.execute("PRAGMA synchronous=NORMAL")
     db.execute("CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, rec BLOB)")
@@ -169,7 +172,7 @@ def commit():
     db.execute("BEGIN"); db.execute("INSERT INTO jobs VALUES (?, ?)", (uuid.uuid4().hex, ROW))
     db.execute("COMMIT")
 
-if "rules" in variant:  # motor's own rules for a job, inline (the docstring's list)
+if RULES:  # motor's own rules for a job, inline (the docstring's list)
     import collections, time
     import msgspec
     from pathlib import Path
@@ -206,14 +209,14 @@ if "rules" in variant:  # motor's own rules for a job, inline (the docstring's l
             cwd = ws_root / rec.workspace
             cwd.mkdir(exist_ok=True)
             # keeperd's job directory is where the client looks for the job's output
-            job_dir = Path(rec.env["OUT"] + ".d") if "OUT" in rec.env and variant.endswith(
-                "keeperd") else jobs_dir / rec.job_id
+            job_dir = (Path(rec.env["OUT"] + ".d") if "OUT" in rec.env and TO_KEEPERD
+                       else jobs_dir / rec.job_id)
             job_dir.mkdir()
             jobdir.write_spec(job_dir, exec_core.job_spec(rec, str(cwd), rec.env, 0o022))
-            if "-end-" in variant:
+            if END:
                 job_dirs[st.job_id] = job_dir
             sched.setup_done(st.job_id, now)
-            if variant.endswith("keeperd"):  # spawn, and tell its end (motor's protocol)
+            if TO_KEEPERD:  # spawn, and tell its end (motor's protocol)
                 ids[0] += 2
                 watches[ids[0] + 1] = st.job_id
                 keeper.send(b'{"id": %d, "op": "spawn", "job_dir": "%s", "watch": %d}\n'
@@ -241,7 +244,7 @@ if "rules" in variant:  # motor's own rules for a job, inline (the docstring's l
         sched.finished(job_id, now)
         placement.release(job_id)
         rec = records.pop(job_id)
-        if "-end-" in variant:  # the job's end as a runner reads it: status.json,
+        if END:  # the job's end as a runner reads it: status.json,
             # output.log into output events, saved with the terminal record in one commit
             job_dir = job_dirs.pop(job_id)
             status = joblog.read_status(job_dir)
@@ -261,7 +264,7 @@ if "rules" in variant:  # motor's own rules for a job, inline (the docstring's l
 def handle(body):
     # the request's answer: the body to the keeper (committed first with `commit`), or
     # motor's rules for it
-    if "rules" in variant:
+    if RULES:
         return rules_submit(body)
     if db is not None:
         commit()
@@ -275,7 +278,7 @@ async def drain():
     s = trio.socket.from_stdlib_socket(keeper)
     ended, buf = 0, b""
     while data := await s.recv(65536):
-        if variant.endswith("keeperd"):  # motor's keeperd: one JSON answer a line
+        if TO_KEEPERD:  # motor's keeperd: one JSON answer a line
             buf += data
             *lines, buf = buf.split(b"\n")
             for line in lines:
@@ -287,7 +290,7 @@ async def drain():
         elif burst:
             for _ in range(data.count(b"x")):
                 ended += 1
-                if "rules" in variant:
+                if RULES:
                     rules_ended()
                 elif db is not None:
                     commit()
@@ -353,19 +356,20 @@ async def bare_h11(stream):
             return
 
 async def main():
+    ends_untold = RULES and not burst and not TO_KEEPERD  # `ender` ends the starts' jobs
     if variant in ("socket-keeper", "h11-keeper", "h11-rules-keeper"):
         listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
         await listener.bind(sock_path); listener.listen(8)
         async with trio.open_nursery() as n:
             n.start_soon(drain)
-            if "rules" in variant and not burst and not variant.endswith("keeperd"):
+            if ends_untold:
                 n.start_soon(ender)
             handler = raw if variant == "socket-keeper" else bare_h11
             await trio.serve_listeners(handler, [trio.SocketListener(listener)])
     config = Config(); config.bind = ["unix:" + sock_path]; config.accesslog = None
     async with trio.open_nursery() as n:
         n.start_soon(drain)
-        if "rules" in variant and not burst and not variant.endswith("keeperd"):
+        if ends_untold:
             n.start_soon(ender)
         await serve(app, config)
 
