@@ -3,6 +3,7 @@ with nothing of motor in them (the `rules` variants: with motor's rules, none of
 structure), beside bare fork+exec and task-spooler, in the peers' line format.
 
     python bench/floor.py [--rounds 3] [--samples 20] [--gap 0.3] [--burst N [--calls]]
+                          [--only V,V]
 
 Each sample starts one `date +%s.%N` on an idle host (`--gap` seconds apart, plus a random
 0-0.1 s) and takes the job's own timestamp minus the time read just before the start was
@@ -42,10 +43,28 @@ the peers. The variants (peer=floor-VARIANT), each a fresh set of processes per 
   reads it: status.json, output.log turned into output events (motor's `read_output`),
   and the terminal record (motor's `terminal_record`) committed with those events.
 
+- `http-actors-end-keeperd`: `http-rules-end-keeperd`'s rules and reads laid out as
+  docs/architecture.md lays out motor: a supervisor per subsystem (store, CPU allocator,
+  disk, accounting, dispatcher, execution) with one actor of motor's runtime (`actors/`)
+  each, one temporary actor per job under the execution supervisor (its life in `main`:
+  the disk's check and the workspace, the job directory and spec.json, keeperd's spawn
+  and its answer awaited, `setup_done`, the end's reads, the CPUs released, `finished`,
+  the terminal record committed, accounting told), every message through the receiving
+  actor's inbox; the HTTP handler asks the dispatcher, which commits each start through
+  the store and places its CPUs through the allocator before it starts the job's actor;
+- `http-actors-now-end-keeperd`: the same with the store's, the allocator's, the disk's
+  and accounting's messages and the dispatcher's `setup_done` `immediate` (answered in
+  the sender's task when the actor is idle) and each job's actor started with
+  `start_child_soon`, as motor does;
+- `h11-actors-now-end-keeperd`: that served by h11 alone.
+
 The `rules` variants are what a runner keeping motor's rules, its commit, its HTTP server
 and its keeperd costs with none of motor's structure (no actor, no job task, no hop, no
 output read back, no accounting): a bound on what a rewrite of the per-job path could
-reach, not a runner.
+reach, not a runner. The `actors` variants are the same rules in motor's shape, done
+leanly: what the shape the user asked for costs, apart from how motor does the rest. Like
+the `rules` variants they commit a queued job only when it starts (motor commits its
+acceptance too) and keep no accounts beyond a count.
 
 `latency.sh bare` runs in the same round (peer=bare).
 
@@ -64,7 +83,8 @@ before its own work.
 cProfile from its first request to its end (its start-up not counted), and prints its
 Python calls per job (metric=python_calls_per_job, as bench/work_counts.py's for motor).
 
-Every line carries load1=. `FLOOR_DEBUG=1` shows the servers' stderr.
+`--only V,V` runs only the named variants. Every line carries load1=. `FLOOR_DEBUG=1`
+shows the servers' stderr.
 """
 
 from __future__ import annotations
@@ -91,12 +111,15 @@ KEEPERD = HERE.parent / "motor" / "execution" / "keeperd.py"
 DEBUG = bool(os.environ.get("FLOOR_DEBUG"))  # the servers' stderr shown (a variant that fails)
 VARIANTS = ("spawn", "keeper", "socket-keeper", "http-keeper", "h11-keeper",
             "http-commit-keeper", "http-rules-keeper", "h11-rules-keeper", "http-rules-keeperd",
-            "http-rules-end-keeperd")
+            "http-rules-end-keeperd", "http-actors-end-keeperd", "http-actors-now-end-keeperd",
+            "h11-actors-now-end-keeperd")
 DATE = "/bin/date"
 TRUE = "/bin/true"
 SLOTS = 2
 BURST_VARIANTS = ("http-keeper", "h11-keeper", "http-commit-keeper", "http-rules-keeper",
-                  "h11-rules-keeper", "http-rules-keeperd", "http-rules-end-keeperd")
+                  "h11-rules-keeper", "http-rules-keeperd", "http-rules-end-keeperd",
+                  "http-actors-end-keeperd", "http-actors-now-end-keeperd",
+                  "h11-actors-now-end-keeperd")
 
 KEEPER = r"""
 import os, select, signal, socket, sys
@@ -155,6 +178,9 @@ burst = int(burst)
 # what the variant's name asks for: motor's rules inline; motor's keeperd (its protocol) in
 # place of the one-line keeper; each end read as a runner reads it
 RULES, TO_KEEPERD, END = "rules" in variant, variant.endswith("keeperd"), "-end-" in variant
+# `actors`: the same rules laid out as motor's architecture lays them out, an actor each
+ACTORS, NOW = "actors" in variant, "-now-" in variant
+RULES = RULES or ACTORS
 keeper = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); keeper.connect(keeper_path)
 if TO_KEEPERD:  # motor's keeperd: its hello line first
     hello = b""
@@ -261,9 +287,142 @@ if RULES:  # motor's own rules for a job, inline (the docstring's list)
         start_decided(now, now_ms)
 
 
+if ACTORS:  # the rules above, each subsystem's in an actor of motor's runtime (`actors/`)
+    import actors
+
+    class Save(tuple): pass      # (record, events): the store's one message
+    class Place(tuple): pass     # (job_id, claim)
+    class Release(tuple): pass   # (job_id,)
+    class Admit(tuple): pass     # (workspace,): the disk's check and the workspace
+    class Note(tuple): pass      # ("started" | "ended", record): accounting's
+    class Submit(tuple): pass    # (body,)
+    class Finished(tuple): pass  # (job_id,)
+    class SetupDone(tuple): pass  # (job_id,)
+
+    class Store(actors.Actor):  # the sole writer: a record with its events, one commit
+        immediate = (Save,) if NOW else ()
+        def handle_now(self, msg):
+            rec, events = msg
+            db.execute("BEGIN")
+            if events:
+                db.executemany("INSERT INTO events VALUES (?, ?)",
+                               [(rec.job_id, encode(event)) for event in events])
+            db.execute("INSERT OR REPLACE INTO jobs VALUES (?, ?)", (rec.job_id, encode(rec)))
+            db.execute("COMMIT")
+
+    class Cpu(actors.Actor):
+        immediate = (Place, Release) if NOW else ()
+        def handle_now(self, msg):
+            if isinstance(msg, Place):
+                return list(placement.place(*msg).cpus)
+            placement.release(msg[0])
+
+    class Disk(actors.Actor):
+        immediate = (Admit,) if NOW else ()
+        def handle_now(self, msg):
+            os.statvfs(ws_root)
+            cwd = ws_root / msg[0]
+            cwd.mkdir(exist_ok=True)
+            return cwd
+
+    class Accounting(actors.Actor):
+        immediate = (Note,) if NOW else ()
+        counts = collections.Counter()
+        def handle_now(self, msg):
+            self.counts[msg[0]] += 1
+
+    done = [0]  # jobs whose end is recorded
+    answers = {}  # keeperd: a request's id -> [its Event, its answer]
+
+    async def keeperd_call(line, *ids):
+        # send a request; for each id, an Event set (by `drain`) when its answer comes
+        waits = [answers.setdefault(i, [trio.Event(), None]) for i in ids]
+        keeper.send(line)
+        return waits
+
+    class Job(actors.Actor):  # one per job: set-up, spawn, its end (motor's JobExecution)
+        def __init__(self, rec):
+            super().__init__(name=f"job-{rec.job_id}")
+            self.rec = rec
+        async def main(self):
+            rec, job_id = self.rec, self.rec.job_id
+            cwd = await disk.call(Admit((rec.workspace,)))
+            job_dir = (Path(rec.env["OUT"] + ".d") if "OUT" in rec.env else jobs_dir / job_id)
+            job_dir.mkdir()
+            jobdir.write_spec(job_dir, exec_core.job_spec(rec, str(cwd), rec.env, 0o022))
+            ids[0] += 2
+            spawned, ended = await keeperd_call(
+                b'{"id": %d, "op": "spawn", "job_dir": "%s", "watch": %d}\n'
+                % (ids[0], bytes(job_dir), ids[0] + 1), ids[0], ids[0] + 1)
+            await spawned[0].wait()
+            await dispatcher.call(SetupDone((job_id,)))
+            await accounting.cast(Note(("started", rec)))
+            await ended[0].wait()
+            status = joblog.read_status(job_dir)
+            events, _ = jobdir.read_output(job_dir, 0, exec_core.READ_BATCH_BYTES,
+                                           exec_core.OutputDecoder())
+            end = exec_core.terminal_record(rec, status, time.time_ns() // 1_000_000, {})
+            await cpu.call(Release((job_id,)))
+            await dispatcher.call(Finished((job_id,)))
+            await store.call(Save((end, events)))
+            await accounting.cast(Note(("ended", end)))
+            done[0] += 1
+            if burst and done[0] == burst:  # every job's end recorded
+                open(db_path + ".done", "w").close()
+
+    class Dispatcher(actors.Actor):  # the queue: the scheduler core (the seed's state lock)
+        immediate = (SetupDone,) if NOW else ()
+        def handle_now(self, msg):
+            sched.setup_done(msg[0], time.monotonic())
+        async def handle(self, msg):
+            now, now_ms = time.monotonic(), time.time_ns() // 1_000_000
+            if isinstance(msg, SetupDone):
+                return self.handle_now(msg)
+            if isinstance(msg, Submit):
+                req = decode_request(msg[0])
+                validate_request(req)
+                job_id = uuid.uuid4().hex
+                rec = records[job_id] = JobRecord(
+                    job_id=job_id, state="queued", workspace=req.workspace,
+                    command=list(req.command), claim=1, env=dict(req.env),
+                    accepted_at_ms=now_ms, queued_at_ms=now_ms)
+                sched.accept(sched_core.JobSpec(job_id, req.workspace, claim=1), now)
+                sched.ready(job_id, now)
+                await self.start_decided(now, now_ms)
+                return encode(records[job_id])
+            sched.finished(msg[0], now)
+            records.pop(msg[0])
+            await self.start_decided(now, now_ms)
+        async def start_decided(self, now, now_ms):
+            for st in sched.decide(now):
+                cpus = await cpu.call(Place((st.job_id, st.claim)))
+                rec = records[st.job_id] = replace(records[st.job_id], state="running",
+                                                   cpus=cpus, started_at_ms=now_ms, attempts=1)
+                await store.call(Save((rec, ())))  # recorded before its CPUs are used
+                spec = actors.ChildSpec(st.job_id, functools.partial(Job, rec),
+                                        restart="temporary")
+                if not NOW or execution.start_child_soon(spec) is None:
+                    await execution.start_child(spec)
+
+    import functools
+    store, cpu, disk, accounting, dispatcher = (
+        actors.ActorRef(name) for name in ("store", "cpu", "disk", "accounting", "dispatcher"))
+    execution = actors.Supervisor("execution", intensity=50, period=10)
+
+    def subsystem(ref, cls):  # a supervisor of its own, the actor its only child
+        return actors.ChildSpec(ref.name, lambda: actors.Supervisor(
+            ref.name, [actors.ChildSpec(ref.name, cls, ref=ref)], intensity=5, period=10))
+
+    TREE = [subsystem(store, Store), subsystem(cpu, Cpu), subsystem(disk, Disk),
+            subsystem(accounting, Accounting), actors.ChildSpec("execution", lambda: execution),
+            subsystem(dispatcher, Dispatcher)]
+
+
 def handle(body):
     # the request's answer: the body to the keeper (committed first with `commit`), or
-    # motor's rules for it
+    # motor's rules for it (`actors`: awaited, the dispatcher's answer)
+    if ACTORS:
+        return dispatcher.call(Submit((body,)))
     if RULES:
         return rules_submit(body)
     if db is not None:
@@ -282,6 +441,11 @@ async def drain():
             buf += data
             *lines, buf = buf.split(b"\n")
             for line in lines:
+                if ACTORS:  # the job's actor waits for it
+                    if (waiting := answers.pop(json.loads(line)["id"], None)) is not None:
+                        waiting[1] = line
+                        waiting[0].set()
+                    continue
                 if (job_id := watches.pop(json.loads(line)["id"], None)) is not None:
                     rules_ended(job_id)
                     ended += 1
@@ -319,6 +483,8 @@ async def app(scope, receive, send):
         body += msg.get("body", b"")
         more = msg.get("more_body", False)
     answer = handle(body)
+    if not isinstance(answer, bytes):  # the actors' dispatcher answers
+        answer = await answer
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-length", str(len(answer)).encode())]})
     await send({"type": "http.response.body", "body": answer})
@@ -347,6 +513,8 @@ async def bare_h11(stream):
             body += event.data
         elif isinstance(event, h11.EndOfMessage):
             answer, body = handle(body), b""
+            if not isinstance(answer, bytes):  # the actors' dispatcher answers
+                answer = await answer
             await stream.send_all(
                 conn.send(h11.Response(status_code=200,
                                        headers=[(b"content-length", str(len(answer)).encode())]))
@@ -357,10 +525,12 @@ async def bare_h11(stream):
 
 async def main():
     ends_untold = RULES and not burst and not TO_KEEPERD  # `ender` ends the starts' jobs
-    if variant in ("socket-keeper", "h11-keeper", "h11-rules-keeper"):
+    if variant == "socket-keeper" or variant.startswith("h11-"):
         listener = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
         await listener.bind(sock_path); listener.listen(8)
         async with trio.open_nursery() as n:
+            if ACTORS:  # motor's tree: one supervisor per subsystem, the API last
+                await n.start(actors.Supervisor("runner", TREE, intensity=0).run)
             n.start_soon(drain)
             if ends_untold:
                 n.start_soon(ender)
@@ -368,6 +538,8 @@ async def main():
             await trio.serve_listeners(handler, [trio.SocketListener(listener)])
     config = Config(); config.bind = ["unix:" + sock_path]; config.accesslog = None
     async with trio.open_nursery() as n:
+        if ACTORS:  # motor's tree: one supervisor per subsystem, the API last
+            await n.start(actors.Supervisor("runner", TREE, intensity=0).run)
         n.start_soon(drain)
         if ends_untold:
             n.start_soon(ender)
@@ -579,9 +751,9 @@ def field(line: str, name: str) -> float:
 
 
 def latency_rounds(args: argparse.Namespace) -> dict[str, list[float]]:
-    meds: dict[str, list[float]] = {v: [] for v in (*VARIANTS, "bare")}
+    meds: dict[str, list[float]] = {v: [] for v in (*VARIANTS, "bare") if v in args.only or v == "bare"}
     for _ in range(args.rounds):
-        order = list(VARIANTS)
+        order = [v for v in VARIANTS if v in args.only]
         random.shuffle(order)
         for variant in order:
             lats = one(variant, args.samples + 2, args.gap)[2:]  # two warm-up starts
@@ -598,9 +770,10 @@ def latency_rounds(args: argparse.Namespace) -> dict[str, list[float]]:
 
 
 def burst_rounds(args: argparse.Namespace) -> dict[str, list[float]]:
-    meds: dict[str, list[float]] = {v: [] for v in (*BURST_VARIANTS, "tsp")}
+    variants = [v for v in BURST_VARIANTS if v in args.only]
+    meds: dict[str, list[float]] = {v: [] for v in (*variants, "tsp")}
     for _ in range(args.rounds):
-        for variant in BURST_VARIANTS:
+        for variant in variants:
             rate = one(variant, 0, 0, args.burst)
             meds[variant].append(rate)
             print(f"peer=floor-{variant} metric=jobs_per_s value={rate:.1f} n={args.burst} "
@@ -615,7 +788,7 @@ def burst_rounds(args: argparse.Namespace) -> dict[str, list[float]]:
 def calls(args: argparse.Namespace) -> None:
     """Python calls per job in each burst variant's server (cProfile from its first request
     to its end, so its start-up is not counted: counts, not times)."""
-    for variant in BURST_VARIANTS:
+    for variant in (v for v in BURST_VARIANTS if v in args.only):
         with tempfile.TemporaryDirectory() as tmp:
             stats = os.path.join(tmp, "server.prof")
             one(variant, 0, 0, args.burst, profile=stats)
@@ -633,7 +806,11 @@ def main() -> None:
                     help="instead: N jobs of `true` back to back, 2 at a time (jobs/s)")
     ap.add_argument("--calls", action="store_true",
                     help="with --burst: each variant's Python calls per job in its server, once")
+    ap.add_argument("--only", metavar="V,V", type=lambda text: text.split(","),
+                    default=VARIANTS, help="these variants only (default: all)")
     args = ap.parse_args()
+    if unknown := set(args.only) - set(VARIANTS):
+        ap.error(f"no such variant: {', '.join(sorted(unknown))}")
     if args.calls and not args.burst:
         ap.error("--calls needs --burst N")
     print(f"# floor: rounds={args.rounds} samples={args.samples} gap_s={args.gap} "

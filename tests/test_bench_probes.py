@@ -11,6 +11,7 @@ scripts' business (docs/performance.md), that they come is this test's.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import subprocess
@@ -126,11 +127,15 @@ def test_the_floor_runs_motors_rules_and_keeperd_against_this_code(monkeypatch, 
     speaks keeperd's protocol to a real keeperd (`-end-`: and reads each end's status.json
     and output.log with motor's readers; docs/performance.md, "A runner with motor's rules
     and none of its structure"); each variant starts its jobs (the timestamp of `date`
-    comes) and runs a burst to its end."""
+    comes) and runs a burst to its end. The `actors` variants lay the same rules out as
+    motor's architecture does (a supervised actor of motor's runtime per subsystem, one per
+    job, "A runner with motor's rules in motor's shape"): a burst ends only once each job's
+    actor has recorded its end."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     floor = _bench("floor")
     for variant in ("http-rules-keeper", "h11-rules-keeper", "http-rules-keeperd",
-                    "http-rules-end-keeperd"):
+                    "http-rules-end-keeperd", "http-actors-end-keeperd",
+                    "http-actors-now-end-keeperd", "h11-actors-now-end-keeperd"):
         lats = floor.one(variant, 3, 0.01)
         assert len(lats) == 3 and all(lat > 0 for lat in lats), (variant, lats)
         assert floor.one(variant, 0, 0, 8) > 0, variant
@@ -139,7 +144,8 @@ def test_the_floor_runs_motors_rules_and_keeperd_against_this_code(monkeypatch, 
 def test_the_floors_call_counts_come_from_its_servers(tmp_path):
     """`bench/floor.py --burst N --calls` prints each burst variant's Python calls per job
     in its server (docs/performance-history.md, "Stop 70"); motor's rules add calls to the
-    request they ride on, whichever HTTP layer serves it."""
+    request they ride on, whichever HTTP layer serves it; laid out in actors they take more,
+    and fewer where the actors answer in the sender's task (`immediate`)."""
     done = subprocess.run([sys.executable, str(BENCH / "floor.py"), "--burst", "8", "--calls"],
                           cwd=BENCH, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "TMPDIR": str(tmp_path)})
@@ -153,3 +159,18 @@ def test_the_floors_call_counts_come_from_its_servers(tmp_path):
     assert set(got) == {f"floor-{v}" for v in _bench("floor").BURST_VARIANTS}
     assert got["floor-http-rules-keeper"] > got["floor-http-commit-keeper"] > 0
     assert got["floor-h11-rules-keeper"] > got["floor-h11-keeper"] > 0
+    assert (got["floor-http-actors-end-keeperd"] > got["floor-http-actors-now-end-keeperd"]
+            > got["floor-http-rules-end-keeperd"])
+
+
+def test_the_floor_runs_only_the_variants_asked_for(tmp_path):
+    """`--only` runs the named variants and no others; a name that is no variant is refused."""
+    run = functools.partial(subprocess.run, cwd=BENCH, capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)})
+    done = run([sys.executable, str(BENCH / "floor.py"), "--burst", "4", "--calls",
+                "--only", "h11-keeper,http-rules-keeperd"])
+    assert done.returncode == 0, done.stderr
+    assert [line.split()[0] for line in done.stdout.splitlines() if line.startswith("peer=")
+            ] == ["peer=floor-h11-keeper", "peer=floor-http-rules-keeperd"]
+    refused = run([sys.executable, str(BENCH / "floor.py"), "--only", "h11-keeper,nothing"])
+    assert refused.returncode == 2 and "no such variant: nothing" in refused.stderr
