@@ -288,6 +288,7 @@ if RULES:  # motor's own rules for a job, inline (the docstring's list)
 
 
 if ACTORS:  # the rules above, each subsystem's in an actor of motor's runtime (`actors/`)
+    import functools
     import actors
 
     class Save(tuple): pass      # (record, events): the store's one message
@@ -355,6 +356,8 @@ if ACTORS:  # the rules above, each subsystem's in an actor of motor's runtime (
                 b'{"id": %d, "op": "spawn", "job_dir": "%s", "watch": %d}\n'
                 % (ids[0], bytes(job_dir), ids[0] + 1), ids[0], ids[0] + 1)
             await spawned[0].wait()
+            if b'"error"' in spawned[1]:  # keeperd refused it (FLOOR_DEBUG shows this)
+                raise RuntimeError(spawned[1].decode())
             await dispatcher.call(SetupDone((job_id,)))
             await accounting.cast(Note(("started", rec)))
             await ended[0].wait()
@@ -382,7 +385,7 @@ if ACTORS:  # the rules above, each subsystem's in an actor of motor's runtime (
                 req = decode_request(msg[0])
                 validate_request(req)
                 job_id = uuid.uuid4().hex
-                rec = records[job_id] = JobRecord(
+                records[job_id] = JobRecord(
                     job_id=job_id, state="queued", workspace=req.workspace,
                     command=list(req.command), claim=1, env=dict(req.env),
                     accepted_at_ms=now_ms, queued_at_ms=now_ms)
@@ -404,7 +407,6 @@ if ACTORS:  # the rules above, each subsystem's in an actor of motor's runtime (
                 if not NOW or execution.start_child_soon(spec) is None:
                     await execution.start_child(spec)
 
-    import functools
     store, cpu, disk, accounting, dispatcher = (
         actors.ActorRef(name) for name in ("store", "cpu", "disk", "accounting", "dispatcher"))
     execution = actors.Supervisor("execution", intensity=50, period=10)
