@@ -56,15 +56,18 @@ the peers. The variants (peer=floor-VARIANT), each a fresh set of processes per 
   and accounting's messages and the dispatcher's `setup_done` `immediate` (answered in
   the sender's task when the actor is idle) and each job's actor started with
   `start_child_soon`, as motor does;
-- `h11-actors-now-end-keeperd`: that served by h11 alone.
+- `h11-actors-now-end-keeperd`: that served by h11 alone;
+- `http-actors-now-accept-end-keeperd`, `h11-actors-now-accept-end-keeperd`: those two
+  with a job that does not start at once committed before its answer, as motor commits
+  every acceptance (a job started at once is committed with its start).
 
 The `rules` variants are what a runner keeping motor's rules, its commit, its HTTP server
 and its keeperd costs with none of motor's structure (no actor, no job task, no hop, no
 output read back, no accounting): a bound on what a rewrite of the per-job path could
 reach, not a runner. The `actors` variants are the same rules in motor's shape, done
 leanly: what the shape the user asked for costs, apart from how motor does the rest. Like
-the `rules` variants they commit a queued job only when it starts (motor commits its
-acceptance too) and keep no accounts beyond a count.
+the `rules` variants they commit a queued job only when it starts (but `-accept-`) and
+keep no accounts beyond a count.
 
 `latency.sh bare` runs in the same round (peer=bare).
 
@@ -112,14 +115,16 @@ DEBUG = bool(os.environ.get("FLOOR_DEBUG"))  # the servers' stderr shown (a vari
 VARIANTS = ("spawn", "keeper", "socket-keeper", "http-keeper", "h11-keeper",
             "http-commit-keeper", "http-rules-keeper", "h11-rules-keeper", "http-rules-keeperd",
             "http-rules-end-keeperd", "http-actors-end-keeperd", "http-actors-now-end-keeperd",
-            "h11-actors-now-end-keeperd")
+            "h11-actors-now-end-keeperd", "http-actors-now-accept-end-keeperd",
+            "h11-actors-now-accept-end-keeperd")
 DATE = "/bin/date"
 TRUE = "/bin/true"
 SLOTS = 2
 BURST_VARIANTS = ("http-keeper", "h11-keeper", "http-commit-keeper", "http-rules-keeper",
                   "h11-rules-keeper", "http-rules-keeperd", "http-rules-end-keeperd",
                   "http-actors-end-keeperd", "http-actors-now-end-keeperd",
-                  "h11-actors-now-end-keeperd")
+                  "h11-actors-now-end-keeperd", "http-actors-now-accept-end-keeperd",
+                  "h11-actors-now-accept-end-keeperd")
 
 KEEPER = r"""
 import os, select, signal, socket, sys
@@ -179,7 +184,7 @@ burst = int(burst)
 # place of the one-line keeper; each end read as a runner reads it
 RULES, TO_KEEPERD, END = "rules" in variant, variant.endswith("keeperd"), "-end-" in variant
 # `actors`: the same rules laid out as motor's architecture lays them out, an actor each
-ACTORS, NOW = "actors" in variant, "-now-" in variant
+ACTORS, NOW, ACCEPT = "actors" in variant, "-now-" in variant, "-accept-" in variant
 RULES = RULES or ACTORS
 keeper = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM); keeper.connect(keeper_path)
 if TO_KEEPERD:  # motor's keeperd: its hello line first
@@ -392,6 +397,8 @@ if ACTORS:  # the rules above, each subsystem's in an actor of motor's runtime (
                 sched.accept(sched_core.JobSpec(job_id, req.workspace, claim=1), now)
                 sched.ready(job_id, now)
                 await self.start_decided(now, now_ms)
+                if ACCEPT and records[job_id].state == "queued":  # not started: recorded
+                    await store.call(Save((records[job_id], ())))  # before its answer
                 return encode(records[job_id])
             sched.finished(msg[0], now)
             records.pop(msg[0])
