@@ -136,7 +136,7 @@ def test_the_floor_runs_motors_rules_and_keeperd_against_this_code(monkeypatch, 
     for variant in ("http-rules-keeper", "h11-rules-keeper", "http-rules-keeperd",
                     "http-rules-end-keeperd", "http-actors-end-keeperd",
                     "http-actors-now-end-keeperd", "h11-actors-now-end-keeperd",
-                    "http-actors-now-accept-end-keeperd"):
+                    "http-actors-now-accept-end-keeperd", "h11-actors-now-accept-end-keeperd"):
         lats = floor.one(variant, 3, 0.01)
         assert len(lats) == 3 and all(lat > 0 for lat in lats), (variant, lats)
         assert floor.one(variant, 0, 0, 8) > 0, variant
