@@ -95,6 +95,15 @@ def host_busy_s() -> float:
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user and system, every thread) process `pid` has spent: /proc/PID/stat's
+    utime and stime, in clock ticks. Two readings around a burst give one process's own
+    part of the host's CPU (`host_busy_s`), the other processes' load not in it."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # after the command's name
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def load1() -> str:
     """The 1-minute load average, as every figure line carries it (load1=)."""
     return f"{os.getloadavg()[0]:.2f}"

@@ -77,7 +77,10 @@ the next is sent, until every job has ended (jobs/s). The keeper queues the jobs
 tells the server of each end, which `http-commit-keeper` commits as a second row (a
 runner records a job's acceptance and its end); in the `rules` variants the server's
 scheduler core queues them (max_weight 2) and its keeper only runs what it is sent. `throughput.sh tsp N` runs in the same
-round (peer=tsp; the peers' setup.sh must have run).
+round (peer=tsp; the peers' setup.sh must have run). Each burst line carries
+`server_cpu_per_job_ms`: the serving process's own CPU (/proc/PID/stat) from its socket's
+appearance until the last job has ended, per job, as bench/throughput.py's
+`runner_cpu_per_job_ms` for motor.
 
 The variants without `rules` are not motor: they are what any runner of motor's shape (an
 HTTP API, a persisted job, a keeper process that is not the runner) pays on this host
@@ -106,7 +109,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import load1
+from benchlib import load1, process_cpu_s
 
 HERE = Path(__file__).resolve().parent
 PEERS = HERE.parent.parent / "shared" / "bench" / "peers"
@@ -691,10 +694,11 @@ def wait_ready(proc: subprocess.Popen, path: str) -> None:
         time.sleep(0.01)
 
 
-def one(variant: str, samples: int, gap: float, burst: int = 0, profile: str | None = None
-        ) -> Any:
+def one(variant: str, samples: int, gap: float, burst: int = 0, profile: str | None = None,
+        cpu: list | None = None) -> Any:
     """A round of one variant: its start latencies (ms), or with `burst` its jobs/s
-    (`profile`: the server's cProfile stats from its first request on, written there)."""
+    (`profile`: the server's cProfile stats from its first request on, written there;
+    `cpu`: gets the server's CPU seconds from its socket's appearance to the last end)."""
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         keeper_path = os.path.join(tmp, "keeper.sock")
         db = os.path.join(tmp, "db.sqlite")
@@ -724,11 +728,14 @@ def one(variant: str, samples: int, gap: float, burst: int = 0, profile: str | N
                                            keeper_path, db, str(burst)], env=env,
                                           stderr=None if DEBUG else subprocess.DEVNULL))
             wait_ready(procs[-1], sock)
+            cpu0 = process_cpu_s(procs[-1].pid)
             r = subprocess.run([sys.executable, "-c", CLIENT, sock, tmp, str(samples), str(gap),
                                 "raw" if variant == "socket-keeper" else
                                 "keeperd" if variant.endswith("keeperd") else
                                 "json" if "rules" in variant else "http", str(burst),
                                 db + ".done"], capture_output=True, text=True, check=True)
+            if cpu is not None:
+                cpu.append(process_cpu_s(procs[-1].pid) - cpu0)
             return json.loads(r.stdout)
         finally:
             for p in reversed(procs):
@@ -783,10 +790,11 @@ def burst_rounds(args: argparse.Namespace) -> dict[str, list[float]]:
     meds: dict[str, list[float]] = {v: [] for v in (*variants, "tsp")}
     for _ in range(args.rounds):
         for variant in variants:
-            rate = one(variant, 0, 0, args.burst)
+            rate = one(variant, 0, 0, args.burst, cpu=(cpu := []))
             meds[variant].append(rate)
             print(f"peer=floor-{variant} metric=jobs_per_s value={rate:.1f} n={args.burst} "
-                  f"slots={SLOTS} load1={load1()}", flush=True)
+                  f"slots={SLOTS} server_cpu_per_job_ms={cpu[0] / args.burst * 1e3:.2f} "
+                  f"load1={load1()}", flush=True)
         line = peer_line("throughput.sh", ["tsp", str(args.burst)])
         if line is not None:
             meds["tsp"].append(field(line, "jobs_per_s"))

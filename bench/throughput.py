@@ -17,6 +17,11 @@ then checked to have succeeded), and the host's CPU over the same span (/proc/st
 process's, the runner's, keeperd's, the jobs' and the client's; for a peer, while its
 script runs), printed per job as `host_cpu_per_job_ms` and beside the medians: on two
 CPUs a rate above 2000 / that figure jobs/s cannot be reached however the work overlaps.
+A motor line also carries the runner's own process's CPU per job
+(`runner_cpu_per_job_ms`, beside the medians as "runner's own") and its keeperd's
+(`keeperd_cpu_per_job_ms`, when keeperd is the spawner), /proc/PID/stat over the same
+span: the part that is motor's, whatever the host's other processes did meanwhile (not
+with `--systemd-namespace`).
 The end is waited for as task-spooler's is (`tsp -w`): by following an unfinished job's
 event stream to its end, then asking `GET /v1/status` whether any is left (up to stop 20
 this script polled `GET /v1/status` every 2 ms, a load of its own on the runner;
@@ -58,7 +63,7 @@ from pathlib import Path
 
 import httpx
 
-from benchlib import fs_note, host_busy_s, motor_serve, socket_of
+from benchlib import fs_note, host_busy_s, motor_serve, process_cpu_s, socket_of
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = ROOT.parent / "shared" / "bench" / "peers"
@@ -89,9 +94,12 @@ def wait_idle(c: httpx.Client, poll: bool) -> None:
 
 
 def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
-                mode: str = "api", spawner: str | None = None) -> tuple[float, float, float]:
+                mode: str = "api", spawner: str | None = None, own: dict | None = None
+                ) -> tuple[float, float, float]:
     """(wall until all N ended, wall until all N were accepted, the host's busy CPU seconds
-    over the same span: `host_busy_s`); `mode`: "api" (one request
+    over the same span: `host_busy_s`); `own`, when given, gets the CPU seconds of the
+    runner's own process ("runner") and of its keeperd ("keeperd") over that span (not in
+    a systemd namespace, whose runner is not this process's child); `mode`: "api" (one request
     per job, httpx), "api-client" (one request per job, motor.client.Client), "api-poll" (the same, waiting with status polls), "batch" (one batch request),
     "cli-each" (one `motor submit` process per job), "cli-from" (one `motor submit --from -`)."""
     env = {**os.environ, "MOTOR_SPAWNER": spawner} if spawner else None
@@ -104,6 +112,8 @@ def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
         with httpx.Client(transport=transport, base_url="http://motor", timeout=60) as c:
             c.get("/v1/health").raise_for_status()
             jobs = [{"command": ["true"], "weight_hint": 1, "workspace": f"ws{i % 4}"} for i in range(n)]
+            procs = {} if own is None or systemd_namespace else _own_processes(serve)
+            own0 = {name: process_cpu_s(pid) for name, pid in procs.items()}
             busy0, t0 = host_busy_s(), time.perf_counter()
             cli = [sys.executable, "-m", "motor", "submit", "--socket", str(sock)]
             if mode == "batch":
@@ -136,6 +146,8 @@ def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
             t_sub = time.perf_counter()
             wait_idle(c, poll=mode == "api-poll")
             t1, busy1 = time.perf_counter(), host_busy_s()
+            if own is not None:
+                own.update({name: process_cpu_s(pid) - own0[name] for name, pid in procs.items()})
             jobs = c.get("/v1/jobs", params={"all": 1}).json()
             ok = sum(1 for j in jobs if j["state"] == "succeeded")
             if ok != n:
@@ -143,6 +155,19 @@ def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
                        if j["state"] != "succeeded"]
                 raise SystemExit(f"only {ok} of {n} jobs succeeded; the others: {bad[:3]}")
         return t1 - t0, t_sub - t0, busy1 - busy0
+
+
+def _own_processes(serve) -> dict[str, int]:
+    """The runner's pid and its keeperd's (detached, found by the state directory on its
+    command line; absent when the spawner is another)."""
+    import psutil
+
+    found, state = {"runner": serve.proc.pid}, os.path.realpath(serve.state)
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if len(cmd) > 1 and cmd[-2].endswith("keeperd.py") and os.path.realpath(cmd[-1]) == state:
+            found["keeperd"] = p.pid
+    return found
 
 
 def peer_round(peer: str, n: int) -> tuple[float, float] | None:
@@ -211,17 +236,23 @@ def main() -> None:
     walls: dict[str, list[float]] = {peer: [] for peer in modes} | {"bare-xargs": [], "tsp": []}
     submits: dict[str, list[float]] = {peer: [] for peer in modes}
     busy: dict[str, list[float]] = {peer: [] for peer in walls}  # host CPU s per round
+    runner: dict[str, list[float]] = {peer: [] for peer in modes}  # the runner's own
     for _ in range(args.rounds):
         for peer, (mode, sp) in modes.items():
+            own: dict[str, float] = {}
             wall, sub, cpu = motor_round(args.n, args.isolation, args.systemd_namespace,
-                                         mode=mode, spawner=sp)
+                                         mode=mode, spawner=sp, own=own)
+            mine = "".join(f"{name}_cpu_per_job_ms={s / args.n * 1e3:.2f} "
+                           for name, s in own.items())
             emit(peer, wall, args.n, f"submit_s={sub:.6f} submit_jobs_per_s={args.n / sub:.1f} "
-                                     f"host_cpu_per_job_ms={cpu / args.n * 1e3:.2f} "
+                                     f"host_cpu_per_job_ms={cpu / args.n * 1e3:.2f} {mine}"
                                      f"isolation={args.isolation} "
                                      f"load1={os.getloadavg()[0]:.2f}")
             walls[peer].append(wall)
             submits[peer].append(sub)
             busy[peer].append(cpu)
+            if "runner" in own:
+                runner[peer].append(own["runner"])
         if not args.no_peers:
             for peer in ("bare-xargs", "tsp"):
                 got = peer_round(peer, args.n)
@@ -232,7 +263,9 @@ def main() -> None:
     med = {p: statistics.median(v) for p, v in walls.items() if v}
     for peer, m in med.items():
         print(f"# {peer:<11} {m:8.4f} s  {args.n / m:8.1f} jobs/s  host CPU "
-              f"{statistics.median(busy[peer]) / args.n * 1e3:5.2f} ms/job")
+              f"{statistics.median(busy[peer]) / args.n * 1e3:5.2f} ms/job"
+              + (f"  runner's own {statistics.median(runner[peer]) / args.n * 1e3:5.2f} ms/job"
+                 if runner.get(peer) else ""))
     for name in (n for n in modes if n in med):
         for peer in ("bare-xargs", "tsp"):
             if peer in med:

@@ -121,6 +121,36 @@ def test_host_busy_counts_the_cpu_a_process_spends():
     assert burning > sleeping + 0.15
 
 
+def test_process_cpu_counts_one_process_only():
+    """benchlib.process_cpu_s (bench/throughput.py's runner and keeperd CPU per job,
+    bench/floor.py's server CPU) grows by the CPU that process burns, and not by another
+    process's."""
+    benchlib = _bench("benchlib")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.5)  # its start-up spent
+        mine, its, cpu0 = (benchlib.process_cpu_s(os.getpid()),
+                           benchlib.process_cpu_s(sleeper.pid), time.process_time())
+        while time.process_time() - cpu0 < 0.3:
+            pass
+        assert benchlib.process_cpu_s(os.getpid()) - mine >= 0.25
+        assert benchlib.process_cpu_s(sleeper.pid) - its < 0.05
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_throughput_counts_the_runners_and_keeperds_own_cpu(monkeypatch, tmp_path):
+    """bench/throughput.py's round finds the runner's process and its keeperd and gives
+    each one's CPU over the burst (`runner_cpu_per_job_ms`, `keeperd_cpu_per_job_ms`)."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    throughput, own = _bench("throughput"), {}
+    wall, submitted, busy = throughput.motor_round(60, "affinity", own=own)
+    assert wall >= submitted > 0 and busy > 0
+    assert set(own) == {"runner", "keeperd"}
+    assert 0 < own["runner"] <= busy and 0 < own["keeperd"] <= busy
+
+
 def test_the_floor_runs_motors_rules_and_keeperd_against_this_code(monkeypatch, tmp_path):
     """bench/floor.py's `*-rules-*` variants call motor's own request decoder, record,
     scheduler core, CPU placement and spec.json writer in their server, and `-keeperd`
@@ -175,3 +205,11 @@ def test_the_floor_runs_only_the_variants_asked_for(tmp_path):
             ] == ["peer=floor-h11-keeper", "peer=floor-http-rules-keeperd"]
     refused = run([sys.executable, str(BENCH / "floor.py"), "--only", "h11-keeper,nothing"])
     assert refused.returncode == 2 and "no such variant: nothing" in refused.stderr
+
+
+def test_the_floor_counts_its_servers_own_cpu(monkeypatch, tmp_path):
+    """A burst round gives its server's own CPU over the burst (`server_cpu_per_job_ms`)."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    cpu: list[float] = []
+    assert _bench("floor").one("http-keeper", 0, 0, 100, cpu=cpu) > 0
+    assert len(cpu) == 1 and cpu[0] > 0
