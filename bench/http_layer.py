@@ -2,7 +2,7 @@
 runner and app with each connection served by h11 alone, in the peers' line format.
 
     python bench/http_layer.py [--rounds 3] [--samples 20] [--gap 0.3] [--isolation affinity]
-                               [--no-peers]
+                               [--no-peers] [--burst N]
 
 Each round starts two runners on fresh state dirs, in a random order: `motor serve` as
 shipped (peer=motor-hypercorn), and `motor serve` with hypercorn's per-connection handler
@@ -12,6 +12,12 @@ the connection cap, the app and everything behind it are the same. Against each 
 bench/latency.py's samples: `start_latency` (submit -> the job's own `date +%s.%N`) and
 `api_run_wall` (until the terminal event), motor's own client, one kept connection.
 `latency.sh bare` runs in the same round (peer=bare).
+
+`--burst N` measures throughput instead: in each round, against each runner, N jobs of
+`true` over 4 workspaces, one request each from motor's own client on one kept connection,
+each answered before the next, until none is queued or running (`GET /v1/status` every
+2 ms once all are in): `jobs_per_s`, and `runner_cpu_per_job_ms`, the runner process's own
+CPU over the burst (/proc/PID/stat). No peers run with it.
 
 The h11 loop here is a measuring probe, not a server motor ships: it serves the Unix
 socket's requests as the latency samples make them (a JSON body, an NDJSON stream, keep-
@@ -27,10 +33,11 @@ import random
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-from benchlib import fs_note, load1
-from latency import api_samples, emit, peer_latency, samples_parser, start_runner
+from benchlib import fs_note, load1, process_cpu_s
+from latency import Client, api_samples, emit, peer_latency, samples_parser, start_runner
 
 #: `python -c` program: run `motor ARGV...`, with h11 serving each connection when the first
 #: argument is "h11"
@@ -113,6 +120,8 @@ if variant == "h11":
                 pass
             return state["ended"] and not state["gone"] and conn.our_state is h11.DONE
 
+    if not hasattr(server, "_TCPServer"):  # else the probe would replace nothing, silently
+        raise SystemExit("motor/api/server.py has no _TCPServer for the h11 probe to replace")
     server._TCPServer = H11Connection
 sys.argv = ["motor", *argv]
 runpy.run_module("motor", run_name="__main__", alter_sys=True)
@@ -121,9 +130,51 @@ runpy.run_module("motor", run_name="__main__", alter_sys=True)
 VARIANTS = ("hypercorn", "h11")
 
 
+def burst(proc, sock: Path, n: int) -> tuple[float, float]:
+    """(jobs/s, the runner's own CPU ms per job) for N `true` jobs, one request each."""
+    with Client(sock, timeout=60) as client:
+        client.health()
+        cpu0, t0 = process_cpu_s(proc.pid), time.perf_counter()
+        for i in range(n):
+            client.submit({"command": ["true"], "weight_hint": 1, "workspace": f"ws{i % 4}"},
+                          raw=True)
+        while (status := client.call("GET", "/v1/status"))["running"] or status["queued"]:
+            time.sleep(0.002)
+        return n / (time.perf_counter() - t0), (process_cpu_s(proc.pid) - cpu0) / n * 1e3
+
+
+def bursts(args) -> None:
+    """`--burst N`: each round, each server, one burst; then the medians."""
+    got: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
+    for _ in range(args.rounds):
+        for variant in random.sample(VARIANTS, len(VARIANTS)):
+            with tempfile.TemporaryDirectory(prefix="motor-http-") as tmp:
+                proc, sock = start_runner(Path(tmp), args.isolation,
+                                          (sys.executable, "-c", SERVE, variant),
+                                          "--max-queue-depth", str(args.burst + 10))
+                try:
+                    rate, cpu = burst(proc, sock, args.burst)
+                finally:
+                    proc.terminate()
+                    proc.wait(30)
+            got[variant].append((rate, cpu))
+            print(f"peer=motor-{variant} metric=jobs_per_s value={rate:.1f} n={args.burst} "
+                  f"slots=2 runner_cpu_per_job_ms={cpu:.2f} isolation={args.isolation} "
+                  f"server={variant} load1={load1()}", flush=True)
+    print(f"# medians over {args.rounds} rounds, load1={load1()}")
+    for variant, values in got.items():
+        print(f"# motor-{variant:10s} {statistics.median(r for r, _ in values):8.1f} jobs/s  "
+              f"runner CPU {statistics.median(c for _, c in values):5.2f} ms/job")
+
+
 def main() -> None:
-    args = samples_parser(__doc__, samples=20).parse_args()
+    ap = samples_parser(__doc__, samples=20)
+    ap.add_argument("--burst", type=int, default=0, metavar="N",
+                    help="instead: N jobs of `true`, one request each (jobs/s, runner CPU)")
+    args = ap.parse_args()
     fs_note()
+    if args.burst:
+        return bursts(args)
     print(f"# http_layer: rounds={args.rounds} samples={args.samples} gap_s={args.gap} "
           f"isolation={args.isolation} load1={load1()}", flush=True)
     medians: dict[str, list[float]] = {}

@@ -91,15 +91,15 @@ def motor_env(root: Path | None = None) -> dict:
 
 
 def start_runner(tmp: Path, isolation: str,
-                 motor: tuple[str, ...] = (sys.executable, "-m", "motor"),
+                 motor: tuple[str, ...] = (sys.executable, "-m", "motor"), *extra: str,
                  ) -> tuple[subprocess.Popen, Path]:
-    """`motor serve` (`motor`: the command that runs motor) on a state dir under `tmp`, once
-    it listens: the process and its socket."""
+    """`motor serve` (`motor`: the command that runs motor; `extra`: more of serve's
+    options) on a state dir under `tmp`, once it listens: the process and its socket."""
     state = tmp / "state"
     log = open(tmp / "serve.log", "wb")
     proc = subprocess.Popen(
         [*motor, "serve", "--state-dir", str(state), "--max-weight", "2",
-         "--free-space-floor-bytes", "0", "--isolation", isolation],
+         "--free-space-floor-bytes", "0", "--isolation", isolation, *extra],
         stdout=log, stderr=subprocess.STDOUT, cwd=MOTOR_ROOT,
         env=motor_env(None if MOTOR_ROOT == ROOT else MOTOR_ROOT))
     log.close()

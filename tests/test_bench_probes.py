@@ -213,3 +213,20 @@ def test_the_floor_counts_its_servers_own_cpu(monkeypatch, tmp_path):
     cpu: list[float] = []
     assert _bench("floor").one("http-keeper", 0, 0, 100, cpu=cpu) > 0
     assert len(cpu) == 1 and cpu[0] > 0
+
+
+def test_http_layer_bursts_serve_motor_under_both_servers(tmp_path):
+    """`bench/http_layer.py --burst N` runs N jobs through `motor serve` as shipped and with
+    its h11 probe in place of hypercorn's connection handler, and gives each runner's own
+    CPU per job (docs/performance-history.md, "Stop 71")."""
+    done = subprocess.run([sys.executable, str(BENCH / "http_layer.py"), "--rounds", "1",
+                           "--burst", "30"], cwd=BENCH, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    got = {}
+    for line in done.stdout.splitlines():
+        if line.startswith("peer="):
+            fields = dict(field.split("=", 1) for field in line.split())
+            got[fields["server"]] = (float(fields["value"]), float(fields["runner_cpu_per_job_ms"]))
+    assert set(got) == {"hypercorn", "h11"}
+    assert all(rate > 0 and cpu > 0 for rate, cpu in got.values()), got
