@@ -16,8 +16,9 @@ bench/latency.py's samples: `start_latency` (submit -> the job's own `date +%s.%
 `--burst N` measures throughput instead: in each round, against each runner, N jobs of
 `true` over 4 workspaces, one request each from motor's own client on one kept connection,
 each answered before the next, until none is queued or running (`GET /v1/status` every
-2 ms once all are in): `jobs_per_s`, and `runner_cpu_per_job_ms`, the runner process's own
-CPU over the burst (/proc/PID/stat). No peers run with it.
+2 ms once all are in; every job must have succeeded): `jobs_per_s`, and
+`runner_cpu_per_job_ms`, the runner process's own CPU over the burst (/proc/PID/stat). No
+peers run with it.
 
 The h11 loop here is a measuring probe, not a server motor ships: it serves the Unix
 socket's requests as the latency samples make them (a JSON body, an NDJSON stream, keep-
@@ -140,7 +141,10 @@ def burst(proc, sock: Path, n: int) -> tuple[float, float]:
                           raw=True)
         while (status := client.call("GET", "/v1/status"))["running"] or status["queued"]:
             time.sleep(0.002)
-        return n / (time.perf_counter() - t0), (process_cpu_s(proc.pid) - cpu0) / n * 1e3
+        rate, cpu = n / (time.perf_counter() - t0), (process_cpu_s(proc.pid) - cpu0) / n * 1e3
+        if (ok := sum(j.state == "succeeded" for j in client.jobs(all=True))) != n:
+            raise SystemExit(f"only {ok} of the {n} jobs succeeded")
+        return rate, cpu
 
 
 def bursts(args) -> None:
