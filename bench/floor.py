@@ -227,48 +227,77 @@ if RULES:  # motor's own rules for a job, inline (the docstring's list)
     job_dirs = {}  # `-end-`: a job's directory, read at its end
     db.execute("CREATE TABLE IF NOT EXISTS events (job_id TEXT, event BLOB)")
 
-    def save(rec):
+    # each piece of the rules once, for the inline server and the actors alike
+
+    def save(rec, events=()):  # one commit: the record, with its output events
         db.execute("BEGIN")
+        if events:
+            db.executemany("INSERT INTO events VALUES (?, ?)",
+                           [(rec.job_id, encode(event)) for event in events])
         db.execute("INSERT OR REPLACE INTO jobs VALUES (?, ?)", (rec.job_id, encode(rec)))
         db.execute("COMMIT")
 
-    def start_decided(now, now_ms):
-        for st in sched.decide(now):
-            rec = records[st.job_id]
-            cpus = list(placement.place(st.job_id, st.claim).cpus)
-            rec = records[st.job_id] = replace(rec, state="running", cpus=cpus,
-                                               started_at_ms=now_ms, attempts=1)
-            save(rec)
-            os.statvfs(ws_root)
-            cwd = ws_root / rec.workspace
-            cwd.mkdir(exist_ok=True)
-            # keeperd's job directory is where the client looks for the job's output
-            job_dir = (Path(rec.env["OUT"] + ".d") if "OUT" in rec.env and TO_KEEPERD
-                       else jobs_dir / rec.job_id)
-            job_dir.mkdir()
-            jobdir.write_spec(job_dir, exec_core.job_spec(rec, str(cwd), rec.env, 0o022))
-            if END:
-                job_dirs[st.job_id] = job_dir
-            sched.setup_done(st.job_id, now)
-            if TO_KEEPERD:  # spawn, and tell its end (motor's protocol)
-                ids[0] += 2
-                watches[ids[0] + 1] = st.job_id
-                keeper.send(b'{"id": %d, "op": "spawn", "job_dir": "%s", "watch": %d}\n'
-                            % (ids[0], bytes(job_dir), ids[0] + 1))
-            else:
-                running.append(st.job_id)
-                keeper.send(rec.env.get("OUT", "-").encode() + b"\n")
-
-    def rules_submit(body):
+    def accept(body, now, now_ms):  # a request decoded, checked, its record queued: its id
         req = decode_request(body)
         validate_request(req)
-        now, now_ms = time.monotonic(), time.time_ns() // 1_000_000
         job_id = uuid.uuid4().hex
         records[job_id] = JobRecord(job_id=job_id, state="queued", workspace=req.workspace,
                                     command=list(req.command), claim=1, env=dict(req.env),
                                     accepted_at_ms=now_ms, queued_at_ms=now_ms)
         sched.accept(sched_core.JobSpec(job_id, req.workspace, claim=1), now)
         sched.ready(job_id, now)
+        return job_id
+
+    def running_record(job_id, cpus, now_ms):
+        records[job_id] = replace(records[job_id], state="running", cpus=cpus,
+                                  started_at_ms=now_ms, attempts=1)
+        return records[job_id]
+
+    def workspace(name):  # the disk's check, and the workspace
+        os.statvfs(ws_root)
+        cwd = ws_root / name
+        cwd.mkdir(exist_ok=True)
+        return cwd
+
+    def set_up(rec, cwd):  # the job directory with its spec.json
+        # keeperd's job directory is where the client looks for the job's output
+        job_dir = (Path(rec.env["OUT"] + ".d") if "OUT" in rec.env and TO_KEEPERD
+                   else jobs_dir / rec.job_id)
+        job_dir.mkdir()
+        jobdir.write_spec(job_dir, exec_core.job_spec(rec, str(cwd), rec.env, 0o022))
+        return job_dir
+
+    def spawn_request(job_dir):  # keeperd's spawn with its watch: (spawn id, watch id, line)
+        ids[0] += 2
+        return ids[0], ids[0] + 1, (b'{"id": %d, "op": "spawn", "job_dir": "%s", "watch": %d}\n'
+                                    % (ids[0], bytes(job_dir), ids[0] + 1))
+
+    def read_end(rec, job_dir, now_ms):  # the end as a runner reads it: (record, events)
+        status = joblog.read_status(job_dir)
+        events, _ = jobdir.read_output(job_dir, 0, exec_core.READ_BATCH_BYTES,
+                                       exec_core.OutputDecoder())
+        return exec_core.terminal_record(rec, status, now_ms, {}), events
+
+    def start_decided(now, now_ms):
+        for st in sched.decide(now):
+            rec = running_record(st.job_id, list(placement.place(st.job_id, st.claim).cpus),
+                                 now_ms)
+            save(rec)
+            job_dir = set_up(rec, workspace(rec.workspace))
+            if END:
+                job_dirs[st.job_id] = job_dir
+            sched.setup_done(st.job_id, now)
+            if TO_KEEPERD:  # spawn, and tell its end (motor's protocol)
+                _, watch, line = spawn_request(job_dir)
+                watches[watch] = st.job_id
+                keeper.send(line)
+            else:
+                running.append(st.job_id)
+                keeper.send(rec.env.get("OUT", "-").encode() + b"\n")
+
+    def rules_submit(body):
+        now, now_ms = time.monotonic(), time.time_ns() // 1_000_000
+        job_id = accept(body, now, now_ms)
         start_decided(now, now_ms)
         return encode(records[job_id])
 
@@ -278,18 +307,8 @@ if RULES:  # motor's own rules for a job, inline (the docstring's list)
         sched.finished(job_id, now)
         placement.release(job_id)
         rec = records.pop(job_id)
-        if END:  # the job's end as a runner reads it: status.json,
-            # output.log into output events, saved with the terminal record in one commit
-            job_dir = job_dirs.pop(job_id)
-            status = joblog.read_status(job_dir)
-            events, _ = jobdir.read_output(job_dir, 0, exec_core.READ_BATCH_BYTES,
-                                           exec_core.OutputDecoder())
-            end = exec_core.terminal_record(rec, status, now_ms, {})
-            db.execute("BEGIN")
-            db.executemany("INSERT INTO events VALUES (?, ?)",
-                           [(job_id, encode(event)) for event in events])
-            db.execute("INSERT OR REPLACE INTO jobs VALUES (?, ?)", (job_id, encode(end)))
-            db.execute("COMMIT")
+        if END:  # the end read as a runner reads it, saved with its events in one commit
+            save(*read_end(rec, job_dirs.pop(job_id), now_ms))
         else:
             save(replace(rec, state="succeeded", exit_code=0, ended_at_ms=now_ms))
         start_decided(now, now_ms)
@@ -311,13 +330,7 @@ if ACTORS:  # the rules above, each subsystem's in an actor of motor's runtime (
     class Store(actors.Actor):  # the sole writer: a record with its events, one commit
         immediate = (Save,) if NOW else ()
         def handle_now(self, msg):
-            rec, events = msg
-            db.execute("BEGIN")
-            if events:
-                db.executemany("INSERT INTO events VALUES (?, ?)",
-                               [(rec.job_id, encode(event)) for event in events])
-            db.execute("INSERT OR REPLACE INTO jobs VALUES (?, ?)", (rec.job_id, encode(rec)))
-            db.execute("COMMIT")
+            save(*msg)
 
     class Cpu(actors.Actor):
         immediate = (Place, Release) if NOW else ()
@@ -329,10 +342,7 @@ if ACTORS:  # the rules above, each subsystem's in an actor of motor's runtime (
     class Disk(actors.Actor):
         immediate = (Admit,) if NOW else ()
         def handle_now(self, msg):
-            os.statvfs(ws_root)
-            cwd = ws_root / msg[0]
-            cwd.mkdir(exist_ok=True)
-            return cwd
+            return workspace(msg[0])
 
     class Accounting(actors.Actor):
         immediate = (Note,) if NOW else ()
@@ -355,24 +365,16 @@ if ACTORS:  # the rules above, each subsystem's in an actor of motor's runtime (
             self.rec = rec
         async def main(self):
             rec, job_id = self.rec, self.rec.job_id
-            cwd = await disk.call(Admit((rec.workspace,)))
-            job_dir = (Path(rec.env["OUT"] + ".d") if "OUT" in rec.env else jobs_dir / job_id)
-            job_dir.mkdir()
-            jobdir.write_spec(job_dir, exec_core.job_spec(rec, str(cwd), rec.env, 0o022))
-            ids[0] += 2
-            spawned, ended = await keeperd_call(
-                b'{"id": %d, "op": "spawn", "job_dir": "%s", "watch": %d}\n'
-                % (ids[0], bytes(job_dir), ids[0] + 1), ids[0], ids[0] + 1)
+            job_dir = set_up(rec, await disk.call(Admit((rec.workspace,))))
+            spawn, watch, line = spawn_request(job_dir)
+            spawned, ended = await keeperd_call(line, spawn, watch)
             await spawned[0].wait()
             if b'"error"' in spawned[1]:  # keeperd refused it (FLOOR_DEBUG shows this)
                 raise RuntimeError(spawned[1].decode())
             await dispatcher.call(SetupDone((job_id,)))
             await accounting.cast(Note(("started", rec)))
             await ended[0].wait()
-            status = joblog.read_status(job_dir)
-            events, _ = jobdir.read_output(job_dir, 0, exec_core.READ_BATCH_BYTES,
-                                           exec_core.OutputDecoder())
-            end = exec_core.terminal_record(rec, status, time.time_ns() // 1_000_000, {})
+            end, events = read_end(rec, job_dir, time.time_ns() // 1_000_000)
             await cpu.call(Release((job_id,)))
             await dispatcher.call(Finished((job_id,)))
             await store.call(Save((end, events)))
@@ -390,15 +392,7 @@ if ACTORS:  # the rules above, each subsystem's in an actor of motor's runtime (
             if isinstance(msg, SetupDone):
                 return self.handle_now(msg)
             if isinstance(msg, Submit):
-                req = decode_request(msg[0])
-                validate_request(req)
-                job_id = uuid.uuid4().hex
-                records[job_id] = JobRecord(
-                    job_id=job_id, state="queued", workspace=req.workspace,
-                    command=list(req.command), claim=1, env=dict(req.env),
-                    accepted_at_ms=now_ms, queued_at_ms=now_ms)
-                sched.accept(sched_core.JobSpec(job_id, req.workspace, claim=1), now)
-                sched.ready(job_id, now)
+                job_id = accept(msg[0], now, now_ms)
                 await self.start_decided(now, now_ms)
                 if ACCEPT and records[job_id].state == "queued":  # not started: recorded
                     await store.call(Save((records[job_id], ())))  # before its answer
@@ -408,9 +402,8 @@ if ACTORS:  # the rules above, each subsystem's in an actor of motor's runtime (
             await self.start_decided(now, now_ms)
         async def start_decided(self, now, now_ms):
             for st in sched.decide(now):
-                cpus = await cpu.call(Place((st.job_id, st.claim)))
-                rec = records[st.job_id] = replace(records[st.job_id], state="running",
-                                                   cpus=cpus, started_at_ms=now_ms, attempts=1)
+                rec = running_record(st.job_id, await cpu.call(Place((st.job_id, st.claim))),
+                                     now_ms)
                 await store.call(Save((rec, ())))  # recorded before its CPUs are used
                 spec = actors.ChildSpec(st.job_id, functools.partial(Job, rec),
                                         restart="temporary")
