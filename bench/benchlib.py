@@ -104,6 +104,23 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def sched_s(pid: int) -> tuple[float, float]:
+    """(seconds on a CPU, seconds waiting runnable for one) of process `pid`'s threads
+    alive now: /proc/PID/task/*/schedstat, in nanoseconds, so two readings around a burst
+    measure what /proc/PID/stat's clock ticks only sample. The wait is the time the process
+    could have run and did not: behind other processes, or (on a virtual machine) while its
+    idle virtual CPU was woken for it. Threads that ended meanwhile are not counted."""
+    on = wait = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                run_ns, wait_ns, _slices = f.read().split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended between the listing and the read
+        on, wait = on + int(run_ns), wait + int(wait_ns)
+    return on / 1e9, wait / 1e9
+
+
 def load1() -> str:
     """The 1-minute load average, as every figure line carries it (load1=)."""
     return f"{os.getloadavg()[0]:.2f}"

@@ -21,7 +21,12 @@ A motor line also carries the runner's own process's CPU per job
 (`runner_cpu_per_job_ms`, beside the medians as "runner's own") and its keeperd's
 (`keeperd_cpu_per_job_ms`, when keeperd is the spawner), /proc/PID/stat over the same
 span: the part that is motor's, whatever the host's other processes did meanwhile (not
-with `--systemd-namespace`).
+with `--systemd-namespace`). The motor lines also carry the time the runner and keeperd
+waited runnable for a CPU (`runner_wait_per_job_ms`, `keeperd_wait_per_job_ms`:
+/proc/PID/task/*/schedstat) and, when this script's own process submitted the jobs, its
+CPU per job (`client_cpu_per_job_ms`); with task-spooler in the run the end prints the
+budget its rate leaves the runner: on two CPUs 2000 / its jobs/s ms of host CPU per job,
+less what motor's other processes took (the host's CPU per job less the runner's).
 The end is waited for as task-spooler's is (`tsp -w`): by following an unfinished job's
 event stream to its end, then asking `GET /v1/status` whether any is left (up to stop 20
 this script polled `GET /v1/status` every 2 ms, a load of its own on the runner;
@@ -63,7 +68,7 @@ from pathlib import Path
 
 import httpx
 
-from benchlib import fs_note, host_busy_s, motor_serve, process_cpu_s, socket_of
+from benchlib import fs_note, host_busy_s, motor_serve, process_cpu_s, sched_s, socket_of
 
 ROOT = Path(__file__).resolve().parent.parent
 PEERS = ROOT.parent / "shared" / "bench" / "peers"
@@ -98,8 +103,10 @@ def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
                 ) -> tuple[float, float, float]:
     """(wall until all N ended, wall until all N were accepted, the host's busy CPU seconds
     over the same span: `host_busy_s`); `own`, when given, gets the CPU seconds of the
-    runner's own process ("runner") and of its keeperd ("keeperd") over that span (not in
-    a systemd namespace, whose runner is not this process's child); `mode`: "api" (one request
+    runner's own process ("runner") and of its keeperd ("keeperd") over that span, the
+    seconds each waited runnable for a CPU ("runner_wait", "keeperd_wait": `sched_s`; not
+    in a systemd namespace, whose runner is not this process's child) and, when the jobs
+    are submitted from this process, its own CPU seconds ("client"); `mode`: "api" (one request
     per job, httpx), "api-client" (one request per job, motor.client.Client), "api-poll" (the same, waiting with status polls), "batch" (one batch request),
     "cli-each" (one `motor submit` process per job), "cli-from" (one `motor submit --from -`)."""
     env = {**os.environ, "MOTOR_SPAWNER": spawner} if spawner else None
@@ -114,6 +121,8 @@ def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
             jobs = [{"command": ["true"], "weight_hint": 1, "workspace": f"ws{i % 4}"} for i in range(n)]
             procs = {} if own is None or systemd_namespace else _own_processes(serve)
             own0 = {name: process_cpu_s(pid) for name, pid in procs.items()}
+            waits0 = {name: sched_s(pid)[1] for name, pid in procs.items()}
+            client0 = time.process_time()
             busy0, t0 = host_busy_s(), time.perf_counter()
             cli = [sys.executable, "-m", "motor", "submit", "--socket", str(sock)]
             if mode == "batch":
@@ -148,6 +157,10 @@ def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
             t1, busy1 = time.perf_counter(), host_busy_s()
             if own is not None:
                 own.update({name: process_cpu_s(pid) - own0[name] for name, pid in procs.items()})
+                own.update({f"{name}_wait": sched_s(pid)[1] - waits0[name]
+                            for name, pid in procs.items()})
+                if mode in ("api", "api-client", "api-poll", "batch"):  # this process's
+                    own["client"] = time.process_time() - client0
             jobs = c.get("/v1/jobs", params={"all": 1}).json()
             ok = sum(1 for j in jobs if j["state"] == "succeeded")
             if ok != n:
@@ -205,6 +218,21 @@ def backend_pairs(pairs: int, n: int) -> None:
           f"ratio {s / c:.3f}; systemd ahead in {ahead} of {pairs}")
 
 
+def budget(tsp_wall: float, n: int, motor: dict[str, tuple[float, float, float]]) -> None:
+    """What task-spooler's rate leaves the runner, from the medians (seconds per round):
+    on two CPUs a job may cost the host at most 2 / rate CPU seconds; the runner's one
+    thread must also run it, and wait for a CPU, within 1 / rate (docs/performance.md,
+    "The budget at task-spooler's rate"). `motor`: {peer: (host busy, runner's CPU, runner's
+    wait)}."""
+    host_ms, thread_ms = 2 * tsp_wall / n * 1e3, tsp_wall / n * 1e3
+    print(f"# budget at task-spooler's {n / tsp_wall:.1f} jobs/s: {host_ms:.2f} ms of host CPU"
+          f" per job on two CPUs, {thread_ms:.2f} ms of the runner's thread")
+    for peer, (busy, runner, wait) in motor.items():
+        others, own, waits = (busy - runner) / n * 1e3, runner / n * 1e3, wait / n * 1e3
+        print(f"# {peer:<11} others (the client, keeperd, the jobs) {others:.2f} ms/job leave "
+              f"the runner {host_ms - others:.2f}; it ran {own:.2f} and waited {waits:.2f} for a CPU")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=200)
@@ -237,13 +265,14 @@ def main() -> None:
     submits: dict[str, list[float]] = {peer: [] for peer in modes}
     busy: dict[str, list[float]] = {peer: [] for peer in walls}  # host CPU s per round
     runner: dict[str, list[float]] = {peer: [] for peer in modes}  # the runner's own
+    waited: dict[str, list[float]] = {peer: [] for peer in modes}  # ... waits for a CPU
     for _ in range(args.rounds):
         for peer, (mode, sp) in modes.items():
             own: dict[str, float] = {}
             wall, sub, cpu = motor_round(args.n, args.isolation, args.systemd_namespace,
                                          mode=mode, spawner=sp, own=own)
-            mine = "".join(f"{name}_cpu_per_job_ms={s / args.n * 1e3:.2f} "
-                           for name, s in own.items())
+            mine = "".join(f"{name}{'' if name.endswith('_wait') else '_cpu'}_per_job_ms="
+                           f"{s / args.n * 1e3:.2f} " for name, s in own.items())
             emit(peer, wall, args.n, f"submit_s={sub:.6f} submit_jobs_per_s={args.n / sub:.1f} "
                                      f"host_cpu_per_job_ms={cpu / args.n * 1e3:.2f} {mine}"
                                      f"isolation={args.isolation} "
@@ -253,6 +282,7 @@ def main() -> None:
             busy[peer].append(cpu)
             if "runner" in own:
                 runner[peer].append(own["runner"])
+                waited[peer].append(own["runner_wait"])
         if not args.no_peers:
             for peer in ("bare-xargs", "tsp"):
                 got = peer_round(peer, args.n)
@@ -270,6 +300,9 @@ def main() -> None:
         for peer in ("bare-xargs", "tsp"):
             if peer in med:
                 print(f"# {name}/{peer} jobs/s ratio: {med[peer] / med[name]:.3f}")
+    if "tsp" in med:
+        budget(med["tsp"], args.n, {peer: (statistics.median(busy[peer]), statistics.median(
+            runner[peer]), statistics.median(waited[peer])) for peer in modes if runner[peer]})
     sub = {p: statistics.median(v) for p, v in submits.items() if v}
     for peer, m in sub.items():
         print(f"# {peer:<14} submit {m:8.4f} s  {args.n / m:8.1f} jobs/s accepted")

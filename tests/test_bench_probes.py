@@ -147,8 +147,58 @@ def test_throughput_counts_the_runners_and_keeperds_own_cpu(monkeypatch, tmp_pat
     throughput, own = _bench("throughput"), {}
     wall, submitted, busy = throughput.motor_round(60, "affinity", own=own)
     assert wall >= submitted > 0 and busy > 0
-    assert set(own) == {"runner", "keeperd"}
+    assert set(own) == {"runner", "keeperd", "runner_wait", "keeperd_wait", "client"}
     assert 0 < own["runner"] <= busy and 0 < own["keeperd"] <= busy
+    assert own["runner_wait"] >= 0 and own["keeperd_wait"] >= 0 and own["client"] > 0
+
+
+def test_sched_counts_one_process_on_a_cpu_and_not_a_sleeper():
+    """benchlib.sched_s (bench/throughput.py's `runner_wait_per_job_ms`) gives a process's
+    time on a CPU in nanoseconds, summed over its threads: it grows by what this process
+    burns (a thread of its own included), and a sleeping process's does not."""
+    import threading
+
+    benchlib = _bench("benchlib")
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.5)
+        (mine, _), (its, its_wait) = benchlib.sched_s(os.getpid()), benchlib.sched_s(sleeper.pid)
+
+        read = threading.Event()
+
+        def burn():
+            t0 = time.thread_time()
+            while time.thread_time() - t0 < 0.2:
+                pass
+            read.wait()  # alive when its process is read: counted
+
+        worker = threading.Thread(target=burn)
+        worker.start()
+        cpu0 = time.process_time()
+        while time.process_time() - cpu0 < 0.5:  # both threads' CPU
+            pass
+        on, wait = benchlib.sched_s(os.getpid())
+        read.set()
+        worker.join()
+        assert on - mine >= 0.45 and wait >= 0
+        on, wait = benchlib.sched_s(sleeper.pid)
+        assert on - its < 0.05 and wait - its_wait < 0.05
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_throughput_budget_is_what_task_spoolers_rate_leaves_the_runner(capsys):
+    """bench/throughput.py's budget line: at task-spooler's rate two CPUs give 2 / rate of
+    host CPU per job, and what motor's other processes took (the host's less the runner's)
+    is not the runner's."""
+    throughput = _bench("throughput")
+    throughput.budget(0.25, 200, {"motor": (0.8, 0.4, 0.1)})  # 800 jobs/s; per job: 4, 2, 0.5 ms
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("# budget at task-spooler's 800.0 jobs/s: 2.50 ms of host CPU per job on two"
+                      " CPUs, 1.25 ms of the runner's thread")
+    assert out[1] == ("# motor       others (the client, keeperd, the jobs) 2.00 ms/job leave the"
+                      " runner 0.50; it ran 2.00 and waited 0.50 for a CPU")
 
 
 def test_the_floor_runs_motors_rules_and_keeperd_against_this_code(monkeypatch, tmp_path):
