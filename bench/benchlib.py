@@ -121,6 +121,26 @@ def sched_s(pid: int) -> tuple[float, float]:
     return on / 1e9, wait / 1e9
 
 
+#: the peers' scripts (../shared/bench/peers)
+PEERS = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "peers"
+
+
+def peer_line(script: str, args: list[str], env: dict | None = None) -> str | None:
+    """The peer's figure line from PEERS/SCRIPT (a `#` line when it could not run)."""
+    r = subprocess.run(["bash", str(PEERS / script), *args], capture_output=True, text=True,
+                       env=dict(os.environ, **(env or {})))
+    for line in r.stdout.splitlines():
+        if line.startswith("peer="):
+            return line
+    print(f"# {script} {' '.join(args)}: {r.stderr.strip()[-300:]}", flush=True)
+    return None
+
+
+def field(line: str, name: str) -> float:
+    """A figure line's `name=` value."""
+    return float(line.split(f"{name}=")[1].split()[0])
+
+
 def load1() -> str:
     """The 1-minute load average, as every figure line carries it (load1=)."""
     return f"{os.getloadavg()[0]:.2f}"

@@ -109,10 +109,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import load1, process_cpu_s
+from benchlib import field, load1, peer_line, process_cpu_s
 
 HERE = Path(__file__).resolve().parent
-PEERS = HERE.parent.parent / "shared" / "bench" / "peers"
 KEEPERD = HERE.parent / "motor" / "execution" / "keeperd.py"
 DEBUG = bool(os.environ.get("FLOOR_DEBUG"))  # the servers' stderr shown (a variant that fails)
 VARIANTS = ("spawn", "keeper", "socket-keeper", "http-keeper", "h11-keeper",
@@ -741,22 +740,6 @@ def one(variant: str, samples: int, gap: float, burst: int = 0, profile: str | N
                     os.kill(keeperd_pid, signal.SIGTERM)
                 except ProcessLookupError:  # it had left already (idle, no runner)
                     pass
-
-
-def peer_line(script: str, args: list[str], env: dict | None = None) -> str | None:
-    """The peer's figure line from ../shared/bench/peers/SCRIPT (a `#` line when it could
-    not run)."""
-    r = subprocess.run(["bash", str(PEERS / script), *args], capture_output=True, text=True,
-                       env=dict(os.environ, **(env or {})))
-    for line in r.stdout.splitlines():
-        if line.startswith("peer="):
-            return line
-    print(f"# {script} {' '.join(args)}: {r.stderr.strip()[-300:]}", flush=True)
-    return None
-
-
-def field(line: str, name: str) -> float:
-    return float(line.split(f"{name}=")[1].split()[0])
 
 
 def latency_rounds(args: argparse.Namespace) -> dict[str, list[float]]:

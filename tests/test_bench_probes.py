@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -64,6 +65,15 @@ def test_start_path_times_each_sample_from_submit_to_spawn_run_and_end():
         assert 0 < spawn < run < end
         assert 0 < to_keeperd and 0 < to_job  # keeperd's clock is this one (CLOCK_MONOTONIC)
         assert spawn + to_keeperd + to_job == pytest.approx(run, abs=1e-6)
+
+
+def test_start_path_runs_the_command_it_is_given():
+    """`start_path.py --command`: the round's jobs are that command (here one that sleeps
+    50 ms before its timestamp, so the keeper side of each start takes that long at least)."""
+    start_path = _bench("start_path")
+    got = _round(start_path, "3", "0.01", json.dumps(["sh", "-c", "sleep 0.05; date +%s.%N"]))
+    assert len(got["keeperd_to_job"]) == 1
+    assert got["keeperd_to_job"][0] >= 50 and got["start_to_spawn"][0] < 50
 
 
 def test_messages_counts_the_messages_of_each_job():
