@@ -121,8 +121,12 @@ def sched_s(pid: int) -> tuple[float, float]:
     return on / 1e9, wait / 1e9
 
 
-#: the peers' scripts (../shared/bench/peers)
-PEERS = Path(__file__).resolve().parent.parent.parent / "shared" / "bench" / "peers"
+_REPO = Path(__file__).resolve().parent.parent
+#: the peers' scripts: ../shared/bench/peers from the repo root (a worktree under /work/wt:
+#: ../../shared)
+PEERS = next((p for p in (_REPO.parent / "shared" / "bench" / "peers",
+                          _REPO.parent.parent / "shared" / "bench" / "peers") if p.exists()),
+             _REPO.parent / "shared" / "bench" / "peers")
 
 
 def peer_line(script: str, args: list[str], env: dict | None = None) -> str | None:

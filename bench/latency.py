@@ -59,13 +59,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import byte_compile, fs_note, load1
+from benchlib import PEERS, byte_compile, fs_note, load1
 
 ROOT = Path(__file__).resolve().parent.parent
-#: ../shared from the repo root (a worktree under /work/wt: ../../shared)
-PEERS = next((p for p in (ROOT.parent / "shared" / "bench" / "peers",
-                          ROOT.parent.parent / "shared" / "bench" / "peers") if p.exists()),
-             ROOT.parent / "shared" / "bench" / "peers")
 #: the motor this process imports and whose runner it starts: this checkout's, or, in the
 #: `--api-only` child that `--baseline-root` runs, the baseline's (its client and runner)
 MOTOR_ROOT = Path(os.environ.get("LATENCY_MOTOR_ROOT") or ROOT).resolve()

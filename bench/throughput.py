@@ -68,10 +68,9 @@ from pathlib import Path
 
 import httpx
 
-from benchlib import fs_note, host_busy_s, motor_serve, process_cpu_s, sched_s, socket_of
+from benchlib import PEERS, fs_note, host_busy_s, motor_serve, process_cpu_s, sched_s, socket_of
 
 ROOT = Path(__file__).resolve().parent.parent
-PEERS = ROOT.parent / "shared" / "bench" / "peers"
 
 
 def emit(peer: str, wall: float, n: int, extra: str = "") -> None:
