@@ -162,40 +162,50 @@ def test_throughput_counts_the_runners_and_keeperds_own_cpu(monkeypatch, tmp_pat
     assert own["runner_wait"] >= 0 and own["keeperd_wait"] >= 0 and own["client"] > 0
 
 
+BURNER = """
+import sys, threading, time
+
+def burn(seconds):  # on the thread's own clock
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < seconds:
+        pass
+
+print("ready", flush=True)
+sys.stdin.readline()
+burnt = threading.Event()
+worker = threading.Thread(target=lambda: (burn(0.2), burnt.set(), time.sleep(60)), daemon=True)
+worker.start()
+burn(0.3)
+burnt.wait()
+print("burnt", flush=True)  # the worker still alive: counted
+sys.stdin.readline()
+"""
+
+
 def test_sched_counts_one_process_on_a_cpu_and_not_a_sleeper():
     """benchlib.sched_s (bench/throughput.py's `runner_wait_per_job_ms`) gives a process's
-    time on a CPU in nanoseconds, summed over its threads: it grows by what this process
-    burns (a thread of its own included), and a sleeping process's does not."""
-    import threading
-
+    time on a CPU in nanoseconds, summed over its threads: it grows by what a process's two
+    threads burn (0.3 s and 0.2 s), and a sleeping process's does not."""
     benchlib = _bench("benchlib")
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    burner = subprocess.Popen([sys.executable, "-c", BURNER], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.5)
-        (mine, _), (its, its_wait) = benchlib.sched_s(os.getpid()), benchlib.sched_s(sleeper.pid)
-
-        read = threading.Event()
-
-        def burn():
-            t0 = time.thread_time()
-            while time.thread_time() - t0 < 0.2:
-                pass
-            read.wait()  # alive when its process is read: counted
-
-        worker = threading.Thread(target=burn)
-        worker.start()
-        cpu0 = time.process_time()
-        while time.process_time() - cpu0 < 0.5:  # both threads' CPU
-            pass
-        on, wait = benchlib.sched_s(os.getpid())
-        read.set()
-        worker.join()
-        assert on - mine >= 0.45 and wait >= 0
+        assert burner.stdout.readline() == "ready\n"
+        (before, _), (its, its_wait) = benchlib.sched_s(burner.pid), benchlib.sched_s(sleeper.pid)
+        burner.stdin.write("go\n")
+        burner.stdin.flush()
+        assert burner.stdout.readline() == "burnt\n"
+        on, wait = benchlib.sched_s(burner.pid)
+        assert 0.45 <= on - before < 5 and wait >= 0
         on, wait = benchlib.sched_s(sleeper.pid)
         assert on - its < 0.05 and wait - its_wait < 0.05
     finally:
-        sleeper.kill()
-        sleeper.wait()
+        for proc in (sleeper, burner):
+            proc.kill()
+            proc.wait()
+        burner.stdin.close()
+        burner.stdout.close()
 
 
 def test_throughput_budget_is_what_task_spoolers_rate_leaves_the_runner(capsys):
