@@ -17,8 +17,9 @@ bench/latency.py's samples: `start_latency` (submit -> the job's own `date +%s.%
 `true` over 4 workspaces, one request each from motor's own client on one kept connection,
 each answered before the next, until none is queued or running (`GET /v1/status` every
 2 ms once all are in; every job must have succeeded): `jobs_per_s`, and
-`runner_cpu_per_job_ms`, the runner process's own CPU over the burst (/proc/PID/stat). No
-peers run with it.
+`runner_cpu_per_job_ms`, the runner process's own CPU over the burst (/proc/PID/stat).
+Each round also runs the peers' `throughput.sh tsp N` (peer=tsp; not with `--no-peers`),
+and the medians give each server's rate against task-spooler's.
 
 The h11 loop here is a measuring probe, not a server motor ships: it serves the Unix
 socket's requests as the latency samples make them (a JSON body, an NDJSON stream, keep-
@@ -37,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import fs_note, load1, process_cpu_s
+from benchlib import field, fs_note, load1, peer_line, process_cpu_s
 from latency import Client, api_samples, emit, peer_latency, samples_parser, start_runner
 
 #: `python -c` program: run `motor ARGV...`, with h11 serving each connection when the first
@@ -150,6 +151,7 @@ def burst(proc, sock: Path, n: int) -> tuple[float, float]:
 def bursts(args) -> None:
     """`--burst N`: each round, each server, one burst; then the medians."""
     got: dict[str, list[tuple[float, float]]] = {v: [] for v in VARIANTS}
+    tsp: list[float] = []
     for _ in range(args.rounds):
         for variant in random.sample(VARIANTS, len(VARIANTS)):
             with tempfile.TemporaryDirectory(prefix="motor-http-") as tmp:
@@ -165,10 +167,17 @@ def bursts(args) -> None:
             print(f"peer=motor-{variant} metric=jobs_per_s value={rate:.1f} n={args.burst} "
                   f"slots=2 runner_cpu_per_job_ms={cpu:.2f} isolation={args.isolation} "
                   f"server={variant} load1={load1()}", flush=True)
+        if not args.no_peers and (line := peer_line("throughput.sh", ["tsp", str(args.burst)])):
+            tsp.append(field(line, "jobs_per_s"))
+            print(f"{line} load1={load1()}", flush=True)
     print(f"# medians over {args.rounds} rounds, load1={load1()}")
     for variant, values in got.items():
-        print(f"# motor-{variant:10s} {statistics.median(r for r, _ in values):8.1f} jobs/s  "
-              f"runner CPU {statistics.median(c for _, c in values):5.2f} ms/job")
+        rate = statistics.median(r for r, _ in values)
+        print(f"# motor-{variant:10s} {rate:8.1f} jobs/s  "
+              f"runner CPU {statistics.median(c for _, c in values):5.2f} ms/job"
+              + (f"  {rate / statistics.median(tsp):.3f}x task-spooler" if tsp else ""))
+    if tsp:
+        print(f"# tsp              {statistics.median(tsp):8.1f} jobs/s")
 
 
 def main() -> None:

@@ -290,7 +290,7 @@ def test_http_layer_bursts_serve_motor_under_both_servers(tmp_path):
     its h11 probe in place of hypercorn's connection handler, and gives each runner's own
     CPU per job (docs/performance-history.md, "Stop 71")."""
     done = subprocess.run([sys.executable, str(BENCH / "http_layer.py"), "--rounds", "1",
-                           "--burst", "30"], cwd=BENCH, capture_output=True, text=True,
+                           "--burst", "30", "--no-peers"], cwd=BENCH, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr
     got = {}
