@@ -25,7 +25,8 @@ Protocol on the socket, one JSON object per line:
   status.json is written (at once when keeperd does not keep that job)
 - ``{"id": N, "op": "cancel", "job_dir": "/abs"}`` -> ``{"id": N, "sent": bool}``
 - ``{"id": N, "op": "spares"}`` -> ``{"id": N, "size": S, "ready": [names], "joining": [names],
-  "parents": {controller: dir}, "taken": T, "missed": M}``: the pre-placed threads (spares.py)
+  "parents": {controller: dir}, "taken": T, "missed": M, "made": M2, "reused": R, "kept": K,
+  "skipped_writes": W}``: the pre-placed threads (spares.py)
 - ``{"id": N, "op": "prepare", "systemd_address"?: A, "slots"?: [scope], "spare_parents"?:
   {controller: dir}}`` -> ``{"id": N, "prepared": [...], "spares"?: [slices], "spare_pool"?:
   N, "error"?: "..."}``, once what it asks for is made: a runner's start. systemd: the D-Bus
@@ -218,6 +219,7 @@ class Job(K.HeldOutput):
         #: a v1 cgroup job's groups (its spec's `cgroup_make` dirs): their facts go into
         #: status.json when the job ends (`_conclude`)
         self.cgroup_dirs: dict[str, str] | None = None
+        self.cgroup_writes: Any = None  # and the limits written there (`cgroup_make`'s)
         #: a systemd job's scope in a slot slice (its spec's `systemd_scope`): the slice's
         #: counters go into status.json when the job ends (`_conclude`)
         self.slot_scope: dict | None = None
@@ -679,6 +681,8 @@ class Keeperd:
         grace = spec.get("kill_grace_s")
         job.grace = K.DEFAULT_KILL_GRACE_S if grace is None else float(grace)
         job.cgroup_dirs = _cgroup_dirs(spec)
+        if job.cgroup_dirs:
+            job.cgroup_writes = _cgroup_writes(spec)
         if isinstance(scope := spec.get("systemd_scope"), dict) and scope.get("slot") is True:
             job.slot_scope = scope
         cmd0 = command[0]
@@ -1098,13 +1102,17 @@ class Keeperd:
             os.close(job.out_fd)
             job.out_fd = -1
         del self.jobs[job.job_dir]
-        if job.status is not None and job.status.get("isolation_released") and job.cgroup_dirs:
-            self.removals.remove(job.cgroup_dirs)
         done = {"done": True} if job.exit_seen is None else {
             "done": True, "at": [job.exit_seen, time.monotonic()]}
         for conn, req_id in job.watchers:
             self._send(conn, {"id": req_id, **done})
         job.watchers = []
+        if job.status is not None and job.status.get("isolation_released") and job.cgroup_dirs:
+            # kept (renamed) for a spare, or removed in the remover's thread: after the
+            # runners are told (a rename may wait for the cgroup mutex: "The join")
+            if not self.spares.recycle(job.cgroup_dirs, job.cgroup_writes,
+                                       job.status.get("isolation_facts")):
+                self.removals.remove(job.cgroup_dirs)
 
 
 def _cgroup_dirs(spec: dict) -> dict[str, str] | None:
@@ -1116,6 +1124,14 @@ def _cgroup_dirs(spec: dict) -> dict[str, str] | None:
             and all(isinstance(d, str) for d in dirs.values())):
         return dirs
     return None
+
+
+def _cgroup_writes(spec: dict) -> list[tuple[str, str, str]]:
+    """The limits a spec has keeperd write into the job's v1 groups (`cgroup_make`'s
+    writes: controller, file, value), those of that shape."""
+    writes = spec["cgroup_make"].get("writes")
+    return [tuple(w) for w in writes if isinstance(w, list) and len(w) == 3
+            and all(isinstance(x, str) for x in w)] if isinstance(writes, list) else []
 
 
 def _facts_when_empty(dirs: dict[str, str], sig: int | None) -> dict | None:

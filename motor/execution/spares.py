@@ -74,6 +74,13 @@ REFILL_IDLE_ENV = "MOTOR_KEEPERD_REFILL_IDLE_S"  # seconds; tests set it long
 READY = b"R"
 #: counters zeroed when a spare becomes a job (what the spare did before is not the job's)
 RESETS = (("cpuacct", "cpuacct.usage"), ("memory", "memory.max_usage_in_bytes"))
+#: An ended job's groups, empty and read, are kept as a spare's (renamed; no rmdir and no
+#: mkdir, the costly part of a v1 group: `recycle`) unless its memory group still holds more
+#: than this (kernel memory an earlier job left charged there, which the next job's
+#: `memory_peak` would include) or saw an OOM kill (`oom_kill` cannot be zeroed).
+RECYCLE_MAX_USAGE = 1 << 20
+#: zeroed when an ended job's groups become a spare's (the old kernels' OOM sign)
+RECYCLE_RESETS = (("memory", "memory.failcnt"),)
 #: how long keeperd waits for a let-go spare's thread to end (it may still be in its join:
 #: an RCU grace period, 10-20 ms here; a spare that spawns its job is waited for as long
 #: as that takes)
@@ -332,11 +339,13 @@ class Spare:
     thread runs, and on a busy host that held keeperd's loop (a py-spy profile of a
     400-job cgroup burst: 14.5% of keeperd's samples in that wait, 10% in `join`)."""
 
-    __slots__ = ("name", "dirs", "ready", "tid", "note_r", "note_w", "go", "orders", "result",
-                 "finished")
+    __slots__ = ("name", "dirs", "knobs", "ready", "tid", "note_r", "note_w", "go", "orders",
+                 "result", "finished")
 
-    def __init__(self, name: str, dirs: dict[str, str]) -> None:
-        self.name, self.dirs, self.ready = name, dirs, False
+    def __init__(self, name: str, dirs: dict[str, str], knobs: dict[tuple[str, str], str]) -> None:
+        #: knobs: (controller, file) -> the value last written there (a claim writes only
+        #: what differs)
+        self.name, self.dirs, self.knobs, self.ready = name, dirs, knobs, False
         self.tid: int | None = None
         self.note_r, self.note_w = os.pipe()
         self.go = threading.Event()
@@ -380,6 +389,10 @@ class SparePool:
         self.serial = 0
         self.paused = False  # no thread could be started: none made until the next job's start
         self.taken = self.missed = 0  # job starts from a spare / with none ready
+        #: ended jobs' groups, renamed, waiting to become spares: (name, dirs, knobs)
+        self.recycled: list[tuple[str, dict[str, str], dict[tuple[str, str], str]]] = []
+        self.made = self.reused = 0  # spares made with new groups / with an ended job's
+        self.skipped = 0  # a claim's writes left out: the spare's groups had that value
         self.last_take = -math.inf  # when a job last started from the pool (monotonic)
         self.burst = False  # that start came within `idle_s` of the one before
         self.idle_s = refill_idle_s()
@@ -404,7 +417,8 @@ class SparePool:
     def describe(self) -> dict:
         """The pool for the `spares` request: spares by name (their groups' name)."""
         return {"size": self.size, "parents": self.parents, "taken": self.taken,
-                "missed": self.missed,
+                "missed": self.missed, "made": self.made, "reused": self.reused,
+                "kept": len(self.recycled), "skipped_writes": self.skipped,
                 "ready": sorted(n for n, s in self.spares.items() if s.ready),
                 "joining": sorted(n for n, s in self.spares.items() if not s.ready)}
 
@@ -462,18 +476,28 @@ class SparePool:
                 or (all(s.ready for s in self.spares.values()) and not self.refill_due))
 
     def take(self, make: dict) -> Spare | None:
+        """A ready spare for the job: one whose groups already have the job's limits (an
+        ended job's with the same CPUs and memory limit: its claim writes nothing), else
+        the first ready one. None: none ready, or the job's parents are not the pool's."""
         if {c: os.path.dirname(d) for c, d in make["dirs"].items()} != self.parents:
             return None
+        wanted = [((c, knob), value) for c, knob, value in make.get("writes", ())]
+        found = None
         for spare in self.spares.values():
             if spare.ready:
-                del self.spares[spare.name]
-                self.sel.unregister(spare.note_r)
-                self.taken += 1
-                now = time.monotonic()
-                self.burst, self.last_take = now - self.last_take < self.idle_s, now
-                return spare
-        self.missed += 1
-        return None
+                if all(spare.knobs.get(key) == value for key, value in wanted):
+                    found = spare
+                    break
+                found = found or spare
+        if found is None:
+            self.missed += 1
+            return None
+        del self.spares[found.name]
+        self.sel.unregister(found.note_r)
+        self.taken += 1
+        now = time.monotonic()
+        self.burst, self.last_take = now - self.last_take < self.idle_s, now
+        return found
 
     def claim(self, spare: Spare, make: dict) -> bool:
         """The job's limits into the spare's groups, its counters zeroed, the groups
@@ -482,6 +506,9 @@ class SparePool:
         renamed: list[tuple[str, str]] = []
         try:
             for controller, knob, value in make.get("writes", ()):
+                if spare.knobs.get((controller, knob)) == value:
+                    self.skipped += 1  # (a cpuset.cpus write moves the spare's thread:
+                    continue  # 0.2 ms here)
                 write_knob(os.path.join(spare.dirs[controller], knob), value)
             for controller, knob in RESETS:
                 if controller in spare.dirs:
@@ -514,31 +541,63 @@ class SparePool:
 
     # -- filling ------------------------------------------------------------------------
 
-    def fill_one(self) -> None:
-        """Make one spare: its groups (cheap: mkdir, cpuset.mems/cpus), then its thread,
-        which joins them (the slow part) and says when it is ready."""
+    def recycle(self, dirs: dict[str, str], writes: Any, facts: Any) -> bool:
+        """An ended job's groups (empty, their facts read: `isolation_released`) kept for
+        the pool's next spare (`fill_one`) rather than removed: renamed to that spare's name
+        at once (they are keeperd's from then on) and their `RECYCLE_RESETS` zeroed. True
+        when taken (kept, or removed here after a failed rename), False when the caller
+        removes them. Taken only for the pool's parents, at most the pool's size of them
+        waiting at a time, when the job saw no OOM kill (`oom_kill` cannot be zeroed; the
+        old kernels' `failcnt` is) and its memory group holds at most
+        `RECYCLE_MAX_USAGE`."""
+        if (not self.parents or self.paused or set(dirs) != set(self.parents)
+                or any(os.path.dirname(d) != self.parents[c] for c, d in dirs.items())
+                or len(self.recycled) >= self.size
+                or not isinstance(facts, dict) or facts.get("oom_kills") not in (0, None)
+                or facts.get("oom_killed")):
+            return False
+        try:
+            with open(os.path.join(dirs["memory"], "memory.usage_in_bytes")) as f:
+                if int(f.read()) > RECYCLE_MAX_USAGE:
+                    return False
+        except (OSError, ValueError):
+            return False
+        name, new = self._next_name()
+        where = dict(dirs)
+        try:
+            for c, d in dirs.items():
+                os.rename(d, new[c])
+                where[c] = new[c]
+            for controller, knob in RECYCLE_RESETS:
+                write_knob(os.path.join(new[controller], knob), "0")
+        except (OSError, JoinError) as exc:
+            self.log(f"an ended job's groups not kept for a spare: {exc}")
+            self._remove_dirs(where)
+            return True
+        knobs = {(c, knob): value for c, knob, value in writes or () if isinstance(value, str)}
+        self.recycled.append((name, new, knobs))
+        return True
+
+    def _next_name(self) -> tuple[str, dict[str, str]]:
+        """A new spare's name and its groups (controller -> dir)."""
         self.serial += 1
         name = f"{PREFIX}{self.owner}-{self.serial}"
-        dirs = {c: os.path.join(p, name) for c, p in self.parents.items()}
-        made: list[str] = []
-        try:
-            for d in dirs.values():
-                os.mkdir(d)
-                made.append(d)
-            cs, parent_cs = dirs["cpuset"], self.parents["cpuset"]
-            for knob in ("cpuset.mems", "cpuset.cpus"):  # mems first: else no task may join
-                with open(os.path.join(parent_cs, knob)) as f:
-                    write_knob(os.path.join(cs, knob), f.read().strip())
-        except (OSError, JoinError) as exc:
-            self.log(f"no spares under {self.parents['cpuset']}: {exc}")
-            for d in made:
-                try:
-                    os.rmdir(d)
-                except OSError:
-                    pass
-            self.parents = {}  # (a parent gone: the next job's spec may bring it back)
-            return
-        spare = Spare(name, dirs)
+        return name, {c: os.path.join(p, name) for c, p in self.parents.items()}
+
+    def fill_one(self) -> None:
+        """Make one spare: its groups (an ended job's that `recycle` kept; else new ones:
+        mkdir, cpuset.mems/cpus), then its thread, which joins them (the slow part) and
+        says when it is ready."""
+        if self.recycled:
+            name, dirs, knobs = self.recycled.pop(0)
+            self.reused += 1
+        else:
+            name, dirs = self._next_name()
+            knobs = self._make(dirs)
+            if knobs is None:
+                return
+            self.made += 1
+        spare = Spare(name, dirs, knobs)
         try:
             spare.start()
         except RuntimeError as exc:  # no thread to be had
@@ -550,6 +609,30 @@ class SparePool:
             return
         self.spares[name] = spare
         self.sel.register(spare.note_r, selectors.EVENT_READ, lambda ev, s=spare: self._on_event(s))
+
+    def _make(self, dirs: dict[str, str]) -> dict[tuple[str, str], str] | None:
+        """New groups for a spare, with the parent's CPUs and memory nodes: their knobs."""
+        made: list[str] = []
+        knobs = {}
+        try:
+            for d in dirs.values():
+                os.mkdir(d)
+                made.append(d)
+            cs, parent_cs = dirs["cpuset"], self.parents["cpuset"]
+            for knob in ("cpuset.mems", "cpuset.cpus"):  # mems first: else no task may join
+                with open(os.path.join(parent_cs, knob)) as f:
+                    knobs["cpuset", knob] = f.read().strip()
+                write_knob(os.path.join(cs, knob), knobs["cpuset", knob])
+            return knobs
+        except (OSError, JoinError) as exc:
+            self.log(f"no spares under {self.parents['cpuset']}: {exc}")
+            for d in made:
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    pass
+            self.parents = {}  # (a parent gone: the next job's spec may bring it back)
+            return None
 
     def _on_event(self, spare: Spare) -> None:
         data = os.read(spare.note_r, 4096)
@@ -584,7 +667,10 @@ class SparePool:
         self.parents = {}
 
     def close(self) -> None:
-        """Every spare let go (keeperd exits, or the parent changed)."""
+        """Every spare let go (keeperd exits, or the parent changed), and the ended jobs'
+        groups kept for them removed."""
+        while self.recycled:
+            self._remove_dirs(self.recycled.pop()[1])
         for spare in list(self.spares.values()):
             del self.spares[spare.name]
             self.sel.unregister(spare.note_r)

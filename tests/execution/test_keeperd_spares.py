@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from contextlib import asynccontextmanager
 import os
+import sys
 import signal
 
 import psutil
@@ -134,7 +135,8 @@ async def test_a_job_from_a_spare_is_in_its_groups_from_its_first_instruction(
                      command=("cat", "/proc/self/cgroup")) as (spawner, state, first, waiting):
         assert {c: _group_lines(first)[c] for c in V1_CONTROLLERS} == \
             {c: f"/{parent}/job-first" for c in V1_CONTROLLERS}
-        assert len(_spare_dirs(v1)) == 2 * len(V1_CONTROLLERS)
+        kept = ask_keeperd(state, "spares")["kept"]  # ("first"'s groups, for the next spare)
+        assert len(_spare_dirs(v1)) == (2 + kept) * len(V1_CONTROLLERS)
 
         for taken, (job_id, cpu, memory) in enumerate(
                 (("second", cpus[-1], 64 << 20), ("third", cpus[0], 96 << 20)), 1):
@@ -178,12 +180,13 @@ async def test_a_job_from_a_spare_is_in_its_groups_from_its_first_instruction(
 
 async def test_a_killed_keeperds_spares_are_gone_once_the_next_one_started(
         tmp_path, workspace, v1, monkeypatch):
-    """SIGKILL keeperd with 2 spares ready: its spare threads die with it; the groups stay
-    until the next keeperd of the state dir starts and removes them (it reads the parents
+    """SIGKILL keeperd with 2 spares ready (and maybe "only"'s groups kept for the next one):
+    its spare threads die with it; the groups stay until the next keeperd of the state dir starts and removes them (it reads the parents
     from keeperd.spares) before it says it is ready."""
     async with _pool(tmp_path, workspace, v1, monkeypatch, 2, first="only") as (
             spawner, state, _, _ready):
-        assert len(_spare_dirs(v1)) == 2 * len(V1_CONTROLLERS)
+        kept = ask_keeperd(state, "spares")["kept"]  # ("only"'s groups, for the next spare)
+        assert len(_spare_dirs(v1)) == (2 + kept) * len(V1_CONTROLLERS)
         dead = spawner.keeperd_pid
         os.kill(dead, signal.SIGKILL)
         await wait_until(lambda: _gone(dead))
@@ -243,8 +246,8 @@ async def test_without_spares_a_v1_job_makes_and_joins_its_groups(
             assert {c: _group_lines(job_dir)[c] for c in V1_CONTROLLERS} == \
                 {c: f"/{v1.flavour.parent}/job-{job_id}" for c in V1_CONTROLLERS}
             assert ask_keeperd(state, "spares") == {
-                "id": 1, "size": 0, "parents": {}, "taken": 0, "missed": 0, "ready": [],
-                "joining": []}
+                "id": 1, "size": 0, "parents": {}, "taken": 0, "missed": 0, "made": 0,
+                "reused": 0, "kept": 0, "skipped_writes": 0, "ready": [], "joining": []}
             assert _spare_dirs(v1) == []
             assert v1.finish(job_id)["cleanup_error"] is None
 
@@ -388,4 +391,75 @@ async def test_after_a_lone_start_the_pool_waits_to_refill_and_a_burst_refills_a
         assert len(set(refilled) - set(full)) == 2
         assert ask_keeperd(state, "spares")["taken"] == 2
         for job_id in ("first", "lone", "burst"):
+            assert v1.finish(job_id)["cleanup_error"] is None
+
+
+def _knob(d: str, name: str) -> str:
+    with open(os.path.join(d, name)) as f:
+        return f.read().strip()
+
+
+async def test_an_ended_jobs_groups_become_a_spare_and_a_job_with_its_limits_writes_none(
+        tmp_path, workspace, v1, monkeypatch):
+    """Issue 14: the groups of a job that ended with nothing left in them, no OOM kill and
+    little memory still charged are not removed: keeperd renames them to a spare's at once
+    (`kept`) and at the pool's next refill a thread joins them (no mkdir and no rmdir: the
+    costly part of a v1 group). A job with the same CPUs and memory limit as the one that
+    ended there is given such a spare when one is ready, and its claim writes no limit at
+    all (they are there already). Three such jobs in a row on a pool of one: whichever
+    order keeperd's refills and the jobs' ends come in, one of the last two gets the groups
+    of one before it (three writes left out, against one, the memory nodes, for a spare of
+    new groups or of "first"'s), and each finds its own name and limits."""
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    async with _pool(tmp_path, workspace, v1, monkeypatch, 1) as (spawner, state, _, _ready):
+        before = ask_keeperd(state, "spares")
+        for job_id in ("a", "b", "c"):
+            dirs = v1.flavour.job_dirs(job_id)
+            job = _job(state, v1, workspace, job_id, [
+                "sh", "-c", 'cat /proc/self/cgroup; cat "$0/cpuset.cpus" "$1/memory.limit_in_bytes" >&2',
+                dirs["cpuset"], dirs["memory"]], [cpu], 64 << 20)
+            assert (await _run(spawner, job))["exit_code"] == 0
+            assert {c: _group_lines(job)[c] for c in V1_CONTROLLERS} == \
+                {c: f"/{v1.flavour.parent}/job-{job_id}" for c in V1_CONTROLLERS}
+            limits = b"".join(data for stream, data in records(job) if stream == "stderr")
+            assert limits.decode().split() == [str(cpu), str(64 << 20)]
+            facts = read_status(job)["isolation_facts"]
+            assert facts["oom_killed"] is False and facts["memory_max"] == 64 << 20
+            # its groups renamed (kept) or removed: not under the job's name
+            await wait_until(lambda: not any(os.path.isdir(d) for d in dirs.values()))
+        after = ask_keeperd(state, "spares")
+        assert after["taken"] - before["taken"] == 3
+        assert after["reused"] > before["reused"], after
+        assert after["skipped_writes"] - before["skipped_writes"] >= 5, after
+        for job_id in ("first", "a", "b", "c"):
+            assert v1.finish(job_id)["cleanup_error"] is None
+
+
+HOG = "import sys; sys.stdout.write(str(len(b'x' * (256 << 20))))"
+
+
+@pytest.mark.parametrize("command, why", [
+    ([sys.executable, "-c", HOG], "killed by the OOM killer (its count stays)"),
+    (["dd", "if=/dev/zero", "of=held", "bs=1M", "count=4", "status=none"],
+     "4 MiB of page cache still charged to it"),
+], ids=["oom", "charged"])
+async def test_an_ended_jobs_groups_are_removed_when_they_would_mislead_the_next_job(
+        tmp_path, workspace, v1, monkeypatch, command, why):
+    """Groups whose counters the next job would inherit are not kept for a spare: a job
+    OOM-killed in them (v1's `oom_kill` cannot be zeroed) or one that left more than
+    `RECYCLE_MAX_USAGE` charged there. They are removed; no spare gets them. (A pool of two:
+    at most "first"'s groups wait for a spare when "j" ends, so there is room for "j"'s;
+    it is the rule that turns them away.)"""
+    async with _pool(tmp_path, workspace, v1, monkeypatch, 2) as (spawner, state, _, _ready):
+        job = _job(state, v1, workspace, "j", command, None, 32 << 20)
+        status = await _run(spawner, job)
+        assert status["isolation_facts"]["oom_killed"] is why.startswith("killed"), status
+        assert ask_keeperd(state, "spares")["kept"] <= 1
+        await wait_until(lambda: not any(os.path.isdir(d)
+                                         for d in v1.flavour.job_dirs("j").values()))
+        memory = v1.flavour.parent_dir("memory")
+        limits = [int(_knob(os.path.join(memory, n), "memory.limit_in_bytes"))
+                  for n in os.listdir(memory) if n.startswith("spare-")]
+        assert limits and 32 << 20 not in limits  # neither kept nor a spare's: removed
+        for job_id in ("first", "j"):
             assert v1.finish(job_id)["cleanup_error"] is None

@@ -270,8 +270,9 @@ def test_keeperd_removes_an_ended_jobs_empty_groups_before_its_terminal_record(
         serve_factory, private_parent, tmp_path):
     """Issue 14: a job that left nothing in its v1 groups has them read and removed by
     keeperd (their figures in its status, `isolation_released`, then the groups removed by
-    its thread): its terminal record carries those figures, the groups go, and the runner
-    has nothing to remove (it never reaches `release.begin`)."""
+    its thread or, since stop 73, kept under a spare's name): its terminal record carries
+    those figures, the job's groups go, and the runner has nothing to remove (it never
+    reaches `release.begin`)."""
     from polling import wait_for
 
     reached = tmp_path / "release.reached"
