@@ -108,8 +108,8 @@ def sched_s(pid: int) -> tuple[float, float]:
     """(seconds on a CPU, seconds waiting runnable for one) of process `pid`'s threads
     alive now: /proc/PID/task/*/schedstat, in nanoseconds, so two readings around a burst
     measure what /proc/PID/stat's clock ticks only sample. The wait is the time the process
-    could have run and did not: behind other processes, or (on a virtual machine) while its
-    idle virtual CPU was woken for it. Threads that ended meanwhile are not counted."""
+    could have run and did not (behind other processes: docs/performance.md, "The budget at
+    task-spooler's rate"). Threads that ended meanwhile are not counted."""
     on = wait = 0
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
