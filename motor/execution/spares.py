@@ -21,7 +21,10 @@ migrates, and it is keeperd's child (a thread's children are its process's). The
 thread ends, which takes it out of the groups (a task's exit needs no migration); keeperd
 waits for that (its loop is held for the spawn, well under a millisecond) before it
 answers the start, so the job's groups never list keeperd once the runner knows the job.
-keeperd makes a new spare when its loop has nothing else to do (`fill_one`).
+keeperd makes a new spare when its loop has nothing else to do (`fill_one`), in the groups
+of a job that has ended when it kept them (`recycle`: renamed to the spare's name as soon as
+keeperd has read them, empty, at the job's end; no mkdir and no rmdir, the costly part of a
+v1 group), else in new ones; a claim writes only the limits the spare's groups lack.
 
 Until stop 30 a spare was a process forked from keeperd that exec'd the job: about 5 ms of
 CPU per job on this host (the fork of keeperd's ~10 MiB, the pages keeperd and the spare
@@ -76,8 +79,8 @@ READY = b"R"
 RESETS = (("cpuacct", "cpuacct.usage"), ("memory", "memory.max_usage_in_bytes"))
 #: An ended job's groups, empty and read, are kept as a spare's (renamed; no rmdir and no
 #: mkdir, the costly part of a v1 group: `recycle`) unless its memory group still holds more
-#: than this (kernel memory an earlier job left charged there, which the next job's
-#: `memory_peak` would include) or saw an OOM kill (`oom_kill` cannot be zeroed).
+#: than this (what the job left charged there, kernel memory or page cache, which the next
+#: job's `memory_peak` would include) or saw an OOM kill (`oom_kill` cannot be zeroed).
 RECYCLE_MAX_USAGE = 1 << 20
 #: zeroed when an ended job's groups become a spare's (the old kernels' OOM sign)
 RECYCLE_RESETS = (("memory", "memory.failcnt"),)
