@@ -35,34 +35,26 @@ from benchlib import peers as bench_peers
 ROOT = Path(__file__).resolve().parent.parent
 
 ROUND = BURST + r"""
-import json, os, resource, sys, time
+import json, resource, sys, time
 import trio
 
 iso, n, command = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+sys.path.append(sys.argv[4])  # this checkout's bench/, whichever tree's motor runs here
+from benchlib import host_busy_s, process_cpu_s
 
 def cpu():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
-def ticks(pid=None):
-    # the host's busy CPU (/proc/stat), or process `pid`'s (/proc/PID/stat), in seconds
-    if pid is None:
-        with open("/proc/stat") as f:
-            t = [int(x) for x in f.readline().split()[1:]]
-        return (sum(t) - t[3] - t[4]) / os.sysconf("SC_CLK_TCK")
-    with open(f"/proc/{pid}/stat") as f:
-        t = f.read().rsplit(")", 1)[1].split()
-    return (int(t[11]) + int(t[12])) / os.sysconf("SC_CLK_TCK")
-
 async def main():
     async with warm_runner(iso, n + 10) as runner:
         keeperd = getattr(getattr(runner, "spawner", None), "keeperd_pid", None)
-        k0 = ticks(keeperd) if keeperd else None
-        c0, h0, t0 = cpu(), ticks(), time.perf_counter()
+        k0 = process_cpu_s(keeperd) if keeperd else None
+        c0, h0, t0 = cpu(), host_busy_s(), time.perf_counter()
         ids = await burst(runner, n, command)
         states = [(await runner.get(job_id)).state for job_id in ids]
-        c1, h1, t1 = cpu(), ticks(), time.perf_counter()
-        k1 = ticks(keeperd) if keeperd else None
+        c1, h1, t1 = cpu(), host_busy_s(), time.perf_counter()
+        k1 = process_cpu_s(keeperd) if keeperd else None
     bad = [s for s in states if s != "succeeded"]
     print(json.dumps({"cpu_s": c1 - c0, "wall_s": t1 - t0, "host_s": h1 - h0,
                       "keeperd_s": None if k0 is None else k1 - k0, "bad": bad[:3]}))
@@ -72,7 +64,7 @@ trio.run(main)
 
 
 def one_round(root: Path, iso: str, n: int, command: list[str]) -> dict:
-    got = run_round(ROUND, root, iso, str(n), json.dumps(command))
+    got = run_round(ROUND, root, iso, str(n), json.dumps(command), str(Path(__file__).parent))
     if got["bad"]:
         raise SystemExit(f"jobs did not succeed in {root}: {got['bad']}")
     return got

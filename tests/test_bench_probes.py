@@ -76,6 +76,15 @@ def test_start_path_runs_the_command_it_is_given():
     assert got["keeperd_to_job"][0] >= 50 and got["start_to_spawn"][0] < 50
 
 
+def test_job_cost_gives_the_runners_keeperds_and_the_hosts_cpu():
+    """`job_cost.py`'s round: the runner's own CPU, its keeperd's and the whole host's over
+    the burst, each above zero, the host's the largest."""
+    job_cost = _bench("job_cost")
+    got = job_cost.one_round(BENCH.parent, "affinity", 20, ["true"])
+    assert got["bad"] == [] and got["wall_s"] > 0
+    assert 0 < got["cpu_s"] <= got["host_s"] and 0 < got["keeperd_s"] <= got["host_s"]
+
+
 def test_messages_counts_the_messages_of_each_job():
     got = _round(_bench("messages"), "6")
     assert got, "no message counted"
