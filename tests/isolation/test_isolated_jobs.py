@@ -390,3 +390,46 @@ def test_a_restarted_runner_does_not_wait_for_a_refill_a_lone_start_put_off(
     assert (len(pool["ready"]), pool["joining"]) == (DEFAULT_SIZE - 1, []), pool
     assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0
     assert ask_keeperd(serve.state_dir, "spares")["taken"] == 2  # from a spare again
+
+
+def test_through_serve_ended_jobs_groups_serve_the_next_jobs_but_an_oom_killed_ones_do_not(
+        serve_factory, private_parent):
+    """Issue 14, stop 73, through `motor serve` and the CLI: keeperd keeps an ended job's
+    empty v1 groups for its next spare (docs/isolation.md, "Spares (cgroup v1)", step 5),
+    but not those of a job the OOM killer hit (v1's `oom_kill` count cannot be zeroed).
+    After an OOM-killed job, jobs with the same claim and memory limit run from spares,
+    some in an earlier job's groups: each in groups of its own name, with its own CPU time
+    in its record, and none reported OOM-killed. No job group is left at the end."""
+    from keeper_tracking import ask_keeperd
+    from polling import wait_for
+
+    backend = open_cgroup_backend(parent=private_parent)
+    if backend.version != 1:
+        pytest.skip("keeperd keeps groups for its spares on cgroup v1 hierarchies")
+    serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent).start()
+
+    def run(*argv: str) -> tuple[dict, list[str]]:
+        result = serve.cli("run", "--json", "--weight", "1", "--memory-max", str(64 << 20),
+                           "--", *argv)
+        events = [json.loads(line) for line in result.stdout.decode().splitlines()]
+        return events[-1]["record"], "".join(
+            e["data"] for e in events if e["event"] == "output").splitlines()
+
+    hog, _ = run("python3", "-c", "b = b'x' * (512 << 20); print(len(b))")
+    assert hog["reason"] == "oom_killed", hog
+    reused = ask_keeperd(serve.state_dir, "spares")["reused"]
+    for _ in range(4):
+        record, out = run("sh", "-c", BUSY + "; cat /proc/self/cgroup")
+        assert record["state"] == "succeeded" and record["reason"] is None, record
+        groups = {name: path for line in out for _, names, path in [line.split(":", 2)]
+                  for name in names.split(",")}
+        want = f"/{private_parent}/job-{record['job_id']}"
+        assert [groups[c] for c in ("cpuset", "memory", "cpuacct")] == [want] * 3
+        status = json.loads(
+            (serve.state_dir / "jobs" / record["job_id"] / "status.json").read_text())
+        facts = status["isolation_facts"]
+        assert facts["oom_killed"] is False and facts["oom_kills"] == 0, facts
+        assert record["reservation_use"]["cpu_time_ms"] == facts["cpu_time_ms"] > 0
+    wait_for(lambda: ask_keeperd(serve.state_dir, "spares")["reused"] > reused,
+             what="an ended job's groups made a spare's")
+    wait_for(lambda: backend.flavour.listed() == set(), what="no job group left")
