@@ -181,8 +181,9 @@ async def test_a_job_from_a_spare_is_in_its_groups_from_its_first_instruction(
 async def test_a_killed_keeperds_spares_are_gone_once_the_next_one_started(
         tmp_path, workspace, v1, monkeypatch):
     """SIGKILL keeperd with 2 spares ready (and maybe "only"'s groups kept for the next one):
-    its spare threads die with it; the groups stay until the next keeperd of the state dir starts and removes them (it reads the parents
-    from keeperd.spares) before it says it is ready."""
+    its spare threads die with it; the groups stay until the next keeperd of the state dir
+    starts and removes them (it reads the parents from keeperd.spares) before it says it is
+    ready."""
     async with _pool(tmp_path, workspace, v1, monkeypatch, 2, first="only") as (
             spawner, state, _, _ready):
         kept = ask_keeperd(state, "spares")["kept"]  # ("only"'s groups, for the next spare)
