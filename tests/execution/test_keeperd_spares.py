@@ -410,7 +410,8 @@ async def test_an_ended_jobs_groups_become_a_spare_and_a_job_with_its_limits_wri
     all (they are there already). Three such jobs in a row on a pool of one: whichever
     order keeperd's refills and the jobs' ends come in, one of the last two gets the groups
     of one before it (three writes left out, against one, the memory nodes, for a spare of
-    new groups or of "first"'s), and each finds its own name and limits."""
+    new groups or of "first"'s), and each finds its own name and limits. A fourth job with
+    no memory limit, from such groups, gets none: its claim writes that limit."""
     cpu = sorted(os.sched_getaffinity(0))[-1]
     async with _pool(tmp_path, workspace, v1, monkeypatch, 1) as (spawner, state, _, _ready):
         before = ask_keeperd(state, "spares")
@@ -432,7 +433,20 @@ async def test_an_ended_jobs_groups_become_a_spare_and_a_job_with_its_limits_wri
         assert after["taken"] - before["taken"] == 3
         assert after["reused"] > before["reused"], after
         assert after["skipped_writes"] - before["skipped_writes"] >= 5, after
-        for job_id in ("first", "a", "b", "c"):
+        # a job with the same CPU and no memory limit, from an ended job's groups (they
+        # carry 64 MiB): its claim leaves out the memory nodes and the CPU (2 writes) and
+        # writes the memory limit, which is then unlimited, not the earlier job's
+        await _ready_spares(state, 1)
+        dirs = v1.flavour.job_dirs("d")
+        job = _job(state, v1, workspace, "d", [
+            "sh", "-c", 'cat "$0/memory.limit_in_bytes"', dirs["memory"]], [cpu], None)
+        assert (await _run(spawner, job))["exit_code"] == 0
+        last = ask_keeperd(state, "spares")
+        assert (last["taken"], last["skipped_writes"]) == (
+            after["taken"] + 1, after["skipped_writes"] + 2), last
+        limit = b"".join(data for stream, data in records(job) if stream == "stdout")
+        assert int(limit) >= 1 << 62, limit  # v1's "no limit" (the largest page multiple)
+        for job_id in ("first", "a", "b", "c", "d"):
             assert v1.finish(job_id)["cleanup_error"] is None
 
 
