@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from isolation_helpers import counter, cgroup_unavailable, needs_cgroups, remove_parent
-from motor.execution.spares import DEFAULT_SIZE
+from motor.execution.spares import DEFAULT_SIZE, SIZE_ENV
 from motor.isolation.cgroup import open_cgroup_backend
 
 pytestmark = [pytest.mark.e2e, needs_cgroups]
@@ -399,18 +399,23 @@ def test_through_serve_ended_jobs_groups_serve_the_next_jobs_but_an_oom_killed_o
     but not those of a job the OOM killer hit (v1's `oom_kill` count cannot be zeroed).
     After an OOM-killed job, jobs with the same claim and memory limit run from spares,
     some in an earlier job's groups: each in groups of its own name, with its own CPU time
-    in its record, and none reported OOM-killed. No job group is left at the end."""
+    in its record, and none reported OOM-killed. Then jobs whose limits differ from those
+    groups' (another memory limit, the claim's default), each from an ended job's groups,
+    run under their own limits. No job group is left at the end. (A pool of one spare, so
+    that the spare ready after a job's end is made of an ended job's groups.)"""
     from keeper_tracking import ask_keeperd
     from polling import wait_for
 
     backend = open_cgroup_backend(parent=private_parent)
     if backend.version != 1:
         pytest.skip("keeperd keeps groups for its spares on cgroup v1 hierarchies")
-    serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent).start()
+    serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent)
+    serve.env = {SIZE_ENV: "1"}
+    serve.start()
 
-    def run(*argv: str) -> tuple[dict, list[str]]:
-        result = serve.cli("run", "--json", "--weight", "1", "--memory-max", str(64 << 20),
-                           "--", *argv)
+    def run(*argv: str, memory: int | None = 64 << 20) -> tuple[dict, list[str]]:
+        limit = () if memory is None else ("--memory-max", str(memory))
+        result = serve.cli("run", "--json", "--weight", "1", *limit, "--", *argv)
         events = [json.loads(line) for line in result.stdout.decode().splitlines()]
         return events[-1]["record"], "".join(
             e["data"] for e in events if e["event"] == "output").splitlines()
@@ -432,4 +437,15 @@ def test_through_serve_ended_jobs_groups_serve_the_next_jobs_but_an_oom_killed_o
         assert record["reservation_use"]["cpu_time_ms"] == facts["cpu_time_ms"] > 0
     wait_for(lambda: ask_keeperd(serve.state_dir, "spares")["reused"] > reused,
              what="an ended job's groups made a spare's")
+    own_limit = ('p=$(grep memory /proc/self/cgroup | cut -d: -f3); '
+                 'cat "/sys/fs/cgroup/memory$p/memory.limit_in_bytes"')
+    before = ask_keeperd(serve.state_dir, "spares")
+    for memory in (96 << 20, None):  # None: the claim's default
+        wait_for(lambda: ask_keeperd(serve.state_dir, "spares")["ready"], what="a spare")
+        record, out = run("sh", "-c", own_limit, memory=memory)
+        assert record["state"] == "succeeded", record
+        assert int(out[-1]) == record["memory_max_bytes"] != 64 << 20, (out, record)
+        assert memory is None or record["memory_max_bytes"] == memory, record
+    after = ask_keeperd(serve.state_dir, "spares")  # each from an ended job's groups:
+    assert [after[k] - before[k] for k in ("taken", "made", "missed")] == [2, 0, 0], after
     wait_for(lambda: backend.flavour.listed() == set(), what="no job group left")
