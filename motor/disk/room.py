@@ -36,6 +36,7 @@ class Room:
     def __init__(self, disk: "DiskActor"):
         self.disk = disk  # read at each use: its probe may be replaced (tests)
         self.unprobed: set[str] = set()  # roots whose probe failed, said once each
+        self._state_dev: int | None = None  # the state dir's device, once read (`_state_device`)
 
     async def watch(self, make_room: Any) -> None:
         """Every PRESSURE_POLL_S, the floor check of the state dir's file system and of each
@@ -147,16 +148,23 @@ class Room:
         root's own when it is on another file system (`floors_for`: the configured ones, or
         by default the share of that file system: docs/disk.md, "Admission")."""
         d = self.disk
-        state = str(d.state_dir)
-        if d.floors_for is None or where == state or device(where) == device(state):
+        if (d.floors_for is None or where == str(d.state_dir)
+                or device(where) == self._state_device()):
             return d.floor_bytes, d.goal_bytes
         return d.floors_for(sample.total_bytes)
+
+    def _state_device(self) -> int | None:
+        """The state dir's device, read once: it holds the runner's open database, so it is
+        not mounted over while the runner runs (two checks a job, each a stat(2) less)."""
+        if self._state_dev is None:
+            self._state_dev = device(str(self.disk.state_dir))
+        return self._state_dev
 
     def _own_root(self, workspace: str | None) -> str | None:
         """The workspace's root when it is on a file system other than the state dir's."""
         d = self.disk
         root = d.names.root_of(workspace) if workspace else None
-        if root is not None and device(root) not in (None, device(str(d.state_dir))):
+        if root is not None and device(root) not in (None, self._state_device()):
             return root
         return None
 

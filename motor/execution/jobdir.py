@@ -114,7 +114,8 @@ def prepare(cwd: Path, job_dir: Path, bundle: str | None, root: str | None,
     on its way: before stop 49 its job was retried every 60 s for as long as it stayed); any
     other failure raises (a failed start, retried)."""
     try:
-        cwd.mkdir(parents=True, exist_ok=True)
+        if not os.path.isdir(cwd):  # most starts find it there: one stat(2), not two calls
+            os.makedirs(cwd, exist_ok=True)
     except (FileExistsError, NotADirectoryError) as exc:
         return Refusal(code="workspace_setup_failed", detail=(
             f"the workspace {cwd} cannot be a directory ({exc.strerror}): a file is in its "
@@ -124,7 +125,13 @@ def prepare(cwd: Path, job_dir: Path, bundle: str | None, root: str | None,
             unpack_into(Path(bundle), str(cwd), root, job_id)
         except BundleError as exc:
             return Refusal(code="workspace_setup_failed", detail=str(exc))
-    job_dir.mkdir(parents=True, exist_ok=True)
+    try:  # new at a first start: one mkdir(2)
+        os.mkdir(job_dir)
+    except FileExistsError:
+        if not os.path.isdir(job_dir):
+            raise
+    except FileNotFoundError:  # the jobs directory itself is gone
+        os.makedirs(job_dir, exist_ok=True)
     return None
 
 
@@ -200,7 +207,7 @@ def log_size(job_dir: Path) -> int | None:
     missing (as `joblog.read_records` reads it), None when it cannot be looked at (the
     offloaded read then reports why)."""
     try:
-        return os.stat(job_dir / joblog.OUTPUT_FILE).st_size
+        return os.stat(os.path.join(job_dir, joblog.OUTPUT_FILE)).st_size
     except FileNotFoundError:
         return 0
     except OSError:

@@ -670,6 +670,11 @@ class Database:
         row = self.reader.execute(_WITH_CLOCK + " WHERE j.job_id=?", (job_id,)).fetchone()
         return _decode(row) if row else None
 
+    def has(self, job_id: str) -> bool:
+        """Whether the job is recorded (`get` without decoding its record)."""
+        return self.reader.execute("SELECT 1 FROM jobs WHERE job_id=?", (job_id,)).fetchone() \
+            is not None
+
     def keyed(self, key: str) -> JobRecord | None:
         """The retained job accepted with idempotency key `key`, if any (the oldest, should
         two share it: a database written by hand)."""

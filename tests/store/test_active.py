@@ -23,3 +23,16 @@ def test_active_lists_setting_up_and_running_jobs_in_id_order(tmp_path):
             {r.job_id for r in db.active()}
     finally:
         db.close()
+
+
+def test_has_says_whether_a_job_is_recorded_whatever_its_state(tmp_path):
+    db = Database(tmp_path / "motor.db")
+    try:
+        assert not db.has("j1")
+        db.save(JobRecord(job_id="j1", state="queued", workspace="w"))
+        db.save(JobRecord(job_id="j2", state="succeeded", workspace="w"))
+        assert db.has("j1") and db.has("j2") and not db.has("j3")
+        assert [db.has(j) for j in ("j1", "j2", "j3")] == [db.get(j) is not None
+                                                            for j in ("j1", "j2", "j3")]
+    finally:
+        db.close()
