@@ -28,7 +28,6 @@ its size.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -39,11 +38,6 @@ from pathlib import Path
 import msgspec
 
 log = logging.getLogger("motor.disk")
-
-#: a journal line: compact JSON with sorted keys, as `json.dumps(sort_keys=True)` writes it
-#: but for non-ASCII text, written as UTF-8 (both read back the same); a job's end writes
-#: one (issue 14: msgspec takes a fifth of the json module's time)
-_encode_sorted = functools.partial(msgspec.json.encode, order="sorted")
 
 
 @dataclass
@@ -142,7 +136,7 @@ class Catalog:
         if self.save_error is not None:
             self.save()
             return
-        line = _encode_sorted(op) + b"\n"
+        line = (json.dumps(op, sort_keys=True, separators=(",", ":")) + "\n").encode()
         try:
             fd = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
                          0o600)

@@ -44,6 +44,22 @@ def test_every_change_is_on_disk_without_a_snapshot_rewrite(tmp_path):
     assert _crashed(tmp_path)["a"]["last_used_ms"] == 10
 
 
+def test_paths_that_are_not_utf_8_or_not_ascii_are_journalled_and_read_back(tmp_path):
+    """A root whose name is not UTF-8 (decoded with surrogate escapes, as os.fsdecode does)
+    and a caller's path in another script: each change is on disk and reads back the same.
+    (A journal line written by msgspec refused the first, stop 75: the json module's
+    escapes take both, in ASCII whatever the locale.)"""
+    odd_root = os.fsdecode(b"/w/caf\xe9")
+    c = Catalog(tmp_path)
+    c.record("a", f"{odd_root}/a", odd_root, kind="task", now_ms=1)
+    c.record("b", "/w/b", "/w", kind="task", now_ms=2, caller_path="/home/\u0436\u00e9/b")
+    c.touch("a", 5)
+    assert c.save_error is None and c.compactions == 0
+    assert c.journal_path.read_bytes().isascii()
+    assert _crashed(tmp_path) == _entries(c)
+    assert _crashed(tmp_path)["a"]["root"] == odd_root
+
+
 def test_a_torn_last_line_is_ignored(tmp_path):
     c = Catalog(tmp_path)
     c.record("a", "/w/a", "/w", kind="task", now_ms=1)
