@@ -1,9 +1,10 @@
 """Serve the ASGI app with hypercorn's trio protocol on the runner's Unix socket (and TCP).
 
 `serve_api(app, config)` claims the socket path (a live runner there is an error, a stale
-socket file is removed), binds `unix:<socket>` plus `config.listen` when set, sets the
-socket's mode (0600, or 0660 and the group when `socket_group` is set), and reports
-`task_status.started(binds)` only once the socket accepts connections.
+socket file is removed), binds `unix:<socket>` plus `config.listen` when set, and reports
+`task_status.started(binds)` only once the sockets accept connections. The socket file
+appears only once its socket listens with its mode (0600, or 0660 and the group when
+`socket_group` is set): a client that finds it is never refused (`bind_listening`).
 
 The accept loop is ours (hypercorn's `TCPServer` serves each connection), so that hostile
 clients cannot hold the runner's memory or descriptors:
@@ -31,6 +32,7 @@ import logging
 import math
 import os
 import resource
+import secrets
 import socket
 import stat
 import struct
@@ -49,7 +51,7 @@ from hypercorn.utils import repr_socket_addr, wrap_app
 
 from motor import faults
 from motor.api.app import PUBLIC_ON_TCP
-from motor.config import ConfigError, RunnerConfig
+from motor.config import MAX_SOCKET_PATH, ConfigError, RunnerConfig
 
 log = logging.getLogger("motor.api.server")
 
@@ -97,6 +99,46 @@ async def claim_socket_path(path: Path, *, connect_timeout: float = 2.0) -> None
         sock.close()
 
 
+def bind_listening(path: Path, backlog: int, gid: int | None) -> tuple[socket.socket, int]:
+    """A Unix socket listening at `path`, mode 0600 (0660 and group `gid` when given), and
+    the file's inode. The file appears only once the socket listens with its mode: it is
+    bound at a hidden name beside `path` (`.motor-<pid>-<random>.sock`) and hard-linked into
+    place. Before stop 76 hypercorn bound `path` and listened after it: a client that found
+    the file in between was refused. A link, not a rename: a file put at `path` meanwhile
+    (another runner's socket) is kept, and SocketInUse raised. A hidden name too long for
+    sun_path is bound through /proc/self/fd."""
+    tmp = f".motor-{os.getpid()}-{secrets.token_hex(4)}.sock"
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        address = os.path.join(path.parent, tmp)
+        if len(os.fsencode(address)) > MAX_SOCKET_PATH:
+            address = f"/proc/self/fd/{dfd}/{tmp}"
+        umask = os.umask(0o177)  # nobody else may connect before the mode is set
+        try:
+            sock.bind(address)
+        finally:
+            os.umask(umask)
+        try:
+            if gid is not None:
+                os.chown(tmp, -1, gid, dir_fd=dfd)
+            os.chmod(tmp, 0o600 if gid is None else 0o660, dir_fd=dfd)
+            sock.listen(backlog)
+            try:
+                os.link(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            except FileExistsError:
+                raise SocketInUse(f"{path} appeared while this runner bound it") from None
+            inode = os.stat(path.name, dir_fd=dfd, follow_symlinks=False).st_ino
+        finally:
+            os.unlink(tmp, dir_fd=dfd)
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        os.close(dfd)
+    return sock, inode
+
+
 #: Listen backlog for every socket (the kernel clamps it to net.core.somaxconn).
 LISTEN_BACKLOG = 4096
 #: Seconds a new (or kept-alive) connection may take to send a complete request head.
@@ -118,11 +160,7 @@ FD_RESERVE = 256
 
 def hypercorn_config(config: RunnerConfig) -> HypercornConfig:
     hc = HypercornConfig()
-    hc.bind = [f"unix:{config.socket_path}"]
-    if config.listen:
-        hc.bind.append(config.listen)
-    # Bind under a umask so the socket never exists with a wider mode than wanted.
-    hc.umask = 0o117 if config.socket_group else 0o177
+    hc.bind = [config.listen] if config.listen else []  # the Unix socket: bind_listening
     hc.accesslog = None  # quiet: no access log
     hc.errorlog = logging.getLogger("motor.api.hypercorn")
     hc.include_server_header = False
@@ -373,6 +411,8 @@ async def _refuse_connection(stream: Any, cap: int) -> None:
 async def _serve_hypercorn(
     app: Any,
     hc: HypercornConfig,
+    bind_unix: Callable[[], tuple[socket.socket, int]],
+    unix_path: Path,
     connections: Connections,
     shutdown_trigger: Callable[[], Awaitable[None]],
     unlink: Callable[[], None],
@@ -382,7 +422,8 @@ async def _serve_hypercorn(
     """hypercorn's trio worker (hypercorn.trio.run.worker_serve) with our accept handler.
 
     The app's lifespan is a no-op, so it is not driven; every connection is served by
-    hypercorn's TCPServer (HTTP/1.1 via h11). When `shutdown_trigger()` returns: the socket
+    hypercorn's TCPServer (HTTP/1.1 via h11). `bind_unix()` gives the Unix socket at
+    `unix_path`, listening; hypercorn binds the TCP address, if any. When `shutdown_trigger()` returns: the socket
     file goes (`unlink`: a new client finds no runner), the connections the kernel already
     queued are accepted and served (closing a listener would reset them), the listeners
     close, and open requests have `graceful_timeout` to finish. `watch(add)` runs beside the
@@ -393,10 +434,12 @@ async def _serve_hypercorn(
     listeners = []
     binds = []
     try:
+        sockets.insecure_sockets.insert(0, bind_unix()[0])
         for sock in sockets.insecure_sockets:
             sock.listen(hc.backlog)
             listeners.append(_KeptOpen(trio.SocketListener(trio.socket.from_stdlib_socket(sock))))
-            binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
+            binds.append("http://" + (f"unix:{unix_path}" if sock.family == socket.AF_UNIX
+                                       else repr_socket_addr(sock.family, sock.getsockname())))
     except BaseException:
         for sock in sockets.insecure_sockets:
             sock.close()
@@ -474,13 +517,13 @@ def _queued(listening: socket.socket) -> list[trio.SocketStream]:
 SOCKET_CHECK_S = 10.0
 
 
-async def _keep_socket_file(path: Path, own: Callable[[], int],
+async def _keep_socket_file(path: Path, bind: Callable[[], tuple[socket.socket, int]],
                             add: Callable[[socket.socket], None]) -> None:
     """Every SOCKET_CHECK_S: if the socket file is gone (a clean-up of old files, a hand),
     bind it again and serve it too. Before stop 49 the runner then went on, looking alive to
     its supervisor, while no client could reach it. A file put in its place is not ours and
-    is left alone (logged). The new file is made under the runner's umask (077), then given
-    the socket's mode and group (`own`, which returns its inode)."""
+    is left alone (logged). `bind()` gives the new socket, listening with its mode and group
+    before its file appears (`bind_listening`), and the file's inode."""
     try:
         inode: int | None = os.stat(path).st_ino
     except OSError:
@@ -499,12 +542,9 @@ async def _keep_socket_file(path: Path, own: Callable[[], int],
                             "clients reach the runner there only once it is removed", path)
                 inode = st.st_ino  # said once per replacement
             continue
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.bind(str(path))
-            inode = own()
-        except OSError as exc:
-            sock.close()
+            sock, inode = bind()
+        except (OSError, SocketInUse) as exc:
             log.warning("%s was removed and cannot be bound again: %s", path, exc)
             continue
         add(sock)
@@ -541,21 +581,16 @@ async def serve_api(
         except OSError:
             pass
 
-    def own() -> int:  # the socket file just bound: its mode and group; its inode
+    def bind() -> tuple[socket.socket, int]:  # the socket file, listening: ours from now
         nonlocal inode
-        inode = os.stat(path).st_ino
-        if gid is not None:
-            os.chown(path, -1, gid)
-            os.chmod(path, 0o660)
-        else:
-            os.chmod(path, 0o600)
-        return inode
+        sock, inode = bind_listening(path, hc.backlog, gid)
+        return sock, inode
 
     try:
         async with trio.open_nursery() as nursery:
-            binds = await nursery.start(_serve_hypercorn, app, hc, connections, trigger,
-                                        unlink_ours, partial(_keep_socket_file, path, own))
-            own()
+            binds = await nursery.start(_serve_hypercorn, app, hc, bind, path, connections,
+                                        trigger, unlink_ours,
+                                        partial(_keep_socket_file, path, bind))
             if config.listen and not getattr(app, "token", None):
                 log.info("TCP %s without --token-file: serves only %s, read-only",
                          config.listen, ", ".join(f"{m} {p}" for m, p in sorted(PUBLIC_ON_TCP)))

@@ -152,6 +152,67 @@ async def test_a_socket_file_removed_under_the_runner_is_bound_again(config, nur
     assert path.read_text() == "someone else's"
 
 
+def listening_when_linked(monkeypatch) -> list[str]:
+    """Every link `bind_listening` makes, checked as it is made: the socket it puts in place
+    already takes connections, with its final mode. The names linked."""
+    linked, link = [], os.link
+
+    def checked(src, dst, *, src_dir_fd, dst_dir_fd):
+        address = f"/proc/self/fd/{src_dir_fd}/{src}"
+        assert stat.S_IMODE(os.stat(address).st_mode) == 0o600
+        with socket.socket(socket.AF_UNIX) as probe:
+            probe.connect(address)  # before: refused (hypercorn bound, then listened)
+        link(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+        linked.append(dst)
+
+    monkeypatch.setattr(server.os, "link", checked)
+    return linked
+
+
+async def test_the_socket_file_appears_only_once_its_socket_listens(config, nursery, monkeypatch):
+    """Before stop 76 hypercorn bound the socket file and listened a moment after: a client
+    that found the file in between (`motor serve` started by a script, then a submit) was
+    refused, and told no runner answered. The file is now linked in once the socket listens,
+    at its start and when it is bound again."""
+    monkeypatch.setattr(server, "SOCKET_CHECK_S", 0.05)
+    linked = listening_when_linked(monkeypatch)
+    await nursery.start(serve_api, make_app(FakeRunner(config)), config)
+    os.unlink(config.socket_path)
+    await wait_until(config.socket_path.exists)
+    assert linked == [config.socket_path.name] * 2
+    assert sorted(os.listdir(config.socket_path.parent)) == [config.socket_path.name]
+
+
+def test_bind_listening_where_the_hidden_name_is_too_long_for_sun_path(short_dir):
+    """A socket path that fits sun_path, in a directory that leaves no room for the longer
+    hidden name bound first: that name is bound through /proc/self/fd."""
+    from motor.config import MAX_SOCKET_PATH
+
+    deep = short_dir / ("d" * (MAX_SOCKET_PATH - len(str(short_dir)) - len("/m.sock") - 1))
+    deep.mkdir()
+    path = deep / "m.sock"
+    assert len(str(path)) == MAX_SOCKET_PATH
+    sock, inode = server.bind_listening(path, 8, None)
+    with sock, socket.socket(socket.AF_UNIX) as client:
+        client.connect(str(path))
+        assert os.stat(path).st_ino == inode
+    assert os.listdir(deep) == [path.name]
+
+
+def test_bind_listening_keeps_a_file_put_at_the_path_meanwhile(short_dir):
+    """Another runner's socket, bound between the claim and the link, stays; this runner
+    is told the path is in use and leaves nothing behind."""
+    path = short_dir / "m.sock"
+    with socket.socket(socket.AF_UNIX) as other:
+        other.bind(str(path))
+        other.listen(1)
+        with pytest.raises(SocketInUse, match="appeared while this runner bound it"):
+            server.bind_listening(path, 8, None)
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(str(path))  # still the other's
+    assert os.listdir(short_dir) == ["m.sock"]
+
+
 async def wait_until(predicate, timeout: float = 10.0) -> None:
     with trio.fail_after(timeout):
         while not predicate():
