@@ -44,18 +44,35 @@ def start_unread(state_dir) -> tuple[subprocess.Popen, int]:
     return proc, r
 
 
-def run_jobs(client: Client, n: int) -> list[str]:
-    """N `true` jobs, one after another, each followed to its end; their ids."""
+def run_jobs(client: Client, n: int, proc: subprocess.Popen, r: int) -> list[str]:
+    """N `true` jobs, one after another, each followed to its end; their ids. A job that
+    fails to run fails the test with the runner's state and what it wrote."""
     ids = []
     for i in range(n):
-        stream = client.submit({"command": ["true"], "workspace": f"w{i % 4}"}, follow=True,
-                               raw=True)
-        stream.response.set_read_timeout(30)  # a held runner: a failure, not a hang
-        with stream:
-            events = list(stream)
+        try:
+            stream = client.submit({"command": ["true"], "workspace": f"w{i % 4}"},
+                                   follow=True, raw=True)
+            stream.response.set_read_timeout(30)  # a held runner: a failure, not a hang
+            with stream:
+                events = list(stream)
+        except Exception as exc:
+            raise AssertionError(f"job {i + 1} of {n}: {exc}; the runner "
+                                 + ("runs" if proc.poll() is None else f"exited {proc.poll()}")
+                                 + f"; its standard error held:\n{held(r)}") from exc
         ids.append(events[0]["job_id"])
         assert events[-1]["record"]["state"] == "succeeded", events[-1]
     return ids
+
+
+def held(r: int) -> str:
+    """What the pipe holds now, read without waiting (a failure's diagnosis)."""
+    os.set_blocking(r, False)
+    try:
+        return os.read(r, 65536).decode(errors="replace")
+    except BlockingIOError:
+        return ""
+    finally:
+        os.set_blocking(r, True)
 
 
 def log_causes(health: dict) -> list[dict]:
@@ -67,7 +84,7 @@ def test_serve_whose_standard_error_nobody_reads_keeps_serving_and_says_so(tmp_p
     proc, r = start_unread(state)
     try:
         with Client(state / "motor.sock", timeout=30) as client:
-            ids = run_jobs(client, JOBS)  # before: the 67th job's end held the runner
+            ids = run_jobs(client, JOBS, proc, r)  # before: the 67th job's end held the runner
             health = wait_for(lambda: log_causes(h := client.call("GET", "/v1/health")) and h,
                               timeout=30, what="health to say degraded under log")
             assert health["status"] == "degraded"
@@ -99,7 +116,7 @@ def test_serve_whose_standard_error_nobody_reads_stops_on_sigterm(tmp_path):
     proc, r = start_unread(state)
     try:
         with Client(state / "motor.sock", timeout=30) as client:
-            run_jobs(client, JOBS)
+            run_jobs(client, JOBS, proc, r)
         proc.send_signal(signal.SIGTERM)  # before: the loop, held in a write, never saw it
         assert proc.wait(30) == 0  # the held lines get 2 s (logsink.DRAIN_S), no more
     finally:
