@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -136,6 +138,15 @@ def _no_leaked_jobs(tmp_path):
     """A test that ends early (failed, or never released its barrier) leaves no job running."""
     yield
     cancel_keepers_under(tmp_path)
+
+
+@pytest.fixture
+def short_dir():
+    """A directory with a short path, for what binds Unix sockets inside it: a path holds
+    at most 107 bytes, and pytest's tmp_path (longer under pytest-xdist) can leave too few."""
+    path = Path(tempfile.mkdtemp(prefix="mt-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -161,11 +161,11 @@ def test_process_cpu_counts_one_process_only():
         sleeper.wait()
 
 
-def test_throughput_counts_the_runners_and_keeperds_own_cpu(monkeypatch, tmp_path):
+def test_throughput_counts_the_runners_and_keeperds_own_cpu(monkeypatch, short_dir):
     """bench/throughput.py's round finds the runner's process and its keeperd and gives
     each one's CPU over the burst (`runner_cpu_per_job_ms`, `keeperd_cpu_per_job_ms`). In
     clock ticks (10 ms): 100 jobs of keeperd's about 0.5 ms each are several."""
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(short_dir))
     throughput, own = _bench("throughput"), {}
     wall, submitted, busy = throughput.motor_round(100, "affinity", own=own)
     assert wall >= submitted > 0 and busy > 0
@@ -233,7 +233,7 @@ def test_throughput_budget_is_what_task_spoolers_rate_leaves_the_runner(capsys):
                       " runner 0.50; it ran 2.00 and waited 0.50 for a CPU")
 
 
-def test_the_floor_runs_motors_rules_and_keeperd_against_this_code(monkeypatch, tmp_path):
+def test_the_floor_runs_motors_rules_and_keeperd_against_this_code(monkeypatch, short_dir):
     """bench/floor.py's `*-rules-*` variants call motor's own request decoder, record,
     scheduler core, CPU placement and spec.json writer in their server, and `-keeperd`
     speaks keeperd's protocol to a real keeperd (`-end-`: and reads each end's status.json
@@ -243,7 +243,7 @@ def test_the_floor_runs_motors_rules_and_keeperd_against_this_code(monkeypatch, 
     motor's architecture does (a supervised actor of motor's runtime per subsystem, one per
     job, "A runner with motor's rules in motor's shape"): a burst ends only once each job's
     actor has recorded its end."""
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(short_dir))
     floor = _bench("floor")
     for variant in ("http-rules-keeper", "h11-rules-keeper", "http-rules-keeperd",
                     "http-rules-end-keeperd", "http-actors-end-keeperd",
@@ -254,14 +254,14 @@ def test_the_floor_runs_motors_rules_and_keeperd_against_this_code(monkeypatch, 
         assert floor.one(variant, 0, 0, 8) > 0, variant
 
 
-def test_the_floors_call_counts_come_from_its_servers(tmp_path):
+def test_the_floors_call_counts_come_from_its_servers(short_dir):
     """`bench/floor.py --burst N --calls` prints each burst variant's Python calls per job
     in its server (docs/performance-history.md, "Stop 70"); motor's rules add calls to the
     request they ride on, whichever HTTP layer serves it; laid out in actors they take more,
     and fewer where the actors answer in the sender's task (`immediate`)."""
     done = subprocess.run([sys.executable, str(BENCH / "floor.py"), "--burst", "8", "--calls"],
                           cwd=BENCH, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TMPDIR": str(tmp_path)})
+                          env={**os.environ, "TMPDIR": str(short_dir)})
     assert done.returncode == 0, done.stderr
     got = {}
     for line in done.stdout.splitlines():
@@ -276,10 +276,10 @@ def test_the_floors_call_counts_come_from_its_servers(tmp_path):
             > got["floor-http-rules-end-keeperd"])
 
 
-def test_the_floor_runs_only_the_variants_asked_for(tmp_path):
+def test_the_floor_runs_only_the_variants_asked_for(short_dir):
     """`--only` runs the named variants and no others; a name that is no variant is refused."""
     run = functools.partial(subprocess.run, cwd=BENCH, capture_output=True, text=True,
-                            timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)})
+                            timeout=300, env={**os.environ, "TMPDIR": str(short_dir)})
     done = run([sys.executable, str(BENCH / "floor.py"), "--burst", "4", "--calls",
                 "--only", "h11-keeper,http-rules-keeperd"])
     assert done.returncode == 0, done.stderr
@@ -289,21 +289,21 @@ def test_the_floor_runs_only_the_variants_asked_for(tmp_path):
     assert refused.returncode == 2 and "no such variant: nothing" in refused.stderr
 
 
-def test_the_floor_counts_its_servers_own_cpu(monkeypatch, tmp_path):
+def test_the_floor_counts_its_servers_own_cpu(monkeypatch, short_dir):
     """A burst round gives its server's own CPU over the burst (`server_cpu_per_job_ms`)."""
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(short_dir))
     cpu: list[float] = []
     assert _bench("floor").one("http-keeper", 0, 0, 100, cpu=cpu) > 0
     assert len(cpu) == 1 and cpu[0] > 0
 
 
-def test_http_layer_bursts_serve_motor_under_both_servers(tmp_path):
+def test_http_layer_bursts_serve_motor_under_both_servers(short_dir):
     """`bench/http_layer.py --burst N` runs N jobs through `motor serve` as shipped and with
     its h11 probe in place of hypercorn's connection handler, and gives each runner's own
     CPU per job (docs/performance-history.md, "Stop 71")."""
     done = subprocess.run([sys.executable, str(BENCH / "http_layer.py"), "--rounds", "1",
                            "--burst", "30", "--no-peers"], cwd=BENCH, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)})
+                          timeout=300, env={**os.environ, "TMPDIR": str(short_dir)})
     assert done.returncode == 0, done.stderr
     got = {}
     for line in done.stdout.splitlines():

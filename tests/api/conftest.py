@@ -2,24 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
-
 import pytest
 
 from fake_runner import FakeRunner  # tests/fake_runner.py (tests/ is on sys.path)
 
 from motor.api import make_app, serve_api
 from motor.config import RunnerConfig
-
-
-@pytest.fixture
-def short_dir():
-    # AF_UNIX paths are limited to ~108 bytes; pytest's tmp_path can be longer.
-    path = Path(tempfile.mkdtemp(prefix="mt-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

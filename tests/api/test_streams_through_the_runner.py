@@ -4,26 +4,15 @@ served by the real HTTP server on a Unix socket, with clients that leave or stop
 from __future__ import annotations
 
 import fcntl
-import shutil
 import socket
-import tempfile
 import termios
-from pathlib import Path
 
-import pytest
 import trio
 
 import motor
 from motor.api import make_app, serve_api
 from motor.records import JobRequest
 from runner_helpers import embedded_config
-
-
-@pytest.fixture
-def short_dir():
-    path = Path(tempfile.mkdtemp(prefix="mt-", dir="/tmp"))  # AF_UNIX paths are short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 async def test_a_follower_that_leaves_mid_replay_ends_the_runners_replay(
