@@ -416,6 +416,7 @@ async def test_an_ended_jobs_groups_become_a_spare_and_a_job_with_its_limits_wri
     async with _pool(tmp_path, workspace, v1, monkeypatch, 1) as (spawner, state, _, _ready):
         before = ask_keeperd(state, "spares")
         for job_id in ("a", "b", "c"):
+            await _ready_spares(state, 1)  # else, on a loaded host, a job may fork and join
             dirs = v1.flavour.job_dirs(job_id)
             job = _job(state, v1, workspace, job_id, [
                 "sh", "-c", 'cat /proc/self/cgroup; cat "$0/cpuset.cpus" "$1/memory.limit_in_bytes" >&2',
