@@ -678,11 +678,18 @@ print(json.dumps(lats))
 """
 
 
-def wait_ready(proc: subprocess.Popen, path: str) -> None:
+def wait_ready(proc: subprocess.Popen, path: str, errors: str | None = None) -> None:
+    """Until the server's socket appears; else exit saying why, with the end of what the
+    server wrote to `errors` (its standard error's file)."""
     deadline = time.monotonic() + 20
     while not os.path.exists(path):
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"{path} never appeared")
+            said = ""
+            if errors is not None:
+                with open(errors, "rb") as f:
+                    said = f.read()[-4000:].decode(errors="replace")
+            state = "running" if proc.poll() is None else f"exited {proc.returncode}"
+            raise SystemExit(f"{path} never appeared (the server {state}): {said}")
         time.sleep(0.01)
 
 
@@ -716,10 +723,12 @@ def one(variant: str, samples: int, gap: float, burst: int = 0, profile: str | N
                 return json.loads(r.stdout)
             sock = os.path.join(tmp, "api.sock")
             env = dict(os.environ, FLOOR_PROFILE=profile) if profile else None
-            procs.append(subprocess.Popen([sys.executable, "-c", SERVER, variant, sock,
-                                           keeper_path, db, str(burst)], env=env,
-                                          stderr=None if DEBUG else subprocess.DEVNULL))
-            wait_ready(procs[-1], sock)
+            errors = None if DEBUG else os.path.join(tmp, "server.err")
+            with open(errors or os.devnull, "wb") as err:
+                procs.append(subprocess.Popen([sys.executable, "-c", SERVER, variant, sock,
+                                               keeper_path, db, str(burst)], env=env,
+                                              stderr=None if DEBUG else err))
+            wait_ready(procs[-1], sock, errors)
             cpu0 = process_cpu_s(procs[-1].pid)
             r = subprocess.run([sys.executable, "-c", CLIENT, sock, tmp, str(samples), str(gap),
                                 "raw" if variant == "socket-keeper" else
