@@ -114,11 +114,10 @@ def bind_listening(path: Path, backlog: int, gid: int | None) -> tuple[socket.so
         address = os.path.join(path.parent, tmp)
         if len(os.fsencode(address)) > MAX_SOCKET_PATH:
             address = f"/proc/self/fd/{dfd}/{tmp}"
-        umask = os.umask(0o177)  # nobody else may connect before the mode is set
-        try:
-            sock.bind(address)
-        finally:
-            os.umask(umask)
+        # nobody else may connect before the mode is set: the file is made with the
+        # socket's own mode (Linux), so the process's umask, which other threads use, stays
+        os.fchmod(sock.fileno(), 0o600)
+        sock.bind(address)
         try:
             if gid is not None:
                 os.chown(tmp, -1, gid, dir_fd=dfd)
@@ -423,11 +422,12 @@ async def _serve_hypercorn(
 
     The app's lifespan is a no-op, so it is not driven; every connection is served by
     hypercorn's TCPServer (HTTP/1.1 via h11). `bind_unix()` gives the Unix socket at
-    `unix_path`, listening; hypercorn binds the TCP address, if any. When `shutdown_trigger()` returns: the socket
-    file goes (`unlink`: a new client finds no runner), the connections the kernel already
-    queued are accepted and served (closing a listener would reset them), the listeners
-    close, and open requests have `graceful_timeout` to finish. `watch(add)` runs beside the
-    accept loop; `add(sock)` serves one more bound socket (`_keep_socket_file`)."""
+    `unix_path`, listening; hypercorn binds the TCP address, if any. When
+    `shutdown_trigger()` returns: the socket file goes (`unlink`: a new client finds no
+    runner), the connections the kernel already queued are accepted and served (closing a
+    listener would reset them), the listeners close, and open requests have
+    `graceful_timeout` to finish. `watch(add)` runs beside the accept loop; `add(sock)`
+    serves one more bound socket (`_keep_socket_file`)."""
     wrapped = wrap_app(app, hc.wsgi_max_body_size, "asgi")
     context = WorkerContext(None)
     sockets = hc.create_sockets()

@@ -199,6 +199,24 @@ def test_bind_listening_where_the_hidden_name_is_too_long_for_sun_path(short_dir
     assert os.listdir(deep) == [path.name]
 
 
+def test_bind_listening_makes_the_file_private_without_the_processs_umask(short_dir,
+                                                                         monkeypatch):
+    """Under a umask of 0 the file is private from its bind on (the socket's own mode, set
+    before the bind), and the process's umask, which the runner's other threads create
+    files under, is never changed."""
+    umask = os.umask
+    previous = umask(0)
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "chmod", lambda *a, **kw: None)  # the bind's mode alone
+            patch.setattr(os, "umask", lambda *a: pytest.fail("the umask was changed"))
+            sock, _ = server.bind_listening(short_dir / "m.sock", 8, None)
+    finally:
+        umask(previous)
+    with sock:
+        assert stat.S_IMODE(os.stat(short_dir / "m.sock").st_mode) == 0o600
+
+
 def test_bind_listening_keeps_a_file_put_at_the_path_meanwhile(short_dir):
     """Another runner's socket, bound between the claim and the link, stays; this runner
     is told the path is in use and leaves nothing behind."""
