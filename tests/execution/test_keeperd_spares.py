@@ -407,21 +407,31 @@ async def test_an_ended_jobs_groups_become_a_spare_and_a_job_with_its_limits_wri
     (`kept`) and at the pool's next refill a thread joins them (no mkdir and no rmdir: the
     costly part of a v1 group). A job with the same CPUs and memory limit as the one that
     ended there is given such a spare when one is ready, and its claim writes no limit at
-    all (they are there already). Three such jobs in a row on a pool of one: whichever
-    order keeperd's refills and the jobs' ends come in, one of the last two gets the groups
-    of one before it (three writes left out, against one, the memory nodes, for a spare of
-    new groups or of "first"'s), and each finds its own name and limits. A fourth job with
-    no memory limit, from such groups, gets none: its claim writes that limit."""
+    all (they are there already). Three such jobs in a row on a pool of one, each held
+    until the refill that follows its start is done (else, on a loaded host, a short job can
+    end first, find "first"'s groups still waiting and have its own removed: at most the
+    pool's size of them wait): "a" and "b" get new groups or "first"'s, "c" gets "a"'s
+    (three writes left out, against one, the memory nodes, for each of the others), and
+    each finds its own name and limits. A fourth job with no memory limit, from "b"'s
+    groups, gets none: its claim writes that limit."""
     cpu = sorted(os.sched_getaffinity(0))[-1]
     async with _pool(tmp_path, workspace, v1, monkeypatch, 1) as (spawner, state, _, _ready):
         before = ask_keeperd(state, "spares")
         for job_id in ("a", "b", "c"):
-            await _ready_spares(state, 1)  # else, on a loaded host, a job may fork and join
+            gate = tmp_path / f"{job_id}.go"
             dirs = v1.flavour.job_dirs(job_id)
             job = _job(state, v1, workspace, job_id, [
-                "sh", "-c", 'cat /proc/self/cgroup; cat "$0/cpuset.cpus" "$1/memory.limit_in_bytes" >&2',
-                dirs["cpuset"], dirs["memory"]], [cpu], 64 << 20)
-            assert (await _run(spawner, job))["exit_code"] == 0
+                "sh", "-c", 'while [ ! -e "$2" ]; do :; done; cat /proc/self/cgroup; '
+                'cat "$0/cpuset.cpus" "$1/memory.limit_in_bytes" >&2',
+                dirs["cpuset"], dirs["memory"], str(gate)], [cpu], 64 << 20)
+            handle = await spawner.spawn(job)
+            # the refill after this start took the waiting groups: the job's own get room
+            await wait_until(lambda: (lambda a: len(a["ready"]) == 1 and a["kept"] == 0)(
+                ask_keeperd(state, "spares")))
+            gate.touch()
+            with trio.fail_after(20):
+                await spawner.wait_exit(handle.pid, handle.create_time, job)
+            assert read_status(job)["exit_code"] == 0
             assert {c: _group_lines(job)[c] for c in V1_CONTROLLERS} == \
                 {c: f"/{v1.flavour.parent}/job-{job_id}" for c in V1_CONTROLLERS}
             limits = b"".join(data for stream, data in records(job) if stream == "stderr")
@@ -432,8 +442,9 @@ async def test_an_ended_jobs_groups_become_a_spare_and_a_job_with_its_limits_wri
             await wait_until(lambda: not any(os.path.isdir(d) for d in dirs.values()))
         after = ask_keeperd(state, "spares")
         assert after["taken"] - before["taken"] == 3
-        assert after["reused"] > before["reused"], after
-        assert after["skipped_writes"] - before["skipped_writes"] >= 5, after
+        # "a"'s and "b"'s, and "first"'s when they waited
+        assert after["reused"] - before["reused"] == 2 + before["kept"], after
+        assert after["skipped_writes"] - before["skipped_writes"] == 5, after
         # a job with the same CPU and no memory limit, from an ended job's groups (they
         # carry 64 MiB): its claim leaves out the memory nodes and the CPU (2 writes) and
         # writes the memory limit, which is then unlimited, not the earlier job's
