@@ -50,6 +50,10 @@ Named points (each documented where it is hit):
 - `disk.purge`         a tree moved into a workspace root's trash is about to be deleted
                        (motor/disk/trash.py): by a cleanup in the disk actor's turn, or by
                        the trash's collection in a maintenance pass's walk, off it;
+- `api.bind`           the API's Unix socket is bound at its hidden name with its mode,
+                       not yet listening nor linked at its path (motor/api/server.py
+                       `bind_listening`; the event loop waits there: at a start, nothing
+                       else is served yet);
 - `api.accepting_stopped` the runner is stopping: the API's accept loop has stopped, the
                        socket file is still there, the connections queued in the kernel
                        not yet taken (motor/api/server.py);

@@ -122,6 +122,7 @@ def bind_listening(path: Path, backlog: int, gid: int | None) -> tuple[socket.so
             if gid is not None:
                 os.chown(tmp, -1, gid, dir_fd=dfd)
             os.chmod(tmp, 0o600 if gid is None else 0o660, dir_fd=dfd)
+            faults.hit("api.bind")  # tests: bound, not listening; the loop is held here
             sock.listen(backlog)
             try:
                 os.link(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
