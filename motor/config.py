@@ -15,7 +15,7 @@ from typing import Literal
 import msgspec
 
 from .smallfiles import read_named
-from .wire import default_socket_str, default_state_dir_str
+from .wire import CHANGE_ANSWER_S, CHANGE_TIMEOUT_S, default_socket_str, default_state_dir_str
 
 GiB = 1024**3
 #: the longest path a Unix socket can be bound at (sun_path holds 108 bytes with its NUL)
@@ -90,6 +90,11 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_output_bytes_per_job: int | str = 256 * 1024**2
     queue_wait_default_s: float = 300.0
     heartbeat_s: float = 1.0
+    #: Seconds a cancel or a withdraw of a queued job waits for a busy dispatcher (a save on
+    #: a slow disk or under another process's lock) before it is answered 503 `runner_busy`,
+    #: the request still queued (docs/protocol.md). At most wire.CHANGE_TIMEOUT_S (30): the
+    #: clients wait CHANGE_ANSWER_S (45) for that answer. Tests set it short.
+    change_timeout_s: float = CHANGE_TIMEOUT_S
     #: Queued jobs' queue-wait clocks that change within this many seconds of the last
     #: clock save are saved together at its end (scheduling/machine.py CLOCK_SAVE_S): a
     #: crash loses at most this much of their courses, an orderly stop nothing. 0 saves
@@ -191,6 +196,10 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(f"--cgroup-parent must be a plain group name, got {self.cgroup_parent!r}")
         if self.heartbeat_s <= 0:
             raise ConfigError("heartbeat_s must be positive")
+        if not 0 < self.change_timeout_s <= CHANGE_TIMEOUT_S:
+            raise ConfigError(f"change_timeout_s must be above 0 and at most {CHANGE_TIMEOUT_S:g} "
+                              f"seconds (clients wait {CHANGE_ANSWER_S:g} s for the answer), "
+                              f"got {self.change_timeout_s}")
         if not 0 <= self.clock_save_s < float("inf"):
             raise ConfigError(f"clock_save_s must be 0 or more seconds, got {self.clock_save_s}")
         if not self.body_timeout_s > 0 or self.body_timeout_s == float("inf"):

@@ -205,17 +205,24 @@ class AccountingHandle(_Handle):
 
 
 class DispatcherHandle(_Handle):
-    """The dispatcher (the seed's state lock)."""
+    """The dispatcher (the seed's state lock). `change_timeout_s`: how long a cancel or a
+    withdraw waits for it (RunnerConfig.change_timeout_s)."""
+
+    __slots__ = ("change_timeout_s",)
+
+    def __init__(self, ref, change_timeout_s: float = CHANGE_TIMEOUT_S):
+        super().__init__(ref)
+        self.change_timeout_s = change_timeout_s
 
     async def submit(self, request: JobRequest, follow: bool = False):
         """The accepted JobRecord, or a Refusal."""
         return await self.ref.call(Submit(request, follow), timeout=SUBMIT_TIMEOUT_S)
 
     async def cancel(self, job_id: str) -> str:
-        return await self.ref.call(CancelJob(job_id), timeout=CHANGE_TIMEOUT_S)
+        return await self.ref.call(CancelJob(job_id), timeout=self.change_timeout_s)
 
     async def withdraw(self, job_id: str):
-        return await self.ref.call(Withdraw(job_id), timeout=CHANGE_TIMEOUT_S)
+        return await self.ref.call(Withdraw(job_id), timeout=self.change_timeout_s)
 
     async def queued_views(self, job_ids: tuple[str, ...]) -> dict[str, tuple]:
         return await self.ref.call(QueuedViews(job_ids))

@@ -85,14 +85,14 @@ SUBSYSTEMS = ("store", "cpu", "disk", "accounting", "dispatcher", "maintenance",
 class Handles:
     """Every subsystem's ref and typed handle, made before anything starts."""
 
-    def __init__(self, db, tree: "_Tree"):
+    def __init__(self, db, tree: "_Tree", config: RunnerConfig):
         self.refs = {name: actors.ActorRef(name) for name in SUBSYSTEMS}
         self.records = Records(db)
         self.store = StoreHandle(self.refs["store"])
         self.cpu = CpuHandle(self.refs["cpu"])
         self.disk = DiskHandle(self.refs["disk"])
         self.accounting = AccountingHandle(self.refs["accounting"])
-        self.dispatcher = DispatcherHandle(self.refs["dispatcher"])
+        self.dispatcher = DispatcherHandle(self.refs["dispatcher"], config.change_timeout_s)
         #: a nested supervisor is a new object after a restart: looked up when used
         self.execution = ExecutionHandle(lambda: tree.root.ref("execution"))
 
@@ -151,7 +151,7 @@ async def _open_runner(config: RunnerConfig, *, api: bool) -> AsyncIterator[Runn
             async with open_spawner(clock=clock, state_dir=state,
                                     prepare=spawner_preparation(host.backend, slots)) as spawner:
                 tree = _Tree()
-                handles = Handles(db, tree)
+                handles = Handles(db, tree, config)
                 job_deps = JobDeps(
                     config=config, records=handles.records, store=handles.store,
                     dispatcher=handles.dispatcher, cpu=handles.cpu,

@@ -20,6 +20,8 @@ import time
 import psutil
 import pytest
 
+from motor.config import ConfigError, RunnerConfig, build_config
+from motor.wire import CHANGE_TIMEOUT_S
 from tests.polling import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -53,11 +55,12 @@ def lock_causes(serve) -> list[str]:
             if d["subsystem"] == "store" and "write lock" in d["cause"]]
 
 
-def running_and_queued(serve_factory, gate):
-    """A runner of one slot, a job running in it until `gate` exists (it prints "first"),
-    and a job queued behind it in a workspace of its own (so its queue-wait clock runs,
-    docs/scheduling.md): (serve, the first job's `motor run`, the queued job's id)."""
-    serve = serve_factory("--isolation", "none", "--max-weight", "1").start()
+def running_and_queued(serve_factory, gate, *options: str):
+    """A runner of one slot (and `options`), a job running in it until `gate` exists (it
+    prints "first"), and a job queued behind it in a workspace of its own (so its queue-wait
+    clock runs, docs/scheduling.md): (serve, the first job's `motor run`, the queued job's
+    id)."""
+    serve = serve_factory("--isolation", "none", "--max-weight", "1", *options).start()
     first = serve.cli_popen("run", "--weight", "1", "--", "sh", "-c",
                             f"while [ ! -e {gate} ]; do sleep 0.02; done; echo first")
     wait_for(lambda: [j["state"] for j in serve.cli_json("jobs")] == ["running"],
@@ -70,7 +73,9 @@ def running_and_queued(serve_factory, gate):
 def test_a_database_locked_by_another_process_makes_writes_wait_and_health_say_so(
         serve_factory, tmp_path):
     gate = tmp_path / "gate"
-    serve = serve_factory("--isolation", "none").start()
+    config = tmp_path / "motor.toml"
+    config.write_text("change_timeout_s = 2\n")  # the runner's one bound on a dispatcher call
+    serve = serve_factory("--isolation", "none", "--config", str(config)).start()
     first = serve.cli_popen("run", "--", "sh", "-c",
                             f"while [ ! -e {gate} ]; do sleep 0.02; done; echo first")
     # its record says running (the status lists a job still in set-up among the running)
@@ -81,10 +86,13 @@ def test_a_database_locked_by_another_process_makes_writes_wait_and_health_say_s
         gate.touch()  # the first job ends while the lock is held: its end waits
         second = serve.cli_popen("run", "--", "echo", "second")  # its acceptance waits
         wait_for(lambda: lock_causes(serve), what="health to name the held write lock")
-        # held past the 30 s its callers once waited for a save or a job's end: a
-        # dispatcher that gave up restarted without the second job, written after it
-        wait_for(lambda: serve.cli_json("health", timeout=5)["store"]["locked_ms"] > 31_000,
-                 timeout=60, interval=0.5, what="the lock to be held for over 31 s")
+        # held past the runner's bound on a cancel (2 s here): before stop 50 a save or a
+        # job's end gave up after 30 s, and a dispatcher that gave up restarted without the
+        # second job, written after it. That no such call has a bound is held for a
+        # virtual hour in tests/store/test_locked_database.py; here, through the runner,
+        # for three times the bound it has (until stop 77 for 31 s, a test of 33 s)
+        wait_for(lambda: serve.cli_json("health", timeout=5)["store"]["locked_ms"] > 6_000,
+                 timeout=60, interval=0.5, what="the lock to be held for over 6 s")
         assert first.poll() is None and second.poll() is None
         assert serve.proc.poll() is None
         # the views are read while the dispatcher waits on the lock (stop 51; before, each
@@ -226,17 +234,23 @@ def test_a_queued_jobs_cancel_under_the_lock_is_answered_busy_and_carried_out_af
     answers 503 `runner_busy` saying it is queued, the client waiting longer for that
     answer (before stop 52 the answer did not say so, and `motor cancel`, bound by the
     same 30 s, got it or exited 69, "no runner answered"), and once the lock is free the
-    job ends cancelled."""
+    job ends cancelled. The runner's bound is set to 2 s here (`change_timeout_s`); the
+    client waits as it always does (CHANGE_ANSWER_S, 45 s)."""
     gate = tmp_path / "gate"
-    serve, first, queued_id = running_and_queued(serve_factory, gate)
+    config = tmp_path / "motor.toml"
+    config.write_text("change_timeout_s = 2\n")
+    serve, first, queued_id = running_and_queued(serve_factory, gate, "--config", str(config))
     holder = hold_write_lock(serve.state_dir / "motor.db")
     try:
         third = serve.cli_popen("run", "--weight", "1", "--workspace", "c", "--", "true")
         wait_for(lambda: lock_causes(serve), what="health to name the held write lock")
+        started = time.monotonic()
         cancel = serve.cli("cancel", queued_id, timeout=90)
+        waited = time.monotonic() - started
         err = cancel.stderr.decode()
         assert cancel.returncode == 1, err
         assert "runner_busy" in err and "this cancel waits in its queue" in err, err
+        assert 2 <= waited < 25, waited  # at the runner's bound of 2 s, not its default 30
     finally:
         release(holder)
         gate.touch()
@@ -245,6 +259,16 @@ def test_a_queued_jobs_cancel_under_the_lock_is_answered_busy_and_carried_out_af
     for proc in (first, third):
         assert proc.wait(60) == 0
     assert serve.stop() == 0
+
+
+@pytest.mark.parametrize("seconds", [0, -1, 31, float("inf"), float("nan")])
+def test_a_change_timeout_outside_its_range_is_refused(seconds):
+    """`change_timeout_s` is above 0 and at most wire.CHANGE_TIMEOUT_S: the clients wait
+    CHANGE_ANSWER_S for a cancel's answer, so a longer bound would be cut off by them."""
+    assert RunnerConfig().change_timeout_s == CHANGE_TIMEOUT_S == 30
+    assert build_config({"change_timeout_s": 0.5}, {}).change_timeout_s == 0.5
+    with pytest.raises(ConfigError, match="change_timeout_s must be above 0 and at most 30"):
+        build_config({"change_timeout_s": seconds}, {})
 
 
 READ = """
