@@ -55,6 +55,11 @@ def default_socket() -> Path:
     return Path(default_socket_str())
 
 
+#: the shortest --head-timeout: clients reuse an idle kept-alive connection within 1 s
+#: (motor/client.py, `_Wire.REUSE_S`), so the runner must keep one longer than that
+HEAD_TIMEOUT_MIN_S = 2.0
+
+
 class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The runner's options; see interface.md for each one's meaning."""
 
@@ -107,6 +112,11 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: Seconds a JSON request body may take to arrive whole, and the longest pause within a
     #: bundle upload; past it the request is answered 408 and the connection closed.
     body_timeout_s: float = 30.0
+    #: Seconds a connection may take to send a complete request head, after it opened or
+    #: after its previous answer: an idle kept-alive connection is closed after it. At
+    #: least HEAD_TIMEOUT_MIN_S, so a client's kept connection (reused within 1 s) is
+    #: there when it comes back.
+    head_timeout_s: float = 5.0  # api/server.py HEAD_TIMEOUT_S
     #: Open HTTP connections (socket and TCP together); one more is answered 503
     #: too_many_connections. Clamped to RLIMIT_NOFILE less a reserve.
     max_connections: int = 1024
@@ -204,6 +214,9 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(f"clock_save_s must be 0 or more seconds, got {self.clock_save_s}")
         if not self.body_timeout_s > 0 or self.body_timeout_s == float("inf"):
             raise ConfigError(f"--body-timeout must be a positive number of seconds, got {self.body_timeout_s}")
+        if not HEAD_TIMEOUT_MIN_S <= self.head_timeout_s < float("inf"):
+            raise ConfigError(f"--head-timeout must be at least {HEAD_TIMEOUT_MIN_S:g} seconds "
+                              f"(clients reuse a kept connection within 1 s), got {self.head_timeout_s}")
         if self.max_connections < 1:
             raise ConfigError(f"--max-connections must be at least 1, got {self.max_connections}")
         sock = os.fsencode(os.path.abspath(self.socket_path))

@@ -13,7 +13,8 @@ clients cannot hold the runner's memory or descriptors:
   of connects is queued instead of refused with EAGAIN;
 - at most `config.max_connections` open connections (clamped below RLIMIT_NOFILE); one more
   is answered `503 too_many_connections` and closed at once;
-- a connection that has not sent a complete request head within `HEAD_TIMEOUT_S` is closed
+- a connection that has not sent a complete request head within `config.head_timeout_s`
+  (`--head-timeout`, default `HEAD_TIMEOUT_S`) is closed
   (hypercorn's keep-alive timeout, kept by `_KeepAliveTimer`: one watcher per connection,
   not a task per request); request *bodies* have their own deadline in the app
   (`config.body_timeout_s`, see app.py);
@@ -141,7 +142,8 @@ def bind_listening(path: Path, backlog: int, gid: int | None) -> tuple[socket.so
 
 #: Listen backlog for every socket (the kernel clamps it to net.core.somaxconn).
 LISTEN_BACKLOG = 4096
-#: Seconds a new (or kept-alive) connection may take to send a complete request head.
+#: Seconds a new (or kept-alive) connection may take to send a complete request head, by
+#: default (RunnerConfig.head_timeout_s).
 HEAD_TIMEOUT_S = 5.0
 #: a connection whose idle deadline passed with a request unread (its reader not run yet,
 #: the runner's loop held up) gets this long to read it (`_KeepAliveTimer`)
@@ -168,7 +170,7 @@ def hypercorn_config(config: RunnerConfig) -> HypercornConfig:
     hc.backlog = LISTEN_BACKLOG
     # A connection is "idle" until its request head is complete: connect-only clients and
     # slow heads are closed after this; bodies are the app's business (body_timeout_s).
-    hc.keep_alive_timeout = HEAD_TIMEOUT_S
+    hc.keep_alive_timeout = config.head_timeout_s
     return hc
 
 

@@ -14,6 +14,7 @@ SERVE_OPTIONS: list[tuple[str, str, dict]] = [
     ("--listen", "listen", {"metavar": "HOST:PORT", "help": "also serve HTTP on TCP (non-loopback needs --token-file)"}),
     ("--token-file", "token_file", {"metavar": "FILE", "help": "bearer token required on TCP requests; without it TCP serves only the read-only dashboard and /metrics"}),
     ("--body-timeout", "body_timeout_s", {"metavar": "SECONDS", "type": float, "help": "a request body must arrive within this (a bundle upload: never pause longer) (30)"}),
+    ("--head-timeout", "head_timeout_s", {"metavar": "SECONDS", "type": float, "help": "a connection must send a request head within this; an idle kept-alive one is closed after it (5)"}),
     ("--max-connections", "max_connections", {"metavar": "N", "type": int, "help": "open HTTP connections; more are answered 503 (1024)"}),
     ("--max-weight", "max_weight", {"metavar": "N", "type": int, "help": "bound on running + setting-up claims (28)"}),
     ("--max-queue-depth", "max_queue_depth", {"metavar": "N", "type": int, "help": "bound on accepted, not yet running jobs (64)"}),

@@ -53,8 +53,10 @@ async def serve_until_stopped(nursery, config):
 
 
 @pytest.fixture
-def short_timeout(monkeypatch):
-    monkeypatch.setattr(server_mod, "HEAD_TIMEOUT_S", 0.5)
+def short_timeout(config):
+    """A request-head timeout of 0.5 s (below `--head-timeout`'s least, 2 s: this config
+    is not validated)."""
+    config.head_timeout_s = 0.5
 
 
 async def test_each_request_restarts_the_timer_and_an_idle_connection_is_closed(
@@ -255,7 +257,7 @@ async def test_a_request_sent_while_the_runners_loop_was_held_past_the_idle_dead
             socks.append(sock)
         for sock in socks:  # the loop is held from here (this task blocks it) ...
             sock.sendall(HEAD)
-        time.sleep(server_mod.HEAD_TIMEOUT_S + 0.3)  # ... past every idle deadline
+        time.sleep(config.head_timeout_s + 0.3)  # ... past every idle deadline
         answers += [(await trio.to_thread.run_sync(response_head, s))[:12] for s in socks]
         for sock in socks:
             sock.close()
