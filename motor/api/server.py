@@ -516,8 +516,9 @@ def _queued(listening: socket.socket) -> list[trio.SocketStream]:
         streams.append(trio.SocketStream(trio.socket.from_stdlib_socket(sock)))
 
 
-#: How often the runner looks for its socket file (`_keep_socket_file`).
-SOCKET_CHECK_S = 10.0
+#: How often the runner looks for its socket file (`_keep_socket_file`): one `lstat`; a
+#: removed file keeps clients away at most this long (10 s until stop 77).
+SOCKET_CHECK_S = 2.0
 
 
 async def _keep_socket_file(path: Path, bind: Callable[[], tuple[socket.socket, int]],

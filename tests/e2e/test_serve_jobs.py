@@ -190,7 +190,7 @@ def test_a_keeperd_lock_that_cannot_be_used_stops_serve_with_one_line_and_exit_4
 
 
 def test_a_socket_file_removed_under_serve_is_bound_again_and_serves(serve):
-    """Through `motor serve` (its check every SOCKET_CHECK_S, 10 s): the CLI reaches the
+    """Through `motor serve` (its check every SOCKET_CHECK_S, 2 s): the CLI reaches the
     runner again without a restart, with the socket's mode; the log says so."""
     os.unlink(serve.socket)
     assert serve.cli("health").returncode == 69  # no runner answers there now
