@@ -405,8 +405,8 @@ class _Wire:
     through `motor serve`, 88.0 -> 96.5 jobs/s, docs/performance-history.md "Stop 30"; the
     runner's accept and its connection set-up are per connection). It is taken only
     after a non-blocking look finds it neither closed by the runner nor holding stray
-    bytes, and the runner keeps an idle connection for `HEAD_TIMEOUT_S` (5 s, motor/api/
-    server.py), well beyond `REUSE_S`. A request whose send on a kept connection fails
+    bytes, and the runner keeps an idle connection for its `--head-timeout` (5 s, at least
+    2: motor/config.py), beyond `REUSE_S`. A request whose send on a kept connection fails
     (the runner closed it all the same) is sent again on a new one: nothing of it was
     read there. An event stream owns its connection (it may last as long as its job)."""
 

@@ -55,6 +55,9 @@ def default_socket() -> Path:
     return Path(default_socket_str())
 
 
+#: Seconds a new (or kept-alive) connection may take to send a complete request head, by
+#: default (`--head-timeout`; motor/api/server.py)
+HEAD_TIMEOUT_S = 5.0
 #: the shortest --head-timeout: clients reuse an idle kept-alive connection within 1 s
 #: (motor/client.py, `_Wire.REUSE_S`), so the runner must keep one longer than that
 HEAD_TIMEOUT_MIN_S = 2.0
@@ -116,7 +119,7 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: after its previous answer: an idle kept-alive connection is closed after it. At
     #: least HEAD_TIMEOUT_MIN_S, so a client's kept connection (reused within 1 s) is
     #: there when it comes back.
-    head_timeout_s: float = 5.0  # api/server.py HEAD_TIMEOUT_S
+    head_timeout_s: float = HEAD_TIMEOUT_S
     #: Open HTTP connections (socket and TCP together); one more is answered 503
     #: too_many_connections. Clamped to RLIMIT_NOFILE less a reserve.
     max_connections: int = 1024

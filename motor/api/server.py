@@ -14,7 +14,7 @@ clients cannot hold the runner's memory or descriptors:
 - at most `config.max_connections` open connections (clamped below RLIMIT_NOFILE); one more
   is answered `503 too_many_connections` and closed at once;
 - a connection that has not sent a complete request head within `config.head_timeout_s`
-  (`--head-timeout`, default `HEAD_TIMEOUT_S`) is closed
+  (`--head-timeout`, default `config.HEAD_TIMEOUT_S`) is closed
   (hypercorn's keep-alive timeout, kept by `_KeepAliveTimer`: one watcher per connection,
   not a task per request); request *bodies* have their own deadline in the app
   (`config.body_timeout_s`, see app.py);
@@ -142,9 +142,6 @@ def bind_listening(path: Path, backlog: int, gid: int | None) -> tuple[socket.so
 
 #: Listen backlog for every socket (the kernel clamps it to net.core.somaxconn).
 LISTEN_BACKLOG = 4096
-#: Seconds a new (or kept-alive) connection may take to send a complete request head, by
-#: default (RunnerConfig.head_timeout_s).
-HEAD_TIMEOUT_S = 5.0
 #: a connection whose idle deadline passed with a request unread (its reader not run yet,
 #: the runner's loop held up) gets this long to read it (`_KeepAliveTimer`)
 STALL_GRACE_S = 1.0
@@ -333,7 +330,7 @@ class _TCPServer(TCPServer):
     """hypercorn's connection handler with a keep-alive timer that needs no task per
     request (`_KeepAliveTimer`), ending as soon as the client has closed: the timer would
     otherwise hold the finished connection (and its slot under the cap) for up to
-    HEAD_TIMEOUT_S more."""
+    `--head-timeout` more."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

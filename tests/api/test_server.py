@@ -477,9 +477,9 @@ async def test_a_follower_that_goes_away_mid_replay_stops_the_replay(live, confi
 def test_the_head_timeout_is_the_configs_and_at_least_two_seconds(seconds):
     """`--head-timeout` is hypercorn's keep-alive timeout (5 s by default). A client reuses
     a kept connection within 1 s, so less than 2 s is refused."""
-    from motor.config import ConfigError, build_config
+    from motor.config import HEAD_TIMEOUT_S, ConfigError, build_config
 
-    assert server.hypercorn_config(RunnerConfig()).keep_alive_timeout == server.HEAD_TIMEOUT_S == 5
+    assert server.hypercorn_config(RunnerConfig()).keep_alive_timeout == HEAD_TIMEOUT_S == 5
     config = build_config({}, {"head_timeout_s": 7.5})
     assert server.hypercorn_config(config).keep_alive_timeout == 7.5
     with pytest.raises(ConfigError, match="--head-timeout must be at least 2 seconds"):
