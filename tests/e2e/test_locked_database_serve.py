@@ -74,7 +74,7 @@ def test_a_database_locked_by_another_process_makes_writes_wait_and_health_say_s
         serve_factory, tmp_path):
     gate = tmp_path / "gate"
     config = tmp_path / "motor.toml"
-    config.write_text("change_timeout_s = 2\n")  # the runner's one bound on a dispatcher call
+    config.write_text("change_timeout_s = 2\n")  # a cancel's bound on its wait for the dispatcher
     serve = serve_factory("--isolation", "none", "--config", str(config)).start()
     first = serve.cli_popen("run", "--", "sh", "-c",
                             f"while [ ! -e {gate} ]; do sleep 0.02; done; echo first")
