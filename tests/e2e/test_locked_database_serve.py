@@ -236,6 +236,21 @@ def test_a_queued_jobs_cancel_under_the_lock_is_answered_busy_and_carried_out_af
     same 30 s, got it or exited 69, "no runner answered"), and once the lock is free the
     job ends cancelled. The runner's bound is set to 2 s here (`change_timeout_s`); the
     client waits as it always does (CHANGE_ANSWER_S, 45 s)."""
+    change_under_the_lock(serve_factory, tmp_path, "cancel", "cancelled")
+
+
+def test_a_queued_jobs_withdraw_under_the_lock_is_answered_busy_and_carried_out_after(
+        serve_factory, tmp_path):
+    """The same for a withdraw, which `change_timeout_s` bounds too: answered 503
+    `runner_busy` after 2 s, and once the lock is free the job ends withdrawn
+    (`refused_before_start`)."""
+    change_under_the_lock(serve_factory, tmp_path, "withdraw", "refused_before_start")
+
+
+def change_under_the_lock(serve_factory, tmp_path, command: str, ended: str) -> None:
+    """`motor <command>` of a queued job while another process holds the write lock, on a
+    runner whose `change_timeout_s` is 2 s: answered busy after that bound, and carried
+    out (the job ends `ended`) once the lock is free."""
     gate = tmp_path / "gate"
     config = tmp_path / "motor.toml"
     config.write_text("change_timeout_s = 2\n")
@@ -245,17 +260,17 @@ def test_a_queued_jobs_cancel_under_the_lock_is_answered_busy_and_carried_out_af
         third = serve.cli_popen("run", "--weight", "1", "--workspace", "c", "--", "true")
         wait_for(lambda: lock_causes(serve), what="health to name the held write lock")
         started = time.monotonic()
-        cancel = serve.cli("cancel", queued_id, timeout=90)
+        change = serve.cli(command, queued_id, timeout=90)
         waited = time.monotonic() - started
-        err = cancel.stderr.decode()
-        assert cancel.returncode == 1, err
-        assert "runner_busy" in err and "this cancel waits in its queue" in err, err
+        err = change.stderr.decode()
+        assert change.returncode == 1, err
+        assert "runner_busy" in err and f"this {command} waits in its queue" in err, err
         assert 2 <= waited < 25, waited  # at the runner's bound of 2 s, not its default 30
     finally:
         release(holder)
         gate.touch()
     wait_for(lambda: {j["job_id"]: j["state"] for j in serve.cli_json("jobs")}[queued_id]
-             == "cancelled", what="the queued job to end cancelled")
+             == ended, what=f"the queued job to end {ended}")
     for proc in (first, third):
         assert proc.wait(60) == 0
     assert serve.stop() == 0
