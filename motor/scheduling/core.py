@@ -337,14 +337,15 @@ class _Job:
     job_id: str = field(init=False)  # the spec's, read on every clock flip: plain attributes
     claim: int = field(init=False)
     workspace: str = field(init=False)
+    #: dispatched last (a background kind, not a gate job); read on every head filed and
+    #: every fence looked for, so kept, not derived each time (a spec replaced later
+    #: changes only whether the runner enforces its budget)
+    background: bool = field(init=False)
 
     def __post_init__(self) -> None:
         spec = self.spec
         self.job_id, self.claim, self.workspace = spec.job_id, spec.claim, spec.workspace
-
-    @property
-    def background(self) -> bool:
-        return (not self.spec.gate) and self.spec.kind in BACKGROUND_KINDS
+        self.background = (not spec.gate) and spec.kind in BACKGROUND_KINDS
 
     def queue_wait_s(self, now: float) -> float:
         if self.clock_since is None:
@@ -1658,21 +1659,26 @@ class Scheduler:
             walk()
             return fence is None or fence is job or not fence_key < self._order_key(job, now)
 
-        free_seen = self._free_seen
+        free_seen, jobs, queues = self._free_seen, self._jobs, self._queues
+        owner, sib_user, held = self._owner, self._sib_user, self._held  # (no flip moves them)
         for ws, holder in occupied:
-            dq = self._queues[ws]
+            dq = queues[ws]
             was_free = ws in free_seen
             if was_free:
                 free_seen.discard(ws)
-            room = self.max_weight - (self._held - self._jobs[holder].claim)
-            head = self._jobs[dq[0]]
+            room = self.max_weight - (held - jobs[holder].claim)
+            head = jobs[dq[0]]
             pausable = not head.cleanup_pending
             if pausable:
                 for w in head.touched[1:]:
-                    if w in self._owner or w in self._sib_user:
+                    if w in owner or w in sib_user:
                         pausable = False
                         break
-            self._set_clock(head, now, not (pausable and pauses(head, room)))
+            advancing = not (pausable and pauses(head, room))
+            if self._runs:
+                self._catch_up(head)
+            if advancing != (head.clock_since is not None):  # (most passes: no flip, no call)
+                self._set_clock(head, now, advancing)
             if len(dq) == 1:
                 # Nothing behind the head: a record of the jobs behind an earlier head
                 # would go stale here (this head's clock flips by the head's rule, and a
@@ -1692,10 +1698,13 @@ class Scheduler:
             seen = cache.get(ws)
             if seen is not None:
                 s_head, s_room, s_claims, s_fence = seen
-                lo, hi = min(s_room, room), max(s_room, room)
-                if (s_head == dq[0] or self._left_queue(s_head)) and \
-                        not any(lo < c <= hi for c in s_claims):
-                    same = not any(c <= room for c in s_claims)  # all advance, as they did
+                if s_room == room:  # (most passes: the room a start and an end left alike)
+                    crossed = False
+                else:
+                    lo, hi = (s_room, room) if s_room < room else (room, s_room)
+                    crossed = any(lo < c <= hi for c in s_claims)
+                if not crossed and (s_head == dq[0] or self._left_queue(s_head)):
+                    same = not s_claims or min(s_claims) > room  # all advance, as they did
                     if not same:
                         walk()
                         same = fence is s_fence
@@ -1706,7 +1715,8 @@ class Scheduler:
                             self._fence_moved(ws, head, room, s_fence, fence, now)
                         # Jobs that joined the tail since: decided alone (a job joining
                         # changes no other job's answer); the record now covers them too.
-                        joined = [j for j in fresh_in.get(ws, ()) if j is not head]
+                        joined = [j for j in fresh_in[ws] if j is not head] \
+                            if ws in fresh_in else ()
                         for job in joined:
                             self._set_clock(job, now, not pauses(job, room))
                         cache[ws] = (dq[0], room,
