@@ -27,15 +27,17 @@ for arg in "$@"; do
     esac
 done
 
-# script and arguments, one row each (the table's order)
+# script and arguments, one row each (the table's order, but the pure core first: right
+# after scale.py's 10,000 jobs every figure of the core, ready() and finished() as well as
+# decide(), read up to twice what it read a minute later, in stops 75, 77 and 78)
 rows=(
+    "scheduler.py --only core --sizes 10000 --rounds 11"    # the pure core at 10,000 queued
     "throughput.py --rounds 3 --isolation cgroup"           # 200 true, cgroup (motor serve's default here)
     "throughput.py --rounds 3 --isolation affinity"         # the same, affinity
     "latency.py --rounds 3 --samples 20"                    # submit -> running; motor run wall
     "latency.py --rounds 3 --samples 20 --isolation cgroup" # submit -> running, cgroup
     "walk.py --runs 5 --dir ${WALK_DIR:-/tmp}"              # a walk of 200,000 files, du -s
     "scale.py --tries 15 --drain-limit 30"                  # 10,000 queued over 2,000 workspaces
-    "scheduler.py --only core --sizes 10000 --rounds 11"    # the pure core at 10,000 queued
     "work_counts.py --isolation cgroup"                     # calls per job: steadier than times
 )
 if [ "$systemd" = 1 ]; then
