@@ -29,7 +29,7 @@ done
 
 # script and arguments, one row each (the table's order, but the pure core first: right
 # after scale.py's 10,000 jobs every figure of the core, ready() and finished() as well as
-# decide(), read up to twice what it read a minute later, in stops 75, 77 and 78)
+# decide(), read about twice what it read a minute later, in stops 75, 77 and 78)
 rows=(
     "scheduler.py --only core --sizes 10000 --rounds 11"    # the pure core at 10,000 queued
     "throughput.py --rounds 3 --isolation cgroup"           # 200 true, cgroup (motor serve's default here)
