@@ -55,6 +55,14 @@ def lock_causes(serve) -> list[str]:
             if d["subsystem"] == "store" and "write lock" in d["cause"]]
 
 
+def short_change_timeout(tmp_path) -> tuple[str, str]:
+    """`motor serve` options for a runner whose cancels and withdraws wait 2 s for a busy
+    dispatcher (`change_timeout_s`, a config-file setting; 30 s by default)."""
+    config = tmp_path / "motor.toml"
+    config.write_text("change_timeout_s = 2\n")
+    return "--config", str(config)
+
+
 def running_and_queued(serve_factory, gate, *options: str):
     """A runner of one slot (and `options`), a job running in it until `gate` exists (it
     prints "first"), and a job queued behind it in a workspace of its own (so its queue-wait
@@ -73,9 +81,7 @@ def running_and_queued(serve_factory, gate, *options: str):
 def test_a_database_locked_by_another_process_makes_writes_wait_and_health_say_so(
         serve_factory, tmp_path):
     gate = tmp_path / "gate"
-    config = tmp_path / "motor.toml"
-    config.write_text("change_timeout_s = 2\n")  # a cancel's bound on its wait for the dispatcher
-    serve = serve_factory("--isolation", "none", "--config", str(config)).start()
+    serve = serve_factory("--isolation", "none", *short_change_timeout(tmp_path)).start()
     first = serve.cli_popen("run", "--", "sh", "-c",
                             f"while [ ! -e {gate} ]; do sleep 0.02; done; echo first")
     # its record says running (the status lists a job still in set-up among the running)
@@ -252,9 +258,8 @@ def change_under_the_lock(serve_factory, tmp_path, command: str, ended: str) -> 
     runner whose `change_timeout_s` is 2 s: answered busy after that bound, and carried
     out (the job ends `ended`) once the lock is free."""
     gate = tmp_path / "gate"
-    config = tmp_path / "motor.toml"
-    config.write_text("change_timeout_s = 2\n")
-    serve, first, queued_id = running_and_queued(serve_factory, gate, "--config", str(config))
+    serve, first, queued_id = running_and_queued(serve_factory, gate,
+                                                 *short_change_timeout(tmp_path))
     holder = hold_write_lock(serve.state_dir / "motor.db")
     try:
         third = serve.cli_popen("run", "--weight", "1", "--workspace", "c", "--", "true")
