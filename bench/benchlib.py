@@ -87,11 +87,11 @@ def byte_compile(root: Path) -> None:
 
 def host_busy_s() -> float:
     """CPU seconds the whole host has spent busy (every CPU, every process: /proc/stat's
-    first line, all but idle and iowait) since boot. Two readings around a burst, over its
-    jobs, give the host's CPU per job, whoever spent it (the runner, keeperd, the jobs, the
-    client, a peer's server)."""
+    first line, all but idle and iowait; guest time is in user and nice already) since
+    boot. Two readings around a burst, over its jobs, give the host's CPU per job, whoever
+    spent it (the runner, keeperd, the jobs, the client, a peer's server)."""
     with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
+        ticks = [int(x) for x in f.readline().split()[1:9]]  # user .. steal
     return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
 
 
