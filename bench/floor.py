@@ -101,6 +101,7 @@ import os
 import pstats
 import random
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -702,7 +703,7 @@ def one(variant: str, samples: int, gap: float, burst: int = 0, profile: str | N
         keeper_path = os.path.join(tmp, "keeper.sock")
         db = os.path.join(tmp, "db.sqlite")
         procs: list[subprocess.Popen] = []
-        keeperd_pid = None
+        keeperd_pid, held = None, None
         try:
             if variant.endswith("keeperd"):  # motor's own, detached: its ready line has its pid
                 state = os.path.join(tmp, "state")
@@ -711,6 +712,11 @@ def one(variant: str, samples: int, gap: float, burst: int = 0, profile: str | N
                                        capture_output=True, text=True, check=True)
                 keeperd_pid = json.loads(ready.stdout.splitlines()[0])["pid"]
                 keeper_path = os.path.join(state, "keeperd.sock")
+                # connected from here to the round's end, as a runner is: keeperd leaves
+                # after IDLE_EXIT_S (2 s) with no connection, and a server that took longer
+                # to start on a loaded host found no socket (stop 76's server that exited)
+                held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                held.connect(keeper_path)
             elif variant != "spawn":
                 procs.append(subprocess.Popen(
                     [sys.executable, "-c", KEEPER, keeper_path, TRUE if burst else DATE,
@@ -744,10 +750,12 @@ def one(variant: str, samples: int, gap: float, burst: int = 0, profile: str | N
                 p.wait()
                 if p.stdout is not None:
                     p.stdout.close()
+            if held is not None:
+                held.close()
             if keeperd_pid is not None:
                 try:
                     os.kill(keeperd_pid, signal.SIGTERM)
-                except ProcessLookupError:  # it had left already (idle, no runner)
+                except ProcessLookupError:  # it had left already
                     pass
 
 

@@ -258,6 +258,26 @@ def test_the_floor_runs_motors_rules_and_keeperd_against_this_code(monkeypatch, 
         assert floor.one(variant, 0, 0, 8) > 0, variant
 
 
+def test_the_floors_keeperd_waits_for_a_server_slow_to_start(monkeypatch, short_dir):
+    """keeperd leaves after IDLE_EXIT_S with no connection; the floor holds one from its
+    start, as a runner does, so a server that takes longer than that to start (as under the
+    suite's two workers: stop 76's and stop 79's server that exited, not finding keeperd's
+    socket) still finds it."""
+    from motor.execution.keeperd import IDLE_EXIT_S
+
+    monkeypatch.setenv("TMPDIR", str(short_dir))
+    floor, popen = _bench("floor"), subprocess.Popen
+
+    def slow_server(args, *rest, **kwargs):
+        if args[:3] == [sys.executable, "-c", floor.SERVER]:
+            time.sleep(IDLE_EXIT_S + 0.5)  # a host too loaded to start it sooner
+        return popen(args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess, "Popen", slow_server)
+    lats = floor.one("http-rules-keeperd", 1, 0.01)
+    assert len(lats) == 1 and lats[0] > 0
+
+
 def test_the_floors_call_counts_come_from_its_servers(short_dir):
     """`bench/floor.py --burst N --calls` prints each burst variant's Python calls per job
     in its server (docs/performance-history.md, "Stop 70"); motor's rules add calls to the
