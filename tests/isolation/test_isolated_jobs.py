@@ -446,13 +446,30 @@ def test_through_serve_ended_jobs_groups_serve_the_next_jobs_but_an_oom_killed_o
              what="an ended job's groups made a spare's")
     own_limit = ('p=$(grep memory /proc/self/cgroup | cut -d: -f3); '
                  'cat "/sys/fs/cgroup/memory$p/memory.limit_in_bytes"')
-    before = ask_keeperd(serve.state_dir, "spares")
-    for memory in (96 << 20, None):  # None: the claim's default
+
+    def ready() -> dict:  # the pool once its one spare is ready
         wait_for(lambda: ask_keeperd(serve.state_dir, "spares")["ready"], what="a spare")
-        record, out = run("sh", "-c", own_limit, memory=memory)
-        assert record["state"] == "succeeded", record
-        assert int(out[-1]) == record["memory_max_bytes"] != 64 << 20, (out, record)
-        assert memory is None or record["memory_max_bytes"] == memory, record
-    after = ask_keeperd(serve.state_dir, "spares")  # each from an ended job's groups:
-    assert [after[k] - before[k] for k in ("taken", "made", "missed")] == [2, 0, 0], after
+        return ask_keeperd(serve.state_dir, "spares")
+
+    # The pool holds one spare, refilled once each job takes it: the spare ready after a
+    # job is an ended job's groups when `reused` grew over that job. Not every ended job's
+    # are kept (those whose memory group still holds over RECYCLE_MAX_USAGE, kernel memory
+    # the exited processes have not handed back yet, are removed: 0.3-0.7 MiB here when
+    # idle, more under load), so each limit is run until its job took such a spare.
+    prev = ready()
+    run("true")
+    cur = ready()
+    for memory in (96 << 20, None):  # None: the claim's default
+        for _ in range(5):
+            from_ended = cur["reused"] > prev["reused"]  # the spare this job takes
+            record, out = run("sh", "-c", own_limit, memory=memory)
+            assert record["state"] == "succeeded", record
+            assert int(out[-1]) == record["memory_max_bytes"] != 64 << 20, (out, record)
+            assert memory is None or record["memory_max_bytes"] == memory, record
+            prev, cur = cur, ready()
+            assert [cur[k] - prev[k] for k in ("taken", "missed")] == [1, 0], cur
+            if from_ended:
+                break
+        else:
+            pytest.fail(f"no job with memory {memory} started in an ended job's groups: {cur}")
     wait_for(lambda: backend.flavour.listed() == set(), what="no job group left")
