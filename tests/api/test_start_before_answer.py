@@ -8,6 +8,12 @@ of the time. The app now yields once before it answers. Driven through the real 
 runner and its ASGI app in-process, twenty submits one after another, half of them
 followed: without the yield, the chance that every one has its spawn first is about one in
 a million.
+
+The runner is otherwise idle: no build-folder guard and no maintenance pass during the
+submits. A guard's `GuardDue` or `Walked` message waiting in the disk actor's inbox when
+the job's actor asks for its set-up plan makes that ask a round trip (the disk's messages
+are served in order), and the answer went first: 2 of 600 submits on a loaded host (stop
+80, a CPU hog on each core), and once in CI.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import trio
 
 import motor
 from motor.api import make_app
+from motor.disk import host
 from motor.execution import keeperd_client
 from motor.maintenance import RunPass
 from runner_helpers import embedded_config
@@ -58,7 +65,9 @@ async def test_a_job_that_starts_at_once_is_spawned_before_its_submit_is_answere
         return await spawn(self, job_dir)
 
     monkeypatch.setattr(keeperd_client.KeeperdSpawner, "spawn", noting_spawn)
-    async with motor.open_runner(embedded_config(tmp_path, max_weight=2)) as runner:
+    monkeypatch.setattr(host, "GUARD_DELAY_S", 1e6)  # no guard's walk after the jobs' ends
+    config = embedded_config(tmp_path, max_weight=2, maintenance_interval_s=1e6)
+    async with motor.open_runner(config) as runner:
         # the disk's part of the start-up pass runs right after the start (stop 61); an
         # admission during its turn is a round trip, answered after: wait for it (a pass
         # asked for now is handled after that one)
