@@ -12,8 +12,9 @@ a million.
 The runner is otherwise idle: no build-folder guard and no maintenance pass during the
 submits. A guard's `GuardDue` or `Walked` message waiting in the disk actor's inbox when
 the job's actor asks for its set-up plan makes that ask a round trip (the disk's messages
-are served in order), and the answer went first: 2 of 600 submits on a loaded host (stop
-80, a CPU hog on each core), and once in CI.
+are served in order), and the answer went first: 2 and 5 of 600 submits in two runs on a
+loaded host (stop 80, a CPU hog on each core), none of 600 without guard and pass; and
+once in CI.
 """
 
 from __future__ import annotations
