@@ -344,9 +344,17 @@ async def test_a_walk_off_the_turn_keeps_a_gone_tree_a_job_was_admitted_to_meanw
 
 
 async def guards_done(actor) -> None:
-    """Until the guard's walks a pass left for after it (`Walks.next`) are done."""
-    while actor.walks.walking or actor.walks.next:
-        await trio.sleep(0.01)
+    """Until the guard's walks a pass left for after it (`Walks.next`) are done, and the
+    turn that decided on the last of them too: `walking` is None from the start of the
+    `Walked` message's turn, whose drop of `incremental` (`Trees.execute`, off the loop)
+    comes after (stop 80: under load the test looked before the drop). A call (an
+    `Unreserve` of no reservation, which changes nothing) is served after that turn."""
+    while True:
+        while actor.walks.walking or actor.walks.next:
+            await trio.sleep(0.01)
+        await actor.ref.call(Unreserve("guards-done"))
+        if not (actor.walks.walking or actor.walks.next):  # (that turn began none)
+            return
 
 
 async def call_into(results: list, ref, msg, timeout: float = 30) -> None:
