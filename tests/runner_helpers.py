@@ -20,6 +20,14 @@ def embedded_config(tmp_path, **kw) -> motor.RunnerConfig:
     return motor.RunnerConfig(**base)
 
 
+#: A queue-wait budget for the queued jobs of a test that does not test budgets. Under
+#: MockClock(autojump_threshold=0) the virtual clock runs from deadline to deadline while
+#: the host does real work (a spawn through keeperd), so behind a few spawns on a loaded
+#: host the default 30 minutes ran out (stop 81: each spawn held 0.15-0.5 s real by a
+#: probe, five tests found their queued jobs `refused_before_start`).
+PATIENT_S = 30 * 24 * 3600.0
+
+
 def barrier_job(path, *, exit_code: int = 0, say: bool = False, **kw) -> JobRequest:
     """A job that waits until `path` exists (the test's barrier), then exits."""
     wait = f"while [ ! -e {path} ]; do sleep 0.02; done"

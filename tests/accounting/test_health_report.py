@@ -14,7 +14,7 @@ import trio
 
 import actors
 from tests.conftest import read_only_tmpfs
-from runner_helpers import barrier_job, in_state, poll_until, terminal_of
+from runner_helpers import PATIENT_S, barrier_job, in_state, poll_until, terminal_of
 
 import motor
 from motor.accounting import actor as accounting_actor
@@ -140,7 +140,8 @@ async def test_queue_wait_percentiles_and_refusals_expire_with_hourly_buckets(
         clock = runner.clock
         holder = await runner.submit(barrier_job(go, weight_hint=1, workspace="h"))
         waiters = [await runner.submit(JobRequest(command=["true"], weight_hint=1,
-                                                  workspace=f"w{i}")) for i in range(4)]
+                                                  workspace=f"w{i}", queue_wait_limit_s=PATIENT_S))
+                   for i in range(4)]
         refused = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="r",
                                                  queue_wait_limit_s=5))
         record = await terminal_of(runner, refused.job_id)

@@ -15,7 +15,8 @@ import trio
 import motor
 from motor.records import JobRequest, RefusedError
 from motor.maintenance import RunPass
-from runner_helpers import barrier_job as _barrier_job, embedded_config, poll_until, terminal_of
+from runner_helpers import (PATIENT_S, barrier_job as _barrier_job, embedded_config, poll_until,
+                            terminal_of)
 
 
 def config(tmp_path, **kw) -> motor.RunnerConfig:
@@ -70,7 +71,8 @@ async def test_a_crashed_dispatcher_restarts_and_rebuilds_its_queue_from_the_sto
     async with motor.open_runner(config(tmp_path, max_weight=1)) as runner:
         holder = await runner.submit(barrier_job(barrier, weight_hint=1, workspace="a"))
         queued = await runner.submit(JobRequest(command=["sh", "-c", "echo after"],
-                                                weight_hint=1, workspace="b"))
+                                                weight_hint=1, workspace="b",
+                                                queue_wait_limit_s=PATIENT_S))
         with pytest.raises(TypeError):
             await runner.dispatcher.call("not a message")  # the actor's error reaches us
         await wait_until(lambda: _restarted(runner.dispatcher), "the dispatcher to come back")

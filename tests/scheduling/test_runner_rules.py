@@ -23,7 +23,7 @@ import motor
 from motor.isolation.base import Backend, IsolationError
 from motor.records import JobRequest, RefusedError
 from motor.scheduling import core
-from runner_helpers import (barrier_job, bounded, embedded_config, poll_until,
+from runner_helpers import (PATIENT_S, barrier_job, bounded, embedded_config, poll_until,
                             terminal_of as _terminal_of)
 
 
@@ -361,7 +361,8 @@ async def test_dispatch_indexes_add_each_starting_weight_and_cpu_claim_before_se
     async with motor.open_runner(embedded_config(tmp_path, max_weight=2)) as runner:
         if len((await runner.health())["cpus"]["allowed"]) < 2:
             pytest.skip("needs two allocatable CPUs")
-        jobs = [await runner.submit(barrier_job(go, weight_hint=1, workspace=f"w{i}"))
+        jobs = [await runner.submit(barrier_job(go, weight_hint=1, workspace=f"w{i}",
+                                                queue_wait_limit_s=PATIENT_S))
                 for i in range(3)]
         await wait_until(lambda: _all_in(runner, jobs[:2], "running"), "two jobs to run")
         first, second, third = [await runner.get(j.job_id) for j in jobs]
@@ -516,7 +517,8 @@ async def test_health_capacity_comes_from_the_capacity_only_view(tmp_path, monke
 
     go = tmp_path / "go"
     async with motor.open_runner(embedded_config(tmp_path, max_weight=1)) as runner:
-        jobs = [await runner.submit(barrier_job(go, weight_hint=1, workspace=f"w{i}"))
+        jobs = [await runner.submit(barrier_job(go, weight_hint=1, workspace=f"w{i}",
+                                                queue_wait_limit_s=PATIENT_S))
                 for i in range(3)]
         await wait_until(lambda: _all_in(runner, jobs[:1], "running"), "one job to run")
         # the record says running before the dispatcher has handled the job's SetupDone (a
@@ -603,7 +605,8 @@ async def test_the_status_answer_over_http_is_the_status_view_spliced_from_cache
 
     async with motor.open_runner(embedded_config(tmp_path, max_weight=1)) as runner:
         jobs = [await runner.submit(barrier_job(go, weight_hint=1, workspace=ws,
-                                                siblings=["s"] if ws == "w2" else []))
+                                                siblings=["s"] if ws == "w2" else [],
+                                                queue_wait_limit_s=PATIENT_S))
                 for ws in ("w0", "w0", "w1", "w2", "w1")]
         await wait_until(lambda: _all_in(runner, jobs[:1], "running"), "one job to run")
         await wait_until(lambda: _setup_done(runner), "the dispatcher to see it running")
@@ -708,7 +711,8 @@ async def test_a_restart_rewrites_no_queued_clock_whose_course_held(tmp_path, au
     async with motor.open_runner(cfg) as runner:
         blocker = await runner.submit(barrier_job(go, weight_hint=1, workspace="blk"))
         queued = [await runner.submit(JobRequest(command=["true"], weight_hint=1,
-                                                 workspace=f"w{i}")) for i in range(4)]
+                                                 workspace=f"w{i}", queue_wait_limit_s=PATIENT_S))
+                  for i in range(4)]
         await wait_until(lambda: _all_in(runner, [blocker], "running"), "the blocker to run")
         await trio.sleep(5)
         before = {j.job_id: runner.db.get(j.job_id) for j in queued}
