@@ -15,10 +15,20 @@ from pathlib import Path
 
 import pytest
 
+import load_probe
 from motor.execution.spawner import cancel_keepers_under
 from private_cgroup import remove_job_groups
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config):
+    config.slow_spawn_s = load_probe.install()  # off unless MOTOR_TEST_SLOW_SPAWN_S is set
+
+
+def pytest_report_header(config):
+    if config.slow_spawn_s is not None:
+        return f"load probe: each keeperd spawn held {config.slow_spawn_s} s ({load_probe.VARIABLE})"
 
 
 @contextlib.contextmanager
