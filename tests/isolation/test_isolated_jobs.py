@@ -376,27 +376,41 @@ def test_through_serve_a_lone_start_leaves_the_pool_short_and_a_burst_refills_it
 
 
 def test_a_restarted_runner_does_not_wait_for_a_refill_a_lone_start_put_off(
-        serve_factory, private_parent):
+        serve_factory, private_parent, tmp_path):
     """Stop 64, through `motor serve --isolation cgroup`: a runner's start waits for
     keeperd's pool of spares (its "prepare"), but not for a refill the refill rule puts off.
     After a lone start (`MOTOR_KEEPERD_REFILL_IDLE_S` 30 s), a restarted runner is answered
     with the pool one short, logs no warning of a prepare it gave up on (with a full pool
-    required, it waited out the 5 s and warned), and its next job comes from a spare."""
+    required, it waited out the 5 s and warned), and its next job comes from a spare.
+
+    The lone job runs across the restart, so the same keeperd serves both runners: with
+    no job it exits after IDLE_EXIT_S (2 s) without a runner, and on a loaded host the
+    restart took longer; the new keeperd's pool, with no start yet, filled up (stop 81)."""
     from keeper_tracking import ask_keeperd
+    from polling import wait_for
 
     if open_cgroup_backend(parent=private_parent).version != 1:
         pytest.skip("spares are for cgroup v1 hierarchies")
     serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent)
     serve.env = {"MOTOR_KEEPERD_REFILL_IDLE_S": "30"}
     serve.start()
-    assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0  # the lone start
+    barrier = tmp_path / "go"
+    lone = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
+                          f"while [ ! -e {barrier} ]; do sleep 0.02; done")["job_id"]
+    keeper = serve.state_dir / "jobs" / lone / "keeper.json"
+    wait_for(lambda: keeper.exists() and json.loads(keeper.read_text()).get("job_pid"),
+             what="the lone job to run")
+    assert ask_keeperd(serve.state_dir, "spares")["taken"] == 1  # from a spare
     assert serve.stop() == 0
     serve.start()  # keeperd lives on; it let its spares go with the runner, and makes them again
     assert b"had not prepared" not in serve.log.read_bytes(), serve.log.read_text()
     pool = ask_keeperd(serve.state_dir, "spares")
+    assert pool["taken"] == 1, pool  # the same keeperd (a new one's count starts at 0)
     assert (len(pool["ready"]), pool["joining"]) == (DEFAULT_SIZE - 1, []), pool
-    assert serve.cli("run", "--weight", "1", "--", "true").returncode == 0
+    assert serve.cli("run", "--weight", "1", "--workspace", "next", "--", "true").returncode == 0
     assert ask_keeperd(serve.state_dir, "spares")["taken"] == 2  # from a spare again
+    barrier.touch()
+    assert serve.cli("attach", lone).returncode == 0
 
 
 def test_through_serve_ended_jobs_groups_serve_the_next_jobs_but_an_oom_killed_ones_do_not(
