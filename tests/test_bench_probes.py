@@ -203,11 +203,14 @@ def test_sched_counts_one_process_on_a_cpu_and_not_a_sleeper():
     time on a CPU in nanoseconds, summed over its threads: it grows by what a process's two
     threads burn (0.3 s and 0.2 s), and a sleeping process's does not."""
     benchlib = _bench("benchlib")
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    # the sleeper's figures are read once it sleeps: read while its interpreter still
+    # started, on a loaded host they grew (stop 81: its wait by 93 ms)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); "
+                                "time.sleep(30)"], stdout=subprocess.PIPE, text=True)
     burner = subprocess.Popen([sys.executable, "-c", BURNER], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:
-        assert burner.stdout.readline() == "ready\n"
+        assert burner.stdout.readline() == "ready\n" and sleeper.stdout.readline() == "ready\n"
         (before, _), (its, its_wait) = benchlib.sched_s(burner.pid), benchlib.sched_s(sleeper.pid)
         burner.stdin.write("go\n")
         burner.stdin.flush()
@@ -222,6 +225,7 @@ def test_sched_counts_one_process_on_a_cpu_and_not_a_sleeper():
             proc.wait()
         burner.stdin.close()
         burner.stdout.close()
+        sleeper.stdout.close()
 
 
 def test_throughput_budget_is_what_task_spoolers_rate_leaves_the_runner(capsys):
