@@ -136,8 +136,11 @@ def test_run_with_a_bundle_unpacks_it_as_the_workspace_source(tmp_path, serve):
     # the guard walks b1 GUARD_DELAY_S after the job's end; a listing during that walk
     # answers from the sizes known before it, none for a new workspace (docs/disk.md): on
     # a loaded host it came then (stop 81)
-    rows = wait_for(lambda: (lambda rows: rows if rows[0]["complete"] is not None else None)(
-        serve.cli_json("workspaces")), what="b1 measured", interval=0.1)
+    def measured():
+        rows = serve.cli_json("workspaces")
+        return rows if rows[0]["complete"] is not None else None
+
+    rows = wait_for(measured, what="b1 measured", interval=0.1)
     assert [r["name"] for r in rows] == ["b1"] and rows[0]["complete"] is True
 
 
