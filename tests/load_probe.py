@@ -5,7 +5,8 @@ thread, as a loaded host's slow spawn would (docs/actors.md, "Real work under au
 Under MockClock(autojump_threshold=0) the virtual clock runs from deadline to deadline
 while a spawn is awaited, so a test that assumes little virtual time passes during real
 work fails under the probe where a loaded CI host would fail it now and then. It changes
-nothing unless the variable is set; runs of `motor serve` in a subprocess are not slowed."""
+nothing unless the variable is set; runs of `motor serve` in a subprocess are not slowed, nor
+the spawns of a test marked `spawner_itself` (one that tests the spawner's own sending)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import time
 import trio
 
 VARIABLE = "MOTOR_TEST_SLOW_SPAWN_S"
+MARKER = "spawner_itself"
+held = True  # off for the duration of a test marked MARKER (tests/conftest.py)
 
 
 def install() -> float | None:
@@ -26,7 +29,8 @@ def install() -> float | None:
     delay, real = float(value), KeeperdSpawner.spawn
 
     async def slow_spawn(self, job_dir):
-        await trio.to_thread.run_sync(time.sleep, delay)
+        if held:
+            await trio.to_thread.run_sync(time.sleep, delay)
         return await real(self, job_dir)
 
     KeeperdSpawner.spawn = slow_spawn

@@ -455,6 +455,7 @@ async def test_a_job_whose_directory_is_removed_is_given_up_and_keeperd_still_ex
     assert f"job directory {job_dir} is gone" in log, log
 
 
+@pytest.mark.spawner_itself  # it stages the full socket with wait_all_tasks_blocked
 async def test_requests_go_out_from_the_callers_task_and_in_order_behind_a_full_socket(
         tmp_path, make_job, workspace, monkeypatch):
     """Issue 14 (start latency): with the connection up and nothing waiting to be sent, a
