@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import inspect
+import math
 import time
-from contextlib import aclosing
+from contextlib import aclosing, contextmanager
 
 import trio
 
@@ -26,6 +27,20 @@ def embedded_config(tmp_path, **kw) -> motor.RunnerConfig:
 #: host the default 30 minutes ran out (stop 81: each spawn held 0.15-0.5 s real by a
 #: probe, five tests found their queued jobs `refused_before_start`).
 PATIENT_S = 30 * 24 * 3600.0
+
+
+@contextmanager
+def at_real_speed(clock: trio.testing.MockClock):
+    """For the block, the virtual clock runs at real speed and does not jump: real work in
+    it (a start's spawn through keeperd) takes its own time, not the minutes of virtual
+    time the jumps from deadline to deadline make of it on a loaded host (docs/actors.md,
+    "Real work under autojump"). After it, the clock is still again and jumps as before."""
+    threshold, rate = clock.autojump_threshold, clock.rate
+    clock.autojump_threshold, clock.rate = math.inf, 1.0
+    try:
+        yield
+    finally:
+        clock.rate, clock.autojump_threshold = rate, threshold
 
 
 def barrier_job(path, *, exit_code: int = 0, say: bool = False, **kw) -> JobRequest:

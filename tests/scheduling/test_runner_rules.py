@@ -23,8 +23,8 @@ import motor
 from motor.isolation.base import Backend, IsolationError
 from motor.records import JobRequest, RefusedError
 from motor.scheduling import core
-from runner_helpers import (PATIENT_S, barrier_job, bounded, embedded_config, poll_until,
-                            terminal_of as _terminal_of)
+from runner_helpers import (PATIENT_S, at_real_speed, barrier_job, bounded, embedded_config,
+                            poll_until, terminal_of as _terminal_of)
 
 
 async def terminal_of(runner, job_id: str, timeout: float = 1000) -> dict:
@@ -834,8 +834,9 @@ async def test_a_deep_workspaces_logged_clocks_pause_resume_and_run_out_on_time_
                                                queue_wait_limit_s=30)) for _ in range(40)]
         await trio.sleep(20)
         assert {(await runner.get(j.job_id)).queue_wait_ms for j in deep} == {0}  # paused
-        go["hD"].write_text("")
-        await wait_until(lambda: _is(runner, e1.job_id, "running"), "e1 to take the permit")
+        with at_real_speed(autojump_clock):  # e1's start: not the budgets' 30 s in jumps
+            go["hD"].write_text("")
+            await wait_until(lambda: _is(runner, e1.job_id, "running"), "e1 to take the permit")
         assert ("D", core._ADVANCE) in logged, logged
         await trio.sleep(10)
         # e1 waited from t0 until D was freed, D's jobs since then: together, all the time
