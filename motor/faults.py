@@ -7,6 +7,9 @@
 - `POINT=wait:PATH`    the runner creates `PATH.reached`, then waits until `PATH` exists
                        (an explicit barrier a test releases by creating the file);
 - `POINT=raise`        the code raises FaultInjected there (an error nothing expected);
+- `POINT=sleep:S`      the process sleeps S real seconds there at each pass, blocking (in
+                       async code its event loop with it): a slow or loaded host, for load
+                       probes (docs/actors.md, "Real work under autojump");
 - `actor.NAME=crash`   the subsystem NAME starts normally, then its actor raises
                        FaultInjected on every message it handles (a crash loop that its
                        supervisor gives up on; motor/runner/tree.py).
@@ -98,6 +101,9 @@ def _begin(point: str) -> str | None:
     if act == "kill" or (act.startswith("kill:") and random.random() < float(act[5:])):
         os.kill(os.getpid(), signal.SIGKILL)
     if act.startswith("kill:"):
+        return None
+    if act.startswith("sleep:"):
+        time.sleep(float(act[len("sleep:"):]))
         return None
     if act == "raise":
         raise FaultInjected(f"{ENV}: fault injected at {point}")
