@@ -82,7 +82,7 @@ async def test_a_workspace_flip_saves_its_queued_clocks_in_one_transaction(tmp_p
             assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
 
 
-async def test_jobs_of_true_cost_few_transactions_each(tmp_path):
+async def test_jobs_of_true_cost_few_transactions_each(tmp_path, monkeypatch):
     """Twenty-four `true` jobs over four workspaces with two slots, each start and end
     flipping the clocks of the jobs queued in its workspace. Per job: its acceptance (its
     clock saved with it), its start (`setup`), what its job actor saves (running,
@@ -91,10 +91,20 @@ async def test_jobs_of_true_cost_few_transactions_each(tmp_path):
     committed alone, 5.6-5.7 with a message's clocks in one transaction but a new job's
     clock saved after its record, 4.7-4.8 with `running` saved alone (stop 28), 3.0 with
     it saved with the job's end, 2.1 with the job's end saved with the next job's start
-    (stop 29; the bound leaves room for ends that find no job waiting)."""
-    async with motor.open_runner(embedded_config(tmp_path, max_weight=2)) as runner:
+    (stop 29; the bound leaves room for ends that find no job waiting).
+
+    What the host's speed moves is counted apart (stop 82: a slowed keeperd made 3.0 and
+    3.17): clocks changed within `clock_save_s` of a save are saved alone once it is up, so
+    a run that takes longer has more of those, at most one a `clock_save_s`; and a job
+    that outlasts an output poll has its `running` saved alone, so the poll is stretched."""
+    from motor.execution import actor
+
+    monkeypatch.setattr(actor, "POLL_S", 30.0)
+    config = embedded_config(tmp_path, max_weight=2)
+    async with motor.open_runner(config) as runner:
         statements: list[str] = []
         runner.db.conn.set_trace_callback(statements.append)
+        began = trio.current_time()
         try:
             jobs = [await runner.submit(JobRequest(command=["true"], weight_hint=1,
                                                    workspace=f"w{i % 4}")) for i in range(24)]
@@ -102,8 +112,14 @@ async def test_jobs_of_true_cost_few_transactions_each(tmp_path):
                 assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
         finally:
             runner.db.conn.set_trace_callback(None)
-        per_job = len(_transactions(statements)) / len(jobs)
+        took = trio.current_time() - began
+        clocks_alone, with_jobs = [], []
+        for transaction in _transactions(statements):
+            alone = all(sql.startswith("INSERT OR REPLACE INTO clocks") for sql in transaction)
+            (clocks_alone if alone else with_jobs).append(transaction)
+        per_job = len(with_jobs) / len(jobs)
         assert per_job <= 2.8, f"{per_job:.2f} store transactions per job"
+        assert len(clocks_alone) <= 1 + took / config.clock_save_s, (len(clocks_alone), took)
 
 
 async def _true(value: bool) -> bool:
