@@ -5,8 +5,9 @@ thread, as a loaded host's slow spawn would (docs/actors.md, "Real work under au
 Under MockClock(autojump_threshold=0) the virtual clock runs from deadline to deadline
 while a spawn is awaited, so a test that assumes little virtual time passes during real
 work fails under the probe where a loaded CI host would fail it now and then. It changes
-nothing unless the variable is set; runs of `motor serve` in a subprocess are not slowed, nor
-the spawns of a test marked `spawner_itself` (one that tests the spawner's own sending)."""
+nothing unless the variable is set; runs of `motor serve` in a subprocess are not slowed
+(`MOTOR_FAULTS=forkserver.forked=sleep:S` slows keeperd itself, theirs too), nor the spawns
+of a test marked `spawner_itself` (one that tests the spawner's own sending)."""
 
 from __future__ import annotations
 
