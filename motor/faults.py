@@ -103,7 +103,11 @@ def _begin(point: str) -> str | None:
     if act.startswith("kill:"):
         return None
     if act.startswith("sleep:"):
-        time.sleep(float(act[len("sleep:"):]))
+        try:
+            seconds = float(act[len("sleep:"):])
+        except ValueError:
+            raise ValueError(f"{ENV}: {act!r} at {point}: not a number of seconds") from None
+        time.sleep(seconds)
         return None
     if act == "raise":
         raise FaultInjected(f"{ENV}: fault injected at {point}")

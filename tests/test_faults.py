@@ -26,7 +26,9 @@ async def test_a_sleep_point_in_async_code_blocks_the_loop_as_a_loaded_host_does
     assert slept == [0.5]
 
 
-def test_an_unknown_action_is_an_error_that_names_it(monkeypatch):
-    monkeypatch.setenv(faults.ENV, "forkserver.forked=nap:1")
+def test_an_unknown_action_or_a_sleep_of_no_number_is_an_error_that_names_it(monkeypatch):
+    monkeypatch.setenv(faults.ENV, "forkserver.forked=nap:1,setup.begin=sleep:soon")
     with pytest.raises(ValueError, match="unknown action 'nap:1' at forkserver.forked"):
         faults.hit("forkserver.forked")
+    with pytest.raises(ValueError, match="'sleep:soon' at setup.begin: not a number of seconds"):
+        faults.hit("setup.begin")
