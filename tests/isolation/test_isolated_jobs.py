@@ -13,6 +13,7 @@ import pytest
 from isolation_helpers import counter, cgroup_unavailable, needs_cgroups, remove_parent
 from motor.execution.spares import DEFAULT_SIZE, SIZE_ENV
 from motor.isolation.cgroup import open_cgroup_backend
+from polling import wait_for
 
 pytestmark = [pytest.mark.e2e, needs_cgroups]
 
@@ -98,7 +99,6 @@ def test_start_up_sweep_removes_a_leftover_group_and_keeps_the_running_jobs(
     reset) is killed and removed when the runner starts; a running job's group stays."""
     import subprocess
 
-    from polling import wait_for
 
     barrier = tmp_path / "go"
     serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent).start()
@@ -146,7 +146,6 @@ def test_on_v1_a_job_is_a_pre_placed_spare_already_in_its_groups(serve_factory, 
     spare groups, renamed) from its first instruction, with its limits, and alone there;
     its record is as before (docs/isolation.md, "The join")."""
     from keeper_tracking import ask_keeperd
-    from polling import wait_for
 
     backend = open_cgroup_backend(parent=private_parent)
     if backend.version != 1:
@@ -183,7 +182,6 @@ def test_a_job_from_a_spare_outlives_a_killed_runner_and_is_adopted(
     it runs, the restarted runner adopts it, and it ends with its own exit status (keeperd,
     whose child it is, saw it end)."""
     from keeper_tracking import ask_keeperd
-    from polling import wait_for
 
     if open_cgroup_backend(parent=private_parent).version != 1:
         pytest.skip("spares are for cgroup v1 hierarchies")
@@ -213,7 +211,6 @@ def test_a_job_that_ended_while_no_runner_ran_is_adopted_without_a_warning_of_it
     is written, so a job that ended while the runner was down has none left when the next
     runner adopts it. That is no fault, and is not logged as one (it was, for every such
     job); a running job whose groups were taken from under it still is."""
-    from polling import wait_for
 
     backend = open_cgroup_backend(parent=private_parent)
     if backend.version != 1:
@@ -249,7 +246,6 @@ def _empty_into_parent(group: Path) -> None:
     forks a `sleep` every 20 ms, which may exit before it is moved (ProcessLookupError, as
     in CI in stop 59) or be forked into the group after it was read (once the shell is
     moved its children are born in the parent)."""
-    from polling import wait_for
 
     def moved() -> bool:
         pids = (group / "cgroup.procs").read_text().split()
@@ -280,7 +276,6 @@ def test_keeperd_removes_an_ended_jobs_empty_groups_before_its_terminal_record(
     its thread or, since stop 73, kept under a spare's name): its terminal record carries
     those figures, the job's groups go, and the runner has nothing to remove (it never
     reaches `release.begin`)."""
-    from polling import wait_for
 
     reached = tmp_path / "release.reached"
     backend = open_cgroup_backend(parent=private_parent)
@@ -309,7 +304,6 @@ def test_a_jobs_groups_go_after_its_terminal_record_while_its_cpus_serve_the_nex
     there (nothing left in them), and its CPUs already serve the next job claiming every
     CPU; once the barrier opens both jobs' groups go. A runner killed at that point leaves
     the groups of a job it recorded as ended to the next start-up sweep."""
-    from polling import wait_for
 
     barrier = tmp_path / "release"
     reached = tmp_path / "release.reached"
@@ -356,7 +350,6 @@ def test_through_serve_a_lone_start_leaves_the_pool_short_and_a_burst_refills_it
     migration stalls that job's exit; a second start within that time is a burst and the
     pool is full again at once (docs/isolation.md, "When the pool refills")."""
     from keeper_tracking import ask_keeperd
-    from polling import wait_for
 
     if open_cgroup_backend(parent=private_parent).version != 1:
         pytest.skip("spares are for cgroup v1 hierarchies")
@@ -387,7 +380,6 @@ def test_a_restarted_runner_does_not_wait_for_a_refill_a_lone_start_put_off(
     no job it exits after IDLE_EXIT_S (2 s) without a runner, and on a loaded host the
     restart took longer; the new keeperd's pool, with no start yet, filled up (stop 81)."""
     from keeper_tracking import ask_keeperd
-    from polling import wait_for
 
     if open_cgroup_backend(parent=private_parent).version != 1:
         pytest.skip("spares are for cgroup v1 hierarchies")
@@ -425,7 +417,6 @@ def test_through_serve_ended_jobs_groups_serve_the_next_jobs_but_an_oom_killed_o
     run under their own limits. No job group is left at the end. (A pool of one spare, so
     that the spare ready after a job's end is made of an ended job's groups.)"""
     from keeper_tracking import ask_keeperd
-    from polling import wait_for
 
     backend = open_cgroup_backend(parent=private_parent)
     if backend.version != 1:
