@@ -61,6 +61,8 @@ HEAD_TIMEOUT_S = 5.0
 #: the shortest --head-timeout: clients reuse an idle kept-alive connection within 1 s
 #: (motor/client.py, `_Wire.REUSE_S`), so the runner must keep one longer than that
 HEAD_TIMEOUT_MIN_S = 2.0
+#: RunnerConfig.output_poll_s's default: seconds between reads of a running job's output
+OUTPUT_POLL_S = 0.02
 
 
 class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -108,6 +110,12 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: crash loses at most this much of their courses, an orderly stop nothing. 0 saves
     #: every change at once (a commit for each start and end that flips clocks).
     clock_save_s: float = 0.25
+    #: Seconds between reads of a running job's output log into the store (and so to its
+    #: followers). A job that has run this long without output has its `running` record
+    #: saved alone; one that ends sooner saves it with its end (docs/keeper.md, "The
+    #: start's record goes with the job's next write"). Longer: less work per running job,
+    #: output seen later.
+    output_poll_s: float = OUTPUT_POLL_S
     #: Seconds between maintenance passes (retention, memory ceiling, disk sweeps); the seed
     #: asks for at least one a minute. Tests raise it to drive passes by hand.
     maintenance_interval_s: float = 60.0
@@ -215,6 +223,8 @@ class RunnerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                               f"got {self.change_timeout_s}")
         if not 0 <= self.clock_save_s < float("inf"):
             raise ConfigError(f"clock_save_s must be 0 or more seconds, got {self.clock_save_s}")
+        if not 0 < self.output_poll_s < float("inf"):
+            raise ConfigError(f"output_poll_s must be a positive number of seconds, got {self.output_poll_s}")
         if not self.body_timeout_s > 0 or self.body_timeout_s == float("inf"):
             raise ConfigError(f"--body-timeout must be a positive number of seconds, got {self.body_timeout_s}")
         if not HEAD_TIMEOUT_MIN_S <= self.head_timeout_s < float("inf"):

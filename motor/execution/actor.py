@@ -22,7 +22,6 @@ from .spawner import JobDirClaimed, KeeperNotStarted, SpawnerError
 
 log = logging.getLogger("motor.execution")
 
-POLL_S = 0.02  # output tail interval while a job runs
 _ERRORS = ((JobDirClaimed, "claimed"), (KeeperNotStarted, "not_started"), (SpawnerError, "spawner"))
 
 
@@ -140,23 +139,24 @@ class JobExecution(actors.Actor):
     async def _mark_running(self, started_at_ms: int | None) -> None:
         r = self.run_state.record = core.running_record(
             self.record, started_at_ms, self.deps.clock.now_ms(), self.name)
-        # saved with the job's next write: its output, its end, or alone after a quiet POLL_S
+        # saved with the job's next write: its output, its end, or alone after a quiet poll
         self.run_state.defer([Started(cpus=r.cpus, attempt=r.attempts)])
         await self.deps.dispatcher.setup_done(r.job_id)
         self.deps.accounting.started(JobStarted(
             r.job_id, r.repository, r.workspace, r.claim, r.started_at_ms, r.queue_wait_ms))
 
     async def _follow(self, first: bool):
-        """Output batches every POLL_S till the keeper is done, then the rest (`first`: from 0)."""
+        """Output batches every output poll (`JobRun.poll_s`) till the keeper is done, then the
+        rest (`first`: from 0)."""
         offset, quiet = 0 if first else self.deps.records.log_offset(self.record.job_id), False
         async with awaiting_exit(self.deps.spawner, self.keeper, self.dir) as done:
             while not done.is_set():
                 offset = await self._drain(offset)
-                if quiet and self.run_state.unsaved:  # POLL_S in, no output: the start alone
+                if quiet and self.run_state.unsaved:  # a poll in, no output: the start alone
                     await self.save(self.record)
                 if not done.is_set():
-                    quiet = True  # at the next pass the job has run POLL_S or ended
-                    with trio.move_on_after(POLL_S):
+                    quiet = True  # at the next pass the job has run a poll or ended
+                    with trio.move_on_after(self.run_state.poll_s):
                         await done.wait()
         await self._drain(offset, last=True)
 

@@ -36,7 +36,7 @@ from typing import Any
 import msgspec
 
 from ..accounting.core import with_reservation_use
-from ..config import parse_size
+from ..config import OUTPUT_POLL_S, parse_size
 from ..lifecycle import CANCEL, REFUSE, SPAWN, advance, terminal_from_status
 from ..records import JobRecord, Output
 from . import joblog
@@ -220,7 +220,7 @@ class JobRun:
     def __init__(self, record: JobRecord, cancel_requested: bool = False, config: Any = None,
                  job_dir: Any = None):
         """`cancel_requested`: a cancel told before this run's actor existed (a restart);
-        `config`: the runner's (its output cap: `OutputDecoder.keep_bytes`); `job_dir`: where
+        `config`: the runner's (its output cap: `OutputDecoder.keep_bytes`; its output poll); `job_dir`: where
         its output.log is (`jobdir.relieve`)."""
         self.record, self.job_dir = record, job_dir
         self.phase = SETUP
@@ -228,6 +228,8 @@ class JobRun:
         self.cancel_requested = cancel_requested
         self.output = OutputDecoder(None if config is None else
                                     parse_size(config.max_output_bytes_per_job))
+        #: seconds between output reads while the job runs (RunnerConfig.output_poll_s)
+        self.poll_s = OUTPUT_POLL_S if config is None else config.output_poll_s
         #: events not saved yet, and the log offset after them: they go with the job's next
         #: write (`defer`), a commit less each (docs/keeper.md, "The start's record goes
         #: with the job's next write")

@@ -18,7 +18,8 @@ from fakes import FakeKeepers, Recorder, inline_offload
 from motor.clock import MockWallClock, uuid7
 from motor.disk.messages import PrepareSetup, SetupPlan
 from motor.execution import jobdir
-from motor.execution.actor import POLL_S, Cancel, JobDeps, JobExecution
+from motor.config import OUTPUT_POLL_S, RunnerConfig
+from motor.execution.actor import Cancel, JobDeps, JobExecution
 from motor.execution.messages import STORE_FULL_RETRY_S
 from motor.handles import (
     AccountingHandle, CpuHandle, DiskHandle, DispatcherHandle, Records, StoreHandle,
@@ -54,7 +55,7 @@ class World:
     """One job in state `setup` (as the dispatcher saves it) and its actor's neighbours."""
 
     def __init__(self, tmp_path, nursery, offload=inline_offload, disk=None, db=Database,
-                 backend=NONE):
+                 backend=NONE, config=None):
         self.clock = MockWallClock()
         self.db = db(tmp_path / "motor.db")
         now = self.clock.now_ms()
@@ -67,12 +68,13 @@ class World:
         self.cpu, self.dispatcher, self.accounting = (
             Recorder("cpu"), Recorder("dispatcher"), Recorder("accounting"))
         self.disk = disk  # an actor answering PrepareSetup, or None: no disk manager
+        self.config = config  # the runner's, or None: the defaults
         self.job_dir = tmp_path / "jobs" / self.record.job_id
 
     async def start(self) -> tuple[JobExecution, object]:
         n = self.nursery
         deps = JobDeps(
-            config=None, records=Records(self.db),
+            config=self.config, records=Records(self.db),
             store=StoreHandle(await n.start(StoreActor(self.db, ChangeHub()).run)),
             dispatcher=DispatcherHandle(await n.start(self.dispatcher.run)),
             cpu=CpuHandle(await n.start(self.cpu.run)),
@@ -114,9 +116,10 @@ async def test_a_started_job_runs_until_its_keeper_exits(tmp_path, autojump_cloc
         assert (job_dir / "spec.json").exists() and job.keeper is not None
         assert world.dispatcher.kinds() == ["SetupDone"] and world.cpu.seen == []
         # issue 14: the start is saved with the job's next write, or once it has run for
-        # POLL_S without output (a job that ends sooner saves it with its end: below)
+        # an output poll (OUTPUT_POLL_S) without output (a job that ends sooner saves it
+        # with its end: below)
         assert world.state().state == "setup" and tags(world) == []
-        await trio.sleep(POLL_S)
+        await trio.sleep(OUTPUT_POLL_S)
         await trio.testing.wait_all_tasks_blocked()
         assert world.state().state == "running" and tags(world) == ["started"]
         assert ref.alive  # it follows the keeper until the keeper exits
@@ -127,6 +130,32 @@ async def test_a_started_job_runs_until_its_keeper_exits(tmp_path, autojump_cloc
         assert world.cpu.kinds() == ["Release"]
         assert world.dispatcher.kinds() == ["SetupDone", "Finished"]
         assert "JobEnded" in world.accounting.kinds() and not ref.alive
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_output_poll_is_the_runners_setting(tmp_path, autojump_clock):
+    """`output_poll_s` sets how long a running job's actor waits between reads of its
+    output: its quiet start is saved alone only after that long, and output written
+    meanwhile is read at the poll, not before."""
+    from motor.execution import joblog
+
+    async with trio.open_nursery() as nursery:
+        world = World(tmp_path, nursery, config=RunnerConfig(output_poll_s=5.0))
+        job, _ref = await world.start()
+        await trio.sleep(4.9)
+        await trio.testing.wait_all_tasks_blocked()
+        assert world.state().state == "setup" and tags(world) == []
+        with open(world.job_dir / joblog.OUTPUT_FILE, "ab") as f:
+            f.write(joblog.encode_record(joblog.STDOUT, b"hello\n"))
+        await trio.sleep(0.05)
+        await trio.testing.wait_all_tasks_blocked()
+        assert tags(world) == []  # not read before the poll
+        await trio.sleep(0.1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert world.state().state == "running" and tags(world) == ["started", "output"]
+        world.keepers.exit(job.keeper[0], exit_code=0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert tags(world) == ["started", "output", "terminal"]
         nursery.cancel_scope.cancel()
 
 
@@ -149,7 +178,7 @@ async def test_a_job_start_is_saved_with_its_next_write(tmp_path, autojump_clock
         commits = world.db.commits
         if output == "while_running":
             write_output()
-            await trio.sleep(POLL_S)  # read at the first poll: the start goes with it
+            await trio.sleep(OUTPUT_POLL_S)  # read at the first poll: the start goes with it
             await trio.testing.wait_all_tasks_blocked()
             assert world.db.commits == commits + 1
             assert world.state().state == "running" and tags(world) == ["started", "output"]
@@ -400,7 +429,7 @@ async def test_a_restarted_actor_adopts_the_keeper_that_claimed_the_directory(
         assert len(world.keepers.spawned) == 1  # only the claim: nothing spawned again
         assert not (world.job_dir / "spec.json").exists()
         assert world.dispatcher.kinds() == (["SetupDone"] if state == "setup" else [])
-        await trio.sleep(POLL_S)  # an adopted start is saved with the job's next write too
+        await trio.sleep(OUTPUT_POLL_S)  # an adopted start is saved with the job's next write too
         await trio.testing.wait_all_tasks_blocked()
         assert world.state().state == "running"
         assert tags(world) == (["started"] if state == "setup" else [])
@@ -457,7 +486,7 @@ async def test_a_full_store_holds_the_terminal_record_until_there_is_room(
     async with trio.open_nursery() as nursery:
         world = World(tmp_path, nursery, db=FullDatabase)
         job, ref = await world.start()
-        await trio.sleep(POLL_S)  # its start is saved
+        await trio.sleep(OUTPUT_POLL_S)  # its start is saved
         await trio.testing.wait_all_tasks_blocked()
         world.db.full = True
         world.keepers.exit(job.keeper[0], exit_code=0)

@@ -82,7 +82,7 @@ async def test_a_workspace_flip_saves_its_queued_clocks_in_one_transaction(tmp_p
             assert (await terminal_of(runner, job.job_id))["state"] == "succeeded"
 
 
-async def test_jobs_of_true_cost_few_transactions_each(tmp_path, monkeypatch):
+async def test_jobs_of_true_cost_few_transactions_each(tmp_path):
     """Twenty-four `true` jobs over four workspaces with two slots, each start and end
     flipping the clocks of the jobs queued in its workspace. Per job: its acceptance (its
     clock saved with it), its start (`setup`), what its job actor saves (running,
@@ -96,11 +96,9 @@ async def test_jobs_of_true_cost_few_transactions_each(tmp_path, monkeypatch):
     What the host's speed moves is counted apart (stop 82: a slowed keeperd made 3.0 and
     3.17): clocks changed within `clock_save_s` of a save are saved alone once it is up, so
     a run that takes longer has more of those, at most one a `clock_save_s`; and a job
-    that outlasts an output poll has its `running` saved alone, so the poll is stretched."""
-    from motor.execution import actor
-
-    monkeypatch.setattr(actor, "POLL_S", 30.0)
-    config = embedded_config(tmp_path, max_weight=2)
+    that outlasts an output poll has its `running` saved alone, so the poll is stretched
+    (`output_poll_s`)."""
+    config = embedded_config(tmp_path, max_weight=2, output_poll_s=30.0)
     async with motor.open_runner(config) as runner:
         statements: list[str] = []
         runner.db.conn.set_trace_callback(statements.append)
@@ -136,7 +134,7 @@ async def _all_paused(runner, job_ids) -> bool:
 
 @pytest.mark.parametrize("output", [False, True])
 async def test_a_short_job_is_saved_in_two_transactions_its_start_with_its_end(
-        tmp_path, monkeypatch, output):
+        tmp_path, output):
     """Issue 14: a job that ends before its first output poll, on an idle runner, costs two
     transactions: its acceptance with its start (`setup`, the dispatcher's, stop 37), and
     its end, which carries its `running` record's Started event and its last output batch
@@ -145,14 +143,12 @@ async def test_a_short_job_is_saved_in_two_transactions_its_start_with_its_end(
     loaded host cannot make the job outlast it; the job that writes does so once its actor
     has looked at its empty log and waits for the poll, as a short job's log is at a real
     start.)"""
-    from motor.execution import actor
-
-    monkeypatch.setattr(actor, "POLL_S", 30.0)
     go = tmp_path / "go"
     command = ["sh", "-c", f"while [ ! -e {go} ]; do sleep 0.01; done; echo hi; echo there >&2"
                ] if output else ["true"]
     events = ["started", "output", "output", "terminal"] if output else ["started", "terminal"]
-    async with motor.open_runner(embedded_config(tmp_path, max_weight=2)) as runner:
+    config = embedded_config(tmp_path, max_weight=2, output_poll_s=30.0)
+    async with motor.open_runner(config) as runner:
         warm = await runner.submit(JobRequest(command=["true"], weight_hint=1, workspace="w"))
         await terminal_of(runner, warm.job_id)
         statements: list[str] = []
