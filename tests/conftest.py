@@ -17,6 +17,7 @@ import pytest
 
 import load_probe
 from motor.execution.spawner import cancel_keepers_under
+from polling import wait_for
 from private_cgroup import remove_job_groups
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -151,6 +152,19 @@ class Serve:
         result = self.cli(*args, json_output=True, **kw)
         assert result.returncode == 0, result.stderr.decode()
         return json.loads(result.stdout)
+
+    def wait_until_it_runs(self, job_id: str) -> None:
+        """Until the runner's only running row is `job_id`'s and its set-up is done, read
+        from `motor status` (the dispatcher's view): a job in set-up is a running row
+        already, and the set-up's end changes the capacity between two views (a slowed
+        keeperd, stop 82). The stored record may still say `setup`: a quiet job's
+        `running` is saved after an output poll (`output_poll_s`)."""
+        def runs():
+            status = self.cli_json("status")
+            return ([r["job_id"] for r in status["running"]] == [job_id]
+                    and status["capacity"]["setup_permits"] == 0)
+
+        wait_for(runs, what=f"{job_id} to run")
 
 
 @pytest.fixture(autouse=True)

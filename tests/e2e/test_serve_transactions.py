@@ -22,7 +22,6 @@ import json
 import pytest
 
 from motor.config import OUTPUT_POLL_S, ConfigError, RunnerConfig, build_config
-from polling import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -73,7 +72,7 @@ def test_a_jobs_end_and_the_next_jobs_start_are_one_transaction(serve_factory, t
     go = tmp_path / "go"
     first = serve.cli_json("submit", "--weight", "2", "--", "sh", "-c",
                            f"while [ ! -e {go} ]; do sleep 0.01; done")["job_id"]
-    wait_for(lambda: _state(serve, first) == "running", what="the first job to run")
+    serve.wait_until_it_runs(first)  # its record says `setup` until the poll or its end
     before = _commits(serve)
     second = serve.cli_json("submit", "--weight", "2", "--", "true")["job_id"]
     assert _state(serve, second) == "queued"

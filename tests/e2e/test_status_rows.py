@@ -15,25 +15,13 @@ from polling import wait_for
 pytestmark = pytest.mark.e2e
 
 
-def _wait_until_it_runs(serve, job_id: str) -> None:
-    """Until the runner's only running row is `job_id`'s and its set-up is done: a job in
-    set-up is a running row already, and the set-up's end changes the capacity between
-    two views (a slowed keeperd, stop 82)."""
-    def runs():
-        status = serve.cli_json("status")
-        return ([r["job_id"] for r in status["running"]] == [job_id]
-                and status["capacity"]["setup_permits"] == 0)
-
-    wait_for(runs, what=f"{job_id} to run")
-
-
 def test_status_answers_rows_and_full_answers_whole_records(serve_factory, tmp_path):
     serve = serve_factory("--max-weight", "1").start()
     gate = tmp_path / "go"
     hold = serve.cli_json("submit", "--weight", "1", "--workspace", "a", "--",
                           "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.01; done")
     queued = serve.cli_json("submit", "--weight", "1", "--workspace", "b", "--", "echo", "later")
-    _wait_until_it_runs(serve, hold["job_id"])
+    serve.wait_until_it_runs(hold["job_id"])
 
     rows, full = serve.cli_json("status"), serve.cli_json("status", "--full")
     assert [r["job_id"] for r in rows["queued"]] == [queued["job_id"]]
@@ -76,7 +64,7 @@ def test_views_after_events_follow_each_change_of_the_queue(serve_factory, tmp_p
     gate = tmp_path / "go"
     hold = serve.cli_json("submit", "--weight", "1", "--workspace", "a", "--",
                           "sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.01; done")
-    _wait_until_it_runs(serve, hold["job_id"])
+    serve.wait_until_it_runs(hold["job_id"])
     b1, b2 = (serve.cli_json("submit", "--weight", "1", "--workspace", "b", "--", "true")
               for _ in range(2))
 
