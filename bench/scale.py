@@ -11,7 +11,10 @@ blocker job (`sleep`, claim = max_weight) takes all capacity; then N jobs of `tr
 `--workspaces` workspaces (job i in workspace i % W). It prints, in the peers' line format
 (`peer=motor metric=... value=... unit=...`, with load1= the 1-minute load average):
 
-- `submit_rate` per block of 1,000 submits (jobs/s; `block=K` is the K-th thousand);
+- `submit_rate` per block of 1,000 submits (jobs/s; `block=K` is the K-th thousand), with
+  the CPU per submit of the runner (`runner_cpu_ms`, from /proc) and of this client
+  (`client_cpu_ms`) in that block: a rate that falls while the runner's CPU per submit
+  does not is the host's or the client's, not the runner's work growing with the queue;
 - `health_latency` and `status_latency` with N queued (and first with none queued, for
   comparison on a shared machine): median and p90 of `--tries` requests (`GET /v1/health`,
   `GET /v1/status`), ms; with N queued also the CPU time per request of the runner
@@ -230,16 +233,20 @@ def main() -> int:
             # -- fill ---------------------------------------------------------------------
             t_fill = time.perf_counter()
             t_block = t_fill
+            runner_block, client_block = cpu_ms(runner.proc.pid), time.process_time()
             for i in range(args.n):
                 client.call("POST", "/v1/jobs", json={
                     "command": ["true"], "weight_hint": 1, "workspace": f"ws{i % args.workspaces}",
                     "capabilities": client.capabilities})
                 if (i + 1) % args.block == 0 or i + 1 == args.n:
                     now = time.perf_counter()
+                    runner_now, client_now = cpu_ms(runner.proc.pid), time.process_time()
                     done = (i % args.block) + 1
                     emit("submit_rate", done / (now - t_block), "jobs/s",
-                         f"block={(i // args.block) + 1} queued={i + 1}")
-                    t_block = now
+                         f"block={(i // args.block) + 1} queued={i + 1} "
+                         f"runner_cpu_ms={(runner_now - runner_block) / done:.2f} "
+                         f"client_cpu_ms={(client_now - client_block) * 1000.0 / done:.2f}")
+                    t_block, runner_block, client_block = now, runner_now, client_now
             t_filled = time.perf_counter()
             fill = t_filled - t_fill
             emit("fill_wall", fill, "s", f"n={args.n} jobs_per_s={args.n / fill:.1f}")
