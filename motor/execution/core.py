@@ -220,8 +220,8 @@ class JobRun:
     def __init__(self, record: JobRecord, cancel_requested: bool = False, config: Any = None,
                  job_dir: Any = None):
         """`cancel_requested`: a cancel told before this run's actor existed (a restart);
-        `config`: the runner's (its output cap: `OutputDecoder.keep_bytes`; its output poll); `job_dir`: where
-        its output.log is (`jobdir.relieve`)."""
+        `config`: the runner's (its output cap: `OutputDecoder.keep_bytes`; its output
+        poll); `job_dir`: where its output.log is (`jobdir.relieve`)."""
         self.record, self.job_dir = record, job_dir
         self.phase = SETUP
         self.keeper: tuple[int, float] | None = None

@@ -16,9 +16,9 @@ import trio.testing
 import actors
 from fakes import FakeKeepers, Recorder, inline_offload
 from motor.clock import MockWallClock, uuid7
+from motor.config import OUTPUT_POLL_S, RunnerConfig
 from motor.disk.messages import PrepareSetup, SetupPlan
 from motor.execution import jobdir
-from motor.config import OUTPUT_POLL_S, RunnerConfig
 from motor.execution.actor import Cancel, JobDeps, JobExecution
 from motor.execution.messages import STORE_FULL_RETRY_S
 from motor.handles import (
@@ -429,7 +429,7 @@ async def test_a_restarted_actor_adopts_the_keeper_that_claimed_the_directory(
         assert len(world.keepers.spawned) == 1  # only the claim: nothing spawned again
         assert not (world.job_dir / "spec.json").exists()
         assert world.dispatcher.kinds() == (["SetupDone"] if state == "setup" else [])
-        await trio.sleep(OUTPUT_POLL_S)  # an adopted start is saved with the job's next write too
+        await trio.sleep(OUTPUT_POLL_S)  # an adopted start: saved with its next write too
         await trio.testing.wait_all_tasks_blocked()
         assert world.state().state == "running"
         assert tags(world) == (["started"] if state == "setup" else [])
