@@ -85,6 +85,25 @@ def byte_compile(root: Path) -> None:
     compileall.compile_dir(str(root / "motor"), quiet=1)
 
 
+def ended_jobs(sock: Path) -> list:
+    """Every retained job's record (motor.client's `JobRecord`) once each has its end
+    stored. A job leaves `GET /v1/status` as its permits return, and its terminal record is
+    committed with the next job's start or just after it (docs/scheduling.md, "A job's end
+    rides with the next start"): read in that moment, its record still says `setup` or
+    `running` (stop 83: with every commit held 10 ms, one job of a burst did). Such a job's
+    events are followed to their end, and the records read again."""
+    from motor.client import Client
+
+    with Client(sock, timeout=60) as client:
+        while True:
+            jobs = client.jobs(all=True)
+            unended = [j for j in jobs if not j.terminal]
+            if not unended:
+                return jobs
+            for _ in client.events(unended[0].job_id):
+                pass
+
+
 def host_busy_s() -> float:
     """CPU seconds the whole host has spent busy (every CPU, every process: /proc/stat's
     first line, all but idle and iowait; guest time is in user and nice already) since

@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import field, fs_note, load1, peer_line, process_cpu_s
+from benchlib import ended_jobs, field, fs_note, load1, peer_line, process_cpu_s
 from latency import Client, api_samples, emit, peer_latency, samples_parser, start_runner
 
 #: `python -c` program: run `motor ARGV...`, with h11 serving each connection when the first
@@ -143,7 +143,7 @@ def burst(proc, sock: Path, n: int) -> tuple[float, float]:
         while (status := client.call("GET", "/v1/status"))["running"] or status["queued"]:
             time.sleep(0.002)
         rate, cpu = n / (time.perf_counter() - t0), (process_cpu_s(proc.pid) - cpu0) / n * 1e3
-        if (ok := sum(j.state == "succeeded" for j in client.jobs(all=True))) != n:
+        if (ok := sum(j.state == "succeeded" for j in ended_jobs(sock))) != n:
             raise SystemExit(f"only {ok} of the {n} jobs succeeded")
         return rate, cpu
 

@@ -68,7 +68,9 @@ from pathlib import Path
 
 import httpx
 
-from benchlib import PEERS, fs_note, host_busy_s, motor_serve, process_cpu_s, sched_s, socket_of
+from benchlib import (
+    PEERS, ended_jobs, fs_note, host_busy_s, motor_serve, process_cpu_s, sched_s, socket_of,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -160,11 +162,10 @@ def motor_round(n: int, isolation: str, systemd_namespace: bool = False,
                             for name, pid in procs.items()})
                 if mode in ("api", "api-client", "api-poll", "batch"):  # this process's
                     own["client"] = time.process_time() - client0
-            jobs = c.get("/v1/jobs", params={"all": 1}).json()
-            ok = sum(1 for j in jobs if j["state"] == "succeeded")
+            jobs = ended_jobs(sock)
+            ok = sum(1 for j in jobs if j.state == "succeeded")
             if ok != n:
-                bad = [(j["state"], j.get("reason"), j.get("detail")) for j in jobs
-                       if j["state"] != "succeeded"]
+                bad = [(j.state, j.reason, j.detail) for j in jobs if j.state != "succeeded"]
                 raise SystemExit(f"only {ok} of {n} jobs succeeded; the others: {bad[:3]}")
         return t1 - t0, t_sub - t0, busy1 - busy0
 
