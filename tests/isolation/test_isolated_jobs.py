@@ -99,7 +99,6 @@ def test_start_up_sweep_removes_a_leftover_group_and_keeps_the_running_jobs(
     reset) is killed and removed when the runner starts; a running job's group stays."""
     import subprocess
 
-
     barrier = tmp_path / "go"
     serve = serve_factory("--isolation", "cgroup", "--cgroup-parent", private_parent).start()
     job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
