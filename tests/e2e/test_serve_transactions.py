@@ -18,10 +18,12 @@ runners here stretch the poll (`output_poll_s`), as the in-process copies do.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from motor.config import OUTPUT_POLL_S, ConfigError, RunnerConfig, build_config
+from polling import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -51,6 +53,27 @@ def test_the_output_poll_is_20_ms_unless_set_and_must_be_positive():
     for bad in (0, -1, float("inf")):
         with pytest.raises(ConfigError, match="output_poll_s"):
             build_config({"output_poll_s": bad}, {})
+
+
+def test_a_quiet_jobs_start_waits_for_the_poll_the_config_sets(serve_factory, tmp_path):
+    """Through `motor serve` with `output_poll_s = 30`: a running job that writes nothing
+    has its `running` record saved alone only after a poll, so for 0.3 s, fifteen of the
+    default 20 ms polls, its record stays in `setup` and nothing is committed; its end
+    then saves its start with it, in order."""
+    serve = _serve(serve_factory, tmp_path)
+    go, up = tmp_path / "go", tmp_path / "up"
+    job_id = serve.cli_json("submit", "--weight", "1", "--", "sh", "-c",
+                            f"touch {up}; while [ ! -e {go} ]; do sleep 0.01; done")["job_id"]
+    serve.wait_until_it_runs(job_id)
+    wait_for(up.exists, what="the job to run")
+    before = _commits(serve)
+    time.sleep(0.3)
+    assert _state(serve, job_id) == "setup" and _commits(serve) == before
+    go.touch()
+    replay = serve.cli("attach", "--json", job_id)
+    types = [json.loads(line)["event"] for line in replay.stdout.splitlines()]
+    assert types == ["accepted", "queued", "started", "terminal"], types
+    assert _state(serve, job_id) == "succeeded"
 
 
 def test_a_lone_true_job_costs_two_transactions(serve_factory, tmp_path):
