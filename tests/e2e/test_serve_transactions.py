@@ -36,6 +36,12 @@ def _state(serve, job_id: str) -> str:
     return next(j["state"] for j in _jobs(serve) if j["job_id"] == job_id)
 
 
+def _replayed(serve, job_id: str) -> list[str]:
+    """The kinds of the job's stored events, in order (`motor attach --json`)."""
+    replay = serve.cli("attach", "--json", job_id)
+    return [json.loads(line)["event"] for line in replay.stdout.splitlines()]
+
+
 def _jobs(serve) -> list[dict]:
     got = serve.cli_json("jobs", "--all")
     return got if isinstance(got, list) else got["jobs"]
@@ -70,9 +76,7 @@ def test_a_quiet_jobs_start_waits_for_the_poll_the_config_sets(serve_factory, tm
     time.sleep(0.3)
     assert _state(serve, job_id) == "setup" and _commits(serve) == before
     go.touch()
-    replay = serve.cli("attach", "--json", job_id)
-    types = [json.loads(line)["event"] for line in replay.stdout.splitlines()]
-    assert types == ["accepted", "queued", "started", "terminal"], types
+    assert _replayed(serve, job_id) == ["accepted", "queued", "started", "terminal"]
     assert _state(serve, job_id) == "succeeded"
 
 
@@ -84,9 +88,7 @@ def test_a_lone_true_job_costs_two_transactions(serve_factory, tmp_path):
     assert _commits(serve) - before == 2
     # nothing of the acceptance is missing from the one save: its events replay first
     job_id = max(j["job_id"] for j in _jobs(serve))
-    replay = serve.cli("attach", "--json", job_id)
-    types = [json.loads(line)["event"] for line in replay.stdout.splitlines()]
-    assert types == ["accepted", "queued", "started", "terminal"], types
+    assert _replayed(serve, job_id) == ["accepted", "queued", "started", "terminal"]
     assert _state(serve, job_id) == "succeeded"
 
 
